@@ -1,0 +1,52 @@
+"""Pure math of the REINFORCE / GRPO / REC / RED family: tensors and plain scalars in, tensors out.
+
+- ``advantages``: group-relative advantages (mean / soft baseline, std, AsymRE shift, RED-Drop).
+- ``losses``: the token-level policy loss ℓ = −M·w·A·logprobs + regulariser and its metrics.
+- ``aggregation``: the one place where (B, T) values become a scalar.
+- ``kl``: KL-to-reference estimators k1/k2/k3 and entropy.
+- ``surrogate``: the consistency surrogate whose gradient is group-relative REINFORCE (SPEC section 2).
+- ``presets``: the paper's algorithms as complete settings dicts.
+
+This package imports only torch and the standard library: no config objects, logging, I/O or ``.item()``.
+See docs/algorithms.md for formulas, knobs, metrics and the bandit that motivates the regularisers.
+"""
+
+from oprl.algorithms.advantages import BASELINES, DROP_RULES, GroupAdvantages, group_advantages
+from oprl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate, aggregation_count
+from oprl.algorithms.kl import KL_ESTIMATORS, entropy_from_logits, kl_penalty
+from oprl.algorithms.losses import CLIP_MODES, REGULARIZERS, WEIGHTS, policy_loss
+from oprl.algorithms.presets import (
+    ADVANTAGE_KEYS,
+    ALGORITHM_DEFAULTS,
+    LOSS_KEYS,
+    PRESETS,
+    resolve_preset,
+    split_settings,
+    validate_settings,
+)
+from oprl.algorithms.surrogate import consistency_surrogate
+
+__all__ = [
+    "ADVANTAGE_KEYS",
+    "ALGORITHM_DEFAULTS",
+    "BASELINES",
+    "CLIP_MODES",
+    "DROP_RULES",
+    "GroupAdvantages",
+    "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "LOSS_KEYS",
+    "PRESETS",
+    "REGULARIZERS",
+    "WEIGHTS",
+    "aggregate",
+    "aggregation_count",
+    "consistency_surrogate",
+    "entropy_from_logits",
+    "group_advantages",
+    "kl_penalty",
+    "policy_loss",
+    "resolve_preset",
+    "split_settings",
+    "validate_settings",
+]

@@ -1,0 +1,144 @@
+"""Group-relative advantages: one scalar per response from the rewards of its group (SPEC section 3).
+
+A group is the K responses to one prompt, identified by ``group_ids``; groups need not be contiguous or
+sorted. The baseline is the group mean (or the OPMD soft baseline), optionally shifted down by δ (AsymRE)
+and followed by division by the population std (GRPO). RED-Drop (``drop="balance"``) removes surplus
+negative responses first and computes every statistic over the responses it keeps.
+
+Not here: token masks, ratios or any loss; responses flagged ``keep=False`` must be removed by the caller
+(zero their token mask), which makes them count in no loss denominator.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from oprl.algorithms.registry import lookup
+
+STD_EPS = 1e-6
+"""Added to the group std before dividing (SPEC: A = (r − mean)/(std + 1e-6))."""
+
+TIE_TOLERANCE = 1e-6
+"""RED-Drop counts r as positive if r ≥ mean − TIE_TOLERANCE·(1 + |mean|): a float mean of equal rewards
+can land one ulp above them, which would otherwise make every response of the group negative."""
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """Per-response advantages and which responses stay in the batch."""
+
+    advantages: torch.Tensor
+    """(N,) float; 0 where ``keep`` is False."""
+    keep: torch.Tensor
+    """(N,) bool; False for responses RED-Drop removed (all True without dropping)."""
+
+
+def _segment_sum(values: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Σ of ``values`` (N,) per group → (G,)."""
+    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, group, values)
+
+
+def _segment_extreme(values, keep, group, num_groups, reduce):
+    """Max or min (``reduce`` = "amax"/"amin") of the kept ``values`` (N,) per group → (G,)."""
+    fill = -math.inf if reduce == "amax" else math.inf
+    out = torch.full((num_groups,), fill, dtype=values.dtype, device=values.device)
+    kept_values = torch.where(keep, values, torch.full_like(values, fill))
+    return out.scatter_reduce(0, group, kept_values, reduce=reduce, include_self=True)
+
+
+def _no_drop(rewards, group, num_groups, generator):
+    return torch.ones_like(rewards, dtype=torch.bool)
+
+
+def _balance_drop(rewards, group, num_groups, generator):
+    """RED-Drop: keep every positive (r ≥ group mean) and min(#neg, #pos) negatives chosen at random."""
+    size = torch.bincount(group, minlength=num_groups)  # (G,) long
+    mean = (_segment_sum(rewards, group, num_groups) / size)[group]  # (N,)
+    positive = rewards >= mean - TIE_TOLERANCE * (1 + mean.abs())  # (N,)
+    num_positive = torch.bincount(group[positive], minlength=num_groups)  # (G,)
+
+    # Rank the responses inside each group: negatives first in a uniformly random order, then positives.
+    # Keeping the negatives ranked below #pos is a uniform random subset of min(#neg, #pos) of them.
+    device = generator.device if generator is not None else rewards.device
+    noise = torch.rand(rewards.shape, generator=generator, device=device).to(rewards.device)
+    order = torch.argsort(noise + positive.to(noise.dtype))
+    order = order[torch.argsort(group[order], stable=True)]  # grouped, random order inside each group
+    group_start = torch.cumsum(size, 0) - size  # (G,)
+    rank = torch.empty_like(group)
+    rank[order] = torch.arange(len(group), device=group.device) - group_start[group[order]]
+    return positive | (rank < num_positive[group])
+
+
+DROP_RULES: dict[str, Callable] = {
+    "none": _no_drop,  # every response stays (also what drop=None means)
+    "balance": _balance_drop,  # RED-Drop (Yao et al. 2025, section 4): as many negatives as positives
+}
+
+
+def _mean_baseline(rewards, keep, group, num_groups, count, tau):
+    return _segment_sum(rewards * keep, group, num_groups) / count
+
+
+def _logavgexp_baseline(rewards, keep, group, num_groups, count, tau):
+    # b = τ·log((1/K) Σ exp(r/τ)) written as max + τ·log(mean(exp((r − max)/τ))) so nothing overflows.
+    top = _segment_extreme(rewards, keep, group, num_groups, "amax")  # (G,)
+    scaled = torch.where(keep, (rewards - top[group]) / tau, torch.full_like(rewards, -math.inf))
+    return top + tau * torch.log(_segment_sum(scaled.exp(), group, num_groups) / count)
+
+
+BASELINES: dict[str, Callable] = {
+    "mean": _mean_baseline,  # group-relative REINFORCE / GRPO
+    "logavgexp": _logavgexp_baseline,  # OPMD's soft baseline (Kimi k1.5 / Yao et al. 2025, section 3)
+}
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    std_normalize: bool = False,
+    drop: Optional[str] = None,
+    baseline_shift: float = 0.0,
+    baseline: str = "mean",
+    tau: float = 1.0,
+    generator: Optional[torch.Generator] = None,
+) -> GroupAdvantages:
+    """Advantages of ``rewards`` (N,) within the groups of ``group_ids`` (N,).
+
+    Over the kept responses S of a group (all of them unless ``drop="balance"``), with δ = baseline_shift:
+      b = mean_S(r)                                 (baseline="mean")
+      b = τ·log((1/|S|) Σ_S exp(r_j/τ))             (baseline="logavgexp", OPMD)
+      A_i = (r_i − b) + δ                           (AsymRE: the baseline lowered by δ)
+      A_i = (r_i − b)/(std_S(r) + 1e-6) + δ         (std_normalize; population std; δ in normalised units)
+    A group whose kept rewards are all equal (a singleton included) gets r_i − b = 0 exactly, so its
+    advantage is δ: zero by default, and AsymRE's uniform push up, the same effect as its forward-KL term.
+    RED-Drop: positives are r_i ≥ mean of the whole group; if negatives outnumber positives, negatives are
+    dropped uniformly at random (``generator``) until the counts are equal. Dropped rows: keep=False, A=0.
+    """
+    drop_rule = lookup(DROP_RULES, "none" if drop is None else drop, "drop")
+    baseline_fn = lookup(BASELINES, baseline, "baseline")
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0 (the logavgexp temperature), got {tau!r}")
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.get_default_dtype())
+
+    distinct, group = torch.unique(group_ids, return_inverse=True)  # group: (N,) dense ids 0..G-1
+    num_groups = len(distinct)
+    keep = drop_rule(rewards, group, num_groups, generator)  # (N,) bool
+    kept = keep.to(rewards.dtype)
+    count = _segment_sum(kept, group, num_groups).clamp(min=1)  # (G,)
+
+    center = baseline_fn(rewards, keep, group, num_groups, count, tau)  # (G,)
+    highest = _segment_extreme(rewards, keep, group, num_groups, "amax")  # (G,)
+    lowest = _segment_extreme(rewards, keep, group, num_groups, "amin")  # (G,)
+    # Equal rewards give exactly 0, not the rounding error of (r − mean), which std division would inflate.
+    varies = (highest > lowest)[group]  # (N,)
+    centered = torch.where(varies, rewards - center[group], torch.zeros_like(rewards))  # (N,)
+    if std_normalize:
+        mean = _segment_sum(rewards * kept, group, num_groups) / count
+        std = (_segment_sum(kept * (rewards - mean[group]).square(), group, num_groups) / count).sqrt()
+        centered = centered / (std[group] + STD_EPS)
+    advantages = torch.where(keep, centered + baseline_shift, torch.zeros_like(rewards))
+    return GroupAdvantages(advantages=advantages, keep=keep)

@@ -1,0 +1,55 @@
+"""Per-token KL estimators to a frozen reference policy, and the entropy of a token distribution.
+
+KL(π‖π_ref) is estimated on tokens sampled from (about) π with r = π_ref/π, following Schulman,
+"Approximating KL Divergence" (2020):
+  k1 = −log r = logprobs − ref_logprobs               unbiased, can be negative, high variance
+  k2 = ½·(log r)²                                      biased, low variance, always ≥ 0
+  k3 = (r − 1) − log r                                 unbiased, always ≥ 0 (the usual choice)
+Each returns a (B, T) tensor that keeps the gradient of ``logprobs``; aggregate it with ``aggregate``.
+
+Not here: the coefficient, masking or aggregation (the trainer's), and computing log-probs or logits.
+"""
+
+from typing import Callable
+
+import torch
+
+from oprl.algorithms.losses import MAX_LOG_RATIO
+from oprl.algorithms.registry import lookup
+
+
+def _k1(log_r: torch.Tensor) -> torch.Tensor:
+    return -log_r
+
+
+def _k2(log_r: torch.Tensor) -> torch.Tensor:
+    return 0.5 * log_r.square()
+
+
+def _k3(log_r: torch.Tensor) -> torch.Tensor:
+    # Clamped like the policy ratio: exp of a huge log-ratio on a stray token would be inf.
+    log_r = log_r.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return log_r.exp() - 1 - log_r
+
+
+KL_ESTIMATORS: dict[str, Callable] = {"k1": _k1, "k2": _k2, "k3": _k3}
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token estimate (B, T) of KL(π‖π_ref) from ``logprobs`` (B, T) and ``ref_logprobs`` (B, T).
+
+    With log r = ref_logprobs − logprobs: k1 = −log r, k2 = ½(log r)², k3 = (r − 1) − log r.
+    """
+    estimator = lookup(KL_ESTIMATORS, kind, "kl estimator")
+    return estimator(ref_logprobs.to(logprobs.dtype) - logprobs)  # (B, T)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy H = −Σ_v p_v·log p_v (…,) of the softmax of ``logits`` (…, V), e.g. (B, T, V) → (B, T).
+
+    Works on any leading shape, so a caller can pass chunks of the sequence to bound memory. Logits of
+    −inf (banned tokens) contribute 0, not NaN.
+    """
+    log_probs = torch.log_softmax(logits, dim=-1)  # (..., V)
+    finite_log_probs = torch.where(torch.isfinite(log_probs), log_probs, torch.zeros_like(log_probs))
+    return -(log_probs.exp() * finite_log_probs).sum(dim=-1)  # (...)

@@ -1,0 +1,208 @@
+"""The token-level policy loss of the REINFORCE / GRPO / REC / RED family (SPEC section 3).
+
+Per token: ℓ = −M·w·A·logprobs + regulariser, aggregated over valid tokens by ``aggregate``. The mask M
+(clip_mode), the weight w, the regulariser and the aggregation are each looked up by name in a literal
+registry below; presets (``oprl.algorithms.presets``) are named combinations of them.
+
+ρ = exp(logprobs − behavior_logprobs) is computed from the *recorded* behaviour log-probs and detached, so
+ρ only selects tokens (M) and scales them (w); the gradient always flows through ``logprobs``. With w = ρ
+and the one-side mask this is PPO-clip's gradient exactly, since ∇(ρA) = ρ·A·∇logprobs.
+
+Not here: advantages (``advantages.py``), KL to a reference model and entropy (``kl.py``), and anything
+about which tokens are valid (the caller's mask).
+"""
+
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+from oprl.algorithms.aggregation import aggregate
+from oprl.algorithms.registry import lookup
+
+MAX_LOG_RATIO = 20.0
+"""|log ρ| is clamped here before exp: stale or padded tokens can carry log-ratios in the hundreds, whose
+exp is inf, and inf·0 = NaN would poison the masked sums. e^20 ≈ 4.9e8 still selects and scales exactly
+as intended for any ratio a clip band can care about."""
+
+RATIO_RANGE = (0.5, 2.0)
+"""``ratio_outside_frac`` counts valid tokens whose ρ lies outside this range (a staleness gauge)."""
+
+
+class ClipBand(NamedTuple):
+    """The ε's of the clip modes: band [1 − eps_low, 1 + eps_high]; ring extremes 1 − eps_low_prime and
+    1 + eps_high_prime."""
+
+    eps_low: float
+    eps_high: float
+    eps_low_prime: float
+    eps_high_prime: float
+
+
+def _in_band(ratio, band):
+    return (ratio >= 1 - band.eps_low) & (ratio <= 1 + band.eps_high)
+
+
+def _keep_all(ratio, advantages, band):
+    return torch.ones_like(ratio, dtype=torch.bool)
+
+
+def _one_side(ratio, advantages, band):
+    # Exactly the tokens where −min(ρA, clip(ρ)A) has a gradient.
+    pushes_up_room = (advantages >= 0) & (ratio <= 1 + band.eps_high)
+    pushes_down_room = (advantages <= 0) & (ratio >= 1 - band.eps_low)
+    return pushes_up_room | pushes_down_room
+
+
+def _two_side(ratio, advantages, band):
+    return _in_band(ratio, band)
+
+
+def _ring(ratio, advantages, band):
+    # Far outside the band, a token whose update moves ρ back towards 1 is kept again.
+    rare_good = (advantages >= 0) & (ratio <= 1 - band.eps_low_prime)
+    common_bad = (advantages <= 0) & (ratio >= 1 + band.eps_high_prime)
+    return _in_band(ratio, band) | rare_good | common_bad
+
+
+CLIP_MODES: dict[str, Callable] = {
+    "none": _keep_all,  # plain REINFORCE: M = 1
+    "one-side": _one_side,  # REC-OneSide = PPO/GRPO's clip (Schulman et al. 2017; Yao et al. 2025)
+    "two-side": _two_side,  # REC-TwoSide: only tokens inside the band (Yao et al. 2025)
+    "ring": _ring,  # REC-Ring: band plus the far "corrective" regions (Yao et al. 2025)
+}
+
+
+def _unit_weight(ratio, advantages, temperature):
+    return torch.ones_like(ratio)
+
+
+def _importance_weight(ratio, advantages, temperature):
+    return ratio
+
+
+def _advantage_weight(ratio, advantages, temperature):
+    return torch.exp(advantages / temperature)
+
+
+WEIGHTS: dict[str, Callable] = {
+    "none": _unit_weight,  # "NoIS": the group-relative REINFORCE gradient as derived (SPEC section 2)
+    "importance_sampling": _importance_weight,  # "IS": w = ρ (detached), GRPO/PPO's surrogate gradient
+    "advantage": _advantage_weight,  # RED-Weight: w = exp(A/T) up-weights better responses
+}
+
+
+def _no_regularizer(logprobs, behavior_logprobs, coef):
+    return torch.zeros_like(logprobs)
+
+
+def _k2(logprobs, behavior_logprobs, coef):
+    return coef * (logprobs - behavior_logprobs).square()
+
+
+def _forward_kl(logprobs, behavior_logprobs, coef):
+    return -coef * logprobs
+
+
+REGULARIZERS: dict[str, Callable] = {
+    "none": _no_regularizer,
+    "k2": _k2,  # OPMD: + c·(logprobs − behavior_logprobs)², a squared pull towards the behaviour policy
+    "forward-kl": _forward_kl,  # AsymRE: − c·logprobs, the same gradient as lowering the baseline by c
+}
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_mode: str = "none",
+    weight: str = "none",
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    eps_low_prime: float = 0.6,
+    eps_high_prime: float = 2.0,
+    regularizer: str = "none",
+    regularizer_coef: float = 0.0,
+    temperature: float = 1.0,
+    loss_agg: str = "token-mean",
+    normalizer: Optional[float] = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The REINFORCE-family loss and its diagnostics.
+
+    Inputs: ``logprobs`` (B, T) with grad; ``behavior_logprobs`` (B, T) recorded by the sampler;
+    ``advantages`` (B,); ``mask`` (B, T) bool or float, 0 on prompt/padding (values there are ignored,
+    even ±inf). With ρ = exp(clamp(logprobs − behavior_logprobs, ±20)) detached and A broadcast over T:
+      ℓ_bt = −M_bt·w_bt·A_b·logprobs_bt + R_bt
+      M (clip_mode): none 1 | one-side (A≥0 ∧ ρ≤1+ε_h) ∨ (A≤0 ∧ ρ≥1−ε_l) | two-side 1−ε_l ≤ ρ ≤ 1+ε_h |
+                     ring  two-side ∨ (A≥0 ∧ ρ≤1−ε'_l) ∨ (A≤0 ∧ ρ≥1+ε'_h)
+      w (weight):    none 1 | importance_sampling ρ | advantage exp(A/temperature)
+      R (regularizer, on every valid token whatever M): none 0 | k2 c·(logprobs − behavior_logprobs)² |
+                     forward-kl −c·logprobs
+    loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor; metrics: detached 0-dim tensors,
+    averaged over valid tokens (see ``_metrics``).
+    """
+    keep_fn = lookup(CLIP_MODES, clip_mode, "clip_mode")
+    weight_fn = lookup(WEIGHTS, weight, "weight")
+    regularizer_fn = lookup(REGULARIZERS, regularizer, "regularizer")
+    band = ClipBand(eps_low, eps_high, eps_low_prime, eps_high_prime)
+
+    mask = mask.to(logprobs.dtype)  # (B, T)
+    valid = mask > 0  # (B, T)
+    # Padding may hold any behaviour value; a ratio of 1 there keeps every term finite.
+    behavior_logprobs = torch.where(valid, behavior_logprobs.to(logprobs.dtype), logprobs.detach())  # (B, T)
+    log_ratio = (logprobs.detach() - behavior_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (B, T)
+    ratio = log_ratio.exp()  # (B, T)
+    token_advantages = advantages.detach().to(logprobs.dtype)[:, None].expand_as(logprobs)  # (B, T)
+
+    keep = keep_fn(ratio, token_advantages, band)  # (B, T) bool
+    weights = weight_fn(ratio, token_advantages, temperature)  # (B, T)
+    pg_tokens = -keep.to(logprobs.dtype) * weights * token_advantages * logprobs  # (B, T)
+    reg_tokens = regularizer_fn(logprobs, behavior_logprobs, regularizer_coef)  # (B, T)
+
+    pg_loss = aggregate(pg_tokens, mask, loss_agg, normalizer)  # ()
+    reg_loss = aggregate(reg_tokens, mask, loss_agg, normalizer)  # ()
+    metrics = _metrics(ratio, keep, weights, mask, band, pg_loss, reg_loss)
+    return pg_loss + reg_loss, metrics
+
+
+def _valid_extreme(ratio: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.Tensor:
+    """Max (or min) of ``ratio`` over ``valid`` tokens; 1 when there are none."""
+    if ratio.numel() == 0:
+        return ratio.new_ones(())
+    fill = torch.full_like(ratio, -torch.inf if largest else torch.inf)
+    filled = torch.where(valid, ratio, fill)  # (B, T)
+    extreme = filled.amax() if largest else filled.amin()
+    return torch.where(valid.any(), extreme, torch.ones_like(extreme))
+
+
+@torch.no_grad()
+def _metrics(ratio, keep, weights, mask, band, pg_loss, reg_loss) -> dict[str, torch.Tensor]:
+    """Diagnostics, each a detached 0-dim tensor; fractions and means weight tokens by the mask.
+
+    clip_frac: valid tokens with M = 0; clip_frac_low / clip_frac_high: those with ρ < 1 − ε_low /
+    ρ > 1 + ε_high (they sum to clip_frac); ratio_mean/min/max: ρ over valid tokens (1 if none);
+    ratio_outside_frac: valid tokens with ρ outside RATIO_RANGE; pg_loss, reg_loss: the two aggregated
+    parts of the loss; weight_mean: mean w (0 if no valid token).
+    """
+    valid = mask > 0
+    mask_total = mask.sum()
+    total = torch.where(mask_total > 0, mask_total, torch.ones_like(mask_total))
+
+    def mean(values: torch.Tensor) -> torch.Tensor:
+        return (values.to(mask.dtype) * mask).sum() / total
+
+    clipped = ~keep
+    low, high = RATIO_RANGE
+    return {
+        "clip_frac": mean(clipped),
+        "clip_frac_low": mean(clipped & (ratio < 1 - band.eps_low)),
+        "clip_frac_high": mean(clipped & (ratio > 1 + band.eps_high)),
+        "ratio_mean": torch.where(mask_total > 0, mean(ratio), torch.ones_like(total)),
+        "ratio_min": _valid_extreme(ratio, valid, largest=False),
+        "ratio_max": _valid_extreme(ratio, valid, largest=True),
+        "ratio_outside_frac": mean((ratio < low) | (ratio > high)),
+        "pg_loss": pg_loss.detach(),
+        "reg_loss": reg_loss.detach(),
+        "weight_mean": mean(weights),
+    }

@@ -1,0 +1,68 @@
+"""Where metrics go: ``metrics.jsonl`` (one row per trainer step), tensorboard, and the PNG plot.
+
+Keys are ``group/name``. Every key except those under ``perf/`` (wall-clock timings and throughput) is a
+deterministic function of the config and seed on CPU, so two runs with the same seed produce identical rows
+once ``perf/*`` is set aside.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+NONDETERMINISTIC_PREFIX = "perf/"
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True):
+        self.path = run_dir / "metrics.jsonl"
+        self._file = self.path.open("a")
+        self._writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log(self, step: int, row: dict[str, float]) -> None:
+        self._file.write(json.dumps({"step": step, **row}, sort_keys=True) + "\n")
+        self._file.flush()
+        if self._writer is not None:
+            for key, value in row.items():
+                if isinstance(value, (int, float)):
+                    self._writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def deterministic_view(rows: list[dict]) -> list[dict]:
+    """The rows without wall-clock fields: what must match between two runs with the same seed."""
+    return [{k: v for k, v in row.items() if not k.startswith(NONDETERMINISTIC_PREFIX)} for row in rows]
+
+
+def plot_run(rows: list[dict], out: Path, title: str = "") -> None:
+    """Training reward and eval accuracy against step, one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in rows if "reward/mean" in r]
+    evals = [r for r in rows if "eval/accuracy" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in train], [r["reward/mean"] for r in train], label="train reward (mean)", lw=1)
+    ax.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], "o-", label="eval accuracy (pass@1)")
+    ax.set_xlabel("trainer step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

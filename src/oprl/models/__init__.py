@@ -1,0 +1,1 @@
+"""Hugging Face glue: the embedded tiny model, model loading, and trainer-side log-probs."""

@@ -1,0 +1,106 @@
+"""Rollout engine on Hugging Face ``generate``: sampled responses plus the behaviour log-prob of each token.
+
+The behaviour log-prob is read from the very scores ``generate`` sampled from (after temperature and top-p),
+so it is the log-probability under the true sampling distribution: the number the off-policy losses need
+(SPEC section 3 says it is recorded, never recomputed). Prompts are left-padded, responses stop at EOS
+(kept, so the policy also learns when to stop) or at ``max_new_tokens`` (marked truncated).
+
+Deliberately not here: batching across engines, paged KV caches, vLLM. Those are other engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """Responses for a batch of prompts, unpadded, one list entry per prompt row."""
+
+    response_ids: list[list[int]]
+    """Sampled token ids, EOS included when generated, padding removed."""
+    behavior_logprobs: list[list[float]]
+    """log pi_behaviour(token) under the sampling distribution, aligned with ``response_ids``."""
+    texts: list[str]
+    """Decoded responses without special tokens."""
+    truncated: list[bool]
+    """True where generation hit ``max_new_tokens`` before EOS."""
+
+
+class HFGenerateEngine:
+    """Samples with ``model.generate`` (multinomial, temperature, top-p; no top-k)."""
+
+    def __init__(self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 16):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_new_tokens = max_new_tokens
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        seed: int,
+        temperature: float | None = None,
+        batch_size: int | None = None,
+    ) -> Rollout:
+        """Sample one response per prompt row; the same ``seed`` and inputs give the same samples."""
+        temperature = self.temperature if temperature is None else temperature
+        batch_size = batch_size or len(prompt_ids)
+        parts = []
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for start in range(0, len(prompt_ids), batch_size):
+                parts.append(self._generate_batch(prompt_ids[start : start + batch_size], temperature))
+        return Rollout(*[sum((getattr(p, f) for p in parts), []) for f in Rollout.__dataclass_fields__])
+
+    def _generate_batch(self, prompt_ids: list[list[int]], temperature: float) -> Rollout:
+        pad_id, eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        inputs, attention = left_pad(prompt_ids, pad_id)  # (B, P)
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(
+            input_ids=inputs.to(self.model.device),
+            attention_mask=attention.to(self.model.device),
+            do_sample=True,
+            temperature=temperature,
+            top_p=self.top_p,
+            top_k=0,
+            max_new_tokens=self.max_new_tokens,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        self.model.train(was_training)
+        tokens = out.sequences[:, inputs.shape[1] :].cpu()  # (B, T)
+        scores = torch.stack(out.scores, dim=1).float().cpu()  # (B, T, V), processed = what was sampled from
+        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        is_eos = tokens == eos_id
+        # Length = up to and including the first EOS; rows without EOS ran to the limit.
+        has_eos = is_eos.any(dim=1)
+        first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, tokens.shape[1], dtype=torch.long))
+        lengths = torch.where(has_eos, first_eos + 1, first_eos).tolist()
+        response_ids = [tokens[i, :n].tolist() for i, n in enumerate(lengths)]
+        return Rollout(
+            response_ids=response_ids,
+            behavior_logprobs=[logprobs[i, :n].tolist() for i, n in enumerate(lengths)],
+            texts=self.tokenizer.batch_decode(response_ids, skip_special_tokens=True),
+            truncated=[not bool(h) for h in has_eos],
+        )
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ``(ids, attention_mask)``, both ``(B, max_len)`` long tensors."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return ids, mask

@@ -1,0 +1,37 @@
+"""One experience = one sampled response with everything an off-policy trainer needs, and its schema.
+
+Raw rewards are stored, never advantages: advantages are recomputed per group by the trainer, so the same
+experiences can be trained with any preset. ``behavior_logprobs`` are the sampler's numbers, recorded once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Experience:
+    prompt_ids: list[int]
+    """Prompt token ids (chat template applied, no padding)."""
+    response_ids: list[int]
+    """Sampled response token ids, EOS included when generated."""
+    behavior_logprobs: list[float]
+    """log pi_behaviour of each response token under the sampling distribution (temperature applied)."""
+    reward: float
+    """Total reward."""
+    reward_components: dict[str, float]
+    """Named parts of the reward (e.g. correct, format)."""
+    group_id: int
+    """Responses to the same prompt in the same batch share a group id (advantages are relative within it)."""
+    task_id: str
+    """Identifier of the problem in its task."""
+    policy_version: int
+    """Version of the weights that generated it (0 = initial weights; s = after trainer step s)."""
+    response_text: str
+    """Decoded response, special tokens removed."""
+    truncated: bool = False
+    """Generation hit the length limit before EOS."""
+    use_count: int = 0
+    """How many trainer steps have consumed it."""
+    extra: dict = field(default_factory=dict)
+    """Free-form annotations (e.g. the generating explorer)."""

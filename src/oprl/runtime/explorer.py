@@ -1,0 +1,80 @@
+"""The explorer: picks prompts, samples K responses per prompt, scores them, and emits experiences.
+
+It walks the train split in seeded epoch-wise permutations (so every problem is seen once per epoch) and
+seeds each batch's sampling from (run seed, trainer step), which makes a batch independent of when it is
+generated: the same step gets the same prompts and random stream in any execution order.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from oprl.models.chat import encode_prompt
+from oprl.runtime.experience import Experience
+
+
+class Explorer:
+    def __init__(self, task, tokenizer, engine, *, prompts_per_step: int, group_size: int, seed: int):
+        self.task = task
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.prompts_per_step = prompts_per_step
+        self.group_size = group_size
+        self.seed = seed
+        self.problems = task.problems("train")
+        self._prompt_cache: dict[str, list[int]] = {}
+
+    def problems_for_step(self, step: int):
+        """The prompts of trainer step ``step``: a contiguous slice of that epoch's permutation."""
+        count = len(self.problems)
+        first = (step - 1) * self.prompts_per_step
+        chosen = []
+        for position in range(first, first + self.prompts_per_step):
+            epoch, index = divmod(position, count)
+            chosen.append(self.problems[self._permutation(epoch)[index]])
+        return chosen
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if getattr(self, "_perm_epoch", None) != epoch:
+            order = list(range(len(self.problems)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._perm_epoch, self._perm = epoch, order
+        return self._perm
+
+    def explore(self, step: int, version: int) -> tuple[list[Experience], dict[str, float]]:
+        """Experiences for trainer step ``step`` sampled from the current weights (``version``)."""
+        start = time.perf_counter()
+        problems = self.problems_for_step(step)
+        rows = [p for p in problems for _ in range(self.group_size)]
+        prompt_ids = [self._encode(p) for p in rows]
+        rollout = self.engine.generate(prompt_ids, seed=self.seed * 1_000_003 + step)
+        generated = time.perf_counter()
+        rewards = self.task.score(rows, rollout.texts)
+        experiences = [
+            Experience(
+                prompt_ids=prompt_ids[i],
+                response_ids=rollout.response_ids[i],
+                behavior_logprobs=rollout.behavior_logprobs[i],
+                reward=rewards[i].total,
+                reward_components=dict(rewards[i].components),
+                group_id=(step - 1) * self.prompts_per_step + i // self.group_size,
+                task_id=rows[i].task_id,
+                policy_version=version,
+                response_text=rollout.texts[i],
+                truncated=rollout.truncated[i],
+            )
+            for i in range(len(rows))
+        ]
+        tokens = sum(len(r) for r in rollout.response_ids)
+        timing = {
+            "generate_s": generated - start,
+            "reward_s": time.perf_counter() - generated,
+            "generated_tokens": float(tokens),
+        }
+        return experiences, timing
+
+    def _encode(self, problem) -> list[int]:
+        if problem.task_id not in self._prompt_cache:
+            self._prompt_cache[problem.task_id] = encode_prompt(self.tokenizer, problem.messages)
+        return self._prompt_cache[problem.task_id]

@@ -1,0 +1,166 @@
+"""The trainer: one batch of whole groups in, one (or more) optimizer steps out, a new policy version.
+
+It moves data and calls ``oprl.algorithms`` for every formula; it never re-derives the math and does not
+know which preset runs. A step reads top to bottom: advantages -> (per mini-batch) log-probs -> loss ->
+backward -> clip -> optimizer step -> metrics. Micro-batching accumulates gradients with exact weights
+(token shares for token-mean, row shares for the seq-mean modes), so it trades memory only.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import defaultdict
+
+import torch
+
+from oprl.algorithms import ADVANTAGE_KEYS, LOSS_KEYS, aggregate, group_advantages, kl_penalty, policy_loss
+from oprl.models.logprobs import pack, response_logprobs
+from oprl.runtime.experience import Experience
+
+
+class Trainer:
+    def __init__(
+        self,
+        model,
+        *,
+        pad_id: int,
+        settings: dict,
+        optim,
+        sampling_temperature: float,
+        max_response_tokens: int,
+        kl_coef: float = 0.0,
+        kl_estimator: str = "k3",
+        entropy_coef: float = 0.0,
+        seed: int = 0,
+    ):
+        self.model = model
+        self.pad_id = pad_id
+        self.advantage_kwargs = {k: settings[k] for k in ADVANTAGE_KEYS}
+        self.loss_kwargs = {k: settings[k] for k in LOSS_KEYS}
+        if settings["loss_agg"] == "seq-mean-token-sum-norm":
+            # A fixed normaliser (Dr.GRPO); the padded width varies per micro-batch and would bias it.
+            self.loss_kwargs["normalizer"] = float(max_response_tokens)
+        self.optim = optim
+        self.temperature = sampling_temperature
+        self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
+        self.seed = seed
+        self.version = 0
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
+        )
+        self.ref_model = None
+        if kl_coef > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def step(self, batch: list[Experience]) -> dict[str, float]:
+        """Train on ``batch`` (whole groups); returns metrics; bumps ``version`` by one."""
+        start = time.perf_counter()
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.version)
+        rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
+        group_ids = torch.tensor([e.group_id for e in batch], dtype=torch.long)  # (N,)
+        adv = group_advantages(rewards, group_ids, generator=generator, **self.advantage_kwargs)
+        kept = adv.keep.nonzero().squeeze(-1)
+        totals: dict[str, float] = defaultdict(float)
+        extremes: dict[str, float] = {}
+        updates = 0
+        for _ in range(self.optim.epochs):
+            order = kept[torch.randperm(len(kept), generator=generator)] if self.optim.mini_batches > 1 else kept
+            for rows in order.tensor_split(self.optim.mini_batches):
+                if len(rows) == 0:
+                    continue
+                metrics = self._update([batch[i] for i in rows.tolist()], adv.advantages[rows])
+                updates += 1
+                for key, value in metrics.items():
+                    if key.endswith("_min") or key.endswith("_max"):
+                        pick = min if key.endswith("_min") else max
+                        extremes[key] = pick(extremes.get(key, value), value)
+                    else:
+                        totals[key] += value
+        self.version += 1
+        for exp in batch:
+            exp.use_count += 1
+        out = {key: value / max(updates, 1) for key, value in totals.items()} | extremes
+        out.update(self._batch_metrics(batch, adv, rewards))
+        out["perf/train_s"] = time.perf_counter() - start
+        out["perf/train_tokens_per_s"] = out["response/tokens"] * self.optim.epochs / out["perf/train_s"]
+        return out
+
+    def _update(self, rows: list[Experience], advantages: torch.Tensor) -> dict[str, float]:
+        """One optimizer step on ``rows`` with gradient accumulation over micro-batches."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_tokens = sum(len(e.response_ids) for e in rows)
+        sums: dict[str, float] = defaultdict(float)
+        extremes: dict[str, float] = {}
+        size = self.optim.micro_batch_size
+        for start in range(0, len(rows), size):
+            micro = rows[start : start + size]
+            tokens = sum(len(e.response_ids) for e in micro)
+            # Exact accumulation: each micro-batch's mean is re-weighted by its share of the whole.
+            share = tokens / total_tokens if self.loss_kwargs["loss_agg"] == "token-mean" else len(micro) / len(rows)
+            loss, metrics = self._micro_loss(micro, advantages[start : start + size])
+            (loss * share).backward()
+            for key, value in metrics.items():
+                if key.endswith("_min") or key.endswith("_max"):
+                    pick = min if key.endswith("_min") else max
+                    extremes[key] = pick(extremes.get(key, value), value)
+                else:
+                    sums[key] += value * (tokens / total_tokens)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
+        self.optimizer.step()
+        sums["optim/grad_norm"] = float(grad_norm)
+        sums["optim/lr"] = self.optimizer.param_groups[0]["lr"]
+        return dict(sums) | extremes
+
+    def _micro_loss(self, rows: list[Experience], advantages: torch.Tensor):
+        input_ids, attention_mask, targets, mask = pack(
+            [e.prompt_ids for e in rows], [e.response_ids for e in rows], self.pad_id
+        )
+        device = next(self.model.parameters()).device
+        input_ids, attention_mask, targets, mask = (t.to(device) for t in (input_ids, attention_mask, targets, mask))
+        behavior = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # (B, T)
+        for i, e in enumerate(rows):
+            behavior[i, : len(e.behavior_logprobs)] = torch.tensor(e.behavior_logprobs, dtype=torch.float32)
+        logprobs, entropy = response_logprobs(
+            self.model, input_ids, attention_mask, targets,
+            temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coef > 0,
+        )  # (B, T), (B, T)
+        loss, metrics = policy_loss(logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs)
+        agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
+        out = {f"loss/{k}": float(v) for k, v in metrics.items()}
+        out["entropy/mean"] = float(aggregate(entropy.detach(), mask, "token-mean"))
+        out["kl/behavior_k3"] = float(aggregate(kl_penalty(logprobs.detach(), behavior, "k3"), mask, "token-mean"))
+        if self.entropy_coef > 0:
+            loss = loss - self.entropy_coef * aggregate(entropy, mask, **agg)
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logprobs, _ = response_logprobs(
+                    self.ref_model, input_ids, attention_mask, targets, temperature=self.temperature
+                )
+            kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator), mask, **agg)
+            loss = loss + self.kl_coef * kl
+            out["kl/ref"] = float(kl)
+        out["loss/total"] = float(loss)
+        return loss, out
+
+    @staticmethod
+    def _batch_metrics(batch: list[Experience], adv, rewards: torch.Tensor) -> dict[str, float]:
+        lengths = torch.tensor([len(e.response_ids) for e in batch], dtype=torch.float32)
+        versions = [e.policy_version for e in batch]
+        out = {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std(unbiased=False)),
+            "response/length_mean": float(lengths.mean()),
+            "response/length_max": float(lengths.max()),
+            "response/truncated_frac": sum(e.truncated for e in batch) / len(batch),
+            "response/tokens": float(lengths.sum()),
+            "adv/keep_frac": float(adv.keep.float().mean()),
+            "adv/abs_mean": float(adv.advantages[adv.keep].abs().mean()) if adv.keep.any() else 0.0,
+            "batch/version_min": float(min(versions)),
+            "batch/version_max": float(max(versions)),
+            "batch/use_count_mean": sum(e.use_count for e in batch) / len(batch),
+        }
+        for name in batch[0].reward_components:
+            out[f"reward/{name}"] = sum(e.reward_components.get(name, 0.0) for e in batch) / len(batch)
+        return out

@@ -1,0 +1,131 @@
+"""Warm start of the embedded tiny model: supervised fine-tuning on the task until it solves *some* problems.
+
+RL needs a policy whose samples are sometimes right: from random weights every reward is 0 and every
+group-relative advantage vanishes. So the tiny model is trained on (prompt, reference answer) pairs from the
+train split until its pass@1 at temperature 1 on held-out train problems reaches ``target_accuracy``, then
+stops, leaving room for RL. The result is an ordinary Hugging Face model directory, cached under the user
+cache dir keyed by a hash of its recipe (architecture, task, warm-start settings), written atomically, so
+later runs with the same recipe start at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from oprl.models.chat import encode_prompt
+from oprl.models.logprobs import pack, response_logprobs
+from oprl.models.tiny import build_model, build_tokenizer
+from oprl.rollout import HFGenerateEngine
+from oprl.runtime.evaluate import evaluate
+
+RECIPE_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """``$OPRL_CACHE_DIR``, else ``$XDG_CACHE_HOME/oprl``, else ``~/.cache/oprl``."""
+    if os.environ.get("OPRL_CACHE_DIR"):
+        return Path(os.environ["OPRL_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "oprl"
+
+
+def recipe(model_cfg, task_cfg, warm_cfg) -> dict:
+    """Everything that determines the warm-started weights (and nothing else)."""
+    return {
+        "recipe_version": RECIPE_VERSION,
+        "model": model_cfg.model_dump(mode="json", exclude={"path", "dtype"}),
+        "task": task_cfg.model_dump(mode="json", exclude={"test_size"}),
+        "warmstart": warm_cfg.model_dump(mode="json"),
+    }
+
+
+def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print) -> Path:
+    """Path of the cached warm-started tiny model for this recipe, building it first if needed."""
+    spec = recipe(model_cfg, task_cfg, warm_cfg)
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    target = cache_dir() / "models" / f"tiny-{key}"
+    if (target / "oprl_recipe.json").is_file():
+        return target
+    log(f"warm-starting the embedded tiny model (first run with this recipe; cached at {target})")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        report = _train(model_cfg, warm_cfg, task, staging, log)
+        (staging / "oprl_recipe.json").write_text(json.dumps(spec | {"result": report}, indent=2))
+        try:
+            os.replace(staging, target)  # atomic: readers see no directory or a complete one
+        except OSError:
+            if not (target / "oprl_recipe.json").is_file():  # lost a race to an identical build: fine
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _train(model_cfg, warm_cfg, task, out_dir: Path, log) -> dict:
+    start = time.perf_counter()
+    tokenizer = build_tokenizer()
+    model = build_model(
+        tokenizer, hidden_size=model_cfg.hidden_size, num_layers=model_cfg.num_layers,
+        num_heads=model_cfg.num_heads, seed=warm_cfg.seed,
+    )
+    problems = list(task.problems("train"))
+    validation, training = problems[: warm_cfg.val_problems], problems[warm_cfg.val_problems :]
+    if not training:
+        raise ValueError("warm start: no training problems left after holding out val_problems")
+    prompts = [encode_prompt(tokenizer, p.messages) for p in training]
+    answers = [tokenizer(p.answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for p in training]
+    engine = HFGenerateEngine(model, tokenizer, temperature=1.0, max_new_tokens=max(len(a) for a in answers) + 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=warm_cfg.lr)
+    rng = random.Random(warm_cfg.seed)
+    history, accuracy, step = [], 0.0, 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(warm_cfg.seed)
+        while step < warm_cfg.max_steps:
+            step += 1
+            rows = rng.sample(range(len(training)), min(warm_cfg.batch_size, len(training)))
+            batch = pack([prompts[i] for i in rows], [answers[i] for i in rows], tokenizer.pad_token_id)
+            model.train()
+            logprobs, _ = response_logprobs(model, batch[0], batch[1], batch[2])  # (B, T)
+            loss = -(logprobs * batch[3]).sum() / batch[3].sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if step % warm_cfg.check_interval == 0:
+                accuracy = evaluate(
+                    engine, _Held(task, validation), tokenizer, num_problems=len(validation),
+                    temperature=1.0, seed=warm_cfg.seed + step,
+                )["accuracy"]
+                history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": accuracy})
+                if accuracy >= warm_cfg.target_accuracy:
+                    break
+    if accuracy < warm_cfg.target_accuracy:
+        log(f"warning: warm start stopped at max_steps={warm_cfg.max_steps} with pass@1 {accuracy:.3f} "
+            f"< target {warm_cfg.target_accuracy}")
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    seconds = time.perf_counter() - start
+    log(f"warm start: {step} steps, validation pass@1 {accuracy:.3f}, {seconds:.1f}s")
+    return {"steps": step, "val_accuracy": accuracy, "seconds": seconds, "history": history}
+
+
+class _Held:
+    """Presents held-out train problems as a task's "test" split for the warm start's own check."""
+
+    def __init__(self, task, problems):
+        self._task, self._problems = task, problems
+
+    def problems(self, split):
+        return self._problems
+
+    def score(self, problems, responses):
+        return self._task.score(problems, responses)

@@ -1,0 +1,154 @@
+"""Every preset on a hand-built batch: loss values and gradients w.r.t. logprobs against a scalar reference.
+
+The batch: two groups (3 + 2 responses) × 3 tokens, with padding whose behaviour log-probs are garbage.
+Ratios are chosen to land in every region of the clip modes. The reference below is a deliberately naive
+per-token loop that follows the SPEC table literally; two presets are also pinned to numbers worked out
+by hand in the comments.
+"""
+
+import math
+
+import pytest
+import torch
+
+from oprl.algorithms import (
+    ADVANTAGE_KEYS,
+    ALGORITHM_DEFAULTS,
+    LOSS_KEYS,
+    PRESETS,
+    group_advantages,
+    policy_loss,
+    resolve_preset,
+    split_settings,
+)
+
+REWARDS = [1.0, 0.0, 0.0, 0.5, 1.0]
+GROUPS = [0, 0, 0, 1, 1]
+MASK = [[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 1, 0]]  # 11 valid tokens
+LOGPROBS = [[-0.5, -1.0, -0.1], [-0.2, -0.7, -1.5], [-0.3, -2.0, -3.0], [-1.2, -0.4, -0.9], [-0.6, -0.8, -0.2]]
+RATIOS = [[1.0, 1.5, 1.0], [0.6, 1.1, 4.0], [0.9, 1.0, 1.0], [0.3, 2.5, 1.0], [0.3, 1.25, 1.0]]
+GARBAGE = {(0, 2): -math.inf, (2, 1): 500.0, (2, 2): math.nan, (4, 2): -300.0}  # padding positions
+
+
+def batch():
+    logprobs = torch.tensor(LOGPROBS, dtype=torch.float64, requires_grad=True)
+    behavior = torch.tensor(LOGPROBS, dtype=torch.float64) - torch.tensor(RATIOS, dtype=torch.float64).log()
+    for (b, t), value in GARBAGE.items():
+        behavior[b, t] = value
+    mask = torch.tensor(MASK, dtype=torch.bool)
+    return logprobs, behavior, mask
+
+
+def reference(settings, advantages, keep):
+    """Loss and d loss / d logprobs for token-mean aggregation, one token at a time."""
+    eps_l, eps_h = settings["eps_low"], settings["eps_high"]
+    eps_lp, eps_hp = settings["eps_low_prime"], settings["eps_high_prime"]
+    c = settings["regularizer_coef"]
+    valid = [(b, t) for b in range(5) for t in range(3) if MASK[b][t] and keep[b]]
+    loss, grad = 0.0, [[0.0] * 3 for _ in range(5)]
+    for b, t in valid:
+        a, rho, lp = advantages[b], RATIOS[b][t], LOGPROBS[b][t]
+        in_band = 1 - eps_l <= rho <= 1 + eps_h
+        m = {
+            "none": True,
+            "one-side": (a >= 0 and rho <= 1 + eps_h) or (a <= 0 and rho >= 1 - eps_l),
+            "two-side": in_band,
+            "ring": in_band or (a >= 0 and rho <= 1 - eps_lp) or (a <= 0 and rho >= 1 + eps_hp),
+        }[settings["clip_mode"]]
+        w = {"none": 1.0, "importance_sampling": rho, "advantage": math.exp(a / settings["temperature"])}[
+            settings["weight"]
+        ]
+        log_rho = math.log(rho)
+        reg, reg_grad = {
+            "none": (0.0, 0.0),
+            "k2": (c * log_rho**2, 2 * c * log_rho),
+            "forward-kl": (-c * lp, -c),
+        }[settings["regularizer"]]
+        loss += -m * w * a * lp + reg
+        grad[b][t] = -m * w * a + reg_grad
+    n = len(valid)
+    return loss / n, [[g / n for g in row] for row in grad]
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_matches_reference(name):
+    settings = PRESETS[name]
+    advantage_settings, loss_settings = split_settings(settings)
+    logprobs, behavior, mask = batch()
+    rewards, groups = torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)
+    grouped = group_advantages(rewards, groups, generator=torch.Generator().manual_seed(0), **advantage_settings)
+    loss, metrics = policy_loss(logprobs, behavior, grouped.advantages, mask & grouped.keep[:, None], **loss_settings)
+    loss.backward()
+    expected_loss, expected_grad = reference(settings, grouped.advantages.tolist(), grouped.keep.tolist())
+    assert loss.item() == pytest.approx(expected_loss, abs=1e-12)
+    assert logprobs.grad.tolist() == [pytest.approx(row, abs=1e-12) for row in expected_grad]
+    assert metrics["pg_loss"] + metrics["reg_loss"] == pytest.approx(loss.item(), abs=1e-12)
+    assert all(torch.isfinite(value) for value in metrics.values())
+
+
+def test_reinforce_by_hand():
+    # A = [2/3, −1/3, −1/3 | −1/4, 1/4]; loss = −(1/11)·Σ_b A_b·Σ_t lp_bt over the 11 valid tokens
+    #   = −(1/11)·[(2/3)(−1.5) + (−1/3)(−2.4) + (−1/3)(−0.3) + (−1/4)(−2.5) + (1/4)(−1.4)] = −0.175/11
+    logprobs, behavior, mask = batch()
+    advantages = group_advantages(torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)).advantages
+    loss, _ = policy_loss(logprobs, behavior, advantages, mask, **split_settings(PRESETS["reinforce"])[1])
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.175 / 11)
+    expected = [[-2 / 33, -2 / 33, 0], [1 / 33] * 3, [1 / 33, 0, 0], [1 / 44] * 3, [-1 / 44, -1 / 44, 0]]  # −A/11
+    assert logprobs.grad.tolist() == [pytest.approx(row) for row in expected]
+
+
+def test_rec_oneside_nois_by_hand():
+    # Masked (ε = 0.2): row0 ρ=1.5 (A>0), row1 ρ=0.6 (A<0), row3 ρ=0.3 (A<0), row4 ρ=1.25 (A>0).
+    # loss = −(1/11)·[(2/3)(−0.5) + (−1/3)(−0.7 − 1.5) + (−1/3)(−0.3) + (−1/4)(−0.4 − 0.9) + (1/4)(−0.6)]
+    #      = −0.675/11; clip_frac = 4/11, low = 2/11 (ρ 0.6, 0.3), high = 2/11 (ρ 1.5, 1.25).
+    logprobs, behavior, mask = batch()
+    advantages = group_advantages(torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)).advantages
+    loss, metrics = policy_loss(logprobs, behavior, advantages, mask, **split_settings(PRESETS["rec-oneside-nois"])[1])
+    assert loss.item() == pytest.approx(-0.675 / 11)
+    assert metrics["clip_frac"].item() == pytest.approx(4 / 11)
+    assert metrics["clip_frac_low"].item() == pytest.approx(2 / 11)
+    assert metrics["clip_frac_high"].item() == pytest.approx(2 / 11)
+    # valid ratios: 1, 1.5 | 0.6, 1.1, 4 | 0.9 | 0.3, 2.5, 1 | 0.3, 1.25 (padding ignored, even −inf/NaN there)
+    assert metrics["ratio_mean"].item() == pytest.approx(14.45 / 11)
+    assert metrics["ratio_min"].item() == pytest.approx(0.3)
+    assert metrics["ratio_max"].item() == pytest.approx(4.0)
+    assert metrics["ratio_outside_frac"].item() == pytest.approx(4 / 11)  # 4.0, 0.3, 2.5, 0.3
+    assert metrics["weight_mean"].item() == pytest.approx(1.0)
+
+
+def test_every_preset_sets_every_setting():
+    required = {"reinforce", "grpo", "opmd", "asymre", "red-drop", "red-weight"}
+    for clip in ("oneside", "twoside", "ring"):
+        for weight in ("is", "nois"):
+            required |= {f"rec-{clip}-{weight}", f"rec-{clip}-{weight}-wide"}
+    assert required <= set(PRESETS)
+    assert set(ADVANTAGE_KEYS) | set(LOSS_KEYS) == set(ALGORITHM_DEFAULTS)
+    assert not set(ADVANTAGE_KEYS) & set(LOSS_KEYS)
+    for name, settings in PRESETS.items():
+        assert set(settings) == set(ALGORITHM_DEFAULTS), name
+        if name.endswith("-wide"):
+            assert (settings["eps_low"], settings["eps_high"]) == (0.6, 2.0)
+
+
+def test_resolve_preset_applies_overrides_and_copies():
+    resolved = resolve_preset("rec-oneside-nois", eps_high=2.0)
+    assert resolved["eps_high"] == 2.0 and resolved["clip_mode"] == "one-side"
+    resolved["clip_mode"] = "ring"
+    assert PRESETS["rec-oneside-nois"]["clip_mode"] == "one-side"
+
+
+@pytest.mark.parametrize(
+    "name, overrides, message",
+    [
+        ("grpoo", {}, "did you mean 'grpo'"),
+        ("grpo", {"eps_hgh": 0.3}, "did you mean 'eps_high'"),
+        ("grpo", {"clip_mode": "onesided"}, "one-side, two-side, ring"),
+        ("grpo", {"drop": "balanced"}, "balance"),
+        ("grpo", {"temperature": 0.0}, "temperature"),
+        ("grpo", {"eps_low": -0.1}, "eps_low"),
+    ],
+)
+def test_resolve_preset_rejects_unknown_names(name, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_preset(name, **overrides)
