@@ -22,13 +22,14 @@ from oprl.config import RunConfig, algorithm_settings, save_config
 from oprl.errors import OprlError
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.progress import RunProgress
+from oprl.models.loading import load_pretrained
 from oprl.rollout import HFGenerateEngine
 from oprl.runtime.evaluate import evaluate
 from oprl.runtime.explorer import Explorer
 from oprl.runtime.schedule import lag, policy_version
 from oprl.runtime.trainer import Trainer
 from oprl.runtime.warmstart import warm_started_model
-from oprl.tasks import TASKS
+from oprl.tasks import build_task
 
 EVAL_SEED_OFFSET = 7_777_777
 
@@ -41,27 +42,12 @@ class RunSummary:
     seconds: float
 
 
-def build_task(config: RunConfig):
-    task_cfg = config.task.model_dump()
-    return TASKS[task_cfg.pop("name")](**task_cfg)
-
-
 def load_policy(config: RunConfig, task, log=print):
-    """(model, tokenizer) for ``model.path``: the cached warm-started tiny model, or a local HF directory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """(model, tokenizer) for ``model.path``: the cached warm-started tiny model, or a Hugging Face model."""
     path = config.model.path
     if path == "tiny":
         path = warm_started_model(config.model, config.task, config.warmstart, task, log=log)
-    elif not Path(path).is_dir():
-        raise OprlError(f"model.path: {path!r} is neither 'tiny' nor a local model directory")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    dtype = getattr(torch, config.model.dtype)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return model, tokenizer
+    return load_pretrained(path, dtype=config.model.dtype)
 
 
 def make_run_dir(config: RunConfig) -> Path:
@@ -82,7 +68,7 @@ def train(config: RunConfig, log=print) -> RunSummary:
     torch.manual_seed(config.seed)
     run_dir = make_run_dir(config)
     save_config(config, run_dir / "config.yaml")
-    task = build_task(config)
+    task = build_task(config.task)
     model, tokenizer = load_policy(config, task, log=log)
     engine = HFGenerateEngine(
         model, tokenizer, temperature=config.rollout.temperature, top_p=config.rollout.top_p,

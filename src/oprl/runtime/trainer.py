@@ -141,7 +141,7 @@ class Trainer:
             kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator), mask, **agg)
             loss = loss + self.kl_coef * kl
             out["kl/ref"] = float(kl)
-        out["loss/total"] = float(loss)
+        out["loss/total"] = float(loss.detach())
         return loss, out
 
     @staticmethod

@@ -7,4 +7,12 @@ TASKS = {
     "arithmetic": ArithmeticTask,
 }
 
-__all__ = ["TASKS", "ArithmeticTask", "Problem", "Reward", "Task"]
+
+
+def build_task(task_config) -> Task:
+    """The task named by ``task_config.name``, built from the other fields of that config section."""
+    fields = task_config.model_dump()
+    return TASKS[fields.pop("name")](**fields)
+
+
+__all__ = ["TASKS", "build_task", "ArithmeticTask", "Problem", "Reward", "Task"]

@@ -1,0 +1,30 @@
+# Two entry points for a fresh machine (see README.md): `make demo` and `make test`.
+# Both create .venv and install what they need. torch is pinned first to the CPU build that 2.13.0
+# resolves to here, so the package's torch range is already satisfied and pip downloads nothing bigger.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.oprl-installed
+
+.PHONY: demo test test-slow setup clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/oprl train
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) runs

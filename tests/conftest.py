@@ -1,0 +1,37 @@
+"""Shared fixtures: an isolated model cache and a small, fast recipe for end-to-end runs.
+
+Every test that needs the embedded model uses the same small task and warm-start recipe, so the tiny model
+is built once per test session (a few seconds) in a temporary cache directory.
+"""
+
+import pytest
+
+# Small task + short warm start: the model it yields solves few problems, which is fine for plumbing tests.
+SMALL = [
+    "task.train_size=600",
+    "task.test_size=64",
+    "warmstart.max_steps=40",
+    "warmstart.check_interval=20",
+    "warmstart.val_problems=64",
+    "warmstart.target_accuracy=0.99",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "eval.num_problems=32",
+    "eval.interval=2",
+    "progress=false",
+]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("oprl-cache")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(cache_dir, monkeypatch):
+    monkeypatch.setenv("OPRL_CACHE_DIR", str(cache_dir))
+
+
+@pytest.fixture
+def small_overrides(tmp_path):
+    return SMALL + [f"output_dir={tmp_path / 'runs'}"]

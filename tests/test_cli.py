@@ -1,0 +1,68 @@
+"""Bad input gives one line on stderr and a non-zero exit, no traceback (unless --debug)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from oprl.cli import main
+
+
+@pytest.fixture
+def bad_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("seed: [1, 2\nsteps: 3\n")
+    return path
+
+
+CASES = {
+    "missing file": (["train", "/nonexistent/run.yaml"], "not found"),
+    "unknown preset": (["train", "algorithm.preset=grpoo"], "did you mean grpo"),
+    "unknown key": (["train", "rollout.gruop_size=4"], "did you mean group_size"),
+    "unknown section": (["train", "optimizer.lr=1"], "unknown key 'optimizer'"),
+    "wrong type": (["train", "steps=many"], "steps"),
+    "bad literal": (["train", "algorithm.clip_mode=sideways"], "algorithm.clip_mode"),
+    "empty dataset": (["train", "task.train_size=0"], "task.train_size"),
+    "not key=value": (["train", "steps=3", "oops"], "expected key=value"),
+    "unknown command": (["trian"], "unknown command"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_is_one_line(name, capsys):
+    argv, expected = CASES[name]
+    assert main(argv) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert expected in err
+    assert "Traceback" not in err
+
+
+def test_malformed_yaml_names_file_and_line(bad_yaml, capsys):
+    assert main(["train", str(bad_yaml)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(bad_yaml) in err and "line" in err and len(err.splitlines()) == 1
+
+
+def test_yaml_top_level_must_be_mapping(tmp_path, capsys):
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    assert main(["train", str(path)]) == 2
+    assert "mapping" in capsys.readouterr().err
+
+
+def test_subprocess_exit_code_and_debug_traceback():
+    command = [sys.executable, "-m", "oprl.cli", "train", "algorithm.preset=nope"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    debug = subprocess.run(command + ["--debug"], capture_output=True, text=True)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_config_command_prints_resolved_preset(capsys):
+    assert main(["config", "algorithm.preset=rec-oneside-nois", "algorithm.eps_high=2.0"]) == 0
+    out = capsys.readouterr().out
+    assert "clip_mode: one-side" in out and "weight: none" in out and "eps_high: 2.0" in out
+    assert main(["config", "--help"]) == 0
+    assert "sync.interval" in capsys.readouterr().out
