@@ -1,0 +1,160 @@
+"""``oprl sweep SPEC.yaml``: run a grid of training runs, several at a time, resumably, into one table.
+
+A sweep spec is YAML::
+
+    output_dir: runs/sweep-demo          # one sub-directory per run, plus results.csv
+    parallel: 2                          # runs at once (each gets cores // parallel torch threads)
+    config: null                         # optional base YAML for every run
+    overrides: [steps=60, eval.interval=20]   # applied to every run
+    grid:                                # the cartesian product of the axes
+      algorithm.preset: [grpo, reinforce]          # a plain axis: one key, a list of values
+      setting:                                      # a named axis: name -> overrides bundle
+        on-policy: {sync.interval: 1, sync.offset: 0}
+        stale: {sync.interval: 1, sync.offset: 10}
+      seed: [0, 1, 2]
+
+Finished runs (a ``summary.json`` in their directory) are skipped, so an interrupted sweep is resumed by
+running the same command again; an unfinished run directory is cleared and that run starts over. Each run
+executes ``python -m oprl.cli train`` in its own process; its stdout/stderr go to ``<run>/train.log``.
+Deliberately not here: scheduling across machines (use the Ray backend inside a run for that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from oprl.errors import OprlError
+from oprl.experiments.results import collect_results, write_table
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    name: str
+    labels: dict[str, str]
+    """Axis name -> value label (the columns of the results table)."""
+    overrides: tuple[str, ...]
+
+
+def load_spec(path: Path) -> dict:
+    if not path.is_file():
+        raise OprlError(f"sweep spec {path}: not found")
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise OprlError(f"sweep spec {path}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
+    unknown = set(spec) - {"output_dir", "parallel", "config", "overrides", "grid"}
+    if unknown:
+        raise OprlError(f"sweep spec {path}: unknown key(s) {sorted(unknown)}; valid: output_dir, parallel, config, overrides, grid")
+    if not isinstance(spec.get("grid"), dict) or not spec["grid"]:
+        raise OprlError(f"sweep spec {path}: 'grid' must be a non-empty mapping of axis -> values")
+    return spec
+
+
+def plan(spec: dict) -> list[PlannedRun]:
+    """Every combination of the grid's axes, each with its run name and full override list."""
+    axes = []
+    for axis, values in spec["grid"].items():
+        if isinstance(values, dict):  # named bundles
+            options = [(str(name), [f"{k}={_yaml_value(v)}" for k, v in bundle.items()]) for name, bundle in values.items()]
+        elif isinstance(values, list) and values:
+            options = [(str(v), [f"{axis}={_yaml_value(v)}"]) for v in values]
+        else:
+            raise OprlError(f"sweep grid axis {axis!r}: expected a non-empty list or a mapping of named bundles")
+        axes.append((axis, options))
+    runs = []
+    base = tuple(str(o) for o in spec.get("overrides") or [])
+    for combo in itertools.product(*(options for _, options in axes)):
+        labels = {axis: label for (axis, _), (label, _) in zip(axes, combo)}
+        name = "__".join(f"{_short(axis)}={label}" for axis, label in labels.items())
+        overrides = base + tuple(o for _, bundle in combo for o in bundle)
+        runs.append(PlannedRun(name=name, labels=labels, overrides=overrides))
+    return runs
+
+
+def run_sweep(spec_path: Path, *, parallel: int | None = None, dry_run: bool = False, log=print) -> Path:
+    spec = load_spec(spec_path)
+    out = Path(spec.get("output_dir") or f"runs/sweep-{spec_path.stem}")
+    runs = plan(spec)
+    parallel = max(1, parallel or int(spec.get("parallel") or 1))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    todo = [r for r in runs if not (out / r.name / "summary.json").is_file()]
+    log(f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run, {parallel} at a time")
+    if dry_run:
+        for r in todo:
+            log("  " + " ".join(_command(r, spec, out)))
+        return out
+    failures = _execute(todo, spec, out, parallel, log)
+    table = collect_results(out, runs)
+    write_table(table, out / "results.csv")
+    log(f"results: {out / 'results.csv'} ({len(table)} finished runs)")
+    if failures:
+        raise OprlError(f"sweep: {len(failures)} run(s) failed, see their train.log: {', '.join(failures[:5])}")
+    return out
+
+
+def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) -> list[str]:
+    from rich.progress import Progress
+
+    threads = max(1, (os.cpu_count() or 1) // parallel)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    running: dict[str, tuple[subprocess.Popen, object]] = {}
+    failures: list[str] = []
+    queue = list(todo)
+    with Progress(transient=False) as progress:
+        task = progress.add_task("sweep", total=len(todo))
+        while queue or running:
+            while queue and len(running) < parallel:
+                run = queue.pop(0)
+                shutil.rmtree(out / run.name, ignore_errors=True)  # unfinished leftovers start over
+                (out / run.name).mkdir(parents=True)
+                handle = (out / run.name / "train.log").open("w")
+                proc = subprocess.Popen(_command(run, spec, out), stdout=handle, stderr=subprocess.STDOUT, env=env)
+                running[run.name] = (proc, handle)
+            time.sleep(0.2)
+            for name, (proc, handle) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                handle.close()
+                del running[name]
+                progress.advance(task)
+                if proc.returncode != 0:
+                    failures.append(name)
+                    log(f"run {name} failed (exit {proc.returncode}); see {out / name / 'train.log'}")
+    return failures
+
+
+def _command(run: PlannedRun, spec: dict, out: Path) -> list[str]:
+    command = [sys.executable, "-m", "oprl.cli", "train"]
+    if spec.get("config"):
+        command.append(str(spec["config"]))
+    return command + list(run.overrides) + [f"output_dir={out}", f"run_name={run.name}", "progress=false"]
+
+
+def _yaml_value(value) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True).strip()
+    return text[:-4].strip() if text.endswith("...") else text
+
+
+def _short(axis: str) -> str:
+    return axis.split(".")[-1]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="oprl sweep", description="Run a grid of training runs.")
+    parser.add_argument("spec", type=Path)
+    parser.add_argument("--parallel", type=int, default=None, help="runs at once (default: the spec's, else 1)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands of unfinished runs only")
+    args = parser.parse_args(argv)
+    run_sweep(args.spec, parallel=args.parallel, dry_run=args.dry_run)
+    return 0
