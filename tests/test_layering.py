@@ -46,3 +46,9 @@ def test_only_cli_and_runtime_reach_into_runtime():
         top = path.relative_to(SRC).parts[0]
         if top in ALLOWED:
             assert not any(n.startswith("oprl.runtime") for n in imports_of(path)), path
+
+
+def test_only_the_ray_backend_imports_ray():
+    for path in SRC.rglob("*.py"):
+        if any(n == "ray" or n.startswith("ray.") for n in imports_of(path)):
+            assert path.relative_to(SRC).as_posix() == "runtime/ray_backend.py", path

@@ -12,7 +12,8 @@ REQUIRED_STEP_KEYS = [
     "reward/mean", "reward/std", "response/length_mean", "loss/total", "loss/pg_loss", "optim/grad_norm",
     "loss/clip_frac", "loss/clip_frac_low", "loss/clip_frac_high", "loss/ratio_mean", "loss/ratio_min",
     "loss/ratio_max", "lag/mean", "lag/max", "perf/generate_tokens_per_s", "perf/train_tokens_per_s",
-    "perf/generate_s", "perf/train_s", "entropy/mean",
+    "perf/generate_s", "perf/train_s", "entropy/mean", "lag/min", "lag/scheduled", "perf/trainer_busy_s",
+    "perf/trainer_idle_s", "perf/explorer_busy_s", "perf/explorer_idle_s", "perf/buffer_batches_ready",
 ]
 
 
@@ -32,6 +33,8 @@ def test_train_writes_a_complete_run_directory(small_overrides, tmp_path, capsys
         assert row["lag/max"] == 0  # on-policy by default
     assert (run_dir / "config.yaml").read_text().count("clip_mode: one-side") == 1  # preset resolved
     assert (run_dir / "metrics.png").stat().st_size > 1000
+    assert len(list((run_dir / "experiences").glob("batch-*.parquet"))) == 4
+    assert (run_dir / "checkpoints" / "step-000004" / "state.json").is_file()  # the final checkpoint
     assert any((run_dir / "tensorboard").iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_accuracy_after"] == rows[-1]["eval/accuracy"]

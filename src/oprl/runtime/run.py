@@ -1,37 +1,43 @@
-"""One training run, end to end, in one process: the local sequential backend.
+"""One run, end to end: check the config, prepare the run directory, start the workers, drive, report.
 
-Wiring only: build the task, load the model, then alternate explorer and trainer following the schedule
-of ``oprl.runtime.schedule``. A batch for step t is generated exactly when the trainer holds version v(t)
-(right after step v(t)), so a single copy of the weights serves both sides and the policy version recorded
-in each experience is the true one. Evaluation happens before training, every ``eval.interval`` steps and
-after training; the run directory receives the resolved config, ``metrics.jsonl``, tensorboard events,
-``metrics.png``, ``summary.json`` and the final model (``final/``, loadable with ``from_pretrained``).
+``run(config)`` dispatches on ``config.mode``: ``both`` (explorers + buffer + trainer), ``explore`` (explorers
++ buffer writing the store), ``train`` (buffer reading a store + trainer), ``eval`` (one evaluation). The
+run directory receives the resolved config, ``metrics.jsonl``, tensorboard events, ``metrics.png``,
+``summary.json``, ``experiences/`` (the store), ``checkpoints/`` and the final model (``final/``, loadable
+with ``from_pretrained``). ``resume=true`` continues run ``run_name`` from its newest checkpoint.
+
+Run it: ``oprl train`` (CPU default), ``oprl train sync.offset=1`` (overlapped), ``oprl train backend=ray``.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import torch
+import yaml
 
-from oprl.config import RunConfig, algorithm_settings, save_config
+from oprl.config import RunConfig, save_config
 from oprl.errors import OprlError
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.progress import RunProgress
-from oprl.models.loading import load_pretrained
-from oprl.rollout import HFGenerateEngine
-from oprl.runtime.evaluate import evaluate
-from oprl.runtime.explorer import Explorer
-from oprl.runtime.schedule import lag, policy_version
-from oprl.runtime.trainer import Trainer
+from oprl.runtime import checkpoint as ckpt
+from oprl.runtime.buffer import ExperienceBuffer
+from oprl.runtime.driver import Driver
+from oprl.runtime.local import LocalBackend
+from oprl.runtime.store import STORE_DIRNAME, ExperienceStore
+from oprl.runtime.synchronizer import Synchronizer
 from oprl.runtime.warmstart import warm_started_model
+from oprl.runtime.workers import ExplorerWorker, TrainerWorker, load_checkpoint_weights, quiet_transformers
 from oprl.tasks import build_task
 
-EVAL_SEED_OFFSET = 7_777_777
+# Keys that may change when resuming: they do not alter what is computed.
+RESUMABLE_CHANGES = ("steps", "resume", "progress", "tensorboard", "backend", "checkpoint.", "runtime.", "eval.")
 
 
 @dataclass
@@ -42,115 +48,280 @@ class RunSummary:
     seconds: float
 
 
-def load_policy(config: RunConfig, task, log=print):
-    """(model, tokenizer) for ``model.path``: the cached warm-started tiny model, or a Hugging Face model."""
-    path = config.model.path
-    if path == "tiny":
-        path = warm_started_model(config.model, config.task, config.warmstart, task, log=log)
-    return load_pretrained(path, dtype=config.model.dtype)
+def check_config(config: RunConfig) -> None:
+    """Cross-field rules, as one-line errors."""
+    if config.mode == "train" and not config.buffer.path:
+        raise OprlError("mode=train: set buffer.path to an experience store or a run directory holding one")
+    if config.resume and not config.run_name:
+        raise OprlError("resume=true: set run_name to the run to continue")
+    if config.resume and config.mode == "eval":
+        raise OprlError("resume=true: mode=eval has nothing to resume")
+    if config.sync.mode == "async" and config.sync.max_staleness < config.sync.interval - 1:
+        raise OprlError(f"sync.max_staleness={config.sync.max_staleness} must be >= sync.interval - 1 = "
+                        f"{config.sync.interval - 1}: weights are published only every {config.sync.interval} steps")
+    if config.replay.groups_per_step and config.replay.max_uses < 2:
+        raise OprlError("replay.max_uses must be >= 2 when replay.groups_per_step > 0 (1 = no reuse)")
+    if config.eval.checkpoint and config.mode != "eval":
+        raise OprlError("eval.checkpoint is read only with mode=eval")
+    if config.backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise OprlError("backend=ray needs Ray: pip install 'oprl[ray]'")
+
+
+def worker_threads(config: RunConfig) -> int:
+    """torch intra-op threads per worker: configured, else the cores shared by trainer + explorers. The same
+    in every mode, so that explore + train and eval reproduce a ``both`` run's numbers bit for bit."""
+    if config.runtime.torch_threads:
+        return config.runtime.torch_threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // (config.runtime.explorers + 1))
+
+
+def model_path(config: RunConfig, task, log=print) -> str:
+    """``model.path``, with ``tiny`` replaced by the cached warm-started model (built first if needed)."""
+    if config.model.path == "tiny":
+        return str(warm_started_model(config.model, config.task, config.warmstart, task, log=log))
+    return config.model.path
 
 
 def make_run_dir(config: RunConfig) -> Path:
     name = config.run_name or (
-        f"{config.algorithm.preset}-k{config.sync.interval}-m{config.sync.offset}-s{config.seed}-"
-        f"{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        f"{config.mode + '-' if config.mode != 'both' else ''}{config.algorithm.preset}-k{config.sync.interval}-"
+        f"m{config.sync.offset}-s{config.seed}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     )
     run_dir = Path(config.output_dir) / name
+    if config.resume:
+        if not (run_dir / "config.yaml").is_file():
+            raise OprlError(f"resume=true: {run_dir} holds no run to resume")
+        _check_resumable(config, run_dir)
+        return run_dir
     if (run_dir / "metrics.jsonl").exists():
-        raise OprlError(f"run_name: {run_dir} already holds a run; choose another run_name")
+        raise OprlError(f"run_name: {run_dir} already holds a run; choose another run_name (or resume=true)")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
 
-def train(config: RunConfig, log=print) -> RunSummary:
+def _check_resumable(config: RunConfig, run_dir: Path) -> None:
+    saved = _flatten(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    current = _flatten(config.model_dump(mode="json"))
+    changed = sorted(k for k in saved.keys() | current.keys()
+                     if saved.get(k) != current.get(k) and not k.startswith(RESUMABLE_CHANGES))
+    if changed:
+        raise OprlError(f"resume=true: the config differs from {run_dir}/config.yaml in {', '.join(changed[:3])}"
+                        f"{' ...' if len(changed) > 3 else ''}; only steps, eval.*, checkpoint.*, runtime.* may change")
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def make_backend(config: RunConfig):
+    if config.backend == "ray":
+        from oprl.runtime.ray_backend import RayBackend
+
+        workers = config.runtime.explorers + 1
+        return RayBackend(address=config.runtime.ray_address, num_cpus=config.runtime.ray_num_cpus, workers=workers)
+    return LocalBackend(config.runtime.workers)
+
+
+def run(config: RunConfig, log=print) -> RunSummary:
+    """Run ``config.mode``; see the module docstring."""
+    check_config(config)
     started = time.perf_counter()
-    _quiet_transformers()
+    quiet_transformers()
     torch.manual_seed(config.seed)
+    if config.mode == "eval":
+        return _evaluate_only(config, started, log)
+    run_dir = make_run_dir(config)
+    if not config.resume:
+        save_config(config, run_dir / "config.yaml")
+    path = model_path(config, build_task(config.task), log=log)
+    backend = make_backend(config)
+    actors = []
+    try:
+        session = _start(config, run_dir, path, backend, actors)
+        with RunProgress(config.steps, enabled=config.progress) as progress:
+            logger = MetricsLogger(run_dir, tensorboard=config.tensorboard)
+            try:
+                driver = Driver(config=config, run_dir=run_dir, backend=backend, logger=logger, progress=progress,
+                                **session)
+                if session["start_step"] == 0 and config.mode != "explore":
+                    driver.request_eval(0)
+                driver.run()
+            finally:
+                logger.close()
+        if session["trainer"] is not None:
+            backend.get(session["trainer"].call("save_final", str(run_dir / "final")))
+    finally:
+        backend.shutdown(actors)
+    return _finish(config, run_dir, started)
+
+
+def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -> dict:
+    """Start the workers of ``config.mode``, restore a checkpoint when resuming; the Driver's arguments."""
+    threads = worker_threads(config)
+    use_trainer, use_explorers = config.mode in ("both", "train"), config.mode in ("both", "explore")
+    store_dir = _store_dir(config, run_dir)
+    checkpoint = _prepare_resume(config, run_dir, store_dir) if config.resume else None
+    trainer = explorers = None
+    if use_trainer:
+        trainer = backend.start("trainer", TrainerWorker, config, path, backend.cpu_snapshots, threads=threads)
+        actors.append(trainer)
+    explorers = []
+    if use_explorers:
+        for index in range(config.runtime.explorers):
+            explorers.append(backend.start(f"explorer {index}", ExplorerWorker, config, path, index, threads=threads))
+        actors.extend(explorers)
+    buffer = backend.start("buffer", make_buffer, config, store_dir, threads=1, compute=False)
+    actors.append(buffer)
+    for actor in actors:
+        _wait_ready(backend, actor)
+    sync_mode = "fixed" if config.mode == "explore" else config.sync.mode
+    sync = Synchronizer(interval=config.sync.interval, offset=config.sync.offset, mode=sync_mode,
+                        max_staleness=config.sync.max_staleness, explorers=len(explorers))
+    start_step, ready = 0, []
+    if checkpoint is not None:
+        start_step, ready = _restore(config, checkpoint, backend, trainer, buffer, sync)
+    if config.mode == "explore":
+        done = set(ExperienceStore(store_dir).batches()) if store_dir else set()
+        pending = [b for b in range(1, config.steps + 1) if b not in done]
+    else:
+        pending = [b for b in range(start_step + 1, config.steps + 1) if b not in ready] if use_explorers else []
+    if explorers and sync.wants(start_step, pending):
+        sync.publish(start_step, trainer.call("weights"))
+    if checkpoint is not None and config.sync.mode == "scheduled" and explorers:
+        _check_versions_available(checkpoint, sync, pending, start_step)
+    return dict(trainer=trainer, explorers=explorers, buffer=buffer, sync=sync, start_step=start_step,
+                pending=pending, ready=set(ready))
+
+
+def _check_versions_available(checkpoint: Path, sync: Synchronizer, pending: list[int], step: int) -> None:
+    """A checkpoint holds the old versions its own run still needed; a longer run may need more."""
+    missing = [b for b in pending if step > sync.scheduled_version(b) not in sync.snapshots]
+    if missing:
+        b = missing[0]
+        raise OprlError(
+            f"resume: batch {b} must come from policy version {sync.scheduled_version(b)} (sync.interval/offset), "
+            f"which {checkpoint} does not hold: it was written for a run of fewer steps; a run can be extended "
+            f"only from a checkpoint of a step t with v(t + 1) = t (e.g. sync.offset=0, t a multiple of sync.interval)"
+        )
+
+
+def _wait_ready(backend, actor) -> None:
+    try:
+        backend.wait_ready(actor)
+    except Exception as exc:  # a user mistake found while loading (OprlError) keeps its own message
+        reason = backend.describe(exc).removeprefix("OprlError: ")
+        raise OprlError(f"{actor.name}: failed to start: {reason}") from exc
+
+
+def _store_dir(config: RunConfig, run_dir: Path) -> str | None:
+    if config.mode == "train" or (config.mode == "both" and not config.buffer.persist):
+        return None
+    return config.buffer.path or str(run_dir / STORE_DIRNAME)
+
+
+def make_buffer(config: RunConfig, store_dir: str | None) -> ExperienceBuffer:
+    """The buffer worker of a run (a module-level factory, so a Ray actor can build it too)."""
+    replay = config.replay
+    return ExperienceBuffer(
+        store_dir=store_dir, offline_dir=config.buffer.path if config.mode == "train" else None,
+        passes=config.buffer.passes, prompts_per_step=config.rollout.prompts_per_step,
+        replay_groups=replay.groups_per_step, max_uses=replay.max_uses, decay=replay.decay, capacity=replay.capacity,
+    )
+
+
+def _prepare_resume(config: RunConfig, run_dir: Path, store_dir: str | None) -> Path | None:
+    """Newest checkpoint; metrics and store trimmed to it (batches generated after it are made again)."""
+    metrics = run_dir / "metrics.jsonl"
+    if config.mode == "explore":
+        # The store is the checkpoint: keep batches that have both a file and a row, make the others again.
+        store = ExperienceStore(store_dir)
+        ckpt.truncate_metrics(metrics, lambda step: True)  # drops a half-written last line
+        logged = {r["step"] for r in read_metrics(metrics)} if metrics.is_file() else set()
+        store.discard([b for b in store.batches() if b not in logged])
+        present = set(store.batches())
+        ckpt.truncate_metrics(metrics, lambda step: step in present)
+        return None
+    checkpoint = ckpt.resolve_checkpoint(run_dir)
+    state = ckpt.read_json(checkpoint / "state.json") if checkpoint else {"step": -1, "ready": []}
+    ckpt.truncate_metrics(metrics, lambda step: step <= state["step"])
+    if store_dir:
+        store = ExperienceStore(store_dir)
+        store.discard([b for b in store.batches() if b > max(state["step"], 0) and b not in state["ready"]])
+    ckpt.prune(run_dir, config.checkpoint.keep)
+    return checkpoint
+
+
+def _restore(config: RunConfig, checkpoint: Path, backend, trainer, buffer, sync) -> tuple[int, list[int]]:
+    state = ckpt.read_json(checkpoint / "state.json")
+    backend.get(trainer.call("restore", str(checkpoint / "trainer")))
+    ready = backend.get(buffer.call("restore", str(checkpoint / "buffer")))
+    for version in state["weights_versions"]:
+        weights = ckpt.load_weights(checkpoint / "weights" / f"version-{version:06d}.safetensors")
+        sync.publish(version, backend.put(weights))
+    ckpt.load_rng(checkpoint)
+    return state["step"], ready
+
+
+def _evaluate_only(config: RunConfig, started: float, log) -> RunSummary:
+    """mode=eval: one evaluation of model.path, or of a checkpoint's weights, in its own worker thread."""
+    source = config.eval.checkpoint
+    checkpoint = ckpt.resolve_checkpoint(source) if source else None
+    if source and checkpoint is None:
+        raise OprlError(f"eval.checkpoint: no checkpoint at {source}")
     run_dir = make_run_dir(config)
     save_config(config, run_dir / "config.yaml")
-    task = build_task(config.task)
-    model, tokenizer = load_policy(config, task, log=log)
-    engine = HFGenerateEngine(
-        model, tokenizer, temperature=config.rollout.temperature, top_p=config.rollout.top_p,
-        max_new_tokens=config.rollout.max_new_tokens,
-    )
-    explorer = Explorer(
-        task, tokenizer, engine, prompts_per_step=config.rollout.prompts_per_step,
-        group_size=config.rollout.group_size, seed=config.seed,
-    )
-    trainer = Trainer(
-        model, pad_id=tokenizer.pad_token_id, settings=algorithm_settings(config), optim=config.optim,
-        sampling_temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_new_tokens,
-        kl_coef=config.algorithm.kl_coef, kl_estimator=config.algorithm.kl_estimator,
-        entropy_coef=config.algorithm.entropy_coef, seed=config.seed,
-    )
-
-    def run_eval(step: int) -> dict[str, float]:
-        result = evaluate(
-            engine, task, tokenizer, num_problems=config.eval.num_problems, temperature=config.eval.temperature,
-            seed=config.seed * 1_000_003 + EVAL_SEED_OFFSET + step, batch_size=config.eval.batch_size,
-        )
-        return {f"eval/{k}": v for k, v in result.items()}
-
-    logger = MetricsLogger(run_dir, tensorboard=config.tensorboard)
-    before = run_eval(0)
-    logger.log(0, before)
-    eval_row = before
-    k, m = config.sync.interval, config.sync.offset
-    pending: dict[int, tuple[list, dict]] = {}
-    next_batch = 1
-    with RunProgress(config.steps, enabled=config.progress) as progress:
-        progress.update(0, accuracy=before["eval/accuracy"])
-        for step in range(1, config.steps + 1):
-            # Generate every batch whose scheduled version is the trainer's current one (explorer runs ahead).
-            while next_batch <= config.steps and policy_version(next_batch, k, m) <= trainer.version:
-                pending[next_batch] = explorer.explore(next_batch, trainer.version)
-                next_batch += 1
-            batch, timing = pending.pop(step)
-            row = trainer.step(batch)
-            row.update(_schedule_metrics(step, k, m, batch, len(pending), timing))
-            if config.eval.interval and step % config.eval.interval == 0 and step != config.steps:
-                eval_row = run_eval(step)
-                row.update(eval_row)
-            if step == config.steps:
-                eval_row = run_eval(step)
-                row.update(eval_row)
-            logger.log(step, row)
-            progress.update(step, reward=row["reward/mean"], accuracy=eval_row["eval/accuracy"])
+    path = model_path(config, build_task(config.task), log=log)
+    backend = LocalBackend()
+    worker = backend.start("evaluator", TrainerWorker, config, path, False, threads=worker_threads(config))
+    try:
+        _wait_ready(backend, worker)
+        step = backend.get(worker.call("load_checkpoint", str(checkpoint))) if checkpoint else 0
+        row = backend.get(worker.call("evaluate", step))
+    finally:
+        backend.shutdown([worker])
+    row["eval/checkpoint_step"] = float(step)
+    logger = MetricsLogger(run_dir, tensorboard=False)
+    logger.log(step, row)
     logger.close()
-    model.save_pretrained(run_dir / "final")
-    tokenizer.save_pretrained(run_dir / "final")
-    plot_run(read_metrics(run_dir / "metrics.jsonl"), run_dir / "metrics.png", title=run_dir.name)
-    summary = RunSummary(run_dir, before["eval/accuracy"], eval_row["eval/accuracy"], time.perf_counter() - started)
-    (run_dir / "summary.json").write_text(
-        json.dumps({
-            "eval_accuracy_before": summary.accuracy_before,
-            "eval_accuracy_after": summary.accuracy_after,
-            "steps": config.steps,
-            "seconds": summary.seconds,
-        }, indent=2)
-    )
-    return summary
+    accuracy = row["eval/accuracy"]
+    _write_summary(run_dir, config, accuracy, accuracy, time.perf_counter() - started)
+    return RunSummary(run_dir, accuracy, accuracy, time.perf_counter() - started)
 
 
-def _schedule_metrics(step, k, m, batch, buffered, timing) -> dict[str, float]:
-    versions = [e.policy_version for e in batch]
-    lags = [(step - 1) - v for v in versions]
-    assert versions[0] == policy_version(step, k, m), "batch generated by the wrong policy version"
-    return {
-        "lag/min": float(min(lags)),
-        "lag/mean": sum(lags) / len(lags),
-        "lag/max": float(max(lags)),
-        "lag/scheduled": float(lag(step, k, m)),
-        "buffer/batches_ahead": float(buffered),
-        "perf/generate_s": timing["generate_s"],
-        "perf/reward_s": timing["reward_s"],
-        "perf/generate_tokens_per_s": timing["generated_tokens"] / max(timing["generate_s"], 1e-9),
-    }
+def _finish(config: RunConfig, run_dir: Path, started: float) -> RunSummary:
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    before, after = (evals[0], evals[-1]) if evals else (math.nan, math.nan)
+    if any("reward/mean" in r for r in rows):
+        plot_run(rows, run_dir / "metrics.png", title=run_dir.name)
+    seconds = time.perf_counter() - started
+    _write_summary(run_dir, config, before, after, seconds)
+    return RunSummary(run_dir, before, after, seconds)
 
 
-def _quiet_transformers() -> None:
-    from transformers.utils import logging
+def _write_summary(run_dir: Path, config: RunConfig, before: float, after: float, seconds: float) -> None:
+    (run_dir / "summary.json").write_text(json.dumps({
+        "mode": config.mode,
+        "eval_accuracy_before": before,
+        "eval_accuracy_after": after,
+        "steps": config.steps,
+        "seconds": seconds,
+    }, indent=2))
 
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
+
+def train(config: RunConfig, log=print) -> RunSummary:
+    """Kept for callers of the first version: the same as ``run``."""
+    return run(config, log=log)
+
+
+__all__ = ["RunSummary", "run", "train", "check_config", "worker_threads", "load_checkpoint_weights"]

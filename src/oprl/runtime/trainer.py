@@ -54,7 +54,8 @@ class Trainer:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
 
     def step(self, batch: list[Experience]) -> dict[str, float]:
-        """Train on ``batch`` (whole groups); returns metrics; bumps ``version`` by one."""
+        """Train on ``batch`` (whole groups); returns metrics; bumps ``version`` by one. The batch is not
+        modified (use counts belong to the buffer)."""
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.version)
         rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
@@ -77,11 +78,9 @@ class Trainer:
                         extremes[key] = pick(extremes.get(key, value), value)
                     else:
                         totals[key] += value
-        self.version += 1
-        for exp in batch:
-            exp.use_count += 1
         out = {key: value / max(updates, 1) for key, value in totals.items()} | extremes
-        out.update(self._batch_metrics(batch, adv, rewards))
+        out.update(self._batch_metrics(batch, adv, rewards, self.version))
+        self.version += 1
         out["perf/train_s"] = time.perf_counter() - start
         out["perf/train_tokens_per_s"] = out["response/tokens"] * self.optim.epochs / out["perf/train_s"]
         return out
@@ -145,10 +144,14 @@ class Trainer:
         return loss, out
 
     @staticmethod
-    def _batch_metrics(batch: list[Experience], adv, rewards: torch.Tensor) -> dict[str, float]:
+    def _batch_metrics(batch: list[Experience], adv, rewards: torch.Tensor, version: int) -> dict[str, float]:
         lengths = torch.tensor([len(e.response_ids) for e in batch], dtype=torch.float32)
         versions = [e.policy_version for e in batch]
+        lags = [version - v for v in versions]  # how many updates the weights made since each sample
         out = {
+            "lag/min": float(min(lags)),
+            "lag/mean": sum(lags) / len(lags),
+            "lag/max": float(max(lags)),
             "reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std(unbiased=False)),
             "response/length_mean": float(lengths.mean()),

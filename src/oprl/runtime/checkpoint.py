@@ -1,0 +1,154 @@
+"""Checkpoint files: atomic directories of safetensors and JSON, and the bookkeeping of a run directory.
+
+A checkpoint is ``<run_dir>/checkpoints/step-NNNNNN/``, assembled under a temporary name and renamed when
+complete, so a ``kill -9`` leaves either a whole checkpoint or none. Inside:
+
+- ``trainer/model.safetensors`` (every weight, ``safetensors.torch.save_model``), ``trainer/optimizer.*``
+  (tensors in safetensors, the rest in JSON), ``trainer/rng.safetensors``, ``trainer/trainer.json``;
+- ``buffer/`` (``ExperienceBuffer.save``: unconsumed batches and the replay pool, parquet + JSON);
+- ``weights/version-N.safetensors``: older policy versions still needed by batches not generated yet;
+- ``state.json``: the step, the explorer position, the versions above; written last.
+
+Deliberately not here: pickle (``torch.save``) for anything, and deciding *when* to checkpoint (the driver).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+CHECKPOINTS = "checkpoints"
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"step-{step:06d}"
+
+
+def staging_dir(run_dir: Path, step: int) -> Path:
+    """Where checkpoint ``step`` is assembled (emptied first)."""
+    path = Path(run_dir) / CHECKPOINTS / f".tmp-step-{step:06d}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def commit(staging: Path, final: Path) -> None:
+    """Make a fully written staging directory the checkpoint (atomic rename)."""
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (staging directories are never listed)."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name))]
+    return [p for _, p in sorted(found) if (p / "state.json").is_file()]
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory, or the newest checkpoint of a run directory; None when there is none."""
+    path = Path(path)
+    if (path / "state.json").is_file():
+        return path
+    found = checkpoints(path)
+    return found[-1] if found else None
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    for old in checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    for leftover in (Path(run_dir) / CHECKPOINTS).glob(".tmp-step-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+def read_json(path: Path):
+    return json.loads(Path(path).read_text())
+
+
+def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path))
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """Optimizer state: tensors to ``optimizer.safetensors``, everything else to ``optimizer.json``."""
+    state = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, entry in state["state"].items():
+        for key, value in entry.items():
+            if torch.is_tensor(value):
+                tensors[f"{index}/{key}"] = value.detach().contiguous().cpu()
+            else:
+                scalars[f"{index}/{key}"] = value
+    save_file(tensors, str(directory / "optimizer.safetensors"))
+    write_json(directory / "optimizer.json", {"param_groups": state["param_groups"], "scalars": scalars})
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    meta = read_json(directory / "optimizer.json")
+    entries: dict[int, dict] = {}
+    for name, value in load_file(str(directory / "optimizer.safetensors")).items():
+        index, key = name.split("/", 1)
+        entries.setdefault(int(index), {})[key] = value
+    for name, value in meta["scalars"].items():
+        index, key = name.split("/", 1)
+        entries.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": entries, "param_groups": meta["param_groups"]})
+
+
+def save_rng(directory: Path) -> None:
+    """The process's torch (CPU and CUDA) and Python ``random`` generator states."""
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{i}"] = state
+    save_file(tensors, str(directory / "rng.safetensors"))
+    version, internal, gauss = random.getstate()
+    write_json(directory / "rng.json", {"python": [version, list(internal), gauss]})
+
+
+def load_rng(directory: Path) -> None:
+    tensors = load_file(str(directory / "rng.safetensors"))
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+    version, internal, gauss = read_json(directory / "rng.json")["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def truncate_metrics(path: Path, keep) -> None:
+    """Keep the rows whose step satisfies ``keep(step)`` (and drop a half-written last line) before resuming."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if keep(row.get("step", 0)):
+            kept.append(line)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("".join(line + "\n" for line in kept))
+    os.replace(temporary, path)

@@ -1,0 +1,112 @@
+"""The local backend: every worker is a thread of this process with its own call queue (or, with
+``runtime.workers=processes``, each compute worker is a process of this machine: ``oprl.runtime.processes``).
+
+``start`` builds the worker inside its thread (after setting that thread's torch intra-op threads), and
+``call`` queues a method call, returning futures at once; calls to one worker run in submission order, and
+future arguments are resolved in the worker's thread before its method runs, so data moves between workers
+without passing through the driver. torch releases the GIL inside its kernels, so a trainer thread and an
+explorer thread compute at the same time, each on its own intra-op threads (docs/runtime.md has the numbers).
+
+Deliberately not here: other machines (use backend=ray), and any knowledge of what the workers do.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+import torch
+
+
+class LocalActor:
+    def __init__(self, name: str, factory, args: tuple, threads: int | None):
+        self.name = name
+        self.ready: Future = Future()
+        self._calls: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(
+            target=self._serve, args=(factory, args, threads), name=f"oprl-{name}", daemon=True
+        )
+        self._thread.start()
+
+    def call(self, method: str, *args, num_returns: int = 1):
+        """Queue ``worker.method(*args)``; one future, or a tuple of ``num_returns`` for a tuple result."""
+        futures = tuple(Future() for _ in range(num_returns))
+        self._calls.put((method, args, futures))
+        return futures[0] if num_returns == 1 else futures
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+    def _serve(self, factory, args, threads) -> None:
+        if threads:
+            torch.set_num_threads(threads)  # per thread: each worker gets its own share of the cores
+        try:
+            worker = factory(*args)
+        except BaseException as exc:  # reported through every future, the first one ends the run
+            self.ready.set_exception(exc)
+            worker = None
+        else:
+            self.ready.set_result(True)
+        while (item := self._calls.get()) is not None:
+            method, call_args, futures = item
+            try:
+                if worker is None:
+                    raise self.ready.exception()
+                resolved = [a.result() if isinstance(a, Future) else a for a in call_args]
+                result = getattr(worker, method)(*resolved)
+                results = (result,) if len(futures) == 1 else tuple(result)
+                for future, value in zip(futures, results):
+                    future.set_result(value)
+            except BaseException as exc:
+                for future in futures:
+                    future.set_exception(exc)
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, workers: str = "threads"):
+        self.workers = workers
+        # Threads share memory, so snapshots stay on the model's device; processes receive CPU copies.
+        self.cpu_snapshots = workers == "processes"
+
+    def start(self, name: str, factory, *args, threads: int | None = None, compute: bool = True):
+        if compute and self.workers == "processes":
+            from oprl.runtime.processes import ProcessActor
+
+            return ProcessActor(name, factory, args, threads)
+        return LocalActor(name, factory, args, threads)
+
+    def wait_ready(self, actor: LocalActor) -> None:
+        actor.ready.result()
+
+    def wait_any(self, futures, timeout: float | None = None) -> list:
+        done, _ = wait(list(futures), timeout=timeout, return_when=FIRST_COMPLETED)
+        return list(done)
+
+    def get(self, future):
+        return future.result()
+
+    def done(self, future) -> bool:
+        return future.done()
+
+    def put(self, value):
+        """A completed future holding ``value`` (e.g. weights read from a checkpoint)."""
+        future: Future = Future()
+        future.set_result(value)
+        return future
+
+    def describe(self, exc: BaseException) -> str:
+        from oprl.runtime.processes import RemoteError
+
+        if isinstance(exc, RemoteError):
+            return str(exc)
+        return f"{type(exc).__name__}: {exc}"
+
+    def shutdown(self, actors) -> None:
+        for actor in actors:
+            actor.stop()
+        for actor in actors:
+            if hasattr(actor, "join"):  # worker processes: reap them before returning
+                actor.join()

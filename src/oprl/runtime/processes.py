@@ -1,0 +1,140 @@
+"""Local worker processes: the ``runtime.workers=processes`` flavour of the local backend.
+
+Each compute worker (trainer, explorers) runs in its own ``spawn``-ed process, so Python code on one side
+(Hugging Face ``generate`` is mostly Python between small kernels) never waits for the GIL held by the other;
+the buffer stays a thread of the driver. A ``ProcessActor`` has the interface of ``local.LocalActor``: calls
+return futures at once; a sender thread resolves future arguments and pipes the call to the process, a
+receiver thread sets the futures from the replies. Arguments and results are pickled through the pipe (torch
+tensors through shared memory, as ``torch.multiprocessing`` arranges). Errors come back as ``RemoteError``
+with the original type name; a process that dies fails every pending call.
+
+Deliberately not here: more than one machine (use backend=ray).
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import queue
+import threading
+from concurrent.futures import Future
+
+
+class RemoteError(RuntimeError):
+    """An exception raised inside a worker process (its type name and message)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message = kind, message
+
+
+def _serve(conn, factory, args, threads) -> None:
+    """The worker process: build the worker, then answer calls until told to stop or the pipe closes."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        worker = factory(*args)
+    except BaseException as exc:
+        conn.send(("ready", None, False, (type(exc).__name__, str(exc))))
+        return
+    conn.send(("ready", None, True, None))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the driver is gone (even after kill -9): nothing left to serve
+        if message is None:
+            return
+        call_id, method, call_args, returns = message
+        try:
+            result = getattr(worker, method)(*call_args)
+            conn.send(("result", call_id, True, result if returns == 1 else tuple(result)))
+        except BaseException as exc:
+            conn.send(("result", call_id, False, (type(exc).__name__, str(exc))))
+
+
+class ProcessActor:
+    def __init__(self, name: str, factory, args: tuple, threads: int | None):
+        self.name = name
+        self.ready: Future = Future()
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child, factory, args, threads),
+                                        name=f"oprl-{name}", daemon=True)
+        self._process.start()
+        child.close()
+        self._pending: dict[int, tuple[Future, ...]] = {}
+        self._dead: BaseException | None = None
+        self._ids = itertools.count()
+        self._outbox: queue.Queue = queue.Queue()
+        self._sender = threading.Thread(target=self._send, name=f"oprl-{name}-send", daemon=True)
+        self._sender.start()
+        threading.Thread(target=self._receive, name=f"oprl-{name}-receive", daemon=True).start()
+
+    def call(self, method: str, *args, num_returns: int = 1):
+        futures = tuple(Future() for _ in range(num_returns))
+        self._outbox.put((method, args, futures))
+        return futures[0] if num_returns == 1 else futures
+
+    def stop(self) -> None:
+        self._outbox.put(None)
+
+    def join(self, timeout: float = 15.0) -> None:
+        """Wait until the process has exited (after ``stop``)."""
+        self._sender.join(timeout)
+
+    def _send(self) -> None:
+        while (item := self._outbox.get()) is not None:
+            method, args, futures = item
+            try:
+                if self._dead is not None:
+                    raise self._dead
+                resolved = [a.result() if isinstance(a, Future) else a for a in args]
+                call_id = next(self._ids)
+                self._pending[call_id] = futures
+                self._conn.send((call_id, method, resolved, len(futures)))
+            except BaseException as exc:
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(exc)
+        try:
+            self._conn.send(None)
+        except OSError:
+            pass
+        self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.terminate()
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                kind, call_id, ok, payload = self._conn.recv()
+            except (EOFError, OSError):
+                self._fail_all(RemoteError("ProcessDied", f"worker process exited ({self._process.exitcode})"))
+                return
+            if kind == "ready":
+                if ok:
+                    self.ready.set_result(True)
+                else:
+                    self.ready.set_exception(RemoteError(*payload))
+                continue
+            futures = self._pending.pop(call_id)
+            if not ok:
+                for future in futures:
+                    future.set_exception(RemoteError(*payload))
+                continue
+            values = (payload,) if len(futures) == 1 else payload
+            for future, value in zip(futures, values):
+                future.set_result(value)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self._dead = exc
+        if not self.ready.done():
+            self.ready.set_exception(exc)
+        for futures in list(self._pending.values()):
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+        self._pending.clear()

@@ -1,0 +1,152 @@
+"""The persistent experience store: one parquet file per batch, in an open schema (docs/runtime.md).
+
+A store is a directory of ``batch-NNNNNN.parquet`` files, NNNNNN being the batch index (the trainer step the
+batch was generated for). Each file is written to a temporary name and renamed, so a reader (or a run resumed
+after ``kill -9``) sees whole batches or nothing. Files are immutable: ``use_count`` is the count when the
+batch was written (0 for fresh experiences); live counts live in the buffer and its checkpoints.
+
+Deliberately not here: pickle (never: the store must be readable without oprl), advantages (the trainer
+computes them per group, so one store can be trained with any preset), and any notion of scheduling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from oprl.errors import OprlError
+from oprl.runtime.experience import Experience
+
+SCHEMA_VERSION = "1"
+STORE_DIRNAME = "experiences"
+_BATCH_FILE = re.compile(r"batch-(\d+)\.parquet")
+
+SCHEMA = pa.schema(
+    [
+        pa.field("batch", pa.int64()),
+        pa.field("group_id", pa.int64()),
+        pa.field("task_id", pa.string()),
+        pa.field("policy_version", pa.int64()),
+        pa.field("prompt_ids", pa.list_(pa.int32())),
+        pa.field("response_ids", pa.list_(pa.int32())),
+        pa.field("behavior_logprobs", pa.list_(pa.float32())),
+        pa.field("reward", pa.float64()),
+        pa.field("reward_components", pa.map_(pa.string(), pa.float64())),
+        pa.field("response_text", pa.string()),
+        pa.field("truncated", pa.bool_()),
+        pa.field("use_count", pa.int32()),
+        pa.field("extra", pa.string()),
+    ],
+    metadata={"oprl_schema": SCHEMA_VERSION},
+)
+
+
+def to_table(experiences: list[Experience], batch: int | list[int]) -> pa.Table:
+    """Experiences as an arrow table with ``SCHEMA``; ``batch`` is one index for all rows or one per row."""
+    columns = {
+        "batch": [batch] * len(experiences) if isinstance(batch, int) else list(batch),
+        "group_id": [e.group_id for e in experiences],
+        "task_id": [e.task_id for e in experiences],
+        "policy_version": [e.policy_version for e in experiences],
+        "prompt_ids": [e.prompt_ids for e in experiences],
+        "response_ids": [e.response_ids for e in experiences],
+        # Behaviour log-probs come from float32 scores, so float32 storage is lossless.
+        "behavior_logprobs": [e.behavior_logprobs for e in experiences],
+        "reward": [e.reward for e in experiences],
+        "reward_components": [list(e.reward_components.items()) for e in experiences],
+        "response_text": [e.response_text for e in experiences],
+        "truncated": [e.truncated for e in experiences],
+        "use_count": [e.use_count for e in experiences],
+        "extra": [json.dumps(e.extra, sort_keys=True) for e in experiences],
+    }
+    return pa.Table.from_pydict(columns, schema=SCHEMA)
+
+
+def from_table(table: pa.Table) -> list[Experience]:
+    """Experiences from a table with ``SCHEMA`` (extra columns are ignored)."""
+    rows = table.to_pydict()
+    return [
+        Experience(
+            prompt_ids=rows["prompt_ids"][i],
+            response_ids=rows["response_ids"][i],
+            behavior_logprobs=rows["behavior_logprobs"][i],
+            reward=rows["reward"][i],
+            reward_components=dict(rows["reward_components"][i]),
+            group_id=rows["group_id"][i],
+            task_id=rows["task_id"][i],
+            policy_version=rows["policy_version"][i],
+            response_text=rows["response_text"][i],
+            truncated=rows["truncated"][i],
+            use_count=rows["use_count"][i],
+            extra=json.loads(rows["extra"][i] or "{}"),
+        )
+        for i in range(table.num_rows)
+    ]
+
+
+def write_parquet(path: Path, experiences: list[Experience], batch: int | list[int]) -> None:
+    """Write atomically: a temporary file in the same directory, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(to_table(experiences, batch), temporary)
+    os.replace(temporary, path)
+
+
+def read_parquet(path: Path) -> list[Experience]:
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise OprlError(f"experience file {path}: unreadable ({str(exc).splitlines()[0][:160]})") from None
+    missing = [name for name in SCHEMA.names if name not in table.column_names]
+    if missing:
+        raise OprlError(f"experience file {path}: not an oprl experience table (missing {', '.join(missing)})")
+    return from_table(table.select(SCHEMA.names))
+
+
+class ExperienceStore:
+    """A directory of batch files."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @classmethod
+    def locate(cls, path: str | Path) -> "ExperienceStore":
+        """The store at ``path``, or at ``path/experiences`` when ``path`` is a run directory."""
+        root = Path(path)
+        if (root / STORE_DIRNAME).is_dir():
+            root = root / STORE_DIRNAME
+        if not root.is_dir():
+            raise OprlError(f"buffer.path: {path} is not a directory")
+        store = cls(root)
+        if not store.batches():
+            raise OprlError(f"buffer.path: no batch-*.parquet files in {root}")
+        return store
+
+    def path_of(self, batch: int) -> Path:
+        return self.root / f"batch-{batch:06d}.parquet"
+
+    def write(self, batch: int, experiences: list[Experience]) -> None:
+        write_parquet(self.path_of(batch), experiences, batch)
+
+    def read(self, batch: int) -> list[Experience]:
+        return read_parquet(self.path_of(batch))
+
+    def batches(self) -> list[int]:
+        """Indices of the complete batch files, ascending (temporary files are not listed)."""
+        if not self.root.is_dir():
+            return []
+        found = (_BATCH_FILE.fullmatch(p.name) for p in self.root.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def discard(self, batches) -> None:
+        """Delete these batch files and any half-written temporary file (a resumed run regenerates them)."""
+        for index in batches:
+            self.path_of(index).unlink(missing_ok=True)
+        if self.root.is_dir():
+            for leftover in self.root.glob(".batch-*.tmp-*"):
+                leftover.unlink()

@@ -1,0 +1,170 @@
+"""The driver's scheduling logic with fake workers (no model): schedule, overlap, async pacing, failures.
+
+Fake workers sleep instead of computing, so these tests check *when* things run, on the real local backend
+(threads), the real buffer and synchronizer, in well under a second each.
+"""
+
+import threading
+import time
+
+import pytest
+
+from oprl.config import load_config
+from oprl.runtime.buffer import ExperienceBuffer
+from oprl.runtime.driver import Driver
+from oprl.runtime.experience import Experience
+from oprl.runtime.failure import WorkerFailure
+from oprl.runtime.local import LocalBackend
+from oprl.runtime.schedule import policy_version
+from oprl.runtime.synchronizer import Synchronizer
+
+GROUPS, K = 2, 2
+
+
+class Timeline:
+    """Intervals (kind, index, start, end) recorded by the fake workers."""
+
+    def __init__(self):
+        self.events, self.lock = [], threading.Lock()
+
+    def add(self, *event):
+        with self.lock:
+            self.events.append(event)
+
+
+class FakeExplorer:
+    def __init__(self, index, delay, timeline, fail_at=None):
+        self.index, self.delay, self.timeline, self.fail_at = index, delay, timeline, fail_at
+        self.version = None
+
+    def explore(self, batch, version, weights=None):
+        if weights is not None:
+            self.version = weights["version"]
+        assert self.version == version, "explorer asked for a version it was never sent"
+        if batch == self.fail_at:
+            raise ValueError("reward function crashed")
+        start = time.perf_counter()
+        time.sleep(self.delay(batch) if callable(self.delay) else self.delay)
+        self.timeline.add("explore", batch, start, time.perf_counter())
+        experiences = [
+            Experience(prompt_ids=[1], response_ids=[2, 3], behavior_logprobs=[-1.0, -1.0], reward=float(i % 2),
+                       reward_components={}, group_id=(batch - 1) * GROUPS + i // K, task_id=f"t{batch}",
+                       policy_version=version, response_text="")
+            for i in range(GROUPS * K)
+        ]
+        info = {"generate_s": 0.0, "reward_s": 0.0, "generated_tokens": 8.0, "sync_s": 0.0, "explorer": self.index,
+                "batch": batch, "version": version, "summary": {"reward/mean": 0.5},
+                "clock": {"busy_s": 0.0, "idle_s": 0.0}}
+        return experiences, info
+
+
+class FakeTrainer:
+    def __init__(self, delay, timeline, fail_at=None):
+        self.delay, self.timeline, self.fail_at, self.version = delay, timeline, fail_at, 0
+
+    def train(self, step, batch):
+        if step == self.fail_at:
+            raise RuntimeError("out of memory")
+        start = time.perf_counter()
+        time.sleep(self.delay)
+        self.timeline.add("train", step, start, time.perf_counter())
+        versions = [e.policy_version for e in batch]
+        out = {"batch/version_max": float(max(versions)), "lag/max": float(self.version - min(versions)),
+               "reward/mean": 0.5, "perf/trainer_busy_total_s": 0.0, "perf/trainer_idle_total_s": 0.0}
+        self.version += 1
+        return out
+
+    def weights(self):
+        return {"version": self.version}
+
+    def evaluate(self, step):
+        return {"eval/accuracy": 0.0}
+
+    def save(self, directory):
+        return self.version
+
+
+class Rows:
+    def __init__(self):
+        self.rows = []
+
+    def log(self, step, row):
+        self.rows.append((step, row))
+
+    def update(self, *args, **kwargs):
+        pass
+
+
+def drive(tmp_path, overrides, *, explore_delay=0.0, train_delay=0.0, explorers=1, explorer_fail=None,
+          trainer_fail=None):
+    config = load_config(None, ["eval.interval=0", "checkpoint.interval=0", f"runtime.explorers={explorers}",
+                                f"rollout.prompts_per_step={GROUPS}", f"rollout.group_size={K}", *overrides])
+    backend, timeline, rows = LocalBackend(), Timeline(), Rows()
+    trainer = backend.start("trainer", FakeTrainer, train_delay, timeline, trainer_fail)
+    workers = [backend.start(f"explorer {i}", FakeExplorer, i, explore_delay, timeline, explorer_fail)
+               for i in range(explorers)]
+    buffer = backend.start("buffer", ExperienceBuffer)
+    sync = Synchronizer(interval=config.sync.interval, offset=config.sync.offset, mode=config.sync.mode,
+                        max_staleness=config.sync.max_staleness, explorers=explorers)
+    sync.publish(0, trainer.call("weights"))
+    driver = Driver(config=config, run_dir=tmp_path, backend=backend, trainer=trainer, explorers=workers,
+                    buffer=buffer, sync=sync, logger=rows, progress=rows, start_step=0,
+                    pending=list(range(1, config.steps + 1)), ready=set())
+    driver.request_eval(0)
+    start = time.perf_counter()
+    try:
+        driver.run()
+    finally:
+        backend.shutdown([trainer, buffer, *workers])
+    return rows.rows, timeline.events, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("k, m", [(1, 0), (1, 1), (1, 3), (4, 0), (3, 2), (300, 199)])
+@pytest.mark.parametrize("explorers", [1, 2])
+def test_every_step_trains_on_its_scheduled_version(tmp_path, k, m, explorers):
+    jitter = lambda batch: 0.002 * (batch % 3)  # noqa: E731 - uneven generation times reorder completions
+    rows, _, _ = drive(tmp_path, ["steps=12", f"sync.interval={k}", f"sync.offset={m}"],
+                       explore_delay=jitter, explorers=explorers)
+    assert [step for step, _ in rows] == list(range(13))
+    for step, row in rows[1:]:
+        assert row["batch/version_max"] == policy_version(step, k, m)
+        assert row["lag/scheduled"] == row["lag/max"]
+
+
+def overlapping(events, a, b):
+    return any(x is not y and x[0] == a and y[0] == b and x[2] < y[3] and y[2] < x[3]
+               for x in events for y in events)
+
+
+def test_generation_overlaps_training_when_the_schedule_allows(tmp_path):
+    rows, events, wall = drive(tmp_path, ["steps=8", "sync.offset=1"], explore_delay=0.05, train_delay=0.05)
+    assert overlapping(events, "explore", "train")
+    assert wall < 0.8 * 16 * 0.05  # sequential would take 8 x (explore + train)
+
+
+def test_on_policy_and_overlap_false_never_overlap(tmp_path):
+    _, events, _ = drive(tmp_path, ["steps=5"], explore_delay=0.02, train_delay=0.02)
+    assert not overlapping(events, "explore", "train")  # k=1, m=0: nothing to overlap
+    _, events, _ = drive(tmp_path, ["steps=5", "sync.offset=2", "runtime.overlap=false"],
+                         explore_delay=0.02, train_delay=0.02, explorers=2)
+    assert not overlapping(events, "explore", "train") and not overlapping(events, "explore", "explore")
+
+
+@pytest.mark.parametrize("explore_delay, train_delay", [(0.0, 0.02), (0.02, 0.0)])
+def test_async_mode_paces_the_explorer_within_max_staleness(tmp_path, explore_delay, train_delay):
+    rows, events, _ = drive(tmp_path, ["steps=10", "sync.mode=async", "sync.max_staleness=2"],
+                            explore_delay=explore_delay, train_delay=train_delay, explorers=2)
+    assert [step for step, _ in rows] == list(range(11))
+    assert all(row["lag/max"] <= 2 for _, row in rows[1:])
+    assert "lag/scheduled" not in rows[1][1]
+
+
+def test_a_dying_explorer_stops_the_run_naming_it(tmp_path):
+    with pytest.raises(WorkerFailure, match=r"explorer 0 failed while generating batch 4: ValueError: reward"):
+        drive(tmp_path, ["steps=8", "checkpoint.interval=100"], explorer_fail=4)
+    assert (tmp_path / "checkpoints" / "step-000003" / "state.json").is_file()  # the final checkpoint
+
+
+def test_a_dying_trainer_stops_the_run_naming_it(tmp_path):
+    with pytest.raises(WorkerFailure, match=r"^trainer failed while training step 3: RuntimeError: out of memory$"):
+        drive(tmp_path, ["steps=8", "checkpoint.interval=100"], trainer_fail=3)
