@@ -19,7 +19,10 @@ oprl explore [CONFIG.yaml] [key=value ...]          generate `steps` batches wit
 oprl eval [CONFIG.yaml | CHECKPOINT | RUN_DIR] [key=value ...]
                                                     evaluate model.path, a checkpoint, or a run's newest one
 oprl config [CONFIG.yaml] [key=value ...]           print the resolved config (with --help: every option)
-oprl bandit [--steps N] [--out DIR] ...             the 3-armed bandit counter-example (SPEC section 2)"""
+oprl bandit [--steps N] [--out DIR] ...             the 3-armed bandit counter-example (SPEC section 2)
+oprl sweep SPEC.yaml [--parallel N] [--dry-run]     run a grid of runs (resumable) into results.csv
+oprl plot RUN_DIR... [--out DIR]                    paper-style figures of any runs
+oprl report SWEEP_DIR                               figures + report.md with the sweep's tables"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    handlers = {"train": _train, "explore": _explore, "eval": _eval, "config": _config, "bandit": _bandit}
+    handlers = {"train": _train, "explore": _explore, "eval": _eval, "config": _config, "bandit": _bandit,
+                "sweep": _experiment("sweep"), "plot": _experiment("curves"), "report": _experiment("report")}
     if command not in handlers:
         print(f"error: unknown command {command!r}; valid: {', '.join(handlers)}", file=sys.stderr)
         return 2
@@ -125,6 +129,18 @@ def _bandit(args: list[str]) -> int:
     from oprl.bandit import main as bandit_main
 
     return bandit_main(args)
+
+
+
+def _experiment(module: str):
+    """Handler for an ``oprl.experiments`` command; the module's ``main(argv)`` parses its own arguments."""
+
+    def handler(args: list[str]) -> int:
+        from importlib import import_module
+
+        return import_module(f"oprl.experiments.{module}").main(args)
+
+    return handler
 
 
 if __name__ == "__main__":

@@ -5,15 +5,21 @@ from __future__ import annotations
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
+TRAIN_FIELDS = "reward {task.fields[reward]:.3f}  eval acc {task.fields[accuracy]:.3f}"
+
+
 class RunProgress:
-    def __init__(self, total: int, *, enabled: bool = True, description: str = "train"):
+    """``fields`` is a rich template over ``task.fields``; ``initial`` gives each field its first value."""
+
+    def __init__(self, total: int, *, enabled: bool = True, description: str = "train", fields: str = TRAIN_FIELDS,
+                 **initial):
         self.enabled = enabled
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("reward {task.fields[reward]:.3f}  eval acc {task.fields[accuracy]:.3f}"),
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
             TimeElapsedColumn(), TimeRemainingColumn(), disable=not enabled,
         )
-        self._task = self._progress.add_task(description, total=total, reward=0.0, accuracy=0.0)
+        initial = initial or {"reward": 0.0, "accuracy": 0.0}
+        self._task = self._progress.add_task(description, total=total, **initial)
 
     def __enter__(self):
         self._progress.__enter__()

@@ -82,7 +82,8 @@ def worker_threads(config: RunConfig) -> int:
 def model_path(config: RunConfig, task, log=print) -> str:
     """``model.path``, with ``tiny`` replaced by the cached warm-started model (built first if needed)."""
     if config.model.path == "tiny":
-        return str(warm_started_model(config.model, config.task, config.warmstart, task, log=log))
+        return str(warm_started_model(config.model, config.task, config.warmstart, task, log=log,
+                                      progress=config.progress))
     return config.model.path
 
 

@@ -24,6 +24,7 @@ import torch
 from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
+from oprl.progress import RunProgress
 from oprl.rollout import HFGenerateEngine
 from oprl.runtime.evaluate import evaluate
 
@@ -48,7 +49,7 @@ def recipe(model_cfg, task_cfg, warm_cfg) -> dict:
     }
 
 
-def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print) -> Path:
+def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print, progress: bool = True) -> Path:
     """Path of the cached warm-started tiny model for this recipe, building it first if needed."""
     spec = recipe(model_cfg, task_cfg, warm_cfg)
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
@@ -59,7 +60,7 @@ def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print) -> Pat
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     try:
-        report = _train(model_cfg, warm_cfg, task, staging, log)
+        report = _train(model_cfg, warm_cfg, task, staging, log, progress)
         (staging / "oprl_recipe.json").write_text(json.dumps(spec | {"result": report}, indent=2))
         try:
             os.replace(staging, target)  # atomic: readers see no directory or a complete one
@@ -71,7 +72,7 @@ def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print) -> Pat
     return target
 
 
-def _train(model_cfg, warm_cfg, task, out_dir: Path, log) -> dict:
+def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dict:
     start = time.perf_counter()
     tokenizer = build_tokenizer()
     model = build_model(
@@ -88,7 +89,10 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=warm_cfg.lr)
     rng = random.Random(warm_cfg.seed)
     history, accuracy, step = [], 0.0, 0
-    with torch.random.fork_rng(devices=[]):
+    # The bar's total is the step cap; the run usually stops earlier, when the target is reached.
+    bar = RunProgress(warm_cfg.max_steps, enabled=progress, description="warm start",
+                      fields="loss {task.fields[loss]:.3f}  val pass@1 {task.fields[accuracy]:.3f}", loss=0.0, accuracy=0.0)
+    with torch.random.fork_rng(devices=[]), bar:
         torch.manual_seed(warm_cfg.seed)
         while step < warm_cfg.max_steps:
             step += 1
@@ -106,6 +110,7 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log) -> dict:
                     temperature=1.0, seed=warm_cfg.seed + step,
                 )["accuracy"]
                 history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": accuracy})
+                bar.update(step, loss=float(loss.detach()), accuracy=accuracy)
                 if accuracy >= warm_cfg.target_accuracy:
                     break
     if accuracy < warm_cfg.target_accuracy:
