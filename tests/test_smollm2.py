@@ -55,8 +55,10 @@ def test_one_training_step_on_gsm8k_format_problems(tmp_path):
 
     config = load_config(None, [
         "model.path=smollm2-135m-instruct", "task.name=gsm8k", "task.source=synthetic", "task.train_size=8",
-        "task.test_size=2", "task.synthetic_max_steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2",
-        "rollout.max_new_tokens=16", "optim.lr=1e-5", "steps=1", "eval.num_problems=2", "eval.interval=0",
+        "task.test_size=2", "task.synthetic_min_steps=1", "task.synthetic_max_steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2",
+        "rollout.max_new_tokens=16", "optim.lr=1e-5", "steps=1", "task.reward=last-number",
+        # An entropy bonus makes the gradient non-zero even when every group's rewards happen to be equal.
+        "algorithm.entropy_coef=0.01", "eval.num_problems=2", "eval.interval=0",
         "progress=false", "tensorboard=false", f"output_dir={tmp_path}", "run_name=smol",
     ])
     summary = train(config, log=lambda *_: None)
@@ -66,4 +68,10 @@ def test_one_training_step_on_gsm8k_format_problems(tmp_path):
     for key in ("reward/correct", "reward/format", "reward/verify_timeout", "reward/verify_error",
                 "perf/generate_tokens_per_s", "perf/train_tokens_per_s"):
         assert key in step, key
-    assert (summary.run_dir / "final" / "config.json").is_file()
+    from transformers import AutoModelForCausalLM
+
+    from oprl.models.loading import dequantised_gguf, smollm2_gguf_path
+
+    before = AutoModelForCausalLM.from_pretrained(dequantised_gguf(smollm2_gguf_path())).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(summary.run_dir / "final").state_dict()
+    assert any(not torch.equal(before[name], after[name]) for name in before)

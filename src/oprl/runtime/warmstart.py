@@ -43,7 +43,7 @@ def recipe(model_cfg, task_cfg, warm_cfg) -> dict:
     """Everything that determines the warm-started weights (and nothing else)."""
     return {
         "recipe_version": RECIPE_VERSION,
-        "model": model_cfg.model_dump(mode="json", exclude={"path", "dtype"}),
+        "model": model_cfg.model_dump(mode="json", exclude={"path", "dtype", "device", "lora"}),
         "task": task_cfg.model_dump(mode="json", exclude={"test_size"}),
         "warmstart": warm_cfg.model_dump(mode="json"),
     }
