@@ -22,10 +22,11 @@ from typing import Optional, Sequence
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.datafiles import Row, load_problems, string_field
+from oprl.tasks.datafiles import Row, string_field
 from oprl.tasks.rewards import (
     NUMBER_SYSTEM_PROMPT, R1_SYSTEM_PROMPT, gsm8k_reference, last_number_rewards, r1_rewards,
 )
+from oprl.tasks.verified import VerifiedDataTask
 from oprl.tasks.verify import VerifierPool, require_math_verify
 from oprl.tasks.word_problems import generate_rows
 
@@ -34,7 +35,7 @@ SYSTEM_PROMPTS = {"r1": R1_SYSTEM_PROMPT, "last-number": NUMBER_SYSTEM_PROMPT}
 
 
 @dataclass
-class GSM8kTask:
+class GSM8kTask(VerifiedDataTask):
     """GSM8k problems and the R1 reward; the fields mirror ``oprl.config.GSM8kTaskConfig``."""
 
     source: str = "auto"
@@ -72,14 +73,6 @@ class GSM8kTask:
             self._splits = {split: self._load(split) for split in ("train", "test")}
         self._pool: VerifierPool | None = None
 
-    def _load(self, split: str) -> list[Problem]:
-        problems, self.skipped[split] = load_problems(
-            split, self._problem, limit=self.train_size if split == "train" else self.test_size,
-            source=self.source, hub_id=self.hub_id, hub_config=self.hub_config, path=self.path,
-            train_file=self.train_file, test_file=self.test_file,
-        )
-        return problems
-
     def _problem(self, split: str, row: Row) -> tuple[Problem | None, str]:
         question, reason = string_field(row, self.question_field)
         if question is None:
@@ -111,18 +104,6 @@ class GSM8kTask:
             splits[split] = [self._problem(split, Row(i, r))[0] for i, r in enumerate(rows, start=1)]
             self.skipped[split] = {}
         return splits
-
-    @property
-    def verifier(self) -> VerifierPool:
-        """The answer-checking process pool (started on first use); ``verifier.counts`` tallies verdicts."""
-        if self._pool is None:
-            self._pool = VerifierPool(self.verify_workers, self.verify_timeout)
-        return self._pool
-
-    def problems(self, split: str) -> Sequence[Problem]:
-        if split not in self._splits:
-            raise OprlError(f"task {self.name}: unknown split {split!r}; valid: {sorted(self._splits)}")
-        return self._splits[split]
 
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
         if self.reward == "last-number":

@@ -18,15 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.datafiles import Row, load_problems, string_field
+from oprl.tasks.datafiles import Row, string_field
 from oprl.tasks.rewards import BOXED_INSTRUCTION, boxed_rewards, last_boxed
+from oprl.tasks.verified import VerifiedDataTask
 from oprl.tasks.verify import VerifierPool, require_math_verify
 
 
 @dataclass
-class MathTask:
+class MathTask(VerifiedDataTask):
     """MATH problems and the boxed-answer reward; the fields mirror ``oprl.config.MathTaskConfig``."""
 
     source: str = "auto"
@@ -52,14 +52,6 @@ class MathTask:
         self._splits = {split: self._load(split) for split in ("train", "test")}
         self._pool: VerifierPool | None = None
 
-    def _load(self, split: str) -> list[Problem]:
-        problems, self.skipped[split] = load_problems(
-            split, self._problem, limit=self.train_size if split == "train" else self.test_size,
-            source=self.source, hub_id=self.hub_id, hub_config=self.hub_config, path=self.path,
-            train_file=self.train_file, test_file=self.test_file,
-        )
-        return problems
-
     def _problem(self, split: str, row: Row) -> tuple[Problem | None, str]:
         statement, reason = string_field(row, self.problem_field)
         if statement is None:
@@ -75,18 +67,6 @@ class MathTask:
         if self.system_prompt:
             messages = ({"role": "system", "content": self.system_prompt},) + messages
         return Problem(task_id=f"{self.name}/{split}/{row.number:06d}", messages=messages, answer=reference), ""
-
-    @property
-    def verifier(self) -> VerifierPool:
-        """The answer-checking process pool (started on first use); ``verifier.counts`` tallies verdicts."""
-        if self._pool is None:
-            self._pool = VerifierPool(self.verify_workers, self.verify_timeout)
-        return self._pool
-
-    def problems(self, split: str) -> Sequence[Problem]:
-        if split not in self._splits:
-            raise OprlError(f"task {self.name}: unknown split {split!r}; valid: {sorted(self._splits)}")
-        return self._splits[split]
 
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
         return boxed_rewards(self.verifier, [p.answer for p in problems], responses)
