@@ -37,7 +37,10 @@ def test_plan_is_the_cartesian_product(tmp_path):
 
 
 def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
-    spec = write_spec(tmp_path)
+    spec = write_spec(tmp_path, report={"groups": {"clipping or not": ["grpo", "rec-oneside-nois"]}})
+    base = yaml.safe_load(spec.read_text())
+    base["overrides"].append("algorithm.log_ref_kl=true")
+    spec.write_text(yaml.safe_dump(base))
     assert sweep.main([str(spec)]) == 0
     out = tmp_path / "sweep"
     rows = list(csv.DictReader((out / "results.csv").open()))
@@ -54,6 +57,8 @@ def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     assert "| grpo |" in text and "offline" in text and "on-policy" in text
     assert (out / "figures" / "eval_accuracy.png").stat().st_size > 1000
     assert (out / "figures" / "train_reward.png").is_file()
+    assert (out / "figures" / "kl_initial.png").is_file()  # logged because of algorithm.log_ref_kl
+    assert "## clipping or not" in text and (out / "figures" / "group-1.png").stat().st_size > 1000
 
 
 def test_bad_specs_fail_with_one_line(tmp_path):
@@ -63,6 +68,9 @@ def test_bad_specs_fail_with_one_line(tmp_path):
         sweep.load_spec(path)
     path.write_text("grid: {seed: [0]}\nparalel: 2\n")
     with pytest.raises(OprlError, match="paralel"):
+        sweep.load_spec(path)
+    path.write_text("grid: {seed: [0]}\nreport: {groups: {a: []}}\n")
+    with pytest.raises(OprlError, match="report.groups"):
         sweep.load_spec(path)
     with pytest.raises(OprlError, match="no finished runs"):
         report.build_report(tmp_path)

@@ -93,3 +93,24 @@ def test_mini_batches_and_epochs_take_several_optimizer_steps():
     state = trainer.optimizer.state[next(iter(trainer.model.parameters()))]
     assert int(state["step"]) == 4
     assert trainer.version == 1
+
+
+def test_log_ref_kl_logs_kl_to_initial_policy_without_changing_the_update():
+    tokenizer = build_tokenizer()
+    trainers = []
+    for log_ref_kl in (False, True):
+        model = build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+        trainers.append(Trainer(
+            model, pad_id=tokenizer.pad_token_id, settings=PRESETS["reinforce"], optim=OptimConfig(lr=1e-2),
+            sampling_temperature=1.0, max_response_tokens=8, seed=0, log_ref_kl=log_ref_kl,
+        ))
+    plain, logged = trainers
+    batch = make_batch(tokenizer)
+    first = [t.step(copy.deepcopy(batch)) for t in trainers]
+    assert "kl/ref" not in first[0]
+    assert first[1]["kl/ref"] == pytest.approx(0.0, abs=1e-7)  # step 1 trains the initial policy itself
+    second = [t.step(copy.deepcopy(batch)) for t in trainers]
+    assert second[1]["kl/ref"] > 1e-6  # the policy has moved away from the frozen copy
+    assert second[0]["loss/total"] == second[1]["loss/total"]  # logging only: the loss is untouched
+    for a, b in zip(plain.model.parameters(), logged.model.parameters()):
+        assert torch.equal(a, b)

@@ -19,7 +19,7 @@ PANELS = {
     "entropy": ("entropy/mean", "entropy per token"),
     "response_length": ("response/length_mean", "response length (tokens)"),
 }
-SETTING_ORDER = ["on-policy", "stale", "sync", "offline"]
+SETTING_ORDER = ["on-policy", "stale", "infrequent", "sync", "offline"]
 
 
 def _setting_rank(name: str) -> tuple[int, str]:
@@ -42,39 +42,58 @@ def mean_band(records: list[RunRecord], key: str, smooth: int = 1):
 
 def plot_panels(records: list[RunRecord], key: str, ylabel: str, out: Path, smooth: int = 1) -> Path | None:
     """One PNG: a panel per setting, a line (+ band over seeds) per preset. None if no run logs ``key``."""
+    return plot_grid(records, [(key, ylabel, smooth)], out)
+
+
+def plot_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], out: Path, title: str | None = None) -> Path | None:
+    """One PNG with a row per metric ``(key, ylabel, smooth)`` and a column per setting; a line (+ min-max
+    band over seeds) per preset. Rows no run logs are left out; None if none is logged."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups: dict[str, dict[str, list[RunRecord]]] = defaultdict(lambda: defaultdict(list))
-    for record in records:
-        if record.curve(key)[0]:
-            groups[record.labels["setting"]][record.labels["preset"]].append(record)
-    if not groups:
+    rows = [r for r in rows if any(rec.curve(r[0])[0] for rec in records)]
+    if not rows:
         return None
-    settings = sorted(groups, key=_setting_rank)
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.6), sharey=True, squeeze=False)
-    presets = sorted({p for s in settings for p in groups[s]})
+    settings = sorted({r.labels["setting"] for r in records}, key=_setting_rank)
+    presets = sorted({r.labels["preset"] for r in records})
     colors = {p: plt.cm.tab20(i % 20) for i, p in enumerate(presets)}
-    for ax, setting in zip(axes[0], settings):
-        for preset in sorted(groups[setting]):
-            steps, mean, low, high = mean_band(groups[setting][preset], key, smooth)
-            ax.plot(steps, mean, label=preset, color=colors[preset], lw=1.4)
-            if len(groups[setting][preset]) > 1:
-                ax.fill_between(steps, low, high, color=colors[preset], alpha=0.15, lw=0)
-        ax.set_title(setting)
-        ax.set_xlabel("trainer step")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel(ylabel)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes[0][1:]:
+    fig, axes = plt.subplots(
+        len(rows), len(settings), figsize=(4.2 * len(settings), 3.2 * len(rows) + 0.4), sharey="row", squeeze=False
+    )
+    for row, (key, ylabel, smooth) in enumerate(rows):
+        for col, setting in enumerate(settings):
+            ax = axes[row][col]
+            by_preset: dict[str, list[RunRecord]] = defaultdict(list)
+            for record in records:
+                if record.labels["setting"] == setting and record.curve(key)[0]:
+                    by_preset[record.labels["preset"]].append(record)
+            for preset in sorted(by_preset):
+                steps, mean, low, high = mean_band(by_preset[preset], key, smooth)
+                ax.plot(steps, mean, label=preset, color=colors[preset], lw=1.4)
+                if len(by_preset[preset]) > 1:
+                    ax.fill_between(steps, low, high, color=colors[preset], alpha=0.15, lw=0)
+            if row == 0:
+                ax.set_title(setting)
+            if row == len(rows) - 1:
+                ax.set_xlabel("trainer step")
+            if col == 0:
+                ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+    handles, labels = [], []
+    for ax in axes.flat:
         for h, l in zip(*ax.get_legend_handles_labels()):
             if l not in labels:
                 handles.append(h)
                 labels.append(l)
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 7), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.08 + 0.03 * (len(labels) // 7), 1, 1))
+    ncol = min(len(labels), 7)
+    legend_rows = -(-len(labels) // ncol)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title)
+    legend_height = (0.28 * legend_rows + 0.1) / fig.get_figheight()
+    fig.tight_layout(rect=(0, legend_height, 1, 1))
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

@@ -13,8 +13,15 @@ from collections import defaultdict
 from pathlib import Path
 
 from oprl.errors import OprlError
-from oprl.experiments.curves import _setting_rank, plot_all
+import yaml
+
+from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
 from oprl.experiments.results import THRESHOLD_GAIN, collect_results, load_run, summarize, write_table
+
+
+GROUP_ROWS = [(*PANELS[name], 1 if name == "eval_accuracy" else 5)
+              for name in ("eval_accuracy", "train_reward", "clip_fraction", "kl_initial")]
+"""Rows of a group figure: (metric key, y label, moving-average window)."""
 
 
 def build_report(sweep_dir: Path) -> Path:
@@ -34,11 +41,27 @@ def build_report(sweep_dir: Path) -> Path:
         ("steps_to_threshold", f"First eval step with accuracy ≥ initial + {THRESHOLD_GAIN} (mean; — = never)", "{:.0f}"),
     ):
         lines += [f"## {title}", "", *_table(summaries, metric, fmt), ""]
-    lines += ["## Figures", ""]
+    for index, (title, presets) in enumerate(_groups(sweep_dir).items(), start=1):
+        chosen = [r for r in records if r.labels["preset"] in presets]
+        missing = sorted(set(presets) - {r.labels["preset"] for r in chosen})
+        if missing:
+            raise OprlError(f"report group {title!r}: no finished runs of preset(s) {', '.join(missing)} in {sweep_dir}")
+        figure = plot_grid(chosen, GROUP_ROWS, sweep_dir / "figures" / f"group-{index}.png", title=title)
+        chosen_summaries = [(r.labels, summarize(r)) for r in chosen]
+        lines += [f"## {title}", "", "Final eval accuracy (mean ± std over seeds):", "",
+                  *_table(chosen_summaries, "final_accuracy", "{:.3f} ± {:.3f}"), "", f"![{title}](figures/{figure.name})", ""]
+    lines += ["## Figures (all presets)", ""]
     lines += [f"![{f.stem}](figures/{f.name})" for f in figures]
     out = sweep_dir / "report.md"
     out.write_text("\n".join(lines) + "\n")
     return out
+
+
+def _groups(sweep_dir: Path) -> dict[str, list[str]]:
+    """``report.groups`` of the sweep spec saved in the sweep directory (none if absent)."""
+    spec_path = sweep_dir / "sweep.yaml"
+    spec = yaml.safe_load(spec_path.read_text()) if spec_path.is_file() else None
+    return dict(((spec or {}).get("report") or {}).get("groups") or {})
 
 
 def _table(summaries, metric: str, fmt: str) -> list[str]:

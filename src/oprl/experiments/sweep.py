@@ -6,6 +6,8 @@ A sweep spec is YAML::
     parallel: 2                          # runs at once (each gets cores // parallel torch threads)
     config: null                         # optional base YAML for every run
     overrides: [steps=60, eval.interval=20]   # applied to every run
+    report:                              # optional: extra figures for `oprl report`, one per group
+      groups: {"IS or not": [grpo, rec-oneside-is, rec-oneside-nois]}
     grid:                                # the cartesian product of the axes
       algorithm.preset: [grpo, reinforce]          # a plain axis: one key, a list of values
       setting:                                      # a named axis: name -> overrides bundle
@@ -52,9 +54,12 @@ def load_spec(path: Path) -> dict:
         spec = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise OprlError(f"sweep spec {path}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
-    unknown = set(spec) - {"output_dir", "parallel", "config", "overrides", "grid"}
+    unknown = set(spec) - {"output_dir", "parallel", "config", "overrides", "grid", "report"}
     if unknown:
-        raise OprlError(f"sweep spec {path}: unknown key(s) {sorted(unknown)}; valid: output_dir, parallel, config, overrides, grid")
+        raise OprlError(f"sweep spec {path}: unknown key(s) {sorted(unknown)}; valid: output_dir, parallel, config, overrides, grid, report")
+    groups = (spec.get("report") or {}).get("groups", {}) if isinstance(spec.get("report") or {}, dict) else None
+    if not isinstance(groups, dict) or not all(isinstance(v, list) and v for v in groups.values()):
+        raise OprlError(f"sweep spec {path}: 'report.groups' must map a figure title to a non-empty list of presets")
     if not isinstance(spec.get("grid"), dict) or not spec["grid"]:
         raise OprlError(f"sweep spec {path}: 'grid' must be a non-empty mapping of axis -> values")
     return spec

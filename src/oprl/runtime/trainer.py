@@ -33,6 +33,7 @@ class Trainer:
         kl_estimator: str = "k3",
         entropy_coef: float = 0.0,
         seed: int = 0,
+        log_ref_kl: bool = False,
     ):
         self.model = model
         self.pad_id = pad_id
@@ -50,7 +51,7 @@ class Trainer:
             model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
         )
         self.ref_model = None
-        if kl_coef > 0:
+        if kl_coef > 0 or log_ref_kl:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
 
     def step(self, batch: list[Experience]) -> dict[str, float]:
@@ -138,7 +139,8 @@ class Trainer:
                     self.ref_model, input_ids, attention_mask, targets, temperature=self.temperature
                 )
             kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator), mask, **agg)
-            loss = loss + self.kl_coef * kl
+            if self.kl_coef > 0:
+                loss = loss + self.kl_coef * kl
             out["kl/ref"] = float(kl)
         out["loss/total"] = float(loss.detach())
         return loss, out
