@@ -2,14 +2,15 @@
 
 Layout matches generation: ``[left-padded prompt | response | right padding]`` with position ids from the
 attention mask, and logits divided by the sampling temperature, so that on-policy the recomputed log-probs
-equal the recorded behaviour log-probs up to float error. Only the response positions are projected to the
-vocabulary (``logits_to_keep``), and the log-softmax is never materialised for the whole batch: log-probs are
-``logit[target] - logsumexp(logits)`` computed row-chunk by row-chunk.
+equal the recorded behaviour log-probs up to float error. Only the valid response tokens are projected to the
+vocabulary, in chunks of bounded size, so neither logits nor log-softmax of shape ``(batch, length, vocab)``
+ever exist: log-probs are ``logit[target] - logsumexp(logits)`` computed chunk by chunk.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from oprl.rollout.hf_engine import left_pad
 
@@ -28,6 +29,10 @@ def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int
     return input_ids, attention_mask, targets, mask
 
 
+LOGIT_CHUNK_BYTES = 64 * 2**20
+"""Budget for one chunk of float32 logits ``(tokens, vocab)``: 64 MiB is ~340 tokens of a 49k vocabulary."""
+
+
 def response_logprobs(
     model,
     input_ids: torch.Tensor,
@@ -35,36 +40,92 @@ def response_logprobs(
     targets: torch.Tensor,
     *,
     temperature: float = 1.0,
-    chunk_rows: int = 16,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    chunk_bytes: int = LOGIT_CHUNK_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(target_t | prefix) under the temperature-scaled distribution, for the ``T`` response positions.
 
-    Returns ``(logprobs (B, T), entropy (B, T) or None)``. Entropy (of the temperature-scaled distribution) is
-    computed only when ``with_entropy``, and carries gradient only when ``entropy_grad`` (an entropy bonus);
-    as a pure metric it is computed without building a graph.
+    Returns ``(logprobs (B, T), entropy (B, T) or None)``; padded response positions (where the response part
+    of ``attention_mask`` is 0) hold 0. Entropy (of the temperature-scaled distribution) is computed only when
+    ``with_entropy``, and carries gradient only when ``entropy_grad`` (an entropy bonus); as a pure metric it
+    is computed without building a graph.
+
+    Memory: the backbone's final hidden states are taken at the valid response tokens only, and the vocabulary
+    projection + log-softmax run over chunks of at most ``chunk_bytes`` of float32 logits. Under autograd each
+    chunk is checkpointed (only its hidden states are kept; the logits are recomputed in backward), so no
+    ``(B, T, V)`` tensor exists at any time, forward or backward. Models whose head is not a plain linear map
+    of the last hidden state (logit soft-capping, logit scaling) take the fallback: full logits of the
+    response positions, then the same chunked log-softmax.
     """
     num_targets = targets.shape[1]
+    mask = attention_mask[:, -num_targets:].bool()  # (B, T): pack() puts the response mask there
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, L), as generate builds them
-    # Logits at positions L-T-1 .. L-2 predict the T response tokens; the last position predicts nothing.
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=num_targets + 1,
-        use_cache=False,
-    ).logits[:, :-1]  # (B, T, V)
+    head = _plain_head(model)
+    if head is not None:
+        hidden = _decoder(model)(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # (B, L, H)
+        # Positions L-T-1 .. L-2 predict the T response tokens; the last position predicts nothing.
+        features = hidden[:, -num_targets - 1 : -1][mask]  # (N, H), valid tokens only
+    else:
+        head = torch.nn.Identity()
+        features = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            logits_to_keep=num_targets + 1, use_cache=False,
+        ).logits[:, :-1][mask]  # (N, V)
+    chosen = targets.to(features.device)[mask.to(features.device)]  # (N,)
+    vocab = head.out_features if isinstance(head, torch.nn.Linear) else features.shape[-1]
+    rows = max(1, chunk_bytes // (4 * vocab))
     logprob_chunks, entropy_chunks = [], []
-    for start in range(0, logits.shape[0], chunk_rows):
-        scaled = logits[start : start + chunk_rows].float() / temperature  # (b, T, V)
-        normaliser = torch.logsumexp(scaled, dim=-1)  # (b, T)
-        chosen = scaled.gather(-1, targets[start : start + chunk_rows, :, None].to(scaled.device)).squeeze(-1)
-        logprob_chunks.append(chosen - normaliser)  # (b, T)
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                probs = torch.softmax(scaled, dim=-1)  # (b, T, V), one chunk at a time
-                entropy_chunks.append(normaliser - (probs * scaled).sum(-1))
-    logprobs = torch.cat(logprob_chunks)
-    entropy = torch.cat(entropy_chunks) if with_entropy else None
+    for start in range(0, features.shape[0], rows):
+        args = (features[start : start + rows], chosen[start : start + rows])
+        if torch.is_grad_enabled():
+            # Keep only the chunk's inputs for backward; its (rows, V) logits are recomputed there.
+            logprob, entropy = checkpoint(
+                _token_logprobs, head, *args, temperature, with_entropy, entropy_grad, use_reentrant=False
+            )
+        else:
+            logprob, entropy = _token_logprobs(head, *args, temperature, with_entropy, entropy_grad)
+        logprob_chunks.append(logprob)
+        entropy_chunks.append(entropy)
+    logprobs = _scatter(torch.cat(logprob_chunks), mask)
+    entropy = _scatter(torch.cat(entropy_chunks), mask) if with_entropy else None
     return logprobs, entropy
+
+
+def _token_logprobs(head, features, chosen, temperature: float, with_entropy: bool, entropy_grad: bool):
+    """(log-prob of ``chosen`` (n,), entropy (n,) or an empty tensor) for one chunk of ``n`` tokens."""
+    scaled = head(features).float() / temperature  # (n, V)
+    normaliser = torch.logsumexp(scaled, dim=-1)  # (n,)
+    logprob = scaled.gather(-1, chosen[:, None]).squeeze(-1) - normaliser
+    entropy = scaled.new_empty(0)
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = normaliser - (torch.softmax(scaled, dim=-1) * scaled).sum(-1)
+    return logprob, entropy
+
+
+def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Place per-valid-token ``values`` (N,) into a zero ``(B, T)`` tensor at ``mask``."""
+    out = values.new_zeros(mask.shape)
+    return out.masked_scatter(mask.to(values.device), values)
+
+
+def _plain_head(model):
+    """The output projection if logits are exactly ``head(last hidden state)``, else None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None
+    try:
+        head = model.get_output_embeddings()
+        decoder = _decoder(model)
+    except (AttributeError, NotImplementedError):
+        return None
+    return head if isinstance(head, torch.nn.Linear) and decoder is not None else None
+
+
+def _decoder(model):
+    """The backbone returning ``last_hidden_state`` (unwrapping a peft model; LoRA layers live inside it)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder()
