@@ -68,3 +68,15 @@ def test_same_seed_same_samples_and_batching_invariance(policy):
     assert first.response_ids == second.response_ids
     assert first.behavior_logprobs == second.behavior_logprobs
     assert engine.generate(prompts, seed=6).response_ids != first.response_ids
+
+
+def test_top_p_override_narrows_sampling(policy):
+    model, tokenizer = policy
+    prompts = _prompts(tokenizer, ["1+2=", "35+47-9="] * 4)
+    engine = HFGenerateEngine(model, tokenizer, temperature=1.0, top_p=1.0, max_new_tokens=6)
+    wide = [engine.generate(prompts, seed=s).response_ids for s in (1, 2)]
+    assert wide[0] != wide[1]  # untrained weights: full-support sampling differs between seeds
+    # top_p -> 0 keeps only the most likely token: sampling becomes greedy and ignores the seed.
+    narrow = [engine.generate(prompts, seed=s, top_p=1e-6).response_ids for s in (1, 2)]
+    assert narrow[0] == narrow[1]
+    assert engine.top_p == 1.0  # an override, not a change of the engine

@@ -55,6 +55,19 @@ def test_same_seed_same_metrics(small_overrides, tmp_path):
     assert deterministic_view(z) != deterministic_view(x)
 
 
+def test_fixed_eval_seed_gives_common_random_numbers(small_overrides, tmp_path):
+    """eval.seed=N: runs with different seeds evaluate the same initial weights on the same samples."""
+    evals = {}
+    for seed, eval_seed in ((1, "7"), (2, "7"), (2, "null")):
+        name = f"s{seed}-{eval_seed}"
+        assert main(["train", *small_overrides, "steps=1", f"seed={seed}", f"eval.seed={eval_seed}",
+                     "eval.temperature=3.0", f"run_name={name}", "tensorboard=false"]) == 0
+        evals[name] = read_metrics(tmp_path / "runs" / name / "metrics.jsonl")[0]
+    assert evals["s1-7"]["eval/response_length"] == evals["s2-7"]["eval/response_length"]
+    assert evals["s1-7"]["eval/accuracy"] == evals["s2-7"]["eval/accuracy"]
+    assert evals["s2-null"]["eval/response_length"] != evals["s2-7"]["eval/response_length"]
+
+
 @pytest.mark.parametrize("interval, offset", [(1, 2), (3, 0)])
 def test_stale_schedules_record_the_scheduled_versions(small_overrides, tmp_path, interval, offset):
     name = f"k{interval}m{offset}"

@@ -320,6 +320,12 @@ class EvalConfig(_Section):
     """Test problems per evaluation (capped by task.test_size)."""
     temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature of evaluation (pass@1 with one sample per problem)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling of evaluation (the paper's MATH protocol uses 0.95 at temperature 0.1); 1.0 = off."""
+    seed: Optional[int] = None
+    """Sampling seed of evaluation. None = derived from the run seed and step (fresh samples each time). An
+    integer = the same seed at every evaluation of every run (common random numbers): differences between
+    steps, presets and seeds then come from the weights, not from sampling noise. Used by the reproduction."""
     batch_size: int = Field(512, gt=0)
     """Prompts per generate call during evaluation."""
     checkpoint: Optional[str] = None

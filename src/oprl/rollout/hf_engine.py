@@ -46,19 +46,22 @@ class HFGenerateEngine:
         *,
         seed: int,
         temperature: float | None = None,
+        top_p: float | None = None,
         batch_size: int | None = None,
     ) -> Rollout:
-        """Sample one response per prompt row; the same ``seed`` and inputs give the same samples."""
+        """Sample one response per prompt row; the same ``seed`` and inputs give the same samples.
+        ``temperature`` / ``top_p`` override the engine's own (evaluation samples differently from training)."""
         temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
         batch_size = batch_size or len(prompt_ids)
         parts = []
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for start in range(0, len(prompt_ids), batch_size):
-                parts.append(self._generate_batch(prompt_ids[start : start + batch_size], temperature))
+                parts.append(self._generate_batch(prompt_ids[start : start + batch_size], temperature, top_p))
         return Rollout(*[sum((getattr(p, f) for p in parts), []) for f in Rollout.__dataclass_fields__])
 
-    def _generate_batch(self, prompt_ids: list[list[int]], temperature: float) -> Rollout:
+    def _generate_batch(self, prompt_ids: list[list[int]], temperature: float, top_p: float) -> Rollout:
         pad_id, eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         inputs, attention = left_pad(prompt_ids, pad_id)  # (B, P)
         was_training = self.model.training
@@ -68,7 +71,7 @@ class HFGenerateEngine:
             attention_mask=attention.to(self.model.device),
             do_sample=True,
             temperature=temperature,
-            top_p=self.top_p,
+            top_p=top_p,
             top_k=0,
             max_new_tokens=self.max_new_tokens,
             pad_token_id=pad_id,

@@ -184,8 +184,8 @@ class TrainerWorker:
             start = time.perf_counter()
             result = evaluate(
                 self.engine, self.task, self.tokenizer, num_problems=cfg.eval.num_problems,
-                temperature=cfg.eval.temperature, seed=cfg.seed * 1_000_003 + EVAL_SEED_OFFSET + step,
-                batch_size=cfg.eval.batch_size,
+                temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, batch_size=cfg.eval.batch_size,
+                seed=cfg.seed * 1_000_003 + EVAL_SEED_OFFSET + step if cfg.eval.seed is None else cfg.eval.seed,
             )
         return {f"eval/{k}": v for k, v in result.items()} | {"perf/eval_s": time.perf_counter() - start}
 
