@@ -6,7 +6,9 @@ import pytest
 import yaml
 
 from conftest import SMALL
+from oprl import cli
 from oprl.errors import OprlError
+from oprl.metrics import deterministic_view, read_metrics
 from oprl.experiments import report, sweep
 
 
@@ -39,7 +41,7 @@ def test_plan_is_the_cartesian_product(tmp_path):
 def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     spec = write_spec(tmp_path, report={"groups": {"clipping or not": ["grpo", "rec-oneside-nois"]}})
     base = yaml.safe_load(spec.read_text())
-    base["overrides"].append("algorithm.log_ref_kl=true")
+    base["overrides"].append("algorithm.log_ref_kl_every=1")
     spec.write_text(yaml.safe_dump(base))
     assert sweep.main([str(spec)]) == 0
     out = tmp_path / "sweep"
@@ -48,6 +50,11 @@ def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     assert {(r["preset"], r["setting"]) for r in rows} == {
         ("grpo", "on-policy"), ("grpo", "offline"), ("rec-oneside-nois", "on-policy"), ("rec-oneside-nois", "offline")}
     assert all(0.0 <= float(r["final_accuracy"]) <= 1.0 for r in rows)
+    # Runs share long-lived worker processes; each must still equal the same run started fresh.
+    first = sweep.plan(sweep.load_spec(spec))[-1]
+    assert cli.main(["train", *first.overrides, f"output_dir={tmp_path / 'fresh'}", "run_name=x", "progress=false"]) == 0
+    fresh = read_metrics(tmp_path / "fresh" / "x" / "metrics.jsonl")
+    assert deterministic_view(fresh) == deterministic_view(read_metrics(out / first.name / "metrics.jsonl"))
     # A second invocation finds everything finished and runs nothing.
     capsys.readouterr()
     assert sweep.main([str(spec)]) == 0
@@ -57,7 +64,7 @@ def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     assert "| grpo |" in text and "offline" in text and "on-policy" in text
     assert (out / "figures" / "eval_accuracy.png").stat().st_size > 1000
     assert (out / "figures" / "train_reward.png").is_file()
-    assert (out / "figures" / "kl_initial.png").is_file()  # logged because of algorithm.log_ref_kl
+    assert (out / "figures" / "kl_initial.png").is_file()  # logged because of algorithm.log_ref_kl_every
     assert "## clipping or not" in text and (out / "figures" / "group-1.png").stat().st_size > 1000
 
 

@@ -271,9 +271,10 @@ class AlgorithmConfig(_Section):
     """Coefficient of a KL penalty to the frozen initial policy (0 = off, no reference model kept)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator of the reference penalty (Schulman's k1/k2/k3)."""
-    log_ref_kl: bool = False
-    """Log ``kl/ref`` (the estimator above, current vs initial policy, token mean) even when kl_coef is 0: keeps
-    a frozen copy of the initial model and costs one extra no-grad forward per micro-batch. Default off."""
+    log_ref_kl_every: int = Field(0, ge=0)
+    """Log ``kl/ref`` (the estimator above, current vs initial policy, token mean) every N trainer steps even
+    when kl_coef is 0; 0 = never. Keeps a frozen copy of the initial model and costs one extra no-grad forward
+    on the steps that log it (with kl_coef > 0 it is computed and logged every step anyway)."""
     entropy_coef: float = Field(0.0, ge=0.0)
     """Entropy bonus coefficient (0 = off)."""
 

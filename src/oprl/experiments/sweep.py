@@ -16,8 +16,9 @@ A sweep spec is YAML::
       seed: [0, 1, 2]
 
 Finished runs (a ``summary.json`` in their directory) are skipped, so an interrupted sweep is resumed by
-running the same command again; an unfinished run directory is cleared and that run starts over. Each run
-executes ``python -m oprl.cli train`` in its own process; its stdout/stderr go to ``<run>/train.log``.
+running the same command again; an unfinished run directory is cleared and that run starts over. Runs execute
+``oprl train`` on ``parallel`` long-lived worker processes (``oprl.experiments.sweep_worker``: torch and
+transformers are imported once per worker, not once per run); each run's output goes to ``<run>/train.log``.
 Deliberately not here: scheduling across machines (use the Ray backend inside a run for that).
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -97,7 +99,7 @@ def run_sweep(spec_path: Path, *, parallel: int | None = None, dry_run: bool = F
     log(f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run, {parallel} at a time")
     if dry_run:
         for r in todo:
-            log("  " + " ".join(_command(r, spec, out)))
+            log("  oprl " + " ".join(_arguments(r, spec, out)))
         return out
     failures = _execute(todo, spec, out, parallel, log)
     table = collect_results(out, runs)
@@ -109,38 +111,80 @@ def run_sweep(spec_path: Path, *, parallel: int | None = None, dry_run: bool = F
 
 
 def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) -> list[str]:
+    """Run ``todo`` on ``parallel`` long-lived worker processes (``oprl.experiments.sweep_worker``)."""
+    import selectors
+
     from rich.progress import Progress
 
     threads = max(1, (os.cpu_count() or 1) // parallel)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    running: dict[str, tuple[subprocess.Popen, object]] = {}
+    idle = [_Worker(env) for _ in range(min(parallel, len(todo)))]
+    busy: dict[_Worker, PlannedRun] = {}
     failures: list[str] = []
     queue = list(todo)
-    with Progress(transient=False) as progress:
-        task = progress.add_task("sweep", total=len(todo))
-        while queue or running:
-            while queue and len(running) < parallel:
-                run = queue.pop(0)
-                shutil.rmtree(out / run.name, ignore_errors=True)  # unfinished leftovers start over
-                (out / run.name).mkdir(parents=True)
-                handle = (out / run.name / "train.log").open("w")
-                proc = subprocess.Popen(_command(run, spec, out), stdout=handle, stderr=subprocess.STDOUT, env=env)
-                running[run.name] = (proc, handle)
-            time.sleep(0.2)
-            for name, (proc, handle) in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                handle.close()
-                del running[name]
-                progress.advance(task)
-                if proc.returncode != 0:
-                    failures.append(name)
-                    log(f"run {name} failed (exit {proc.returncode}); see {out / name / 'train.log'}")
+    selector = selectors.DefaultSelector()
+    try:
+        with Progress(transient=False) as progress:
+            task = progress.add_task("sweep", total=len(todo))
+            while queue or busy:
+                while queue and idle:
+                    run, worker = queue.pop(0), idle.pop()
+                    shutil.rmtree(out / run.name, ignore_errors=True)  # unfinished leftovers start over
+                    (out / run.name).mkdir(parents=True)
+                    worker.start(_arguments(run, spec, out), out / run.name / "train.log")
+                    busy[worker] = run
+                    selector.register(worker.proc.stdout, selectors.EVENT_READ, worker)
+                for key, _ in selector.select(timeout=1.0):
+                    worker = key.data
+                    selector.unregister(worker.proc.stdout)
+                    run = busy.pop(worker)
+                    rc = worker.result()
+                    progress.advance(task)
+                    if rc != 0:
+                        failures.append(run.name)
+                        log(f"run {run.name} failed (exit {rc}); see {out / run.name / 'train.log'}")
+                    idle.append(worker if worker.alive() else _Worker(env))
+    finally:
+        for worker in [*idle, *busy]:
+            worker.close()
     return failures
 
 
-def _command(run: PlannedRun, spec: dict, out: Path) -> list[str]:
-    command = [sys.executable, "-m", "oprl.cli", "train"]
+class _Worker:
+    """One ``python -m oprl.experiments.sweep_worker`` process; runs one planned run at a time."""
+
+    def __init__(self, env: dict):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "oprl.experiments.sweep_worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
+        )
+
+    def start(self, argv: list[str], log_path: Path) -> None:
+        self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log_path)}) + "\n")
+        self.proc.stdin.flush()
+
+    def result(self) -> int:
+        line = self.proc.stdout.readline()
+        if not line:  # the process died (killed, crashed in native code): the run failed
+            self.proc.wait()
+            return self.proc.returncode or 1
+        return int(json.loads(line)["rc"])
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.alive():
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _arguments(run: PlannedRun, spec: dict, out: Path) -> list[str]:
+    """The ``oprl`` command-line arguments of one run (``train [config] key=value ...``)."""
+    command = ["train"]
     if spec.get("config"):
         command.append(str(spec["config"]))
     return command + list(run.overrides) + [f"output_dir={out}", f"run_name={run.name}", "progress=false"]

@@ -33,7 +33,7 @@ class Trainer:
         kl_estimator: str = "k3",
         entropy_coef: float = 0.0,
         seed: int = 0,
-        log_ref_kl: bool = False,
+        log_ref_kl_every: int = 0,
     ):
         self.model = model
         self.pad_id = pad_id
@@ -51,7 +51,9 @@ class Trainer:
             model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
         )
         self.ref_model = None
-        if kl_coef > 0 or log_ref_kl:
+        self.log_ref_kl_every = log_ref_kl_every
+        self._ref_kl_now = False
+        if kl_coef > 0 or log_ref_kl_every > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
 
     def step(self, batch: list[Experience]) -> dict[str, float]:
@@ -59,6 +61,8 @@ class Trainer:
         modified (use counts belong to the buffer)."""
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.version)
+        every = self.log_ref_kl_every
+        self._ref_kl_now = self.kl_coef > 0 or (every > 0 and (self.version + 1) % every == 0)
         rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
         group_ids = torch.tensor([e.group_id for e in batch], dtype=torch.long)  # (N,)
         adv = group_advantages(rewards, group_ids, generator=generator, **self.advantage_kwargs)
@@ -133,7 +137,7 @@ class Trainer:
         out["kl/behavior_k3"] = float(aggregate(kl_penalty(logprobs.detach(), behavior, "k3"), mask, "token-mean"))
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, **agg)
-        if self.ref_model is not None:
+        if self._ref_kl_now:
             with torch.no_grad():
                 ref_logprobs, _ = response_logprobs(
                     self.ref_model, input_ids, attention_mask, targets, temperature=self.temperature
@@ -141,7 +145,7 @@ class Trainer:
             kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator), mask, **agg)
             if self.kl_coef > 0:
                 loss = loss + self.kl_coef * kl
-            out["kl/ref"] = float(kl)
+            out["kl/ref"] = float(kl.detach())
         out["loss/total"] = float(loss.detach())
         return loss, out
 

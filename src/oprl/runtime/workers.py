@@ -160,7 +160,7 @@ class TrainerWorker:
             self.model, pad_id=self.tokenizer.pad_token_id, settings=algorithm_settings(config), optim=config.optim,
             sampling_temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_new_tokens,
             kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef, seed=config.seed,
-            log_ref_kl=algo.log_ref_kl,
+            log_ref_kl_every=algo.log_ref_kl_every,
         )
 
     def ping(self) -> int:
