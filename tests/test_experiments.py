@@ -39,7 +39,7 @@ def test_plan_is_the_cartesian_product(tmp_path):
 
 
 def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
-    spec = write_spec(tmp_path, report={"groups": {"clipping or not": ["grpo", "rec-oneside-nois"]}})
+    spec = write_spec(tmp_path, report={"groups": {"clipping or not": ["grpo", "rec-oneside-nois"]}, "threshold_gain": 0.01})
     base = yaml.safe_load(spec.read_text())
     base["overrides"].append("algorithm.log_ref_kl_every=1")
     spec.write_text(yaml.safe_dump(base))
@@ -65,6 +65,7 @@ def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     assert (out / "figures" / "eval_accuracy.png").stat().st_size > 1000
     assert (out / "figures" / "train_reward.png").is_file()
     assert (out / "figures" / "kl_initial.png").is_file()  # logged because of algorithm.log_ref_kl_every
+    assert "initial + 0.01" in text  # report.threshold_gain
     assert "## clipping or not" in text and (out / "figures" / "group-1.png").stat().st_size > 1000
 
 

@@ -17,6 +17,7 @@ import yaml
 
 from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
 from oprl.experiments.results import THRESHOLD_GAIN, collect_results, load_run, summarize, write_table
+from oprl.experiments.sweep import plan
 
 
 GROUP_ROWS = [(*PANELS[name], 1 if name == "eval_accuracy" else 5)
@@ -29,25 +30,31 @@ def build_report(sweep_dir: Path) -> Path:
     run_dirs = [d for d in sorted(sweep_dir.iterdir()) if (d / "summary.json").is_file()] if sweep_dir.is_dir() else []
     if not run_dirs:
         raise OprlError(f"report: no finished runs (directories with summary.json) in {sweep_dir}")
-    records = [load_run(d) for d in run_dirs]
-    table = collect_results(sweep_dir)
+    spec = _spec(sweep_dir)
+    report = spec.get("report") or {}
+    gain = float(report.get("threshold_gain", THRESHOLD_GAIN))
+    # The sweep's own axis labels (e.g. setting names) where the run was planned by it, else derived ones.
+    planned = {r.name: r.labels for r in plan(spec)} if spec.get("grid") else {}
+    records = [load_run(d, planned.get(d.name)) for d in run_dirs]
+    table = collect_results(sweep_dir, threshold_gain=gain)
     write_table(table, sweep_dir / "results.csv")
     figures = plot_all(records, sweep_dir / "figures")
-    summaries = [(r.labels, summarize(r)) for r in records]
+    summaries = [(r.labels, summarize(r, gain)) for r in records]
     lines = [f"# Sweep report: {sweep_dir.name}", "", f"{len(records)} finished runs.", ""]
     for metric, title, fmt in (
         ("final_accuracy", "Final eval accuracy (mean ± std over seeds)", "{:.3f} ± {:.3f}"),
         ("accuracy_auc", "Area under the eval-accuracy curve (mean accuracy over training)", "{:.3f} ± {:.3f}"),
-        ("steps_to_threshold", f"First eval step with accuracy ≥ initial + {THRESHOLD_GAIN} (mean; — = never)", "{:.0f}"),
+        ("steps_to_threshold", f"First eval step with accuracy ≥ initial + {gain:g} (mean over the seeds that "
+         "reach it, * = not all do; — = none does)", "{:.0f}"),
     ):
         lines += [f"## {title}", "", *_table(summaries, metric, fmt), ""]
-    for index, (title, presets) in enumerate(_groups(sweep_dir).items(), start=1):
+    for index, (title, presets) in enumerate((report.get("groups") or {}).items(), start=1):
         chosen = [r for r in records if r.labels["preset"] in presets]
         missing = sorted(set(presets) - {r.labels["preset"] for r in chosen})
         if missing:
             raise OprlError(f"report group {title!r}: no finished runs of preset(s) {', '.join(missing)} in {sweep_dir}")
         figure = plot_grid(chosen, GROUP_ROWS, sweep_dir / "figures" / f"group-{index}.png", title=title)
-        chosen_summaries = [(r.labels, summarize(r)) for r in chosen]
+        chosen_summaries = [(r.labels, summarize(r, gain)) for r in chosen]
         lines += [f"## {title}", "", "Final eval accuracy (mean ± std over seeds):", "",
                   *_table(chosen_summaries, "final_accuracy", "{:.3f} ± {:.3f}"), "", f"![{title}](figures/{figure.name})", ""]
     lines += ["## Figures (all presets)", ""]
@@ -57,11 +64,10 @@ def build_report(sweep_dir: Path) -> Path:
     return out
 
 
-def _groups(sweep_dir: Path) -> dict[str, list[str]]:
-    """``report.groups`` of the sweep spec saved in the sweep directory (none if absent)."""
+def _spec(sweep_dir: Path) -> dict:
+    """The sweep spec saved in the sweep directory (empty if the runs were not made by ``oprl sweep``)."""
     spec_path = sweep_dir / "sweep.yaml"
-    spec = yaml.safe_load(spec_path.read_text()) if spec_path.is_file() else None
-    return dict(((spec or {}).get("report") or {}).get("groups") or {})
+    return (yaml.safe_load(spec_path.read_text()) if spec_path.is_file() else None) or {}
 
 
 def _table(summaries, metric: str, fmt: str) -> list[str]:

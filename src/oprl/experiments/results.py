@@ -54,7 +54,7 @@ def load_run(run_dir: Path, labels: dict[str, str] | None = None) -> RunRecord:
     return RunRecord(run_dir=run_dir, labels=merged, config=config, rows=rows)
 
 
-def summarize(record: RunRecord) -> dict:
+def summarize(record: RunRecord, threshold_gain: float = THRESHOLD_GAIN) -> dict:
     steps, accuracy = record.curve("eval/accuracy")
     _, reward = record.curve("reward/mean")
     tail = reward[-max(1, len(reward) // 10) :] if reward else [float("nan")]
@@ -63,7 +63,7 @@ def summarize(record: RunRecord) -> dict:
         "initial_accuracy": accuracy[0] if accuracy else float("nan"),
         "best_accuracy": max(accuracy) if accuracy else float("nan"),
         "accuracy_auc": _auc(steps, accuracy),
-        "steps_to_threshold": _first_reaching(steps, accuracy),
+        "steps_to_threshold": _first_reaching(steps, accuracy, threshold_gain),
         "late_train_reward": sum(tail) / len(tail),
     }
     summary_path = record.run_dir / "summary.json"
@@ -72,7 +72,7 @@ def summarize(record: RunRecord) -> dict:
     return out
 
 
-def collect_results(sweep_dir: Path, planned=None) -> list[dict]:
+def collect_results(sweep_dir: Path, planned=None, threshold_gain: float = THRESHOLD_GAIN) -> list[dict]:
     """One row per finished run: labels, key config values, summary numbers."""
     if planned is None:
         planned_runs = [(d, {}) for d in sorted(Path(sweep_dir).iterdir()) if (d / "summary.json").is_file()]
@@ -83,7 +83,7 @@ def collect_results(sweep_dir: Path, planned=None) -> list[dict]:
         record = load_run(run_dir, labels)
         table.append({"run": run_dir.name, **record.labels, "lr": record.config["optim"]["lr"],
                       "sync_interval": record.config["sync"]["interval"], "sync_offset": record.config["sync"]["offset"],
-                      "steps": record.config["steps"], **summarize(record)})
+                      "steps": record.config["steps"], **summarize(record, threshold_gain)})
     return table
 
 
@@ -108,8 +108,8 @@ def _auc(steps: list[int], values: list[float]) -> float:
     return area / (steps[-1] - steps[0])
 
 
-def _first_reaching(steps: list[int], values: list[float]) -> float:
+def _first_reaching(steps: list[int], values: list[float], gain: float) -> float:
     if not values:
         return float("nan")
-    target = values[0] + THRESHOLD_GAIN
+    target = values[0] + gain
     return next((float(s) for s, v in zip(steps, values) if v >= target), float("nan"))

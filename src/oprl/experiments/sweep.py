@@ -6,8 +6,9 @@ A sweep spec is YAML::
     parallel: 2                          # runs at once (each gets cores // parallel torch threads)
     config: null                         # optional base YAML for every run
     overrides: [steps=60, eval.interval=20]   # applied to every run
-    report:                              # optional: extra figures for `oprl report`, one per group
-      groups: {"IS or not": [grpo, rec-oneside-is, rec-oneside-nois]}
+    report:                              # optional, for `oprl report`
+      groups: {"IS or not": [grpo, rec-oneside-is, rec-oneside-nois]}   # one figure + table per group
+      threshold_gain: 0.05               # "steps to threshold" = first eval at initial accuracy + this
     grid:                                # the cartesian product of the axes
       algorithm.preset: [grpo, reinforce]          # a plain axis: one key, a list of values
       setting:                                      # a named axis: name -> overrides bundle
@@ -38,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from oprl.errors import OprlError
-from oprl.experiments.results import collect_results, write_table
+from oprl.experiments.results import THRESHOLD_GAIN, collect_results, write_table
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,13 @@ def load_spec(path: Path) -> dict:
     unknown = set(spec) - {"output_dir", "parallel", "config", "overrides", "grid", "report"}
     if unknown:
         raise OprlError(f"sweep spec {path}: unknown key(s) {sorted(unknown)}; valid: output_dir, parallel, config, overrides, grid, report")
-    groups = (spec.get("report") or {}).get("groups", {}) if isinstance(spec.get("report") or {}, dict) else None
+    report = spec.get("report") or {}
+    groups = report.get("groups", {}) if isinstance(report, dict) else None
     if not isinstance(groups, dict) or not all(isinstance(v, list) and v for v in groups.values()):
         raise OprlError(f"sweep spec {path}: 'report.groups' must map a figure title to a non-empty list of presets")
+    unknown_report = set(report) - {"groups", "threshold_gain"}
+    if unknown_report:
+        raise OprlError(f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: groups, threshold_gain")
     if not isinstance(spec.get("grid"), dict) or not spec["grid"]:
         raise OprlError(f"sweep spec {path}: 'grid' must be a non-empty mapping of axis -> values")
     return spec
@@ -102,7 +107,8 @@ def run_sweep(spec_path: Path, *, parallel: int | None = None, dry_run: bool = F
             log("  oprl " + " ".join(_arguments(r, spec, out)))
         return out
     failures = _execute(todo, spec, out, parallel, log)
-    table = collect_results(out, runs)
+    gain = float((spec.get("report") or {}).get("threshold_gain", THRESHOLD_GAIN))
+    table = collect_results(out, runs, threshold_gain=gain)
     write_table(table, out / "results.csv")
     log(f"results: {out / 'results.csv'} ({len(table)} finished runs)")
     if failures:
