@@ -83,7 +83,9 @@ class Trainer:
                         extremes[key] = pick(extremes.get(key, value), value)
                     else:
                         totals[key] += value
-        out = {key: value / max(updates, 1) for key, value in totals.items()} | extremes
+        # Metrics are averaged over the optimizer updates of this step; seconds add up.
+        out = {key: value if key.startswith("perf/") else value / max(updates, 1) for key, value in totals.items()}
+        out |= extremes
         out.update(self._batch_metrics(batch, adv, rewards, self.version))
         self.version += 1
         out["perf/train_s"] = time.perf_counter() - start
@@ -103,16 +105,22 @@ class Trainer:
             tokens = sum(len(e.response_ids) for e in micro)
             # Exact accumulation: each micro-batch's mean is re-weighted by its share of the whole.
             share = tokens / total_tokens if self.loss_kwargs["loss_agg"] == "token-mean" else len(micro) / len(rows)
+            tick = time.perf_counter()
             loss, metrics = self._micro_loss(micro, advantages[start : start + size])
+            tock = time.perf_counter()
             (loss * share).backward()
+            sums["perf/train_forward_s"] += tock - tick  # log-probs (+ reference forward) and the loss
+            sums["perf/train_backward_s"] += time.perf_counter() - tock
             for key, value in metrics.items():
                 if key.endswith("_min") or key.endswith("_max"):
                     pick = min if key.endswith("_min") else max
                     extremes[key] = pick(extremes.get(key, value), value)
                 else:
                     sums[key] += value * (tokens / total_tokens)
+        tick = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
         self.optimizer.step()
+        sums["perf/train_optimizer_s"] += time.perf_counter() - tick
         sums["optim/grad_norm"] = float(grad_norm)
         sums["optim/lr"] = self.optimizer.param_groups[0]["lr"]
         return dict(sums) | extremes
