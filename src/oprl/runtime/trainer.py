@@ -15,7 +15,7 @@ from collections import defaultdict
 import torch
 
 from oprl.algorithms import ADVANTAGE_KEYS, LOSS_KEYS, aggregate, group_advantages, kl_penalty, policy_loss
-from oprl.models.logprobs import pack, response_logprobs
+from oprl.models.logprobs import grouped_response_logprobs
 from oprl.runtime.experience import Experience
 
 
@@ -126,18 +126,16 @@ class Trainer:
         return dict(sums) | extremes
 
     def _micro_loss(self, rows: list[Experience], advantages: torch.Tensor):
-        input_ids, attention_mask, targets, mask = pack(
-            [e.prompt_ids for e in rows], [e.response_ids for e in rows], self.pad_id
-        )
-        device = next(self.model.parameters()).device
-        input_ids, attention_mask, targets, mask = (t.to(device) for t in (input_ids, attention_mask, targets, mask))
+        prompts, responses = [e.prompt_ids for e in rows], [e.response_ids for e in rows]
+        # Each distinct prompt runs once per micro-batch, shared by its group (see grouped_response_logprobs).
+        logprobs, entropy, mask = grouped_response_logprobs(
+            self.model, prompts, responses, self.pad_id,
+            temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coef > 0,
+        )  # (B, T), (B, T), (B, T)
+        device = logprobs.device
         behavior = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # (B, T)
         for i, e in enumerate(rows):
             behavior[i, : len(e.behavior_logprobs)] = torch.tensor(e.behavior_logprobs, dtype=torch.float32)
-        logprobs, entropy = response_logprobs(
-            self.model, input_ids, attention_mask, targets,
-            temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coef > 0,
-        )  # (B, T), (B, T)
         loss, metrics = policy_loss(logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs)
         agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
         out = {f"loss/{k}": float(v) for k, v in metrics.items()}
@@ -147,8 +145,8 @@ class Trainer:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, **agg)
         if self._ref_kl_now:
             with torch.no_grad():
-                ref_logprobs, _ = response_logprobs(
-                    self.ref_model, input_ids, attention_mask, targets, temperature=self.temperature
+                ref_logprobs, _, _ = grouped_response_logprobs(
+                    self.ref_model, prompts, responses, self.pad_id, temperature=self.temperature
                 )
             kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator), mask, **agg)
             if self.kl_coef > 0:
