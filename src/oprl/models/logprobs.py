@@ -9,6 +9,8 @@ ever exist: log-probs are ``logit[target] - logsumexp(logits)`` computed chunk b
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -75,6 +77,77 @@ def response_logprobs(
             logits_to_keep=num_targets + 1, use_cache=False,
         ).logits[:, :-1][mask]  # (N, V)
     chosen = targets.to(features.device)[mask.to(features.device)]  # (N,)
+    return _chunked_logprobs(head, features, chosen, mask, temperature, with_entropy, entropy_grad, chunk_bytes)
+
+
+def grouped_response_logprobs(
+    model,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    pad_id: int,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    chunk_bytes: int = LOGIT_CHUNK_BYTES,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``response_logprobs`` for rows given as token lists, running each distinct prompt through the model once.
+
+    A GRPO batch holds every prompt K times (its group); recomputing the prompt for each response costs K
+    times the prompt's share of the forward and backward. Here the distinct prompts go through the backbone
+    once (``use_cache``), their key/value cache is gathered to the rows (differentiably: the prompt's gradient
+    sums over its group), and only the response tokens run per row. Positions and masks are those of
+    ``pack``, so the numbers equal ``response_logprobs(*pack(...))`` up to float rounding (tested).
+
+    Returns ``(logprobs (B, T), entropy (B, T) or None, mask (B, T))``. Models without a plain linear head
+    (see ``response_logprobs``) fall back to it.
+    """
+    if _plain_head(model) is None:
+        input_ids, attention_mask, targets, mask = pack(prompt_ids, response_ids, pad_id)
+        logprobs, entropy = response_logprobs(
+            model, input_ids, attention_mask, targets, temperature=temperature, with_entropy=with_entropy,
+            entropy_grad=entropy_grad, chunk_bytes=chunk_bytes,
+        )
+        return logprobs, entropy, mask
+    head, decoder = _plain_head(model), _decoder(model)
+    device = head.weight.device
+    distinct: dict[tuple[int, ...], int] = {}
+    rows = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids], device=device)  # (B,)
+    prompts, prompt_mask = (t.to(device) for t in left_pad([list(p) for p in distinct], pad_id))  # (U, P)
+    width = max(len(r) for r in response_ids)
+    targets = torch.full((len(response_ids), width), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(response_ids), width), dtype=torch.bool)  # (B, T)
+    for i, row in enumerate(response_ids):
+        targets[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = True
+    targets, mask = targets.to(device), mask.to(device)
+    out = decoder(
+        input_ids=prompts, attention_mask=prompt_mask, position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0),
+        use_cache=True,
+    )
+    first = out.last_hidden_state[:, -1][rows]  # (B, H): the last prompt position predicts response token 0
+    hidden = first[:, None]  # (B, 1, H)
+    if width > 1:
+        # transformers renamed past_key_values -> cache (5.x); accept either.
+        new_api = "cache" in inspect.signature(decoder.forward).parameters
+        cache = out.cache if new_api else out.past_key_values
+        cache.reorder_cache(rows)  # (U, ...) -> (B, ...) per layer; index_select keeps the graph
+        attention = torch.cat([prompt_mask[rows], mask[:, :-1].long()], dim=1)  # (B, P + T - 1)
+        positions = prompt_mask.sum(1)[rows][:, None] + torch.arange(width - 1, device=device)[None]  # (B, T-1)
+        rest = decoder(
+            input_ids=targets[:, :-1], attention_mask=attention, position_ids=positions, use_cache=True,
+            **{"cache" if new_api else "past_key_values": cache},
+        ).last_hidden_state  # (B, T-1, H): token t predicts token t+1
+        hidden = torch.cat([hidden, rest], dim=1)  # (B, T, H)
+    logprobs, entropy = _chunked_logprobs(
+        head, hidden[mask], targets[mask], mask, temperature, with_entropy, entropy_grad, chunk_bytes
+    )
+    return logprobs, entropy, mask
+
+
+def _chunked_logprobs(head, features, chosen, mask, temperature, with_entropy, entropy_grad, chunk_bytes):
+    """Log-probs (and entropies) of ``chosen`` (N,) from ``features`` (N, H) in bounded chunks, placed at
+    ``mask`` in ``(B, T)`` tensors."""
     vocab = head.out_features if isinstance(head, torch.nn.Linear) else features.shape[-1]
     rows = max(1, chunk_bytes // (4 * vocab))
     logprob_chunks, entropy_chunks = [], []
@@ -82,8 +155,11 @@ def response_logprobs(
         args = (features[start : start + rows], chosen[start : start + rows])
         if torch.is_grad_enabled():
             # Keep only the chunk's inputs for backward; its (rows, V) logits are recomputed there.
+            # preserve_rng_state=False: the chunk draws no random numbers, and saving/restoring the global RNG
+            # would race with an explorer thread sampling from it at the same time (overlap mode).
             logprob, entropy = checkpoint(
-                _token_logprobs, head, *args, temperature, with_entropy, entropy_grad, use_reentrant=False
+                _token_logprobs, head, *args, temperature, with_entropy, entropy_grad,
+                use_reentrant=False, preserve_rng_state=False,
             )
         else:
             logprob, entropy = _token_logprobs(head, *args, temperature, with_entropy, entropy_grad)

@@ -15,7 +15,7 @@ from collections import defaultdict
 import torch
 
 from oprl.algorithms import ADVANTAGE_KEYS, LOSS_KEYS, aggregate, group_advantages, kl_penalty, policy_loss
-from oprl.models.logprobs import pack, response_logprobs
+from oprl.models.logprobs import grouped_response_logprobs
 from oprl.runtime.experience import Experience
 
 
@@ -83,7 +83,9 @@ class Trainer:
                         extremes[key] = pick(extremes.get(key, value), value)
                     else:
                         totals[key] += value
-        out = {key: value / max(updates, 1) for key, value in totals.items()} | extremes
+        # Metrics are averaged over the optimizer updates of this step; seconds add up.
+        out = {key: value if key.startswith("perf/") else value / max(updates, 1) for key, value in totals.items()}
+        out |= extremes
         out.update(self._batch_metrics(batch, adv, rewards, self.version))
         self.version += 1
         out["perf/train_s"] = time.perf_counter() - start
@@ -103,33 +105,37 @@ class Trainer:
             tokens = sum(len(e.response_ids) for e in micro)
             # Exact accumulation: each micro-batch's mean is re-weighted by its share of the whole.
             share = tokens / total_tokens if self.loss_kwargs["loss_agg"] == "token-mean" else len(micro) / len(rows)
+            tick = time.perf_counter()
             loss, metrics = self._micro_loss(micro, advantages[start : start + size])
+            tock = time.perf_counter()
             (loss * share).backward()
+            sums["perf/train_forward_s"] += tock - tick  # log-probs (+ reference forward) and the loss
+            sums["perf/train_backward_s"] += time.perf_counter() - tock
             for key, value in metrics.items():
                 if key.endswith("_min") or key.endswith("_max"):
                     pick = min if key.endswith("_min") else max
                     extremes[key] = pick(extremes.get(key, value), value)
                 else:
                     sums[key] += value * (tokens / total_tokens)
+        tick = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
         self.optimizer.step()
+        sums["perf/train_optimizer_s"] += time.perf_counter() - tick
         sums["optim/grad_norm"] = float(grad_norm)
         sums["optim/lr"] = self.optimizer.param_groups[0]["lr"]
         return dict(sums) | extremes
 
     def _micro_loss(self, rows: list[Experience], advantages: torch.Tensor):
-        input_ids, attention_mask, targets, mask = pack(
-            [e.prompt_ids for e in rows], [e.response_ids for e in rows], self.pad_id
-        )
-        device = next(self.model.parameters()).device
-        input_ids, attention_mask, targets, mask = (t.to(device) for t in (input_ids, attention_mask, targets, mask))
+        prompts, responses = [e.prompt_ids for e in rows], [e.response_ids for e in rows]
+        # Each distinct prompt runs once per micro-batch, shared by its group (see grouped_response_logprobs).
+        logprobs, entropy, mask = grouped_response_logprobs(
+            self.model, prompts, responses, self.pad_id,
+            temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coef > 0,
+        )  # (B, T), (B, T), (B, T)
+        device = logprobs.device
         behavior = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # (B, T)
         for i, e in enumerate(rows):
             behavior[i, : len(e.behavior_logprobs)] = torch.tensor(e.behavior_logprobs, dtype=torch.float32)
-        logprobs, entropy = response_logprobs(
-            self.model, input_ids, attention_mask, targets,
-            temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coef > 0,
-        )  # (B, T), (B, T)
         loss, metrics = policy_loss(logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs)
         agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
         out = {f"loss/{k}": float(v) for k, v in metrics.items()}
@@ -139,8 +145,8 @@ class Trainer:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, **agg)
         if self._ref_kl_now:
             with torch.no_grad():
-                ref_logprobs, _ = response_logprobs(
-                    self.ref_model, input_ids, attention_mask, targets, temperature=self.temperature
+                ref_logprobs, _, _ = grouped_response_logprobs(
+                    self.ref_model, prompts, responses, self.pad_id, temperature=self.temperature
                 )
             kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator), mask, **agg)
             if self.kl_coef > 0:

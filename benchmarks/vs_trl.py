@@ -1,0 +1,219 @@
+"""oprl against Hugging Face TRL's GRPOTrainer on the same job, side by side in one invocation.
+
+Both train the embedded warm-started tiny model (0.34 M parameters, char-level chat template) on the default
+arithmetic task with GRPO: the same prompts (the task's train split), 16 prompts x 8 responses per step, at
+most 8 new tokens, temperature 1 (no top-k, no top-p), AdamW lr 3e-4 constant, grad clip 1.0, no KL, token-mean
+loss over the batch, one optimizer step per batch, on-policy, CPU, the same torch thread count. Each framework
+runs in its own fresh process (``--child``), alternating oprl / TRL ``--repeats`` times with seeds 0, 1, ...
+
+Per run it reports the median wall time per step (steps after ``--skip`` warm-up steps; generation, reward,
+log-probs, backward and optimizer step all inside it), generated response tokens per second of that wall
+time, the process's peak resident memory, the mean training reward of the last 5 steps, and the eval accuracy
+of the final weights (pass@1 at T=1 on the 500 test problems, the same fixed sampling seed for both).
+
+    pip install -e ".[bench]"          # trl
+    python benchmarks/vs_trl.py --steps 30 --repeats 3 [--threads 2] [--json benchmarks/results/vs_trl.json] \
+        [--oprl-variant sync.offset=1 runtime.torch_threads=1]   # also: oprl overlapping, one step off-policy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROMPTS, GROUP, MAX_NEW, LR = 16, 8, 8, 3e-4
+
+
+def warm_model_path(threads: int) -> str:
+    """The cached warm-started tiny model (built on first use) and its tokenizer, in one HF directory."""
+    from oprl.config import load_config
+    from oprl.runtime.run import model_path
+    from oprl.tasks import build_task
+
+    config = load_config(None, [f"runtime.torch_threads={threads}", "progress=false"])
+    return model_path(config, build_task(config.task), log=lambda *_: None)
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def final_eval(model, tokenizer, task) -> float:
+    from oprl.rollout import HFGenerateEngine
+    from oprl.runtime.evaluate import evaluate
+
+    engine = HFGenerateEngine(model, tokenizer, temperature=1.0, max_new_tokens=MAX_NEW)
+    return evaluate(engine, task, tokenizer, num_problems=500, temperature=1.0, seed=0)["accuracy"]
+
+
+def child_oprl(path: str, steps: int, seed: int, threads: int, skip: int, extra: tuple[str, ...] = ()) -> dict:
+    import tempfile
+
+    from oprl.config import load_config
+    from oprl.metrics import read_metrics
+    from oprl.runtime.run import run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = load_config(None, [
+            f"model.path={path}", f"steps={steps}", f"seed={seed}", "algorithm.preset=grpo", f"optim.lr={LR}",
+            f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}", f"rollout.max_new_tokens={MAX_NEW}",
+            "rollout.temperature=1.0", "sync.interval=1", "sync.offset=0", f"runtime.torch_threads={threads}",
+            "eval.interval=0", "eval.num_problems=500", "eval.seed=0", "checkpoint.interval=0",
+            "buffer.persist=false", "tensorboard=false", "progress=false", f"output_dir={tmp}", "run_name=bench",
+            *extra,
+        ])
+        summary = run(config, log=lambda *_: None)
+        rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "reward/mean" in r]
+    # Wall time between consecutive trainer steps (the driver's clock), as TRL's callback measures it.
+    elapsed = [rows[0]["perf/elapsed_s"] - rows[0]["perf/step_s"]] + [r["perf/elapsed_s"] for r in rows]
+    times = [b - a for a, b in zip(elapsed, elapsed[1:])][skip:]
+    tokens = [r["response/tokens"] for r in rows][skip:]
+    return {
+        "step_s": statistics.median(times),
+        "tokens_per_s": sum(tokens) / sum(times),
+        "reward_last5": statistics.mean(r["reward/mean"] for r in rows[-5:]),
+        "eval_accuracy": summary.accuracy_after,
+    }
+
+
+def child_trl(path: str, steps: int, seed: int, threads: int, skip: int) -> dict:
+    import tempfile
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from oprl.tasks.arithmetic import ArithmeticTask, score_integer_answer
+
+    task = ArithmeticTask()
+    train = task.problems("train")
+    data = Dataset.from_list([{"prompt": list(p.messages), "answer": p.answer} for p in train])
+    step_rewards: list[float] = []
+    step_tokens: list[int] = []
+
+    def reward(prompts, completions, answer, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        scores = [score_integer_answer(a, t).total for a, t in zip(answer, texts)]
+        step_rewards.append(sum(scores) / len(scores))
+        return scores
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.start)
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    timer = Timer()
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(
+            output_dir=tmp, use_cpu=True, bf16=False, seed=seed, max_steps=steps, learning_rate=LR,
+            lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+            per_device_train_batch_size=PROMPTS * GROUP, gradient_accumulation_steps=1, num_generations=GROUP,
+            num_iterations=1, max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
+            loss_type="dapo", scale_rewards="group", epsilon=0.2, logging_steps=1, report_to=[],
+            save_strategy="no", disable_dropout=True, dataloader_num_workers=0, log_completions=False,
+        )
+        trainer = GRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data,
+                              processing_class=tokenizer, callbacks=[timer])
+        # Count generated tokens per step from the logged mean completion length.
+        trainer.train()
+        lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+        step_tokens = [length * PROMPTS * GROUP for length in lengths]
+        accuracy = final_eval(trainer.model.eval(), tokenizer, task)
+    times = timer.times[skip:]
+    return {
+        "step_s": statistics.median(times),
+        "tokens_per_s": sum(step_tokens[skip:]) / sum(times),
+        "reward_last5": statistics.mean(step_rewards[-5:]),
+        "eval_accuracy": accuracy,
+    }
+
+
+def run_child(framework: str, path: str, args) -> dict:
+    command = [sys.executable, __file__, "--child", framework, "--model", path, "--steps", str(args.steps),
+               "--seed", str(args.seed), "--threads", str(args.threads), "--skip", str(args.skip)]
+    if framework == "oprl-variant":
+        command += ["--variant", *args.oprl_variant]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run(command, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"{framework} child failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of both frameworks")
+    parser.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the timing")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--oprl-variant", nargs="+", default=None, metavar="KEY=VALUE",
+                        help="also run oprl with these overrides (e.g. sync.offset=1 runtime.torch_threads=1: "
+                             "generation of batch t+1 overlapping training on batch t, one step off-policy)")
+    parser.add_argument("--child", choices=["oprl", "trl", "oprl-variant"], help=argparse.SUPPRESS)
+    parser.add_argument("--variant", nargs="*", default=[], help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        if args.child == "trl":
+            result = child_trl(args.model, args.steps, args.seed, args.threads, args.skip)
+        else:
+            result = child_oprl(args.model, args.steps, args.seed, args.threads, args.skip, tuple(args.variant))
+        print(json.dumps(result | {"peak_rss_mib": peak_rss_mib()}))
+        return 0
+    path = warm_model_path(args.threads)
+    frameworks = ["oprl", "trl"] + (["oprl-variant"] if args.oprl_variant else [])
+    runs: dict[str, list[dict]] = {fw: [] for fw in frameworks}
+    for repeat in range(args.repeats):
+        args.seed = repeat
+        for framework in frameworks:
+            runs[framework].append(run_child(framework, path, args))
+            print(f"seed {repeat} {framework}: {json.dumps(runs[framework][-1])}", file=sys.stderr, flush=True)
+    keys = ["step_s", "tokens_per_s", "peak_rss_mib", "reward_last5", "eval_accuracy"]
+    medians = {fw: {k: statistics.median(r[k] for r in rs) for k in keys} for fw, rs in runs.items()}
+    means = {fw: {k: statistics.mean(r[k] for r in rs) for k in ("reward_last5", "eval_accuracy")} for fw, rs in runs.items()}
+    print(f"\n{platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end; "
+          f"{args.steps} steps ({args.skip} warm-up steps not timed), {args.threads} torch threads, "
+          f"medians over seeds 0..{args.repeats - 1} (reward and accuracy: means)\n")
+    print("| | s/step | generated tok/s | peak RSS MiB | reward, last 5 steps | final eval accuracy |")
+    print("|---|---|---|---|---|---|")
+    for fw in frameworks:
+        m = medians[fw]
+        print(f"| {fw} | {m['step_s']:.3f} | {m['tokens_per_s']:.0f} | {m['peak_rss_mib']:.0f} | "
+              f"{means[fw]['reward_last5']:.3f} | {means[fw]['eval_accuracy']:.3f} |")
+    ratio = {k: medians["oprl"][k] / medians["trl"][k] for k in ("step_s", "tokens_per_s", "peak_rss_mib")}
+    print(f"| oprl / trl | {ratio['step_s']:.2f} | {ratio['tokens_per_s']:.2f} | {ratio['peak_rss_mib']:.2f} | | |")
+    if args.oprl_variant:
+        ratio_variant = {k: medians["oprl-variant"][k] / medians["trl"][k] for k in ("step_s", "tokens_per_s", "peak_rss_mib")}
+        print(f"| oprl-variant / trl | {ratio_variant['step_s']:.2f} | {ratio_variant['tokens_per_s']:.2f} | "
+              f"{ratio_variant['peak_rss_mib']:.2f} | | |")
+        print(f"\noprl-variant = oprl with {' '.join(args.oprl_variant)}")
+        ratio["variant"] = ratio_variant
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"runs": runs, "medians": medians, "means": means, "ratio": ratio,
+                                         "steps": args.steps, "threads": args.threads,
+                                         "oprl_variant": args.oprl_variant}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

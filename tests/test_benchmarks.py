@@ -1,0 +1,62 @@
+"""The benchmark scripts' own arithmetic (FLOP counts, growth fits) and a short oprl side of the TRL benchmark.
+
+The full benchmarks need an idle machine (and TRL / SmolLM2); their figures are in docs/performance.md.
+"""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from conftest import SMALL
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_growth_fit_recovers_a_power_law():
+    growth = load("growth")
+    xs = [4, 8, 16, 32]
+    assert growth.fit_exponent(xs, [3.0 * x**1.5 for x in xs]) == pytest.approx(1.5)
+    assert growth.fit_exponent(xs, [2.0 for _ in xs]) == pytest.approx(0.0)
+
+
+def test_mfu_flop_count_matches_a_hand_count():
+    mfu = load("mfu")
+    config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2)
+    s = mfu.shape(LlamaForCausalLM(config))
+    kv = 64 // 4 * 2  # key/value width with 2 of 4 heads
+    per_layer = 64 * 64 * 2 + 64 * kv * 2 + 3 * 64 * 160  # q, o; k, v; gate, up, down
+    assert s["n_dense"] == 3 * per_layer and s["layers"] == 3 and s["d"] == 64 and s["vocab"] == 1000
+    batch, prompt, response = 2, 5, 7
+    forward = 2 * 3 * per_layer * batch * 12 + 2 * 3 * 64 * batch * 12**2 + 2 * 64 * 1000 * batch * response
+    assert mfu.train_step_flops(s, batch, prompt, response) == 3 * forward
+    assert mfu.peak_matmul_flops(n=64, repeats=1) > 0
+
+
+def test_vs_trl_oprl_side_runs_and_reports(tmp_path, monkeypatch):
+    vs_trl = load("vs_trl")
+    monkeypatch.setenv("OPRL_CACHE_DIR", str(tmp_path / "cache"))
+    from oprl.config import load_config
+    from oprl.runtime.run import model_path
+    from oprl.tasks import build_task
+
+    config = load_config(None, [*SMALL, "runtime.torch_threads=1"])
+    path = model_path(config, build_task(config.task), log=lambda *_: None)
+    monkeypatch.setattr(vs_trl, "PROMPTS", 4)
+    result = vs_trl.child_oprl(path, steps=4, seed=0, threads=1, skip=1)
+    assert result["step_s"] > 0 and result["tokens_per_s"] > 0
+    assert 0.0 <= result["reward_last5"] <= 1.0 and 0.0 <= result["eval_accuracy"] <= 1.0
+    assert not math.isnan(result["eval_accuracy"])
