@@ -74,6 +74,9 @@ def plot_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], out: P
                 ax.plot(steps, mean, label=preset, color=colors[preset], lw=1.4)
                 if len(by_preset[preset]) > 1:
                     ax.fill_between(steps, low, high, color=colors[preset], alpha=0.15, lw=0)
+            if key.startswith("kl/"):
+                # KL spans orders of magnitude between stable and collapsing runs; linear near 0 (it starts at 0).
+                ax.set_yscale("symlog", linthresh=1e-2)
             if row == 0:
                 ax.set_title(setting)
             if row == len(rows) - 1:
