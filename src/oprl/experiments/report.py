@@ -1,7 +1,9 @@
 """``oprl report SWEEP_DIR``: figures plus a markdown report with the sweep's tables.
 
 Tables: final eval accuracy (mean ± std over seeds), area under the eval-accuracy curve (a mean accuracy
-over training), and the first step reaching initial accuracy + 0.05, each preset × setting.
+over training), and the first step reaching initial accuracy + ``report.threshold_gain`` (default 0.05), each
+preset × setting; then, for each of the spec's ``report.groups``, one figure (accuracy, reward, clip fraction,
+KL to the initial policy × settings) and its table. Labels are the sweep's own (its setting names).
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from oprl.errors import OprlError
 import yaml
 
+from oprl.errors import OprlError
 from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
 from oprl.experiments.results import THRESHOLD_GAIN, collect_results, load_run, summarize, write_table
 from oprl.experiments.sweep import plan
@@ -34,9 +36,10 @@ def build_report(sweep_dir: Path) -> Path:
     report = spec.get("report") or {}
     gain = float(report.get("threshold_gain", THRESHOLD_GAIN))
     # The sweep's own axis labels (e.g. setting names) where the run was planned by it, else derived ones.
-    planned = {r.name: r.labels for r in plan(spec)} if spec.get("grid") else {}
+    runs = plan(spec) if spec.get("grid") else None
+    planned = {r.name: r.labels for r in runs or []}
     records = [load_run(d, planned.get(d.name)) for d in run_dirs]
-    table = collect_results(sweep_dir, threshold_gain=gain)
+    table = collect_results(sweep_dir, runs, threshold_gain=gain)
     write_table(table, sweep_dir / "results.csv")
     figures = plot_all(records, sweep_dir / "figures")
     summaries = [(r.labels, summarize(r, gain)) for r in records]

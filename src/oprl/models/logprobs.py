@@ -103,7 +103,8 @@ def grouped_response_logprobs(
     (see ``response_logprobs``) fall back to it.
     """
     if _plain_head(model) is None:
-        input_ids, attention_mask, targets, mask = pack(prompt_ids, response_ids, pad_id)
+        device = next(model.parameters()).device
+        input_ids, attention_mask, targets, mask = (t.to(device) for t in pack(prompt_ids, response_ids, pad_id))
         logprobs, entropy = response_logprobs(
             model, input_ids, attention_mask, targets, temperature=temperature, with_entropy=with_entropy,
             entropy_grad=entropy_grad, chunk_bytes=chunk_bytes,
