@@ -20,15 +20,21 @@ from oprl.rollout.hf_engine import left_pad
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
     """Build model inputs: ``input_ids`` / ``attention_mask`` ``(B, P+T)``, ``targets`` / ``mask`` ``(B, T)``."""
     prompts, prompt_mask = left_pad(prompt_ids, pad_id)  # (B, P)
-    width = max(len(r) for r in response_ids)
-    targets = torch.full((len(response_ids), width), pad_id, dtype=torch.long)  # (B, T)
-    mask = torch.zeros((len(response_ids), width), dtype=torch.bool)  # (B, T)
-    for i, row in enumerate(response_ids):
-        targets[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = True
+    targets, mask = right_pad(response_ids, pad_id)  # (B, T)
     input_ids = torch.cat([prompts, targets], dim=1)  # (B, P+T)
     attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # (B, P+T)
     return input_ids, attention_mask, targets, mask
+
+
+def right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token lists into ``(ids (B, T) long, mask (B, T) bool)``: the layout of responses."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = True
+    return ids, mask
 
 
 LOGIT_CHUNK_BYTES = 64 * 2**20
@@ -102,7 +108,8 @@ def grouped_response_logprobs(
     Returns ``(logprobs (B, T), entropy (B, T) or None, mask (B, T))``. Models without a plain linear head
     (see ``response_logprobs``) fall back to it.
     """
-    if _plain_head(model) is None:
+    head = _plain_head(model)
+    if head is None:
         device = next(model.parameters()).device
         input_ids, attention_mask, targets, mask = (t.to(device) for t in pack(prompt_ids, response_ids, pad_id))
         logprobs, entropy = response_logprobs(
@@ -110,18 +117,12 @@ def grouped_response_logprobs(
             entropy_grad=entropy_grad, chunk_bytes=chunk_bytes,
         )
         return logprobs, entropy, mask
-    head, decoder = _plain_head(model), _decoder(model)
-    device = head.weight.device
+    decoder, device = _decoder(model), head.weight.device
     distinct: dict[tuple[int, ...], int] = {}
     rows = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids], device=device)  # (B,)
     prompts, prompt_mask = (t.to(device) for t in left_pad([list(p) for p in distinct], pad_id))  # (U, P)
-    width = max(len(r) for r in response_ids)
-    targets = torch.full((len(response_ids), width), pad_id, dtype=torch.long)  # (B, T)
-    mask = torch.zeros((len(response_ids), width), dtype=torch.bool)  # (B, T)
-    for i, row in enumerate(response_ids):
-        targets[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = True
-    targets, mask = targets.to(device), mask.to(device)
+    targets, mask = (t.to(device) for t in right_pad(response_ids, pad_id))  # (B, T)
+    width = targets.shape[1]
     out = decoder(
         input_ids=prompts, attention_mask=prompt_mask, position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0),
         use_cache=True,
