@@ -1,4 +1,6 @@
-"""The rollout engine: behaviour log-probs, padding, EOS, truncation, seeding; trainer agreement on-policy."""
+"""The rollout engines: behaviour log-probs, padding, EOS, truncation, seeding; trainer agreement on-policy.
+
+Every contract test runs on both engines; the lean engine is also checked against ``generate`` directly."""
 
 import pytest
 import torch
@@ -6,7 +8,13 @@ import torch
 from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import HFGenerateEngine
+from oprl.rollout import ENGINES, HFGenerateEngine, LeanEngine
+from oprl.rollout.lean_engine import sample_token
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def Engine(request):
+    return ENGINES[request.param]
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +28,12 @@ def _prompts(tokenizer, texts):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_recomputed_logprobs_match_behaviour_on_policy(policy, temperature):
+def test_recomputed_logprobs_match_behaviour_on_policy(policy, temperature, Engine):
     model, tokenizer = policy
     # Prompts of different lengths exercise left padding; random weights rarely emit EOS, so rows differ in length
     # only where they do, and the rest are truncated at the limit.
     prompts = _prompts(tokenizer, ["1+2=", "35+47-9=", "7=", "123*4-56+7="] * 8)
-    engine = HFGenerateEngine(model, tokenizer, temperature=temperature, max_new_tokens=12)
+    engine = Engine(model, tokenizer, temperature=temperature, max_new_tokens=12)
     rollout = engine.generate(prompts, seed=11)
     input_ids, attention_mask, targets, mask = pack(prompts, rollout.response_ids, tokenizer.pad_token_id)
     with torch.no_grad():
@@ -37,7 +45,7 @@ def test_recomputed_logprobs_match_behaviour_on_policy(policy, temperature):
     assert (logprobs - behavior)[mask].abs().max() < 1e-4
 
 
-def test_eos_ends_responses_and_truncation_is_flagged(policy):
+def test_eos_ends_responses_and_truncation_is_flagged(policy, Engine):
     _, tokenizer = policy
     model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=3)
     prompts = _prompts(tokenizer, ["1+2=", "3="])
@@ -48,7 +56,7 @@ def test_eos_ends_responses_and_truncation_is_flagged(policy):
         bias_model.bias.fill_(-30.0)
         bias_model.bias[tokenizer.eos_token_id] = 30.0
     model.lm_head = bias_model
-    rollout = HFGenerateEngine(model, tokenizer, max_new_tokens=5).generate(prompts, seed=0)
+    rollout = Engine(model, tokenizer, max_new_tokens=5).generate(prompts, seed=0)
     assert rollout.response_ids == [[tokenizer.eos_token_id]] * 2
     assert rollout.truncated == [False, False]
     assert rollout.texts == ["", ""]
@@ -56,27 +64,88 @@ def test_eos_ends_responses_and_truncation_is_flagged(policy):
     with torch.no_grad():
         bias_model.bias[tokenizer.eos_token_id] = -30.0
         bias_model.bias[tokenizer.convert_tokens_to_ids("7")] = 30.0
-    rollout = HFGenerateEngine(model, tokenizer, max_new_tokens=5).generate(prompts, seed=0)
+    rollout = Engine(model, tokenizer, max_new_tokens=5).generate(prompts, seed=0)
     assert rollout.texts == ["77777", "77777"] and rollout.truncated == [True, True]
 
 
-def test_same_seed_same_samples_and_batching_invariance(policy):
+def test_same_seed_same_samples_and_batching_invariance(policy, Engine):
     model, tokenizer = policy
     prompts = _prompts(tokenizer, ["1+2=", "9-4="] * 6)
-    engine = HFGenerateEngine(model, tokenizer, max_new_tokens=6)
+    engine = Engine(model, tokenizer, max_new_tokens=6)
     first, second = engine.generate(prompts, seed=5), engine.generate(prompts, seed=5)
     assert first.response_ids == second.response_ids
     assert first.behavior_logprobs == second.behavior_logprobs
     assert engine.generate(prompts, seed=6).response_ids != first.response_ids
 
 
-def test_top_p_override_narrows_sampling(policy):
+def test_top_p_override_narrows_sampling(policy, Engine):
     model, tokenizer = policy
     prompts = _prompts(tokenizer, ["1+2=", "35+47-9="] * 4)
-    engine = HFGenerateEngine(model, tokenizer, temperature=1.0, top_p=1.0, max_new_tokens=6)
+    engine = Engine(model, tokenizer, temperature=1.0, top_p=1.0, max_new_tokens=6)
     wide = [engine.generate(prompts, seed=s).response_ids for s in (1, 2)]
     assert wide[0] != wide[1]  # untrained weights: full-support sampling differs between seeds
     # top_p -> 0 keeps only the most likely token: sampling becomes greedy and ignores the seed.
     narrow = [engine.generate(prompts, seed=s, top_p=1e-6).response_ids for s in (1, 2)]
     assert narrow[0] == narrow[1]
     assert engine.top_p == 1.0  # an override, not a change of the engine
+
+
+def test_lean_engine_draws_what_generate_draws(policy):
+    # Random weights rarely emit EOS, so no row leaves the batch early and both engines consume the random
+    # stream identically: same seed -> the same tokens and log-probs, although the lean engine prefills each
+    # distinct prompt once and runs its own loop.
+    model, tokenizer = policy
+    prompts = _prompts(tokenizer, ["1+2=", "35+47-9=", "7="]) * 4
+    for top_p in (1.0, 0.7):
+        reference = HFGenerateEngine(model, tokenizer, top_p=top_p, max_new_tokens=7).generate(prompts, seed=4)
+        lean = LeanEngine(model, tokenizer, top_p=top_p, max_new_tokens=7).generate(prompts, seed=4)
+        assert lean.response_ids == reference.response_ids
+        assert lean.truncated == reference.truncated
+        for ours, theirs in zip(lean.behavior_logprobs, reference.behavior_logprobs):
+            assert ours == pytest.approx(theirs, abs=1e-5)
+
+
+def test_lean_engine_rows_leaving_the_batch_keep_their_cache_aligned(policy):
+    # EOS made likely at every step: rows end at many different lengths, so finished rows are dropped from the
+    # batch (and the cache) several times. The trainer's recomputation of every surviving row must still match.
+    model, tokenizer = policy
+    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=3)
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id] *= 0.0
+    head = model.lm_head
+    model.lm_head = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(head.weight)
+        model.lm_head.bias.zero_()
+        model.lm_head.bias[tokenizer.eos_token_id] = 3.0
+    prompts = _prompts(tokenizer, ["1+2=", "35+47-9=", "7=", "123*4-56+7="] * 6)
+    rollout = LeanEngine(model, tokenizer, max_new_tokens=10).generate(prompts, seed=2)
+    lengths = [len(r) for r in rollout.response_ids]
+    assert len(set(lengths)) >= 4 and min(lengths) < 5 and any(rollout.truncated)
+    input_ids, attention_mask, targets, mask = pack(prompts, rollout.response_ids, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logprobs, _ = response_logprobs(model, input_ids, attention_mask, targets)
+    behavior = torch.zeros_like(logprobs)
+    for i, row in enumerate(rollout.behavior_logprobs):
+        behavior[i, : len(row)] = torch.tensor(row)
+    assert (logprobs - behavior)[mask].abs().max() < 1e-4
+
+
+def test_nucleus_rule_matches_transformers():
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for top_p in (0.05, 0.5, 0.9):
+        kept_by_transformers = TopPLogitsWarper(top_p)(None, logits.clone()).isfinite()
+        torch.manual_seed(0)
+        tokens, logprob = sample_token(logits, 1.0, top_p)
+        assert kept_by_transformers[torch.arange(64), tokens].all()
+        # The log-prob is that of the renormalised nucleus.
+        nucleus = logits.masked_fill(~kept_by_transformers, float("-inf")).log_softmax(-1)
+        assert torch.allclose(logprob, nucleus[torch.arange(64), tokens], atol=1e-5)
+    # Sampling frequencies follow the distribution: 20,000 draws from one row.
+    row = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(20_000, 4)
+    torch.manual_seed(1)
+    tokens, _ = sample_token(row, 1.0, 1.0)
+    frequencies = torch.bincount(tokens, minlength=4).float() / 20_000
+    assert torch.allclose(frequencies, row[0].softmax(-1), atol=0.015)

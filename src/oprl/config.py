@@ -226,6 +226,10 @@ class RolloutConfig(_Section):
     """Nucleus sampling; 1.0 samples from the full distribution."""
     max_new_tokens: int = Field(8, gt=0)
     """Response length limit; longer responses are truncated and flagged."""
+    engine: Literal["lean", "hf-generate"] = "lean"
+    """Sampler: ``lean`` = oprl's decode loop on the KV cache, each distinct prompt prefilled once per group
+    (about 2x faster on CPU); ``hf-generate`` = transformers' ``model.generate``. Both record the behaviour
+    log-probs of the distribution actually sampled from."""
 
 
 class AlgorithmConfig(_Section):

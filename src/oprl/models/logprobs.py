@@ -9,12 +9,10 @@ ever exist: log-probs are ``logit[target] - logsumexp(logits)`` computed chunk b
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from oprl.rollout.hf_engine import left_pad
+from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions, prompt_groups, right_pad
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
@@ -24,17 +22,6 @@ def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int
     input_ids = torch.cat([prompts, targets], dim=1)  # (B, P+T)
     attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # (B, P+T)
     return input_ids, attention_mask, targets, mask
-
-
-def right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token lists into ``(ids (B, T) long, mask (B, T) bool)``: the layout of responses."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = True
-    return ids, mask
 
 
 LOGIT_CHUNK_BYTES = 64 * 2**20
@@ -68,7 +55,7 @@ def response_logprobs(
     """
     num_targets = targets.shape[1]
     mask = attention_mask[:, -num_targets:].bool()  # (B, T): pack() puts the response mask there
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, L), as generate builds them
+    position_ids = positions(attention_mask)  # (B, L), as generate builds them
     head = _plain_head(model)
     if head is not None:
         hidden = _decoder(model)(
@@ -118,27 +105,24 @@ def grouped_response_logprobs(
         )
         return logprobs, entropy, mask
     decoder, device = _decoder(model), head.weight.device
-    distinct: dict[tuple[int, ...], int] = {}
-    rows = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids], device=device)  # (B,)
-    prompts, prompt_mask = (t.to(device) for t in left_pad([list(p) for p in distinct], pad_id))  # (U, P)
+    distinct, row_prompt = prompt_groups(prompt_ids)
+    rows = torch.tensor(row_prompt, device=device)  # (B,)
+    prompts, prompt_mask = (t.to(device) for t in left_pad(distinct, pad_id))  # (U, P)
     targets, mask = (t.to(device) for t in right_pad(response_ids, pad_id))  # (B, T)
     width = targets.shape[1]
     out = decoder(
-        input_ids=prompts, attention_mask=prompt_mask, position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0),
-        use_cache=True,
+        input_ids=prompts, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True,
     )
     first = out.last_hidden_state[:, -1][rows]  # (B, H): the last prompt position predicts response token 0
     hidden = first[:, None]  # (B, 1, H)
     if width > 1:
-        # transformers renamed past_key_values -> cache (5.x); accept either.
-        new_api = "cache" in inspect.signature(decoder.forward).parameters
-        cache = out.cache if new_api else out.past_key_values
+        cache = output_cache(out)
         cache.reorder_cache(rows)  # (U, ...) -> (B, ...) per layer; index_select keeps the graph
         attention = torch.cat([prompt_mask[rows], mask[:, :-1].long()], dim=1)  # (B, P + T - 1)
-        positions = prompt_mask.sum(1)[rows][:, None] + torch.arange(width - 1, device=device)[None]  # (B, T-1)
+        steps = prompt_mask.sum(1)[rows][:, None] + torch.arange(width - 1, device=device)[None]  # (B, T-1)
         rest = decoder(
-            input_ids=targets[:, :-1], attention_mask=attention, position_ids=positions, use_cache=True,
-            **{"cache" if new_api else "past_key_values": cache},
+            input_ids=targets[:, :-1], attention_mask=attention, position_ids=steps, use_cache=True,
+            **{cache_kwarg(decoder): cache},
         ).last_hidden_state  # (B, T-1, H): token t predicts token t+1
         hidden = torch.cat([hidden, rest], dim=1)  # (B, T, H)
     logprobs, entropy = _chunked_logprobs(

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from oprl.models.batching import left_pad
+
 
 @dataclass
 class Rollout:
@@ -62,28 +64,13 @@ class HFGenerateEngine:
         return Rollout(*[sum((getattr(p, f) for p in parts), []) for f in Rollout.__dataclass_fields__])
 
     def _generate_batch(self, prompt_ids: list[list[int]], temperature: float, top_p: float) -> Rollout:
-        pad_id, eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        inputs, attention = left_pad(prompt_ids, pad_id)  # (B, P)
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(
-            input_ids=inputs.to(self.model.device),
-            attention_mask=attention.to(self.model.device),
-            do_sample=True,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=0,
-            max_new_tokens=self.max_new_tokens,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-        self.model.train(was_training)
-        tokens = out.sequences[:, inputs.shape[1] :].cpu()  # (B, T)
-        scores = torch.stack(out.scores, dim=1).float().cpu()  # (B, T, V), processed = what was sampled from
-        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
-        is_eos = tokens == eos_id
+        try:
+            tokens, logprobs = self._sample(prompt_ids, temperature, top_p)  # (B, T), (B, T)
+        finally:
+            self.model.train(was_training)
+        is_eos = tokens == self.tokenizer.eos_token_id
         # Length = up to and including the first EOS; rows without EOS ran to the limit.
         has_eos = is_eos.any(dim=1)
         first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, tokens.shape[1], dtype=torch.long))
@@ -96,14 +83,23 @@ class HFGenerateEngine:
             truncated=[not bool(h) for h in has_eos],
         )
 
-
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token lists into ``(ids, attention_mask)``, both ``(B, max_len)`` long tensors."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row) :] = 1
-    return ids, mask
+    def _sample(self, prompt_ids: list[list[int]], temperature: float, top_p: float):
+        """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
+        pad_id = self.tokenizer.pad_token_id
+        inputs, attention = left_pad(prompt_ids, pad_id)  # (B, P)
+        out = self.model.generate(
+            input_ids=inputs.to(self.model.device),
+            attention_mask=attention.to(self.model.device),
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=self.max_new_tokens,
+            pad_token_id=pad_id,
+            eos_token_id=self.tokenizer.eos_token_id,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        tokens = out.sequences[:, inputs.shape[1] :].cpu()  # (B, T)
+        scores = torch.stack(out.scores, dim=1).float().cpu()  # (B, T, V), processed = what was sampled from
+        return tokens, torch.log_softmax(scores, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

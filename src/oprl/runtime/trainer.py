@@ -15,6 +15,7 @@ from collections import defaultdict
 import torch
 
 from oprl.algorithms import ADVANTAGE_KEYS, LOSS_KEYS, aggregate, group_advantages, kl_penalty, policy_loss
+from oprl.models.batching import right_pad_values
 from oprl.models.logprobs import grouped_response_logprobs
 from oprl.runtime.experience import Experience
 
@@ -47,8 +48,11 @@ class Trainer:
         self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
         self.seed = seed
         self.version = 0
+        params = list(model.parameters())
+        # The fused kernel updates all tensors in one pass (half the optimizer time of the per-tensor loop on CPU).
+        fused = all(p.device.type in ("cpu", "cuda") for p in params)
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
+            params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay, fused=fused
         )
         self.ref_model = None
         self.log_ref_kl_every = log_ref_kl_every
@@ -133,9 +137,7 @@ class Trainer:
             temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coef > 0,
         )  # (B, T), (B, T), (B, T)
         device = logprobs.device
-        behavior = torch.zeros(mask.shape, dtype=torch.float32, device=device)  # (B, T)
-        for i, e in enumerate(rows):
-            behavior[i, : len(e.behavior_logprobs)] = torch.tensor(e.behavior_logprobs, dtype=torch.float32)
+        behavior = right_pad_values([e.behavior_logprobs for e in rows], mask.shape[1]).to(device)  # (B, T)
         loss, metrics = policy_loss(logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs)
         agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
         out = {f"loss/{k}": float(v) for k, v in metrics.items()}

@@ -25,7 +25,7 @@ from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.progress import RunProgress
-from oprl.rollout import HFGenerateEngine
+from oprl.rollout import LeanEngine
 from oprl.runtime.evaluate import evaluate
 
 RECIPE_VERSION = 1
@@ -85,7 +85,7 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
         raise ValueError("warm start: no training problems left after holding out val_problems")
     prompts = [encode_prompt(tokenizer, p.messages) for p in training]
     answers = [tokenizer(p.answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for p in training]
-    engine = HFGenerateEngine(model, tokenizer, temperature=1.0, max_new_tokens=max(len(a) for a in answers) + 4)
+    engine = LeanEngine(model, tokenizer, temperature=1.0, max_new_tokens=max(len(a) for a in answers) + 4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=warm_cfg.lr)
     rng = random.Random(warm_cfg.seed)
     history, accuracy, step = [], 0.0, 0

@@ -8,7 +8,7 @@ randomly initialised parts (LoRA adapters) identical everywhere.
 Every worker keeps a ``Clock``: busy seconds (inside a call) and idle seconds (between calls, waiting for
 work or for its inputs), reported with each result so the driver can log them per step.
 
-Sampling uses torch's global generator (``HFGenerateEngine`` seeds it per call), which threads share: every
+Sampling uses torch's global generator (the engines seed it per call), which threads share: every
 ``generate`` in this process therefore holds ``SAMPLING_LOCK``, as does model loading (LoRA initialisation
 draws from it too). Training draws only from its own seeded generator, so it runs alongside generation.
 """
@@ -26,7 +26,7 @@ from safetensors.torch import save_model as save_module_weights
 
 from oprl.config import RunConfig, algorithm_settings
 from oprl.models.loading import load_pretrained
-from oprl.rollout import HFGenerateEngine
+from oprl.rollout import ENGINES
 from oprl.runtime.checkpoint import load_optimizer, load_rng, read_json, save_optimizer, save_rng, write_json
 from oprl.runtime.evaluate import evaluate
 from oprl.runtime.experience import Experience
@@ -87,7 +87,7 @@ def load_model(config: RunConfig, path: str):
 
 def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
     rollout = config.rollout
-    return LockedEngine(HFGenerateEngine(
+    return LockedEngine(ENGINES[rollout.engine](
         model, tokenizer, temperature=rollout.temperature, top_p=rollout.top_p, max_new_tokens=rollout.max_new_tokens
     ))
 

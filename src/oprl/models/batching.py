@@ -1,0 +1,59 @@
+"""Token lists to tensors, laid out the way both the sampler and the trainer need them.
+
+Prompts are left-padded (so every row's next token is at the last column) and responses right-padded;
+positions come from the attention mask, so padding never shifts a token's rotary position. Sampler and
+trainer share these so that the trainer recomputes exactly what the sampler computed.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ``(ids, attention_mask)``, both ``(B, max_len)`` long tensors."""
+    width = max(len(r) for r in rows)
+    # One tensor from nested lists: a tensor per row costs more than the model on tiny batches.
+    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return ids, mask
+
+
+def right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token lists into ``(ids (B, T) long, mask (B, T) bool)``: the layout of responses."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([list(r) + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long)
+    mask = torch.tensor([[True] * len(r) + [False] * (width - len(r)) for r in rows], dtype=torch.bool)
+    return ids, mask
+
+
+def right_pad_values(rows: list[list[float]], width: int) -> torch.Tensor:
+    """Float lists right-padded with 0 to ``(B, width)`` float32 (per-token values aligned with responses)."""
+    return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32)
+
+
+def prompt_groups(prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """``(distinct prompts in first-seen order, index of each row's prompt among them)``: a GRPO batch holds
+    every prompt once per group member, and the prompt's forward pass needs to run only once."""
+    distinct: dict[tuple[int, ...], int] = {}
+    rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
+    return [list(p) for p in distinct], rows
+
+
+def positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Rotary position of each column: the count of attended tokens before it (``generate``'s rule)."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def cache_kwarg(module) -> str:
+    """The name under which ``module.forward`` takes a key/value cache: transformers 5 renamed
+    ``past_key_values`` to ``cache``; accept either."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def output_cache(output):
+    """The key/value cache of a model output, under either name (see ``cache_kwarg``)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values

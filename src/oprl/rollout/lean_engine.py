@@ -1,0 +1,83 @@
+"""Rollout engine with its own sampling loop over the model's key/value cache (the default engine).
+
+Same contract as ``HFGenerateEngine`` (same ``Rollout``, the same seeding, behaviour log-probs from the very
+distribution sampled from), two differences that matter for RL batches:
+
+- **Each distinct prompt is prefilled once.** A GRPO batch holds every prompt K times; its forward pass runs
+  once and the cache is gathered to the K rows (the trainer does the same, ``grouped_response_logprobs``).
+- **One decode step is one model call plus the sampling math**: no logits-processor list, no stopping-criteria
+  objects, only the last position projected to the vocabulary, and rows that have emitted EOS leave the batch
+  (in bulk, once a quarter of it is done, because dropping rows copies the cache).
+
+Sampling per step, for the scaled scores ``s = logits / temperature``: tokens outside the nucleus (the same
+rule as transformers' top-p: drop the least likely tokens whose cumulative probability is <= 1 - top_p,
+always keep the most likely one) get ``-inf``; ``log_softmax(s)`` is the behaviour log-prob and the token is
+drawn with ``torch.multinomial`` from its exponential.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions, prompt_groups
+from oprl.rollout.hf_engine import HFGenerateEngine
+
+COMPACT_FRACTION = 0.25
+"""Drop finished rows from the batch once at least this fraction of it has emitted EOS."""
+
+
+class LeanEngine(HFGenerateEngine):
+    """Samples with a plain decode loop on the model's cache (temperature, top-p; no top-k)."""
+
+    def _sample(self, prompt_ids: list[list[int]], temperature: float, top_p: float):
+        model, pad_id, eos_id = self.model, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        device = model.device
+        distinct, row_prompt = prompt_groups(prompt_ids)
+        prompts, prompt_mask = (t.to(device) for t in left_pad(distinct, pad_id))  # (U, P)
+        rows = torch.tensor(row_prompt, device=device)  # (B,)
+        out = model(
+            input_ids=prompts, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True,
+            logits_to_keep=1,
+        )
+        cache, cache_name = output_cache(out), cache_kwarg(model)
+        cache.reorder_cache(rows)  # (U, ...) -> (B, ...)
+        logits = out.logits[:, -1][rows]  # (B, V)
+        attention = prompt_mask[rows]  # (B, P), grows by one column per step
+        next_position = prompt_mask.sum(1)[rows]  # (B,)
+        batch, limit = len(prompt_ids), self.max_new_tokens
+        tokens = torch.full((batch, limit), pad_id, dtype=torch.long, device=device)  # (B, T)
+        logprobs = torch.zeros((batch, limit), dtype=torch.float32, device=device)  # (B, T)
+        live = torch.arange(batch, device=device)  # batch row of each cache row
+        done = torch.zeros(batch, dtype=torch.bool, device=device)  # per cache row: EOS emitted
+        for step in range(limit):
+            token, logprob = sample_token(logits, temperature, top_p)  # (L,), (L,)
+            tokens[live, step], logprobs[live, step] = token, logprob
+            done |= token == eos_id
+            if step == limit - 1 or bool(done.all()):
+                break
+            if int(done.sum()) >= max(1, COMPACT_FRACTION * len(live)):
+                keep = (~done).nonzero().squeeze(-1)
+                cache.reorder_cache(keep)
+                live, attention, next_position, token, done = (t[keep] for t in (live, attention, next_position, token, done))
+            attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
+            out = model(
+                input_ids=token[:, None], attention_mask=attention, position_ids=next_position[:, None],
+                use_cache=True, **{cache_name: cache},
+            )
+            next_position = next_position + 1
+            logits = out.logits[:, -1]
+        return tokens.cpu(), logprobs.cpu()
+
+
+def sample_token(logits: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of ``logits`` (L, V); returns ``(token (L,), log-prob (L,))`` under the
+    temperature-scaled, nucleus-truncated distribution the token was drawn from."""
+    scores = logits.float() / temperature
+    if top_p < 1.0:
+        ascending, order = torch.sort(scores, dim=-1)
+        outside = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p
+        outside[:, -1] = False  # the most likely token always stays
+        scores = scores.masked_fill(outside.scatter(-1, order, outside), float("-inf"))
+    logp = torch.log_softmax(scores, dim=-1)  # (L, V)
+    token = torch.multinomial(logp.exp(), num_samples=1)  # (L, 1)
+    return token.squeeze(-1), logp.gather(-1, token).squeeze(-1)
