@@ -1,7 +1,8 @@
 """oprl against Hugging Face TRL's GRPOTrainer on the same job, side by side in one invocation.
 
 Both train the embedded warm-started tiny model (0.34 M parameters, char-level chat template) on the default
-arithmetic task with GRPO: the same prompts (the task's train split), 16 prompts x 8 responses per step, at
+arithmetic task with GRPO: the same prompts in the same order (the ones oprl's explorer draws for each step;
+TRL gets them as an unshuffled dataset), 16 prompts x 8 responses per step, at
 most 8 new tokens, temperature 1 (no top-k, no top-p), AdamW lr 3e-4 constant, grad clip 1.0, no KL, token-mean
 loss over the batch, one optimizer step per batch, on-policy, CPU, the same torch thread count. Each framework
 runs in its own fresh process (``--child``), alternating oprl / TRL ``--repeats`` times with seeds 0, 1, ...
@@ -91,10 +92,16 @@ def child_trl(path: str, steps: int, seed: int, threads: int, skip: int) -> dict
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from oprl.tasks.arithmetic import ArithmeticTask, score_integer_answer
+    from oprl.config import load_config
+    from oprl.runtime.explorer import Explorer
+    from oprl.tasks import build_task
+    from oprl.tasks.arithmetic import score_integer_answer
 
-    task = ArithmeticTask()
-    train = task.problems("train")
+    task = build_task(load_config(None, []).task)
+    # The prompts oprl's explorer draws for steps 1..N with this seed, in that order, and TRL told not to
+    # shuffle: both frameworks train on the same prompts at every step, so their training rewards compare.
+    order = Explorer(task, None, None, prompts_per_step=PROMPTS, group_size=GROUP, seed=seed)
+    train = [p for step in range(1, steps + 1) for p in order.problems_for_step(step)]
     data = Dataset.from_list([{"prompt": list(p.messages), "answer": p.answer} for p in train])
     step_rewards: list[float] = []
     step_tokens: list[int] = []
@@ -125,6 +132,7 @@ def child_trl(path: str, steps: int, seed: int, threads: int, skip: int) -> dict
             num_iterations=1, max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
             loss_type="dapo", scale_rewards="group", epsilon=0.2, logging_steps=1, report_to=[],
             save_strategy="no", disable_dropout=True, dataloader_num_workers=0, log_completions=False,
+            shuffle_dataset=False,
         )
         trainer = GRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data,
                               processing_class=tokenizer, callbacks=[timer])
