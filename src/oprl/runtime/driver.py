@@ -1,9 +1,9 @@
 """The driver: one event loop that wires explorers, buffer and trainer together on any backend.
 
 It only submits calls and reacts to their completion; all computing happens in the workers. Each turn it
-(1) hands every idle explorer the next batch whose policy version the synchronizer can provide, (2) starts
-trainer step t once batch t is in the buffer (``take`` then ``train``, queued back to back), then (3) waits
-for any call to finish. After step t: publish version t if a batch needs it, evaluate if due, checkpoint if
+(1) hands the next batches whose policy version the synchronizer can provide to idle explorers (in
+overlapped scheduled mode also queues one behind each busy explorer), (2) starts trainer step t once batch t
+is in the buffer (``take`` then ``train``, queued back to back), then (3) waits for any call to finish. After step t: publish version t if a batch needs it, evaluate if due, checkpoint if
 due. Rows of ``metrics.jsonl`` are written in step order once their evaluation is in; a checkpoint is
 committed only after its step's row is written, so a resumed run never loses or repeats a row.
 
@@ -49,7 +49,11 @@ class Driver:
         self.pending = sorted(pending)
         self.ready = set(ready)
         self.calls: dict = {}
-        self.idle = list(range(len(explorers)))
+        # Explore calls each explorer holds (running + queued). In scheduled overlap mode an explorer may hold
+        # one queued call behind the running one: the next batch and its weights then wait in its inbox, and
+        # the round trip through the driver (result -> dispatch -> weights load) leaves the critical path.
+        self.holding = [0] * len(explorers)
+        self.capacity = 2 if (config.runtime.overlap and config.sync.mode == "scheduled") else 1
         self.in_flight: dict[int, int] = {}  # batch -> explorer
         self.training = False
         self.rows: dict[int, dict] = {}
@@ -114,13 +118,17 @@ class Driver:
         return self.explore_only or self.pending[0] <= self.completed + self.cfg.buffer.max_ready
 
     def _launch(self) -> None:
-        while self.idle and self.pending and self._may_submit() and self._room():
+        while self.pending and self._may_submit() and self._room():
+            # The least loaded explorer (lowest index on ties): idle explorers get work before any is queued.
+            index = min(range(len(self.explorers)), key=lambda i: (self.holding[i], i), default=None)
+            if index is None or self.holding[index] >= self.capacity:
+                break
             batch = self.pending[0]
             version = self.sync.version_for(batch)
             if version is None:
                 break
             self.pending.pop(0)
-            index = self.idle.pop(0)
+            self.holding[index] += 1
             weights = self.sync.weights_for(index, version)
             experiences, info = self.explorers[index].call("explore", batch, version, weights, num_returns=2)
             self._submit(info, "explore", f"explorer {index}", f"while generating batch {batch}",
@@ -145,8 +153,7 @@ class Driver:
         if not self.explore_only:
             self.ready.add(batch)
         del self.in_flight[batch]
-        self.idle.append(index)
-        self.idle.sort()
+        self.holding[index] -= 1
 
     def _on_put(self, call: Call, _size: int) -> None:
         batch = call.data["batch"]
