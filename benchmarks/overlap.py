@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['explorer_busy_s']:.2f} / {row['explorer_idle_s']:.2f} | {row['generate_s']:.2f} | "
               f"{row['train_s']:.2f} | {row['cores_used']:.2f} |")
     if args.json:
-        args.json.write_text(json.dumps({"settings": SETTINGS, "medians": table, "identical": same}, indent=2))
+        args.json.write_text(json.dumps({"overrides": args.overrides, "steps": args.steps, "repeats": args.repeats,
+                                         "settings": SETTINGS, "medians": table, "identical": same}, indent=2))
     return 0 if same else 1
 
 
