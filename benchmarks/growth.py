@@ -109,7 +109,8 @@ def plot(results: dict, path: Path) -> None:
 
 def _label(axis: str, point: dict) -> str:
     if axis == "model parameters":
-        return f"{point['parameters'] / 1e6:.2g}M"
+        millions = point["parameters"] / 1e6
+        return f"{millions:.2g}M" if millions < 100 else f"{millions:.0f}M"  # 135M, not 1.3e+02M
     return f"{point['x']:g}"
 
 

@@ -149,3 +149,13 @@ def test_nucleus_rule_matches_transformers():
     tokens, _ = sample_token(row, 1.0, 1.0)
     frequencies = torch.bincount(tokens, minlength=4).float() / 20_000
     assert torch.allclose(frequencies, row[0].softmax(-1), atol=0.015)
+
+
+def test_lean_engine_samples_through_a_lora_wrapper(policy):
+    peft = pytest.importorskip("peft")
+    _, tokenizer = policy
+    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=5)
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    prompts = _prompts(tokenizer, ["1+2=", "9-4="]) * 3
+    lean = LeanEngine(wrapped, tokenizer, max_new_tokens=6).generate(prompts, seed=1)
+    assert lean.response_ids == HFGenerateEngine(wrapped, tokenizer, max_new_tokens=6).generate(prompts, seed=1).response_ids

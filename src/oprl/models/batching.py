@@ -49,8 +49,9 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def cache_kwarg(module) -> str:
     """The name under which ``module.forward`` takes a key/value cache: transformers 5 renamed
-    ``past_key_values`` to ``cache``; accept either."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    ``past_key_values`` to ``cache``; accept either (a peft wrapper passes it through to its base model)."""
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def output_cache(output):
