@@ -69,7 +69,7 @@ def math(setting: str, preset: str) -> dict:
         "algorithm": {"preset": preset},
         "optim": {"lr": 6.0e-8, "grad_clip": 1.0, "mini_batches": 1, "epochs": 1, "micro_batch_size": 4},
         "sync": {"interval": k, "offset": m},
-        "eval": {"interval": 250, "num_problems": 500, "temperature": 0.1, "batch_size": 64},
+        "eval": {"interval": 250, "num_problems": 500, "temperature": 0.1, "top_p": 0.95, "batch_size": 64},
     }
 
 
@@ -88,8 +88,8 @@ HEADER = {
         "# Run: oprl train {path}\n"
         "# Needs the gated meta-llama/Llama-3.1-8B-Instruct and the MATH data from the hub (or the HF cache).\n"
         "# Full float32 fine-tuning of 8B parameters with AdamW needs ~128 GB for weights, gradients and\n"
-        "# optimizer state: more than one GPU holds, and oprl has no sharded backend yet. The paper evaluates\n"
-        "# at top-p 0.95; oprl's evaluation uses rollout.top_p (1.0 here), so eval top-p is not reproduced.\n"
+        "# optimizer state: more than one GPU holds, and oprl has no sharded backend yet. Evaluation samples\n"
+        "# as the paper's: temperature 0.1, top-p 0.95.\n"
         "# Not in SPEC, chosen here: 2048 response tokens, evaluation every 250 steps on the first 500 test\n"
         "# problems.\n"
     ),

@@ -3,9 +3,10 @@
 It only submits calls and reacts to their completion; all computing happens in the workers. Each turn it
 (1) hands the next batches whose policy version the synchronizer can provide to idle explorers (in
 overlapped scheduled mode also queues one behind each busy explorer), (2) starts trainer step t once batch t
-is in the buffer (``take`` then ``train``, queued back to back), then (3) waits for any call to finish. After step t: publish version t if a batch needs it, evaluate if due, checkpoint if
-due. Rows of ``metrics.jsonl`` are written in step order once their evaluation is in; a checkpoint is
-committed only after its step's row is written, so a resumed run never loses or repeats a row.
+is in the buffer (``take`` then ``train``, queued back to back), then (3) waits for any call to finish.
+After step t: publish version t if a batch needs it, evaluate if due, checkpoint if due. Rows of
+``metrics.jsonl`` are written in step order once their evaluation is in; a checkpoint is committed only after
+its step's row is written, so a resumed run never loses or repeats a row.
 
 With ``runtime.overlap=false`` at most one worker call is in flight: the strictly sequential baseline. The
 schedule (not timing) decides every number in scheduled mode, so both settings give the same metrics.
