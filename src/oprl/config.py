@@ -10,16 +10,20 @@ from __future__ import annotations
 import difflib
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import BaseModel, Field, Tag, ValidationError
 
 from oprl.errors import OprlError
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
+    TASK_CONFIGS,
+    ArithmeticTaskConfig,
+    GSM8kTaskConfig,
+    MathTaskConfig,
+    TaskConfig,
+)
+from oprl.tasks.config import Section as _Section
 
 
 class LoraConfig(_Section):
@@ -77,142 +81,6 @@ class WarmStartConfig(_Section):
     """Train-split problems held out of the warm start to measure its pass@1."""
     seed: int = 0
     """Seed of the warm start (weights init, data order, sampling); part of the cache key."""
-
-
-class ArithmeticTaskConfig(_Section):
-    """Procedurally generated integer arithmetic (``"37+58-12="`` -> ``83``): the embedded default task."""
-
-    name: Literal["arithmetic"] = "arithmetic"
-    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
-    train_size: int = Field(2500, gt=0)
-    """Number of training problems."""
-    test_size: int = Field(500, gt=0)
-    """Number of held-out test problems (evaluation)."""
-    max_value: int = Field(9, gt=0)
-    """Arithmetic: operands are drawn uniformly from 0..max_value."""
-    num_operands: int = Field(3, ge=2)
-    """Arithmetic: operands per expression."""
-    operators: str = "+-"
-    """Arithmetic: operators to draw from, a subset of '+-*'."""
-    seed: int = 1234
-    """Seed of problem generation; fixes both splits."""
-
-
-class _ReasoningTaskConfig(_Section):
-    """Fields shared by the tasks whose answers are checked by math-verify in worker processes."""
-
-    name: str
-    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
-    source: Literal["auto", "hub", "files", "synthetic"] = "auto"
-    """Where problems come from: ``hub`` (``datasets.load_dataset(hub_id)``, needs the network or the HF
-    cache), ``files`` (task.train_file / task.test_file, or task.path), ``auto`` = files when any of those is
-    set, else hub."""
-    hub_id: str = ""
-    """Hugging Face dataset id for source=hub."""
-    hub_config: Optional[str] = None
-    """Dataset configuration name for source=hub (None = the dataset's default)."""
-    path: Optional[str] = None
-    """Directory holding the splits: the one file under it whose name starts with ``train`` (``test``) and
-    ends in .jsonl, .json or .parquet, e.g. a downloaded hub snapshot (``main/train-00000-of-00001.parquet``)."""
-    train_file: Optional[str] = None
-    """Training split file (.jsonl, .json list of objects, or .parquet); overrides task.path for train."""
-    test_file: Optional[str] = None
-    """Test split file; overrides task.path for test."""
-    train_size: Optional[int] = Field(None, gt=0)
-    """Use only the first train_size usable training rows (None = all). source=synthetic: problems to
-    generate (None = 2000)."""
-    test_size: Optional[int] = Field(None, gt=0)
-    """Use only the first test_size usable test rows (None = all). source=synthetic: problems to generate,
-    disjoint from the training ones (None = 500)."""
-    system_prompt: Optional[str] = None
-    """System message of every prompt (None = the task's default: gsm8k the DeepSeek-R1 prompt, or for
-    reward=last-number a plain one; math none)."""
-    verify_timeout: float = Field(5.0, gt=0.0)
-    """Seconds one answer may take to check; past that its worker process is killed, the answer scores as
-    wrong and ``reward/verify_timeout`` counts it."""
-    verify_workers: int = Field(1, gt=0)
-    """Answer-checking worker processes (each ~200 MB)."""
-
-
-class GSM8kTaskConfig(_ReasoningTaskConfig):
-    """GSM8k (Cobbe et al. 2021, arXiv 2110.14168) with the paper's reward: math-verify accuracy of the
-    ``<answer>`` content plus +-format_bonus for the ``<think>...</think> <answer>...</answer>`` form, under
-    the DeepSeek-R1 system prompt (SPEC section 5)."""
-
-    name: Literal["gsm8k"] = "gsm8k"
-    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
-    source: Literal["auto", "hub", "files", "synthetic"] = "auto"
-    """Where problems come from: ``hub`` (openai/gsm8k through ``datasets``; needs the network or the HF
-    cache), ``files`` (task.train_file / task.test_file, or task.path; rows with question/answer fields),
-    ``synthetic`` (seeded GSM8k-format word problems, offline), ``auto`` = files when any file is set, else hub."""
-    hub_id: str = "openai/gsm8k"
-    """Hugging Face dataset id for source=hub."""
-    hub_config: Optional[str] = "main"
-    """Dataset configuration name for source=hub."""
-    question_field: str = "question"
-    """Row field holding the question."""
-    answer_field: str = "answer"
-    """Row field holding the worked answer; the reference is the number after its last ``####``."""
-    reward: Literal["r1", "last-number"] = "r1"
-    """``r1`` = the paper's reward under the DeepSeek-R1 system prompt; ``last-number`` = the same shape for
-    models too small to follow the R1 format (SmolLM2-135M never does): correct when the response's last
-    number is the reference, and the format term rewards ending the response with a number."""
-    format_bonus: float = Field(0.1, ge=0.0)
-    """+format_bonus when the response has the reward's format, -format_bonus otherwise (paper: 0.1)."""
-    synthetic_min_steps: int = Field(2, gt=0)
-    """source=synthetic: fewest changes to the count after the opening sentence."""
-    synthetic_max_steps: int = Field(3, gt=0)
-    """source=synthetic: most changes to the count (1 = easy one-step problems)."""
-    synthetic_max_value: int = Field(20, ge=2)
-    """source=synthetic: largest number drawn for a quantity."""
-    synthetic_operations: str = "+-*/"
-    """source=synthetic: kinds of change to draw from: + (buy more), - (give away), * (k times as many, and
-    the "packs of" opening), / (split into equal piles); must contain + or *."""
-    seed: int = 1234
-    """source=synthetic: seed of problem generation; fixes both splits."""
-
-
-class MathTaskConfig(_ReasoningTaskConfig):
-    """MATH competition problems (Hendrycks et al. 2021, arXiv 2103.03874) with the boxed-answer reward:
-    1 when the last ``\\boxed{}`` of the response matches the reference under math-verify, else 0."""
-
-    name: Literal["math"] = "math"
-    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
-    source: Literal["auto", "hub", "files"] = "auto"
-    """Where problems come from: ``hub``, ``files`` (task.train_file / task.test_file, or task.path), or
-    ``auto`` = files when any file is set, else hub."""
-    hub_id: str = "DigitalLearningGmbH/MATH-lighteval"
-    """Hugging Face dataset id for source=hub (the 7,500 / 5,000 split of MATH)."""
-    problem_field: str = "problem"
-    """Row field holding the problem statement."""
-    answer_field: str = "solution"
-    """Row field holding the reference: the content of its last ``\\boxed{}``; a single-line field without
-    one is taken whole (MATH-500's ``answer`` column)."""
-    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
-    """Appended to every problem, on its own line."""
-
-
-def _task_tag(value: Any) -> str:
-    """Which task section a raw value is: its ``name``, ``arithmetic`` when absent (the default task)."""
-    if isinstance(value, dict):
-        return str(value.get("name", "arithmetic"))
-    return str(getattr(value, "name", "arithmetic"))
-
-
-TASK_CONFIGS: dict[str, type[_Section]] = {
-    "arithmetic": ArithmeticTaskConfig,
-    "gsm8k": GSM8kTaskConfig,
-    "math": MathTaskConfig,
-}
-TaskConfig = Annotated[
-    Union[
-        Annotated[ArithmeticTaskConfig, Tag("arithmetic")],
-        Annotated[GSM8kTaskConfig, Tag("gsm8k")],
-        Annotated[MathTaskConfig, Tag("math")],
-    ],
-    Discriminator(_task_tag),
-]
-"""The task section: one of ``TASK_CONFIGS``, chosen by ``task.name`` (default arithmetic)."""
 
 
 class RolloutConfig(_Section):

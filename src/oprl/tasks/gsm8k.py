@@ -36,7 +36,7 @@ SYSTEM_PROMPTS = {"r1": R1_SYSTEM_PROMPT, "last-number": NUMBER_SYSTEM_PROMPT}
 
 @dataclass
 class GSM8kTask(VerifiedDataTask):
-    """GSM8k problems and the R1 reward; the fields mirror ``oprl.config.GSM8kTaskConfig``."""
+    """GSM8k problems and the R1 reward; the fields mirror ``oprl.tasks.config.GSM8kTaskConfig``."""
 
     source: str = "auto"
     hub_id: str = "openai/gsm8k"

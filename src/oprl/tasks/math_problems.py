@@ -27,7 +27,7 @@ from oprl.tasks.verify import VerifierPool, require_math_verify
 
 @dataclass
 class MathTask(VerifiedDataTask):
-    """MATH problems and the boxed-answer reward; the fields mirror ``oprl.config.MathTaskConfig``."""
+    """MATH problems and the boxed-answer reward; the fields mirror ``oprl.tasks.config.MathTaskConfig``."""
 
     source: str = "auto"
     hub_id: str = "DigitalLearningGmbH/MATH-lighteval"
