@@ -8,6 +8,8 @@ trainer share these so that the trainer recomputes exactly what the sampler comp
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -58,3 +60,34 @@ def output_cache(output):
     """The key/value cache of a model output, under either name (see ``cache_kwarg``)."""
     cache = getattr(output, "cache", None)
     return cache if cache is not None else output.past_key_values
+
+
+@dataclass
+class SharedPrefill:
+    """Distinct prompts run once, their key/value cache gathered to the batch's rows."""
+
+    output: Any
+    """The module's output on the U distinct prompts (index its last position with ``rows``)."""
+    cache: Any
+    """The key/value cache, already gathered to the B rows (``(U, ...) -> (B, ...)`` per layer)."""
+    rows: torch.Tensor
+    """(B,) index of each row's prompt among the distinct ones."""
+    attention: torch.Tensor
+    """(B, P) each row's left-padded prompt mask: the prefix of the row's attention mask."""
+    next_position: torch.Tensor
+    """(B,) rotary position of each row's first response token (its prompt's length)."""
+
+
+def prefill_shared_prompts(module, prompt_ids: list[list[int]], pad_id: int, device, **forward_kwargs) -> SharedPrefill:
+    """Run each distinct prompt of ``prompt_ids`` through ``module`` once (``use_cache``) and gather the cache
+    to every row holding it. A GRPO batch holds each prompt K times; the sampler and the trainer both start
+    here. The gather is ``index_select``, so under autograd a prompt's gradient sums over its rows."""
+    distinct, row_prompt = prompt_groups(prompt_ids)
+    prompts, mask = (t.to(device) for t in left_pad(distinct, pad_id))  # (U, P)
+    rows = torch.tensor(row_prompt, device=device)  # (B,)
+    output = module(
+        input_ids=prompts, attention_mask=mask, position_ids=positions(mask), use_cache=True, **forward_kwargs
+    )
+    cache = output_cache(output)
+    cache.reorder_cache(rows)
+    return SharedPrefill(output, cache, rows, mask[rows], mask.sum(1)[rows])

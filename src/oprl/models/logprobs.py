@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions, prompt_groups, right_pad
+from oprl.models.batching import cache_kwarg, left_pad, positions, prefill_shared_prompts, right_pad
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
@@ -105,24 +105,17 @@ def grouped_response_logprobs(
         )
         return logprobs, entropy, mask
     decoder, device = _decoder(model), head.weight.device
-    distinct, row_prompt = prompt_groups(prompt_ids)
-    rows = torch.tensor(row_prompt, device=device)  # (B,)
-    prompts, prompt_mask = (t.to(device) for t in left_pad(distinct, pad_id))  # (U, P)
+    prefill = prefill_shared_prompts(decoder, prompt_ids, pad_id, device)
     targets, mask = (t.to(device) for t in right_pad(response_ids, pad_id))  # (B, T)
     width = targets.shape[1]
-    out = decoder(
-        input_ids=prompts, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True,
-    )
-    first = out.last_hidden_state[:, -1][rows]  # (B, H): the last prompt position predicts response token 0
-    hidden = first[:, None]  # (B, 1, H)
+    # The last prompt position predicts response token 0.
+    hidden = prefill.output.last_hidden_state[:, -1][prefill.rows][:, None]  # (B, 1, H)
     if width > 1:
-        cache = output_cache(out)
-        cache.reorder_cache(rows)  # (U, ...) -> (B, ...) per layer; index_select keeps the graph
-        attention = torch.cat([prompt_mask[rows], mask[:, :-1].long()], dim=1)  # (B, P + T - 1)
-        steps = prompt_mask.sum(1)[rows][:, None] + torch.arange(width - 1, device=device)[None]  # (B, T-1)
+        attention = torch.cat([prefill.attention, mask[:, :-1].long()], dim=1)  # (B, P + T - 1)
+        steps = prefill.next_position[:, None] + torch.arange(width - 1, device=device)[None]  # (B, T-1)
         rest = decoder(
             input_ids=targets[:, :-1], attention_mask=attention, position_ids=steps, use_cache=True,
-            **{cache_kwarg(decoder): cache},
+            **{cache_kwarg(decoder): prefill.cache},
         ).last_hidden_state  # (B, T-1, H): token t predicts token t+1
         hidden = torch.cat([hidden, rest], dim=1)  # (B, T, H)
     logprobs, entropy = _chunked_logprobs(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions, prompt_groups
+from oprl.models.batching import cache_kwarg, prefill_shared_prompts
 from oprl.rollout.hf_engine import HFGenerateEngine
 
 COMPACT_FRACTION = 0.25
@@ -32,18 +32,10 @@ class LeanEngine(HFGenerateEngine):
     def _sample(self, prompt_ids: list[list[int]], temperature: float, top_p: float):
         model, pad_id, eos_id = self.model, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         device = model.device
-        distinct, row_prompt = prompt_groups(prompt_ids)
-        prompts, prompt_mask = (t.to(device) for t in left_pad(distinct, pad_id))  # (U, P)
-        rows = torch.tensor(row_prompt, device=device)  # (B,)
-        out = model(
-            input_ids=prompts, attention_mask=prompt_mask, position_ids=positions(prompt_mask), use_cache=True,
-            logits_to_keep=1,
-        )
-        cache, cache_name = output_cache(out), cache_kwarg(model)
-        cache.reorder_cache(rows)  # (U, ...) -> (B, ...)
-        logits = out.logits[:, -1][rows]  # (B, V)
-        attention = prompt_mask[rows]  # (B, P), grows by one column per step
-        next_position = prompt_mask.sum(1)[rows]  # (B,)
+        prefill = prefill_shared_prompts(model, prompt_ids, pad_id, device, logits_to_keep=1)
+        cache, cache_name = prefill.cache, cache_kwarg(model)
+        logits = prefill.output.logits[:, -1][prefill.rows]  # (B, V)
+        attention, next_position = prefill.attention, prefill.next_position  # (B, P) grows a column per step; (B,)
         batch, limit = len(prompt_ids), self.max_new_tokens
         tokens = torch.full((batch, limit), pad_id, dtype=torch.long, device=device)  # (B, T)
         logprobs = torch.zeros((batch, limit), dtype=torch.float32, device=device)  # (B, T)
