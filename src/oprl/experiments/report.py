@@ -18,8 +18,8 @@ import yaml
 
 from oprl.errors import OprlError
 from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
-from oprl.experiments.results import THRESHOLD_GAIN, collect_results, load_run, summarize, write_table
-from oprl.experiments.sweep import plan
+from oprl.experiments.results import collect_results, load_run, summarize, write_table
+from oprl.experiments.sweep import plan, threshold_gain
 
 
 GROUP_ROWS = [(*PANELS[name], 1 if name == "eval_accuracy" else 5)
@@ -34,7 +34,7 @@ def build_report(sweep_dir: Path) -> Path:
         raise OprlError(f"report: no finished runs (directories with summary.json) in {sweep_dir}")
     spec = _spec(sweep_dir)
     report = spec.get("report") or {}
-    gain = float(report.get("threshold_gain", THRESHOLD_GAIN))
+    gain = threshold_gain(spec)
     # The sweep's own axis labels (e.g. setting names) where the run was planned by it, else derived ones.
     runs = plan(spec) if spec.get("grid") else None
     planned = {r.name: r.labels for r in runs or []}

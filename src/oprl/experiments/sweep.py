@@ -32,7 +32,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,13 +106,17 @@ def run_sweep(spec_path: Path, *, parallel: int | None = None, dry_run: bool = F
             log("  oprl " + " ".join(_arguments(r, spec, out)))
         return out
     failures = _execute(todo, spec, out, parallel, log)
-    gain = float((spec.get("report") or {}).get("threshold_gain", THRESHOLD_GAIN))
-    table = collect_results(out, runs, threshold_gain=gain)
+    table = collect_results(out, runs, threshold_gain=threshold_gain(spec))
     write_table(table, out / "results.csv")
     log(f"results: {out / 'results.csv'} ({len(table)} finished runs)")
     if failures:
         raise OprlError(f"sweep: {len(failures)} run(s) failed, see their train.log: {', '.join(failures[:5])}")
     return out
+
+
+def threshold_gain(spec: dict) -> float:
+    """The spec's ``report.threshold_gain`` (accuracy gain that counts as "reached"), else the default."""
+    return float((spec.get("report") or {}).get("threshold_gain", THRESHOLD_GAIN))
 
 
 def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) -> list[str]:

@@ -56,7 +56,6 @@ class Trainer:
         )
         self.ref_model = None
         self.log_ref_kl_every = log_ref_kl_every
-        self._ref_kl_now = False
         if kl_coef > 0 or log_ref_kl_every > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
 
@@ -65,8 +64,6 @@ class Trainer:
         modified (use counts belong to the buffer)."""
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.version)
-        every = self.log_ref_kl_every
-        self._ref_kl_now = self.kl_coef > 0 or (every > 0 and (self.version + 1) % every == 0)
         rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
         group_ids = torch.tensor([e.group_id for e in batch], dtype=torch.long)  # (N,)
         adv = group_advantages(rewards, group_ids, generator=generator, **self.advantage_kwargs)
@@ -145,7 +142,7 @@ class Trainer:
         out["kl/behavior_k3"] = float(aggregate(kl_penalty(logprobs.detach(), behavior, "k3"), mask, "token-mean"))
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, **agg)
-        if self._ref_kl_now:
+        if self._ref_kl_due():
             with torch.no_grad():
                 ref_logprobs, _, _ = grouped_response_logprobs(
                     self.ref_model, prompts, responses, self.pad_id, temperature=self.temperature
@@ -156,6 +153,12 @@ class Trainer:
             out["kl/ref"] = float(kl.detach())
         out["loss/total"] = float(loss.detach())
         return loss, out
+
+    def _ref_kl_due(self) -> bool:
+        """Whether the step being trained (version + 1) computes the KL to the reference policy: always under
+        a KL penalty, else every ``log_ref_kl_every`` steps as a metric."""
+        every = self.log_ref_kl_every
+        return self.kl_coef > 0 or (every > 0 and (self.version + 1) % every == 0)
 
     @staticmethod
     def _batch_metrics(batch: list[Experience], adv, rewards: torch.Tensor, version: int) -> dict[str, float]:
