@@ -32,7 +32,9 @@ from pathlib import Path
 
 from oprl.errors import OprlError
 
-VERDICTS = ("match", "mismatch", "timeout", "error")
+VERDICTS = ("match", "mismatch", "malformed", "timeout", "error")
+KINDS = ("math", "tool-call")
+"""Worker kinds: ``math`` imports math-verify at start-up; ``tool-call`` checks ``oprl.tasks.toolcall`` verdicts."""
 # The worker's address-space limit: sympy on a pathological input can allocate without bound before the
 # timeout fires; 2 GiB is far above what honest answers need (~200 MB with the imports).
 WORKER_MEMORY_BYTES = 2 * 1024**3
@@ -52,7 +54,10 @@ class Job:
     """One comparison: ``gold`` is the reference answer, ``pred`` the model's (already extracted) answer.
 
     ``mode`` says how to read them: ``plain`` (free text such as ``72``, ``$1,000`` or ``\\frac{1}{2}``,
-    the GSM8k reward) or ``latex`` (the content of a ``\\boxed{}``, the MATH reward).
+    the GSM8k reward) or ``latex`` (the content of a ``\\boxed{}``, the MATH reward), both for ``math``
+    workers; ``tool-call`` / ``tool-call-nothink`` for ``tool-call`` workers: ``gold`` is the JSON ground
+    truth, ``pred`` the whole response, the verdict ``oprl.tasks.toolcall.verdict``'s (with / without the
+    think-tag rules).
     """
 
     gold: str
@@ -68,9 +73,10 @@ class VerifierPool:
     and are killed by ``close()``, at garbage collection or at interpreter exit.
     """
 
-    def __init__(self, workers: int = 1, timeout: float = 5.0, startup_timeout: float = 120.0):
-        if workers < 1 or timeout <= 0:
-            raise ValueError("VerifierPool needs workers >= 1 and timeout > 0")
+    def __init__(self, workers: int = 1, timeout: float = 5.0, startup_timeout: float = 120.0, kind: str = "math"):
+        if workers < 1 or timeout <= 0 or kind not in KINDS:
+            raise ValueError(f"VerifierPool needs workers >= 1, timeout > 0 and kind in {KINDS}")
+        self.kind = kind
         self.num_workers = workers
         self.timeout = timeout
         self.startup_timeout = startup_timeout
@@ -92,7 +98,7 @@ class VerifierPool:
             if verdicts[index] is None:
                 todo.setdefault(job, []).append(index)
         for job, verdict in zip(todo, self._run(list(todo))):
-            if verdict in ("match", "mismatch"):  # a timeout may be load; never cache it
+            if verdict in ("match", "mismatch", "malformed"):  # a timeout may be load; never cache it
                 if len(self._cache) > 100_000:
                     self._cache.clear()
                 self._cache[job] = verdict
@@ -109,7 +115,7 @@ class VerifierPool:
         results: list[str | None] = [None] * len(jobs)
         queue = list(range(len(jobs)))[::-1]
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self.startup_timeout))
+            self._workers.append(_Worker(self.startup_timeout, self.kind))
         selector = selectors.DefaultSelector()
         try:
             while queue or any(w.job is not None for w in self._workers):
@@ -126,7 +132,7 @@ class VerifierPool:
                     if index is not None:
                         results[index] = verdict
                     if not worker.alive:
-                        self._workers[slot] = _Worker(self.startup_timeout)
+                        self._workers[slot] = _Worker(self.startup_timeout, self.kind)
         finally:
             selector.close()
         return results  # type: ignore[return-value]
@@ -147,11 +153,11 @@ class VerifierPool:
 class _Worker:
     """One child process and the parent's view of it (ready?, current job, deadline, partial output)."""
 
-    def __init__(self, startup_timeout: float):
+    def __init__(self, startup_timeout: float, kind: str = "math"):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC_DIR), env.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "oprl.tasks.verify"],
+            [sys.executable, "-m", "oprl.tasks.verify", kind],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, env=env,
         )
         self.stdout = self.process.stdout
@@ -187,6 +193,8 @@ class _Worker:
                 self.ready = True
                 return None
             index, self.job = self.job, None
+            if reply.get("verdict") in VERDICTS:
+                return index, reply["verdict"]
             return index, "error" if "error" in reply else ("match" if reply.get("match") else "mismatch")
         exited = self.process.poll() is not None
         if not self.ready and (exited or time.monotonic() > self.deadline):
@@ -258,7 +266,7 @@ def _verify_pair(gold: str, pred: str, mode: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
-def _worker_main() -> None:
+def _worker_main(kind: str = "math") -> None:
     import logging
     import resource
 
@@ -269,7 +277,8 @@ def _worker_main() -> None:
     logging.disable(logging.WARNING)  # math-verify warns about the disabled timeouts on every call
     out = sys.stdout
     try:
-        import math_verify  # noqa: F401
+        if kind == "math":
+            import math_verify  # noqa: F401
     except ImportError as exc:
         out.write(json.dumps({"fatal": f"math-verify is not installed ({exc})"}) + "\n")
         out.flush()
@@ -279,7 +288,13 @@ def _worker_main() -> None:
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            reply = {"match": _verify_pair(str(request["gold"]), str(request["pred"]), request.get("mode", "plain"))}
+            gold, pred, mode = str(request["gold"]), str(request["pred"]), request.get("mode", "plain")
+            if mode.startswith("tool-call"):
+                from oprl.tasks.toolcall import verdict
+
+                reply = {"verdict": verdict(gold, pred, think=mode == "tool-call")}
+            else:
+                reply = {"match": _verify_pair(gold, pred, mode)}
         except BaseException as exc:  # noqa: BLE001 - any parser failure (RecursionError, MemoryError...) is a verdict
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -289,4 +304,4 @@ def _worker_main() -> None:
 
 
 if __name__ == "__main__":
-    _worker_main()
+    _worker_main(sys.argv[1] if len(sys.argv) > 1 else "math")
