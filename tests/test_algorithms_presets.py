@@ -2,7 +2,7 @@
 
 The batch: two groups (3 + 2 responses) × 3 tokens, with padding whose behaviour log-probs are garbage.
 Ratios are chosen to land in every region of the clip modes. The reference below is a deliberately naive
-per-token loop that follows the SPEC table literally; two presets are also pinned to numbers worked out
+per-token loop that follows the docs/paper.md#loss-table literally; two presets are also pinned to numbers worked out
 by hand in the comments.
 """
 

@@ -1,6 +1,6 @@
-"""The 3-armed bandit of SPEC section 2 (oprl.bandit): only what the mathematics guarantees.
+"""The 3-armed bandit of docs/paper.md#bandit (oprl.bandit): only what the mathematics guarantees.
 
-Arms are 0-based: a0 (r=0), a1 (r=0.8, the SPEC's sub-optimal "arm 2"), a2 (r=1). Data always from
+Arms are 0-based: a0 (r=0), a1 (r=0.8, the paper's sub-optimal "arm 2"), a2 (r=1). Data always from
 π_b = [0.3, 0.6, 0.1]; the policy starts at π_b. Group size K = 8, SGD step 1 on the logits.
 """
 
@@ -15,7 +15,7 @@ from oprl.bandit import BEHAVIOR, expected_gradient, run_exact, run_sampled
 K = 8
 LR = 1.0
 PI_B = torch.tensor(BEHAVIOR, dtype=torch.float64)
-SPEC_GRADIENT = torch.tensor([-0.174, 0.132, 0.042], dtype=torch.float64)  # π_b(a)(r_a − E_b[r])
+PAPER_GRADIENT = torch.tensor([-0.174, 0.132, 0.042], dtype=torch.float64)  # π_b(a)(r_a − E_b[r])
 
 
 def test_reinforce_drifts_along_the_spec_vector_to_the_suboptimal_arm():
@@ -23,7 +23,7 @@ def test_reinforce_drifts_along_the_spec_vector_to_the_suboptimal_arm():
     # update is θ-independent: (K−1)/K · π_b(a)(r_a − E_b[r]). The logits move on a straight line.
     exact = run_exact("reinforce", steps=60, lr=LR, group_size=K)
     steps = exact.logits.diff(dim=0)  # (S, 3)
-    assert torch.allclose(steps, LR * (K - 1) / K * SPEC_GRADIENT.expand_as(steps), atol=1e-9)
+    assert torch.allclose(steps, LR * (K - 1) / K * PAPER_GRADIENT.expand_as(steps), atol=1e-9)
     assert exact.probs[-1, 1] > 0.9
     sampled = run_sampled("reinforce", steps=150, lr=LR, group_size=K, seed=0)
     assert sampled.probs[-1, 1] > 0.9
@@ -36,7 +36,7 @@ def test_red_drop_also_moves_on_a_straight_line():
     steps = exact.logits.diff(dim=0)
     assert torch.allclose(steps, steps[0].expand_as(steps), atol=1e-9)
     assert int(steps[0].argmax()) == 1
-    assert not torch.allclose(steps[0], LR * (K - 1) / K * SPEC_GRADIENT, atol=1e-4)
+    assert not torch.allclose(steps[0], LR * (K - 1) / K * PAPER_GRADIENT, atol=1e-4)
 
 
 def test_one_side_clipping_stops_pushing_arm_1_past_the_band():
@@ -50,14 +50,14 @@ def test_one_side_clipping_stops_pushing_arm_1_past_the_band():
 
 
 def test_opmd_converges_to_the_stationary_point_of_its_penalised_objective():
-    # E[loss] = −Σ_a g_a log π(a) + c Σ_a π_b(a) d_a², d = log π − log π_b, g = (K−1)/K·SPEC_GRADIENT.
+    # E[loss] = −Σ_a g_a log π(a) + c Σ_a π_b(a) d_a², d = log π − log π_b, g = (K−1)/K·PAPER_GRADIENT.
     # Its gradient vanishes where g = 2c·(π_b ⊙ d − π·Σ_a π_b(a) d_a); the penalty keeps π interior.
     exact = run_exact("opmd", steps=300, lr=LR, group_size=K)
     assert exact.logits.diff(dim=0)[-1].norm() < 1e-6
     pi = exact.probs[-1]
     d = pi.log() - PI_B.log()
     c = 0.1
-    assert torch.allclose((K - 1) / K * SPEC_GRADIENT, 2 * c * (PI_B * d - pi * (PI_B * d).sum()), atol=1e-6)
+    assert torch.allclose((K - 1) / K * PAPER_GRADIENT, 2 * c * (PI_B * d - pi * (PI_B * d).sum()), atol=1e-6)
     assert pi.min() > 0.01 and pi[1] < 0.9
 
 

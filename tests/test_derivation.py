@@ -1,4 +1,4 @@
-"""SPEC section 2, numerically: one gradient step on the consistency surrogate is group-relative REINFORCE.
+"""docs/paper.md#derivation, numerically: one gradient step on the consistency surrogate is group-relative REINFORCE.
 
 A tiny real transformer (LlamaForCausalLM, float64), one prompt and K = 4 fixed responses that the model
 did NOT sample. At θ = θ_t (anchor = detached log-probs at θ_t) autograd must give, over all parameters,

@@ -1,4 +1,4 @@
-"""The paper's configs (configs/paper): every file loads and says what SPEC section 5 says, and runs two
+"""The paper's configs (configs/paper): every file loads and says what docs/paper.md#protocol says, and runs two
 steps on CPU with the model and task overridden to the embedded tiny ones (a representative subset by
 default, every file with ``-m slow``)."""
 
@@ -62,7 +62,7 @@ def test_math_configs_follow_spec_section_5(path):
     assert config.task.name == "math"
     assert (config.rollout.prompts_per_step, config.rollout.group_size) == (16, 8)
     assert config.optim.lr == 6e-8 and config.steps == 2000 and config.eval.temperature == 0.1
-    assert config.eval.top_p == 0.95  # the paper's MATH evaluation protocol (SPEC section 5)
+    assert config.eval.top_p == 0.95  # the paper's MATH evaluation protocol (docs/paper.md#math)
     if setting == "offline":
         assert config.sync.interval + config.sync.offset >= config.steps  # every batch from version 0
 

@@ -1,4 +1,4 @@
-"""The off-policy schedule contract of SPEC section 4, checked against hand-derived tables."""
+"""The off-policy schedule contract of docs/paper.md#lag-rule, checked against hand-derived tables."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The three-armed bandit of SPEC section 2: what off-policy data does to REINFORCE and its relatives.
+"""The three-armed bandit of docs/paper.md#bandit: what off-policy data does to REINFORCE and its relatives.
 
 Run: ``oprl bandit --steps 300 --lr 1.0 --samples 8 --seed 0 --out runs/bandit`` (those are the defaults).
 It prints a table, and writes ``bandit.json`` and ``bandit.png`` (arm probabilities vs step) in ``--out``.
@@ -232,7 +232,7 @@ def _report(results: dict[str, dict[str, Trajectory]], config: dict) -> dict:
     methods = {}
     for method, runs in results.items():
         methods[method] = {name: summarize(run) | {"probs": run.probs.tolist()} for name, run in runs.items()}
-        # E[Δθ]/lr at θ = log π_b; for reinforce it is (K−1)/K·π_b(a)(r_a − E_b[r]), the SPEC's vector.
+        # E[Δθ]/lr at θ = log π_b; for reinforce it is (K−1)/K·π_b(a)(r_a − E_b[r]), the paper's vector.
         first_step = -expected_gradient(method, start, config["samples"])
         methods[method]["expected_logit_step_at_start"] = [round(x, 6) for x in first_step.tolist()]
     rewards = [float(r) for r in REWARDS]

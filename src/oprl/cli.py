@@ -19,8 +19,8 @@ oprl explore [CONFIG.yaml] [key=value ...]          generate `steps` batches wit
 oprl eval [CONFIG.yaml | CHECKPOINT | RUN_DIR] [key=value ...]
                                                     evaluate model.path, a checkpoint, or a run's newest one
 oprl config [CONFIG.yaml] [key=value ...]           print the resolved config (with --help: every option)
-oprl bandit [--steps N] [--out DIR] ...             the 3-armed bandit counter-example (SPEC section 2)
-oprl sweep SPEC.yaml [--parallel N] [--dry-run]     run a grid of runs (resumable) into results.csv
+oprl bandit [--steps N] [--out DIR] ...             the 3-armed bandit counter-example (docs/paper.md#bandit)
+oprl sweep SWEEP.yaml [--parallel N] [--dry-run]    run a grid of runs (resumable) into results.csv
 oprl plot RUN_DIR... [--out DIR]                    paper-style figures of any runs
 oprl report SWEEP_DIR                               figures + report.md with the sweep's tables"""
 

@@ -101,7 +101,7 @@ class RolloutConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    """A named preset (SPEC section 3) plus optional per-field overrides; ``None`` = the preset's value."""
+    """A named preset (docs/paper.md#presets) plus optional per-field overrides; ``None`` = the preset's value."""
 
     preset: str = "grpo"
     """Algorithm preset: reinforce, grpo, rec-oneside-is, rec-oneside-nois, rec-twoside-*, rec-ring-*, the
@@ -169,7 +169,7 @@ class OptimConfig(_Section):
 
 
 class SyncConfig(_Section):
-    """The off-policy schedule (SPEC section 4): step t trains on data from policy version
+    """The off-policy schedule (docs/paper.md#lag-rule): step t trains on data from policy version
     v(t) = k*floor((t-1-m)/k) when t-1 >= m+k, else 0."""
 
     interval: int = Field(1, gt=0)

@@ -4,7 +4,7 @@
 - ``losses``: the token-level policy loss ℓ = −M·w·A·logprobs + regulariser and its metrics.
 - ``aggregation``: the one place where (B, T) values become a scalar.
 - ``kl``: KL-to-reference estimators k1/k2/k3 and entropy.
-- ``surrogate``: the consistency surrogate whose gradient is group-relative REINFORCE (SPEC section 2).
+- ``surrogate``: the consistency surrogate whose gradient is group-relative REINFORCE (docs/paper.md#derivation).
 - ``presets``: the paper's algorithms as complete settings dicts.
 
 This package imports only torch and the standard library: no config objects, logging, I/O or ``.item()``.

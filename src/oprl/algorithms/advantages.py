@@ -1,4 +1,4 @@
-"""Group-relative advantages: one scalar per response from the rewards of its group (SPEC section 3).
+"""Group-relative advantages: one scalar per response from the rewards of its group (docs/paper.md#advantages).
 
 A group is the K responses to one prompt, identified by ``group_ids``; groups need not be contiguous or
 sorted. The baseline is the group mean (or the OPMD soft baseline), optionally shifted down by δ (AsymRE)
@@ -18,7 +18,7 @@ import torch
 from oprl.algorithms.registry import lookup
 
 STD_EPS = 1e-6
-"""Added to the group std before dividing (SPEC: A = (r − mean)/(std + 1e-6))."""
+"""Added to the group std before dividing (docs/paper.md#advantages: A = (r − mean)/(std + 1e-6))."""
 
 TIE_TOLERANCE = 1e-6
 """RED-Drop counts r as positive if r ≥ mean − TIE_TOLERANCE·(1 + |mean|): a float mean of equal rewards

@@ -1,4 +1,4 @@
-"""The token-level policy loss of the REINFORCE / GRPO / REC / RED family (SPEC section 3).
+"""The token-level policy loss of the REINFORCE / GRPO / REC / RED family (docs/paper.md#losses).
 
 Per token: ℓ = −M·w·A·logprobs + regulariser, aggregated over valid tokens by ``aggregate``. The mask M
 (clip_mode), the weight w, the regulariser and the aggregation are each looked up by name in a literal
@@ -85,7 +85,7 @@ def _advantage_weight(ratio, advantages, temperature):
 
 
 WEIGHTS: dict[str, Callable] = {
-    "none": _unit_weight,  # "NoIS": the group-relative REINFORCE gradient as derived (SPEC section 2)
+    "none": _unit_weight,  # "NoIS": the group-relative REINFORCE gradient as derived (docs/paper.md#derivation)
     "importance_sampling": _importance_weight,  # "IS": w = ρ (detached), GRPO/PPO's surrogate gradient
     "advantage": _advantage_weight,  # RED-Weight: w = exp(A/T) up-weights better responses
 }

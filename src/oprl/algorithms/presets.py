@@ -47,7 +47,7 @@ _IS = {"weight": "importance_sampling"}  # w = ρ (detached)
 _STD = {"std_normalize": True}  # A = (r − mean)/(std + 1e-6)
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Group-relative REINFORCE exactly as derived (SPEC section 2); unregularised, drifts when off-policy.
+    # Group-relative REINFORCE exactly as derived (docs/paper.md#derivation); unregularised, drifts when off-policy.
     "reinforce": {**ALGORITHM_DEFAULTS},
     # GRPO (Shao et al. 2024): PPO's one-sided clip with IS weights and std-normalised advantages.
     "grpo": {**ALGORITHM_DEFAULTS, **_STD, "clip_mode": "one-side", **_IS},

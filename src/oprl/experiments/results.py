@@ -34,7 +34,7 @@ class RunRecord:
 
 
 def setting_of(config: dict) -> str:
-    """A readable off-policy setting name from the schedule (SPEC section 4)."""
+    """A readable off-policy setting name from the schedule (docs/paper.md#off-policy)."""
     k, m, steps = config["sync"]["interval"], config["sync"]["offset"], config["steps"]
     if m + k >= steps:
         return "offline"

@@ -1,4 +1,4 @@
-"""``oprl sweep SPEC.yaml``: run a grid of training runs, several at a time, resumably, into one table.
+"""``oprl sweep SWEEP.yaml``: run a grid of training runs, several at a time, resumably, into one table.
 
 A sweep spec is YAML::
 

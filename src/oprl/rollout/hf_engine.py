@@ -2,7 +2,7 @@
 
 The behaviour log-prob is read from the very scores ``generate`` sampled from (after temperature and top-p),
 so it is the log-probability under the true sampling distribution: the number the off-policy losses need
-(SPEC section 3 says it is recorded, never recomputed). Prompts are left-padded, responses stop at EOS
+(docs/paper.md#losses: it is recorded, never recomputed). Prompts are left-padded, responses stop at EOS
 (kept, so the policy also learns when to stop) or at ``max_new_tokens`` (marked truncated).
 
 Deliberately not here: batching across engines, paged KV caches, vLLM. Those are other engines.

@@ -77,7 +77,7 @@ class _ReasoningTaskConfig(Section):
 class GSM8kTaskConfig(_ReasoningTaskConfig):
     """GSM8k (Cobbe et al. 2021, arXiv 2110.14168) with the paper's reward: math-verify accuracy of the
     ``<answer>`` content plus +-format_bonus for the ``<think>...</think> <answer>...</answer>`` form, under
-    the DeepSeek-R1 system prompt (SPEC section 5)."""
+    the DeepSeek-R1 system prompt (docs/paper.md#reward)."""
 
     name: Literal["gsm8k"] = "gsm8k"
     """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""

@@ -1,4 +1,4 @@
-"""GSM8k with the paper's reward (SPEC section 5): grade-school word problems, answer after ``####``.
+"""GSM8k with the paper's reward (docs/paper.md#reward): grade-school word problems, answer after ``####``.
 
 Problems come from the hub (``openai/gsm8k`` through ``datasets``), from local JSONL / JSON / parquet files
 with ``question`` and ``answer`` fields (``task.train_file`` / ``task.test_file`` or a directory

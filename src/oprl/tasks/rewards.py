@@ -1,6 +1,6 @@
 """Reward functions of the reasoning tasks: the paper's GSM8k reward and the boxed-answer reward of MATH.
 
-**R1 reward** (SPEC section 5, used by ``gsm8k``): ``correct + format_bonus`` where ``correct`` is 1 when the
+**R1 reward** (docs/paper.md#reward, used by ``gsm8k``): ``correct + format_bonus`` where ``correct`` is 1 when the
 content of the *last* ``<answer>...</answer>`` equals the reference under math-verify, and ``format_bonus``
 is ``+0.1`` when the whole response has the form ``<think>...</think> <answer>...</answer>`` (exactly one of
 each, nothing around them but whitespace) and ``-0.1`` otherwise. The prompt is the DeepSeek-R1 system
@@ -105,7 +105,7 @@ def gsm8k_reference(answer_field: str) -> str | None:
 def r1_rewards(
     pool: VerifierPool, references: Sequence[str], responses: Sequence[str], *, format_bonus: float = 0.1
 ) -> list[Reward]:
-    """SPEC section 5 reward for each ``(reference, response)`` pair."""
+    """The paper's GSM8k reward (docs/paper.md#reward) for each ``(reference, response)`` pair."""
     answers = [answer_tag(r) for r in responses]
     verdicts = _check(pool, references, answers, mode="plain")
     rewards = []
