@@ -16,12 +16,11 @@ import yaml
 from pydantic import BaseModel, Field, Tag, ValidationError
 
 from oprl.errors import OprlError
+from oprl.tasks import TaskConfig
 from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
-    TASK_CONFIGS,
     ArithmeticTaskConfig,
     GSM8kTaskConfig,
     MathTaskConfig,
-    TaskConfig,
 )
 from oprl.tasks.config import Section as _Section
 

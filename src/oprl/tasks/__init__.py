@@ -1,21 +1,47 @@
-"""Task plug-ins: each maps a name (the ``task.name`` config value) to a factory returning a ``Task``."""
+"""Task plug-ins, registered once in ``TASKS``: ``task.name`` -> the task class.
+
+Each task class names its configuration section (``Config``, a ``oprl.tasks.config.Section`` whose ``name``
+field is ``Literal[<its key>]``) and is built from it: ``TASKS[section.name](section)``. The ``task`` field
+of the run's configuration (``TaskConfig``, a union tagged by ``name``) is derived from this dict, so adding
+a task is: write its section and class, add one entry here.
+"""
+
+from typing import Annotated, Any, Union
+
+from pydantic import Discriminator, Tag
 
 from oprl.tasks.arithmetic import ArithmeticTask
 from oprl.tasks.base import Problem, Reward, Task
+from oprl.tasks.config import Section
 from oprl.tasks.gsm8k import GSM8kTask
 from oprl.tasks.math_problems import MathTask
 
-TASKS = {
+TASKS: dict[str, type] = {
     "arithmetic": ArithmeticTask,
     "gsm8k": GSM8kTask,
     "math": MathTask,
 }
+"""Every task plug-in by its ``task.name``; ``TASKS[name].Config`` is its configuration section."""
+
+DEFAULT_TASK = "arithmetic"
 
 
-def build_task(task_config) -> Task:
-    """The task named by ``task_config.name``, built from the other fields of that config section."""
-    fields = task_config.model_dump()
-    return TASKS[fields.pop("name")](**fields)
+def build_task(section: Section) -> Task:
+    """The task named by ``section.name``, built from that section."""
+    return TASKS[section.name](section)
 
 
-__all__ = ["TASKS", "build_task", "ArithmeticTask", "GSM8kTask", "MathTask", "Problem", "Reward", "Task"]
+def _task_tag(value: Any) -> str:
+    """Which task section a raw value is: its ``name``, the default task when absent."""
+    if isinstance(value, dict):
+        return str(value.get("name", DEFAULT_TASK))
+    return str(getattr(value, "name", DEFAULT_TASK))
+
+
+TaskConfig = Annotated[
+    Union[tuple(Annotated[task.Config, Tag(name)] for name, task in TASKS.items())],  # type: ignore[valid-type]
+    Discriminator(_task_tag),
+]
+"""The ``task`` configuration section: one of the ``TASKS[name].Config``, chosen by ``task.name``."""
+
+__all__ = ["TASKS", "TaskConfig", "build_task", "ArithmeticTask", "GSM8kTask", "MathTask", "Problem", "Reward", "Task"]

@@ -12,53 +12,46 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
 from typing import Sequence
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
+from oprl.tasks.config import ArithmeticTaskConfig, task_section
 
 _INTEGER = re.compile(r"-?\d+")
 
 
-@dataclass
 class ArithmeticTask:
-    """Seeded arithmetic problems; reward 1 for the exact integer answer, else 0."""
+    """Seeded arithmetic problems; reward 1 for the exact integer answer, else 0.
 
-    train_size: int = 2500
-    test_size: int = 500
-    max_value: int = 9
-    num_operands: int = 3
-    operators: str = "+-"
-    seed: int = 1234
-    name: str = "arithmetic"
+    Built from its section, ``ArithmeticTask(ArithmeticTaskConfig(...))``, or from that section's fields as
+    keywords, ``ArithmeticTask(train_size=100)``.
+    """
 
-    def __post_init__(self) -> None:
-        if self.train_size < 1 or self.test_size < 1:
+    Config = ArithmeticTaskConfig
+
+    def __init__(self, config: ArithmeticTaskConfig | None = None, **fields) -> None:
+        self.config = c = task_section(ArithmeticTaskConfig, config, fields)
+        self.name = c.name
+        bad = set(c.operators) - set("+-*")
+        if not c.operators or bad:
+            raise OprlError(f"task.operators: {c.operators!r} must be a non-empty string of '+', '-', '*'")
+        space = (c.max_value + 1) ** c.num_operands * len(c.operators) ** (c.num_operands - 1)
+        if c.train_size + c.test_size > 0.8 * space:
             raise OprlError(
-                f"task: empty dataset (train_size={self.train_size}, test_size={self.test_size}); both must be >= 1"
-            )
-        if self.num_operands < 2 or self.max_value < 1:
-            raise OprlError("task: need num_operands >= 2 and max_value >= 1")
-        bad = set(self.operators) - set("+-*")
-        if not self.operators or bad:
-            raise OprlError(f"task.operators: {self.operators!r} must be a non-empty string of '+', '-', '*'")
-        space = (self.max_value + 1) ** self.num_operands * len(self.operators) ** (self.num_operands - 1)
-        if self.train_size + self.test_size > 0.8 * space:
-            raise OprlError(
-                f"task: train_size + test_size = {self.train_size + self.test_size} is too large for "
-                f"max_value={self.max_value}, num_operands={self.num_operands} ({space} distinct expressions); "
+                f"task: train_size + test_size = {c.train_size + c.test_size} is too large for "
+                f"max_value={c.max_value}, num_operands={c.num_operands} ({space} distinct expressions); "
                 "raise max_value or num_operands"
             )
         self._splits = self._generate()
 
     def _generate(self) -> dict[str, list[Problem]]:
-        rng = random.Random(self.seed)
+        rng = random.Random(self.config.seed)
         seen: set[str] = set()
         splits: dict[str, list[Problem]] = {"test": [], "train": []}
         # Test first so its content does not depend on train_size: growing the train set never moves a
         # problem between splits.
-        for split, size in (("test", self.test_size), ("train", self.train_size)):
+        for split, size in (("test", self.config.test_size), ("train", self.config.train_size)):
             while len(splits[split]) < size:
                 expression = self._sample_expression(rng)
                 if expression in seen:
@@ -75,10 +68,11 @@ class ArithmeticTask:
         return splits
 
     def _sample_expression(self, rng: random.Random) -> str:
-        parts = [str(rng.randint(0, self.max_value))]
-        for _ in range(self.num_operands - 1):
-            parts.append(rng.choice(self.operators))
-            parts.append(str(rng.randint(0, self.max_value)))
+        c = self.config
+        parts = [str(rng.randint(0, c.max_value))]
+        for _ in range(c.num_operands - 1):
+            parts.append(rng.choice(c.operators))
+            parts.append(str(rng.randint(0, c.max_value)))
         return "".join(parts)
 
     def problems(self, split: str) -> Sequence[Problem]:

@@ -1,15 +1,18 @@
 """Configuration sections of the task plug-ins: one per entry of ``oprl.tasks.TASKS``, chosen by ``task.name``.
 
-They live next to the tasks they configure (a new task adds its section here and its entry to
-``TASK_CONFIGS``); ``oprl.config`` places the chosen one at ``task`` in the run's configuration tree. Every
-field carries its default and meaning in the docstring under it, as everywhere in the configuration.
+Each task class names its section (``Config``) and is built from it; ``oprl.tasks`` derives the ``task``
+field of the run's configuration tree from ``TASKS``, so a new task writes its section and adds one entry
+there. Every field carries its default and meaning in the docstring under it, as everywhere in the
+configuration.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from oprl.errors import OprlError
 
 
 class Section(BaseModel):
@@ -132,24 +135,19 @@ class MathTaskConfig(_ReasoningTaskConfig):
     """Appended to every problem, on its own line."""
 
 
-def _task_tag(value: Any) -> str:
-    """Which task section a raw value is: its ``name``, ``arithmetic`` when absent (the default task)."""
-    if isinstance(value, dict):
-        return str(value.get("name", "arithmetic"))
-    return str(getattr(value, "name", "arithmetic"))
+S = TypeVar("S", bound=Section)
 
 
-TASK_CONFIGS: dict[str, type[Section]] = {
-    "arithmetic": ArithmeticTaskConfig,
-    "gsm8k": GSM8kTaskConfig,
-    "math": MathTaskConfig,
-}
-TaskConfig = Annotated[
-    Union[
-        Annotated[ArithmeticTaskConfig, Tag("arithmetic")],
-        Annotated[GSM8kTaskConfig, Tag("gsm8k")],
-        Annotated[MathTaskConfig, Tag("math")],
-    ],
-    Discriminator(_task_tag),
-]
-"""The task section: one of ``TASK_CONFIGS``, chosen by ``task.name`` (default arithmetic)."""
+def task_section(section: type[S], config: S | None, fields: dict[str, Any]) -> S:
+    """A task's section: ``config`` itself, or one validated from keyword ``fields`` (``ArithmeticTask(seed=3)``);
+    an invalid field is one ``OprlError`` line naming ``task.<key>``."""
+    if config is not None:
+        if fields:
+            raise TypeError(f"pass either a {section.__name__} or keyword fields, not both")
+        return config
+    try:
+        return section(**fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(part) for part in error["loc"])
+        raise OprlError(f"task.{key}: {error['msg']} (got {error.get('input')!r})") from None

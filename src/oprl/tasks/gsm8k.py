@@ -17,11 +17,10 @@ Run offline: ``oprl train task.name=gsm8k task.source=synthetic model.path=smoll
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Sequence
 
-from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
+from oprl.tasks.config import GSM8kTaskConfig, task_section
 from oprl.tasks.datafiles import Row, string_field
 from oprl.tasks.rewards import (
     NUMBER_SYSTEM_PROMPT, R1_SYSTEM_PROMPT, gsm8k_reference, last_number_rewards, r1_rewards,
@@ -34,57 +33,37 @@ SYNTHETIC_SIZES = {"train": 2000, "test": 500}
 SYSTEM_PROMPTS = {"r1": R1_SYSTEM_PROMPT, "last-number": NUMBER_SYSTEM_PROMPT}
 
 
-@dataclass
 class GSM8kTask(VerifiedDataTask):
-    """GSM8k problems and the R1 reward; the fields mirror ``oprl.tasks.config.GSM8kTaskConfig``."""
+    """GSM8k problems and the R1 reward, built from a ``GSM8kTaskConfig`` (or its fields as keywords)."""
 
-    source: str = "auto"
-    hub_id: str = "openai/gsm8k"
-    hub_config: Optional[str] = "main"
-    path: Optional[str] = None
-    train_file: Optional[str] = None
-    test_file: Optional[str] = None
-    train_size: Optional[int] = None
-    test_size: Optional[int] = None
-    system_prompt: Optional[str] = None
-    verify_timeout: float = 5.0
-    verify_workers: int = 1
-    question_field: str = "question"
-    answer_field: str = "answer"
-    reward: str = "r1"
-    format_bonus: float = 0.1
-    synthetic_min_steps: int = 2
-    synthetic_max_steps: int = 3
-    synthetic_max_value: int = 20
-    synthetic_operations: str = "+-*/"
-    seed: int = 1234
-    name: str = "gsm8k"
-    skipped: dict[str, dict[int, str]] = field(default_factory=dict, init=False)
-    """Per split, the skipped row numbers and why (also reported as one warning per split)."""
+    Config = GSM8kTaskConfig
 
-    def __post_init__(self) -> None:
-        if self.reward not in SYSTEM_PROMPTS:
-            raise OprlError(f"task.reward: {self.reward!r} is not one of {', '.join(SYSTEM_PROMPTS)}")
-        if self.reward == "r1":
+    def __init__(self, config: GSM8kTaskConfig | None = None, **fields) -> None:
+        self.config = c = task_section(GSM8kTaskConfig, config, fields)
+        self.name = c.name
+        self.skipped: dict[str, dict[int, str]] = {}
+        """Per split, the skipped row numbers and why (also reported as one warning per split)."""
+        if c.reward == "r1":
             require_math_verify(self.name)
-        if self.source == "synthetic":
+        if c.source == "synthetic":
             self._splits = self._synthetic()
         else:
             self._splits = {split: self._load(split) for split in ("train", "test")}
         self._pool: VerifierPool | None = None
 
     def _problem(self, split: str, row: Row) -> tuple[Problem | None, str]:
-        question, reason = string_field(row, self.question_field)
+        c = self.config
+        question, reason = string_field(row, c.question_field)
         if question is None:
             return None, reason
-        answer, reason = string_field(row, self.answer_field)
+        answer, reason = string_field(row, c.answer_field)
         if answer is None:
             return None, reason
         reference = gsm8k_reference(answer)
         if reference is None:
-            return None, f"no number after '####' in {self.answer_field!r}"
+            return None, f"no number after '####' in {c.answer_field!r}"
         messages = (
-            {"role": "system", "content": self.system_prompt or SYSTEM_PROMPTS[self.reward]},
+            {"role": "system", "content": c.system_prompt or SYSTEM_PROMPTS[c.reward]},
             {"role": "user", "content": question.strip()},
         )
         return Problem(task_id=f"{self.name}/{split}/{row.number:06d}", messages=messages, answer=reference), ""
@@ -92,20 +71,22 @@ class GSM8kTask(VerifiedDataTask):
     def _synthetic(self) -> dict[str, list[Problem]]:
         """Generated splits, test first and train excluding every test question: disjoint, and the test
         split does not depend on the train size."""
+        c = self.config
         seen: set[str] = set()
         splits = {}
         for offset, split in enumerate(("test", "train")):
-            limit = self.train_size if split == "train" else self.test_size
+            limit = c.train_size if split == "train" else c.test_size
             rows = generate_rows(
-                limit or SYNTHETIC_SIZES[split], seed=self.seed * 2 + offset, min_steps=self.synthetic_min_steps,
-                max_steps=self.synthetic_max_steps, max_value=self.synthetic_max_value,
-                operations=self.synthetic_operations, exclude=seen,
+                limit or SYNTHETIC_SIZES[split], seed=c.seed * 2 + offset, min_steps=c.synthetic_min_steps,
+                max_steps=c.synthetic_max_steps, max_value=c.synthetic_max_value,
+                operations=c.synthetic_operations, exclude=seen,
             )
             splits[split] = [self._problem(split, Row(i, r))[0] for i, r in enumerate(rows, start=1)]
             self.skipped[split] = {}
         return splits
 
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
-        if self.reward == "last-number":
-            return last_number_rewards([p.answer for p in problems], responses, format_bonus=self.format_bonus)
-        return r1_rewards(self.verifier, [p.answer for p in problems], responses, format_bonus=self.format_bonus)
+        bonus = self.config.format_bonus
+        if self.config.reward == "last-number":
+            return last_number_rewards([p.answer for p in problems], responses, format_bonus=bonus)
+        return r1_rewards(self.verifier, [p.answer for p in problems], responses, format_bonus=bonus)

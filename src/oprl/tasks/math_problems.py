@@ -15,57 +15,45 @@ Not here: MATH's level / subject metadata (kept out of the problem; filter the f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Sequence
 
 from oprl.tasks.base import Problem, Reward
+from oprl.tasks.config import MathTaskConfig, task_section
 from oprl.tasks.datafiles import Row, string_field
-from oprl.tasks.rewards import BOXED_INSTRUCTION, boxed_rewards, last_boxed
+from oprl.tasks.rewards import boxed_rewards, last_boxed
 from oprl.tasks.verified import VerifiedDataTask
 from oprl.tasks.verify import VerifierPool, require_math_verify
 
 
-@dataclass
 class MathTask(VerifiedDataTask):
-    """MATH problems and the boxed-answer reward; the fields mirror ``oprl.tasks.config.MathTaskConfig``."""
+    """MATH problems and the boxed-answer reward, built from a ``MathTaskConfig`` (or its fields as keywords)."""
 
-    source: str = "auto"
-    hub_id: str = "DigitalLearningGmbH/MATH-lighteval"
-    hub_config: Optional[str] = None
-    path: Optional[str] = None
-    train_file: Optional[str] = None
-    test_file: Optional[str] = None
-    train_size: Optional[int] = None
-    test_size: Optional[int] = None
-    system_prompt: Optional[str] = None
-    verify_timeout: float = 5.0
-    verify_workers: int = 1
-    problem_field: str = "problem"
-    answer_field: str = "solution"
-    instruction: str = BOXED_INSTRUCTION
-    name: str = "math"
-    skipped: dict[str, dict[int, str]] = field(default_factory=dict, init=False)
-    """Per split, the skipped row numbers and why (also reported as one warning per split)."""
+    Config = MathTaskConfig
 
-    def __post_init__(self) -> None:
+    def __init__(self, config: MathTaskConfig | None = None, **fields) -> None:
+        self.config = task_section(MathTaskConfig, config, fields)
+        self.name = self.config.name
+        self.skipped: dict[str, dict[int, str]] = {}
+        """Per split, the skipped row numbers and why (also reported as one warning per split)."""
         require_math_verify(self.name)
         self._splits = {split: self._load(split) for split in ("train", "test")}
         self._pool: VerifierPool | None = None
 
     def _problem(self, split: str, row: Row) -> tuple[Problem | None, str]:
-        statement, reason = string_field(row, self.problem_field)
+        c = self.config
+        statement, reason = string_field(row, c.problem_field)
         if statement is None:
             return None, reason
-        solution, reason = string_field(row, self.answer_field)
+        solution, reason = string_field(row, c.answer_field)
         if solution is None:
             return None, reason
         reference = math_reference(solution)
         if not reference:
-            return None, f"no \\boxed{{}} answer in {self.answer_field!r}"
-        user = statement.strip() + (f"\n{self.instruction}" if self.instruction else "")
+            return None, f"no \\boxed{{}} answer in {c.answer_field!r}"
+        user = statement.strip() + (f"\n{c.instruction}" if c.instruction else "")
         messages = ({"role": "user", "content": user},)
-        if self.system_prompt:
-            messages = ({"role": "system", "content": self.system_prompt},) + messages
+        if c.system_prompt:
+            messages = ({"role": "system", "content": c.system_prompt},) + messages
         return Problem(task_id=f"{self.name}/{split}/{row.number:06d}", messages=messages, answer=reference), ""
 
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:

@@ -1,9 +1,10 @@
 """The plumbing shared by the dataset-backed, math-verify-scored tasks (gsm8k, math): loading both splits
 through ``load_problems``, serving them, and the lazily started answer-checking process pool.
 
-A mixin of methods only; each task (a dataclass) keeps its own fields, ``_problem`` row converter and
-``score``. It needs the fields source, hub_id, hub_config, path, train_file, test_file, train_size,
-test_size, verify_workers, verify_timeout, name, and the attributes ``skipped``, ``_splits``, ``_pool``.
+A mixin of methods only; each task keeps its own section, ``_problem`` row converter and ``score``. It needs
+``self.config`` (a section with the fields of ``_ReasoningTaskConfig``: source, hub_id, hub_config, path,
+train_file, test_file, train_size, test_size, verify_workers, verify_timeout) and the attributes ``name``,
+``skipped``, ``_splits``, ``_pool``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from oprl.tasks.verify import VerifierPool
 
 class VerifiedDataTask:
     def _load(self, split: str) -> list[Problem]:
+        c = self.config
         problems, self.skipped[split] = load_problems(
-            split, self._problem, limit=self.train_size if split == "train" else self.test_size,
-            source=self.source, hub_id=self.hub_id, hub_config=self.hub_config, path=self.path,
-            train_file=self.train_file, test_file=self.test_file,
+            split, self._problem, limit=c.train_size if split == "train" else c.test_size,
+            source=c.source, hub_id=c.hub_id, hub_config=c.hub_config, path=c.path,
+            train_file=c.train_file, test_file=c.test_file,
         )
         return problems
 
@@ -29,7 +31,7 @@ class VerifiedDataTask:
     def verifier(self) -> VerifierPool:
         """The answer-checking process pool (started on first use); ``verifier.counts`` tallies verdicts."""
         if self._pool is None:
-            self._pool = VerifierPool(self.verify_workers, self.verify_timeout)
+            self._pool = VerifierPool(self.config.verify_workers, self.config.verify_timeout)
         return self._pool
 
     def problems(self, split: str) -> Sequence[Problem]:
