@@ -12,6 +12,10 @@ cannot interrupt C code, and a thread cannot be killed at all. A process can. Me
 the worker's stdin/stdout (no pickle), the worker runs with a memory limit, and model text is only ever
 handed to math-verify's parsers as a string: nothing is evaluated as code.
 
+The transport is generic: ``WorkerPool`` runs any ``python -m MODULE`` whose main calls ``serve(handler)``
+(JSON object in, JSON object out, per line) under the same timeout and kill rules; ``VerifierPool`` is it
+with the answer-checking workers, and the dataset task's user rewards (``oprl.tasks.user_reward``) use it too.
+
 Not here: extracting the answer from a response (``oprl.tasks.rewards``), any notion of reward.
 Run one worker by hand: ``echo '{"gold": "72", "pred": "72"}' | python -m oprl.tasks.verify``.
 """
@@ -65,74 +69,63 @@ class Job:
     mode: str = "plain"
 
 
-class VerifierPool:
-    """``workers`` math-verify processes; ``check(jobs)`` returns one verdict per job, in order.
+class WorkerPool:
+    """``workers`` JSON-line worker processes (``python -m <command...>``) under a hard per-request timeout.
 
-    ``timeout`` (seconds) bounds each answer from the moment it is sent, so worker start-up time is never
-    charged to an answer. ``counts`` accumulates verdicts over the pool's life. Workers start on first use
-    and are killed by ``close()``, at garbage collection or at interpreter exit.
+    ``run(requests)`` sends each request (a JSON object) to a free worker and returns one reply object per
+    request, in order. A request that outlives ``timeout`` seconds (counted from the moment it is sent, so
+    start-up is never charged to it) gets ``{"verdict": "timeout"}`` and its worker is killed and replaced; a
+    worker that dies on a request gives ``{"verdict": "error", "error": "worker exited"}``. Workers start on
+    first use and are killed by ``close()``, at garbage collection or at interpreter exit. The worker side is
+    ``serve``. ``what`` names the workers in start-up errors.
     """
 
-    def __init__(self, workers: int = 1, timeout: float = 5.0, startup_timeout: float = 120.0, kind: str = "math"):
-        if workers < 1 or timeout <= 0 or kind not in KINDS:
-            raise ValueError(f"VerifierPool needs workers >= 1, timeout > 0 and kind in {KINDS}")
-        self.kind = kind
+    def __init__(self, command: list[str], workers: int = 1, timeout: float = 5.0, startup_timeout: float = 120.0,
+                 what: str = "worker"):
+        if workers < 1 or timeout <= 0:
+            raise ValueError("a worker pool needs workers >= 1 and timeout > 0")
+        self.command = list(command)
         self.num_workers = workers
         self.timeout = timeout
         self.startup_timeout = startup_timeout
-        self.counts = {verdict: 0 for verdict in VERDICTS}
+        self.what = what
         self._workers: list[_Worker] = []
-        self._cache: dict[Job, str] = {}
         self._lock = threading.Lock()  # one batch at a time: callers may share a task across threads
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
 
-    def check(self, jobs: list[Job]) -> list[str]:
-        """Verdicts (``match``/``mismatch``/``timeout``/``error``) for ``jobs``; identical jobs are checked once."""
+    def run(self, requests: list[dict]) -> list[dict]:
+        """One reply per request, in order (see the class docstring for timeouts and crashes)."""
         with self._lock:
-            return self._check(jobs)
-
-    def _check(self, jobs: list[Job]) -> list[str]:
-        verdicts: list[str | None] = [self._cache.get(job) for job in jobs]
-        todo: dict[Job, list[int]] = {}
-        for index, job in enumerate(jobs):
-            if verdicts[index] is None:
-                todo.setdefault(job, []).append(index)
-        for job, verdict in zip(todo, self._run(list(todo))):
-            if verdict in ("match", "mismatch", "malformed"):  # a timeout may be load; never cache it
-                if len(self._cache) > 100_000:
-                    self._cache.clear()
-                self._cache[job] = verdict
-            for index in todo[job]:
-                verdicts[index] = verdict
-        for verdict in verdicts:
-            self.counts[verdict] += 1
-        return verdicts  # type: ignore[return-value]
+            return self._run(requests)
 
     def close(self) -> None:
         self._finalizer()
 
-    def _run(self, jobs: list[Job]) -> list[str]:
-        results: list[str | None] = [None] * len(jobs)
-        queue = list(range(len(jobs)))[::-1]
+    def _worker(self) -> _Worker:
+        return _Worker(self.startup_timeout, self.command, self.what)
+
+    def _run(self, requests: list[dict]) -> list[dict]:
+        results: list[dict | None] = [None] * len(requests)
+        queue = list(range(len(requests)))[::-1]
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self.startup_timeout, self.kind))
+            self._workers.append(self._worker())
         selector = selectors.DefaultSelector()
         try:
             while queue or any(w.job is not None for w in self._workers):
                 for worker in self._workers:
                     if worker.ready and worker.job is None and queue:
                         index = queue.pop()
-                        worker.send(index, jobs[index], self.timeout)
+                        worker.send(index, requests[index], self.timeout)
                 self._wait(selector)
                 for slot, worker in enumerate(self._workers):
                     outcome = worker.poll()
                     if outcome is None:
                         continue
-                    index, verdict = outcome
+                    index, reply = outcome
                     if index is not None:
-                        results[index] = verdict
+                        results[index] = reply
                     if not worker.alive:
-                        self._workers[slot] = _Worker(self.startup_timeout, self.kind)
+                        self._workers[slot] = self._worker()
         finally:
             selector.close()
         return results  # type: ignore[return-value]
@@ -150,14 +143,58 @@ class VerifierPool:
         selector.select(max(wait, 0.0))
 
 
+class VerifierPool(WorkerPool):
+    """``workers`` answer-checking processes of ``kind`` (math-verify or tool-call); ``check(jobs)`` returns
+    one verdict per job, in order. ``counts`` accumulates verdicts over the pool's life."""
+
+    def __init__(self, workers: int = 1, timeout: float = 5.0, startup_timeout: float = 120.0, kind: str = "math"):
+        if kind not in KINDS:
+            raise ValueError(f"VerifierPool needs kind in {KINDS}")
+        super().__init__(["oprl.tasks.verify", kind], workers, timeout, startup_timeout, "answer-checking worker")
+        self.kind = kind
+        self.counts = {verdict: 0 for verdict in VERDICTS}
+        self._cache: dict[Job, str] = {}
+
+    def check(self, jobs: list[Job]) -> list[str]:
+        """Verdicts (``match``/``mismatch``/``timeout``/``error``) for ``jobs``; identical jobs are checked once."""
+        with self._lock:
+            return self._check(jobs)
+
+    def _check(self, jobs: list[Job]) -> list[str]:
+        verdicts: list[str | None] = [self._cache.get(job) for job in jobs]
+        todo: dict[Job, list[int]] = {}
+        for index, job in enumerate(jobs):
+            if verdicts[index] is None:
+                todo.setdefault(job, []).append(index)
+        requests = [{"gold": job.gold, "pred": job.pred, "mode": job.mode} for job in todo]
+        for job, reply in zip(todo, self._run(requests)):
+            verdict = _verdict(reply)
+            if verdict in ("match", "mismatch", "malformed"):  # a timeout may be load; never cache it
+                if len(self._cache) > 100_000:
+                    self._cache.clear()
+                self._cache[job] = verdict
+            for index in todo[job]:
+                verdicts[index] = verdict
+        for verdict in verdicts:
+            self.counts[verdict] += 1
+        return verdicts  # type: ignore[return-value]
+
+
+def _verdict(reply: dict) -> str:
+    if reply.get("verdict") in VERDICTS:
+        return reply["verdict"]
+    return "error" if "error" in reply else ("match" if reply.get("match") else "mismatch")
+
+
 class _Worker:
     """One child process and the parent's view of it (ready?, current job, deadline, partial output)."""
 
-    def __init__(self, startup_timeout: float, kind: str = "math"):
+    def __init__(self, startup_timeout: float, command: list[str], what: str):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC_DIR), env.get("PYTHONPATH")]))
+        self.what = what
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "oprl.tasks.verify", kind],
+            [sys.executable, "-m", *command],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, env=env,
         )
         self.stdout = self.process.stdout
@@ -169,17 +206,17 @@ class _Worker:
         self.deadline = time.monotonic() + startup_timeout
         _LIVE.add(self.process)
 
-    def send(self, index: int, job: Job, timeout: float) -> None:
+    def send(self, index: int, request: dict, timeout: float) -> None:
         self.job = index
         self.deadline = time.monotonic() + timeout
-        message = json.dumps({"gold": job.gold, "pred": job.pred, "mode": job.mode}) + "\n"
+        message = json.dumps(request) + "\n"
         try:
             self.process.stdin.write(message.encode())
         except OSError:
             pass  # the worker is gone; poll() reports it
 
-    def poll(self) -> tuple[int | None, str] | None:
-        """``(job index, verdict)`` once the current job is settled, else None. Start-up failure raises."""
+    def poll(self) -> tuple[int | None, dict] | None:
+        """``(job index, reply)`` once the current job is settled, else None. Start-up failure raises."""
         line = self._read_line()
         if line is not None:
             try:
@@ -189,21 +226,19 @@ class _Worker:
             if not self.ready:
                 if "ready" not in reply:
                     self.kill()
-                    raise RuntimeError(f"answer-checking worker failed to start: {reply.get('fatal', reply)}")
+                    raise RuntimeError(f"{self.what} failed to start: {reply.get('fatal', reply)}")
                 self.ready = True
                 return None
             index, self.job = self.job, None
-            if reply.get("verdict") in VERDICTS:
-                return index, reply["verdict"]
-            return index, "error" if "error" in reply else ("match" if reply.get("match") else "mismatch")
+            return index, reply
         exited = self.process.poll() is not None
         if not self.ready and (exited or time.monotonic() > self.deadline):
             self.kill()
-            raise RuntimeError("answer-checking worker did not start (is math-verify installed?)")
+            raise RuntimeError(f"{self.what} did not start")
         if self.job is not None and (exited or time.monotonic() > self.deadline):
             index = self.job
             self.kill()
-            return index, "error" if exited else "timeout"
+            return index, {"verdict": "error", "error": "worker exited"} if exited else {"verdict": "timeout"}
         return None
 
     def _read_line(self) -> bytes | None:
@@ -266,41 +301,56 @@ def _verify_pair(gold: str, pred: str, mode: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
-def _worker_main(kind: str = "math") -> None:
-    import logging
+def serve(handle, *, memory_limit: int | None = WORKER_MEMORY_BYTES) -> None:
+    """The worker side of ``WorkerPool``: say ready, then answer each JSON request line with ``handle(request)``
+    (a JSON object); an exception becomes ``{"error": "<type>: <message>"}``. The protocol keeps the real
+    stdout: anything the handler prints goes to stderr. ``memory_limit`` caps the address space (None = none)."""
     import resource
 
-    try:
-        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
-    except (ValueError, OSError):
-        pass
-    logging.disable(logging.WARNING)  # math-verify warns about the disabled timeouts on every call
-    out = sys.stdout
-    try:
-        if kind == "math":
-            import math_verify  # noqa: F401
-    except ImportError as exc:
-        out.write(json.dumps({"fatal": f"math-verify is not installed ({exc})"}) + "\n")
-        out.flush()
-        return
+    if memory_limit is not None:
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+        except (ValueError, OSError):
+            pass
+    out, sys.stdout = sys.stdout, sys.stderr
     out.write('{"ready": true}\n')
     out.flush()
     for line in sys.stdin:
         try:
-            request = json.loads(line)
-            gold, pred, mode = str(request["gold"]), str(request["pred"]), request.get("mode", "plain")
-            if mode.startswith("tool-call"):
-                from oprl.tasks.toolcall import verdict
-
-                reply = {"verdict": verdict(gold, pred, think=mode == "tool-call")}
-            else:
-                reply = {"match": _verify_pair(gold, pred, mode)}
-        except BaseException as exc:  # noqa: BLE001 - any parser failure (RecursionError, MemoryError...) is a verdict
+            reply = handle(json.loads(line))
+        except BaseException as exc:  # noqa: BLE001 - any failure (RecursionError, MemoryError...) is a verdict
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            reply = {"error": type(exc).__name__}
+            reply = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         out.write(json.dumps(reply) + "\n")
         out.flush()
+
+
+def fatal(message: str) -> None:
+    """Report a start-up failure to the parent (the worker then exits)."""
+    sys.stdout.write(json.dumps({"fatal": message}) + "\n")
+    sys.stdout.flush()
+
+
+def _check_request(request: dict) -> dict:
+    gold, pred, mode = str(request["gold"]), str(request["pred"]), request.get("mode", "plain")
+    if mode.startswith("tool-call"):
+        from oprl.tasks.toolcall import verdict
+
+        return {"verdict": verdict(gold, pred, think=mode == "tool-call")}
+    return {"match": _verify_pair(gold, pred, mode)}
+
+
+def _worker_main(kind: str = "math") -> None:
+    import logging
+
+    logging.disable(logging.WARNING)  # math-verify warns about the disabled timeouts on every call
+    if kind == "math":
+        try:
+            import math_verify  # noqa: F401
+        except ImportError as exc:
+            return fatal(f"math-verify is not installed ({exc})")
+    serve(_check_request)
 
 
 if __name__ == "__main__":
