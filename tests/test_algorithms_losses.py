@@ -41,7 +41,7 @@ def test_grpo_gradient_is_ppo_clip_gradient(seed, eps):
     eps_low, eps_high = eps
     logprobs, behavior, advantages, mask = random_batch(seed)  # log-ratios ~ N(0, 3²): far outside the band
     loss, _ = policy_loss(
-        logprobs, behavior, advantages, mask, clip_mode="one-side", weight="importance_sampling",
+        logprobs, behavior, advantages, mask, clip_mode="one-side", weight="importance-sampling",
         eps_low=eps_low, eps_high=eps_high,
     )  # fmt: skip
     ratio = torch.exp(logprobs - behavior)  # not detached: the textbook objective
@@ -122,7 +122,7 @@ def test_empty_mask_gives_zero_loss_and_gradient():
     for loss_agg in LOSS_AGGREGATIONS:
         loss, metrics = policy_loss(
             logprobs, behavior, advantages, torch.zeros(6, 5, dtype=torch.bool),
-            regularizer="k2", regularizer_coef=0.1, loss_agg=loss_agg,
+            regularizer="squared-log-ratio", regularizer_coef=0.1, loss_agg=loss_agg,
         )  # fmt: skip
         assert loss.item() == 0.0 and (grad_of(loss, logprobs) == 0).all()
         assert metrics["ratio_mean"] == 1 and metrics["clip_frac"] == 0
@@ -167,7 +167,7 @@ def test_dropped_rows_leave_every_denominator(loss_agg, preset):
 @pytest.mark.parametrize("loss_agg", sorted(LOSS_AGGREGATIONS))
 def test_micro_batches_reproduce_the_full_batch(loss_agg):
     logprobs, behavior, advantages, mask = random_batch(4, batch=8)
-    options = {"clip_mode": "ring", "regularizer": "k2", "regularizer_coef": 0.1, "loss_agg": loss_agg}
+    options = {"clip_mode": "ring", "regularizer": "squared-log-ratio", "regularizer_coef": 0.1, "loss_agg": loss_agg}
     full, _ = policy_loss(logprobs, behavior, advantages, mask, **options)
     total = aggregation_count(mask, loss_agg)
     accumulated = 0
@@ -192,7 +192,7 @@ def test_asymre_regularizer_equals_baseline_shift():
 
 def test_red_weight_scales_by_exp_advantage():
     logprobs, behavior, advantages, mask = random_batch(6)
-    loss, metrics = policy_loss(logprobs, behavior, advantages, mask, weight="advantage", temperature=0.5)
+    loss, metrics = policy_loss(logprobs, behavior, advantages, mask, weight="advantage", weight_temperature=0.5)
     expected = -torch.exp(advantages / 0.5)[:, None] * advantages[:, None] * mask / mask.sum()
     assert torch.allclose(grad_of(loss, logprobs), expected, atol=1e-12)
     expected_mean = (torch.exp(advantages / 0.5)[:, None] * mask).sum() / mask.sum()
@@ -217,7 +217,7 @@ def test_float_masks_weight_tokens():
     "option, message",
     [
         ({"clip_mode": "oneside"}, "did you mean 'one-side'"),
-        ({"weight": "is"}, "importance_sampling"),
+        ({"weight": "is"}, "importance-sampling"),
         ({"regularizer": "kl"}, "forward-kl"),
         ({"loss_agg": "sum"}, "seq-mean-token-sum"),
     ],

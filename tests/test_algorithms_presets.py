@@ -55,13 +55,13 @@ def reference(settings, advantages, keep):
             "two-side": in_band,
             "ring": in_band or (a >= 0 and rho <= 1 - eps_lp) or (a <= 0 and rho >= 1 + eps_hp),
         }[settings["clip_mode"]]
-        w = {"none": 1.0, "importance_sampling": rho, "advantage": math.exp(a / settings["temperature"])}[
+        w = {"none": 1.0, "importance-sampling": rho, "advantage": math.exp(a / settings["weight_temperature"])}[
             settings["weight"]
         ]
         log_rho = math.log(rho)
         reg, reg_grad = {
             "none": (0.0, 0.0),
-            "k2": (c * log_rho**2, 2 * c * log_rho),
+            "squared-log-ratio": (c * log_rho**2, 2 * c * log_rho),
             "forward-kl": (-c * lp, -c),
         }[settings["regularizer"]]
         loss += -m * w * a * lp + reg
@@ -145,7 +145,10 @@ def test_resolve_preset_applies_overrides_and_copies():
         ("grpo", {"eps_hgh": 0.3}, "did you mean 'eps_high'"),
         ("grpo", {"clip_mode": "onesided"}, "one-side, two-side, ring"),
         ("grpo", {"drop": "balanced"}, "balance"),
-        ("grpo", {"temperature": 0.0}, "temperature"),
+        ("grpo", {"weight_temperature": 0.0}, "weight_temperature"),
+        ("grpo", {"temperature": 2.0}, "'temperature' was renamed 'weight_temperature'"),
+        ("grpo", {"regularizer": "k2"}, "'k2' was renamed 'squared-log-ratio'"),
+        ("grpo", {"weight": "importance_sampling"}, "was renamed 'importance-sampling'"),
         ("grpo", {"eps_low": -0.1}, "eps_low"),
     ],
 )

@@ -17,7 +17,11 @@ def bad_yaml(tmp_path):
 
 CASES = {
     "missing file": (["train", "/nonexistent/run.yaml"], "not found"),
-    "unknown preset": (["train", "algorithm.preset=grpoo"], "did you mean grpo"),
+    "unknown preset": (["train", "algorithm.preset=grpoo"], "algorithm.preset: unknown preset 'grpoo' (did you mean 'grpo'?)"),
+    "out of range": (["train", "algorithm.eps_low=-1"], "algorithm.eps_low: eps_low must be >= 0"),
+    "renamed mode": (["train", "mode=train"], "mode: 'train' was renamed 'offline'"),
+    "renamed setting": (["train", "algorithm.temperature=2"], "'temperature' was renamed 'weight_temperature'"),
+    "renamed value": (["train", "algorithm.regularizer=k2"], "'k2' was renamed 'squared-log-ratio'"),
     "unknown key": (["train", "rollout.gruop_size=4"], "did you mean group_size"),
     "unknown section": (["train", "optimizer.lr=1"], "unknown key 'optimizer'"),
     "wrong type": (["train", "steps=many"], "steps"),

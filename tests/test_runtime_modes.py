@@ -72,7 +72,7 @@ def test_explore_then_offline_train_equals_the_offline_schedule(small_overrides,
     explored = rows_of(tmp_path, "explored")
     assert [r["step"] for r in explored] == [1, 2, 3] and "reward/mean" in explored[0]
     store = tmp_path / "runs" / "explored"
-    assert main(["train", *common, "mode=train", f"buffer.path={store}", "run_name=offline"]) == 0
+    assert main(["train", *common, "mode=offline", f"buffer.path={store}", "run_name=offline"]) == 0
     both = [{k: v for k, v in r.items() if k != "lag/scheduled"} for r in deterministic_view(rows_of(tmp_path, "both"))]
     assert deterministic_view(rows_of(tmp_path, "offline")) == both
     assert [r["lag/max"] for r in both[1:]] == [0.0, 1.0, 2.0]
@@ -91,7 +91,7 @@ def test_async_with_replay_stays_within_its_bounds(small_overrides, tmp_path):
 
 
 def test_mode_errors_are_one_line(small_overrides, capsys):
-    assert main(["train", *small_overrides, "mode=train"]) == 2
+    assert main(["train", *small_overrides, "mode=offline"]) == 2
     assert "buffer.path" in capsys.readouterr().err
     assert main(["train", *small_overrides, "sync.mode=async", "sync.interval=4", "sync.max_staleness=1"]) == 2
     assert "max_staleness" in capsys.readouterr().err

@@ -130,7 +130,7 @@ def expected_loss_fn(method: str, group_size: int):
     settings = PRESETS[method]
     rows = exact_rows(group_size, settings["drop"])
     # The drop is already enumerated in ``rows``; the advantages are then those of the kept set.
-    settings = settings | {"drop": None}
+    settings = settings | {"drop": "none"}
     return lambda logits: _method_loss(logits, rows, settings)
 
 

@@ -14,7 +14,7 @@ from oprl.errors import OprlError
 from oprl.runtime.failure import WorkerFailure
 
 USAGE = """oprl train [CONFIG.yaml] [key=value ...] [--debug]   run RL (no arguments: the embedded CPU default);
-                                                    mode=train buffer.path=DIR trains offline from a store
+                                                    mode=offline buffer.path=DIR trains offline from a store
 oprl explore [CONFIG.yaml] [key=value ...]          generate `steps` batches with a fixed policy into a store
 oprl eval [CONFIG.yaml | CHECKPOINT | RUN_DIR] [key=value ...]
                                                     evaluate model.path, a checkpoint, or a run's newest one

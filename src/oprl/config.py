@@ -15,6 +15,14 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, Field, Tag, ValidationError
 
+from oprl.algorithms import (
+    ALGORITHM_DEFAULTS,
+    KL_ESTIMATORS,
+    REGISTRIES,
+    SettingError,
+    renamed_message,
+    resolve_preset,
+)
 from oprl.errors import OprlError
 from oprl.tasks import TaskConfig
 from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
@@ -99,48 +107,56 @@ class RolloutConfig(_Section):
     log-probs of the distribution actually sampled from."""
 
 
+def _one_of(registry) -> Any:
+    """``Literal`` of a registry's keys: the registry in ``oprl.algorithms`` is the one list of valid names."""
+    return Literal[tuple(registry)]
+
+
 class AlgorithmConfig(_Section):
-    """A named preset (docs/paper.md#presets) plus optional per-field overrides; ``None`` = the preset's value."""
+    """A named preset (docs/paper.md#presets, docs/algorithms.md) plus optional per-setting overrides; ``None`` =
+    the preset's value.
+
+    The valid strings come from the registries in ``oprl.algorithms`` and every value is checked by
+    ``oprl.algorithms.validate_settings`` (ranges included) when the preset is resolved."""
 
     preset: str = "grpo"
     """Algorithm preset: reinforce, grpo, rec-oneside-is, rec-oneside-nois, rec-twoside-*, rec-ring-*, the
-    ``-wide`` variants, opmd, asymre, red-drop, red-weight (see docs/algorithms.md)."""
+    ``-wide`` variants, opmd, asymre, red-drop, red-weight, ... (``oprl.algorithms.PRESETS``, docs/algorithms.md)."""
     std_normalize: Optional[bool] = None
     """Divide advantages by the group's population std + 1e-6 (GRPO)."""
-    drop: Optional[Literal["none", "balance"]] = None
+    drop: Optional[_one_of(REGISTRIES["drop"])] = None
     """``balance`` = RED-Drop: drop surplus negatives so each group has as many negatives as positives;
     ``none`` keeps every response."""
     baseline_shift: Optional[float] = None
     """AsymRE: baseline = group mean - baseline_shift."""
-    baseline: Optional[Literal["mean", "logavgexp"]] = None
+    baseline: Optional[_one_of(REGISTRIES["baseline"])] = None
     """Group baseline: mean, or the OPMD soft baseline tau*log(mean(exp(r/tau)))."""
-    tau: Optional[float] = Field(None, gt=0.0)
-    """Temperature of the logavgexp baseline."""
-    clip_mode: Optional[Literal["none", "one-side", "two-side", "ring"]] = None
+    tau: Optional[float] = None
+    """Temperature of the logavgexp baseline (> 0)."""
+    clip_mode: Optional[_one_of(REGISTRIES["clip_mode"])] = None
     """Token mask M: none, one-side (where PPO-clip has gradient), two-side, ring."""
-    weight: Optional[Literal["none", "importance_sampling", "advantage"]] = None
-    """Per-token weight: none (NoIS), importance_sampling (rho, detached), advantage (exp(A/T), RED-Weight)."""
-    eps_low: Optional[float] = Field(None, ge=0.0)
-    """Clip band lower edge: rho >= 1 - eps_low."""
-    eps_high: Optional[float] = Field(None, ge=0.0)
-    """Clip band upper edge: rho <= 1 + eps_high."""
-    eps_low_prime: Optional[float] = Field(None, ge=0.0)
+    weight: Optional[_one_of(REGISTRIES["weight"])] = None
+    """Per-token weight: none (NoIS), importance-sampling (rho, detached), advantage (exp(A/T), RED-Weight)."""
+    eps_low: Optional[float] = None
+    """Clip band lower edge: rho >= 1 - eps_low (>= 0)."""
+    eps_high: Optional[float] = None
+    """Clip band upper edge: rho <= 1 + eps_high (>= 0)."""
+    eps_low_prime: Optional[float] = None
     """Ring clipping: positive-advantage tokens are also kept where rho <= 1 - eps_low_prime."""
-    eps_high_prime: Optional[float] = Field(None, ge=0.0)
+    eps_high_prime: Optional[float] = None
     """Ring clipping: negative-advantage tokens are also kept where rho >= 1 + eps_high_prime."""
-    regularizer: Optional[Literal["none", "k2", "forward-kl"]] = None
-    """Regulariser on every valid token: k2 (OPMD) or forward-kl (AsymRE)."""
-    regularizer_coef: Optional[float] = Field(None, ge=0.0)
-    """Coefficient c of the regulariser."""
-    temperature: Optional[float] = Field(None, gt=0.0)
-    """RED-Weight temperature T in w = exp(A/T) (not the sampling temperature)."""
-    loss_agg: Optional[
-        Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-    ] = None
+    regularizer: Optional[_one_of(REGISTRIES["regularizer"])] = None
+    """Regulariser on every valid token: squared-log-ratio c*(logprobs - behavior_logprobs)^2 (OPMD) or
+    forward-kl -c*logprobs (AsymRE)."""
+    regularizer_coef: Optional[float] = None
+    """Coefficient c of the regulariser (>= 0)."""
+    weight_temperature: Optional[float] = None
+    """RED-Weight temperature T in w = exp(A/T) (> 0; not the sampling temperature)."""
+    loss_agg: Optional[_one_of(REGISTRIES["loss_agg"])] = None
     """How token losses are averaged over the optimizer batch (token-mean = over all valid tokens)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Coefficient of a KL penalty to the frozen initial policy (0 = off, no reference model kept)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: _one_of(KL_ESTIMATORS) = "k3"
     """Per-token KL estimator of the reference penalty (Schulman's k1/k2/k3)."""
     log_ref_kl_every: int = Field(0, ge=0)
     """Log ``kl/ref`` (the estimator above, current vs initial policy, token mean) every N trainer steps even
@@ -232,12 +248,12 @@ class BufferConfig(_Section):
     (schema in docs/runtime.md)."""
 
     path: Optional[str] = None
-    """Experience store directory (or a run directory holding ``experiences/``). mode=train reads it (required
+    """Experience store directory (or a run directory holding ``experiences/``). mode=offline reads it (required
     there); mode=both/explore write it, None = ``<run_dir>/experiences``."""
     persist: bool = True
     """mode=both: also write every generated batch to the store (mode=explore always writes)."""
     passes: int = Field(1, gt=0)
-    """mode=train: passes over the stored groups before the run stops with an error for lack of data."""
+    """mode=offline: passes over the stored groups before the run stops with an error for lack of data."""
     max_ready: int = Field(4, gt=0)
     """Explorers work at most this many batches ahead of the trainer's next step (they pause beyond it).
     Pacing only: no number changes. It bounds memory when the schedule lets generation run far ahead (the
@@ -273,9 +289,9 @@ class CheckpointConfig(_Section):
 class RunConfig(_Section):
     """A training run."""
 
-    mode: Literal["both", "explore", "train", "eval"] = "both"
+    mode: Literal["both", "explore", "offline", "eval"] = "both"
     """``both`` = explorer(s) and trainer run concurrently; ``explore`` = generate ``steps`` batches with the
-    fixed policy at model.path into the experience store; ``train`` = offline RL from buffer.path;
+    fixed policy at model.path into the experience store; ``offline`` = offline RL from buffer.path;
     ``eval`` = evaluate model.path or eval.checkpoint on the task's test split."""
     backend: Literal["local", "ray"] = "local"
     """``local`` = workers are threads of this process; ``ray`` = Ray actors (``pip install 'oprl[ray]'``).
@@ -315,6 +331,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         data = _read_yaml(Path(path))
     for item in overrides:
         _apply_override(data, item)
+    _refuse_renamed(data)
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
@@ -323,22 +340,37 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
 
 
 def resolve_algorithm(config: RunConfig) -> RunConfig:
-    """Fill every unset algorithm field from the named preset (unknown preset -> one-line error)."""
-    from oprl.algorithms import PRESETS
-
+    """Fill every unset algorithm field from the named preset through ``oprl.algorithms.resolve_preset`` (the
+    one resolver, which also validates every value); a bad preset or value -> one line naming the key."""
     section = config.algorithm
-    if section.preset not in PRESETS:
-        raise OprlError(f"algorithm.preset: unknown preset {section.preset!r}{_closest(section.preset, PRESETS)}")
-    filled = {k: v for k, v in PRESETS[section.preset].items() if getattr(section, k) is None}
-    config.algorithm = section.model_copy(update=filled)
+    overrides = {key: getattr(section, key) for key in ALGORITHM_DEFAULTS if getattr(section, key) is not None}
+    try:
+        settings = resolve_preset(section.preset, **overrides)
+    except SettingError as exc:
+        raise OprlError(f"config: algorithm.{exc.key}: {exc}") from None
+    config.algorithm = section.model_copy(update=settings)
     return config
 
 
 def algorithm_settings(config: RunConfig) -> dict[str, Any]:
     """The resolved algorithm settings as plain keyword arguments for ``oprl.algorithms``."""
-    from oprl.algorithms import ALGORITHM_DEFAULTS
-
     return {key: getattr(config.algorithm, key) for key in ALGORITHM_DEFAULTS}
+
+
+RENAMED_MODES = {"train": "offline"}
+"""run.mode values of earlier versions -> the current value (``train`` read as "the trainer alone")."""
+
+
+def _refuse_renamed(data: dict[str, Any]) -> None:
+    """A name of an earlier version is one line naming the new one (no silent alias)."""
+    mode = data.get("mode")
+    if isinstance(mode, str) and mode in RENAMED_MODES:
+        raise OprlError(f"config: mode: {mode!r} was renamed {RENAMED_MODES[mode]!r}")
+    section = data.get("algorithm")
+    for key, value in (section.items() if isinstance(section, dict) else ()):
+        message = renamed_message(key, value)
+        if message:
+            raise OprlError(f"config: algorithm.{key}: {message}")
 
 
 def save_config(config: RunConfig, path: Path) -> None:

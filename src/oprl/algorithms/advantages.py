@@ -72,7 +72,7 @@ def _balance_drop(rewards, group, num_groups, generator):
 
 
 DROP_RULES: dict[str, Callable] = {
-    "none": _no_drop,  # every response stays (also what drop=None means)
+    "none": _no_drop,  # every response stays
     "balance": _balance_drop,  # RED-Drop (Yao et al. 2025, section 4): as many negatives as positives
 }
 
@@ -99,7 +99,7 @@ def group_advantages(
     group_ids: torch.Tensor,
     *,
     std_normalize: bool = False,
-    drop: Optional[str] = None,
+    drop: str = "none",
     baseline_shift: float = 0.0,
     baseline: str = "mean",
     tau: float = 1.0,
@@ -117,7 +117,7 @@ def group_advantages(
     RED-Drop: positives are r_i ≥ mean of the whole group; if negatives outnumber positives, negatives are
     dropped uniformly at random (``generator``) until the counts are equal. Dropped rows: keep=False, A=0.
     """
-    drop_rule = lookup(DROP_RULES, "none" if drop is None else drop, "drop")
+    drop_rule = lookup(DROP_RULES, drop, "drop")
     baseline_fn = lookup(BASELINES, baseline, "baseline")
     if not tau > 0:
         raise ValueError(f"tau must be > 0 (the logavgexp temperature), got {tau!r}")

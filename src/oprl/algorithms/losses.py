@@ -72,21 +72,21 @@ CLIP_MODES: dict[str, Callable] = {
 }
 
 
-def _unit_weight(ratio, advantages, temperature):
+def _unit_weight(ratio, advantages, weight_temperature):
     return torch.ones_like(ratio)
 
 
-def _importance_weight(ratio, advantages, temperature):
+def _importance_weight(ratio, advantages, weight_temperature):
     return ratio
 
 
-def _advantage_weight(ratio, advantages, temperature):
-    return torch.exp(advantages / temperature)
+def _advantage_weight(ratio, advantages, weight_temperature):
+    return torch.exp(advantages / weight_temperature)
 
 
 WEIGHTS: dict[str, Callable] = {
     "none": _unit_weight,  # "NoIS": the group-relative REINFORCE gradient as derived (docs/paper.md#derivation)
-    "importance_sampling": _importance_weight,  # "IS": w = ρ (detached), GRPO/PPO's surrogate gradient
+    "importance-sampling": _importance_weight,  # "IS": w = ρ (detached), GRPO/PPO's surrogate gradient
     "advantage": _advantage_weight,  # RED-Weight: w = exp(A/T) up-weights better responses
 }
 
@@ -95,7 +95,7 @@ def _no_regularizer(logprobs, behavior_logprobs, coef):
     return torch.zeros_like(logprobs)
 
 
-def _k2(logprobs, behavior_logprobs, coef):
+def _squared_log_ratio(logprobs, behavior_logprobs, coef):
     return coef * (logprobs - behavior_logprobs).square()
 
 
@@ -105,7 +105,7 @@ def _forward_kl(logprobs, behavior_logprobs, coef):
 
 REGULARIZERS: dict[str, Callable] = {
     "none": _no_regularizer,
-    "k2": _k2,  # OPMD: + c·(logprobs − behavior_logprobs)², a squared pull towards the behaviour policy
+    "squared-log-ratio": _squared_log_ratio,  # OPMD: + c·(logprobs − behavior_logprobs)², a squared pull towards the behaviour policy
     "forward-kl": _forward_kl,  # AsymRE: − c·logprobs, the same gradient as lowering the baseline by c
 }
 
@@ -124,7 +124,7 @@ def policy_loss(
     eps_high_prime: float = 2.0,
     regularizer: str = "none",
     regularizer_coef: float = 0.0,
-    temperature: float = 1.0,
+    weight_temperature: float = 1.0,
     loss_agg: str = "token-mean",
     normalizer: Optional[float] = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -136,8 +136,8 @@ def policy_loss(
       ℓ_bt = −M_bt·w_bt·A_b·logprobs_bt + R_bt
       M (clip_mode): none 1 | one-side (A≥0 ∧ ρ≤1+ε_h) ∨ (A≤0 ∧ ρ≥1−ε_l) | two-side 1−ε_l ≤ ρ ≤ 1+ε_h |
                      ring  two-side ∨ (A≥0 ∧ ρ≤1−ε'_l) ∨ (A≤0 ∧ ρ≥1+ε'_h)
-      w (weight):    none 1 | importance_sampling ρ | advantage exp(A/temperature)
-      R (regularizer, on every valid token whatever M): none 0 | k2 c·(logprobs − behavior_logprobs)² |
+      w (weight):    none 1 | importance-sampling ρ | advantage exp(A/weight_temperature)
+      R (regularizer, on every valid token whatever M): none 0 | squared-log-ratio c·(logprobs − behavior_logprobs)² |
                      forward-kl −c·logprobs
     loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor; metrics: detached 0-dim tensors,
     averaged over valid tokens (see ``_metrics``).
@@ -156,7 +156,7 @@ def policy_loss(
     token_advantages = advantages.detach().to(logprobs.dtype)[:, None].expand_as(logprobs)  # (B, T)
 
     keep = keep_fn(ratio, token_advantages, band)  # (B, T) bool
-    weights = weight_fn(ratio, token_advantages, temperature)  # (B, T)
+    weights = weight_fn(ratio, token_advantages, weight_temperature)  # (B, T)
     pg_tokens = -keep.to(logprobs.dtype) * weights * token_advantages * logprobs  # (B, T)
     reg_tokens = regularizer_fn(logprobs, behavior_logprobs, regularizer_coef)  # (B, T)
 

@@ -3,7 +3,7 @@
 Live runs (mode=both): explorers' batches arrive with ``put(batch, experiences)`` and leave with
 ``take(step)``, which returns the fresh batch of that step (batch index = trainer step, so the schedule, not
 arrival order, decides what is trained when) plus, with replay on, the ``replay.groups_per_step`` groups of
-highest priority ``policy_version - decay * use_count`` among already-used groups. Offline runs (mode=train)
+highest priority ``policy_version - decay * use_count`` among already-used groups. Offline runs (mode=offline)
 read the store instead: step t takes the next ``prompts_per_step`` groups in stored order, for up to
 ``buffer.passes`` passes.
 

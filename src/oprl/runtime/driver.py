@@ -44,7 +44,7 @@ class Driver:
         self.trainer, self.explorers, self.buffer, self.sync = trainer, explorers, buffer, sync
         self.logger, self.progress = logger, progress
         self.steps = config.steps
-        self.offline = config.mode == "train"
+        self.offline = config.mode == "offline"
         self.explore_only = config.mode == "explore"
         self.completed = start_step
         self.pending = sorted(pending)

@@ -50,8 +50,8 @@ class RunSummary:
 
 def check_config(config: RunConfig) -> None:
     """Cross-field rules, as one-line errors."""
-    if config.mode == "train" and not config.buffer.path:
-        raise OprlError("mode=train: set buffer.path to an experience store or a run directory holding one")
+    if config.mode == "offline" and not config.buffer.path:
+        raise OprlError("mode=offline: set buffer.path to an experience store or a run directory holding one")
     if config.resume and not config.run_name:
         raise OprlError("resume=true: set run_name to the run to continue")
     if config.resume and config.mode == "eval":
@@ -176,7 +176,7 @@ def run(config: RunConfig, log=print) -> RunSummary:
 def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -> dict:
     """Start the workers of ``config.mode``, restore a checkpoint when resuming; the Driver's arguments."""
     threads = worker_threads(config)
-    use_trainer, use_explorers = config.mode in ("both", "train"), config.mode in ("both", "explore")
+    use_trainer, use_explorers = config.mode in ("both", "offline"), config.mode in ("both", "explore")
     store_dir = _store_dir(config, run_dir)
     checkpoint = _prepare_resume(config, run_dir, store_dir) if config.resume else None
     trainer = explorers = None
@@ -232,7 +232,7 @@ def _wait_ready(backend, actor) -> None:
 
 
 def _store_dir(config: RunConfig, run_dir: Path) -> str | None:
-    if config.mode == "train" or (config.mode == "both" and not config.buffer.persist):
+    if config.mode == "offline" or (config.mode == "both" and not config.buffer.persist):
         return None
     return config.buffer.path or str(run_dir / STORE_DIRNAME)
 
@@ -241,7 +241,7 @@ def make_buffer(config: RunConfig, store_dir: str | None) -> ExperienceBuffer:
     """The buffer worker of a run (a module-level factory, so a Ray actor can build it too)."""
     replay = config.replay
     return ExperienceBuffer(
-        store_dir=store_dir, offline_dir=config.buffer.path if config.mode == "train" else None,
+        store_dir=store_dir, offline_dir=config.buffer.path if config.mode == "offline" else None,
         passes=config.buffer.passes, prompts_per_step=config.rollout.prompts_per_step,
         replay_groups=replay.groups_per_step, max_uses=replay.max_uses, decay=replay.decay, capacity=replay.capacity,
     )
