@@ -12,7 +12,7 @@ ALLOWED = {
     "algorithms": {"algorithms"},
     "tasks": {"tasks", "errors"},
     # Samplers run models; models know nothing of sampling (padding layouts live in models/batching.py).
-    "models": {"models", "errors"},
+    "models": {"models", "errors", "io"},
     "rollout": {"rollout", "models"},
 }
 

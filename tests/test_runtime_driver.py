@@ -91,6 +91,9 @@ class Rows:
     def log(self, step, row):
         self.rows.append((step, row))
 
+    def sync(self):
+        pass
+
     def update(self, *args, **kwargs):
         pass
 

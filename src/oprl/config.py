@@ -374,7 +374,9 @@ def _refuse_renamed(data: dict[str, Any]) -> None:
 
 
 def save_config(config: RunConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    from oprl.io import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

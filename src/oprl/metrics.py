@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from oprl.io import fsync_file
+
 NONDETERMINISTIC_PREFIX = "perf/"
 
 
@@ -31,10 +33,21 @@ class MetricsLogger:
                 if isinstance(value, (int, float)):
                     self._writer.add_scalar(key, value, step)
 
-    def close(self) -> None:
-        self._file.close()
-        if self._writer is not None:
-            self._writer.close()
+    def sync(self) -> None:
+        """Make the rows written so far durable (before a checkpoint that counts on them is committed)."""
+        self._file.flush()
+        fsync_file(self.path)
+
+    def close(self, *, quiet: bool = False) -> None:
+        """Close the file and the tensorboard writer; ``quiet`` (on a failure path) ignores errors in doing so,
+        so that they cannot hide the failure being reported."""
+        for close in (self._file.close, self._writer.close if self._writer is not None else None):
+            try:
+                if close is not None:
+                    close()
+            except Exception:
+                if not quiet:
+                    raise
 
 
 def read_metrics(path: Path) -> list[dict]:

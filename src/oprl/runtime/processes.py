@@ -17,7 +17,7 @@ import itertools
 import multiprocessing
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 
 
 class RemoteError(RuntimeError):
@@ -67,11 +67,13 @@ class ProcessActor:
         child.close()
         self._pending: dict[int, tuple[Future, ...]] = {}
         self._dead: BaseException | None = None
+        self._stopping = False
         self._ids = itertools.count()
         self._outbox: queue.Queue = queue.Queue()
         self._sender = threading.Thread(target=self._send, name=f"oprl-{name}-send", daemon=True)
         self._sender.start()
-        threading.Thread(target=self._receive, name=f"oprl-{name}-receive", daemon=True).start()
+        self._receiver = threading.Thread(target=self._receive, name=f"oprl-{name}-receive", daemon=True)
+        self._receiver.start()
 
     def call(self, method: str, *args, num_returns: int = 1):
         futures = tuple(Future() for _ in range(num_returns))
@@ -79,11 +81,14 @@ class ProcessActor:
         return futures[0] if num_returns == 1 else futures
 
     def stop(self) -> None:
+        """Cancel calls not yet sent; the process exits after its running call (``join`` waits for it)."""
+        self._stopping = True
         self._outbox.put(None)
 
     def join(self, timeout: float = 15.0) -> None:
-        """Wait until the process has exited (after ``stop``)."""
+        """Wait until the process has exited and its pipe is drained (after ``stop``)."""
         self._sender.join(timeout)
+        self._receiver.join(timeout)
 
     def _send(self) -> None:
         while (item := self._outbox.get()) is not None:
@@ -91,6 +96,8 @@ class ProcessActor:
             try:
                 if self._dead is not None:
                     raise self._dead
+                if self._stopping:
+                    raise CancelledError(f"{self.name}: stopped before {method} ran")
                 resolved = [a.result() if isinstance(a, Future) else a for a in args]
                 call_id = next(self._ids)
                 self._pending[call_id] = futures

@@ -11,7 +11,6 @@ Run it: ``oprl train`` (CPU default), ``oprl train sync.offset=1`` (overlapped),
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -24,9 +23,11 @@ import yaml
 
 from oprl.config import RunConfig, save_config
 from oprl.errors import OprlError
+from oprl.io import atomic_write_json
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.progress import RunProgress
 from oprl.runtime import checkpoint as ckpt
+from oprl.runtime import rundir
 from oprl.runtime.buffer import ExperienceBuffer
 from oprl.runtime.driver import Driver
 from oprl.runtime.local import LocalBackend
@@ -63,6 +64,11 @@ def check_config(config: RunConfig) -> None:
         raise OprlError("replay.max_uses must be >= 2 when replay.groups_per_step > 0 (1 = no reuse)")
     if config.eval.checkpoint and config.mode != "eval":
         raise OprlError("eval.checkpoint is read only with mode=eval")
+    if config.run_name is not None:
+        rundir.check_run_name(config.run_name)
+    if config.mode == "both" and config.rollout.group_size == 1 and not config.algorithm.baseline_shift:
+        raise OprlError("rollout.group_size=1: every advantage is relative to its group (r - baseline of the "
+                        "group), so with one response per prompt all advantages are 0 and nothing trains; use >= 2")
     if config.backend == "ray":
         import importlib.util
 
@@ -95,20 +101,25 @@ def model_path(config: RunConfig, task, log=print) -> str:
 
 
 def make_run_dir(config: RunConfig) -> Path:
+    """Where the run writes: ``output_dir/run_name`` (default name: preset, schedule, seed, time)."""
     name = config.run_name or (
         f"{config.mode + '-' if config.mode != 'both' else ''}{config.algorithm.preset}-k{config.sync.interval}-"
         f"m{config.sync.offset}-s{config.seed}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     )
-    run_dir = Path(config.output_dir) / name
-    if config.resume:
-        if not (run_dir / "config.yaml").is_file():
-            raise OprlError(f"resume=true: {run_dir} holds no run to resume")
+    return Path(config.output_dir) / name
+
+
+def lock_run_dir(config: RunConfig, run_dir: Path) -> rundir.RunLock:
+    """Hold ``run_dir`` for this process (see ``rundir``); a resumed run must match the saved config."""
+    if not config.resume:
+        return rundir.open_new(run_dir)
+    lock = rundir.open_existing(run_dir)
+    try:
         _check_resumable(config, run_dir)
-        return run_dir
-    if (run_dir / "metrics.jsonl").exists():
-        raise OprlError(f"run_name: {run_dir} already holds a run; choose another run_name (or resume=true)")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _check_resumable(config: RunConfig, run_dir: Path) -> None:
@@ -146,11 +157,21 @@ def run(config: RunConfig, log=print) -> RunSummary:
     started = time.perf_counter()
     quiet_transformers()
     torch.manual_seed(config.seed)
-    if config.mode == "eval":
-        return _evaluate_only(config, started, log)
+    checkpoint = _eval_checkpoint(config) if config.mode == "eval" else None
     run_dir = make_run_dir(config)
-    if not config.resume:
-        save_config(config, run_dir / "config.yaml")
+    lock = lock_run_dir(config, run_dir)
+    try:
+        if config.mode == "eval":
+            return _evaluate_only(config, run_dir, checkpoint, started, log)
+        if not config.resume:
+            save_config(config, run_dir / "config.yaml")
+        _run_workers(config, run_dir, log)
+        return _finish(config, run_dir, started)
+    finally:
+        lock.release()
+
+
+def _run_workers(config: RunConfig, run_dir: Path, log) -> None:
     path = model_path(config, build_task(config.task), log=log)
     backend = make_backend(config)
     actors = []
@@ -164,13 +185,14 @@ def run(config: RunConfig, log=print) -> RunSummary:
                 if session["start_step"] == 0 and config.mode != "explore":
                     driver.request_eval(0)
                 driver.run()
-            finally:
-                logger.close()
+            except BaseException:
+                logger.close(quiet=True)
+                raise
+            logger.close()
         if session["trainer"] is not None:
             backend.get(session["trainer"].call("save_final", str(run_dir / "final")))
     finally:
         backend.shutdown(actors)
-    return _finish(config, run_dir, started)
 
 
 def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -> dict:
@@ -280,13 +302,16 @@ def _restore(config: RunConfig, checkpoint: Path, backend, trainer, buffer, sync
     return state["step"], ready
 
 
-def _evaluate_only(config: RunConfig, started: float, log) -> RunSummary:
-    """mode=eval: one evaluation of model.path, or of a checkpoint's weights, in its own worker thread."""
+def _eval_checkpoint(config: RunConfig) -> Path | None:
     source = config.eval.checkpoint
     checkpoint = ckpt.resolve_checkpoint(source) if source else None
     if source and checkpoint is None:
         raise OprlError(f"eval.checkpoint: no checkpoint at {source}")
-    run_dir = make_run_dir(config)
+    return checkpoint
+
+
+def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, started: float, log) -> RunSummary:
+    """mode=eval: one evaluation of model.path, or of a checkpoint's weights, in its own worker thread."""
     save_config(config, run_dir / "config.yaml")
     path = model_path(config, build_task(config.task), log=log)
     backend = LocalBackend()
@@ -318,13 +343,13 @@ def _finish(config: RunConfig, run_dir: Path, started: float) -> RunSummary:
 
 
 def _write_summary(run_dir: Path, config: RunConfig, before: float, after: float, seconds: float) -> None:
-    (run_dir / "summary.json").write_text(json.dumps({
+    atomic_write_json(run_dir / "summary.json", {
         "mode": config.mode,
         "eval_accuracy_before": before,
         "eval_accuracy_after": after,
         "steps": config.steps,
         "seconds": seconds,
-    }, indent=2))
+    }, indent=2)
 
 
 def train(config: RunConfig, log=print) -> RunSummary:

@@ -12,7 +12,6 @@ computes them per group, so one store can be trained with any preset), and any n
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from oprl.errors import OprlError
+from oprl.io import atomic_path
 from oprl.runtime.experience import Experience
 
 SCHEMA_VERSION = "1"
@@ -90,22 +90,24 @@ def from_table(table: pa.Table) -> list[Experience]:
 
 
 def write_parquet(path: Path, experiences: list[Experience], batch: int | list[int]) -> None:
-    """Write atomically: a temporary file in the same directory, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(to_table(experiences, batch), temporary)
-    os.replace(temporary, path)
+    """Write atomically and durably (``oprl.io.atomic_path``: a synced temporary file, then rename)."""
+    with atomic_path(path) as temporary:
+        pq.write_table(to_table(experiences, batch), temporary)
 
 
-def read_parquet(path: Path) -> list[Experience]:
+def read_parquet(path: Path, columns: list[str] | None = None) -> list[Experience] | pa.Table:
+    """The experiences of an oprl parquet file; with ``columns``, just those columns as a table. A file that is
+    unreadable or lacks oprl's columns is a one-line ``OprlError`` naming it."""
     try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid) as exc:
+        names = pq.read_schema(path).names
+        missing = [name for name in SCHEMA.names if name not in names]
+        if missing:
+            raise OprlError(f"experience file {path}: not an oprl experience table (missing "
+                            f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})")
+        table = pq.read_table(path, columns=columns or SCHEMA.names)
+    except (OSError, pa.ArrowException) as exc:
         raise OprlError(f"experience file {path}: unreadable ({str(exc).splitlines()[0][:160]})") from None
-    missing = [name for name in SCHEMA.names if name not in table.column_names]
-    if missing:
-        raise OprlError(f"experience file {path}: not an oprl experience table (missing {', '.join(missing)})")
-    return from_table(table.select(SCHEMA.names))
+    return table if columns else from_table(table)
 
 
 class ExperienceStore:

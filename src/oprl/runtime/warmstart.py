@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from oprl.io import commit_dir
 from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
@@ -63,7 +64,7 @@ def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print, progre
         report = _train(model_cfg, warm_cfg, task, staging, log, progress)
         (staging / "oprl_recipe.json").write_text(json.dumps(spec | {"result": report}, indent=2))
         try:
-            os.replace(staging, target)  # atomic: readers see no directory or a complete one
+            commit_dir(staging, target, replace=False)  # readers see no directory or a complete one
         except OSError:
             if not (target / "oprl_recipe.json").is_file():  # lost a race to an identical build: fine
                 raise

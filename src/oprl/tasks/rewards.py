@@ -30,6 +30,8 @@ import unicodedata
 from decimal import Decimal, InvalidOperation
 from typing import Sequence
 
+import numpy as np
+
 from oprl.tasks.base import Reward
 from oprl.tasks.verify import Job, VerifierPool
 
@@ -48,7 +50,6 @@ BOXED_INSTRUCTION = "Please reason step by step, and put your final answer withi
 MAX_ANSWER_CHARS = 1000
 """An "answer" longer than this is wrong without being parsed: no reference answer is that long."""
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _R1_FORMAT = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.DOTALL)
 _TAGS = re.compile(r"</?(?:think|answer)>")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -58,33 +59,51 @@ _ENDS_WITH_NUMBER = re.compile(r"\d\s*\.?\s*$")
 
 def ascii_digits(text: str) -> str:
     """``text`` with every Unicode decimal digit (Arabic-Indic, Devanagari, fullwidth, ...) made ASCII."""
+    if text.isascii():
+        return text  # the common case, without a Python-level pass over every character
     return "".join(str(unicodedata.decimal(ch)) if not ch.isascii() and ch.isdecimal() else ch for ch in text)
 
 
 def answer_tag(response: str) -> str | None:
-    """Content of the last ``<answer>...</answer>`` (stripped), or None when there is none."""
-    found = _ANSWER.findall(response)
-    return found[-1].strip() if found else None
+    """Content of the last ``<answer>...</answer>`` (stripped), or None when there is none.
+
+    The pairs ``re.findall(r"<answer>(.*?)</answer>")`` would find, found with ``str.find`` in one pass: the
+    regular expression retries from every later ``<answer>`` once no ``</answer>`` follows, which is
+    quadratic in the response length (``"<answer>" * 8000`` took 2 s)."""
+    found, position = None, 0
+    while (start := response.find("<answer>", position)) >= 0:
+        end = response.find("</answer>", start + len("<answer>"))
+        if end < 0:
+            break  # no later <answer> can be closed either
+        found, position = response[start + len("<answer>") : end], end + len("</answer>")
+    return found.strip() if found is not None else None
 
 
 def has_r1_format(response: str) -> bool:
-    """Exactly ``<think>...</think> <answer>...</answer>`` with one tag of each kind and nothing outside."""
-    return _R1_FORMAT.fullmatch(response) is not None and len(_TAGS.findall(response)) == 4
+    """Exactly ``<think>...</think> <answer>...</answer>`` with one tag of each kind and nothing outside.
+    Tags are counted first: with exactly four, the pattern below cannot backtrack more than linearly."""
+    return len(_TAGS.findall(response)) == 4 and _R1_FORMAT.fullmatch(response) is not None
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces; None if there is none."""
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    for start in reversed(starts):
-        depth = 1
-        for position in range(start, len(text)):
-            if text[position] == "{":
-                depth += 1
-            elif text[position] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:position].strip()
-    return None
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces; None if there is none.
+
+    With ``depth[i]`` = (``{`` minus ``}`` in ``text[:i + 1]``), the ``{`` ending at ``start`` closes at the first
+    ``i >= start`` with ``depth[i] < depth[start - 1]``, so it closes at all iff the minimum of ``depth[start:]``
+    is below that: a cumulative sum and a suffix minimum, linear and vectorised (scanning forward from each
+    ``\\boxed{`` was quadratic: ``"\\boxed{" * 4000`` took 2 s)."""
+    starts = np.array([m.end() for m in _BOXED.finditer(text)], dtype=np.int64)
+    if not len(starts):
+        return None
+    chars = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # one element per character
+    depth = np.cumsum((chars == ord("{")).astype(np.int64) - (chars == ord("}")))
+    lowest_after = np.minimum.accumulate(np.append(depth, depth[-1])[::-1])[::-1]  # min(depth[i:]), i <= len
+    closes = np.flatnonzero(lowest_after[starts] < depth[starts - 1])
+    if not len(closes):
+        return None
+    start = int(starts[closes[-1]])
+    end = start + int(np.argmax(depth[start:] < depth[start - 1]))
+    return text[start:end].strip()
 
 
 def last_number(response: str) -> str | None:

@@ -1,0 +1,100 @@
+"""The run directory: where it is, whether it may be written, and one writer at a time.
+
+- ``check_run_name``: ``run_name`` is one path component under ``output_dir`` (no ``/``, no ``..``, not
+  absolute), so a run never writes outside ``output_dir``;
+- ``RunLock``: an exclusive ``fcntl.flock`` on ``<run_dir>/.oprl.lock``, taken before anything is written and
+  held until the run ends (train, explore, resume; with ``backend=ray`` the driver process holds it, and it
+  is the driver that decides what is written). The file records the holder's PID, host and start time, so
+  a second run on the same directory stops with one line naming them. The OS drops the lock when the holder
+  exits, even after ``kill -9``, so a stale lock file never blocks a resume;
+- ``open_new``/``open_existing``: lock a run directory for a new run (a missing or empty directory only; one
+  holding another run, or anything that is not an oprl run, is refused instead of being overwritten) or for
+  a resumed one (it must hold a run).
+
+Not here: what a run writes (``run.py``), checkpoints (``checkpoint.py``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+from oprl.errors import OprlError
+
+LOCK_NAME = ".oprl.lock"
+
+
+def check_run_name(name: str) -> None:
+    """One line unless ``name`` is a single, ordinary path component."""
+    if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name or Path(name).is_absolute():
+        raise OprlError(f"run_name: {name!r} must be a single directory name (no '/', not '.' or '..'); "
+                        "choose the parent directory with output_dir")
+
+
+def is_run_dir(path: Path) -> bool:
+    """Written by oprl: holds a ``config.yaml`` or this module's lock file."""
+    return (path / "config.yaml").is_file() or (path / LOCK_NAME).is_file()
+
+
+def open_new(run_dir: Path) -> "RunLock":
+    """Lock ``run_dir`` for a new run (creating it); refuse one that holds a run or is not oprl's."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise OprlError(f"run_name: {run_dir} exists and is not a directory")
+    others = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    if others and not is_run_dir(run_dir):
+        raise OprlError(f"run_name: {run_dir} exists and is not an oprl run directory (it holds {others[0]!r}"
+                        f"{' ...' if len(others) > 1 else ''}); choose another run_name or output_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(run_dir).acquire()
+    if (run_dir / "metrics.jsonl").exists() or (run_dir / "config.yaml").exists():  # checked under the lock
+        lock.release()
+        raise OprlError(f"run_name: {run_dir} already holds a run; choose another run_name (or resume=true)")
+    return lock
+
+
+def open_existing(run_dir: Path) -> "RunLock":
+    """Lock the run in ``run_dir`` to continue it (resume)."""
+    if not (run_dir / "config.yaml").is_file():
+        raise OprlError(f"resume: {run_dir} holds no run to resume (no config.yaml)")
+    return RunLock(run_dir).acquire()
+
+
+class RunLock:
+    """``with RunLock(run_dir):`` -- exclusive use of ``run_dir`` (see the module docstring)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise OprlError(f"run_name: {self.path.parent} is in use by {holder}; wait for it to finish "
+                            "(or stop it) before starting, resuming or exploring this run") from None
+        except OSError:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        os.pwrite(fd, f"process {os.getpid()} on host {socket.gethostname()} (since {stamp})\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
