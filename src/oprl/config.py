@@ -105,6 +105,11 @@ class RolloutConfig(_Section):
     """Sampler: ``lean`` = oprl's decode loop on the KV cache, each distinct prompt prefilled once per group
     (about 2x faster on CPU); ``hf-generate`` = transformers' ``model.generate``. Both record the behaviour
     log-probs of the distribution actually sampled from."""
+    dtype: Optional[Literal["float32", "bfloat16"]] = None
+    """Precision of the explorers' copy of the weights (the sampler), apart from the trainer's model.dtype;
+    None = model.dtype. ``bfloat16`` with model.dtype=float32 makes rho = pi_trainer/pi_sampler differ from 1
+    on-policy, with no staleness: the numerical mismatch of a bf16 inference engine against an fp32 trainer
+    (vLLM vs FSDP in the paper's setup) as a dial of its own. Evaluation samples on the trainer's copy."""
 
 
 def _one_of(registry) -> Any:

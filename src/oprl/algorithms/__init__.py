@@ -14,7 +14,7 @@ See docs/algorithms.md for formulas, knobs, metrics and the bandit that motivate
 from oprl.algorithms.advantages import BASELINES, DROP_RULES, GroupAdvantages, group_advantages
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate, aggregation_count
 from oprl.algorithms.kl import KL_ESTIMATORS, entropy_from_logits, kl_penalty
-from oprl.algorithms.losses import CLIP_MODES, REGULARIZERS, WEIGHTS, policy_loss
+from oprl.algorithms.losses import CLIP_MODES, MISMATCH_BAND, REGULARIZERS, WEIGHTS, policy_loss, ratio_stats
 from oprl.algorithms.presets import (
     ADVANTAGE_KEYS,
     ALGORITHM_DEFAULTS,
@@ -41,6 +41,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "LOSS_KEYS",
+    "MISMATCH_BAND",
     "PRESETS",
     "REGISTRIES",
     "RENAMED_SETTINGS",
@@ -55,6 +56,7 @@ __all__ = [
     "group_advantages",
     "kl_penalty",
     "policy_loss",
+    "ratio_stats",
     "renamed_message",
     "resolve_preset",
     "split_settings",

@@ -27,6 +27,10 @@ as intended for any ratio a clip band can care about."""
 RATIO_RANGE = (0.5, 2.0)
 """``ratio_outside_frac`` counts valid tokens whose ρ lies outside this range (a staleness gauge)."""
 
+MISMATCH_BAND = (0.8, 1.25)
+"""``ratio_stats``' default band: a token whose ρ leaves it differs by more than 25% (either way) between the
+trainer and the sampler, which a bf16 sampler already produces on-policy (1.25 = 1/0.8, symmetric in log ρ)."""
+
 
 class ClipBand(NamedTuple):
     """The ε's of the clip modes: band [1 − eps_low, 1 + eps_high]; ring extremes 1 − eps_low_prime and
@@ -174,6 +178,33 @@ def _valid_extreme(ratio: torch.Tensor, valid: torch.Tensor, largest: bool) -> t
     filled = torch.where(valid, ratio, fill)  # (B, T)
     extreme = filled.amax() if largest else filled.amin()
     return torch.where(valid.any(), extreme, torch.ones_like(extreme))
+
+
+@torch.no_grad()
+def ratio_stats(
+    logprobs: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    band: tuple[float, float] = MISMATCH_BAND,
+) -> dict[str, torch.Tensor]:
+    """The distribution of ρ = exp(logprobs − behavior_logprobs) over the valid tokens of ``mask`` (B, T).
+
+    Returns detached 0-dim tensors: ``mean``, ``min``, ``max`` (1 when no token is valid) and
+    ``outside_frac``, the share of valid tokens with ρ ∉ [band[0], band[1]]. The same clamp (±20 in log ρ)
+    as the loss keeps stray tokens finite.
+    """
+    mask = mask.to(logprobs.dtype)
+    valid = mask > 0
+    log_ratio = torch.where(valid, logprobs - behavior_logprobs.to(logprobs.dtype), torch.zeros_like(logprobs))
+    ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()  # (B, T)
+    total = mask.sum().clamp(min=1)
+    low, high = band
+    return {
+        "mean": torch.where(valid.any(), (ratio * mask).sum() / total, torch.ones_like(total)),
+        "min": _valid_extreme(ratio, valid, largest=False),
+        "max": _valid_extreme(ratio, valid, largest=True),
+        "outside_frac": (((ratio < low) | (ratio > high)).to(mask.dtype) * mask).sum() / total,
+    }
 
 
 @torch.no_grad()

@@ -14,7 +14,9 @@ from collections import defaultdict
 
 import torch
 
-from oprl.algorithms import ADVANTAGE_KEYS, LOSS_KEYS, aggregate, group_advantages, kl_penalty, policy_loss
+from oprl.algorithms import (
+    ADVANTAGE_KEYS, LOSS_KEYS, aggregate, group_advantages, kl_penalty, policy_loss, ratio_stats,
+)
 from oprl.models.batching import right_pad_values
 from oprl.models.logprobs import grouped_response_logprobs
 from oprl.runtime.experience import Experience
@@ -140,6 +142,8 @@ class Trainer:
         out = {f"loss/{k}": float(v) for k, v in metrics.items()}
         out["entropy/mean"] = float(aggregate(entropy.detach(), mask, "token-mean"))
         out["kl/behavior_k3"] = float(aggregate(kl_penalty(logprobs.detach(), behavior, "k3"), mask, "token-mean"))
+        # ρ = π_θ/π_behaviour whatever the loss uses: mismatch (rollout.dtype) and staleness, every step.
+        out |= {f"rho/behavior_{k}": float(v) for k, v in ratio_stats(logprobs.detach(), behavior, mask).items()}
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, **agg)
         if self._ref_kl_due():

@@ -78,12 +78,13 @@ def quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def load_model(config: RunConfig, path: str):
-    """``(model, tokenizer)`` from ``path``; seeded and locked so every worker builds the same weights."""
+def load_model(config: RunConfig, path: str, dtype: str | None = None):
+    """``(model, tokenizer)`` from ``path`` in ``dtype`` (None = model.dtype); seeded and locked so every worker
+    builds the same weights."""
     quiet_transformers()
     with SAMPLING_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        return load_pretrained(path, dtype=config.model.dtype, device=config.model.device, lora=config.model.lora)
+        return load_pretrained(path, dtype=dtype or config.model.dtype, device=config.model.device, lora=config.model.lora)
 
 
 def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
@@ -154,7 +155,7 @@ class ExplorerWorker:
         self.clock = Clock()
         self.index = index
         task = build_task(config.task)
-        self.model, tokenizer = load_model(config, model_path)
+        self.model, tokenizer = load_model(config, model_path, dtype=config.rollout.dtype)  # the sampler's precision
         self.explorer = Explorer(
             task, tokenizer, make_engine(config, self.model, tokenizer),
             prompts_per_step=config.rollout.prompts_per_step, group_size=config.rollout.group_size, seed=config.seed,
