@@ -13,6 +13,7 @@ from pydantic import Discriminator, Tag
 from oprl.tasks.arithmetic import ArithmeticTask
 from oprl.tasks.base import Problem, Reward, Task
 from oprl.tasks.config import Section
+from oprl.tasks.dataset import DatasetTask
 from oprl.tasks.gsm8k import GSM8kTask
 from oprl.tasks.math_problems import MathTask
 
@@ -20,6 +21,7 @@ TASKS: dict[str, type] = {
     "arithmetic": ArithmeticTask,
     "gsm8k": GSM8kTask,
     "math": MathTask,
+    "dataset": DatasetTask,
 }
 """Every task plug-in by its ``task.name``; ``TASKS[name].Config`` is its configuration section."""
 
@@ -44,4 +46,7 @@ TaskConfig = Annotated[
 ]
 """The ``task`` configuration section: one of the ``TASKS[name].Config``, chosen by ``task.name``."""
 
-__all__ = ["TASKS", "TaskConfig", "build_task", "ArithmeticTask", "GSM8kTask", "MathTask", "Problem", "Reward", "Task"]
+__all__ = [
+    "TASKS", "TaskConfig", "build_task", "ArithmeticTask", "DatasetTask", "GSM8kTask", "MathTask", "Problem", "Reward",
+    "Task",
+]

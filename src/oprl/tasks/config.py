@@ -8,7 +8,7 @@ configuration.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, TypeVar
+from typing import Any, Literal, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -135,6 +135,50 @@ class MathTaskConfig(_ReasoningTaskConfig):
     """Appended to every problem, on its own line."""
 
 
+class DatasetTaskConfig(Section):
+    """Your data, your reward: prompts from a JSONL / JSON / parquet / CSV file or a Hugging Face ``datasets``
+    name or directory, scored by your own Python function(s) (see docs/tasks.md for the reward contract)."""
+
+    name: Literal["dataset"] = "dataset"
+    """Task plug-in (see ``oprl.tasks.TASKS``)."""
+    train_file: Optional[str] = None
+    """Training split file: .jsonl, .json (a list of objects), .parquet or .csv. Or set task.hf_name."""
+    test_file: Optional[str] = None
+    """Test split file (evaluation); None = the training file (evaluation then measures training prompts)."""
+    hf_name: Optional[str] = None
+    """Instead of files: a ``datasets`` dataset: a hub name (needs the network or the HF cache), a local
+    directory written by ``Dataset(Dict).save_to_disk``, or a local directory of data files."""
+    hf_config: Optional[str] = None
+    """hf_name's configuration name (None = its default)."""
+    train_split: str = "train"
+    """hf_name's split used for training."""
+    test_split: Optional[str] = "test"
+    """hf_name's split used for evaluation; None (or a split the dataset lacks) = the training split."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt: a string (sent as one user message) or a list of chat messages
+    ``[{"role": ..., "content": ...}, ...]``."""
+    reference_column: Optional[str] = "reference"
+    """Column handed to the reward as ``reference`` (None = no reference column; the reward gets None)."""
+    system_prompt: Optional[str] = None
+    """System message put before string prompts (None = none)."""
+    reward: Union[str, list[str]] = ""
+    """Your reward function(s): ``package.module:function`` (importable from the current directory or the
+    environment) or ``path/to/file.py:function``, or a list of them. Called as
+    ``fn(prompt, completion, reference, **row) -> float | dict[str, float]`` in worker processes; a dict's
+    values are named components (logged as ``reward/<name>``) and its reward is their sum."""
+    reward_weights: Optional[list[float]] = None
+    """Weight of each reward function in the total (None = 1.0 each), as TRL's ``reward_weights``."""
+    reward_timeout: float = Field(5.0, gt=0.0)
+    """Seconds one reward call may take; past that its worker is killed, the call scores 0 and
+    ``reward/reward_timeout`` counts it."""
+    reward_workers: int = Field(1, gt=0)
+    """Reward worker processes (each imports your reward module once)."""
+    train_size: Optional[int] = Field(None, gt=0)
+    """Use only the first train_size usable training rows (None = all)."""
+    test_size: Optional[int] = Field(None, gt=0)
+    """Use only the first test_size usable test rows (None = all)."""
+
+
 S = TypeVar("S", bound=Section)
 
 
@@ -151,3 +195,4 @@ def task_section(section: type[S], config: S | None, fields: dict[str, Any]) -> 
         error = exc.errors()[0]
         key = ".".join(str(part) for part in error["loc"])
         raise OprlError(f"task.{key}: {error['msg']} (got {error.get('input')!r})") from None
+

@@ -1,4 +1,4 @@
-"""Rows of a dataset split from a local file (JSONL, JSON, parquet) or from the Hugging Face hub.
+"""Rows of a dataset split from a local file (JSONL, JSON, parquet, CSV) or a Hugging Face ``datasets`` dataset.
 
 Every row comes back with its 1-based row number (the line number for JSONL), so a task can name the exact
 rows it had to skip. Lines that are not JSON objects are returned as malformed rows rather than raised, and
@@ -11,6 +11,7 @@ Not here: what a row means (each task converts rows to problems), downloading an
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any, Iterator
 from oprl.errors import OprlError
 
 log = logging.getLogger("oprl.tasks")
-SUFFIXES = (".jsonl", ".json", ".parquet")
+SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 
 
 @dataclass
@@ -32,7 +33,8 @@ class Row:
 
 
 def read_rows(path: str | Path, *, key: str) -> list[Row]:
-    """All rows of a ``.jsonl``, ``.json`` (a list of objects) or ``.parquet`` file; ``key`` names the config key."""
+    """All rows of a ``.jsonl``, ``.json`` (a list of objects), ``.parquet`` or ``.csv`` file (a header line, every
+    value a string); ``key`` names the config key."""
     path = Path(path)
     if not path.is_file():
         raise OprlError(f"{key}: file {str(path)!r} not found")
@@ -45,13 +47,16 @@ def read_rows(path: str | Path, *, key: str) -> list[Row]:
             records = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(records, list):
                 raise OprlError(f"{key}: {path} must hold a JSON list of objects (or use .jsonl)")
+        elif path.suffix == ".csv":  # every value a string: the reward decides what "42" or "007" means
+            with path.open(encoding="utf-8", newline="") as handle:
+                records = list(csv.DictReader(handle))
         else:
             import pyarrow.parquet as pq
 
             records = pq.read_table(path).to_pylist()
     except OprlError:
         raise
-    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON, not parquet
+    except (OSError, ValueError, csv.Error) as exc:  # unreadable, not UTF-8, not JSON, not parquet, bad CSV
         raise OprlError(f"{key}: cannot read {path}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
     return [Row(i, r if isinstance(r, dict) else None) for i, r in enumerate(records, start=1)]
 
@@ -81,6 +86,31 @@ def hub_rows(hub_id: str, config_name: str | None, split: str, *, key: str) -> l
             "offline, point task.train_file / task.test_file at local JSONL or parquet files"
         ) from None
     return [Row(i, dict(r)) for i, r in enumerate(dataset, start=1)]
+
+
+def datasets_rows(name: str, config_name: str | None, split: str, *, key: str) -> list[Row] | None:
+    """Rows of ``split`` of a ``datasets`` dataset: a directory written by ``save_to_disk``, a directory of
+    data files, or a hub name; None when the dataset has no such split."""
+    import datasets
+
+    try:
+        if Path(name).is_dir() and any((Path(name) / f).is_file() for f in ("dataset_dict.json", "state.json")):
+            loaded = datasets.load_from_disk(name)
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    return None
+                loaded = loaded[split]
+            elif split != "train":
+                return None  # a single saved Dataset is the training split
+        else:
+            splits = datasets.get_dataset_split_names(name, config_name)
+            if split not in splits:
+                return None
+            loaded = datasets.load_dataset(name, config_name, split=split)
+    except Exception as exc:  # noqa: BLE001 - offline, missing, gated, unreadable: one line either way
+        reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise OprlError(f"{key}: cannot load {name!r} split {split!r} ({reason})") from None
+    return [Row(i, dict(r)) for i, r in enumerate(loaded, start=1)]
 
 
 def find_split_file(directory: str | Path, split: str, *, key: str) -> Path:
