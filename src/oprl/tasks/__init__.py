@@ -12,12 +12,11 @@ from pydantic import Discriminator, Tag
 
 from oprl.tasks.arithmetic import ArithmeticTask
 from oprl.tasks.base import Problem, Reward, Task
-from oprl.tasks.config import Section
 from oprl.tasks.dataset import DatasetTask
 from oprl.tasks.gsm8k import GSM8kTask
 from oprl.tasks.math_problems import MathTask
 
-TASKS: dict[str, type] = {
+TASKS: dict[str, Any] = {
     "arithmetic": ArithmeticTask,
     "gsm8k": GSM8kTask,
     "math": MathTask,
@@ -28,7 +27,7 @@ TASKS: dict[str, type] = {
 DEFAULT_TASK = "arithmetic"
 
 
-def build_task(section: Section) -> Task:
+def build_task(section: Any) -> Task:
     """The task named by ``section.name``, built from that section."""
     return TASKS[section.name](section)
 
@@ -40,13 +39,19 @@ def _task_tag(value: Any) -> str:
     return str(getattr(value, "name", DEFAULT_TASK))
 
 
-TaskConfig = Annotated[
-    Union[tuple(Annotated[task.Config, Tag(name)] for name, task in TASKS.items())],  # type: ignore[valid-type]
-    Discriminator(_task_tag),
-]
+_SECTIONS = tuple(Annotated[task.Config, Tag(name)] for name, task in TASKS.items())
+TaskConfig = Annotated[Union[_SECTIONS], Discriminator(_task_tag)]  # type: ignore[valid-type]  # noqa: UP007
 """The ``task`` configuration section: one of the ``TASKS[name].Config``, chosen by ``task.name``."""
 
 __all__ = [
-    "TASKS", "TaskConfig", "build_task", "ArithmeticTask", "DatasetTask", "GSM8kTask", "MathTask", "Problem", "Reward",
+    "TASKS",
+    "ArithmeticTask",
+    "DatasetTask",
+    "GSM8kTask",
+    "MathTask",
+    "Problem",
+    "Reward",
     "Task",
+    "TaskConfig",
+    "build_task",
 ]

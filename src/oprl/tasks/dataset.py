@@ -15,7 +15,8 @@ prompt, the completion, the reference and the row's other columns.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
@@ -42,8 +43,9 @@ class DatasetTask:
         self._splits = {split: self._load(split) for split in ("train", "test")}
         specs = [c.reward] if isinstance(c.reward, str) else list(c.reward)
         extra = {column for row in self._rows.values() for column in row["row"]}
-        self.rewards = UserRewards(specs, c.reward_weights, timeout=c.reward_timeout, workers=c.reward_workers,
-                                   extra_columns=sorted(extra))
+        self.rewards = UserRewards(
+            specs, c.reward_weights, timeout=c.reward_timeout, workers=c.reward_workers, extra_columns=sorted(extra)
+        )
 
     def _source(self, split: str) -> tuple[list[Row], str, str]:
         """``(rows, where they came from, the setting to blame)``; the test split falls back to train."""
@@ -56,8 +58,10 @@ class DatasetTask:
             if rows is None:
                 raise OprlError(f"task.{split}_split: {c.hf_name!r} has no split {wanted!r}")
             return rows, f"{c.hf_name} split {wanted!r}", "task.hf_name"
-        file, key = (c.test_file, "task.test_file") if split == "test" and c.test_file else (c.train_file, "task.train_file")
-        return read_rows(file, key=key), str(file), key
+        file, key = c.train_file or "", "task.train_file"
+        if split == "test" and c.test_file:
+            file, key = c.test_file, "task.test_file"
+        return read_rows(file, key=key), file, key
 
     def _load(self, split: str) -> list[Problem]:
         c = self.config
@@ -65,8 +69,11 @@ class DatasetTask:
         columns = {name for row in rows if row.data for name in row.data}
         for setting, column in (("prompt_column", c.prompt_column), ("reference_column", c.reference_column)):
             if column is not None and columns and column not in columns:
-                raise OprlError(f"task.{setting}: no column {column!r} in {where} (columns: {', '.join(sorted(columns))})")
-        report, problems = RowReport(where), []
+                raise OprlError(
+                    f"task.{setting}: no column {column!r} in {where} (columns: {', '.join(sorted(columns))})"
+                )
+        report = RowReport(where)
+        problems: list[Problem] = []
         limit = c.train_size if split == "train" else c.test_size
         for row in rows:
             problem, reason = self._problem(split, row)
@@ -115,10 +122,11 @@ def _messages(prompt: Any, system_prompt: str | None) -> tuple[tuple[dict, ...] 
         if not prompt.strip():
             return None, "is empty"
         user = ({"role": "user", "content": prompt},)
-        return (({"role": "system", "content": system_prompt},) + user if system_prompt else user), ""
+        return (({"role": "system", "content": system_prompt}, *user) if system_prompt else user), ""
     if isinstance(prompt, (list, tuple)) and prompt:
-        if all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-               for m in prompt):
+        if all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        ):
             return tuple({"role": m["role"], "content": m["content"]} for m in prompt), ""
         return None, "is a list but not of {'role': str, 'content': str} messages"
     return None, "is missing" if prompt is None else f"is a {type(prompt).__name__}, not a string or message list"

@@ -25,8 +25,9 @@ import inspect
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Reward
@@ -57,7 +58,7 @@ def load_reward(spec: str, *, key: str = KEY) -> Callable[..., Any]:
             module = importlib.import_module(target)
     except OprlError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - whatever the user's module raises at import is their mistake
+    except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         raise OprlError(f"{key}: cannot import {target!r}: {type(exc).__name__}: {_first_line(exc)}") from None
@@ -74,7 +75,7 @@ def check_signature(function: Callable[..., Any], spec: str, extra_columns: Sequ
     except (TypeError, ValueError):
         return  # a builtin or C function: no signature to check; a wrong call then fails every row
     try:
-        signature.bind("prompt", "completion", "reference", **{column: None for column in extra_columns})
+        signature.bind("prompt", "completion", "reference", **dict.fromkeys(extra_columns))
     except TypeError as exc:
         raise OprlError(
             f"{key}: {spec} has the wrong signature {attribute_name(spec)}{signature} ({exc}); expected "
@@ -96,7 +97,7 @@ def reward_value(value: Any) -> dict[str, float] | float:
                 raise TypeError(f"returned a dict with {name!r}: {type(item).__name__}; need dict[str, float]")
             out[name] = number
         return out
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+    if isinstance(value, bool) or (not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
         raise TypeError(f"returned {type(value).__name__} {str(value)[:40]!r}; need a float or dict[str, float]")
     number = float(value)
     if not math.isfinite(number):
@@ -107,8 +108,15 @@ def reward_value(value: Any) -> dict[str, float] | float:
 class UserRewards:
     """The reward functions of ``specs`` weighted by ``weights``, scored in ``workers`` timed processes."""
 
-    def __init__(self, specs: Sequence[str], weights: Sequence[float] | None, *, timeout: float, workers: int,
-                 extra_columns: Sequence[str] = ()):
+    def __init__(
+        self,
+        specs: Sequence[str],
+        weights: Sequence[float] | None,
+        *,
+        timeout: float,
+        workers: int,
+        extra_columns: Sequence[str] = (),
+    ):
         self.specs = list(specs)
         if not self.specs or not all(self.specs):
             raise OprlError(f"{KEY}: task.name=dataset needs a reward function: {KEY}=path/to/file.py:function")
@@ -118,8 +126,12 @@ class UserRewards:
         for spec in self.specs:
             check_signature(load_reward(spec), spec, extra_columns)
         self.names = [attribute_name(spec) for spec in self.specs]
-        self.pool = WorkerPool(["oprl.tasks.user_reward", *self.specs], workers, timeout,
-                               what=f"reward worker ({KEY}={','.join(self.specs)})")
+        self.pool = WorkerPool(
+            ["oprl.tasks.user_reward", *self.specs],
+            workers,
+            timeout,
+            what=f"reward worker ({KEY}={','.join(self.specs)})",
+        )
         self.counts = {"calls": 0, "timeout": 0, "error": 0}
 
     def score(self, rows: Sequence[dict[str, Any]]) -> list[Reward]:
@@ -132,7 +144,7 @@ class UserRewards:
             replies += self.pool.run(requests[head:])
             self._stop_if_all_failed(replies, len(rows))
         per_row = len(self.specs)
-        return [self._reward(replies[i * per_row:(i + 1) * per_row]) for i in range(len(rows))]
+        return [self._reward(replies[i * per_row : (i + 1) * per_row]) for i in range(len(rows))]
 
     def _reward(self, replies: list[dict]) -> Reward:
         total, components = 0.0, {}
