@@ -1,0 +1,112 @@
+"""Failure paths end with the one-line error naming the real cause and exit status 1, never an abort.
+
+Each case runs 10 times, each time in a fresh child process: the abort this guards against
+(``terminate called without an active exception``, exit -6) happened at interpreter exit, in some tries
+only, when a worker thread was still inside torch. To keep that affordable the children are forked from one
+parent that has imported torch, transformers and oprl once (``ZYGOTE``); each child runs ``oprl.cli.main``
+and leaves through ``sys.exit``, i.e. through a normal interpreter shutdown. Faults are injected at the
+library level (safetensors, parquet writers), before oprl imports them: a full disk while a checkpoint is
+written, and a run directory that stops accepting new files (read-only) while the store is written.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SMALL
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TRIES = 10
+
+ZYGOTE = r"""
+import errno, json, os, sys
+import pyarrow.parquet, safetensors.torch
+
+FAULT = {}
+
+def faulty(real):
+    def write(*args, **kwargs):
+        target = str(args[1] if len(args) > 1 else kwargs.get("filename", kwargs.get("where", "")))
+        if FAULT and FAULT["match"] in target:
+            raise OSError(FAULT["errno"], os.strerror(FAULT["errno"]), target)
+        return real(*args, **kwargs)
+    return write
+
+safetensors.torch.save_file = faulty(safetensors.torch.save_file)
+pyarrow.parquet.write_table = faulty(pyarrow.parquet.write_table)
+import torch.utils.tensorboard, oprl.cli, oprl.runtime.run  # the expensive imports, once
+
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        FAULT.update(job.get("fault") or {})
+        sys.exit(oprl.cli.main(job["args"]))
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory, cache_dir):
+    env = os.environ | {"PYTHONPATH": str(SRC), "OPRL_CACHE_DIR": str(cache_dir)}
+    process = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, env=env)
+    root = tmp_path_factory.mktemp("failures")
+    counter = iter(range(10_000))
+
+    def run(args: list[str], fault: dict | None = None) -> tuple[int, str, Path]:
+        name = f"r{next(counter)}"
+        log = root / f"{name}.log"
+        job = {"args": [*args, f"output_dir={root / 'runs'}", f"run_name={name}"], "fault": fault, "log": str(log)}
+        process.stdin.write(json.dumps(job) + "\n")
+        process.stdin.flush()
+        reply = process.stdout.readline()
+        assert reply, "the zygote process died"
+        return json.loads(reply)["exit"], log.read_text(), root / "runs" / name
+
+    # Overlapped (sync.offset=1): an explorer is generating while the trainer fails, so shutdown must wait.
+    base = ["train", *SMALL, "steps=3", "sync.offset=1", "checkpoint.interval=1", "eval.interval=0",
+            "eval.num_problems=4", "runtime.torch_threads=1", "rollout.prompts_per_step=2", "rollout.group_size=2"]
+    code, output, _ = run([*base, "tensorboard=false", "steps=1"])  # builds the warm-start cache if needed
+    assert code == 0, output
+    yield run, base
+    process.stdin.close()
+    process.wait(timeout=60)
+
+
+def test_disk_full_during_a_checkpoint_exits_1_with_the_cause_never_an_abort(zygote):
+    run, base = zygote
+    full = {"match": "step-000002", "errno": 28}  # ENOSPC while the trainer writes checkpoint 2
+    for _ in range(TRIES):
+        code, output, run_dir = run([*base, "tensorboard=true"], full)
+        assert code == 1, output
+        lines = output.strip().splitlines()
+        assert len(lines) == 1 and "terminate called" not in output, output
+        assert "failed while checkpointing step 2" in lines[0]  # the trainer's or the buffer's part
+        assert "No space left on device" in lines[0] and "step-000002" in lines[0]
+        assert "checkpoint of step 1" in lines[0]  # the last good one, to resume from
+        assert (run_dir / "checkpoints" / "step-000001" / "state.json").is_file()
+
+
+def test_a_read_only_run_directory_reports_the_failed_store_write_never_an_abort(zygote):
+    run, base = zygote
+    read_only = {"match": "batch-000002", "errno": 13}  # EACCES creating the store file of batch 2
+    for attempt in range(TRIES):
+        code, output, _ = run([*base, f"tensorboard={attempt % 2 == 0}"], read_only)
+        assert code == 1, output
+        lines = output.strip().splitlines()
+        assert len(lines) == 1 and "terminate called" not in output, output
+        assert "buffer failed" in lines[0] and "batch 2" in lines[0], lines[0]
+        assert "PermissionError" in lines[0] and "batch-000002.parquet" in lines[0], lines[0]
+        assert "never put" not in lines[0]
+    code, output, _ = run([*base, "tensorboard=false", "--debug"], read_only)
+    assert code == 1 and "Traceback" in output and "PermissionError" in output, output
+    assert "terminate called" not in output
