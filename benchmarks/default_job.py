@@ -23,9 +23,19 @@ def run_once(seed: int, workdir: Path) -> dict:
     env = dict(os.environ, OPRL_CACHE_DIR=str(workdir / "cache"))
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "oprl.cli", "train", f"seed={seed}", f"output_dir={workdir / 'runs'}",
-         "run_name=default", "progress=false"],
-        check=True, env=env, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "oprl.cli",
+            "train",
+            f"seed={seed}",
+            f"output_dir={workdir / 'runs'}",
+            "run_name=default",
+            "progress=false",
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
     )
     wall = time.perf_counter() - start
     summary = json.loads((workdir / "runs" / "default" / "summary.json").read_text())

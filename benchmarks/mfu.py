@@ -109,7 +109,7 @@ def measure_generation(model, tokenizer, s, engine_name, batch, max_new_tokens, 
     per_token_flops = 2 * s["n_dense"] + 2 * s["d"] * s["vocab"]
     step_bound = max(s["weight_bytes"] / bandwidth, batch * per_token_flops / peak)
     prefill_s = len(prompts[0]) * 2 * s["n_dense"] / peak  # one prompt pass for the group: compute-bound
-    measured = statistics.median(c / t for c, t in zip(counts, times))
+    measured = statistics.median(c / t for c, t in zip(counts, times, strict=True))
     tokens = statistics.mean(counts)
     bound = tokens / (prefill_s + tokens / batch * step_bound)
     return {"engine": engine_name, "batch": batch, "tokens_per_s": measured, "bound_tokens_per_s": bound, "fraction_of_bound": measured / bound,

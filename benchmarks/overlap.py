@@ -34,11 +34,21 @@ from oprl.metrics import deterministic_view, read_metrics
 from oprl.runtime.run import run
 
 RECIPE = [
-    "task.train_size=600", "task.test_size=64", "warmstart.max_steps=40", "warmstart.check_interval=20",
-    "warmstart.val_problems=64", "warmstart.target_accuracy=0.99",
-    "rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=8",
-    "eval.num_problems=32", "eval.interval=0", "progress=false", "tensorboard=false",
-    "checkpoint.interval=0", "buffer.persist=false",
+    "task.train_size=600",
+    "task.test_size=64",
+    "warmstart.max_steps=40",
+    "warmstart.check_interval=20",
+    "warmstart.val_problems=64",
+    "warmstart.target_accuracy=0.99",
+    "rollout.prompts_per_step=16",
+    "rollout.group_size=8",
+    "rollout.max_new_tokens=8",
+    "eval.num_problems=32",
+    "eval.interval=0",
+    "progress=false",
+    "tensorboard=false",
+    "checkpoint.interval=0",
+    "buffer.persist=false",
 ]
 SETTINGS = {
     "overlap": ["sync.offset=1", "runtime.torch_threads=1"],
@@ -94,25 +104,44 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"repeat {repeat} {name}: {results[name][-1]['per_step_s']:.3f} s/step", file=sys.stderr)
     compared = results["overlap"] + results["overlap-processes"] + results["sequential"]
     same = all(r["rows"] == results["overlap"][0]["rows"] for r in compared)
-    table = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "rows"}
-             for name, runs in results.items()}
+    table = {
+        name: {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "rows"}
+        for name, runs in results.items()
+    }
     base = table["sequential"]["per_step_s"]
     seq = table["sequential"]
     ideal = max(seq["generate_s"], seq["train_s"]) / (seq["generate_s"] + seq["train_s"])
-    print(f"\nload average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; backend {args.backend}; "
-          f"{args.steps} steps, medians of {args.repeats}; overlap and sequential metrics identical: {same}; "
-          f"best possible overlap ratio from the sequential run's sides: {ideal:.2f}\n")
-    print("| setting | s/step | vs sequential | trainer busy / idle s | explorer busy / idle s | generate s | train s "
-          "| cores used |")
+    print(
+        f"\nload average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; backend {args.backend}; "
+        f"{args.steps} steps, medians of {args.repeats}; overlap and sequential metrics identical: {same}; "
+        f"best possible overlap ratio from the sequential run's sides: {ideal:.2f}\n"
+    )
+    print(
+        "| setting | s/step | vs sequential | trainer busy / idle s | explorer busy / idle s | generate s | train s "
+        "| cores used |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, row in table.items():
-        print(f"| {name} | {row['per_step_s']:.3f} | {row['per_step_s'] / base:.2f} | "
-              f"{row['trainer_busy_s']:.2f} / {row['trainer_idle_s']:.2f} | "
-              f"{row['explorer_busy_s']:.2f} / {row['explorer_idle_s']:.2f} | {row['generate_s']:.2f} | "
-              f"{row['train_s']:.2f} | {row['cores_used']:.2f} |")
+        print(
+            f"| {name} | {row['per_step_s']:.3f} | {row['per_step_s'] / base:.2f} | "
+            f"{row['trainer_busy_s']:.2f} / {row['trainer_idle_s']:.2f} | "
+            f"{row['explorer_busy_s']:.2f} / {row['explorer_idle_s']:.2f} | {row['generate_s']:.2f} | "
+            f"{row['train_s']:.2f} | {row['cores_used']:.2f} |"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"overrides": args.overrides, "steps": args.steps, "repeats": args.repeats,
-                                         "settings": SETTINGS, "medians": table, "identical": same}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "overrides": args.overrides,
+                    "steps": args.steps,
+                    "repeats": args.repeats,
+                    "settings": SETTINGS,
+                    "medians": table,
+                    "identical": same,
+                },
+                indent=2,
+            )
+        )
     return 0 if same else 1
 
 

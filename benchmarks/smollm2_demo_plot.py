@@ -17,7 +17,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def moving_average(values: list[float], width: int) -> list[float]:
@@ -62,7 +62,8 @@ def main(run_dir: Path, out: Path) -> None:
         f"| truncated fraction, first -> last {k} steps | {statistics.fmean(truncated[:k]):.2f} -> "
         f"{statistics.fmean(truncated[-k:]):.2f} |",
         f"| median generate tokens/s | {statistics.median(r['perf/generate_tokens_per_s'] for r in steps):.1f} |",
-        f"| median train tokens/s (response tokens) | {statistics.median(r['perf/train_tokens_per_s'] for r in steps):.1f} |",
+        "| median train tokens/s (response tokens) | "
+        f"{statistics.median(r['perf/train_tokens_per_s'] for r in steps):.1f} |",
         f"| wall time | {summary.get('seconds', float('nan')) / 60:.1f} min |",
     ]
     print("\n".join(lines))

@@ -76,8 +76,15 @@ def main() -> None:
     start = time.perf_counter()
     model, tokenizer = load_pretrained("smollm2-135m-instruct")
     print(json.dumps({"load_s": time.perf_counter() - start, "loadavg_before": os.getloadavg()[0]}), flush=True)
-    task = GSM8kTask(source="synthetic", train_size=max(args.batch), test_size=1, reward="last-number",
-                     synthetic_min_steps=1, synthetic_max_steps=1, synthetic_max_value=10)
+    task = GSM8kTask(
+        source="synthetic",
+        train_size=max(args.batch),
+        test_size=1,
+        reward="last-number",
+        synthetic_min_steps=1,
+        synthetic_max_steps=1,
+        synthetic_max_value=10,
+    )
     # The first generate call of a process pays one-off setup (tens of seconds on a busy machine): not measured.
     measure(model, tokenizer, task, 2, 4, 1)
     for batch in args.batch:

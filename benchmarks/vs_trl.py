@@ -20,6 +20,7 @@ of the final weights (pass@1 at T=1 on the 500 test problems, the same fixed sam
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -63,19 +64,38 @@ def child_oprl(path: str, steps: int, seed: int, threads: int, skip: int, extra:
     from oprl.runtime.run import run
 
     with tempfile.TemporaryDirectory() as tmp:
-        config = load_config(None, [
-            f"model.path={path}", f"steps={steps}", f"seed={seed}", "algorithm.preset=grpo", f"optim.lr={LR}",
-            f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}", f"rollout.max_new_tokens={MAX_NEW}",
-            "rollout.temperature=1.0", "sync.interval=1", "sync.offset=0", f"runtime.torch_threads={threads}",
-            "eval.interval=0", "eval.num_problems=500", "eval.seed=0", "checkpoint.interval=0",
-            "buffer.persist=false", "tensorboard=false", "progress=false", f"output_dir={tmp}", "run_name=bench",
-            *extra,
-        ])
+        config = load_config(
+            None,
+            [
+                f"model.path={path}",
+                f"steps={steps}",
+                f"seed={seed}",
+                "algorithm.preset=grpo",
+                f"optim.lr={LR}",
+                f"rollout.prompts_per_step={PROMPTS}",
+                f"rollout.group_size={GROUP}",
+                f"rollout.max_new_tokens={MAX_NEW}",
+                "rollout.temperature=1.0",
+                "sync.interval=1",
+                "sync.offset=0",
+                f"runtime.torch_threads={threads}",
+                "eval.interval=0",
+                "eval.num_problems=500",
+                "eval.seed=0",
+                "checkpoint.interval=0",
+                "buffer.persist=false",
+                "tensorboard=false",
+                "progress=false",
+                f"output_dir={tmp}",
+                "run_name=bench",
+                *extra,
+            ],
+        )
         summary = run(config, log=lambda *_: None)
         rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "reward/mean" in r]
     # Wall time between consecutive trainer steps (the driver's clock), as TRL's callback measures it.
     elapsed = [rows[0]["perf/elapsed_s"] - rows[0]["perf/step_s"]] + [r["perf/elapsed_s"] for r in rows]
-    times = [b - a for a, b in zip(elapsed, elapsed[1:])][skip:]
+    times = [b - a for a, b in itertools.pairwise(elapsed)][skip:]
     tokens = [r["response/tokens"] for r in rows][skip:]
     return {
         "step_s": statistics.median(times),
@@ -108,7 +128,7 @@ def child_trl(path: str, steps: int, seed: int, threads: int, skip: int) -> dict
 
     def reward(prompts, completions, answer, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        scores = [score_integer_answer(a, t).total for a, t in zip(answer, texts)]
+        scores = [score_integer_answer(a, t).total for a, t in zip(answer, texts, strict=True)]
         step_rewards.append(sum(scores) / len(scores))
         return scores
 
@@ -126,16 +146,44 @@ def child_trl(path: str, steps: int, seed: int, threads: int, skip: int) -> dict
     timer = Timer()
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
-            output_dir=tmp, use_cpu=True, bf16=False, seed=seed, max_steps=steps, learning_rate=LR,
-            lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-            per_device_train_batch_size=PROMPTS * GROUP, gradient_accumulation_steps=1, num_generations=GROUP,
-            num_iterations=1, max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
-            loss_type="dapo", scale_rewards="group", epsilon=0.2, logging_steps=1, report_to=[],
-            save_strategy="no", disable_dropout=True, dataloader_num_workers=0, log_completions=False,
+            output_dir=tmp,
+            use_cpu=True,
+            bf16=False,
+            seed=seed,
+            max_steps=steps,
+            learning_rate=LR,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            per_device_train_batch_size=PROMPTS * GROUP,
+            gradient_accumulation_steps=1,
+            num_generations=GROUP,
+            num_iterations=1,
+            max_completion_length=MAX_NEW,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            beta=0.0,
+            loss_type="dapo",
+            scale_rewards="group",
+            epsilon=0.2,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            disable_dropout=True,
+            dataloader_num_workers=0,
+            log_completions=False,
             shuffle_dataset=False,
         )
-        trainer = GRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data,
-                              processing_class=tokenizer, callbacks=[timer])
+        trainer = GRPOTrainer(
+            model=path,
+            reward_funcs=reward,
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[timer],
+        )
         # Count generated tokens per step from the logged mean completion length.
         trainer.train()
         lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
@@ -151,8 +199,22 @@ def child_trl(path: str, steps: int, seed: int, threads: int, skip: int) -> dict
 
 
 def run_child(framework: str, path: str, args) -> dict:
-    command = [sys.executable, __file__, "--child", framework, "--model", path, "--steps", str(args.steps),
-               "--seed", str(args.seed), "--threads", str(args.threads), "--skip", str(args.skip)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        framework,
+        "--model",
+        path,
+        "--steps",
+        str(args.steps),
+        "--seed",
+        str(args.seed),
+        "--threads",
+        str(args.threads),
+        "--skip",
+        str(args.skip),
+    ]
     if framework == "oprl-variant":
         command += ["--variant", *args.oprl_variant]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
@@ -169,9 +231,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of both frameworks")
     parser.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the timing")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--oprl-variant", nargs="+", default=None, metavar="KEY=VALUE",
-                        help="also run oprl with these overrides (e.g. sync.offset=1 runtime.torch_threads=1: "
-                             "generation of batch t+1 overlapping training on batch t, one step off-policy)")
+    parser.add_argument(
+        "--oprl-variant",
+        nargs="+",
+        default=None,
+        metavar="KEY=VALUE",
+        help="also run oprl with these overrides (e.g. sync.offset=1 runtime.torch_threads=1: "
+        "generation of batch t+1 overlapping training on batch t, one step off-policy)",
+    )
     parser.add_argument("--child", choices=["oprl", "trl", "oprl-variant"], help=argparse.SUPPRESS)
     parser.add_argument("--variant", nargs="*", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -197,29 +264,50 @@ def main() -> int:
             print(f"seed {repeat} {framework}: {json.dumps(runs[framework][-1])}", file=sys.stderr, flush=True)
     keys = ["step_s", "tokens_per_s", "peak_rss_mib", "reward_last5", "eval_accuracy"]
     medians = {fw: {k: statistics.median(r[k] for r in rs) for k in keys} for fw, rs in runs.items()}
-    means = {fw: {k: statistics.mean(r[k] for r in rs) for k in ("reward_last5", "eval_accuracy")} for fw, rs in runs.items()}
-    print(f"\n{platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end; "
-          f"{args.steps} steps ({args.skip} warm-up steps not timed), {args.threads} torch threads, "
-          f"medians over seeds 0..{args.repeats - 1} (reward and accuracy: means)\n")
+    means = {
+        fw: {k: statistics.mean(r[k] for r in rs) for k in ("reward_last5", "eval_accuracy")} for fw, rs in runs.items()
+    }
+    print(
+        f"\n{platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end; "
+        f"{args.steps} steps ({args.skip} warm-up steps not timed), {args.threads} torch threads, "
+        f"medians over seeds 0..{args.repeats - 1} (reward and accuracy: means)\n"
+    )
     print("| | s/step | generated tok/s | peak RSS MiB | reward, last 5 steps | final eval accuracy |")
     print("|---|---|---|---|---|---|")
     for fw in frameworks:
         m = medians[fw]
-        print(f"| {fw} | {m['step_s']:.3f} | {m['tokens_per_s']:.0f} | {m['peak_rss_mib']:.0f} | "
-              f"{means[fw]['reward_last5']:.3f} | {means[fw]['eval_accuracy']:.3f} |")
+        print(
+            f"| {fw} | {m['step_s']:.3f} | {m['tokens_per_s']:.0f} | {m['peak_rss_mib']:.0f} | "
+            f"{means[fw]['reward_last5']:.3f} | {means[fw]['eval_accuracy']:.3f} |"
+        )
     ratio = {k: medians["oprl"][k] / medians["trl"][k] for k in ("step_s", "tokens_per_s", "peak_rss_mib")}
     print(f"| oprl / trl | {ratio['step_s']:.2f} | {ratio['tokens_per_s']:.2f} | {ratio['peak_rss_mib']:.2f} | | |")
     if args.oprl_variant:
-        ratio_variant = {k: medians["oprl-variant"][k] / medians["trl"][k] for k in ("step_s", "tokens_per_s", "peak_rss_mib")}
-        print(f"| oprl-variant / trl | {ratio_variant['step_s']:.2f} | {ratio_variant['tokens_per_s']:.2f} | "
-              f"{ratio_variant['peak_rss_mib']:.2f} | | |")
+        ratio_variant = {
+            k: medians["oprl-variant"][k] / medians["trl"][k] for k in ("step_s", "tokens_per_s", "peak_rss_mib")
+        }
+        print(
+            f"| oprl-variant / trl | {ratio_variant['step_s']:.2f} | {ratio_variant['tokens_per_s']:.2f} | "
+            f"{ratio_variant['peak_rss_mib']:.2f} | | |"
+        )
         print(f"\noprl-variant = oprl with {' '.join(args.oprl_variant)}")
         ratio["variant"] = ratio_variant
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"runs": runs, "medians": medians, "means": means, "ratio": ratio,
-                                         "steps": args.steps, "threads": args.threads,
-                                         "oprl_variant": args.oprl_variant}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "runs": runs,
+                    "medians": medians,
+                    "means": means,
+                    "ratio": ratio,
+                    "steps": args.steps,
+                    "threads": args.threads,
+                    "oprl_variant": args.oprl_variant,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

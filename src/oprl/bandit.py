@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -72,31 +71,33 @@ def _method_loss(logits: torch.Tensor, rows: Rows, settings: dict, generator=Non
 
 def _multinomial_probability(counts: tuple[int, ...]) -> float:
     log_coef = math.lgamma(sum(counts) + 1) - sum(math.lgamma(n + 1) for n in counts)
-    return math.exp(log_coef + sum(n * math.log(p) for n, p in zip(counts, BEHAVIOR)))
+    return math.exp(log_coef + sum(n * math.log(p) for n, p in zip(counts, BEHAVIOR, strict=True)))
 
 
 def _balance_outcomes(counts: tuple[int, ...]) -> list[tuple[tuple[int, ...], float]]:
     """RED-Drop on a group with arm ``counts``: every possible kept composition and its probability."""
-    mean = sum(n * r for n, r in zip(counts, REWARDS)) / sum(counts)
+    mean = sum(n * r for n, r in zip(counts, REWARDS, strict=True)) / sum(counts)
     positive = [r >= mean for r in REWARDS]
-    num_positive = sum(n for n, pos in zip(counts, positive) if pos)
-    negatives = [0 if pos else n for n, pos in zip(counts, positive)]
+    num_positive = sum(n for n, pos in zip(counts, positive, strict=True) if pos)
+    negatives = [0 if pos else n for n, pos in zip(counts, positive, strict=True)]
     if sum(negatives) <= num_positive:
         return [(counts, 1.0)]
     # Keeping num_positive of the negatives uniformly at random: a multivariate hypergeometric draw.
-    outcomes = []
+    outcomes: list[tuple[tuple[int, ...], float]] = []
     for kept in itertools.product(*(range(n + 1) for n in negatives)):
         if sum(kept) == num_positive:
-            probability = math.prod(math.comb(n, k) for n, k in zip(negatives, kept))
-            probability /= math.comb(sum(negatives), num_positive)
-            kept_counts = tuple(n if pos else k for n, pos, k in zip(counts, positive, kept))
+            ways = math.prod(math.comb(n, k) for n, k in zip(negatives, kept, strict=True))
+            probability = ways / math.comb(sum(negatives), num_positive)
+            kept_counts = tuple(n if pos else k for n, pos, k in zip(counts, positive, kept, strict=True))
             outcomes.append((kept_counts, probability))
     return outcomes
 
 
-def exact_rows(group_size: int, drop: Optional[str]) -> Rows:
+def exact_rows(group_size: int, drop: str | None) -> Rows:
     """Every composition (and drop outcome) of a group of ``group_size`` arms, weighted so Σ weights = 1."""
-    arms, group_ids, weights = [], [], []
+    arms: list[int] = []
+    group_ids: list[int] = []
+    weights: list[float] = []
     for n0, n1 in itertools.product(range(group_size + 1), repeat=2):
         if n0 + n1 > group_size:
             continue
@@ -210,7 +211,7 @@ def _plot(results: dict[str, dict[str, Trajectory]], path: Path) -> None:
     columns = 4
     rows = math.ceil(len(results) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), sharey=True, squeeze=False)
-    for axis, (method, runs) in zip(axes.flat, results.items()):
+    for axis, (method, runs) in zip(axes.flat, results.items(), strict=False):  # the grid may have spare cells
         for arm, color in enumerate(("tab:red", "tab:blue", "tab:green")):
             label = f"a{arm} (r={float(REWARDS[arm]):g})"
             axis.plot(runs["exact"].probs[:, arm], color=color, label=f"{label} exact")
@@ -229,7 +230,7 @@ def _plot(results: dict[str, dict[str, Trajectory]], path: Path) -> None:
 def _report(results: dict[str, dict[str, Trajectory]], config: dict) -> dict:
     """The JSON document: the run's config, π_b, r, and per method both runs and its expected first step."""
     start = torch.tensor(BEHAVIOR, dtype=torch.float64).log()
-    methods = {}
+    methods: dict[str, dict] = {}
     for method, runs in results.items():
         methods[method] = {name: summarize(run) | {"probs": run.probs.tolist()} for name, run in runs.items()}
         # E[Δθ]/lr at θ = log π_b; for reinforce it is (K−1)/K·π_b(a)(r_a − E_b[r]), the paper's vector.
@@ -239,7 +240,7 @@ def _report(results: dict[str, dict[str, Trajectory]], config: dict) -> dict:
     return {"config": config, "behavior": list(BEHAVIOR), "rewards": rewards, "methods": methods}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """``oprl bandit``: run every method, print the table, write bandit.json and bandit.png."""
     parser = argparse.ArgumentParser(prog="oprl bandit", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300, help="gradient steps per run")

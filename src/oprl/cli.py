@@ -7,8 +7,8 @@ traceback of anything.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from collections.abc import Sequence
 
 from oprl.errors import OprlError
 from oprl.runtime.failure import WorkerFailure
@@ -71,7 +71,7 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
     return path, args
 
 
-def _train(args: list[str], forced: list[str] = ()) -> int:
+def _train(args: list[str], forced: Sequence[str] = ()) -> int:
     from oprl.config import load_config
 
     path, overrides = _split_config_args(args)

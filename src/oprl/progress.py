@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-
 TRAIN_FIELDS = "reward {task.fields[reward]:.3f}  eval acc {task.fields[accuracy]:.3f}"
 
 
 class RunProgress:
     """``fields`` is a rich template over ``task.fields``; ``initial`` gives each field its first value."""
 
-    def __init__(self, total: int, *, enabled: bool = True, description: str = "train", fields: str = TRAIN_FIELDS,
-                 **initial):
+    def __init__(
+        self, total: int, *, enabled: bool = True, description: str = "train", fields: str = TRAIN_FIELDS, **initial
+    ):
         self.enabled = enabled
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(fields),
-            TimeElapsedColumn(), TimeRemainingColumn(), disable=not enabled,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(fields),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            disable=not enabled,
         )
         initial = initial or {"reward": 0.0, "accuracy": 0.0}
         self._task = self._progress.add_task(description, total=total, **initial)

@@ -33,8 +33,11 @@ def mean_band(records: list[RunRecord], key: str, smooth: int = 1):
     for record in records:
         steps, values = record.curve(key)
         if smooth > 1 and len(values) >= smooth:
-            values = [sum(values[max(0, i - smooth + 1) : i + 1]) / len(values[max(0, i - smooth + 1) : i + 1]) for i in range(len(values))]
-        curves.append(dict(zip(steps, values)))
+            values = [
+                sum(values[max(0, i - smooth + 1) : i + 1]) / len(values[max(0, i - smooth + 1) : i + 1])
+                for i in range(len(values))
+            ]
+        curves.append(dict(zip(steps, values, strict=True)))
     shared = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
     columns = [[c[s] for c in curves] for s in shared]
     return (shared, [sum(v) / len(v) for v in columns], [min(v) for v in columns], [max(v) for v in columns])
@@ -45,7 +48,9 @@ def plot_panels(records: list[RunRecord], key: str, ylabel: str, out: Path, smoo
     return plot_grid(records, [(key, ylabel, smooth)], out)
 
 
-def plot_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], out: Path, title: str | None = None) -> Path | None:
+def plot_grid(
+    records: list[RunRecord], rows: list[tuple[str, str, int]], out: Path, title: str | None = None
+) -> Path | None:
     """One PNG with a row per metric ``(key, ylabel, smooth)`` and a column per setting; a line (+ min-max
     band over seeds) per preset. Rows no run logs are left out; None if none is logged."""
     import matplotlib
@@ -86,10 +91,10 @@ def plot_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], out: P
             ax.grid(alpha=0.3)
     handles, labels = [], []
     for ax in axes.flat:
-        for h, l in zip(*ax.get_legend_handles_labels()):
-            if l not in labels:
-                handles.append(h)
-                labels.append(l)
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
     ncol = min(len(labels), 7)
     legend_rows = -(-len(labels) // ncol)
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)

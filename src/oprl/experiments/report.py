@@ -21,9 +21,10 @@ from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
 from oprl.experiments.results import collect_results, load_run, summarize, write_table
 from oprl.experiments.sweep import plan, threshold_gain
 
-
-GROUP_ROWS = [(*PANELS[name], 1 if name == "eval_accuracy" else 5)
-              for name in ("eval_accuracy", "train_reward", "clip_fraction", "kl_initial")]
+GROUP_ROWS = [
+    (*PANELS[name], 1 if name == "eval_accuracy" else 5)
+    for name in ("eval_accuracy", "train_reward", "clip_fraction", "kl_initial")
+]
 """Rows of a group figure: (metric key, y label, moving-average window)."""
 
 
@@ -47,19 +48,32 @@ def build_report(sweep_dir: Path) -> Path:
     for metric, title, fmt in (
         ("final_accuracy", "Final eval accuracy (mean ± std over seeds)", "{:.3f} ± {:.3f}"),
         ("accuracy_auc", "Area under the eval-accuracy curve (mean accuracy over training)", "{:.3f} ± {:.3f}"),
-        ("steps_to_threshold", f"First eval step with accuracy ≥ initial + {gain:g} (mean over the seeds that "
-         "reach it, * = not all do; — = none does)", "{:.0f}"),
+        (
+            "steps_to_threshold",
+            f"First eval step with accuracy ≥ initial + {gain:g} (mean over the seeds that "
+            "reach it, * = not all do; — = none does)",
+            "{:.0f}",
+        ),
     ):
         lines += [f"## {title}", "", *_table(summaries, metric, fmt), ""]
     for index, (title, presets) in enumerate((report.get("groups") or {}).items(), start=1):
         chosen = [r for r in records if r.labels["preset"] in presets]
         missing = sorted(set(presets) - {r.labels["preset"] for r in chosen})
         if missing:
-            raise OprlError(f"report group {title!r}: no finished runs of preset(s) {', '.join(missing)} in {sweep_dir}")
+            raise OprlError(
+                f"report group {title!r}: no finished runs of preset(s) {', '.join(missing)} in {sweep_dir}"
+            )
         figure = plot_grid(chosen, GROUP_ROWS, sweep_dir / "figures" / f"group-{index}.png", title=title)
         chosen_summaries = [(r.labels, summarize(r, gain)) for r in chosen]
-        lines += [f"## {title}", "", "Final eval accuracy (mean ± std over seeds):", "",
-                  *_table(chosen_summaries, "final_accuracy", "{:.3f} ± {:.3f}"), "", f"![{title}](figures/{figure.name})", ""]
+        lines += [
+            f"## {title}",
+            "",
+            "Final eval accuracy (mean ± std over seeds):",
+            "",
+            *_table(chosen_summaries, "final_accuracy", "{:.3f} ± {:.3f}"),
+            "",
+            *([f"![{title}](figures/{figure.name})", ""] if figure else []),  # None: the runs log none of its rows
+        ]
     lines += ["## Figures (all presets)", ""]
     lines += [f"![{f.stem}](figures/{f.name})" for f in figures]
     out = sweep_dir / "report.md"
@@ -89,7 +103,9 @@ def _table(summaries, metric: str, fmt: str) -> list[str]:
             elif "±" in fmt:
                 row.append(fmt.format(statistics.mean(values), statistics.pstdev(values)))
             else:
-                row.append(fmt.format(statistics.mean(values)) + ("" if len(values) == len(cells[(preset, setting)]) else "*"))
+                row.append(
+                    fmt.format(statistics.mean(values)) + ("" if len(values) == len(cells[(preset, setting)]) else "*")
+                )
         rows.append(f"| {preset} | " + " | ".join(row) + " |")
     return rows
 

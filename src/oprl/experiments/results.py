@@ -74,16 +74,29 @@ def summarize(record: RunRecord, threshold_gain: float = THRESHOLD_GAIN) -> dict
 
 def collect_results(sweep_dir: Path, planned=None, threshold_gain: float = THRESHOLD_GAIN) -> list[dict]:
     """One row per finished run: labels, key config values, summary numbers."""
+    planned_runs: list[tuple[Path, dict[str, str]]]
     if planned is None:
         planned_runs = [(d, {}) for d in sorted(Path(sweep_dir).iterdir()) if (d / "summary.json").is_file()]
     else:
-        planned_runs = [(Path(sweep_dir) / r.name, r.labels) for r in planned if (Path(sweep_dir) / r.name / "summary.json").is_file()]
+        planned_runs = [
+            (Path(sweep_dir) / r.name, r.labels)
+            for r in planned
+            if (Path(sweep_dir) / r.name / "summary.json").is_file()
+        ]
     table = []
     for run_dir, labels in planned_runs:
         record = load_run(run_dir, labels)
-        table.append({"run": run_dir.name, **record.labels, "lr": record.config["optim"]["lr"],
-                      "sync_interval": record.config["sync"]["interval"], "sync_offset": record.config["sync"]["offset"],
-                      "steps": record.config["steps"], **summarize(record, threshold_gain)})
+        table.append(
+            {
+                "run": run_dir.name,
+                **record.labels,
+                "lr": record.config["optim"]["lr"],
+                "sync_interval": record.config["sync"]["interval"],
+                "sync_offset": record.config["sync"]["offset"],
+                "steps": record.config["steps"],
+                **summarize(record, threshold_gain),
+            }
+        )
     return table
 
 
@@ -112,4 +125,4 @@ def _first_reaching(steps: list[int], values: list[float], gain: float) -> float
     if not values:
         return float("nan")
     target = values[0] + gain
-    return next((float(s) for s, v in zip(steps, values) if v >= target), float("nan"))
+    return next((float(s) for s, v in zip(steps, values, strict=True) if v >= target), float("nan"))

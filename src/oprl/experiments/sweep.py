@@ -19,7 +19,7 @@ A sweep spec is YAML::
 Finished runs (a ``summary.json`` in their directory) are skipped, so an interrupted sweep is resumed by
 running the same command again; an unfinished run directory is cleared and that run starts over. Runs execute
 ``oprl train`` on ``parallel`` long-lived worker processes (``oprl.experiments.sweep_worker``: torch and
-transformers are imported once per worker, not once per run); each run's output goes to ``<run>/train.log``.
+transformers are imported once per worker, not once per run); each run's output goes to ``logs/<run>.log``.
 Deliberately not here: scheduling across machines (use the Ray backend inside a run for that).
 """
 
@@ -58,14 +58,19 @@ def load_spec(path: Path) -> dict:
         raise OprlError(f"sweep spec {path}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
     unknown = set(spec) - {"output_dir", "parallel", "config", "overrides", "grid", "report"}
     if unknown:
-        raise OprlError(f"sweep spec {path}: unknown key(s) {sorted(unknown)}; valid: output_dir, parallel, config, overrides, grid, report")
+        raise OprlError(
+            f"sweep spec {path}: unknown key(s) {sorted(unknown)}; "
+            "valid: output_dir, parallel, config, overrides, grid, report"
+        )
     report = spec.get("report") or {}
     groups = report.get("groups", {}) if isinstance(report, dict) else None
     if not isinstance(groups, dict) or not all(isinstance(v, list) and v for v in groups.values()):
         raise OprlError(f"sweep spec {path}: 'report.groups' must map a figure title to a non-empty list of presets")
     unknown_report = set(report) - {"groups", "threshold_gain"}
     if unknown_report:
-        raise OprlError(f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: groups, threshold_gain")
+        raise OprlError(
+            f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: groups, threshold_gain"
+        )
     if not isinstance(spec.get("grid"), dict) or not spec["grid"]:
         raise OprlError(f"sweep spec {path}: 'grid' must be a non-empty mapping of axis -> values")
     return spec
@@ -76,7 +81,9 @@ def plan(spec: dict) -> list[PlannedRun]:
     axes = []
     for axis, values in spec["grid"].items():
         if isinstance(values, dict):  # named bundles
-            options = [(str(name), [f"{k}={_yaml_value(v)}" for k, v in bundle.items()]) for name, bundle in values.items()]
+            options = [
+                (str(name), [f"{k}={_yaml_value(v)}" for k, v in bundle.items()]) for name, bundle in values.items()
+            ]
         elif isinstance(values, list) and values:
             options = [(str(v), [f"{axis}={_yaml_value(v)}"]) for v in values]
         else:
@@ -85,7 +92,7 @@ def plan(spec: dict) -> list[PlannedRun]:
     runs = []
     base = tuple(str(o) for o in spec.get("overrides") or [])
     for combo in itertools.product(*(options for _, options in axes)):
-        labels = {axis: label for (axis, _), (label, _) in zip(axes, combo)}
+        labels = {axis: label for (axis, _), (label, _) in zip(axes, combo, strict=True)}
         name = "__".join(f"{_short(axis)}={label}" for axis, label in labels.items())
         overrides = base + tuple(o for _, bundle in combo for o in bundle)
         runs.append(PlannedRun(name=name, labels=labels, overrides=overrides))
@@ -100,7 +107,10 @@ def run_sweep(spec_path: Path, *, parallel: int | None = None, dry_run: bool = F
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     todo = [r for r in runs if not (out / r.name / "summary.json").is_file()]
-    log(f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run, {parallel} at a time")
+    log(
+        f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run, "
+        f"{parallel} at a time"
+    )
     if dry_run:
         for r in todo:
             log("  oprl " + " ".join(_arguments(r, spec, out)))
@@ -110,7 +120,9 @@ def run_sweep(spec_path: Path, *, parallel: int | None = None, dry_run: bool = F
     write_table(table, out / "results.csv")
     log(f"results: {out / 'results.csv'} ({len(table)} finished runs)")
     if failures:
-        raise OprlError(f"sweep: {len(failures)} run(s) failed, see their train.log: {', '.join(failures[:5])}")
+        raise OprlError(
+            f"sweep: {len(failures)} run(s) failed, see their logs in {out / 'logs'}: {', '.join(failures[:5])}"
+        )
     return out
 
 
@@ -139,19 +151,20 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
                 while queue and idle:
                     run, worker = queue.pop(0), idle.pop()
                     shutil.rmtree(out / run.name, ignore_errors=True)  # unfinished leftovers start over
-                    (out / run.name).mkdir(parents=True)
-                    worker.start(_arguments(run, spec, out), out / run.name / "train.log")
+                    # The log lives beside the run: a run refuses a directory that holds files not its own.
+                    (out / "logs").mkdir(exist_ok=True)
+                    worker.start(_arguments(run, spec, out), _log_path(out, run.name))
                     busy[worker] = run
-                    selector.register(worker.proc.stdout, selectors.EVENT_READ, worker)
+                    selector.register(worker.stdout, selectors.EVENT_READ, worker)
                 for key, _ in selector.select(timeout=1.0):
                     worker = key.data
-                    selector.unregister(worker.proc.stdout)
+                    selector.unregister(worker.stdout)
                     run = busy.pop(worker)
                     rc = worker.result()
                     progress.advance(task)
                     if rc != 0:
                         failures.append(run.name)
-                        log(f"run {run.name} failed (exit {rc}); see {out / run.name / 'train.log'}")
+                        log(f"run {run.name} failed (exit {rc}); see {_log_path(out, run.name)}")
                     idle.append(worker if worker.alive() else _Worker(env))
     finally:
         for worker in [*idle, *busy]:
@@ -159,21 +172,31 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
     return failures
 
 
+def _log_path(out: Path, name: str) -> Path:
+    return out / "logs" / f"{name}.log"
+
+
 class _Worker:
     """One ``python -m oprl.experiments.sweep_worker`` process; runs one planned run at a time."""
 
     def __init__(self, env: dict):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "oprl.experiments.sweep_worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, env=env, text=True, bufsize=1,
+            [sys.executable, "-m", "oprl.experiments.sweep_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+            bufsize=1,
         )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both are pipes (PIPE above)
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
 
     def start(self, argv: list[str], log_path: Path) -> None:
-        self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log_path)}) + "\n")
-        self.proc.stdin.flush()
+        self.stdin.write(json.dumps({"argv": argv, "log": str(log_path)}) + "\n")
+        self.stdin.flush()
 
     def result(self) -> int:
-        line = self.proc.stdout.readline()
+        line = self.stdout.readline()
         if not line:  # the process died (killed, crashed in native code): the run failed
             self.proc.wait()
             return self.proc.returncode or 1
@@ -184,7 +207,7 @@ class _Worker:
 
     def close(self) -> None:
         if self.alive():
-            self.proc.stdin.close()
+            self.stdin.close()
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:

@@ -2,7 +2,7 @@
 
 ``oprl sweep`` keeps ``parallel`` of these alive, so each run skips the seconds of importing torch and
 transformers (about 10% of a 40-second reproduction run). Protocol, one JSON object per line: the sweep writes
-``{"argv": [...], "log": "<run>/train.log"}`` to stdin; the worker runs it with stdout/stderr (file descriptors
+``{"argv": [...], "log": "<sweep>/logs/<run>.log"}`` to stdin; the worker runs it with stdout/stderr (file descriptors
 1 and 2, so native libraries' output too) sent to the log, then answers ``{"rc": exit code}`` on the original
 stdout. Runs are independent: each seeds everything it uses, which the sweep test checks against a fresh run.
 """
@@ -28,7 +28,7 @@ def main() -> int:
                 rc = cli_main(job["argv"])
             except SystemExit as exc:
                 rc = exc.code if isinstance(exc.code, int) else 1
-            except BaseException as exc:  # noqa: BLE001 - report the run as failed, keep serving
+            except BaseException as exc:
                 print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
                 rc = 1
             finally:
