@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0"
 	$(BIN)/python -m pip install -q -e ".[test]"
+	# BFCL's data (task.name=bfcl); --no-deps: its declared dependencies are heavy and pin an old numpy, and
+	# oprl reads only its data files.
+	$(BIN)/python -m pip install -q --no-deps bfcl-eval
 	touch $(STAMP)
 
 setup: $(STAMP)

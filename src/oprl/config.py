@@ -101,6 +101,12 @@ class RolloutConfig(_Section):
     """Nucleus sampling; 1.0 samples from the full distribution."""
     max_new_tokens: int = Field(8, gt=0)
     """Response length limit; longer responses are truncated and flagged."""
+    max_turns: int = Field(4, gt=0)
+    """Multi-turn tasks (tool-arithmetic, bfcl-multi-turn): most model turns per episode; max_new_tokens
+    bounds each turn. An episode still running after max_turns is truncated, flagged, and scores 0."""
+    max_episode_tokens: int = Field(256, gt=0)
+    """Multi-turn tasks: most tokens after the prompt per episode (model and environment turns together);
+    an episode that reaches it is cut there, flagged truncated, and scores 0."""
     engine: Literal["lean", "hf-generate"] = "lean"
     """Sampler: ``lean`` = oprl's decode loop on the KV cache, each distinct prompt prefilled once per group
     (about 2x faster on CPU); ``hf-generate`` = transformers' ``model.generate``. Both record the behaviour

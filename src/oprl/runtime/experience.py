@@ -34,4 +34,12 @@ class Experience:
     use_count: int = 0
     """How many trainer steps have consumed it."""
     extra: dict = field(default_factory=dict)
-    """Free-form annotations (e.g. the generating explorer)."""
+    """Free-form annotations (e.g. the generating explorer, an episode's turns)."""
+    loss_mask: list[int] | None = None
+    """Multi-turn episodes: per response token, 1 if the model sampled it (trained on), 0 if the environment
+    wrote it (context only; its behaviour log-prob is 0). None = every token is the model's (single turn)."""
+
+    @property
+    def model_tokens(self) -> int:
+        """Response tokens the model produced (the ones the loss covers)."""
+        return len(self.response_ids) if self.loss_mask is None else sum(self.loss_mask)

@@ -10,18 +10,22 @@ from __future__ import annotations
 import random
 import time
 
-from oprl.models.chat import encode_prompt
+from oprl.models.chat import encode_problem
+from oprl.runtime.episodes import run_episodes
 from oprl.runtime.experience import Experience
+from oprl.tasks.base import EpisodicTask
 
 
 class Explorer:
-    def __init__(self, task, tokenizer, engine, *, prompts_per_step: int, group_size: int, seed: int):
+    def __init__(self, task, tokenizer, engine, *, prompts_per_step: int, group_size: int, seed: int,
+                 max_turns: int = 1, max_episode_tokens: int = 256):
         self.task = task
         self.tokenizer = tokenizer
         self.engine = engine
         self.prompts_per_step = prompts_per_step
         self.group_size = group_size
         self.seed = seed
+        self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
         self.problems = task.problems("train")
         self._prompt_cache: dict[str, list[int]] = {}
 
@@ -47,6 +51,8 @@ class Explorer:
         start = time.perf_counter()
         problems = self.problems_for_step(step)
         rows = [p for p in problems for _ in range(self.group_size)]
+        if isinstance(self.task, EpisodicTask):
+            return self._explore_episodes(step, version, rows, start)
         prompt_ids = [self._encode(p) for p in rows]
         rollout = self.engine.generate(prompt_ids, seed=self.seed * 1_000_003 + step)
         generated = time.perf_counter()
@@ -74,7 +80,29 @@ class Explorer:
         }
         return experiences, timing
 
+    def _explore_episodes(self, step: int, version: int, rows, start: float):
+        """Multi-turn: K episodes per problem against the task's environment (``oprl.runtime.episodes``)."""
+        episodes = run_episodes(
+            self.engine, self.tokenizer, self.task, rows, seed=self.seed * 1_000_003 + step,
+            max_turns=self.max_turns, max_tokens=self.max_episode_tokens,
+        )
+        experiences = [
+            Experience(
+                prompt_ids=e.prompt_ids, response_ids=e.response_ids, behavior_logprobs=e.behavior_logprobs,
+                reward=e.reward.total, reward_components=dict(e.reward.components),
+                group_id=(step - 1) * self.prompts_per_step + i // self.group_size, task_id=rows[i].task_id,
+                policy_version=version, response_text=self.tokenizer.decode(e.response_ids, skip_special_tokens=True),
+                truncated=e.truncated, loss_mask=e.loss_mask, extra={"turns": e.turns},
+            )
+            for i, e in enumerate(episodes)
+        ]
+        timing = {
+            "generate_s": time.perf_counter() - start, "reward_s": 0.0,  # rewards come with the episodes
+            "generated_tokens": float(sum(sum(e.loss_mask) for e in episodes)),
+        }
+        return experiences, timing
+
     def _encode(self, problem) -> list[int]:
         if problem.task_id not in self._prompt_cache:
-            self._prompt_cache[problem.task_id] = encode_prompt(self.tokenizer, problem.messages)
+            self._prompt_cache[problem.task_id] = encode_problem(self.tokenizer, problem)
         return self._prompt_cache[problem.task_id]

@@ -22,7 +22,10 @@ from oprl.errors import OprlError
 from oprl.io import atomic_path
 from oprl.runtime.experience import Experience
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+"""2 added ``loss_mask`` (multi-turn episodes); version-1 files (without it) still load, as all-model tokens."""
+OPTIONAL = ("loss_mask",)
+"""Columns a file may lack: those added after schema version 1."""
 STORE_DIRNAME = "experiences"
 _BATCH_FILE = re.compile(r"batch-(\d+)\.parquet")
 
@@ -41,6 +44,7 @@ SCHEMA = pa.schema(
         pa.field("truncated", pa.bool_()),
         pa.field("use_count", pa.int32()),
         pa.field("extra", pa.string()),
+        pa.field("loss_mask", pa.list_(pa.int8())),
     ],
     metadata={"oprl_schema": SCHEMA_VERSION},
 )
@@ -63,13 +67,17 @@ def to_table(experiences: list[Experience], batch: int | list[int]) -> pa.Table:
         "truncated": [e.truncated for e in experiences],
         "use_count": [e.use_count for e in experiences],
         "extra": [json.dumps(e.extra, sort_keys=True) for e in experiences],
+        # null for single-turn rows (every token the model's): no column of ones to store.
+        "loss_mask": [e.loss_mask for e in experiences],
     }
     return pa.Table.from_pydict(columns, schema=SCHEMA)
 
 
 def from_table(table: pa.Table) -> list[Experience]:
-    """Experiences from a table with ``SCHEMA`` (extra columns are ignored)."""
+    """Experiences from a table with ``SCHEMA`` (extra columns are ignored; a version-1 table has no
+    ``loss_mask``: every token is the model's)."""
     rows = table.to_pydict()
+    masks = rows.get("loss_mask") or [None] * table.num_rows
     return [
         Experience(
             prompt_ids=rows["prompt_ids"][i],
@@ -84,6 +92,7 @@ def from_table(table: pa.Table) -> list[Experience]:
             truncated=rows["truncated"][i],
             use_count=rows["use_count"][i],
             extra=json.loads(rows["extra"][i] or "{}"),
+            loss_mask=masks[i],
         )
         for i in range(table.num_rows)
     ]
@@ -100,11 +109,12 @@ def read_parquet(path: Path, columns: list[str] | None = None) -> list[Experienc
     unreadable or lacks oprl's columns is a one-line ``OprlError`` naming it."""
     try:
         names = pq.read_schema(path).names
-        missing = [name for name in SCHEMA.names if name not in names]
+        # loss_mask is schema version 2's; version-1 files lack it and still load (every token the model's).
+        missing = [name for name in SCHEMA.names if name not in names and name not in OPTIONAL]
         if missing:
             raise OprlError(f"experience file {path}: not an oprl experience table (missing "
                             f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})")
-        table = pq.read_table(path, columns=columns or SCHEMA.names)
+        table = pq.read_table(path, columns=columns or [name for name in SCHEMA.names if name in names])
     except (OSError, pa.ArrowException) as exc:
         raise OprlError(f"experience file {path}: unreadable ({str(exc).splitlines()[0][:160]})") from None
     return table if columns else from_table(table)

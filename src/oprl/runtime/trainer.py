@@ -99,13 +99,13 @@ class Trainer:
         """One optimizer step on ``rows`` with gradient accumulation over micro-batches."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = sum(len(e.response_ids) for e in rows)
+        total_tokens = sum(e.model_tokens for e in rows)
         sums: dict[str, float] = defaultdict(float)
         extremes: dict[str, float] = {}
         size = self.optim.micro_batch_size
         for start in range(0, len(rows), size):
             micro = rows[start : start + size]
-            tokens = sum(len(e.response_ids) for e in micro)
+            tokens = sum(e.model_tokens for e in micro)
             # Exact accumulation: each micro-batch's mean is re-weighted by its share of the whole.
             share = tokens / total_tokens if self.loss_kwargs["loss_agg"] == "token-mean" else len(micro) / len(rows)
             tick = time.perf_counter()
@@ -136,6 +136,9 @@ class Trainer:
             temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coef > 0,
         )  # (B, T), (B, T), (B, T)
         device = logprobs.device
+        if any(e.loss_mask is not None for e in rows):
+            # Multi-turn episodes: environment tokens are context only; every term below sees model tokens only.
+            mask = mask & loss_mask_of(rows, mask.shape[1]).to(device)
         behavior = right_pad_values([e.behavior_logprobs for e in rows], mask.shape[1]).to(device)  # (B, T)
         loss, metrics = policy_loss(logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs)
         agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
@@ -185,6 +188,15 @@ class Trainer:
             "batch/version_max": float(max(versions)),
             "batch/use_count_mean": sum(e.use_count for e in batch) / len(batch),
         }
-        for name in batch[0].reward_components:
+        if any(e.loss_mask is not None for e in batch):
+            out["response/model_tokens"] = float(sum(e.model_tokens for e in batch))
+            out["episode/turns_mean"] = sum(e.extra.get("turns", 1) for e in batch) / len(batch)
+        for name in dict.fromkeys(n for e in batch for n in e.reward_components):  # truncated episodes have none
             out[f"reward/{name}"] = sum(e.reward_components.get(name, 0.0) for e in batch) / len(batch)
         return out
+
+
+def loss_mask_of(rows: list[Experience], width: int) -> torch.Tensor:
+    """(B, width) bool: True at the response tokens the model produced (all of them for single-turn rows)."""
+    masks = [e.loss_mask if e.loss_mask is not None else [1] * len(e.response_ids) for e in rows]
+    return right_pad_values(masks, width) > 0

@@ -22,12 +22,15 @@ from pathlib import Path
 import torch
 
 from oprl.io import commit_dir
-from oprl.models.chat import encode_prompt
+from oprl.models.batching import right_pad_values
+from oprl.models.chat import encode_problem
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.progress import RunProgress
 from oprl.rollout import LeanEngine
+from oprl.runtime.episodes import teacher_forced
 from oprl.runtime.evaluate import evaluate
+from oprl.tasks.base import EpisodicTask
 
 RECIPE_VERSION = 1
 
@@ -84,9 +87,8 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
     validation, training = problems[: warm_cfg.val_problems], problems[warm_cfg.val_problems :]
     if not training:
         raise ValueError("warm start: no training problems left after holding out val_problems")
-    prompts = [encode_prompt(tokenizer, p.messages) for p in training]
-    answers = [tokenizer(p.answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for p in training]
-    engine = LeanEngine(model, tokenizer, temperature=1.0, max_new_tokens=max(len(a) for a in answers) + 4)
+    prompts, answers, masks, limits = _examples(tokenizer, task, training)
+    engine = LeanEngine(model, tokenizer, temperature=1.0, max_new_tokens=limits["max_new_tokens"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=warm_cfg.lr)
     rng = random.Random(warm_cfg.seed)
     history, accuracy, step = [], 0.0, 0
@@ -99,16 +101,19 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
             step += 1
             rows = rng.sample(range(len(training)), min(warm_cfg.batch_size, len(training)))
             batch = pack([prompts[i] for i in rows], [answers[i] for i in rows], tokenizer.pad_token_id)
+            # Model tokens only: an episode's environment turns are context, as in RL (all ones for one turn).
+            mask = batch[3] & (right_pad_values([masks[i] for i in rows], batch[3].shape[1]) > 0)  # (B, T)
             model.train()
             logprobs, _ = response_logprobs(model, batch[0], batch[1], batch[2])  # (B, T)
-            loss = -(logprobs * batch[3]).sum() / batch[3].sum()
+            loss = -(logprobs * mask).sum() / mask.sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             if step % warm_cfg.check_interval == 0:
                 accuracy = evaluate(
                     engine, _Held(task, validation), tokenizer, num_problems=len(validation),
-                    temperature=1.0, seed=warm_cfg.seed + step,
+                    temperature=1.0, seed=warm_cfg.seed + step, max_turns=limits["max_turns"],
+                    max_episode_tokens=limits["max_episode_tokens"],
                 )["accuracy"]
                 history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": accuracy})
                 bar.update(step, loss=float(loss.detach()), accuracy=accuracy)
@@ -124,8 +129,28 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
     return {"steps": step, "val_accuracy": accuracy, "seconds": seconds, "history": history}
 
 
+def _examples(tokenizer, task, problems):
+    """Supervised targets: ``(prompts, responses, loss masks, sampling limits)``. A single-turn task's response
+    is its reference answer; a multi-turn task's is the whole demonstration episode (model and environment
+    turns), of which only the model's tokens are trained on."""
+    eos = tokenizer.eos_token_id
+    if not isinstance(task, EpisodicTask):
+        answers = [tokenizer(p.answer, add_special_tokens=False).input_ids + [eos] for p in problems]
+        longest = max(len(a) for a in answers)
+        limits = {"max_new_tokens": longest + 4, "max_turns": 1, "max_episode_tokens": longest + 4}
+        return [encode_problem(tokenizer, p) for p in problems], answers, [[1] * len(a) for a in answers], limits
+    episodes = [teacher_forced(tokenizer, task, p, task.demonstration(p)) for p in problems]
+    turns = [len(task.demonstration(p)) for p in problems]
+    turn_length = max(len(tokenizer(r, add_special_tokens=False).input_ids) for p in problems[:200]
+                      for r in task.demonstration(p)) + 1
+    limits = {"max_new_tokens": turn_length + 4, "max_turns": max(turns) + 1,
+              "max_episode_tokens": max(len(e.response_ids) for e in episodes) + 8}
+    return [e.prompt_ids for e in episodes], [e.response_ids for e in episodes], [e.loss_mask for e in episodes], limits
+
+
 class _Held:
-    """Presents held-out train problems as a task's "test" split for the warm start's own check."""
+    """Presents held-out train problems as a task's "test" split for the warm start's own check; everything
+    else (scoring, environments) is the task's."""
 
     def __init__(self, task, problems):
         self._task, self._problems = task, problems
@@ -133,5 +158,5 @@ class _Held:
     def problems(self, split):
         return self._problems
 
-    def score(self, problems, responses):
-        return self._task.score(problems, responses)
+    def __getattr__(self, name):
+        return getattr(self._task, name)

@@ -159,6 +159,7 @@ class ExplorerWorker:
         self.explorer = Explorer(
             task, tokenizer, make_engine(config, self.model, tokenizer),
             prompts_per_step=config.rollout.prompts_per_step, group_size=config.rollout.group_size, seed=config.seed,
+            max_turns=config.rollout.max_turns, max_episode_tokens=config.rollout.max_episode_tokens,
         )
 
     def ping(self) -> int:
@@ -217,6 +218,7 @@ class TrainerWorker:
             result = evaluate(
                 self.engine, self.task, self.tokenizer, num_problems=cfg.eval.num_problems,
                 temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, batch_size=cfg.eval.batch_size,
+                max_turns=cfg.rollout.max_turns, max_episode_tokens=cfg.rollout.max_episode_tokens,
                 seed=cfg.seed * 1_000_003 + EVAL_SEED_OFFSET + step if cfg.eval.seed is None else cfg.eval.seed,
             )
         return {f"eval/{k}": v for k, v in result.items()} | {"perf/eval_s": time.perf_counter() - start}

@@ -11,16 +11,20 @@ from typing import Annotated, Any, Union
 from pydantic import Discriminator, Tag
 
 from oprl.tasks.arithmetic import ArithmeticTask
+from oprl.tasks.bfcl import BfclTask
 from oprl.tasks.base import Problem, Reward, Task
 from oprl.tasks.dataset import DatasetTask
 from oprl.tasks.gsm8k import GSM8kTask
 from oprl.tasks.math_problems import MathTask
+from oprl.tasks.tool_arithmetic import ToolArithmeticTask
 
 TASKS: dict[str, Any] = {
     "arithmetic": ArithmeticTask,
     "gsm8k": GSM8kTask,
     "math": MathTask,
     "dataset": DatasetTask,
+    "bfcl": BfclTask,
+    "tool-arithmetic": ToolArithmeticTask,
 }
 """Every task plug-in by its ``task.name``; ``TASKS[name].Config`` is its configuration section."""
 

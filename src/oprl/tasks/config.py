@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from oprl.errors import OprlError
 
@@ -177,6 +177,86 @@ class DatasetTaskConfig(Section):
     """Use only the first train_size usable training rows (None = all)."""
     test_size: Optional[int] = Field(None, gt=0)
     """Use only the first test_size usable test rows (None = all)."""
+
+
+BFCL_SUBSETS = (
+    "simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
+    "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+)
+"""The single-turn BFCL subsets that ship ground truth (``irrelevance`` and friends have none)."""
+
+
+class _ToolTaskConfig(Section):
+    """Fields shared by the tool-calling tasks."""
+
+    name: str
+    """Task plug-in (see ``oprl.tasks.TASKS``)."""
+    train_size: Optional[int] = Field(None, gt=0)
+    """Use only the first train_size training problems of the split (None = all)."""
+    test_size: Optional[int] = Field(None, gt=0)
+    """Use only the first test_size test problems (None = all)."""
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    """Share of the chosen subsets' problems held out as the test split (after a shuffle by ``seed``)."""
+    seed: int = 1234
+    """Seed of the train/test split; a seed fixes both splits."""
+    verify_timeout: float = Field(5.0, gt=0.0)
+    """Seconds one response may take to check; past that its worker process is killed and it scores 0
+    (``reward/verify_timeout``)."""
+    verify_workers: int = Field(1, gt=0)
+    """Call-checking worker processes (each ~30 MB)."""
+
+    @staticmethod
+    def _check_subsets(subsets: list[str], valid: tuple[str, ...]) -> list[str]:
+        if not subsets:
+            raise ValueError(f"empty; choose from {', '.join(valid)}")
+        for subset in subsets:
+            if subset not in valid:
+                raise ValueError(f"{subset!r} is not a subset of this task; valid: {', '.join(valid)}")
+        return subsets
+
+
+class BfclTaskConfig(_ToolTaskConfig):
+    """BFCL single-turn function calling (Patil et al., ICML 2025; data from the ``bfcl-eval`` wheel) with the
+    paper's tool-call reward (Trinity-RFT's rules): 1 when the response has the format and its calls match
+    the ground truth, else 0."""
+
+    name: Literal["bfcl"] = "bfcl"
+    """Task plug-in (see ``oprl.tasks.TASKS``)."""
+    subsets: list[str] = ["simple_python"]
+    """BFCL subsets to draw problems from: simple_python, simple_java, simple_javascript, multiple,
+    parallel, parallel_multiple, live_simple, live_multiple, live_parallel, live_parallel_multiple."""
+    think: bool = True
+    """Require the paper's think rules (one ``<think>...</think>`` before the calls); False = calls only,
+    for models that do not reason first."""
+    system_prompt: Optional[str] = None
+    """System message of every prompt (None = oprl.tasks.bfcl's THINK_PROMPT or PLAIN_PROMPT, after ``think``)."""
+
+    @field_validator("subsets")
+    @classmethod
+    def _subsets(cls, value: list[str]) -> list[str]:
+        return cls._check_subsets(value, BFCL_SUBSETS)
+
+
+class ToolArithmeticTaskConfig(Section):
+    """Arithmetic through a calculator tool, multi-turn (call, tool answer, final answer): the embedded tiny
+    model's agent task (oprl.tasks.tool_arithmetic documents the compact format)."""
+
+    name: Literal["tool-arithmetic"] = "tool-arithmetic"
+    """Task plug-in (see ``oprl.tasks.TASKS``)."""
+    train_size: int = Field(2500, gt=0)
+    """Number of training problems."""
+    test_size: int = Field(500, gt=0)
+    """Number of held-out test problems (evaluation)."""
+    min_value: int = Field(10, ge=0)
+    """Smallest operand (two-digit operands by default: beyond the tiny model's mental arithmetic)."""
+    max_value: int = Field(99, gt=0)
+    """Largest operand."""
+    num_operands: int = Field(2, ge=2)
+    """Operands per expression."""
+    operators: str = "+-*"
+    """Operators to draw from, a subset of '+-*'."""
+    seed: int = 1234
+    """Seed of problem generation; fixes both splits."""
 
 
 S = TypeVar("S", bound=Section)
