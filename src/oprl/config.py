@@ -232,6 +232,23 @@ class EvalConfig(_Section):
     checkpoint) whose weights are evaluated; None = the model at model.path."""
 
 
+class TrainerConfig(_Section):
+    """How many processes train and how they split the model (docs/runtime.md, "Scaling out"). Data parallel:
+    every rank trains on a share of whole groups; the loss, gradient and update equal the one-process ones."""
+
+    world_size: int = Field(1, gt=0)
+    """Trainer ranks (processes), one per GPU on CUDA. backend=local starts them on this machine (no torchrun);
+    backend=ray places them as actors. > 1 needs sharding=ddp or fsdp, and at most one rank per group of a step
+    (rollout.prompts_per_step >= world_size)."""
+    sharding: Literal["none", "ddp", "fsdp"] = "none"
+    """``none`` = one in-process trainer (world_size 1); ``ddp`` = every rank holds the whole model, gradients
+    are all-reduced (DistributedDataParallel); ``fsdp`` = parameters, gradients and AdamW state are sharded
+    over the ranks (FSDP2 ``fully_shard`` per decoder layer; Zhao et al. 2023, arXiv 2304.11277), with
+    float32 master weights under model.dtype=bfloat16. fsdp at world_size 1 is valid (master weights)."""
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend of the ranks: ``auto`` = nccl when model.device is CUDA, else gloo."""
+
+
 class RuntimeConfig(_Section):
     """Where the workers run and how they share the machine (see docs/runtime.md)."""
 
@@ -252,6 +269,10 @@ class RuntimeConfig(_Section):
     """backend=ray: address of a running cluster (after ``ray start``); None = start a local Ray instance."""
     ray_num_cpus: Optional[int] = Field(None, gt=0)
     """backend=ray with a local instance: CPUs it may use (None = all)."""
+    gpus_per_explorer: float = Field(0.0, ge=0.0)
+    """backend=ray: GPUs each explorer actor requests (fractions share a GPU). 0 = none (CPU runs)."""
+    gpus_per_trainer_rank: float = Field(0.0, ge=0.0)
+    """backend=ray: GPUs each trainer rank requests (1 for CUDA training). 0 = none (CPU runs)."""
 
 
 class BufferConfig(_Section):
@@ -327,6 +348,7 @@ class RunConfig(_Section):
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     optim: OptimConfig = OptimConfig()
+    trainer: TrainerConfig = TrainerConfig()
     sync: SyncConfig = SyncConfig()
     eval: EvalConfig = EvalConfig()
     runtime: RuntimeConfig = RuntimeConfig()

@@ -85,6 +85,12 @@ class ProcessActor:
         self._stopping = True
         self._outbox.put(None)
 
+    def terminate(self) -> None:
+        """Kill the process now (a peer of a failed collective would otherwise wait for its timeout)."""
+        if self._process.is_alive():
+            self._process.kill()
+        self.stop()
+
     def join(self, timeout: float = 15.0) -> None:
         """Wait until the process has exited and its pipe is drained (after ``stop``)."""
         self._sender.join(timeout)

@@ -102,3 +102,67 @@ class RayBackend:
             ray.kill(actor.handle)
         if self._started:
             ray.shutdown()
+
+
+class _RankHost:
+    """Actor body of one trainer rank (``oprl.runtime.trainer_ranks.TrainerRank``)."""
+
+    def __init__(self, config, model_path: str, rank: int, size: int):
+        from oprl.runtime.trainer_ranks import TrainerRank
+
+        if config.runtime.torch_threads:
+            import torch
+
+            torch.set_num_threads(config.runtime.torch_threads)
+        self.rank = TrainerRank(config, model_path, rank, size)
+
+    def rendezvous(self) -> str:
+        """``node-ip:port`` for the group to meet at (asked of rank 0)."""
+        from oprl.runtime.trainer_ranks import free_port
+
+        return f"{ray.util.get_node_ip_address()}:{free_port()}"
+
+    def call(self, method: str, *args):
+        return True if method == "ping" else getattr(self.rank, method)(*args)
+
+
+class _RayRank:
+    """A trainer rank as a Ray actor; calls come back as ``concurrent.futures`` futures."""
+
+    def __init__(self, handle, group):
+        self.handle, self.group = handle, group
+        self.ready = handle.call.remote("ping").future()
+
+    def call(self, method: str, *args):
+        return self.handle.call.remote(method, *args).future()
+
+    def rendezvous(self):
+        return self.handle.rendezvous.remote().future()
+
+    def kill(self) -> None:
+        ray.kill(self.handle)
+        try:
+            ray.util.remove_placement_group(self.group)  # the first rank's kill frees the bundles
+        except Exception:  # noqa: BLE001 - already removed by another rank
+            pass
+
+
+def trainer_ranks(config, model_path: str, size: int) -> list[_RayRank]:
+    """``size`` trainer ranks as actors in one placement group: a bundle of 1 CPU (+
+    ``runtime.gpus_per_trainer_rank`` GPUs) per rank, packed onto as few nodes as fit."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    gpus = config.runtime.gpus_per_trainer_rank
+    bundle = {"CPU": 1.0} | ({"GPU": gpus} if gpus > 0 else {})
+    group = placement_group([bundle] * size, strategy="PACK")
+    if not group.wait(timeout_seconds=120):
+        ray.util.remove_placement_group(group)
+        raise OprlError(f"trainer.world_size={size}: the Ray cluster has no room for {size} bundles of {bundle} "
+                        f"(it has {ray.cluster_resources()})")
+    host = ray.remote(_RankHost)
+    return [
+        _RayRank(host.options(num_cpus=1.0, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=rank)).remote(config, model_path, rank, size), group)
+        for rank in range(size)
+    ]

@@ -4,6 +4,11 @@ It moves data and calls ``oprl.algorithms`` for every formula; it never re-deriv
 know which preset runs. A step reads top to bottom: advantages -> (per mini-batch) log-probs -> loss ->
 backward -> clip -> optimizer step -> metrics. Micro-batching accumulates gradients with exact weights
 (token shares for token-mean, row shares for the seq-mean modes), so it trades memory only.
+
+Data parallelism (``oprl.runtime.distributed``) plugs in as ``parallel``: every rank sees the whole batch
+(advantages, permutation and the global normaliser are the same everywhere), trains on its share of whole
+groups, and the micro-batch weights use the mini-batch's global count, so N ranks compute the single-process
+loss and gradient.
 """
 
 from __future__ import annotations
@@ -18,8 +23,12 @@ from oprl.algorithms import (
     ADVANTAGE_KEYS, LOSS_KEYS, aggregate, group_advantages, kl_penalty, policy_loss, ratio_stats,
 )
 from oprl.models.batching import right_pad_values
-from oprl.models.logprobs import grouped_response_logprobs
+from oprl.runtime.distributed import SingleProcess
 from oprl.runtime.experience import Experience
+
+
+AGGREGATED_METRICS = ("loss/pg_loss", "loss/reg_loss", "loss/total", "kl/ref")
+"""Micro-batch metrics aggregated like the loss (``loss_agg``), so averaged with the loss's micro-batch shares."""
 
 
 class Trainer:
@@ -37,6 +46,7 @@ class Trainer:
         entropy_coef: float = 0.0,
         seed: int = 0,
         log_ref_kl_every: int = 0,
+        parallel: SingleProcess | None = None,
     ):
         self.model = model
         self.pad_id = pad_id
@@ -50,16 +60,20 @@ class Trainer:
         self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
         self.seed = seed
         self.version = 0
+        self.parallel = parallel or SingleProcess()
+        self.ref_model = self.reference = None
+        self.log_ref_kl_every = log_ref_kl_every
+        if kl_coef > 0 or log_ref_kl_every > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            self.reference = self.parallel.wrap(self.ref_model, trainable=False)
+        # The module computing (logprobs, entropy, mask); wrapping (FSDP/DDP) happens before the optimizer exists.
+        self.policy = self.parallel.wrap(model)
         params = list(model.parameters())
         # The fused kernel updates all tensors in one pass (half the optimizer time of the per-tensor loop on CPU).
         fused = all(p.device.type in ("cpu", "cuda") for p in params)
         self.optimizer = torch.optim.AdamW(
             params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay, fused=fused
         )
-        self.ref_model = None
-        self.log_ref_kl_every = log_ref_kl_every
-        if kl_coef > 0 or log_ref_kl_every > 0:
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
 
     def step(self, batch: list[Experience]) -> dict[str, float]:
         """Train on ``batch`` (whole groups); returns metrics; bumps ``version`` by one. The batch is not
@@ -96,43 +110,52 @@ class Trainer:
         return out
 
     def _update(self, rows: list[Experience], advantages: torch.Tensor) -> dict[str, float]:
-        """One optimizer step on ``rows`` with gradient accumulation over micro-batches."""
+        """One optimizer step on ``rows`` (the whole mini-batch, on every rank) with gradient accumulation over
+        this rank's micro-batches; the shares use the mini-batch's global count, whatever rank holds a row."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total_tokens = sum(e.model_tokens for e in rows)
         sums: dict[str, float] = defaultdict(float)
         extremes: dict[str, float] = {}
-        size = self.optim.micro_batch_size
-        for start in range(0, len(rows), size):
-            micro = rows[start : start + size]
-            tokens = sum(e.model_tokens for e in micro)
+        chunks = self.parallel.micro_batches(rows, self.optim.micro_batch_size)
+        for index, chunk in enumerate(chunks):
+            # An empty chunk (this rank holds fewer micro-batches) still runs forward/backward on one row with
+            # weight 0: FSDP gathers parameters in every rank's forward and reduces gradients after the last one.
+            micro = [rows[i] for i in chunk] if chunk else rows[:1]
+            tokens = sum(e.model_tokens for e in micro) if chunk else 0
             # Exact accumulation: each micro-batch's mean is re-weighted by its share of the whole.
-            share = tokens / total_tokens if self.loss_kwargs["loss_agg"] == "token-mean" else len(micro) / len(rows)
+            share = tokens / total_tokens if self.loss_kwargs["loss_agg"] == "token-mean" else len(chunk) / len(rows)
             tick = time.perf_counter()
-            loss, metrics = self._micro_loss(micro, advantages[start : start + size])
-            tock = time.perf_counter()
-            (loss * share).backward()
+            with self.parallel.gradient_sync(index == len(chunks) - 1):
+                loss, metrics = self._micro_loss(micro, advantages[chunk if chunk else [0]])
+                tock = time.perf_counter()
+                # grad_scale undoes the data-parallel average over ranks (1 on one process).
+                (loss * (share * self.parallel.grad_scale)).backward()
             sums["perf/train_forward_s"] += tock - tick  # log-probs (+ reference forward) and the loss
             sums["perf/train_backward_s"] += time.perf_counter() - tock
+            if not chunk:
+                continue
             for key, value in metrics.items():
                 if key.endswith("_min") or key.endswith("_max"):
                     pick = min if key.endswith("_min") else max
                     extremes[key] = pick(extremes.get(key, value), value)
                 else:
-                    sums[key] += value * (tokens / total_tokens)
+                    # Loss values are means in the loss's own aggregation (its share); the rest are token means.
+                    sums[key] += value * (share if key in AGGREGATED_METRICS else tokens / total_tokens)
         tick = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
+        grad_norm = self.parallel.clip_grad_norm(self.model.parameters(), self.optim.grad_clip)
         self.optimizer.step()
         sums["perf/train_optimizer_s"] += time.perf_counter() - tick
+        sums, extremes = self.parallel.reduce_metrics(dict(sums), extremes)
         sums["optim/grad_norm"] = float(grad_norm)
         sums["optim/lr"] = self.optimizer.param_groups[0]["lr"]
-        return dict(sums) | extremes
+        return sums | extremes
 
     def _micro_loss(self, rows: list[Experience], advantages: torch.Tensor):
         prompts, responses = [e.prompt_ids for e in rows], [e.response_ids for e in rows]
         # Each distinct prompt runs once per micro-batch, shared by its group (see grouped_response_logprobs).
-        logprobs, entropy, mask = grouped_response_logprobs(
-            self.model, prompts, responses, self.pad_id,
+        logprobs, entropy, mask = self.policy(
+            prompts, responses, self.pad_id,
             temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coef > 0,
         )  # (B, T), (B, T), (B, T)
         device = logprobs.device
@@ -151,9 +174,7 @@ class Trainer:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, **agg)
         if self._ref_kl_due():
             with torch.no_grad():
-                ref_logprobs, _, _ = grouped_response_logprobs(
-                    self.ref_model, prompts, responses, self.pad_id, temperature=self.temperature
-                )
+                ref_logprobs, _, _ = self.reference(prompts, responses, self.pad_id, temperature=self.temperature)
             kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator), mask, **agg)
             if self.kl_coef > 0:
                 loss = loss + self.kl_coef * kl

@@ -1,0 +1,222 @@
+"""One RL step of a Qwen2.5-1.5B-shaped model on one GPU: trainer MFU, generation tokens/s, peak memory, step time.
+
+Built for a bare GPU machine (torch with CUDA and transformers; no pydantic, no model hub, no vLLM): the model is
+a randomly initialised Llama with Qwen2.5-1.5B-Instruct's shape (built from a config dict, q/k/v biases, tied
+embeddings), and the script imports only the oprl modules that need neither pydantic nor the network (the
+trainer, FSDP wrapping, the lean engine; it checks this at the end). What it runs is oprl's real step:
+
+1. generation: the lean engine samples ``--groups`` x ``--group-size`` responses of up to ``--response`` tokens
+   (random weights rarely emit EOS, so nearly every row runs to the limit) from the explorer's bfloat16 copy;
+2. training: ``Trainer.step`` on those rows under ``trainer.sharding=fsdp`` at world size 1 (``fully_shard`` per
+   decoder layer and root; float32 master weights, bfloat16 compute, float32 gradient reduction), GRPO loss;
+3. weight sync: the trainer's weights gathered into a ``FlatWeights`` (bfloat16, CPU) and loaded by the explorer.
+
+Trainer MFU = model FLOPs / seconds / ``--peak-tflops`` (default 790: bf16 dense matmul measured on an H200).
+Model FLOPs per step = 3 x forward (backward = 2 forwards; the head's checkpointed recomputation is not
+credited), counting the work the trainer needs: each group's prompt once (it is prefilled once per group),
+  forward = 2 N_dense (G P + sum_b T_b) + 2 L d (G P^2 + sum_b ((P + T_b)^2 - P^2)) + 2 d V sum_b T_b,
+with G groups, P prompt tokens, T_b response tokens of row b, N_dense the weights inside decoder layers, L layers,
+d width, V vocabulary (causal attention: 4 d i FLOPs for a token at position i, per layer).
+
+    python benchmarks/gpu_check.py                      # the H200 check (< 8 min)
+    python benchmarks/gpu_check.py --shape tiny --device cpu --groups 2 --group-size 2 --response 8   # CPU smoke
+
+Prints one JSON object. Docs: docs/runtime.md ("Scaling out", "Memory plan"); results go to docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+
+SHAPES = {
+    # Qwen2.5-1.5B-Instruct's config.json, as a Llama (Qwen2 = Llama + q/k/v biases).
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936, rope_theta=1e6, rms_norm_eps=1e-6),
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936, rope_theta=1e6, rms_norm_eps=1e-6),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512, rope_theta=1e6, rms_norm_eps=1e-6),
+}
+EOS, PAD = 1, 0
+
+
+class IdTokenizer:
+    """The three things the engine and trainer read from a tokenizer; texts are not needed here."""
+
+    eos_token_id, pad_token_id = EOS, PAD
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [""] * len(rows)
+
+
+def build_model(shape: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**SHAPES[shape], attention_bias=True, tie_word_embeddings=True, max_position_embeddings=32768,
+                         bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD)
+    torch.manual_seed(seed)
+    with torch.device(device):  # "meta": shapes only
+        model = LlamaForCausalLM(config).to(dtype)
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = PAD, EOS
+    return model
+
+
+def train_flops(model, groups: int, prompt: int, response_lens: list[int]) -> float:
+    """Model FLOPs of one trainer pass (forward + backward), the formula of the module docstring."""
+    c = model.config
+    dense = sum(p.numel() for n, p in model.named_parameters() if ".layers." in n and p.dim() == 2)
+    tokens = groups * prompt + sum(response_lens)
+    context = groups * prompt**2 + sum((prompt + t) ** 2 - prompt**2 for t in response_lens)
+    attention = 2 * c.num_hidden_layers * c.hidden_size * context
+    head = 2 * c.hidden_size * c.vocab_size * sum(response_lens)
+    return 3 * (2 * dense * tokens + attention + head)
+
+
+def start_group(device: torch.device, rank: int, world_size: int, port: int) -> None:
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world_size)
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_rss_gib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="1.5b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--world-size", type=int, default=1, help="trainer ranks (processes; GPUs on CUDA)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="compute and explorer dtype (master weights stay float32)")
+    parser.add_argument("--groups", type=int, default=8, help="prompts per step")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--prompt", type=int, default=128, help="prompt tokens")
+    parser.add_argument("--response", type=int, default=512, help="max new tokens")
+    parser.add_argument("--micro-batch", type=int, default=16, help="optim.micro_batch_size")
+    parser.add_argument("--steps", type=int, default=2, help="RL steps (the last one is reported)")
+    parser.add_argument("--peak-tflops", type=float, default=790.0, help="the chip's dense bf16 peak")
+    return parser.parse_args(argv)
+
+
+def rank_main(rank: int, args, port: int, results) -> None:
+    """One trainer rank; rank 0 is also the explorer (generates, then loads the gathered weights)."""
+    import torch.distributed as dist
+
+    from oprl.algorithms import PRESETS
+    from oprl.rollout.lean_engine import LeanEngine
+    from oprl.runtime.distributed import DataParallel, gather_weights
+    from oprl.runtime.experience import Experience
+    from oprl.runtime.trainer import Trainer
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", rank)
+    start_group(device, rank, args.world_size, port)
+    dtype = getattr(torch, args.dtype)
+    built = time.perf_counter()
+    # float32 master weights built on the CPU (as a rank loads them); fully_shard moves each shard to the device.
+    policy = build_model(args.shape, torch.device("cpu"), torch.float32)
+    parallel = DataParallel("fsdp", device=device, compute_dtype=None if dtype == torch.float32 else dtype)
+    optim = SimpleNamespace(lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01, grad_clip=1.0, mini_batches=1,
+                            epochs=1, micro_batch_size=args.micro_batch)
+    trainer = Trainer(policy, pad_id=PAD, settings=PRESETS["grpo"], optim=optim, sampling_temperature=1.0,
+                      max_response_tokens=args.response, parallel=parallel)
+    trainer_rss = peak_rss_gib()
+    engine = None
+    if rank == 0:
+        explorer_model = build_model(args.shape, device, dtype)  # the explorer's own copy
+        engine = LeanEngine(explorer_model, IdTokenizer(), temperature=1.0, max_new_tokens=args.response)
+    setup_s = time.perf_counter() - built
+    generator = torch.Generator().manual_seed(0)
+    vocab = SHAPES[args.shape]["vocab_size"]
+    result: dict = {"shape": args.shape, "device": str(device), "world_size": args.world_size, "dtype": args.dtype,
+                    "torch": torch.__version__, "setup_s": setup_s,
+                    "params": sum(p.numel() for p in build_model(args.shape, "meta", dtype).parameters())}
+    for step in range(1, args.steps + 1):
+        prompts = [torch.randint(2, vocab, (args.prompt,), generator=generator).tolist() for _ in range(args.groups)]
+        rows = [p for p in prompts for _ in range(args.group_size)]
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        synchronize(device)
+        tick = time.perf_counter()
+        sampled = [engine.generate(rows, seed=step) if rank == 0 else None]
+        dist.broadcast_object_list(sampled, src=0)  # the explorer's batch reaches every rank
+        rollout = sampled[0]
+        synchronize(device)
+        generate_s = time.perf_counter() - tick
+        batch = [Experience(prompt_ids=p, response_ids=r, behavior_logprobs=lp, reward=float(i % 3 == 0),
+                            reward_components={}, group_id=i // args.group_size, task_id="x", policy_version=step - 1,
+                            response_text="") for i, (p, r, lp) in enumerate(zip(rows, rollout.response_ids,
+                                                                                  rollout.behavior_logprobs))]
+        tick = time.perf_counter()
+        metrics = trainer.step(batch)
+        synchronize(device)
+        train_s = time.perf_counter() - tick
+        tick = time.perf_counter()
+        weights = gather_weights(policy, dtype, rank=rank)
+        if rank == 0:
+            explorer_model.load_state_dict(weights, strict=False)
+        del weights
+        synchronize(device)
+        sync_s = time.perf_counter() - tick
+        lengths = [len(r) for r in rollout.response_ids]
+        flops = train_flops(policy, args.groups, args.prompt, lengths) / args.world_size  # per rank
+        result |= {
+            "step": step, "rows": len(rows), "response_tokens": sum(lengths),
+            "generate_s": generate_s, "generate_tokens_per_s": sum(lengths) / generate_s,
+            "train_s": train_s, "train_tflops_per_s_per_rank": flops / train_s / 1e12,
+            "trainer_mfu": flops / train_s / (args.peak_tflops * 1e12),
+            "weight_sync_s": sync_s, "rl_step_s": generate_s + train_s + sync_s,
+            "loss": metrics["loss/total"], "grad_norm": metrics["optim/grad_norm"],
+        }
+        if device.type == "cuda":
+            result["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    memory = [None] * args.world_size
+    dist.all_gather_object(memory, {"peak_rss_gib": peak_rss_gib(), "rss_after_setup_gib": trainer_rss})
+    result["per_rank"] = memory
+    result["pydantic_imported"] = "pydantic" in sys.modules
+    dist.destroy_process_group()
+    if rank == 0:
+        results.put(result)
+
+
+def main(argv=None) -> dict:
+    import torch.multiprocessing as mp
+
+    args = parse(argv)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    if args.world_size == 1:
+        rank_main(0, args, port, results)
+    else:
+        mp.start_processes(rank_main, args=(args, port, results), nprocs=args.world_size, start_method="spawn")
+    result = results.get()
+    print(json.dumps(result, indent=1))
+    if result["pydantic_imported"]:
+        raise SystemExit("gpu_check imported pydantic: the GPU machine does not have it")
+    return result
+
+
+if __name__ == "__main__":
+    main()

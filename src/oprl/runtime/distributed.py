@@ -1,0 +1,236 @@
+"""Data parallelism for the trainer on ``torch.distributed``: FSDP2 (``fully_shard``) or DDP, one process per rank.
+
+The trainer (``oprl.runtime.trainer``) talks to a *parallel* object: ``SingleProcess`` on one process (what
+every run used before; the same numbers), ``DataParallel`` on rank ``r`` of ``N``. The contract:
+
+- every rank receives the whole batch, so advantages (per group), the mini-batch permutation and the global
+  normaliser (tokens or rows of the mini-batch) are computed identically everywhere, before sharding;
+- ``micro_batches`` hands rank ``r`` its share of whole groups (round-robin over the mini-batch's groups),
+  split into micro-batches, padded with empty ones so every rank runs as many forward/backward passes
+  (FSDP gathers parameters in each forward; gradients are reduced after the last backward);
+- each micro-batch loss is weighted by (its count / the mini-batch's global count) * ``grad_scale``, where
+  ``grad_scale = N`` undoes the average FSDP's reduce-scatter / DDP's all-reduce take over ranks: the summed
+  gradient is exactly the single-process gradient (normalising per rank, or dividing by N again, is not);
+- clipping uses the global gradient norm; metrics are summed (weighted by global shares) or min/max-reduced.
+
+Sharding: ``fsdp`` applies ``fully_shard`` to each decoder layer and to the root (``PolicyForward``, which
+holds embeddings, final norm and head, tied or not); with ``model.dtype=bfloat16`` the sharded parameters
+stay float32 (master weights, AdamW state float32) and FSDP2's ``MixedPrecisionPolicy`` computes in bfloat16
+and reduces gradients in float32. ``ddp`` wraps ``PolicyForward`` in ``DistributedDataParallel``.
+
+Weights leave a sharded trainer through ``gather_weights``: parameter by parameter (each a collective),
+copied into a preallocated ``FlatWeights`` on rank 0's CPU, so no rank ever holds a second full copy on its
+device. Checkpoints use ``torch.distributed.checkpoint`` (each rank writes its shard; loading reshards to the
+current world size).
+
+Deliberately not here: starting the rank processes (``oprl.runtime.trainer_ranks``) and any loss formula.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+from oprl.errors import OprlError
+from oprl.models.logprobs import grouped_response_logprobs
+
+
+class PolicyForward(torch.nn.Module):
+    """The trainer's forward, ``(prompts, responses, pad_id, **kw) -> (logprobs, entropy, mask)``, as a module.
+
+    ``grouped_response_logprobs`` calls the decoder and the head directly, never ``model.forward``; FSDP2's root
+    hooks (gather the root's parameters, reduce its gradients in backward) and DDP's reducer run on a module
+    call only, so the trainer calls this wrapper. On one process it is a plain call (the same numbers)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, prompt_ids, response_ids, pad_id, **kwargs):
+        return grouped_response_logprobs(self.model, prompt_ids, response_ids, pad_id, **kwargs)
+
+
+class SingleProcess:
+    """One trainer process: the whole mini-batch is this rank's share, nothing to reduce."""
+
+    world_size, rank = 1, 0
+    grad_scale = 1.0
+    """Factor on each micro-batch loss: the number of ranks whose gradients the reduction averages."""
+
+    def wrap(self, model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
+        return PolicyForward(model)
+
+    def share(self, rows: list, rank: int | None = None) -> list[int]:
+        """Indices of ``rows`` (a mini-batch) that ``rank`` trains on."""
+        return list(range(len(rows)))
+
+    def micro_batches(self, rows: list, size: int) -> list[list[int]]:
+        """This rank's share of ``rows`` in micro-batches of at most ``size`` rows, padded with empty lists to
+        the largest number any rank has."""
+        mine = self.share(rows)
+        count = max(math.ceil(len(self.share(rows, r)) / size) for r in range(self.world_size))
+        chunks = [mine[start : start + size] for start in range(0, len(mine), size)]
+        return chunks + [[] for _ in range(count - len(chunks))]
+
+    def gradient_sync(self, sync: bool):
+        """Context of one micro-batch's backward: reduce gradients over ranks only when ``sync`` (the last)."""
+        return nullcontext()
+
+    def clip_grad_norm(self, params, max_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def reduce_metrics(self, sums: dict, extremes: dict) -> tuple[dict, dict]:
+        return sums, extremes
+
+
+class DataParallel(SingleProcess):
+    """Rank ``rank`` of ``world_size`` in the default process group (already initialised)."""
+
+    def __init__(self, sharding: str, *, device: torch.device, compute_dtype: torch.dtype | None = None):
+        import torch.distributed as dist
+
+        self.sharding, self.device, self.compute_dtype = sharding, device, compute_dtype
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        self.grad_scale = float(self.world_size)
+        self.wrapped: torch.nn.Module | None = None
+
+    def wrap(self, model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
+        forward = PolicyForward(model)
+        if self.sharding == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
+            policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+            for layer in decoder_layers(model):
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+            fully_shard(forward, mesh=mesh, mp_policy=policy)
+        elif trainable:  # ddp; a frozen reference model needs no gradient reduction
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [self.device.index or 0] if self.device.type == "cuda" else None
+            forward = DistributedDataParallel(forward.to(self.device), device_ids=device_ids)
+        else:
+            forward = forward.to(self.device)
+        if trainable:
+            self.wrapped = forward
+        return forward
+
+    def share(self, rows: list, rank: int | None = None) -> list[int]:
+        rank = self.rank if rank is None else rank
+        groups = list(dict.fromkeys(e.group_id for e in rows))  # in order of first appearance
+        mine = {group for index, group in enumerate(groups) if index % self.world_size == rank}
+        return [i for i, e in enumerate(rows) if e.group_id in mine]
+
+    def gradient_sync(self, sync: bool):
+        if self.sharding == "fsdp":
+            self.wrapped.set_requires_gradient_sync(sync)
+            return nullcontext()
+        return nullcontext() if sync else self.wrapped.no_sync()
+
+    def clip_grad_norm(self, params, max_norm: float) -> float:
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(norm, DTensor):  # the norm of sharded gradients: a partial sum over ranks
+            norm = norm.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return float(norm)
+
+    def reduce_metrics(self, sums: dict, extremes: dict) -> tuple[dict, dict]:
+        """Sum the share-weighted metrics and min/max the extremes over ranks; ``perf/`` seconds stay this
+        rank's. A rank without rows has no metrics of its own, hence objects rather than fixed tensors."""
+        import torch.distributed as dist
+
+        mine = ({k: v for k, v in sums.items() if not k.startswith("perf/")}, extremes)
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, mine)
+        total: dict[str, float] = {}
+        low_high: dict[str, float] = {}
+        for rank_sums, rank_extremes in everyone:  # rank order: the same float sums on every rank
+            for key, value in rank_sums.items():
+                total[key] = total.get(key, 0.0) + value
+            for key, value in rank_extremes.items():
+                pick = min if key.endswith("_min") else max
+                low_high[key] = pick(low_high.get(key, value), value)
+        return sums | total, low_high
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of a Hugging Face causal LM (through a peft wrapper), FSDP's unit."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        layers = base.get_decoder().layers
+    except (AttributeError, NotImplementedError):
+        layers = None
+    if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
+        raise OprlError(f"trainer.sharding=fsdp: {type(base).__name__} has no decoder layers to shard "
+                        "(model.get_decoder().layers); use trainer.sharding=ddp")
+    return list(layers)
+
+
+def init_process_group(rank: int, world_size: int, address: str, backend: str, device: torch.device) -> None:
+    """Join the default group (``address`` = ``host:port`` of rank 0's rendezvous)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(minutes=10))
+
+
+def gather_weights(model: torch.nn.Module, dtype: torch.dtype | None, rank: int):
+    """Full trainable weights of a (sharded) model as a ``FlatWeights`` on rank 0's CPU; ``None`` elsewhere.
+
+    Parameter by parameter: ``DTensor.full_tensor`` is a collective every rank joins in the same order, and
+    only that one parameter exists unsharded at a time. Cast to ``dtype`` (the explorers' dtype) if given."""
+    from torch.distributed.tensor import DTensor
+
+    from oprl.runtime.workers import FlatWeights
+
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    out = None
+    if rank == 0:
+        layout, sizes = [], {}
+        for name, param in named:
+            kind = dtype or param.dtype
+            layout.append((name, kind, sizes.get(kind, 0), tuple(param.shape)))
+            sizes[kind] = sizes.get(kind, 0) + param.numel()
+        out = FlatWeights.from_buffers({k: torch.empty(n, dtype=k) for k, n in sizes.items()}, layout)
+    with torch.no_grad():
+        for name, param in named:
+            full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
+            if out is not None:
+                out[name].copy_(full)
+            del full
+    return out
+
+
+def save_sharded(model: torch.nn.Module, optimizer, directory: Path) -> None:
+    """Model and optimizer state into ``directory`` with ``torch.distributed.checkpoint``: each rank writes its
+    shard (``*.distcp``) and rank 0 the ``.metadata``; every rank must call it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory))
+
+
+def load_sharded(model: torch.nn.Module, optimizer, directory: Path) -> None:
+    """Load ``save_sharded``'s output; DCP reshards when the world size or sharding differs from the saving run."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state} if optimizer is not None else {"model": model_state}
+    dcp.load(state, checkpoint_id=str(directory))
+    if optimizer is None:
+        set_state_dict(model, (), model_state_dict=state["model"], optim_state_dict={})
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -1,0 +1,272 @@
+"""A trainer of ``trainer.world_size`` ranks: one front with the trainer worker's methods, N rank processes.
+
+The backend hosts ``ShardedTrainer`` where it would host the one-process trainer worker; the front starts the
+ranks itself and forwards every call (train, weights, evaluate, save, restore, save_final) to all of them, since
+each is a collective. Rank 0 answers (metrics, the gathered ``FlatWeights``); a rank that fails or dies stops
+the others and the call raises one line naming it (``trainer rank 1 ...``), which the driver reports like any
+worker failure.
+
+Placement: ``backend=local`` spawns each rank as a process of this machine (``processes.ProcessActor``; no
+torchrun); ``backend=ray`` creates each rank as a Ray actor in one placement group (one bundle per rank,
+``runtime.gpus_per_trainer_rank`` GPUs each) and meets at rank 0's node address. A Ray cluster needs the run
+directory on a filesystem every node sees: rank 0 writes ``final/``, every rank its checkpoint shard.
+
+Evaluation and ``final/`` use a full unsharded replica on rank 0, built on first use and loaded from the
+gathered weights (the same memory an explorer holds).
+"""
+
+from __future__ import annotations
+
+import socket
+from concurrent.futures import FIRST_EXCEPTION, wait
+from pathlib import Path
+
+import torch
+
+from oprl.errors import OprlError
+from oprl.runtime.checkpoint import load_rng, read_json, save_rng, write_json
+from oprl.runtime.distributed import DataParallel, gather_weights, init_process_group, load_sharded, save_sharded
+
+SHARDS = "dcp"
+"""Directory (inside a checkpoint's ``trainer/``) of the ``torch.distributed.checkpoint`` shards."""
+
+
+def check_trainer_config(config, gpus: int | None = None) -> None:
+    """The ``trainer`` section's cross-field rules, as one-line errors (``gpus``: visible CUDA devices)."""
+    t, device = config.trainer, config.model.device
+    if t.world_size > 1 and t.sharding == "none":
+        raise OprlError(f"trainer.world_size={t.world_size} needs trainer.sharding=ddp or fsdp")
+    groups = config.rollout.prompts_per_step
+    if t.world_size > groups:
+        raise OprlError(f"trainer.world_size={t.world_size} exceeds the groups per step "
+                        f"(rollout.prompts_per_step={groups}): every rank trains on whole groups")
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if t.dist_backend == "nccl" and not cuda:
+        raise OprlError(f"trainer.dist_backend=nccl needs CUDA tensors, model.device={device}; use gloo")
+    if cuda and t.sharding != "none" and config.backend == "local":
+        gpus = torch.cuda.device_count() if gpus is None else gpus
+        if gpus < t.world_size:
+            raise OprlError(f"trainer.world_size={t.world_size} on model.device={device} needs "
+                            f"{t.world_size} GPUs; this machine has {gpus}")
+    if cuda and t.sharding != "none" and config.backend == "ray" and config.runtime.gpus_per_trainer_rank <= 0:
+        raise OprlError("backend=ray with model.device=cuda: set runtime.gpus_per_trainer_rank (e.g. 1)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class TrainerRank:
+    """One rank: its own copy (or shard) of the policy and of AdamW, in a process of its own."""
+
+    def __init__(self, config, model_path: str, rank: int, world_size: int):
+        self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
+        self.replica = None
+
+    def setup(self, address: str) -> bool:
+        from oprl.config import algorithm_settings
+        from oprl.models.loading import resolve_device
+        from oprl.runtime.trainer import Trainer
+        from oprl.runtime.workers import load_model
+
+        config, t = self.config, self.config.trainer
+        device = resolve_device(config.model.device)
+        if device.type == "cuda":
+            device = torch.device("cuda", self.rank % torch.cuda.device_count())
+        backend = ("nccl" if device.type == "cuda" else "gloo") if t.dist_backend == "auto" else t.dist_backend
+        init_process_group(self.rank, self.world_size, address, backend, device)
+        fsdp = t.sharding == "fsdp"
+        # FSDP keeps float32 master weights: load float32 on the CPU, fully_shard moves each shard to the device.
+        model_config = config.model.model_copy(update={"dtype": "float32", "device": "cpu"} if fsdp else
+                                               {"device": str(device)})
+        self.model, self.tokenizer = load_model(config.model_copy(update={"model": model_config}), self.model_path)
+        compute = torch.bfloat16 if fsdp and config.model.dtype == "bfloat16" else None
+        self.parallel = DataParallel(t.sharding, device=device, compute_dtype=compute)
+        algo = config.algorithm
+        self.trainer = Trainer(
+            self.model, pad_id=self.tokenizer.pad_token_id, settings=algorithm_settings(config), optim=config.optim,
+            sampling_temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_new_tokens,
+            kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef, seed=config.seed,
+            log_ref_kl_every=algo.log_ref_kl_every, parallel=self.parallel,
+        )
+        return True
+
+    def train(self, step: int, batch: list) -> dict[str, float]:
+        if self.trainer.version != step - 1:
+            raise RuntimeError(f"trainer holds version {self.trainer.version}, asked to train step {step}")
+        return self.trainer.step(batch)
+
+    def weights(self):
+        """The full trainable weights in the explorers' dtype (rank 0), gathered parameter by parameter."""
+        return gather_weights(self.model, getattr(torch, self.config.model.dtype), self.rank)
+
+    def _full_replica(self):
+        """Rank 0's unsharded copy holding the current weights (every rank joins the gathering)."""
+        from oprl.runtime.workers import load_model, make_engine
+        from oprl.tasks import build_task
+
+        weights = self.weights()
+        if self.rank != 0:
+            return None
+        if self.replica is None:
+            model, tokenizer = load_model(self.config, self.model_path)
+            self.replica = model.eval(), make_engine(self.config, model, tokenizer)
+            self.task = build_task(self.config.task)
+        self.replica[0].load_state_dict(weights, strict=False)
+        return self.replica
+
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        from oprl.runtime.evaluate import evaluation_row
+
+        replica = self._full_replica()
+        if replica is None:
+            return None
+        return evaluation_row(self.config, replica[1], self.task, self.tokenizer, step)
+
+    def save(self, directory: str) -> int:
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        save_sharded(self.model, self.trainer.optimizer, root / SHARDS)
+        if self.rank == 0:
+            save_rng(root)
+            write_json(root / "trainer.json", {"version": self.trainer.version, "world_size": self.world_size,
+                                               "sharding": self.config.trainer.sharding})
+        return self.trainer.version
+
+    def restore(self, directory: str) -> int:
+        root = Path(directory)
+        if not (root / SHARDS).is_dir():
+            raise OprlError(f"resume=true: {root} holds no sharded trainer state ({SHARDS}/); it was written "
+                            "with trainer.sharding=none, resume with that")
+        load_sharded(self.model, self.trainer.optimizer, root / SHARDS)
+        load_rng(root)
+        self.trainer.version = read_json(root / "trainer.json")["version"]
+        return self.trainer.version
+
+    def load_checkpoint(self, checkpoint: str) -> int:
+        """Only the weights of a checkpoint (mode=eval; sharded or not); returns its step."""
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        root = Path(checkpoint)
+        if (root / "trainer" / SHARDS).is_dir():
+            load_sharded(self.model, None, root / "trainer" / SHARDS)
+        else:
+            full = load_file(str(root / "trainer" / "model.safetensors"))
+            set_model_state_dict(self.model, full, options=StateDictOptions(full_state_dict=True, strict=False))
+        return read_json(root / "state.json")["step"]
+
+    def save_final(self, directory: str) -> None:
+        replica = self._full_replica()
+        if replica is not None:
+            replica[0].save_pretrained(directory)
+            self.tokenizer.save_pretrained(directory)
+
+
+class ShardedTrainer:
+    """The trainer worker of a run with ``trainer.sharding`` ddp/fsdp: fans every call out to the ranks."""
+
+    def __init__(self, config, model_path: str, cpu_snapshots: bool = True):
+        from oprl.runtime.workers import Clock
+
+        self.clock = Clock()
+        self.version = 0
+        size = config.trainer.world_size
+        if config.backend == "ray":
+            from oprl.runtime.ray_backend import trainer_ranks as launch
+        else:
+            launch = _local_ranks
+        self.ranks = launch(config, model_path, size)
+        try:
+            self._all("ready", "while starting", [r.ready for r in self.ranks])
+            address = self._all("rendezvous", "while starting", [self.ranks[0].rendezvous()])[0]
+            self._all("setup", "while starting", [r.call("setup", address) for r in self.ranks])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _all(self, method: str, doing: str, futures=None, *args) -> list:
+        """Every rank's result of ``method(*args)`` (or of ``futures``); the first failure stops every rank."""
+        futures = futures or [r.call(method, *args) for r in self.ranks]
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            failed = [f for f in done if f.exception() is not None]
+            if failed:
+                rank = futures.index(failed[0])
+                self.stop()
+                exc = failed[0].exception()
+                text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if type(exc).__name__ == "OprlError" or getattr(exc, "kind", "") == "OprlError":
+                    raise OprlError(getattr(exc, "message", text))
+                raise RuntimeError(f"trainer rank {rank} failed {doing}: {text}")
+        return [f.result() for f in futures]
+
+    def stop(self) -> None:
+        for rank in self.ranks:
+            rank.kill()
+
+    def ping(self) -> int:
+        return self.version
+
+    def train(self, step: int, batch: list) -> dict[str, float]:
+        with self.clock.work():
+            metrics = self._all("train", f"while training step {step}", None, step, batch)[0]
+        self.version = step
+        clock = self.clock.totals()
+        return metrics | {"perf/trainer_busy_total_s": clock["busy_s"], "perf/trainer_idle_total_s": clock["idle_s"]}
+
+    def weights(self):
+        with self.clock.work():
+            return self._all("weights", f"while gathering version {self.version}")[0]
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        with self.clock.work():
+            return self._all("evaluate", f"while evaluating step {step}", None, step)[0]
+
+    def save(self, directory: str) -> int:
+        with self.clock.work():
+            return self._all("save", "while checkpointing", None, directory)[0]
+
+    def restore(self, directory: str) -> int:
+        self.version = self._all("restore", "while resuming", None, directory)[0]
+        return self.version
+
+    def load_checkpoint(self, checkpoint: str) -> int:
+        return self._all("load_checkpoint", "while loading a checkpoint", None, checkpoint)[0]
+
+    def save_final(self, directory: str) -> None:
+        with self.clock.work():
+            self._all("save_final", "while saving the final model", None, directory)
+
+
+class _LocalRank:
+    """A rank in a spawned process of this machine."""
+
+    def __init__(self, config, model_path: str, rank: int, size: int, threads: int | None):
+        from oprl.runtime.processes import ProcessActor
+
+        self.actor = ProcessActor(f"trainer-rank{rank}", TrainerRank, (config, model_path, rank, size), threads)
+        self.ready = self.actor.ready
+
+    def call(self, method: str, *args):
+        return self.actor.call(method, *args)
+
+    def rendezvous(self):
+        from concurrent.futures import Future
+
+        future: Future = Future()
+        future.set_result(f"127.0.0.1:{free_port()}")  # every rank is on this machine
+        return future
+
+    def kill(self) -> None:
+        self.actor.terminate()
+
+
+def _local_ranks(config, model_path: str, size: int) -> list:
+    import os
+
+    threads = config.runtime.torch_threads or max(1, (os.cpu_count() or 1) // (size + config.runtime.explorers))
+    return [_LocalRank(config, model_path, rank, size, threads) for rank in range(size)]
