@@ -1,6 +1,8 @@
 """oprl: off-policy RL fine-tuning of language models with group-relative REINFORCE and its relatives.
 
-Layout (imports flow one way: cli -> runtime -> {rollout, models, algorithms, tasks}):
+Use it from Python: ``run = oprl.train(steps=20)``, ``oprl.evaluate(checkpoint=run.run_dir)`` (docs/api.md).
+
+Layout (imports flow one way: cli -> api -> runtime -> {rollout, models, algorithms, tasks}):
 - ``oprl.algorithms``: pure tensor math (advantages, policy losses, presets, the consistency surrogate).
 - ``oprl.tasks``: what to learn: the Task protocol, problem generators and reward functions.
 - ``oprl.models``: Hugging Face glue: the embedded tiny model, loading, log-prob computation.
@@ -8,4 +10,27 @@ Layout (imports flow one way: cli -> runtime -> {rollout, models, algorithms, ta
 - ``oprl.runtime``: where and when: experiences, the off-policy schedule, trainer, the training loop.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+__all__ = ["RunResult", "evaluate", "load_config", "train"]
+
+if TYPE_CHECKING:
+    from oprl.api import RunResult, evaluate, train
+    from oprl.config import load_config
+
+
+def __getattr__(name: str) -> Any:
+    """``oprl.train`` / ``oprl.evaluate`` / ``oprl.RunResult`` (docs/api.md), imported on first use so that
+    ``import oprl`` stays light."""
+    if name in ("train", "evaluate", "RunResult"):
+        from oprl import api
+
+        return getattr(api, name)
+    if name == "load_config":
+        from oprl.config import load_config
+
+        return load_config
+    raise AttributeError(f"module 'oprl' has no attribute {name!r}")

@@ -1,8 +1,8 @@
 """Command line: ``oprl train|explore|eval [CONFIG.yaml] [key=value ...]``, ``oprl bandit``, ``oprl config``.
 
-Thin by design: parse arguments, load the config, call the runtime. User mistakes (``OprlError``) print one
-line and exit 2; a worker that dies during a run prints one line naming it and exits 1; ``--debug`` shows the
-traceback of anything.
+Thin by design: parse arguments and call the Python API (``oprl.api``: ``oprl train`` is ``oprl.train``).
+User mistakes (``OprlError``) print one line and exit 2; a worker that dies during a run prints one line
+naming it and exits 1; ``--debug`` shows the traceback of anything.
 """
 
 from __future__ import annotations
@@ -72,22 +72,19 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _train(args: list[str], forced: Sequence[str] = ()) -> int:
-    from oprl.config import load_config
+    from oprl import api
 
     path, overrides = _split_config_args(args)
-    config = load_config(path, [*overrides, *forced])
-    from oprl.runtime.run import run
-
-    summary = run(config)
-    if config.mode == "explore":
-        print(f"explored {config.steps} batches in {summary.seconds:.0f}s; run dir {summary.run_dir}")
-    elif config.mode == "eval":
-        print(f"eval accuracy {summary.accuracy_after:.3f} in {summary.seconds:.0f}s; run dir {summary.run_dir}")
+    result = api.run(api.resolve(path, [*overrides, *forced]))
+    mode, before, after = result.config.mode, result.accuracy_before, result.accuracy_after
+    if mode == "explore":
+        print(f"explored {result.config.steps} batches in {result.seconds:.0f}s; run dir {result.run_dir}")
+    elif mode == "eval":
+        print(f"eval accuracy {after:.3f} in {result.seconds:.0f}s; run dir {result.run_dir}")
     else:
         print(
-            f"eval accuracy before -> after: {summary.accuracy_before:.3f} -> {summary.accuracy_after:.3f} "
-            f"({summary.accuracy_after - summary.accuracy_before:+.3f}) in {summary.seconds:.0f}s; "
-            f"run dir {summary.run_dir}"
+            f"eval accuracy before -> after: {before:.3f} -> {after:.3f} ({after - before:+.3f}) in "
+            f"{result.seconds:.0f}s; run dir {result.run_dir}"
         )
     return 0
 
@@ -100,15 +97,12 @@ def _eval(args: list[str]) -> int:
     """A directory as first argument is a checkpoint or a run: its run's config, its weights."""
     from pathlib import Path
 
+    from oprl import api
+
     if args and "=" not in args[0] and Path(args[0]).is_dir():
-        source = Path(args[0])
-        run_dir = source.parent.parent if (source / "state.json").is_file() else source
-        if not (run_dir / "config.yaml").is_file():
-            raise OprlError(f"{source}: not a checkpoint or run directory (no config.yaml in {run_dir})")
-        forced = ["mode=eval", f"eval.checkpoint={source}", "resume=false"]
-        if not any(a.startswith("run_name=") for a in args[1:]):
-            forced.append("run_name=null")
-        return _train([str(run_dir / "config.yaml"), *args[1:]], forced)
+        keep = any(a.startswith("run_name=") for a in args[1:])
+        forced = api.checkpoint_overrides(args[0], keep_run_name=keep)
+        return _train([str(api.checkpoint_config(args[0])), *args[1:]], forced)
     return _train(args, ["mode=eval"])
 
 

@@ -1,0 +1,268 @@
+"""The Python entry point: ``oprl.train(...)`` and ``oprl.evaluate(...)`` from a script or a notebook.
+
+The command line is a thin layer over these functions (``oprl train`` = ``oprl.train``), so both resolve
+the same configuration and produce the same run directory. Settings come from, in order: a config (a YAML
+path, a ``RunConfig`` or a dict), then keyword overrides, written as nested dicts (``rollout={"group_size":
+4}``), as dotted keys (``**{"rollout.group_size": 4}``) or, for top-level keys, plainly (``steps=20``).
+``task=`` takes a task name, a task section (``DatasetTaskConfig(...)``) or a built task; ``reward=`` takes
+a reward spec string, a function defined in a ``.py`` file or module, or a list of them.
+
+    >>> import oprl
+    >>> run = oprl.train(steps=20, algorithm={"preset": "rec-oneside-nois"})
+    >>> run.final_metrics["eval/accuracy"], run.run_dir
+
+A reward function travels to the worker processes by name (``module:function`` or ``file.py:function``) and
+is recorded that way in the run's ``config.yaml``, so the run can be resumed and repeated; a function
+defined in a notebook cell or a lambda has no such name: put it in a ``.py`` file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oprl.config import RunConfig, load_config
+from oprl.errors import OprlError
+
+ConfigSource = str | Path | RunConfig | Mapping[str, Any] | None
+"""A YAML path, a ``RunConfig``, a dict of settings, or None (the defaults)."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run left behind: its directory, resolved config, final metrics and summary."""
+
+    run_dir: Path
+    """The run directory (``<output_dir>/<run_name>``)."""
+    config: RunConfig
+    """The resolved configuration the run used (also in ``config.yaml``)."""
+    summary: dict[str, Any]
+    """``summary.json``: mode, eval accuracy before and after, steps, seconds."""
+    final_metrics: dict[str, float] = field(default_factory=dict)
+    """The last trainer step's metrics merged with the last evaluation's (``eval/accuracy``, ...)."""
+    accuracy_before: float = float("nan")
+    """Eval accuracy (pass@1) before training (mode=eval: the one evaluation)."""
+    accuracy_after: float = float("nan")
+    """Eval accuracy after the last step (mode=eval: the one evaluation)."""
+    seconds: float = float("nan")
+    """Wall-clock seconds of the run."""
+
+    @property
+    def metrics_path(self) -> Path:
+        """``metrics.jsonl``: one JSON row per trainer step and per evaluation."""
+        return self.run_dir / "metrics.jsonl"
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "config.yaml"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def final_model(self) -> Path | None:
+        """The trained model as a Hugging Face directory (``from_pretrained`` loads it); None if not written."""
+        path = self.run_dir / "final"
+        return path if path.is_dir() else None
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every row of ``metrics.jsonl``."""
+        from oprl.metrics import read_metrics
+
+        return read_metrics(self.metrics_path)
+
+
+def train(
+    config_or_path: ConfigSource = None,
+    /,
+    *,
+    task: Any = None,
+    reward: Any = None,
+    log: Callable[[str], Any] = print,
+    **overrides: Any,
+) -> RunResult:
+    """Train (``mode=both`` unless ``mode=`` says otherwise) and return the run.
+
+    Args:
+        config_or_path: a YAML path, a ``RunConfig``, a dict of settings, or None for the defaults.
+        task: a task name (``"gsm8k"``), a task section (``DatasetTaskConfig(...)``), or a built task.
+        reward: for ``task.name=dataset``: ``"file.py:function"``, ``"module:function"``, a function defined in a
+            ``.py`` file or module, or a list of these (weights in ``task={"reward_weights": [...]}``).
+        log: where progress lines go (``print``).
+        **overrides: settings over the config: ``steps=20``, ``rollout={"group_size": 4}``,
+            ``**{"algorithm.preset": "opmd"}``.
+
+    Raises:
+        OprlError: a user mistake (bad key, missing file, reward that does not import), one line naming it.
+    """
+    return run(resolve(config_or_path, task=task, reward=reward, **overrides), log=log)
+
+
+def evaluate(
+    config_or_path: ConfigSource = None,
+    /,
+    *,
+    checkpoint: str | Path | None = None,
+    task: Any = None,
+    reward: Any = None,
+    log: Callable[[str], Any] = print,
+    **overrides: Any,
+) -> RunResult:
+    """Evaluate (pass@1 on the task's test split) and return the result; ``final_metrics["eval/accuracy"]``.
+
+    ``checkpoint`` is a checkpoint directory (``<run>/checkpoints/step-N``) or a run directory (its newest
+    checkpoint): the run's own config is used (overrides still apply) and its weights are evaluated; without
+    it, ``model.path`` is evaluated under ``config_or_path``.
+    """
+    forced = ["mode=eval"]
+    if checkpoint is not None:
+        config_or_path = checkpoint_config(checkpoint)
+        forced = checkpoint_overrides(checkpoint, keep_run_name="run_name" in overrides)
+    return run(resolve(config_or_path, forced, task=task, reward=reward, **overrides), log=log)
+
+
+def checkpoint_config(source: str | Path) -> Path:
+    """The ``config.yaml`` of the run that holds checkpoint or run directory ``source``."""
+    source = Path(source)
+    run_dir = source.parent.parent if (source / "state.json").is_file() else source
+    if not (run_dir / "config.yaml").is_file():
+        raise OprlError(f"{source}: not a checkpoint or run directory (no config.yaml in {run_dir})")
+    return run_dir / "config.yaml"
+
+
+def checkpoint_overrides(source: str | Path, *, keep_run_name: bool = False) -> list[str]:
+    """Settings that evaluate checkpoint or run directory ``source`` in a new run directory (unless
+    ``keep_run_name``) over its run's config."""
+    forced = ["mode=eval", f"eval.checkpoint={source}", "resume=false"]
+    return forced if keep_run_name else [*forced, "run_name=null"]
+
+
+def resolve(
+    config_or_path: ConfigSource = None,
+    cli_overrides: Sequence[str] = (),
+    /,
+    *,
+    task: Any = None,
+    reward: Any = None,
+    **overrides: Any,
+) -> RunConfig:
+    """The validated, preset-resolved config these arguments describe (what ``train`` would run).
+
+    ``cli_overrides`` are ``key=value`` strings as the command line takes them, applied before ``overrides``.
+    """
+    path = None
+    items = list(cli_overrides)
+    if isinstance(config_or_path, (str, Path)):
+        path = config_or_path
+    elif isinstance(config_or_path, RunConfig):
+        items = _as_overrides(config_or_path.model_dump(mode="json")) + items
+    elif isinstance(config_or_path, Mapping):
+        items = _as_overrides(dict(config_or_path)) + items
+    elif config_or_path is not None:
+        raise OprlError(f"config: expected a YAML path, a RunConfig or a dict, got {type(config_or_path).__name__}")
+    if task is not None:  # the whole section: a new task's fields replace the old task's
+        items.append(f"task={json.dumps(_task_values(task), default=str)}")
+    if reward is not None:
+        items += _as_overrides({"task.reward": reward_spec(reward)})
+    items += _as_overrides(overrides)
+    return load_config(path, items)
+
+
+def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
+    """Run a resolved config (``resolve``'s) and collect its result."""
+    from oprl.metrics import read_metrics
+    from oprl.runtime.run import run as run_config
+
+    done = run_config(config, log=log)
+    summary_path = done.run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    rows = read_metrics(done.run_dir / "metrics.jsonl") if (done.run_dir / "metrics.jsonl").is_file() else []
+    final: dict[str, float] = {}
+    for prefix in ("reward/", "eval/"):  # the last trainer row, then the last evaluation on top
+        last: dict[str, Any] = next((r for r in reversed(rows) if any(k.startswith(prefix) for k in r)), {})
+        final |= {k: v for k, v in last.items() if isinstance(v, (int, float))}
+    return RunResult(
+        run_dir=done.run_dir,
+        config=config,
+        summary=summary,
+        final_metrics=final,
+        accuracy_before=done.accuracy_before,
+        accuracy_after=done.accuracy_after,
+        seconds=done.seconds,
+    )
+
+
+def reward_spec(reward: Any) -> str | list[str]:
+    """``task.reward``'s value for ``reward``: a spec string as is, a function as ``module:function`` (or
+    ``file.py:function`` when it lives in the script being run), a list element-wise."""
+    if isinstance(reward, str):
+        return reward
+    if isinstance(reward, (list, tuple)):
+        return [_one_spec(r) for r in reward]
+    return _one_spec(reward)
+
+
+def _one_spec(function: Any) -> str:
+    if isinstance(function, str):
+        return function
+    if not callable(function):
+        raise OprlError(f"task.reward: expected a function or 'file.py:function', got {type(function).__name__}")
+    name = getattr(function, "__qualname__", "")
+    module = getattr(function, "__module__", None)
+    if not name or "<" in name or "." in name or module is None:
+        raise OprlError(
+            f"task.reward: {name or function!r} is not a module-level function; rewards run in worker processes "
+            "that import them by name: define it at the top level of a .py file"
+        )
+    if module != "__main__":
+        return f"{module}:{name}"
+    main_file = getattr(sys.modules["__main__"], "__file__", None)
+    if main_file is None:
+        raise OprlError(
+            f"task.reward: {name} is defined in a notebook or an interactive session; rewards run in worker "
+            "processes that import them by name: put it in a .py file and pass 'file.py:function' (docs/api.md)"
+        )
+    return f"{Path(inspect.getfile(function)).resolve()}:{name}"
+
+
+def _task_values(task: Any) -> Any:
+    """The ``task`` section's values for a task name, section, dict or built task."""
+    if isinstance(task, str):
+        return {"name": task}
+    section = getattr(task, "config", task)  # a built task carries its section
+    if hasattr(section, "model_dump"):
+        return section.model_dump(mode="json")
+    if isinstance(section, Mapping):
+        return dict(section)
+    raise OprlError(f"task: expected a task name, a task section or a task, got {type(task).__name__}")
+
+
+def _as_overrides(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """``key=value`` strings (values as JSON, which the YAML reader takes as is) for nested or dotted keys."""
+    items = []
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            items += _as_overrides(value, f"{dotted}.")
+        else:
+            items.append(f"{dotted}={json.dumps(value, default=str)}")
+    return items
+
+
+__all__ = [
+    "ConfigSource",
+    "RunResult",
+    "checkpoint_config",
+    "checkpoint_overrides",
+    "evaluate",
+    "resolve",
+    "reward_spec",
+    "run",
+    "train",
+]
