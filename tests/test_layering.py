@@ -14,7 +14,7 @@ ALLOWED = {
     "tasks": {"tasks", "errors"},
     # Samplers run models; models know nothing of sampling (padding layouts live in models/batching.py).
     "models": {"models", "errors", "io"},
-    "rollout": {"rollout", "models"},
+    "rollout": {"rollout", "models", "errors"},
     # The config tree reads the plug-ins' registries for its option lists; it never sees the runtime or the
     # entry points that consume it.
     "config": {"config", "algorithms", "tasks", "rollout", "models", "errors", "io"},

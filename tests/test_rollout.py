@@ -1,6 +1,7 @@
 """The rollout engines: behaviour log-probs, padding, EOS, truncation, seeding; trainer agreement on-policy.
 
-Every contract test runs on both engines; the lean engine is also checked against ``generate`` directly."""
+Every contract test runs on every engine (lean, hf-generate, vllm); the lean engine is also checked against
+``generate`` directly. Models have 2 heads of 32 dimensions: vLLM's CPU attention has no kernel for 16."""
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ def Engine(request):
 @pytest.fixture(scope="module")
 def policy():
     tokenizer = build_tokenizer()
-    return build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=3), tokenizer
+    return build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3), tokenizer
 
 
 def _prompts(tokenizer, texts):
@@ -45,26 +46,39 @@ def test_recomputed_logprobs_match_behaviour_on_policy(policy, temperature, Engi
     assert (logprobs - behavior)[mask].abs().max() < 1e-4
 
 
+def certain_model(tokenizer, token: str):
+    """A Llama (untied head) that emits ``token`` with certainty at every step, built from weights alone, so that
+    every engine serves it: attention and MLP write nothing, every embedding has +10 in dimension 0, the final
+    norm keeps only that dimension, and the head turns it into +30 x (~8) for ``token`` and 0 for the rest."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight[:, 0] = 10.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[tokenizer.convert_tokens_to_ids(token), 0] = 30.0
+    return model
+
+
 def test_eos_ends_responses_and_truncation_is_flagged(policy, Engine):
     _, tokenizer = policy
-    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=3)
     prompts = _prompts(tokenizer, ["1+2=", "3="])
-    # An output head that is all bias makes the next token a certainty: EOS first, then "7".
-    bias_model = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
-    with torch.no_grad():
-        bias_model.weight.zero_()
-        bias_model.bias.fill_(-30.0)
-        bias_model.bias[tokenizer.eos_token_id] = 30.0
-    model.lm_head = bias_model
-    rollout = Engine(model, tokenizer, max_new_tokens=5).generate(prompts, seed=0)
-    assert rollout.response_ids == [[tokenizer.eos_token_id]] * 2
+    rollout = Engine(certain_model(tokenizer, tokenizer.eos_token), tokenizer, max_new_tokens=5).generate(prompts, seed=0)
+    assert rollout.response_ids == [[tokenizer.eos_token_id]] * 2  # EOS is kept: the policy learns to stop
     assert rollout.truncated == [False, False]
     assert rollout.texts == ["", ""]
     assert all(abs(lp[0]) < 1e-6 for lp in rollout.behavior_logprobs)
-    with torch.no_grad():
-        bias_model.bias[tokenizer.eos_token_id] = -30.0
-        bias_model.bias[tokenizer.convert_tokens_to_ids("7")] = 30.0
-    rollout = Engine(model, tokenizer, max_new_tokens=5).generate(prompts, seed=0)
+    rollout = Engine(certain_model(tokenizer, "7"), tokenizer, max_new_tokens=5).generate(prompts, seed=0)
     assert rollout.texts == ["77777", "77777"] and rollout.truncated == [True, True]
 
 
@@ -109,7 +123,7 @@ def test_lean_engine_rows_leaving_the_batch_keep_their_cache_aligned(policy):
     # EOS made likely at every step: rows end at many different lengths, so finished rows are dropped from the
     # batch (and the cache) several times. The trainer's recomputation of every surviving row must still match.
     model, tokenizer = policy
-    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=3)
+    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3)
     with torch.no_grad():
         model.lm_head.weight[tokenizer.eos_token_id] *= 0.0
     head = model.lm_head
@@ -154,7 +168,7 @@ def test_nucleus_rule_matches_transformers():
 def test_lean_engine_samples_through_a_lora_wrapper(policy):
     peft = pytest.importorskip("peft")
     _, tokenizer = policy
-    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=5)
+    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=5)
     wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     prompts = _prompts(tokenizer, ["1+2=", "9-4="]) * 3
     lean = LeanEngine(wrapped, tokenizer, max_new_tokens=6).generate(prompts, seed=1)

