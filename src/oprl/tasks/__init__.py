@@ -12,6 +12,7 @@ from pydantic import Discriminator, Tag
 
 from oprl.tasks.arithmetic import ArithmeticTask
 from oprl.tasks.bfcl import BfclTask
+from oprl.tasks.bfcl_multi_turn import BfclMultiTurnTask
 from oprl.tasks.base import Problem, Reward, Task
 from oprl.tasks.dataset import DatasetTask
 from oprl.tasks.gsm8k import GSM8kTask
@@ -24,6 +25,7 @@ TASKS: dict[str, Any] = {
     "math": MathTask,
     "dataset": DatasetTask,
     "bfcl": BfclTask,
+    "bfcl-multi-turn": BfclMultiTurnTask,
     "tool-arithmetic": ToolArithmeticTask,
 }
 """Every task plug-in by its ``task.name``; ``TASKS[name].Config`` is its configuration section."""

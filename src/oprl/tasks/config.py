@@ -237,6 +237,29 @@ class BfclTaskConfig(_ToolTaskConfig):
         return cls._check_subsets(value, BFCL_SUBSETS)
 
 
+BFCL_MULTI_TURN_SUBSETS = ("multi_turn_base", "multi_turn_long_context")
+"""The BFCL multi-turn subsets oprl can simulate (rows on the file system and math APIs only)."""
+
+
+class BfclMultiTurnTaskConfig(_ToolTaskConfig):
+    """BFCL multi-turn (data from the ``bfcl-eval`` wheel) on oprl's simulated file system and math API: the
+    model calls tools over several user turns; reward 1 when the final API state and every turn's call results
+    match the ground truth's (oprl.tasks.bfcl_multi_turn). Set rollout.max_turns (about 20) and
+    rollout.max_episode_tokens (a few thousand) to fit its conversations."""
+
+    name: Literal["bfcl-multi-turn"] = "bfcl-multi-turn"
+    """Task plug-in (see ``oprl.tasks.TASKS``)."""
+    subsets: list[str] = ["multi_turn_base"]
+    """BFCL multi-turn subsets: multi_turn_base, multi_turn_long_context (the rows on simulated APIs)."""
+    system_prompt: Optional[str] = None
+    """System message of every prompt (None = oprl.tasks.bfcl's PLAIN_PROMPT)."""
+
+    @field_validator("subsets")
+    @classmethod
+    def _subsets(cls, value: list[str]) -> list[str]:
+        return cls._check_subsets(value, BFCL_MULTI_TURN_SUBSETS)
+
+
 class ToolArithmeticTaskConfig(Section):
     """Arithmetic through a calculator tool, multi-turn (call, tool answer, final answer): the embedded tiny
     model's agent task (oprl.tasks.tool_arithmetic documents the compact format)."""
