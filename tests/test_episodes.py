@@ -164,14 +164,14 @@ def make_trainer(model, tokenizer):
                    max_response_tokens=64, entropy_coef=0.01)
 
 
-def test_environment_tokens_get_exactly_zero_gradient(task, tokenizer, monkeypatch):
+def test_environment_tokens_get_exactly_zero_gradient(task, tokenizer):
     """The trainer's loss (policy term, k2 regularizer, entropy bonus) has zero gradient with respect to the
     log-prob of every environment token and non-zero gradient at model tokens: tool output is never trained."""
     model = build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
     trainer = make_trainer(model, tokenizer)
     rows = episode_experiences(task, tokenizer)
     kept = {}
-    real = trainer_module.grouped_response_logprobs
+    real = trainer.policy
 
     def keeping(*args, **kwargs):
         logprobs, entropy, mask = real(*args, **kwargs)
@@ -179,7 +179,7 @@ def test_environment_tokens_get_exactly_zero_gradient(task, tokenizer, monkeypat
         kept.update(logprobs=logprobs, entropy=entropy)
         return logprobs, entropy, mask
 
-    monkeypatch.setattr(trainer_module, "grouped_response_logprobs", keeping)
+    trainer.policy = keeping
     loss, _ = trainer._micro_loss(rows, torch.tensor([1.0, -1.0, 0.5, -0.5]))
     kept["entropy"].retain_grad()
     loss.backward()
