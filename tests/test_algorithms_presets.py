@@ -16,6 +16,7 @@ from oprl.algorithms import (
     ALGORITHM_DEFAULTS,
     LOSS_KEYS,
     PRESETS,
+    TRAINER_KEYS,
     group_advantages,
     policy_loss,
     resolve_preset,
@@ -39,35 +40,55 @@ def batch():
     return logprobs, behavior, mask
 
 
+def _sequence_ratio(b):
+    logs = [math.log(RATIOS[b][t]) for t in range(3) if MASK[b][t]]
+    return math.exp(sum(logs) / len(logs))
+
+
 def reference(settings, advantages, keep):
-    """Loss and d loss / d logprobs for token-mean aggregation, one token at a time."""
+    """Loss and d loss / d logprobs, one token at a time, then the aggregation of ``loss_agg``."""
     eps_l, eps_h = settings["eps_low"], settings["eps_high"]
     eps_lp, eps_hp = settings["eps_low_prime"], settings["eps_high_prime"]
-    c = settings["regularizer_coef"]
+    c, cap = settings["regularizer_coef"], settings["is_cap"]
     valid = [(b, t) for b in range(5) for t in range(3) if MASK[b][t] and keep[b]]
-    loss, grad = 0.0, [[0.0] * 3 for _ in range(5)]
+    token_loss, token_grad = {}, {}
     for b, t in valid:
-        a, rho, lp = advantages[b], RATIOS[b][t], LOGPROBS[b][t]
+        a, lp = advantages[b], LOGPROBS[b][t]
+        rho = _sequence_ratio(b) if settings["ratio_level"] == "sequence" else RATIOS[b][t]
         in_band = 1 - eps_l <= rho <= 1 + eps_h
         m = {
             "none": True,
             "one-side": (a >= 0 and rho <= 1 + eps_h) or (a <= 0 and rho >= 1 - eps_l),
             "two-side": in_band,
             "ring": in_band or (a >= 0 and rho <= 1 - eps_lp) or (a <= 0 and rho >= 1 + eps_hp),
+            "mask": settings["mask_low"] <= rho <= settings["mask_high"],
         }[settings["clip_mode"]]
-        w = {"none": 1.0, "importance-sampling": rho, "advantage": math.exp(a / settings["weight_temperature"])}[
-            settings["weight"]
-        ]
-        log_rho = math.log(rho)
+        w = {
+            "none": 1.0,
+            "importance-sampling": rho,
+            "truncated-is": min(rho, cap),
+            "clipped-is": min(max(rho, 1 - eps_l), 1 + eps_h),
+            "advantage": math.exp(a / settings["weight_temperature"]),
+        }[settings["weight"]]
+        log_rho = math.log(RATIOS[b][t])  # the regulariser is always token-level, to the behaviour policy
         reg, reg_grad = {
             "none": (0.0, 0.0),
             "squared-log-ratio": (c * log_rho**2, 2 * c * log_rho),
             "forward-kl": (-c * lp, -c),
         }[settings["regularizer"]]
-        loss += -m * w * a * lp + reg
-        grad[b][t] = -m * w * a + reg_grad
-    n = len(valid)
-    return loss / n, [[g / n for g in row] for row in grad]
+        token_loss[b, t] = -m * w * a * lp + reg
+        token_grad[b, t] = -m * w * a + reg_grad
+    rows = sorted({b for b, _ in valid})
+    scale = {  # the factor of each token of row b in the aggregate
+        "token-mean": lambda b: 1 / len(valid),
+        "seq-mean-token-mean": lambda b: 1 / len(rows) / sum(1 for r, _ in valid if r == b),
+        "seq-mean-token-sum": lambda b: 1 / len(rows),
+        "seq-mean-token-sum-norm": lambda b: 1 / len(rows) / 3,  # normaliser = padded width T = 3
+    }[settings["loss_agg"]]
+    grad = [[0.0] * 3 for _ in range(5)]
+    for (b, t), g in token_grad.items():
+        grad[b][t] = g * scale(b)
+    return sum(value * scale(b) for (b, _), value in token_loss.items()), grad
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -123,7 +144,7 @@ def test_every_preset_sets_every_setting():
         for weight in ("is", "nois"):
             required |= {f"rec-{clip}-{weight}", f"rec-{clip}-{weight}-wide"}
     assert required <= set(PRESETS)
-    assert set(ADVANTAGE_KEYS) | set(LOSS_KEYS) == set(ALGORITHM_DEFAULTS)
+    assert set(ADVANTAGE_KEYS) | set(LOSS_KEYS) | set(TRAINER_KEYS) == set(ALGORITHM_DEFAULTS)
     assert not set(ADVANTAGE_KEYS) & set(LOSS_KEYS)
     for name, settings in PRESETS.items():
         assert set(settings) == set(ALGORITHM_DEFAULTS), name

@@ -98,7 +98,9 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature; the trainer divides logits by the same value."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling; 1.0 samples from the full distribution."""
+    """Nucleus sampling of the training rollouts; must be 1.0 unless mode=eval. The sampler records log-probs
+    renormalised over the nucleus while the trainer scores the full softmax, so rho < 1 even on-policy and every
+    clip band and IS weight would read sampling truncation as staleness (eval.top_p < 1 is fine)."""
     max_new_tokens: int = Field(8, gt=0)
     """Response length limit; longer responses are truncated and flagged."""
     max_turns: int = Field(4, gt=0)
@@ -143,8 +145,12 @@ class AlgorithmConfig(_Section):
     std_normalize: Optional[bool] = None
     """Divide advantages by the group's population std + 1e-6 (GRPO)."""
     drop: Optional[_one_of(REGISTRIES["drop"])] = None
-    """``balance`` = RED-Drop: drop surplus negatives so each group has as many negatives as positives;
-    ``none`` keeps every response."""
+    """``balance`` = RED-Drop: drop surplus negatives so each group has as many negatives as positives, baseline
+    over the kept ones; ``probabilistic`` = Trinity-RFT's first RED-Drop: drop each negative with probability
+    1 - #pos/#neg, baseline over the whole group; ``none`` keeps every response."""
+    keep_dropped: Optional[bool] = None
+    """RED-Drop: keep dropped responses in the batch with advantage 0, so they count in the loss denominators
+    (Trinity-RFT's final version); false removes them (the batch then equals one without them)."""
     baseline_shift: Optional[float] = None
     """AsymRE: baseline = group mean - baseline_shift."""
     baseline: Optional[_one_of(REGISTRIES["baseline"])] = None
@@ -154,7 +160,11 @@ class AlgorithmConfig(_Section):
     clip_mode: Optional[_one_of(REGISTRIES["clip_mode"])] = None
     """Token mask M: none, one-side (where PPO-clip has gradient), two-side, ring."""
     weight: Optional[_one_of(REGISTRIES["weight"])] = None
-    """Per-token weight: none (NoIS), importance-sampling (rho, detached), advantage (exp(A/T), RED-Weight)."""
+    """Per-token weight (detached): none (NoIS), importance-sampling (rho), truncated-is (min(rho, is_cap)),
+    clipped-is (clip(rho, 1 - eps_low, 1 + eps_high), CISPO), advantage (exp(A/T), RED-Weight)."""
+    ratio_level: Optional[_one_of(REGISTRIES["ratio_level"])] = None
+    """``token``: rho per token; ``sequence``: each response's geometric-mean ratio exp(mean_t log rho_t) on all
+    its tokens, for the mask and the weight (GSPO; sequence-level TIS and masking)."""
     eps_low: Optional[float] = None
     """Clip band lower edge: rho >= 1 - eps_low (>= 0)."""
     eps_high: Optional[float] = None
@@ -163,6 +173,18 @@ class AlgorithmConfig(_Section):
     """Ring clipping: positive-advantage tokens are also kept where rho <= 1 - eps_low_prime."""
     eps_high_prime: Optional[float] = None
     """Ring clipping: negative-advantage tokens are also kept where rho >= 1 + eps_high_prime."""
+    mask_low: Optional[float] = None
+    """clip_mode=mask: tokens (responses, with ratio_level=sequence) with rho < mask_low get no gradient
+    (masked IS / IcePop); must be < mask_high."""
+    mask_high: Optional[float] = None
+    """clip_mode=mask: tokens with rho > mask_high get no gradient."""
+    is_cap: Optional[float] = None
+    """C (> 0): truncated-is uses min(rho, C); decoupled PPO caps its behaviour weight pi_prox/pi_behaviour at C.
+    2.0 by default (verl's rollout_is_threshold); larger C = less bias, more variance."""
+    recompute_proximal: Optional[bool] = None
+    """Decoupled PPO (AReaL): before each step's update the trainer recomputes the log-probs of the batch with
+    its pre-update weights (pi_prox, one no-grad forward); the clip and the weight then use pi/pi_prox, times
+    min(pi_prox/pi_behaviour, is_cap). Costs one extra forward per step."""
     regularizer: Optional[_one_of(REGISTRIES["regularizer"])] = None
     """Regulariser on every valid token: squared-log-ratio c*(logprobs - behavior_logprobs)^2 (OPMD) or
     forward-kl -c*logprobs (AsymRE)."""
@@ -376,6 +398,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise OprlError(_describe(exc)) from None
+    if config.rollout.top_p < 1 and config.mode != "eval":
+        raise OprlError(
+            f"config: rollout.top_p={config.rollout.top_p} < 1 cannot train: the sampler's log-probs are "
+            "renormalised over the nucleus, the trainer's over the full softmax, so rho < 1 even on-policy "
+            "(evaluation may use eval.top_p < 1)"
+        )
     return resolve_algorithm(config)
 
 

@@ -11,10 +11,18 @@ This package imports only torch and the standard library: no config objects, log
 See docs/algorithms.md for formulas, knobs, metrics and the bandit that motivates the regularisers.
 """
 
-from oprl.algorithms.advantages import BASELINES, DROP_RULES, GroupAdvantages, group_advantages
+from oprl.algorithms.advantages import BASELINES, DROP_RULES, DropRule, GroupAdvantages, group_advantages
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate, aggregation_count
 from oprl.algorithms.kl import KL_ESTIMATORS, entropy_from_logits, kl_penalty
-from oprl.algorithms.losses import CLIP_MODES, MISMATCH_BAND, REGULARIZERS, WEIGHTS, policy_loss, ratio_stats
+from oprl.algorithms.losses import (
+    CLIP_MODES,
+    MISMATCH_BAND,
+    RATIO_LEVELS,
+    REGULARIZERS,
+    WEIGHTS,
+    policy_loss,
+    ratio_stats,
+)
 from oprl.algorithms.presets import (
     ADVANTAGE_KEYS,
     ALGORITHM_DEFAULTS,
@@ -23,6 +31,7 @@ from oprl.algorithms.presets import (
     REGISTRIES,
     RENAMED_SETTINGS,
     RENAMED_VALUES,
+    TRAINER_KEYS,
     SettingError,
     renamed_message,
     resolve_preset,
@@ -37,16 +46,19 @@ __all__ = [
     "BASELINES",
     "CLIP_MODES",
     "DROP_RULES",
+    "DropRule",
     "GroupAdvantages",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "LOSS_KEYS",
     "MISMATCH_BAND",
     "PRESETS",
+    "RATIO_LEVELS",
     "REGISTRIES",
     "RENAMED_SETTINGS",
     "RENAMED_VALUES",
     "SettingError",
+    "TRAINER_KEYS",
     "REGULARIZERS",
     "WEIGHTS",
     "aggregate",

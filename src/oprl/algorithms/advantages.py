@@ -3,15 +3,17 @@
 A group is the K responses to one prompt, identified by ``group_ids``; groups need not be contiguous or
 sorted. The baseline is the group mean (or the OPMD soft baseline), optionally shifted down by δ (AsymRE)
 and followed by division by the population std (GRPO). RED-Drop (``drop="balance"``) removes surplus
-negative responses first and computes every statistic over the responses it keeps.
+negative responses first and computes every statistic over the responses it keeps; ``drop="probabilistic"``
+(Trinity-RFT's first RED-Drop) drops negatives at random and keeps the whole group's statistics.
 
 Not here: token masks, ratios or any loss; responses flagged ``keep=False`` must be removed by the caller
-(zero their token mask), which makes them count in no loss denominator.
+(zero their token mask), which makes them count in no loss denominator. With ``keep_dropped`` the dropped
+responses stay (``keep=True``, A = 0) and count in the denominators, as in Trinity-RFT's final RED-Drop.
 """
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -32,7 +34,10 @@ class GroupAdvantages:
     advantages: torch.Tensor
     """(N,) float; 0 where ``keep`` is False."""
     keep: torch.Tensor
-    """(N,) bool; False for responses RED-Drop removed (all True without dropping)."""
+    """(N,) bool; the rows to train on: False for responses RED-Drop removed (all True without dropping, and
+    with ``keep_dropped``)."""
+    dropped: torch.Tensor
+    """(N,) bool; the responses the drop rule selected out (their advantage is 0 whether or not they are kept)."""
 
 
 def _segment_sum(values: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -52,17 +57,27 @@ def _no_drop(rewards, group, num_groups, generator):
     return torch.ones_like(rewards, dtype=torch.bool)
 
 
-def _balance_drop(rewards, group, num_groups, generator):
-    """RED-Drop: keep every positive (r ≥ group mean) and min(#neg, #pos) negatives chosen at random."""
+def _negatives(rewards, group, num_groups):
+    """``(positive (N,) bool, #positives (G,), #negatives (G,))``; positive = r ≥ group mean (ties included)."""
     size = torch.bincount(group, minlength=num_groups)  # (G,) long
     mean = (_segment_sum(rewards, group, num_groups) / size)[group]  # (N,)
     positive = rewards >= mean - TIE_TOLERANCE * (1 + mean.abs())  # (N,)
     num_positive = torch.bincount(group[positive], minlength=num_groups)  # (G,)
+    return positive, num_positive, size - num_positive
 
+
+def _uniform(rewards, generator):
+    device = generator.device if generator is not None else rewards.device
+    return torch.rand(rewards.shape, generator=generator, device=device).to(rewards.device)  # (N,)
+
+
+def _balance_drop(rewards, group, num_groups, generator):
+    """RED-Drop: keep every positive (r ≥ group mean) and min(#neg, #pos) negatives chosen at random."""
+    positive, num_positive, _ = _negatives(rewards, group, num_groups)
+    size = torch.bincount(group, minlength=num_groups)  # (G,)
     # Rank the responses inside each group: negatives first in a uniformly random order, then positives.
     # Keeping the negatives ranked below #pos is a uniform random subset of min(#neg, #pos) of them.
-    device = generator.device if generator is not None else rewards.device
-    noise = torch.rand(rewards.shape, generator=generator, device=device).to(rewards.device)
+    noise = _uniform(rewards, generator)
     order = torch.argsort(noise + positive.to(noise.dtype))
     order = order[torch.argsort(group[order], stable=True)]  # grouped, random order inside each group
     group_start = torch.cumsum(size, 0) - size  # (G,)
@@ -71,9 +86,28 @@ def _balance_drop(rewards, group, num_groups, generator):
     return positive | (rank < num_positive[group])
 
 
-DROP_RULES: dict[str, Callable] = {
-    "none": _no_drop,  # every response stays
-    "balance": _balance_drop,  # RED-Drop (Yao et al. 2025, section 4): as many negatives as positives
+def _probabilistic_drop(rewards, group, num_groups, generator):
+    """Trinity-RFT's first RED-Drop: where negatives outnumber positives, each negative is dropped on its own
+    with probability 1 − #pos/#neg (kept with #pos/#neg: as many as the positives on average, not exactly)."""
+    positive, num_positive, num_negative = _negatives(rewards, group, num_groups)
+    keep_probability = (num_positive / num_negative.clamp(min=1)).clamp(max=1.0)[group]  # (N,)
+    return positive | (_uniform(rewards, generator) < keep_probability)
+
+
+class DropRule(NamedTuple):
+    select: Callable
+    """``(rewards, group, num_groups, generator) -> keep (N,) bool``."""
+    recenter: bool
+    """True: baseline and std over the kept responses; False: over the whole group (the kept advantages then
+    no longer sum to zero: a positive shift like AsymRE's)."""
+
+
+DROP_RULES: dict[str, DropRule] = {
+    "none": DropRule(_no_drop, recenter=True),  # every response stays
+    # RED-Drop (Yao et al. 2025, section 4; Trinity-RFT's final version): as many negatives as positives.
+    "balance": DropRule(_balance_drop, recenter=True),
+    # Trinity-RFT's first version: drop with probability 1 − pos/neg, statistics of the whole group.
+    "probabilistic": DropRule(_probabilistic_drop, recenter=False),
 }
 
 
@@ -100,6 +134,7 @@ def group_advantages(
     *,
     std_normalize: bool = False,
     drop: str = "none",
+    keep_dropped: bool = False,
     baseline_shift: float = 0.0,
     baseline: str = "mean",
     tau: float = 1.0,
@@ -107,15 +142,18 @@ def group_advantages(
 ) -> GroupAdvantages:
     """Advantages of ``rewards`` (N,) within the groups of ``group_ids`` (N,).
 
-    Over the kept responses S of a group (all of them unless ``drop="balance"``), with δ = baseline_shift:
+    Over the responses S of a group (the kept ones for ``drop="balance"``, all of them otherwise), with
+    δ = baseline_shift:
       b = mean_S(r)                                 (baseline="mean")
       b = τ·log((1/|S|) Σ_S exp(r_j/τ))             (baseline="logavgexp", OPMD)
       A_i = (r_i − b) + δ                           (AsymRE: the baseline lowered by δ)
       A_i = (r_i − b)/(std_S(r) + 1e-6) + δ         (std_normalize; population std; δ in normalised units)
-    A group whose kept rewards are all equal (a singleton included) gets r_i − b = 0 exactly, so its
+    A group whose rewards over S are all equal (a singleton included) gets r_i − b = 0 exactly, so its
     advantage is δ: zero by default, and AsymRE's uniform push up, the same effect as its forward-KL term.
-    RED-Drop: positives are r_i ≥ mean of the whole group; if negatives outnumber positives, negatives are
-    dropped uniformly at random (``generator``) until the counts are equal. Dropped rows: keep=False, A=0.
+    RED-Drop: positives are r_i ≥ mean of the whole group; if negatives outnumber positives, ``balance``
+    drops negatives uniformly at random (``generator``) until the counts are equal, ``probabilistic`` drops
+    each negative with probability 1 − #pos/#neg. Dropped rows get A = 0 and keep=False, or keep=True with
+    ``keep_dropped`` (they then count in the loss denominators).
     """
     drop_rule = lookup(DROP_RULES, drop, "drop")
     baseline_fn = lookup(BASELINES, baseline, "baseline")
@@ -126,19 +164,21 @@ def group_advantages(
 
     distinct, group = torch.unique(group_ids, return_inverse=True)  # group: (N,) dense ids 0..G-1
     num_groups = len(distinct)
-    keep = drop_rule(rewards, group, num_groups, generator)  # (N,) bool
-    kept = keep.to(rewards.dtype)
-    count = _segment_sum(kept, group, num_groups).clamp(min=1)  # (G,)
+    chosen = drop_rule.select(rewards, group, num_groups, generator)  # (N,) bool
+    stats = chosen if drop_rule.recenter else torch.ones_like(chosen)  # (N,) the rows S of the statistics
+    in_stats = stats.to(rewards.dtype)
+    count = _segment_sum(in_stats, group, num_groups).clamp(min=1)  # (G,)
 
-    center = baseline_fn(rewards, keep, group, num_groups, count, tau)  # (G,)
-    highest = _segment_extreme(rewards, keep, group, num_groups, "amax")  # (G,)
-    lowest = _segment_extreme(rewards, keep, group, num_groups, "amin")  # (G,)
+    center = baseline_fn(rewards, stats, group, num_groups, count, tau)  # (G,)
+    highest = _segment_extreme(rewards, stats, group, num_groups, "amax")  # (G,)
+    lowest = _segment_extreme(rewards, stats, group, num_groups, "amin")  # (G,)
     # Equal rewards give exactly 0, not the rounding error of (r − mean), which std division would inflate.
     varies = (highest > lowest)[group]  # (N,)
     centered = torch.where(varies, rewards - center[group], torch.zeros_like(rewards))  # (N,)
     if std_normalize:
-        mean = _segment_sum(rewards * kept, group, num_groups) / count
-        std = (_segment_sum(kept * (rewards - mean[group]).square(), group, num_groups) / count).sqrt()
+        mean = _segment_sum(rewards * in_stats, group, num_groups) / count
+        std = (_segment_sum(in_stats * (rewards - mean[group]).square(), group, num_groups) / count).sqrt()
         centered = centered / (std[group] + STD_EPS)
-    advantages = torch.where(keep, centered + baseline_shift, torch.zeros_like(rewards))
-    return GroupAdvantages(advantages=advantages, keep=keep)
+    advantages = torch.where(chosen, centered + baseline_shift, torch.zeros_like(rewards))
+    keep = torch.ones_like(chosen) if keep_dropped else chosen
+    return GroupAdvantages(advantages=advantages, keep=keep, dropped=~chosen)

@@ -12,6 +12,7 @@ Not here: advantages (``advantages.py``), KL to a reference model and entropy (`
 about which tokens are valid (the caller's mask).
 """
 
+import math
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -32,40 +33,51 @@ MISMATCH_BAND = (0.8, 1.25)
 trainer and the sampler, which a bf16 sampler already produces on-policy (1.25 = 1/0.8, symmetric in log ρ)."""
 
 
-class ClipBand(NamedTuple):
-    """The ε's of the clip modes: band [1 − eps_low, 1 + eps_high]; ring extremes 1 − eps_low_prime and
-    1 + eps_high_prime."""
+class LossParams(NamedTuple):
+    """The numbers the masks and weights read: band [1 − eps_low, 1 + eps_high]; ring extremes 1 − eps_low_prime
+    and 1 + eps_high_prime; the rejection band [mask_low, mask_high]; the truncation cap C = is_cap; RED-Weight's
+    temperature T."""
 
     eps_low: float
     eps_high: float
     eps_low_prime: float
     eps_high_prime: float
+    mask_low: float
+    mask_high: float
+    is_cap: float
+    weight_temperature: float
 
 
-def _in_band(ratio, band):
-    return (ratio >= 1 - band.eps_low) & (ratio <= 1 + band.eps_high)
+def _in_band(ratio, params):
+    return (ratio >= 1 - params.eps_low) & (ratio <= 1 + params.eps_high)
 
 
-def _keep_all(ratio, advantages, band):
+def _keep_all(ratio, advantages, params):
     return torch.ones_like(ratio, dtype=torch.bool)
 
 
-def _one_side(ratio, advantages, band):
+def _one_side(ratio, advantages, params):
     # Exactly the tokens where −min(ρA, clip(ρ)A) has a gradient.
-    pushes_up_room = (advantages >= 0) & (ratio <= 1 + band.eps_high)
-    pushes_down_room = (advantages <= 0) & (ratio >= 1 - band.eps_low)
+    pushes_up_room = (advantages >= 0) & (ratio <= 1 + params.eps_high)
+    pushes_down_room = (advantages <= 0) & (ratio >= 1 - params.eps_low)
     return pushes_up_room | pushes_down_room
 
 
-def _two_side(ratio, advantages, band):
-    return _in_band(ratio, band)
+def _two_side(ratio, advantages, params):
+    return _in_band(ratio, params)
 
 
-def _ring(ratio, advantages, band):
+def _ring(ratio, advantages, params):
     # Far outside the band, a token whose update moves ρ back towards 1 is kept again.
-    rare_good = (advantages >= 0) & (ratio <= 1 - band.eps_low_prime)
-    common_bad = (advantages <= 0) & (ratio >= 1 + band.eps_high_prime)
-    return _in_band(ratio, band) | rare_good | common_bad
+    rare_good = (advantages >= 0) & (ratio <= 1 - params.eps_low_prime)
+    common_bad = (advantages <= 0) & (ratio >= 1 + params.eps_high_prime)
+    return _in_band(ratio, params) | rare_good | common_bad
+
+
+def _reject_outside(ratio, advantages, params):
+    # Both sides, whatever the sign of A: a token (or, with ratio_level=sequence, a whole response) whose ρ
+    # left the band is treated as not drawn from a distribution the trainer can correct for.
+    return (ratio >= params.mask_low) & (ratio <= params.mask_high)
 
 
 CLIP_MODES: dict[str, Callable] = {
@@ -73,25 +85,53 @@ CLIP_MODES: dict[str, Callable] = {
     "one-side": _one_side,  # REC-OneSide = PPO/GRPO's clip (Schulman et al. 2017; Yao et al. 2025)
     "two-side": _two_side,  # REC-TwoSide: only tokens inside the band (Yao et al. 2025)
     "ring": _ring,  # REC-Ring: band plus the far "corrective" regions (Yao et al. 2025)
+    "mask": _reject_outside,  # masked IS / rejection: mask_low ≤ ρ ≤ mask_high (IcePop; verl's rollout_rs)
 }
 
 
-def _unit_weight(ratio, advantages, weight_temperature):
+def _unit_weight(ratio, advantages, params):
     return torch.ones_like(ratio)
 
 
-def _importance_weight(ratio, advantages, weight_temperature):
+def _importance_weight(ratio, advantages, params):
     return ratio
 
 
-def _advantage_weight(ratio, advantages, weight_temperature):
-    return torch.exp(advantages / weight_temperature)
+def _truncated_importance_weight(ratio, advantages, params):
+    return ratio.clamp(max=params.is_cap)
+
+
+def _clipped_importance_weight(ratio, advantages, params):
+    return ratio.clamp(1 - params.eps_low, 1 + params.eps_high)
+
+
+def _advantage_weight(ratio, advantages, params):
+    return torch.exp(advantages / params.weight_temperature)
 
 
 WEIGHTS: dict[str, Callable] = {
     "none": _unit_weight,  # "NoIS": the group-relative REINFORCE gradient as derived (docs/paper.md#derivation)
     "importance-sampling": _importance_weight,  # "IS": w = ρ (detached), GRPO/PPO's surrogate gradient
+    "truncated-is": _truncated_importance_weight,  # TIS: w = min(ρ, C) (Yao et al. 2025, "Your efficient RL
+    # framework secretly brings you off-policy RL training"; verl rollout_is, TRL vllm_importance_sampling_cap)
+    "clipped-is": _clipped_importance_weight,  # CISPO: w = clip(ρ, 1 − ε_low, 1 + ε_high) (MiniMax-M1, 2025)
     "advantage": _advantage_weight,  # RED-Weight: w = exp(A/T) up-weights better responses
+}
+
+
+def _token_log_ratio(log_ratio, mask):
+    return log_ratio
+
+
+def _sequence_log_ratio(log_ratio, mask):
+    # log of the geometric mean of the response's token ratios, broadcast to its tokens (GSPO's s_i).
+    per_seq = (log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # (B,)
+    return per_seq[:, None].expand_as(log_ratio)
+
+
+RATIO_LEVELS: dict[str, Callable] = {
+    "token": _token_log_ratio,  # ρ_t = π_θ(y_t)/π_b(y_t)
+    "sequence": _sequence_log_ratio,  # ρ_i = (Π_t ρ_t)^(1/|y_i|) for every token of response i (GSPO)
 }
 
 
@@ -109,7 +149,7 @@ def _forward_kl(logprobs, behavior_logprobs, coef):
 
 REGULARIZERS: dict[str, Callable] = {
     "none": _no_regularizer,
-    "squared-log-ratio": _squared_log_ratio,  # OPMD: + c·(logprobs − behavior_logprobs)², a squared pull towards the behaviour policy
+    "squared-log-ratio": _squared_log_ratio,  # OPMD: + c·(logprobs − behavior_logprobs)², a pull towards π_b
     "forward-kl": _forward_kl,  # AsymRE: − c·logprobs, the same gradient as lowering the baseline by c
 }
 
@@ -120,12 +160,17 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
+    proximal_logprobs: Optional[torch.Tensor] = None,
     clip_mode: str = "none",
     weight: str = "none",
+    ratio_level: str = "token",
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     eps_low_prime: float = 0.6,
     eps_high_prime: float = 2.0,
+    mask_low: float = 0.5,
+    mask_high: float = 2.0,
+    is_cap: float = 2.0,
     regularizer: str = "none",
     regularizer_coef: float = 0.0,
     weight_temperature: float = 1.0,
@@ -136,37 +181,49 @@ def policy_loss(
 
     Inputs: ``logprobs`` (B, T) with grad; ``behavior_logprobs`` (B, T) recorded by the sampler;
     ``advantages`` (B,); ``mask`` (B, T) bool or float, 0 on prompt/padding (values there are ignored,
-    even ±inf). With ρ = exp(clamp(logprobs − behavior_logprobs, ±20)) detached and A broadcast over T:
-      ℓ_bt = −M_bt·w_bt·A_b·logprobs_bt + R_bt
+    even ±inf); ``proximal_logprobs`` (B, T), optional: the trainer's log-probs under the pre-update weights
+    (decoupled PPO). The anchor a is π_prox if given, else π_b. With ρ = exp(clamp(logprobs − a, ±20))
+    detached (``ratio_level=sequence``: each response's geometric mean, exp(mean_t log ρ_t), on all its
+    tokens) and A broadcast over T:
+      ℓ_bt = −M_bt·w_bt·v_bt·A_b·logprobs_bt + R_bt,   v = min(π_prox/π_b, C) with a proximal, else 1
       M (clip_mode): none 1 | one-side (A≥0 ∧ ρ≤1+ε_h) ∨ (A≤0 ∧ ρ≥1−ε_l) | two-side 1−ε_l ≤ ρ ≤ 1+ε_h |
-                     ring  two-side ∨ (A≥0 ∧ ρ≤1−ε'_l) ∨ (A≤0 ∧ ρ≥1+ε'_h)
-      w (weight):    none 1 | importance-sampling ρ | advantage exp(A/weight_temperature)
-      R (regularizer, on every valid token whatever M): none 0 | squared-log-ratio c·(logprobs − behavior_logprobs)² |
+                     ring two-side ∨ (A≥0 ∧ ρ≤1−ε'_l) ∨ (A≤0 ∧ ρ≥1+ε'_h) | mask mask_low ≤ ρ ≤ mask_high
+      w (weight):    none 1 | importance-sampling ρ | truncated-is min(ρ, C) (C = is_cap) |
+                     clipped-is clip(ρ, 1−ε_l, 1+ε_h) | advantage exp(A/weight_temperature)
+      R (regularizer, on every valid token whatever M): none 0 | squared-log-ratio c·(logprobs − π_b)² |
                      forward-kl −c·logprobs
     loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor; metrics: detached 0-dim tensors,
     averaged over valid tokens (see ``_metrics``).
     """
     keep_fn = lookup(CLIP_MODES, clip_mode, "clip_mode")
     weight_fn = lookup(WEIGHTS, weight, "weight")
+    level_fn = lookup(RATIO_LEVELS, ratio_level, "ratio_level")
     regularizer_fn = lookup(REGULARIZERS, regularizer, "regularizer")
-    band = ClipBand(eps_low, eps_high, eps_low_prime, eps_high_prime)
+    params = LossParams(eps_low, eps_high, eps_low_prime, eps_high_prime, mask_low, mask_high, is_cap,
+                        weight_temperature)  # fmt: skip
 
     mask = mask.to(logprobs.dtype)  # (B, T)
     valid = mask > 0  # (B, T)
+    current = logprobs.detach()
     # Padding may hold any behaviour value; a ratio of 1 there keeps every term finite.
-    behavior_logprobs = torch.where(valid, behavior_logprobs.to(logprobs.dtype), logprobs.detach())  # (B, T)
-    log_ratio = (logprobs.detach() - behavior_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (B, T)
+    behavior_logprobs = torch.where(valid, behavior_logprobs.to(logprobs.dtype), current)  # (B, T)
+    anchor = behavior_logprobs
+    if proximal_logprobs is not None:
+        anchor = torch.where(valid, proximal_logprobs.to(logprobs.dtype), current)  # (B, T)
+    log_ratio = level_fn((current - anchor).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), mask)  # (B, T)
     ratio = log_ratio.exp()  # (B, T)
     token_advantages = advantages.detach().to(logprobs.dtype)[:, None].expand_as(logprobs)  # (B, T)
 
-    keep = keep_fn(ratio, token_advantages, band)  # (B, T) bool
-    weights = weight_fn(ratio, token_advantages, weight_temperature)  # (B, T)
+    keep = keep_fn(ratio, token_advantages, params)  # (B, T) bool
+    weights = weight_fn(ratio, token_advantages, params)  # (B, T)
+    if proximal_logprobs is not None:  # AReaL's behaviour weight, π_prox/π_b capped at C
+        weights = weights * (anchor - behavior_logprobs).clamp(max=math.log(is_cap)).exp()
     pg_tokens = -keep.to(logprobs.dtype) * weights * token_advantages * logprobs  # (B, T)
     reg_tokens = regularizer_fn(logprobs, behavior_logprobs, regularizer_coef)  # (B, T)
 
     pg_loss = aggregate(pg_tokens, mask, loss_agg, normalizer)  # ()
     reg_loss = aggregate(reg_tokens, mask, loss_agg, normalizer)  # ()
-    metrics = _metrics(ratio, keep, weights, mask, band, pg_loss, reg_loss)
+    metrics = _metrics(ratio, keep, weights, mask, pg_loss, reg_loss)
     return pg_loss + reg_loss, metrics
 
 
@@ -208,11 +265,12 @@ def ratio_stats(
 
 
 @torch.no_grad()
-def _metrics(ratio, keep, weights, mask, band, pg_loss, reg_loss) -> dict[str, torch.Tensor]:
+def _metrics(ratio, keep, weights, mask, pg_loss, reg_loss) -> dict[str, torch.Tensor]:
     """Diagnostics, each a detached 0-dim tensor; fractions and means weight tokens by the mask.
 
-    clip_frac: valid tokens with M = 0; clip_frac_low / clip_frac_high: those with ρ < 1 − ε_low /
-    ρ > 1 + ε_high (they sum to clip_frac); ratio_mean/min/max: ρ over valid tokens (1 if none);
+    clip_frac: valid tokens with M = 0; clip_frac_low / clip_frac_high: those with ρ < 1 / ρ > 1 (for the
+    clip modes that is ρ < 1 − ε_low / ρ > 1 + ε_high; they sum to clip_frac whenever the band holds 1);
+    ratio_mean/min/max: the loss's ρ over valid tokens (1 if none);
     ratio_outside_frac: valid tokens with ρ outside RATIO_RANGE; pg_loss, reg_loss: the two aggregated
     parts of the loss; weight_mean: mean w (0 if no valid token).
     """
@@ -227,8 +285,8 @@ def _metrics(ratio, keep, weights, mask, band, pg_loss, reg_loss) -> dict[str, t
     low, high = RATIO_RANGE
     return {
         "clip_frac": mean(clipped),
-        "clip_frac_low": mean(clipped & (ratio < 1 - band.eps_low)),
-        "clip_frac_high": mean(clipped & (ratio > 1 + band.eps_high)),
+        "clip_frac_low": mean(clipped & (ratio < 1)),
+        "clip_frac_high": mean(clipped & (ratio > 1)),
         "ratio_mean": torch.where(mask_total > 0, mean(ratio), torch.ones_like(total)),
         "ratio_min": _valid_extreme(ratio, valid, largest=False),
         "ratio_max": _valid_extreme(ratio, valid, largest=True),

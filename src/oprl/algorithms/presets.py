@@ -9,38 +9,48 @@ Sources: Yao et al. 2025, "Group-Relative REINFORCE Is Secretly an Off-Policy Al
 Not here: the formulas (``advantages.py``, ``losses.py``) or config parsing (``oprl.config``).
 """
 
+import math
 from typing import Any
 
 from oprl.algorithms.advantages import BASELINES, DROP_RULES
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS
-from oprl.algorithms.losses import CLIP_MODES, REGULARIZERS, WEIGHTS
+from oprl.algorithms.losses import CLIP_MODES, RATIO_LEVELS, REGULARIZERS, WEIGHTS
 from oprl.algorithms.registry import unknown_name_message
 
 ALGORITHM_DEFAULTS: dict[str, Any] = {
     # group_advantages
     "std_normalize": False,  # plain r − mean, as derived; GRPO divides by the std
-    "drop": "none",  # "none" keeps every response; "balance" is RED-Drop
+    "drop": "none",  # "none" keeps every response; "balance" is RED-Drop, "probabilistic" its first version
+    "keep_dropped": False,  # dropped responses leave the batch (True: they stay with A = 0, in the denominators)
     "baseline_shift": 0.0,  # AsymRE's δ: baseline = mean − δ
     "baseline": "mean",  # or "logavgexp" (OPMD's soft baseline)
     "tau": 1.0,  # temperature of the logavgexp baseline
     # policy_loss
     "clip_mode": "none",
     "weight": "none",
+    "ratio_level": "token",  # or "sequence": each response's geometric-mean ratio (GSPO)
     "eps_low": 0.2,  # PPO's ε (Schulman et al. 2017)
     "eps_high": 0.2,
     "eps_low_prime": 0.6,  # ring extremes: ρ ≤ 0.4 (A ≥ 0) and ρ ≥ 3.0 (A ≤ 0)
     "eps_high_prime": 2.0,
+    "mask_low": 0.5,  # clip_mode=mask keeps 0.5 ≤ ρ ≤ 2.0 (symmetric in log ρ)
+    "mask_high": 2.0,
+    "is_cap": 2.0,  # C of truncated-is and of decoupled PPO's behaviour weight (verl's rollout_is_threshold)
     "regularizer": "none",
     "regularizer_coef": 0.0,
     "weight_temperature": 1.0,  # RED-Weight's T in exp(A/T) (not the sampling temperature)
     "loss_agg": "token-mean",  # Σ ℓ·m / Σ m over the optimizer batch
+    # the trainer
+    "recompute_proximal": False,  # decoupled PPO: the trainer recomputes π_prox before the update
 }
 
-ADVANTAGE_KEYS: tuple[str, ...] = ("std_normalize", "drop", "baseline_shift", "baseline", "tau")
+ADVANTAGE_KEYS: tuple[str, ...] = ("std_normalize", "drop", "keep_dropped", "baseline_shift", "baseline", "tau")
 LOSS_KEYS: tuple[str, ...] = (
-    "clip_mode", "weight", "eps_low", "eps_high", "eps_low_prime", "eps_high_prime",
-    "regularizer", "regularizer_coef", "weight_temperature", "loss_agg",
+    "clip_mode", "weight", "ratio_level", "eps_low", "eps_high", "eps_low_prime", "eps_high_prime",
+    "mask_low", "mask_high", "is_cap", "regularizer", "regularizer_coef", "weight_temperature", "loss_agg",
 )  # fmt: skip
+TRAINER_KEYS: tuple[str, ...] = ("recompute_proximal",)
+"""Settings the trainer reads: ``recompute_proximal`` makes it pass ``proximal_logprobs`` to ``policy_loss``."""
 
 _WIDE = {"eps_low": 0.6, "eps_high": 2.0}  # ρ ∈ [0.4, 3.0]: faster on- and near-policy (finding 3)
 _IS = {"weight": "importance-sampling"}  # w = ρ (detached)
@@ -74,6 +84,33 @@ PRESETS: dict[str, dict[str, Any]] = {
     "red-drop": {**ALGORITHM_DEFAULTS, "drop": "balance"},
     # RED-Weight: shape the data (P2) by weighting responses with exp(A/T), T = 1.
     "red-weight": {**ALGORITHM_DEFAULTS, "weight": "advantage", "weight_temperature": 1.0},
+    # RED-Drop as Trinity-RFT first had it: drop negatives with probability 1 − pos/neg, baseline of all K.
+    "red-drop-probabilistic": {**ALGORITHM_DEFAULTS, "drop": "probabilistic"},
+    # RED-Drop as Trinity-RFT has it now: balanced and re-centred, dropped rows kept with A = 0.
+    "red-drop-keep": {**ALGORITHM_DEFAULTS, "drop": "balance", "keep_dropped": True},
+    # The GSM8k settings of the authors' scripts: AsymRE's coefficient 0.2; the wide runs used std_normalize.
+    "asymre-0.2": {**ALGORITHM_DEFAULTS, "regularizer": "forward-kl", "regularizer_coef": 0.2},
+    "rec-oneside-nois-wide-std": {**ALGORITHM_DEFAULTS, **_STD, "clip_mode": "one-side", **_WIDE},
+    # Corrections of the sampler–trainer mismatch the field uses now (docs/algorithms.md#off-policy-corrections).
+    # Truncated IS (F. Yao et al. 2025; verl rollout_is, TRL, OpenRLHF): REINFORCE with w = min(ρ, 2).
+    "tis-token": {**ALGORITHM_DEFAULTS, "weight": "truncated-is"},
+    "tis-seq": {**ALGORITHM_DEFAULTS, "weight": "truncated-is", "ratio_level": "sequence"},
+    # Masked IS / rejection (IcePop, Ling team 2025; verl rollout_rs): REINFORCE on tokens (responses) with
+    # 0.5 ≤ ρ ≤ 2, no weight.
+    "masked-is-token": {**ALGORITHM_DEFAULTS, "clip_mode": "mask"},
+    "masked-is-seq": {**ALGORITHM_DEFAULTS, "clip_mode": "mask", "ratio_level": "sequence"},
+    # Decoupled PPO (AReaL, Fu et al. 2025): GRPO's clip around the recomputed proximal policy, times the
+    # behaviour weight min(π_prox/π_b, 2).
+    "decoupled-ppo": {**ALGORITHM_DEFAULTS, **_STD, "clip_mode": "one-side", **_IS, "recompute_proximal": True},
+    # GSPO (Zheng et al. 2025, arXiv 2507.18071): sequence-level ratio, PPO's one-sided clip at (3e-4, 4e-4),
+    # each response's token mean (Trinity-RFT's gspo).
+    "gspo": {**ALGORITHM_DEFAULTS, **_STD, "clip_mode": "one-side", **_IS, "ratio_level": "sequence",
+             "eps_low": 3e-4, "eps_high": 4e-4, "loss_agg": "seq-mean-token-mean"},
+    # CISPO (MiniMax-M1, arXiv 2506.13585): w = clip(ρ, 1 − ε_low, 1 + ε_high) detached, no token masked; no
+    # lower bound (ε_low = 1), ε_high = 1 (oprl's choice: the cap 2 of tis-token).
+    "cispo": {**ALGORITHM_DEFAULTS, **_STD, "weight": "clipped-is", "eps_low": 1.0, "eps_high": 1.0},
+    # Dr. GRPO (Liu et al. 2025, arXiv 2503.20783): GRPO without std normalisation or length bias.
+    "dr-grpo": {**ALGORITHM_DEFAULTS, "clip_mode": "one-side", **_IS, "loss_agg": "seq-mean-token-sum-norm"},
 }
 
 REGISTRIES: dict[str, dict[str, Any]] = {
@@ -81,6 +118,7 @@ REGISTRIES: dict[str, dict[str, Any]] = {
     "baseline": BASELINES,
     "clip_mode": CLIP_MODES,
     "weight": WEIGHTS,
+    "ratio_level": RATIO_LEVELS,
     "regularizer": REGULARIZERS,
     "loss_agg": LOSS_AGGREGATIONS,
 }
@@ -95,8 +133,9 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 }
 """Option strings of earlier versions -> the current string, per setting."""
 
-_POSITIVE = ("tau", "weight_temperature")
-_NON_NEGATIVE = ("eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "regularizer_coef")
+_POSITIVE = ("tau", "weight_temperature", "is_cap", "mask_high")
+_NON_NEGATIVE = ("eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "regularizer_coef", "mask_low")
+_BOOLEAN = ("std_normalize", "keep_dropped", "recompute_proximal")
 
 
 class SettingError(ValueError):
@@ -129,6 +168,12 @@ def validate_settings(settings: dict[str, Any]) -> None:
             raise SettingError(key, f"{key} must be > 0, got {value!r}")
         if key in _NON_NEGATIVE and not value >= 0:
             raise SettingError(key, f"{key} must be >= 0, got {value!r}")
+        if key in _BOOLEAN and not isinstance(value, bool):
+            raise SettingError(key, f"{key} must be true or false, got {value!r}")
+    low, high = settings.get("mask_low", 0.0), settings.get("mask_high", math.inf)
+    if not low < high:
+        message = f"mask_low must be < mask_high (the band of clip_mode=mask), got {low!r} >= {high!r}"
+        raise SettingError("mask_low", message)
 
 
 def resolve_preset(name: str, **overrides: Any) -> dict[str, Any]:
@@ -139,10 +184,12 @@ def resolve_preset(name: str, **overrides: Any) -> dict[str, Any]:
     """
     if name not in PRESETS:
         raise SettingError("preset", unknown_name_message("preset", name, list(PRESETS)))
-    validate_settings(overrides)
-    return {**PRESETS[name], **overrides}
+    settings = {**PRESETS[name], **overrides}
+    validate_settings(settings)  # the whole set: some checks relate two settings (mask_low < mask_high)
+    return settings
 
 
 def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(keyword arguments for ``group_advantages``, keyword arguments for ``policy_loss``)."""
+    """(keyword arguments for ``group_advantages``, keyword arguments for ``policy_loss``); ``TRAINER_KEYS``
+    are the caller's."""
     return {key: settings[key] for key in ADVANTAGE_KEYS}, {key: settings[key] for key in LOSS_KEYS}

@@ -52,6 +52,7 @@ class Trainer:
         self.pad_id = pad_id
         self.advantage_kwargs = {k: settings[k] for k in ADVANTAGE_KEYS}
         self.loss_kwargs = {k: settings[k] for k in LOSS_KEYS}
+        self.recompute_proximal = settings["recompute_proximal"]  # the loss asks for π_prox (decoupled PPO)
         if settings["loss_agg"] == "seq-mean-token-sum-norm":
             # A fixed normaliser (Dr.GRPO); the padded width varies per micro-batch and would bias it.
             self.loss_kwargs["normalizer"] = float(max_response_tokens)
@@ -84,6 +85,8 @@ class Trainer:
         group_ids = torch.tensor([e.group_id for e in batch], dtype=torch.long)  # (N,)
         adv = group_advantages(rewards, group_ids, generator=generator, **self.advantage_kwargs)
         kept = adv.keep.nonzero().squeeze(-1)
+        # π_prox: the weights before this step's first update, for every row, whatever the mini-batch order.
+        proximal = self.proximal_logprobs(batch) if self.recompute_proximal else None
         totals: dict[str, float] = defaultdict(float)
         extremes: dict[str, float] = {}
         updates = 0
@@ -92,7 +95,10 @@ class Trainer:
             for rows in order.tensor_split(self.optim.mini_batches):
                 if len(rows) == 0:
                     continue
-                metrics = self._update([batch[i] for i in rows.tolist()], adv.advantages[rows])
+                picked = rows.tolist()
+                metrics = self._update(
+                    [batch[i] for i in picked], adv.advantages[rows], [proximal[i] for i in picked] if proximal else None
+                )
                 updates += 1
                 for key, value in metrics.items():
                     if key.endswith("_min") or key.endswith("_max"):
@@ -109,7 +115,26 @@ class Trainer:
         out["perf/train_tokens_per_s"] = out["response/tokens"] * self.optim.epochs / out["perf/train_s"]
         return out
 
-    def _update(self, rows: list[Experience], advantages: torch.Tensor) -> dict[str, float]:
+    @torch.no_grad()
+    def proximal_logprobs(self, rows: list[Experience]) -> list[list[float]]:
+        """log π_prox of every response token of ``rows`` under the current (pre-update) weights: the loss's
+        computation (train mode, micro-batches of ``micro_batch_size``) without grad. Every rank computes every
+        row, so data-parallel ranks run the same forwards (FSDP gathers parameters in each)."""
+        self.model.train()
+        out: list[list[float]] = []
+        size = self.optim.micro_batch_size
+        for start in range(0, len(rows), size):
+            micro = rows[start : start + size]
+            logprobs, _, mask = self.policy(
+                [e.prompt_ids for e in micro], [e.response_ids for e in micro], self.pad_id,
+                temperature=self.temperature,
+            )  # (B, T), _, (B, T)
+            out += [values[valid.bool()].tolist() for values, valid in zip(logprobs.cpu(), mask.cpu(), strict=True)]
+        return out
+
+    def _update(
+        self, rows: list[Experience], advantages: torch.Tensor, proximal: list[list[float]] | None = None
+    ) -> dict[str, float]:
         """One optimizer step on ``rows`` (the whole mini-batch, on every rank) with gradient accumulation over
         this rank's micro-batches; the shares use the mini-batch's global count, whatever rank holds a row."""
         self.model.train()
@@ -127,7 +152,9 @@ class Trainer:
             share = tokens / total_tokens if self.loss_kwargs["loss_agg"] == "token-mean" else len(chunk) / len(rows)
             tick = time.perf_counter()
             with self.parallel.gradient_sync(index == len(chunks) - 1):
-                loss, metrics = self._micro_loss(micro, advantages[chunk if chunk else [0]])
+                picked = chunk if chunk else [0]
+                micro_proximal = [proximal[i] for i in picked] if proximal is not None else None
+                loss, metrics = self._micro_loss(micro, advantages[picked], micro_proximal)
                 tock = time.perf_counter()
                 # grad_scale undoes the data-parallel average over ranks (1 on one process).
                 (loss * (share * self.parallel.grad_scale)).backward()
@@ -151,7 +178,7 @@ class Trainer:
         sums["optim/lr"] = self.optimizer.param_groups[0]["lr"]
         return sums | extremes
 
-    def _micro_loss(self, rows: list[Experience], advantages: torch.Tensor):
+    def _micro_loss(self, rows: list[Experience], advantages: torch.Tensor, proximal: list[list[float]] | None):
         prompts, responses = [e.prompt_ids for e in rows], [e.response_ids for e in rows]
         # Each distinct prompt runs once per micro-batch, shared by its group (see grouped_response_logprobs).
         logprobs, entropy, mask = self.policy(
@@ -163,7 +190,13 @@ class Trainer:
             # Multi-turn episodes: environment tokens are context only; every term below sees model tokens only.
             mask = mask & loss_mask_of(rows, mask.shape[1]).to(device)
         behavior = right_pad_values([e.behavior_logprobs for e in rows], mask.shape[1]).to(device)  # (B, T)
-        loss, metrics = policy_loss(logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs)
+        if proximal is not None:
+            proximal_kwargs = {"proximal_logprobs": right_pad_values(proximal, mask.shape[1]).to(device)}  # (B, T)
+        else:
+            proximal_kwargs = {}
+        loss, metrics = policy_loss(
+            logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs, **proximal_kwargs
+        )
         agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
         out = {f"loss/{k}": float(v) for k, v in metrics.items()}
         out["entropy/mean"] = float(aggregate(entropy.detach(), mask, "token-mean"))
@@ -203,8 +236,8 @@ class Trainer:
             "response/length_max": float(lengths.max()),
             "response/truncated_frac": sum(e.truncated for e in batch) / len(batch),
             "response/tokens": float(lengths.sum()),
-            "adv/keep_frac": float(adv.keep.float().mean()),
-            "adv/abs_mean": float(adv.advantages[adv.keep].abs().mean()) if adv.keep.any() else 0.0,
+            "adv/keep_frac": 1 - float(adv.dropped.float().mean()),
+            "adv/abs_mean": float(adv.advantages[~adv.dropped].abs().mean()) if not adv.dropped.all() else 0.0,
             "batch/version_min": float(min(versions)),
             "batch/version_max": float(max(versions)),
             "batch/use_count_mean": sum(e.use_count for e in batch) / len(batch),
