@@ -39,7 +39,7 @@ def test_truncated_is_token_gradient():
 
 def test_truncated_is_sequence_gradient():
     # Geometric mean ρ_seq = (0.5·1.5·3·1)^(1/4) = 2.25^(1/4) ≈ 1.2247 < 2: every token weighs ρ_seq.
-    rho_seq = 2.25 ** 0.25
+    rho_seq = 2.25**0.25
     grad, _, metrics = gradient(loss_settings("tis-seq"))
     assert grad == pytest.approx([-rho_seq / 4] * 4)
     assert metrics["ratio_mean"].item() == pytest.approx(rho_seq)
@@ -68,7 +68,7 @@ def test_cispo_clips_the_weight_and_masks_nothing():
 def test_gspo_gradient():
     # s = 2.25^(1/4) ≈ 1.2247 > 1 + 4e-4 with A > 0: the one-sided clip drops the response entirely; with
     # A < 0 it keeps it, weight s on each token, mean over its tokens then over responses.
-    s = 2.25 ** 0.25
+    s = 2.25**0.25
     assert gradient(loss_settings("gspo"))[0] == [0.0] * 4
     grad, _, _ = gradient(loss_settings("gspo"), advantage=-1.0)
     assert grad == pytest.approx([s / 4] * 4)
@@ -76,21 +76,28 @@ def test_gspo_gradient():
     logprobs = torch.tensor([[-0.5, -1.0, 0.0], [-0.2, -0.3, -0.4]], dtype=torch.float64, requires_grad=True)
     behavior = logprobs.detach().clone()
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
-    loss, _ = policy_loss(logprobs, behavior, torch.tensor([1.0, -2.0], dtype=torch.float64), mask,
-                          **loss_settings("gspo"))
+    loss, _ = policy_loss(
+        logprobs, behavior, torch.tensor([1.0, -2.0], dtype=torch.float64), mask, **loss_settings("gspo")
+    )
     loss.backward()
     assert logprobs.grad.tolist() == [pytest.approx([-1 / 4, -1 / 4, 0]), pytest.approx([2 / 6] * 3)]
 
 
 def test_decoupled_ppo_gradient():
     # π_prox/π_b = v, r = π/π_prox; ∂/∂lp = −M_one-side(r)·r·min(v, C)·A/4 (A = 1, ε = 0.2, C = 2).
-    logprobs, behavior, _, _ = one_row()
+    logprobs, _, _, _ = one_row()
     v = [0.5, 4.0, 1.0, 1.1]
     r = [1.0, 1.1, 1.3, 0.7]
     proximal = logprobs.detach() - torch.tensor([r], dtype=torch.float64).log()
     behavior_for_v = proximal - torch.tensor([v], dtype=torch.float64).log()
-    loss, metrics = policy_loss(logprobs, behavior_for_v, torch.tensor([1.0], dtype=torch.float64),
-                                torch.ones(1, 4), proximal_logprobs=proximal, **loss_settings("decoupled-ppo"))
+    loss, metrics = policy_loss(
+        logprobs,
+        behavior_for_v,
+        torch.tensor([1.0], dtype=torch.float64),
+        torch.ones(1, 4),
+        proximal_logprobs=proximal,
+        **loss_settings("decoupled-ppo"),
+    )
     loss.backward()
     # r = 1.3 > 1.2 with A > 0 is clipped; the others keep r·min(v, 2).
     expected = [-1.0 * 0.5 / 4, -1.1 * 2.0 / 4, 0.0, -0.7 * 1.1 / 4]
@@ -101,14 +108,17 @@ def test_decoupled_ppo_gradient():
 def test_rho_one_limits():
     # ρ ≡ 1: truncated IS is REINFORCE.
     ones = [1.0] * 4
-    assert gradient(loss_settings("tis-token"), rho=ones)[0] == pytest.approx(gradient(loss_settings("reinforce"),
-                                                                                          rho=ones)[0])
-    assert gradient(loss_settings("tis-seq"), rho=ones)[0] == pytest.approx(gradient(loss_settings("reinforce"),
-                                                                                        rho=ones)[0])
+    assert gradient(loss_settings("tis-token"), rho=ones)[0] == pytest.approx(
+        gradient(loss_settings("reinforce"), rho=ones)[0]
+    )
+    assert gradient(loss_settings("tis-seq"), rho=ones)[0] == pytest.approx(
+        gradient(loss_settings("reinforce"), rho=ones)[0]
+    )
     # π_prox = π_b (behaviour→proximal ratio 1): decoupled PPO is GRPO's clipped loss, whatever π/π_b is.
     logprobs, behavior, advantages, mask = one_row()
-    decoupled = policy_loss(logprobs, behavior, advantages, mask, proximal_logprobs=behavior,
-                            **loss_settings("decoupled-ppo"))[0]
+    decoupled = policy_loss(
+        logprobs, behavior, advantages, mask, proximal_logprobs=behavior, **loss_settings("decoupled-ppo")
+    )[0]
     (grad_decoupled,) = torch.autograd.grad(decoupled, logprobs)
     grpo = policy_loss(logprobs, behavior, advantages, mask, **loss_settings("grpo"))[0]
     (grad_grpo,) = torch.autograd.grad(grpo, logprobs)
@@ -148,8 +158,9 @@ DROP_GROUPS = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
 
 
 def test_probabilistic_drop_keeps_the_whole_group_baseline():
-    result = group_advantages(DROP_REWARDS, DROP_GROUPS, drop="probabilistic",
-                              generator=torch.Generator().manual_seed(3))
+    result = group_advantages(
+        DROP_REWARDS, DROP_GROUPS, drop="probabilistic", generator=torch.Generator().manual_seed(3)
+    )
     kept = result.keep
     assert kept[0] and kept[5:].all()  # positives always; group 1 has fewer negatives than positives
     # Baseline over all K (not the kept rows): A = r − 0.2 in group 0, r − 2/3 in group 1.
@@ -172,8 +183,9 @@ def test_probabilistic_drop_keeps_each_negative_with_probability_pos_over_neg():
 def test_keep_dropped_rows_count_in_the_denominator():
     generator = torch.Generator().manual_seed(1)
     removed = group_advantages(DROP_REWARDS, DROP_GROUPS, drop="balance", generator=generator)
-    kept = group_advantages(DROP_REWARDS, DROP_GROUPS, drop="balance", keep_dropped=True,
-                            generator=torch.Generator().manual_seed(1))
+    kept = group_advantages(
+        DROP_REWARDS, DROP_GROUPS, drop="balance", keep_dropped=True, generator=torch.Generator().manual_seed(1)
+    )
     assert kept.keep.all() and torch.equal(kept.dropped, removed.dropped) and removed.dropped.sum() == 3
     assert torch.equal(kept.advantages, removed.advantages)  # same drop, same re-centred values, 0 if dropped
     logprobs = torch.full((8, 2), -1.0, dtype=torch.float64, requires_grad=True)

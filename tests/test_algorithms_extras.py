@@ -84,7 +84,7 @@ def test_public_names():
     assert all(hasattr(algorithms, name) for name in algorithms.__all__)
 
 
-ALLOWED_IMPORTS = {"torch", "typing", "dataclasses", "math", "difflib"}
+ALLOWED_IMPORTS = {"torch", "typing", "collections", "dataclasses", "math", "difflib"}
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)

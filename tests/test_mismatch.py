@@ -26,7 +26,7 @@ def test_ratio_stats_on_a_hand_made_batch():
 def test_rollout_dtype_is_checked():
     assert load_config(overrides=["rollout.dtype=bfloat16"]).rollout.dtype == "bfloat16"
     assert load_config().rollout.dtype is None  # = model.dtype
-    with pytest.raises(OprlError, match="rollout.dtype"):
+    with pytest.raises(OprlError, match=r"rollout\.dtype"):
         load_config(overrides=["rollout.dtype=float16"])
 
 
@@ -40,7 +40,7 @@ def test_bf16_sampler_is_off_policy_without_staleness(small_overrides, tmp_path)
         args = [*small_overrides, "steps=2", "eval.interval=0", f"rollout.dtype={dtype}", f"run_name={dtype}"]
         assert main(["train", *args, "tensorboard=false"]) == 0
         rows[dtype] = read_metrics(tmp_path / "runs" / dtype / "metrics.jsonl")[1:]
-    for fp32, bf16 in zip(rows["float32"], rows["bfloat16"]):
+    for fp32, bf16 in zip(rows["float32"], rows["bfloat16"], strict=True):
         assert fp32["lag/max"] == bf16["lag/max"] == 0  # on-policy both times
         for key in ("rho/behavior_mean", "rho/behavior_min", "rho/behavior_max", "rho/behavior_outside_frac"):
             assert key in fp32 and key in bf16

@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
+from tests.test_trainer import make_batch, make_trainer
 
 import oprl.runtime.trainer as trainer_module
 from oprl.models.logprobs import pack, response_logprobs
-from tests.test_trainer import make_batch, make_trainer
 
 NEW_PRESETS = [
     "tis-token", "tis-seq", "masked-is-token", "masked-is-seq", "decoupled-ppo", "gspo", "cispo", "dr-grpo",
@@ -19,11 +19,12 @@ NEW_PRESETS = [
 def separate_forward(model, rows, pad_id):
     """log π of each response token from a fresh copy of ``model``, one plain packed forward pass."""
     model = copy.deepcopy(model).train()
-    input_ids, attention_mask, targets, mask = pack([e.prompt_ids for e in rows], [e.response_ids for e in rows],
-                                                    pad_id)
+    input_ids, attention_mask, targets, mask = pack(
+        [e.prompt_ids for e in rows], [e.response_ids for e in rows], pad_id
+    )
     with torch.no_grad():
         logprobs, _ = response_logprobs(model, input_ids, attention_mask, targets)
-    return [values[valid].tolist() for values, valid in zip(logprobs, mask.bool())]
+    return [values[valid].tolist() for values, valid in zip(logprobs, mask.bool(), strict=True)]
 
 
 def test_proximal_logprobs_equal_a_forward_with_the_pre_update_weights(monkeypatch):
@@ -71,7 +72,7 @@ def near_policy_batch(trainer, tokenizer, seed):
     batch = make_batch(tokenizer, seed=seed)
     own = separate_forward(trainer.model, batch, tokenizer.pad_token_id)
     noise = torch.Generator().manual_seed(seed)
-    for experience, values in zip(batch, own):
+    for experience, values in zip(batch, own, strict=True):
         experience.behavior_logprobs = [v + 0.1 * (float(torch.rand(1, generator=noise)) - 0.5) for v in values]
     return batch
 

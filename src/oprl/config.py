@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import typing
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, TypeAlias, Union
 
 import yaml
 from pydantic import BaseModel, Field, Tag, ValidationError
@@ -127,9 +127,21 @@ class RolloutConfig(_Section):
     sequences decode at once; the environment variable VLLM_CPU_KVCACHE_SPACE, if set, overrides it on CPU."""
 
 
-def _one_of(registry) -> Any:
-    """``Literal`` of a registry's keys: the registry in ``oprl.algorithms`` is the one list of valid names."""
-    return Literal[tuple(registry)]
+_CHOICE_SETTINGS = ("drop", "baseline", "clip_mode", "weight", "ratio_level", "regularizer", "loss_agg")
+if TYPE_CHECKING:  # the type checker sees strings; at run time each is the Literal of a registry's keys
+    Drop: TypeAlias = str
+    Baseline: TypeAlias = str
+    ClipMode: TypeAlias = str
+    Weight: TypeAlias = str
+    RatioLevel: TypeAlias = str
+    Regularizer: TypeAlias = str
+    LossAgg: TypeAlias = str
+    KlEstimator: TypeAlias = str
+else:  # the registries in oprl.algorithms are the one list of valid names (pydantic checks against them)
+    Drop, Baseline, ClipMode, Weight, RatioLevel, Regularizer, LossAgg = (
+        Literal[tuple(REGISTRIES[key])] for key in _CHOICE_SETTINGS
+    )
+    KlEstimator = Literal[tuple(KL_ESTIMATORS)]
 
 
 class AlgorithmConfig(_Section):
@@ -144,7 +156,7 @@ class AlgorithmConfig(_Section):
     ``-wide`` variants, opmd, asymre, red-drop, red-weight, ... (``oprl.algorithms.PRESETS``, docs/algorithms.md)."""
     std_normalize: Optional[bool] = None
     """Divide advantages by the group's population std + 1e-6 (GRPO)."""
-    drop: Optional[_one_of(REGISTRIES["drop"])] = None
+    drop: Optional[Drop] = None
     """``balance`` = RED-Drop: drop surplus negatives so each group has as many negatives as positives, baseline
     over the kept ones; ``probabilistic`` = Trinity-RFT's first RED-Drop: drop each negative with probability
     1 - #pos/#neg, baseline over the whole group; ``none`` keeps every response."""
@@ -153,16 +165,16 @@ class AlgorithmConfig(_Section):
     (Trinity-RFT's final version); false removes them (the batch then equals one without them)."""
     baseline_shift: Optional[float] = None
     """AsymRE: baseline = group mean - baseline_shift."""
-    baseline: Optional[_one_of(REGISTRIES["baseline"])] = None
+    baseline: Optional[Baseline] = None
     """Group baseline: mean, or the OPMD soft baseline tau*log(mean(exp(r/tau)))."""
     tau: Optional[float] = None
     """Temperature of the logavgexp baseline (> 0)."""
-    clip_mode: Optional[_one_of(REGISTRIES["clip_mode"])] = None
+    clip_mode: Optional[ClipMode] = None
     """Token mask M: none, one-side (where PPO-clip has gradient), two-side, ring."""
-    weight: Optional[_one_of(REGISTRIES["weight"])] = None
+    weight: Optional[Weight] = None
     """Per-token weight (detached): none (NoIS), importance-sampling (rho), truncated-is (min(rho, is_cap)),
     clipped-is (clip(rho, 1 - eps_low, 1 + eps_high), CISPO), advantage (exp(A/T), RED-Weight)."""
-    ratio_level: Optional[_one_of(REGISTRIES["ratio_level"])] = None
+    ratio_level: Optional[RatioLevel] = None
     """``token``: rho per token; ``sequence``: each response's geometric-mean ratio exp(mean_t log rho_t) on all
     its tokens, for the mask and the weight (GSPO; sequence-level TIS and masking)."""
     eps_low: Optional[float] = None
@@ -185,18 +197,18 @@ class AlgorithmConfig(_Section):
     """Decoupled PPO (AReaL): before each step's update the trainer recomputes the log-probs of the batch with
     its pre-update weights (pi_prox, one no-grad forward); the clip and the weight then use pi/pi_prox, times
     min(pi_prox/pi_behaviour, is_cap). Costs one extra forward per step."""
-    regularizer: Optional[_one_of(REGISTRIES["regularizer"])] = None
+    regularizer: Optional[Regularizer] = None
     """Regulariser on every valid token: squared-log-ratio c*(logprobs - behavior_logprobs)^2 (OPMD) or
     forward-kl -c*logprobs (AsymRE)."""
     regularizer_coef: Optional[float] = None
     """Coefficient c of the regulariser (>= 0)."""
     weight_temperature: Optional[float] = None
     """RED-Weight temperature T in w = exp(A/T) (> 0; not the sampling temperature)."""
-    loss_agg: Optional[_one_of(REGISTRIES["loss_agg"])] = None
+    loss_agg: Optional[LossAgg] = None
     """How token losses are averaged over the optimizer batch (token-mean = over all valid tokens)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Coefficient of a KL penalty to the frozen initial policy (0 = off, no reference model kept)."""
-    kl_estimator: _one_of(KL_ESTIMATORS) = "k3"
+    kl_estimator: KlEstimator = "k3"
     """Per-token KL estimator of the reference penalty (Schulman's k1/k2/k3)."""
     log_ref_kl_every: int = Field(0, ge=0)
     """Log ``kl/ref`` (the estimator above, current vs initial policy, token mean) every N trainer steps even

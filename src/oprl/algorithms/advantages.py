@@ -12,8 +12,9 @@ responses stay (``keep=True``, A = 0) and count in the denominators, as in Trini
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -138,7 +139,7 @@ def group_advantages(
     baseline_shift: float = 0.0,
     baseline: str = "mean",
     tau: float = 1.0,
-    generator: Optional[torch.Generator] = None,
+    generator: torch.Generator | None = None,
 ) -> GroupAdvantages:
     """Advantages of ``rewards`` (N,) within the groups of ``group_ids`` (N,).
 

@@ -9,7 +9,7 @@ split an optimizer batch into micro-batches and still get the full-batch value.
 Not here: which tokens are valid (the caller's mask) or any loss formula.
 """
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -58,7 +58,7 @@ def aggregate(
     values: torch.Tensor,
     mask: torch.Tensor,
     loss_agg: str = "token-mean",
-    normalizer: Optional[float] = None,
+    normalizer: float | None = None,
 ) -> torch.Tensor:
     """Aggregate per-token ``values`` (B, T) over the valid tokens of ``mask`` (B, T) into a 0-dim tensor.
 

@@ -10,7 +10,7 @@ Each returns a (B, T) tensor that keeps the gradient of ``logprobs``; aggregate 
 Not here: the coefficient, masking or aggregation (the trainer's), and computing log-probs or logits.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -13,7 +13,8 @@ about which tokens are valid (the caller's mask).
 """
 
 import math
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -160,7 +161,7 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    proximal_logprobs: Optional[torch.Tensor] = None,
+    proximal_logprobs: torch.Tensor | None = None,
     clip_mode: str = "none",
     weight: str = "none",
     ratio_level: str = "token",
@@ -175,7 +176,7 @@ def policy_loss(
     regularizer_coef: float = 0.0,
     weight_temperature: float = 1.0,
     loss_agg: str = "token-mean",
-    normalizer: Optional[float] = None,
+    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The REINFORCE-family loss and its diagnostics.
 

@@ -104,8 +104,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "decoupled-ppo": {**ALGORITHM_DEFAULTS, **_STD, "clip_mode": "one-side", **_IS, "recompute_proximal": True},
     # GSPO (Zheng et al. 2025, arXiv 2507.18071): sequence-level ratio, PPO's one-sided clip at (3e-4, 4e-4),
     # each response's token mean (Trinity-RFT's gspo).
-    "gspo": {**ALGORITHM_DEFAULTS, **_STD, "clip_mode": "one-side", **_IS, "ratio_level": "sequence",
-             "eps_low": 3e-4, "eps_high": 4e-4, "loss_agg": "seq-mean-token-mean"},
+    "gspo": {
+        **ALGORITHM_DEFAULTS,
+        **_STD,
+        "clip_mode": "one-side",
+        **_IS,
+        "ratio_level": "sequence",
+        "eps_low": 3e-4,
+        "eps_high": 4e-4,
+        "loss_agg": "seq-mean-token-mean",
+    },
     # CISPO (MiniMax-M1, arXiv 2506.13585): w = clip(ρ, 1 − ε_low, 1 + ε_high) detached, no token masked; no
     # lower bound (ε_low = 1), ε_high = 1 (oprl's choice: the cap 2 of tis-token).
     "cispo": {**ALGORITHM_DEFAULTS, **_STD, "weight": "clipped-is", "eps_low": 1.0, "eps_high": 1.0},

@@ -6,7 +6,8 @@ that implements it; the dict keys are the config strings. This module only turns
 """
 
 import difflib
-from typing import Mapping, TypeVar
+from collections.abc import Mapping
+from typing import TypeVar
 
 Value = TypeVar("Value")
 

@@ -8,8 +8,6 @@ surrogate penalises pairwise violations of that consistency. It exists to make t
 Not here: computing sequence log-probs (sum the token log-probs of each response yourself).
 """
 
-from typing import Optional
-
 import torch
 
 
@@ -18,7 +16,7 @@ def consistency_surrogate(
     anchor_seq_logprobs: torch.Tensor,
     rewards: torch.Tensor,
     tau: float,
-    weights: Optional[torch.Tensor] = None,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """L̂_w(θ) = (1/W²)·Σ_{i<j} w_i·w_j·(a_i − a_j)², a_i = r_i − τ·(s_i − s_i(θ_t)), W = Σ_i w_i.
 
