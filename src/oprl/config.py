@@ -369,8 +369,13 @@ class RunConfig(_Section):
     backend: Literal["local", "ray"] = "local"
     """``local`` = workers are threads of this process; ``ray`` = Ray actors (``pip install 'oprl[ray]'``).
     In sync.mode=scheduled both give identical metrics for the same seed."""
-    resume: bool = False
-    """Continue run ``run_name`` from its newest checkpoint (after a crash or kill, or to add steps)."""
+    resume: Union[bool, Literal["restart"]] = False
+    """``true``: continue run ``run_name`` from its newest checkpoint that verifies (after a crash or kill, or to
+    add steps), with the run's saved ``config.yaml``; only the keys given now that are resumable (``steps``,
+    ``eval.*``, ``checkpoint.*``, ``runtime.*``, ``backend``, ``progress``, ``tensorboard``) change, and any
+    other difference is refused. With no usable checkpoint it stops and deletes nothing. ``restart``: delete
+    the run's outputs (rows, experiences, checkpoints) and run it again from step 0 with its saved config
+    plus the keys given."""
     seed: int = 0
     """Seed of everything in the run (sampling, RED-Drop, data order)."""
     steps: int = Field(300, gt=0)
@@ -429,6 +434,8 @@ def resolve_algorithm(config: RunConfig) -> RunConfig:
     except SettingError as exc:
         raise OprlError(f"config: algorithm.{exc.key}: {exc}") from None
     config.algorithm = section.model_copy(update=settings)
+    # The keys the user set, not those the preset filled: a resumed run applies only what was given.
+    config.algorithm.__pydantic_fields_set__ = set(section.model_fields_set)
     return config
 
 

@@ -7,7 +7,12 @@ complete, so a ``kill -9`` leaves either a whole checkpoint or none. Inside:
   (tensors in safetensors, the rest in JSON), ``trainer/rng.safetensors``, ``trainer/trainer.json``;
 - ``buffer/`` (``ExperienceBuffer.save``: unconsumed batches and the replay pool, parquet + JSON);
 - ``weights/version-N.safetensors``: older policy versions still needed by batches not generated yet;
-- ``state.json``: the step, the explorer position, the versions above; written last.
+- ``state.json``: the step, the explorer position, the versions above;
+- ``manifest.json``: every file's size and SHA-256, written last (``oprl.runtime.manifest``; weights holding
+  NaN or infinity are refused before it is written).
+
+Resume takes the newest checkpoint that verifies against its manifest (``usable_checkpoint``); old
+checkpoints are pruned only after a newer one has been committed and verified.
 
 Deliberately not here: pickle (``torch.save``) for anything, and deciding *when* to checkpoint (the driver).
 """
@@ -23,7 +28,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from oprl.errors import OprlError
 from oprl.io import atomic_write_text, commit_dir
+from oprl.runtime import manifest
 
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"step-(\d+)")
@@ -42,29 +49,56 @@ def staging_dir(run_dir: Path, step: int) -> Path:
 
 
 def commit(staging: Path, final: Path) -> None:
-    """Make a fully written staging directory the checkpoint (synced, then renamed: ``oprl.io.commit_dir``)."""
+    """Seal a fully written staging directory (finite weights, then the manifest), make it the checkpoint
+    (synced, then renamed: ``oprl.io.commit_dir``) and verify what landed; ``CheckpointError`` otherwise."""
+    manifest.seal(staging)
     commit_dir(staging, final)
+    problem = manifest.verify(final)
+    if problem is not None:
+        raise manifest.CheckpointError(f"{final}/{problem}")
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (staging directories are never listed)."""
+    """Committed checkpoints of a run, oldest first (staging directories are never listed; whether each one
+    is sound is ``manifest.verify``'s question)."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name))]
-    return [p for _, p in sorted(found) if (p / "state.json").is_file()]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def usable_checkpoint(run_dir: Path, log=print) -> Path:
+    """The newest checkpoint of ``run_dir`` that verifies; says so in one line when it is not the newest one.
+    Without one: ``OprlError`` naming the newest checkpoint's bad file (nothing is deleted)."""
+    found = checkpoints(run_dir)
+    restart = "nothing was deleted; resume=restart runs it again from step 0 (deleting its rows and experiences)"
+    if not found:
+        raise OprlError(f"resume: {run_dir} has no checkpoint (checkpoint.interval=0, or the run stopped before "
+                        f"its first); {restart}")
+    problems = []
+    for path in reversed(found):
+        problem = manifest.verify(path)
+        if problem is None:
+            if problems:
+                log(f"resume: {problems[0]} is unusable; resuming from {path.name} instead")
+            return path
+        problems.append(f"{path}/{problem}")
+    raise OprlError(f"resume: no checkpoint of {run_dir} verifies (newest: {problems[0]}); {restart}")
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory, or the newest checkpoint of a run directory; None when there is none."""
     path = Path(path)
-    if (path / "state.json").is_file():
+    if (path / "state.json").is_file() or (path / manifest.MANIFEST).is_file():
         return path
     found = checkpoints(path)
     return found[-1] if found else None
 
 
 def prune(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints and any staging leftovers (call it only right after a
+    checkpoint was committed and verified, so the newest one is sound)."""
     for old in checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     for leftover in (Path(run_dir) / CHECKPOINTS).glob(".tmp-step-*"):

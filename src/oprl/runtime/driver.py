@@ -23,6 +23,7 @@ from pathlib import Path
 
 from oprl.runtime import checkpoint as ckpt
 from oprl.runtime.failure import WorkerFailure
+from oprl.runtime.manifest import CheckpointError
 from oprl.runtime.schedule import lag
 
 
@@ -110,8 +111,10 @@ class Driver:
                 self._flush_rows()
                 self._commit_checkpoints()
             except OSError as exc:  # disk full, read-only run directory: the run cannot go on
-                raise WorkerFailure(f"driver failed writing the run directory: {type(exc).__name__}: {exc}"
-                                    f"{_resume_hint(ckpt.resolve_checkpoint(self.run_dir))}") from exc
+                message = f"driver failed writing the run directory: {type(exc).__name__}: {exc}"
+                if self.failure is not None:  # the failure that started it all stays the one reported
+                    message, exc = f"{self.failure[1]} (and then the {message})", self.failure[2]
+                raise WorkerFailure(message + _resume_hint(ckpt.resolve_checkpoint(self.run_dir))) from exc
         if self.failure is not None:
             _, message, exc = self.failure
             raise WorkerFailure(message + _resume_hint(self.final_checkpoint)) from exc
@@ -311,8 +314,12 @@ class Driver:
             })
             final = ckpt.step_dir(self.run_dir, step)
             self.logger.sync()  # the rows this checkpoint counts on reach the disk before it does
-            ckpt.commit(staging, final)
-            ckpt.prune(self.run_dir, self.cfg.checkpoint.keep)
+            try:
+                ckpt.commit(staging, final)
+            except CheckpointError as exc:  # e.g. weights gone NaN: training diverged, nothing sound to save
+                raise WorkerFailure(f"checkpoint of step {step} refused: {exc}"
+                                    f"{_resume_hint(ckpt.resolve_checkpoint(self.run_dir))}") from exc
+            ckpt.prune(self.run_dir, self.cfg.checkpoint.keep)  # only now: a newer checkpoint has verified
             self.final_checkpoint = final
             del self.checkpoints[step]
 

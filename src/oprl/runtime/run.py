@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 import yaml
 
-from oprl.config import RunConfig, save_config
+from oprl.config import RunConfig, resolve_algorithm, save_config
 from oprl.errors import OprlError
 from oprl.io import atomic_write_json
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.progress import RunProgress
 from oprl.runtime import checkpoint as ckpt
-from oprl.runtime import rundir
+from oprl.runtime import manifest, rundir
 from oprl.runtime.buffer import ExperienceBuffer
 from oprl.runtime.driver import Driver
 from oprl.runtime.local import LocalBackend
@@ -37,8 +37,9 @@ from oprl.runtime.warmstart import warm_started_model
 from oprl.runtime.workers import ExplorerWorker, TrainerWorker, load_checkpoint_weights, quiet_transformers
 from oprl.tasks import build_task
 
-# Keys that may change when resuming: they do not alter what is computed.
-RESUMABLE_CHANGES = ("steps", "resume", "progress", "tensorboard", "backend", "checkpoint.", "runtime.", "eval.")
+# Keys that may change when resuming: they do not alter what is computed (docs/runtime.md, config ``resume``).
+RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "backend", "checkpoint.", "runtime.", "eval.")
+_IDENTITY = ("resume", "run_name", "output_dir")
 
 
 @dataclass
@@ -54,9 +55,9 @@ def check_config(config: RunConfig) -> None:
     if config.mode == "offline" and not config.buffer.path:
         raise OprlError("mode=offline: set buffer.path to an experience store or a run directory holding one")
     if config.resume and not config.run_name:
-        raise OprlError("resume=true: set run_name to the run to continue")
+        raise OprlError(f"resume={str(config.resume).lower()}: set run_name to the run to continue")
     if config.resume and config.mode == "eval":
-        raise OprlError("resume=true: mode=eval has nothing to resume")
+        raise OprlError(f"resume={str(config.resume).lower()}: mode=eval has nothing to resume")
     if config.sync.mode == "async" and config.sync.max_staleness < config.sync.interval - 1:
         raise OprlError(f"sync.max_staleness={config.sync.max_staleness} must be >= sync.interval - 1 = "
                         f"{config.sync.interval - 1}: weights are published only every {config.sync.interval} steps")
@@ -113,27 +114,62 @@ def make_run_dir(config: RunConfig) -> Path:
     return Path(config.output_dir) / name
 
 
-def lock_run_dir(config: RunConfig, run_dir: Path) -> rundir.RunLock:
-    """Hold ``run_dir`` for this process (see ``rundir``); a resumed run must match the saved config."""
-    if not config.resume:
-        return rundir.open_new(run_dir)
+def lock_run_dir(config: RunConfig, run_dir: Path) -> tuple[rundir.RunLock, RunConfig]:
+    """Hold ``run_dir`` for this process (see ``rundir``) and the config the run goes on with: the given one
+    for a new run; for ``resume=true`` the saved one with the resumable keys given; for ``resume=restart``
+    the saved one with any key given, after the run's outputs are deleted."""
+    restart = config.resume == "restart"
+    if not config.resume or (restart and not rundir.is_run_dir(run_dir)):
+        return rundir.open_new(run_dir), config.model_copy(update={"resume": False})
     lock = rundir.open_existing(run_dir)
     try:
-        _check_resumable(config, run_dir)
+        config = resumed_config(config, run_dir, any_key=restart)
+        if restart:
+            rundir.clear(run_dir)
+            config = config.model_copy(update={"resume": False})
     except BaseException:
         lock.release()
         raise
-    return lock
+    return lock, config
 
 
-def _check_resumable(config: RunConfig, run_dir: Path) -> None:
-    saved = _flatten(yaml.safe_load((run_dir / "config.yaml").read_text()))
-    current = _flatten(config.model_dump(mode="json"))
-    changed = sorted(k for k in saved.keys() | current.keys()
-                     if saved.get(k) != current.get(k) and not k.startswith(RESUMABLE_CHANGES))
-    if changed:
-        raise OprlError(f"resume=true: the config differs from {run_dir}/config.yaml in {', '.join(changed[:3])}"
-                        f"{' ...' if len(changed) > 3 else ''}; only steps, eval.*, checkpoint.*, runtime.* may change")
+def resumed_config(config: RunConfig, run_dir: Path, *, any_key: bool = False) -> RunConfig:
+    """The run's saved config with the keys set in ``config`` (``model_fields_set``: given in the YAML file,
+    as overrides or as arguments) applied; unless ``any_key``, only resumable keys may differ."""
+    try:
+        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        saved = resolve_algorithm(RunConfig.model_validate(data))
+    except Exception as exc:
+        raise OprlError(f"resume: {run_dir / 'config.yaml'} is not a readable run config "
+                        f"({str(exc).splitlines()[0][:160]})") from None
+    flat_saved, flat_given = _flatten(saved.model_dump(mode="json")), _flatten(config.model_dump(mode="json"))
+    changed = sorted(k for k in _given_keys(config)
+                     if not k.startswith(_IDENTITY) and flat_given.get(k) != flat_saved.get(k))
+    refused = [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
+    if refused and not any_key:
+        raise OprlError(f"resume=true: {', '.join(refused[:3])}{' ...' if len(refused) > 3 else ''} differs from "
+                        f"{run_dir / 'config.yaml'}; only steps, eval.*, checkpoint.*, runtime.*, backend, progress "
+                        "and tensorboard may change (resume=restart starts the run over)")
+    for key in changed:
+        *sections, leaf = key.split(".")
+        node = data
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = flat_given[key]
+    data.update(resume=config.resume, run_name=config.run_name, output_dir=config.output_dir)
+    return resolve_algorithm(RunConfig.model_validate(data))
+
+
+def _given_keys(section, prefix: str = "") -> list[str]:
+    """Dotted keys of the leaves set explicitly in a config section (not defaults)."""
+    keys = []
+    for name in section.model_fields_set:
+        value = getattr(section, name)
+        if hasattr(value, "model_fields_set"):
+            keys.extend(_given_keys(value, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
 
 
 def _flatten(data: dict, prefix: str = "") -> dict:
@@ -163,7 +199,7 @@ def run(config: RunConfig, log=print) -> RunSummary:
     torch.manual_seed(config.seed)
     checkpoint = _eval_checkpoint(config) if config.mode == "eval" else None
     run_dir = make_run_dir(config)
-    lock = lock_run_dir(config, run_dir)
+    lock, config = lock_run_dir(config, run_dir)
     try:
         if config.mode == "eval":
             return _evaluate_only(config, run_dir, checkpoint, started, log)
@@ -273,26 +309,36 @@ def make_buffer(config: RunConfig, store_dir: str | None) -> ExperienceBuffer:
     )
 
 
-def _prepare_resume(config: RunConfig, run_dir: Path, store_dir: str | None) -> Path | None:
-    """Newest checkpoint; metrics and store trimmed to it (batches generated after it are made again)."""
+def _prepare_resume(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) -> Path | None:
+    """Newest checkpoint that verifies; metrics and store trimmed to it (batches generated after it are made
+    again). Nothing is deleted before a checkpoint has verified; without one the run stops (one line)."""
     metrics = run_dir / "metrics.jsonl"
     if config.mode == "explore":
         # The store is the checkpoint: keep batches that have both a file and a row, make the others again.
         store = ExperienceStore(store_dir)
+        _save_resumed_config(config, run_dir)
         ckpt.truncate_metrics(metrics, lambda step: True)  # drops a half-written last line
         logged = {r["step"] for r in read_metrics(metrics)} if metrics.is_file() else set()
         store.discard([b for b in store.batches() if b not in logged])
         present = set(store.batches())
         ckpt.truncate_metrics(metrics, lambda step: step in present)
         return None
-    checkpoint = ckpt.resolve_checkpoint(run_dir)
-    state = ckpt.read_json(checkpoint / "state.json") if checkpoint else {"step": -1, "ready": []}
+    checkpoint = ckpt.usable_checkpoint(run_dir, log)
+    state = ckpt.read_json(checkpoint / "state.json")
+    if state["step"] > config.steps:
+        raise OprlError(f"resume: {run_dir} has already trained {state['step']} steps (checkpoint {checkpoint.name}); "
+                        f"steps={config.steps} would not continue it: give steps >= {state['step']} to extend it")
+    _save_resumed_config(config, run_dir)
     ckpt.truncate_metrics(metrics, lambda step: step <= state["step"])
     if store_dir:
         store = ExperienceStore(store_dir)
         store.discard([b for b in store.batches() if b > max(state["step"], 0) and b not in state["ready"]])
-    ckpt.prune(run_dir, config.checkpoint.keep)
     return checkpoint
+
+
+def _save_resumed_config(config: RunConfig, run_dir: Path) -> None:
+    """Once the resume is known to be possible: the settings it goes on with are what a later resume reads."""
+    save_config(config.model_copy(update={"resume": False}), run_dir / "config.yaml")
 
 
 def _restore(config: RunConfig, checkpoint: Path, backend, trainer, buffer, sync) -> tuple[int, list[int]]:
@@ -311,6 +357,9 @@ def _eval_checkpoint(config: RunConfig) -> Path | None:
     checkpoint = ckpt.resolve_checkpoint(source) if source else None
     if source and checkpoint is None:
         raise OprlError(f"eval.checkpoint: no checkpoint at {source}")
+    problem = manifest.verify(checkpoint) if checkpoint else None
+    if problem is not None:
+        raise OprlError(f"eval.checkpoint: {checkpoint}/{problem}")
     return checkpoint
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -60,6 +61,17 @@ def open_existing(run_dir: Path) -> "RunLock":
     if not (run_dir / "config.yaml").is_file():
         raise OprlError(f"resume: {run_dir} holds no run to resume (no config.yaml)")
     return RunLock(run_dir).acquire()
+
+
+def clear(run_dir: Path) -> None:
+    """Delete everything a run wrote into ``run_dir`` (``resume=restart``), keeping the held lock file."""
+    for entry in Path(run_dir).iterdir():
+        if entry.name == LOCK_NAME:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 class RunLock:
