@@ -5,6 +5,12 @@ loss by its own count (or dividing by the world size again) moves the numbers fa
 """
 
 import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,3 +111,101 @@ def test_bad_trainer_config_is_one_line(overrides, message):
     with pytest.raises(OprlError, match=message) as info:
         check_trainer_config(config, gpus=0)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow  # a two-node Ray cluster plus two rank actors: ~1-2 min on 2 cores
+def test_ray_ranks_on_two_nodes_match_local_ranks(tiny_path):
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    config = _config(tiny_path, "fsdp", 2)
+    local = ShardedTrainer(config, tiny_path)
+    try:
+        expected = _run(local, _batches(build_tokenizer())[:2])
+    finally:
+        local.stop()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)  # two logical nodes of one CPU each: one bundle (rank) per node
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    try:
+        trainer = ShardedTrainer(config.model_copy(update={"backend": "ray"}), tiny_path)
+        try:
+            nodes = ray.get([r.handle.call.remote("node") for r in trainer.ranks])
+            assert len(set(nodes)) == 2
+            _compare(expected, _run(trainer, _batches(build_tokenizer())[:2]))
+        finally:
+            trainer.stop()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _rank_pids(parent: int) -> list[int]:
+    """The spawned trainer-rank processes of ``parent`` (multiprocessing children, not its resource tracker)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and "spawn_main" in command and "resource_tracker" not in command:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow  # three tiny-model runs with two spawned ranks each: ~2-3 min on 2 cores
+def test_kill_9_of_a_rank_then_resume_equals_the_uninterrupted_run(tmp_path, cache_dir):
+    from conftest import SMALL
+
+    from oprl.cli import main
+    from oprl.metrics import deterministic_view, read_metrics
+
+    args = [*SMALL, "tensorboard=false", "runtime.torch_threads=1", "steps=6", "checkpoint.interval=2",
+            "eval.interval=3", "trainer.sharding=fsdp", "trainer.world_size=2", f"output_dir={tmp_path / 'runs'}"]
+    assert main(["train", *args, "run_name=whole"]) == 0
+    env = os.environ | {"OPRL_CACHE_DIR": str(cache_dir)}
+    process = subprocess.Popen([sys.executable, "-m", "oprl.cli", "train", *args, "run_name=killed"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = tmp_path / "runs" / "killed" / "checkpoints" / "step-000002" / "state.json"
+    deadline = time.monotonic() + 300
+    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = _rank_pids(process.pid)
+    assert process.poll() is None and len(ranks) == 2, "the run ended before a rank could be killed"
+    os.kill(ranks[-1], signal.SIGKILL)
+    assert process.wait(timeout=120) == 1
+    error = process.stderr.read().strip().splitlines()
+    assert len(error) == 1 and "trainer rank" in error[0], error
+    assert main(["train", *args, "run_name=killed", "resume=true"]) == 0
+    whole = read_metrics(tmp_path / "runs" / "whole" / "metrics.jsonl")
+    resumed = read_metrics(tmp_path / "runs" / "killed" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == list(range(7))
+    assert deterministic_view(resumed) == deterministic_view(whole)
+    assert (tmp_path / "runs" / "killed" / "final" / "config.json").is_file()
+
+
+@pytest.mark.slow  # three spawned ranks in all: ~1 min on 2 cores
+def test_sharded_checkpoint_resumes_at_another_world_size(tiny_path, tmp_path):
+    """DCP reshards: a checkpoint of 2 fsdp ranks restored by 1 fsdp rank continues like the 2-rank trainer."""
+    config = _config(tiny_path, "fsdp", 2)
+    batches = _batches(build_tokenizer())
+    two = ShardedTrainer(config, tiny_path)
+    try:
+        two.train(1, copy.deepcopy(batches[0]))
+        two.save(str(tmp_path / "trainer"))
+        expected = _run_from(two, batches, 2)
+    finally:
+        two.stop()
+    one = ShardedTrainer(config.model_copy(update={"trainer": config.trainer.model_copy(update={"world_size": 1})}),
+                         tiny_path)
+    try:
+        assert one.restore(str(tmp_path / "trainer")) == 1
+        _compare(expected, _run_from(one, batches, 2))
+    finally:
+        one.stop()
+
+
+def _run_from(worker, batches, first_step):
+    metrics = [worker.train(step, copy.deepcopy(batches[step - 1])) for step in range(first_step, len(batches) + 1)]
+    return metrics, {k: v.clone() for k, v in worker.weights().items()}

@@ -123,7 +123,9 @@ class _RankHost:
         return f"{ray.util.get_node_ip_address()}:{free_port()}"
 
     def call(self, method: str, *args):
-        return True if method == "ping" else getattr(self.rank, method)(*args)
+        if method in ("ping", "node"):  # readiness; the node this rank runs on
+            return ray.get_runtime_context().get_node_id()
+        return getattr(self.rank, method)(*args)
 
 
 class _RayRank:

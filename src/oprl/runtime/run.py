@@ -33,12 +33,14 @@ from oprl.runtime.driver import Driver
 from oprl.runtime.local import LocalBackend
 from oprl.runtime.store import STORE_DIRNAME, ExperienceStore
 from oprl.runtime.synchronizer import Synchronizer
+from oprl.runtime.trainer_ranks import ShardedTrainer, check_trainer_config
 from oprl.runtime.warmstart import warm_started_model
 from oprl.runtime.workers import ExplorerWorker, TrainerWorker, load_checkpoint_weights, quiet_transformers
 from oprl.tasks import build_task
 
 # Keys that may change when resuming: they do not alter what is computed (docs/runtime.md, config ``resume``).
-RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "backend", "checkpoint.", "runtime.", "eval.")
+RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "backend", "checkpoint.", "runtime.", "eval.",
+                     "trainer.world_size")  # sharded checkpoints reshard to the new world size
 _IDENTITY = ("resume", "run_name", "output_dir")
 
 
@@ -74,6 +76,7 @@ def check_config(config: RunConfig) -> None:
         from oprl.rollout.vllm_engine import require_vllm
 
         require_vllm()
+    check_trainer_config(config)
     if config.backend == "ray":
         import importlib.util
 
@@ -243,7 +246,10 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
     checkpoint = _prepare_resume(config, run_dir, store_dir) if config.resume else None
     trainer = explorers = None
     if use_trainer:
-        trainer = backend.start("trainer", TrainerWorker, config, path, backend.cpu_snapshots, threads=threads)
+        if config.trainer.sharding == "none":
+            trainer = backend.start("trainer", TrainerWorker, config, path, backend.cpu_snapshots, threads=threads)
+        else:  # the front only forwards calls; its rank processes compute
+            trainer = backend.start("trainer", ShardedTrainer, config, path, threads=threads, compute=False)
         actors.append(trainer)
     explorers = []
     if use_explorers:
