@@ -359,6 +359,22 @@ class CheckpointConfig(_Section):
     """Newest checkpoints kept; older ones are deleted."""
 
 
+class TrackingConfig(_Section):
+    """Experiment trackers besides ``metrics.jsonl`` and TensorBoard (``tensorboard``), see ``oprl.trackers``:
+    each gets every metrics row and the resolved config as the run's parameters."""
+
+    backends: list[Literal["wandb", "mlflow", "trackio"]] = []
+    """Trackers to log to, e.g. [wandb, mlflow]; each is an extra (``pip install 'oprl[wandb]'``). One that
+    cannot start is a one-line warning, never a lost ``metrics.jsonl``."""
+    project: str = "oprl"
+    """wandb / trackio project and MLflow experiment name."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """wandb: ``offline`` writes under ``<run_dir>/wandb`` (upload later with ``wandb sync``); ``online`` needs
+    ``wandb login``."""
+    mlflow_uri: Optional[str] = None
+    """MLflow tracking URI (a server or a store); None = a local file store ``<run_dir>/mlruns``."""
+
+
 class RunConfig(_Section):
     """A training run."""
 
@@ -388,6 +404,7 @@ class RunConfig(_Section):
     """Show a live progress bar."""
     tensorboard: bool = True
     """Write tensorboard event files into the run directory."""
+    tracking: TrackingConfig = TrackingConfig()
     model: ModelConfig = ModelConfig()
     warmstart: WarmStartConfig = WarmStartConfig()
     task: TaskConfig = ArithmeticTaskConfig()

@@ -16,9 +16,14 @@ NONDETERMINISTIC_PREFIX = "perf/"
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True):
+    """Rows to ``metrics.jsonl`` first, then to tensorboard and the experiment ``trackers``
+    (``oprl.trackers``); a tracker that fails is dropped after one ``warn`` line, never the file."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True, trackers: list | None = None, warn=print):
         self.path = run_dir / "metrics.jsonl"
         self._file = self.path.open("a")
+        self._trackers = list(trackers or [])
+        self._warn = warn
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -32,6 +37,14 @@ class MetricsLogger:
             for key, value in row.items():
                 if isinstance(value, (int, float)):
                     self._writer.add_scalar(key, value, step)
+        numbers = {k: float(v) for k, v in row.items() if isinstance(v, (int, float))}
+        for tracker in list(self._trackers):
+            try:
+                tracker.log(step, numbers)
+            except Exception as exc:  # a tracker is optional; metrics.jsonl already has the row
+                self._trackers.remove(tracker)
+                self._warn(f"warning: tracking.backends: {tracker.name} failed ({type(exc).__name__}: {exc}); "
+                           "dropped, metrics still go to metrics.jsonl")
 
     def sync(self) -> None:
         """Make the rows written so far durable (before a checkpoint that counts on them is committed)."""
@@ -41,7 +54,13 @@ class MetricsLogger:
     def close(self, *, quiet: bool = False) -> None:
         """Close the file and the tensorboard writer; ``quiet`` (on a failure path) ignores errors in doing so,
         so that they cannot hide the failure being reported."""
-        for close in (self._file.close, self._writer.close if self._writer is not None else None):
+        closers = [self._file.close, self._writer.close if self._writer is not None else None]
+        for tracker in self._trackers:
+            try:
+                tracker.close()
+            except Exception as exc:  # the run's files are what matter; say it and go on
+                self._warn(f"warning: tracking.backends: {tracker.name} did not close cleanly ({exc})")
+        for close in closers:
             try:
                 if close is not None:
                     close()

@@ -37,9 +37,10 @@ from oprl.runtime.trainer_ranks import ShardedTrainer, check_trainer_config
 from oprl.runtime.warmstart import warm_started_model
 from oprl.runtime.workers import ExplorerWorker, TrainerWorker, load_checkpoint_weights, quiet_transformers
 from oprl.tasks import build_task
+from oprl.trackers import start_trackers
 
 # Keys that may change when resuming: they do not alter what is computed (docs/runtime.md, config ``resume``).
-RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "backend", "checkpoint.", "runtime.", "eval.",
+RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "tracking.", "backend", "checkpoint.", "runtime.", "eval.",
                      "trainer.world_size")  # sharded checkpoints reshard to the new world size
 _IDENTITY = ("resume", "run_name", "output_dir")
 
@@ -221,7 +222,8 @@ def _run_workers(config: RunConfig, run_dir: Path, log) -> None:
     try:
         session = _start(config, run_dir, path, backend, actors)
         with RunProgress(config.steps, enabled=config.progress) as progress:
-            logger = MetricsLogger(run_dir, tensorboard=config.tensorboard)
+            trackers = start_trackers(config.tracking, run_dir, config.model_dump(mode="json"), log)
+            logger = MetricsLogger(run_dir, tensorboard=config.tensorboard, trackers=trackers, warn=log)
             try:
                 driver = Driver(config=config, run_dir=run_dir, backend=backend, logger=logger, progress=progress,
                                 **session)
