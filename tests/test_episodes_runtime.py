@@ -48,9 +48,26 @@ def test_every_schedule_trains_on_episodes(args, tmp_path, k, m):
     masks = table.column("loss_mask").to_pylist()
     assert all(len(mask) == len(ids) for mask, ids in zip(masks, table.column("response_ids").to_pylist()))
     assert any(0 in mask for mask in masks)  # some episodes called the calculator
+    for row in rows[1:]:
+        if row["lag/max"] == 0:  # on-policy: the trainer recomputes exactly the sampler's log-probs of model tokens
+            assert abs(row["rho/behavior_max"] - 1) < 1e-4 and abs(row["rho/behavior_min"] - 1) < 1e-4
     if (k, m) == (1, 1):
         assert main(["train", *args, "steps=4", "sync.offset=1", "runtime.overlap=false", "run_name=seq"]) == 0
         assert deterministic_view(rows_of(tmp_path, "seq")) == deterministic_view(rows)
+
+
+@pytest.mark.slow  # vLLM's start-up (~70 s on a busy 2-core machine)
+@pytest.mark.parametrize("k,m", [(1, 0), (2, 1)])
+def test_vllm_engine_runs_episodes(args, tmp_path, k, m):
+    pytest.importorskip("vllm")
+    assert main(["train", *args, "rollout.engine=vllm", "steps=3", "eval.interval=0", f"sync.interval={k}",
+                 f"sync.offset={m}", "run_name=v"]) == 0
+    rows = rows_of(tmp_path, "v")[1:]
+    assert [r["batch/version_max"] for r in rows] == [policy_version(t, k, m) for t in range(1, 4)]
+    for row in rows:
+        assert 0 < row["response/model_tokens"] < row["response/tokens"]
+        if row["lag/max"] == 0:
+            assert abs(row["rho/behavior_max"] - 1) < 1e-4 and abs(row["rho/behavior_min"] - 1) < 1e-4
 
 
 def test_explore_then_offline_equals_the_offline_schedule(args, tmp_path):
