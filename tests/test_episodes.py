@@ -180,7 +180,7 @@ def test_environment_tokens_get_exactly_zero_gradient(task, tokenizer):
         return logprobs, entropy, mask
 
     trainer.policy = keeping
-    loss, _ = trainer._micro_loss(rows, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    loss, _ = trainer._micro_loss(rows, torch.tensor([1.0, -1.0, 0.5, -0.5]), None)
     kept["entropy"].retain_grad()
     loss.backward()
     model_mask = trainer_module.loss_mask_of(rows, kept["logprobs"].shape[1])
@@ -197,10 +197,10 @@ def test_environment_tokens_behaviour_logprobs_do_not_matter(task, tokenizer):
     trainer = make_trainer(model, tokenizer)
     rows = episode_experiences(task, tokenizer)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    loss, metrics = trainer._micro_loss(rows, advantages)
+    loss, metrics = trainer._micro_loss(rows, advantages, None)
     for e in rows:
         e.behavior_logprobs = [b if m else -50.0 for b, m in zip(e.behavior_logprobs, e.loss_mask)]
-    changed, changed_metrics = trainer._micro_loss(rows, advantages)
+    changed, changed_metrics = trainer._micro_loss(rows, advantages, None)
     assert float(loss.detach()) == float(changed.detach()) and metrics == changed_metrics
 
 
