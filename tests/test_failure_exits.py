@@ -4,7 +4,7 @@ Each case runs 10 times, each time in a fresh child process: the abort this guar
 (``terminate called without an active exception``, exit -6) happened at interpreter exit, in some tries
 only, when a worker thread was still inside torch. To keep that affordable the children are forked from one
 parent that has imported torch, transformers and oprl once (``ZYGOTE``); each child runs ``oprl.cli.main``
-and leaves through ``sys.exit``, i.e. through a normal interpreter shutdown. Faults are injected at the
+and leaves through ``sys.exit``, i.e. through a normal interpreter shutdown; two children run at a time. Faults are injected at the
 library level (safetensors, parquet writers), before oprl imports them: a full disk while a checkpoint is
 written, and a run directory that stops accepting new files (read-only) while the store is written.
 """
@@ -27,6 +27,7 @@ import errno, json, os, sys
 import pyarrow.parquet, safetensors.torch
 
 FAULT = {}
+PARALLEL = 2
 
 def faulty(real):
     def write(*args, **kwargs):
@@ -38,19 +39,31 @@ def faulty(real):
 
 safetensors.torch.save_file = faulty(safetensors.torch.save_file)
 pyarrow.parquet.write_table = faulty(pyarrow.parquet.write_table)
-import torch.utils.tensorboard, oprl.cli, oprl.runtime.run  # the expensive imports, once
+# The expensive imports, once (importing starts no threads, so forking afterwards is safe).
+import torch.utils.tensorboard, transformers, oprl.cli, oprl.runtime.run, oprl.runtime.local, oprl.models.tiny
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
-for line in sys.stdin:
-    job = json.loads(line)
+def start(job):
     pid = os.fork()
     if pid == 0:
         log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(log, 1)
         os.dup2(log, 2)
         FAULT.update(job.get("fault") or {})
-        sys.exit(oprl.cli.main(job["args"]))
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
+        sys.exit(oprl.cli.main(job["args"]))  # a normal interpreter shutdown: where the abort happened
+    return pid
+
+for line in sys.stdin:  # a list of jobs, run PARALLEL at a time; one list of exit statuses back
+    jobs, running, exits = json.loads(line), {}, {}
+    for index, job in enumerate(jobs):
+        if len(running) == PARALLEL:
+            pid, status = os.wait()
+            exits[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+        running[start(job)] = index
+    while running:
+        pid, status = os.wait()
+        exits[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+    print(json.dumps([exits[i] for i in range(len(jobs))]), flush=True)
 """
 
 
@@ -62,20 +75,21 @@ def zygote(tmp_path_factory, cache_dir):
     root = tmp_path_factory.mktemp("failures")
     counter = iter(range(10_000))
 
-    def run(args: list[str], fault: dict | None = None) -> tuple[int, str, Path]:
-        name = f"r{next(counter)}"
-        log = root / f"{name}.log"
-        job = {"args": [*args, f"output_dir={root / 'runs'}", f"run_name={name}"], "fault": fault, "log": str(log)}
-        process.stdin.write(json.dumps(job) + "\n")
+    def run(args: list[str], fault: dict | None = None, tries: int = 1) -> list[tuple[int, str, Path]]:
+        names = [f"r{next(counter)}" for _ in range(tries)]
+        jobs = [{"args": [*args, f"output_dir={root / 'runs'}", f"run_name={name}"], "fault": fault,
+                 "log": str(root / f"{name}.log")} for name in names]
+        process.stdin.write(json.dumps(jobs) + "\n")
         process.stdin.flush()
         reply = process.stdout.readline()
         assert reply, "the zygote process died"
-        return json.loads(reply)["exit"], log.read_text(), root / "runs" / name
+        return [(code, (root / f"{name}.log").read_text(), root / "runs" / name)
+                for code, name in zip(json.loads(reply), names)]
 
     # Overlapped (sync.offset=1): an explorer is generating while the trainer fails, so shutdown must wait.
     base = ["train", *SMALL, "steps=3", "sync.offset=1", "checkpoint.interval=1", "eval.interval=0",
             "eval.num_problems=4", "runtime.torch_threads=1", "rollout.prompts_per_step=2", "rollout.group_size=2"]
-    code, output, _ = run([*base, "tensorboard=false", "steps=1"])  # builds the warm-start cache if needed
+    [(code, output, _)] = run([*base, "tensorboard=false", "steps=1"])  # builds the warm-start cache if needed
     assert code == 0, output
     yield run, base
     process.stdin.close()
@@ -85,8 +99,7 @@ def zygote(tmp_path_factory, cache_dir):
 def test_disk_full_during_a_checkpoint_exits_1_with_the_cause_never_an_abort(zygote):
     run, base = zygote
     full = {"match": "step-000002", "errno": 28}  # ENOSPC while the trainer writes checkpoint 2
-    for _ in range(TRIES):
-        code, output, run_dir = run([*base, "tensorboard=true"], full)
+    for code, output, run_dir in run([*base, "tensorboard=true"], full, tries=TRIES):
         assert code == 1, output
         lines = output.strip().splitlines()
         assert len(lines) == 1 and "terminate called" not in output, output
@@ -99,14 +112,15 @@ def test_disk_full_during_a_checkpoint_exits_1_with_the_cause_never_an_abort(zyg
 def test_a_read_only_run_directory_reports_the_failed_store_write_never_an_abort(zygote):
     run, base = zygote
     read_only = {"match": "batch-000002", "errno": 13}  # EACCES creating the store file of batch 2
-    for attempt in range(TRIES):
-        code, output, _ = run([*base, f"tensorboard={attempt % 2 == 0}"], read_only)
+    tries = run([*base, "tensorboard=true"], read_only, TRIES // 2) + run([*base, "tensorboard=false"], read_only,
+                                                                          TRIES - TRIES // 2)
+    for code, output, _ in tries:
         assert code == 1, output
         lines = output.strip().splitlines()
         assert len(lines) == 1 and "terminate called" not in output, output
         assert "buffer failed" in lines[0] and "batch 2" in lines[0], lines[0]
         assert "PermissionError" in lines[0] and "batch-000002.parquet" in lines[0], lines[0]
         assert "never put" not in lines[0]
-    code, output, _ = run([*base, "tensorboard=false", "--debug"], read_only)
+    [(code, output, _)] = run([*base, "tensorboard=false", "--debug"], read_only)
     assert code == 1 and "Traceback" in output and "PermissionError" in output, output
     assert "terminate called" not in output
