@@ -17,15 +17,23 @@ import itertools
 import multiprocessing
 import queue
 import threading
+import traceback
 from concurrent.futures import CancelledError, Future
 
 
 class RemoteError(RuntimeError):
-    """An exception raised inside a worker process (its type name and message)."""
+    """An exception raised inside a worker process (its type name and message); the worker's traceback is
+    attached as a note, which ``--debug`` prints and the one-line message leaves out."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, remote_traceback: str = ""):
         super().__init__(f"{kind}: {message}")
         self.kind, self.message = kind, message
+        if remote_traceback:
+            self.add_note(f"in the worker process:\n{remote_traceback.rstrip()}")
+
+
+def _error(exc: BaseException) -> tuple[str, str, str]:
+    return type(exc).__name__, str(exc), traceback.format_exc()
 
 
 def _serve(conn, factory, args, threads) -> None:
@@ -37,7 +45,7 @@ def _serve(conn, factory, args, threads) -> None:
     try:
         worker = factory(*args)
     except BaseException as exc:
-        conn.send(("ready", None, False, (type(exc).__name__, str(exc))))
+        conn.send(("ready", None, False, _error(exc)))
         return
     conn.send(("ready", None, True, None))
     while True:
@@ -52,7 +60,7 @@ def _serve(conn, factory, args, threads) -> None:
             result = getattr(worker, method)(*call_args)
             conn.send(("result", call_id, True, result if returns == 1 else tuple(result)))
         except BaseException as exc:
-            conn.send(("result", call_id, False, (type(exc).__name__, str(exc))))
+            conn.send(("result", call_id, False, _error(exc)))
 
 
 class ProcessActor:
