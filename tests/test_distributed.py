@@ -19,7 +19,7 @@ from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.runtime.trainer_ranks import ShardedTrainer, check_trainer_config
-from oprl.runtime.workers import TrainerWorker
+from oprl.runtime.trainer import TrainerWorker
 from test_trainer import make_batch
 
 TOL = 1e-5

@@ -6,7 +6,7 @@ import torch
 
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.runtime.checkpoint import load_weights, save_weights
-from oprl.runtime.workers import FlatWeights, trainable_weights
+from oprl.runtime.transport import FlatWeights, trainable_weights
 
 
 def _snapshot():

