@@ -22,6 +22,8 @@ ALLOWED = {
     "bandit": {"bandit", "algorithms", "errors"},
     # Experiments drive runs as subprocesses and read their output files; they do not link the runtime.
     "experiments": {"experiments", "errors", "metrics", "io"},
+    # oprl's losses inside other trainers (TRL): the pure math only, never oprl's runtime.
+    "integrations": {"integrations", "algorithms"},
     # Leaves every layer may use.
     "errors": {"errors"},
     "io": {"io", "errors"},

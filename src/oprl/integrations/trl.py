@@ -1,0 +1,96 @@
+"""oprl's algorithms inside TRL: ``OprlGRPOTrainer``, a ``trl.GRPOTrainer`` whose advantages and policy loss
+come from ``oprl.algorithms`` under a preset name (``rec-oneside-nois``, ``opmd``, ``red-weight``, ...).
+
+Everything else is TRL's: generation (transformers or its vLLM server/colocate modes), reward functions,
+accelerate / DeepSpeed / FSDP, logging, checkpoints. Two methods change:
+
+- advantages: after TRL scores a generation batch, the rewards of every process (TRL's weighted sum over
+  ``reward_funcs``) go through ``oprl.algorithms.group_advantages`` with the preset's baseline, std
+  normalisation, AsymRE shift and RED-Drop (groups = TRL's ``num_generations`` consecutive completions);
+  RED-Drop's dropped completions leave the loss mask.
+- the loss of each micro-batch is ``oprl.algorithms.policy_loss(logprobs, behavior, advantages, mask)``
+  divided by the gradient-accumulation steps (as TRL does). ``behavior`` is the sampler's log-probs when TRL
+  records them (vLLM), else TRL's ``old_per_token_logps`` (``num_iterations > 1``), else the current
+  log-probs detached (on-policy: ρ = 1).
+
+Supported: TRL 1.x (tested with 1.16 on CPU), ``beta = 0`` (TRL's default; oprl's presets regularise
+through the loss instead of a reference model), text models. ``pip install 'oprl[trl]'``.
+
+    from oprl.integrations.trl import OprlGRPOTrainer
+    trainer = OprlGRPOTrainer(model=..., reward_funcs=[...], args=GRPOConfig(...), train_dataset=...,
+                              preset="rec-oneside-nois")
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+
+from oprl.algorithms import group_advantages, policy_loss, resolve_preset, split_settings
+
+
+class OprlGRPOTrainer(GRPOTrainer):
+    """``trl.GRPOTrainer`` with oprl's advantages and policy loss (see the module docstring).
+
+    Args:
+        preset: an oprl preset (``oprl.algorithms.PRESETS``; docs/algorithms.md).
+        algorithm: overrides of the preset's settings, e.g. ``{"eps_high": 0.28}``.
+        *args, **kwargs: ``trl.GRPOTrainer``'s.
+    """
+
+    def __init__(
+        self, *args: Any, preset: str = "rec-oneside-nois", algorithm: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        self.oprl_settings = resolve_preset(preset, **(algorithm or {}))
+        self.advantage_kwargs, self.loss_kwargs = split_settings(self.oprl_settings)
+        super().__init__(*args, **kwargs)
+        if self.beta != 0.0:
+            raise ValueError("OprlGRPOTrainer: set GRPOConfig(beta=0.0); oprl's presets regularise in the loss")
+        self._oprl_generator = torch.Generator().manual_seed(self.args.seed)
+        self._oprl_rewards: torch.Tensor | None = None
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._oprl_rewards = rewards_per_func  # (all processes' completions, reward functions)
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        rewards = self.oprl_rewards(self._oprl_rewards)
+        group_size = self.num_generations if self.model.training else self.num_generations_eval
+        group_ids = torch.arange(len(rewards)) // group_size
+        adv = group_advantages(rewards, group_ids, generator=self._oprl_generator, **self.advantage_kwargs)
+        local = output["completion_ids"].size(0)
+        rows = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
+        device = output["completion_ids"].device
+        output["advantages"] = adv.advantages[rows].to(device)
+        output["oprl_keep"] = adv.keep[rows].to(device)
+        return output
+
+    def oprl_rewards(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """(N,) float32 rewards: TRL's weighted sum over reward functions; a reward a function left out (NaN)
+        counts 0."""
+        weights = self.reward_weights.to(rewards_per_func.device)
+        return (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1).float().cpu()
+
+    def _compute_loss(self, model, inputs):
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        logprobs, _, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=False
+        )
+        mask = inputs["completion_mask"] * inputs["oprl_keep"][:, None].to(logprobs.dtype)
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        behavior = inputs.get("sampling_per_token_logps", inputs.get("old_per_token_logps"))
+        behavior = logprobs.detach() if behavior is None else behavior
+        loss, metrics = policy_loss(logprobs, behavior, inputs["advantages"], mask, **self.loss_kwargs)
+        mode = "train" if self.model.training else "eval"
+        for name, value in metrics.items():
+            self._metrics[mode][f"oprl/{name}"].append(float(value))
+        accumulation = getattr(self, "current_gradient_accumulation_steps", 1) if mode == "train" else 1
+        return loss / accumulation  # as TRL's own loss: the accumulated gradient is the batch mean
