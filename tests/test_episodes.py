@@ -34,8 +34,11 @@ def task():
 
 
 def problem(expression: str) -> Problem:
-    return Problem(task_id=f"t/{expression}", messages=({"role": "user", "content": expression + "="},),
-                   answer=str(eval(expression)))  # noqa: S307 - test data written here
+    return Problem(
+        task_id=f"t/{expression}",
+        messages=({"role": "user", "content": expression + "="},),
+        answer=str(eval(expression)),
+    )
 
 
 class ScriptedEngine:
@@ -49,7 +52,7 @@ class ScriptedEngine:
         self.calls.append((seed, [list(p) for p in prompt_ids]))
         ids, logprobs, texts, truncated = [], [], [], []
         for context in prompt_ids:
-            reply = self.script(len([c for c in self.calls]) - 1, self.tokenizer.decode(context))
+            reply = self.script(len(self.calls) - 1, self.tokenizer.decode(context))
             cut = reply.endswith("~")
             tokens = self.tokenizer(reply.rstrip("~"), add_special_tokens=False).input_ids
             tokens += [] if cut else [self.tokenizer.eos_token_id]
@@ -66,20 +69,23 @@ def test_tool_arithmetic_is_an_episodic_task_with_the_documented_format(task, to
     episode = teacher_forced(tokenizer, task, p, task.demonstration(p))
     assert tokenizer.decode(episode.prompt_ids) == "<|user|>37*48=</s><|assistant|>"
     assert tokenizer.decode(episode.response_ids) == "[37*48]</s><|tool|>1776</s><|assistant|>1776</s>"
-    model = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask) if m])
-    environment = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask) if not m])
+    model = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask, strict=True) if m])
+    environment = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask, strict=True) if not m])
     assert model == "[37*48]</s>1776</s>" and environment == "<|tool|>1776</s><|assistant|>"
     assert episode.reward.total == 1.0 and episode.reward.components["tool_calls"] == 1.0
     assert len(episode.prompt_ids) + len(episode.response_ids) < 48  # the tiny model's contexts stay short
 
 
-@pytest.mark.parametrize("replies,total,correct,form,calls", [
-    (["[37*48]", "1776"], 1.0, 1.0, 1.0, 1.0),
-    (["1776"], 1.0, 1.0, 0.0, 0.0),  # right without the tool: correct, but not the format
-    (["[37*48]", "1777"], 0.0, 0.0, 1.0, 1.0),
-    (["[37/48]", "[37*48]", "1776"], 1.0, 1.0, 1.0, 2.0),  # a bad call gets "error", then a good one
-    (["[37*48]", "answer"], 0.0, 0.0, 0.0, 1.0),
-])
+@pytest.mark.parametrize(
+    "replies,total,correct,form,calls",
+    [
+        (["[37*48]", "1776"], 1.0, 1.0, 1.0, 1.0),
+        (["1776"], 1.0, 1.0, 0.0, 0.0),  # right without the tool: correct, but not the format
+        (["[37*48]", "1777"], 0.0, 0.0, 1.0, 1.0),
+        (["[37/48]", "[37*48]", "1776"], 1.0, 1.0, 1.0, 2.0),  # a bad call gets "error", then a good one
+        (["[37*48]", "answer"], 0.0, 0.0, 0.0, 1.0),
+    ],
+)
 def test_calculator_environment_rules(task, replies, total, correct, form, calls):
     env = task.environment(problem("37*48"))
     env.reset(problem("37*48"))
@@ -116,7 +122,7 @@ def test_run_episodes_batches_turns_and_enforces_every_limit(task, tokenizer):
     assert long.truncated and len(long.response_ids) == 50 and long.reward.total == 0.0
     for e in episodes:
         assert len(e.response_ids) == len(e.loss_mask) == len(e.behavior_logprobs)
-        assert all((lp == -0.5) == bool(m) for lp, m in zip(e.behavior_logprobs, e.loss_mask))
+        assert all((lp == -0.5) == bool(m) for lp, m in zip(e.behavior_logprobs, e.loss_mask, strict=True))
     # The second turn's context is the first turn plus the environment's answer, as tokens.
     assert tokenizer.decode(engine.calls[1][1][0]).endswith("[10+10]</s><|tool|>20</s><|assistant|>")
 
@@ -126,8 +132,16 @@ def test_explorer_groups_k_episodes_per_problem(task, tokenizer):
         expression = context.split("<|user|>")[1].split("=")[0]
         return "[" + expression + "]" if turn == 0 else str(len(context) % 3)  # sometimes right, mostly not
 
-    explorer = Explorer(task, tokenizer, ScriptedEngine(tokenizer, script), prompts_per_step=2, group_size=3, seed=1,
-                        max_turns=3, max_episode_tokens=64)
+    explorer = Explorer(
+        task,
+        tokenizer,
+        ScriptedEngine(tokenizer, script),
+        prompts_per_step=2,
+        group_size=3,
+        seed=1,
+        max_turns=3,
+        max_episode_tokens=64,
+    )
     experiences, timing = explorer.explore(step=2, version=5)
     assert [e.group_id for e in experiences] == [2, 2, 2, 3, 3, 3]
     assert all(e.loss_mask is not None and e.extra["turns"] == 2 and e.policy_version == 5 for e in experiences)
@@ -144,24 +158,42 @@ def episode_experiences(task, tokenizer):
         p = problem(expression)
         replies = task.demonstration(p) if i % 2 == 0 else [task.demonstration(p)[0], "0"]
         e = teacher_forced(tokenizer, task, p, replies)
-        rows.append(Experience(
-            prompt_ids=e.prompt_ids, response_ids=e.response_ids,
-            behavior_logprobs=[-1.0 if m else 0.0 for m in e.loss_mask], reward=e.reward.total,
-            reward_components=dict(e.reward.components), group_id=0, task_id=p.task_id, policy_version=0,
-            response_text="", loss_mask=e.loss_mask, extra={"turns": e.turns},
-        ))
+        rows.append(
+            Experience(
+                prompt_ids=e.prompt_ids,
+                response_ids=e.response_ids,
+                behavior_logprobs=[-1.0 if m else 0.0 for m in e.loss_mask],
+                reward=e.reward.total,
+                reward_components=dict(e.reward.components),
+                group_id=0,
+                task_id=p.task_id,
+                policy_version=0,
+                response_text="",
+                loss_mask=e.loss_mask,
+                extra={"turns": e.turns},
+            )
+        )
     return rows
 
 
 def make_trainer(model, tokenizer):
     """A trainer with an importance weight, a squared-log-ratio regularizer and an entropy bonus: every term
     of the loss touches every token it is allowed to."""
-    settings = resolve_preset("grpo", weight="importance-sampling", clip_mode="none", regularizer="squared-log-ratio",
-                              regularizer_coef=0.1)
-    optim = SimpleNamespace(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, epochs=1, mini_batches=1,
-                            micro_batch_size=2, grad_clip=1.0)
-    return Trainer(model, pad_id=tokenizer.pad_token_id, settings=settings, optim=optim, sampling_temperature=1.0,
-                   max_response_tokens=64, entropy_coef=0.01)
+    settings = resolve_preset(
+        "grpo", weight="importance-sampling", clip_mode="none", regularizer="squared-log-ratio", regularizer_coef=0.1
+    )
+    optim = SimpleNamespace(
+        lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, epochs=1, mini_batches=1, micro_batch_size=2, grad_clip=1.0
+    )
+    return Trainer(
+        model,
+        pad_id=tokenizer.pad_token_id,
+        settings=settings,
+        optim=optim,
+        sampling_temperature=1.0,
+        max_response_tokens=64,
+        entropy_coef=0.01,
+    )
 
 
 def test_environment_tokens_get_exactly_zero_gradient(task, tokenizer):
@@ -199,16 +231,24 @@ def test_environment_tokens_behaviour_logprobs_do_not_matter(task, tokenizer):
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     loss, metrics = trainer._micro_loss(rows, advantages, None)
     for e in rows:
-        e.behavior_logprobs = [b if m else -50.0 for b, m in zip(e.behavior_logprobs, e.loss_mask)]
+        e.behavior_logprobs = [b if m else -50.0 for b, m in zip(e.behavior_logprobs, e.loss_mask, strict=True)]
     changed, changed_metrics = trainer._micro_loss(rows, advantages, None)
     assert float(loss.detach()) == float(changed.detach()) and metrics == changed_metrics
 
 
 def test_store_schema_2_round_trips_masks_and_version_1_still_loads(task, tokenizer, tmp_path):
     rows = episode_experiences(task, tokenizer)
-    single = Experience(prompt_ids=[1, 2], response_ids=[3], behavior_logprobs=[-0.1], reward=1.0,
-                        reward_components={"correct": 1.0}, group_id=1, task_id="a/1", policy_version=0,
-                        response_text="x")
+    single = Experience(
+        prompt_ids=[1, 2],
+        response_ids=[3],
+        behavior_logprobs=[-0.1],
+        reward=1.0,
+        reward_components={"correct": 1.0},
+        group_id=1,
+        task_id="a/1",
+        policy_version=0,
+        response_text="x",
+    )
     write_parquet(tmp_path / "batch-000001.parquet", [*rows, single], 1)
     table = pq.read_table(tmp_path / "batch-000001.parquet")
     assert table.schema.metadata[b"oprl_schema"] == b"2"

@@ -16,12 +16,24 @@ from oprl.metrics import deterministic_view, read_metrics
 from oprl.runtime.schedule import policy_version
 
 EPISODES = [
-    "task.name=tool-arithmetic", "task.train_size=600", "task.test_size=64", "warmstart.max_steps=60",
-    "warmstart.batch_size=64", "warmstart.check_interval=30", "warmstart.val_problems=32",
+    "task.name=tool-arithmetic",
+    "task.train_size=600",
+    "task.test_size=64",
+    "warmstart.max_steps=60",
+    "warmstart.batch_size=64",
+    "warmstart.check_interval=30",
+    "warmstart.val_problems=32",
     "warmstart.target_accuracy=0.99",
-    "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=10", "rollout.max_turns=3",
-    "rollout.max_episode_tokens=48", "eval.num_problems=32", "eval.interval=2", "progress=false",
-    "tensorboard=false", "runtime.torch_threads=1",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=10",
+    "rollout.max_turns=3",
+    "rollout.max_episode_tokens=48",
+    "eval.num_problems=32",
+    "eval.interval=2",
+    "progress=false",
+    "tensorboard=false",
+    "runtime.torch_threads=1",
 ]
 
 
@@ -46,7 +58,7 @@ def test_every_schedule_trains_on_episodes(args, tmp_path, k, m):
     table = pq.read_table(tmp_path / "runs" / "s" / "experiences" / "batch-000004.parquet")
     assert table.schema.metadata[b"oprl_schema"] == b"2" and table.num_rows == 16
     masks = table.column("loss_mask").to_pylist()
-    assert all(len(mask) == len(ids) for mask, ids in zip(masks, table.column("response_ids").to_pylist()))
+    assert all(len(mask) == len(ids) for mask, ids in zip(masks, table.column("response_ids").to_pylist(), strict=True))
     assert any(0 in mask for mask in masks)  # some episodes called the calculator
     for row in rows[1:]:
         if row["lag/max"] == 0:  # on-policy: the trainer recomputes exactly the sampler's log-probs of model tokens
@@ -60,8 +72,21 @@ def test_every_schedule_trains_on_episodes(args, tmp_path, k, m):
 @pytest.mark.parametrize("k,m", [(1, 0), (2, 1)])
 def test_vllm_engine_runs_episodes(args, tmp_path, k, m):
     pytest.importorskip("vllm")
-    assert main(["train", *args, "rollout.engine=vllm", "steps=3", "eval.interval=0", f"sync.interval={k}",
-                 f"sync.offset={m}", "run_name=v"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *args,
+                "rollout.engine=vllm",
+                "steps=3",
+                "eval.interval=0",
+                f"sync.interval={k}",
+                f"sync.offset={m}",
+                "run_name=v",
+            ]
+        )
+        == 0
+    )
     rows = rows_of(tmp_path, "v")[1:]
     assert [r["batch/version_max"] for r in rows] == [policy_version(t, k, m) for t in range(1, 4)]
     for row in rows:
@@ -81,10 +106,23 @@ def test_explore_then_offline_equals_the_offline_schedule(args, tmp_path):
 
 
 def test_async_with_replay_on_episodes(args, tmp_path):
-    assert main(["train", *args, "steps=4", "sync.mode=async", "sync.max_staleness=1", "replay.groups_per_step=2",
-                 "replay.max_uses=2", "run_name=async"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *args,
+                "steps=4",
+                "sync.mode=async",
+                "sync.max_staleness=1",
+                "replay.groups_per_step=2",
+                "replay.max_uses=2",
+                "run_name=async",
+            ]
+        )
+        == 0
+    )
     rows = rows_of(tmp_path, "async")[1:]
-    assert all((t - 1) - r["batch/version_max"] <= 1 for t, r in zip(range(1, 5), rows))
+    assert all((t - 1) - r["batch/version_max"] <= 1 for t, r in zip(range(1, 5), rows, strict=True))
     assert [r["replay/groups"] for r in rows] == [0.0, 2.0, 2.0, 2.0]
     assert all(r["response/model_tokens"] < r["response/tokens"] for r in rows)
 
@@ -93,8 +131,11 @@ def test_async_with_replay_on_episodes(args, tmp_path):
 def test_kill_9_mid_episode_batch_then_resume_equals_the_uninterrupted_run(args, tmp_path):
     run = [*args, "steps=6", "sync.offset=2", "checkpoint.interval=2", "eval.interval=3"]
     assert main(["train", *run, "run_name=whole"]) == 0
-    process = subprocess.Popen([sys.executable, "-m", "oprl.cli", "train", *run, "run_name=killed"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "oprl.cli", "train", *run, "run_name=killed"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     first = tmp_path / "runs" / "killed" / "checkpoints" / "step-000002" / "state.json"
     deadline = time.monotonic() + 240
     while not first.exists() and process.poll() is None and time.monotonic() < deadline:

@@ -42,7 +42,9 @@ def test_problem_carries_tools_and_ground_truth(task):
     assert p.tools and p.tools[0]["type"] == "function"
     assert p.tools[0]["function"]["parameters"]["type"] == "object"  # BFCL's "dict" in JSON-schema terms
     assert tool_schema({"name": "f", "parameters": {"type": "dict", "properties": {"x": {"type": "float"}}}}) == {
-        "type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "number"}}}}}
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "number"}}}},
+    }
 
 
 def test_tools_rendered_by_the_template_or_the_system_prompt(task):
@@ -56,7 +58,8 @@ def test_tools_rendered_by_the_template_or_the_system_prompt(task):
     with_tools.chat_template = (
         "{% if tools %}TOOLS{% for t in tools %}[{{ t['function']['name'] }}]{% endfor %}{% endif %}"
         "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     text = render(with_tools, p.messages, p.tools)
     assert text.startswith(f"TOOLS[{p.tools[0]['function']['name']}]<|system|>{p.messages[0]['content']}</s>")
     assert "<tools>" not in text
@@ -68,7 +71,7 @@ def test_reward_on_the_real_ground_truth(task):
     for truth in json.loads(p.answer):
         ((name, spec),) = truth.items()
         arguments = {k: v[0] for k, v in spec.items() if v[0] != ""}
-        calls.append(f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>')
+        calls.append(f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>")
     right = "<think>call them all</think>" + "".join(reversed(calls))
     wrong = "<think>only one</think>" + calls[0]
     rewards = task.score([p, p, p], [right, wrong, "".join(calls)])
@@ -80,5 +83,5 @@ def test_bad_subset_is_one_line_listing_the_valid_ones(capsys):
     assert main(["config", "task.name=bfcl", "task.subsets=[simple_python,simple_pyhton]"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'simple_pyhton'" in err and "live_parallel_multiple" in err
-    with pytest.raises(OprlError, match="task.subsets.*valid: simple_python"):
+    with pytest.raises(OprlError, match=r"task\.subsets.*valid: simple_python"):
         BfclTask(subsets=["nope"])

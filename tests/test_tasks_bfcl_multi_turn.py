@@ -12,9 +12,17 @@ from oprl.tasks.bfcl_multi_turn import BfclMultiTurnTask, parse_call
 
 pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval (make test does)")
 
-TREE = {"root": {"work": {"type": "directory", "contents": {
-    "a.txt": {"type": "file", "content": "b line\na line\nb again"},
-    "docs": {"type": "directory", "contents": {}}}}}}
+TREE = {
+    "root": {
+        "work": {
+            "type": "directory",
+            "contents": {
+                "a.txt": {"type": "file", "content": "b line\na line\nb again"},
+                "docs": {"type": "directory", "contents": {}},
+            },
+        }
+    }
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +50,19 @@ def test_file_system_behaves_like_a_shell():
     assert TREE["root"]["work"]["contents"]["a.txt"]["content"] == "b line\na line\nb again"  # config untouched
 
 
-@pytest.mark.parametrize("name,arguments,key", [
-    ("divide", {"a": 1, "b": 0}, "error"), ("power", {"base": 10, "exponent": 10**6}, "error"),
-    ("mean", {"numbers": []}, "error"), ("mean", {"numbers": [1, 2, 6]}, "result"), ("add", {"a": 1}, "error"),
-    ("nope", {}, "error"), ("logarithm", {"value": 8, "base": 2, "precision": 3}, "result"),
-    ("square_root", {"number": "x", "precision": 2}, "error"),
-])
+@pytest.mark.parametrize(
+    "name,arguments,key",
+    [
+        ("divide", {"a": 1, "b": 0}, "error"),
+        ("power", {"base": 10, "exponent": 10**6}, "error"),
+        ("mean", {"numbers": []}, "error"),
+        ("mean", {"numbers": [1, 2, 6]}, "result"),
+        ("add", {"a": 1}, "error"),
+        ("nope", {}, "error"),
+        ("logarithm", {"value": 8, "base": 2, "precision": 3}, "result"),
+        ("square_root", {"number": "x", "precision": 2}, "error"),
+    ],
+)
 def test_math_api_results_and_errors(name, arguments, key):
     assert key in execute(functions_of(MathAPI()), name, arguments)
 
@@ -69,8 +84,11 @@ def test_problems_come_from_the_simulated_rows_and_every_demonstration_scores_on
 
 
 def math_problem(task):
-    return next(p for p in [*task.problems("train"), *task.problems("test")]
-                if any(t["function"]["name"] == "mean" for t in p.tools) and "mean(" in p.answer)
+    return next(
+        p
+        for p in [*task.problems("train"), *task.problems("test")]
+        if any(t["function"]["name"] == "mean" for t in p.tools) and "mean(" in p.answer
+    )
 
 
 def test_state_and_response_checks(task):
@@ -100,7 +118,9 @@ def test_malformed_calls_get_an_error_observation_and_cost_the_format(task):
     env.reset(p)
     step = env.step('<tool_call>{"name": "ls", "arguments": </tool_call>')
     assert not step.done and step.observation[0]["content"].startswith("error: malformed")
-    assert json.loads(env.step('<tool_call>{"name": "ls", "arguments": {"a": true}}</tool_call>').observation[0]["content"])
+    assert json.loads(
+        env.step('<tool_call>{"name": "ls", "arguments": {"a": true}}</tool_call>').observation[0]["content"]
+    )
 
 
 def test_a_whole_episode_through_the_runtime(task):
@@ -117,10 +137,10 @@ def test_a_whole_episode_through_the_runtime(task):
 
             reply = demo[self.turn]
             self.turn += 1
-            ids = tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+            ids = [*tokenizer(reply, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
             return Rollout([ids], [[-0.1] * len(ids)], [reply], [False])
 
     [episode] = run_episodes(Replay(), tokenizer, task, [p], seed=0, max_turns=len(demo), max_tokens=100_000)
     assert episode.reward.total == 1.0 and not episode.truncated and episode.turns == len(demo)
-    text = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask) if not m])
+    text = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask, strict=True) if not m])
     assert "<|tool|>" in text and "<|user|>" in text  # tool results and later user turns: environment tokens

@@ -7,14 +7,23 @@ import time
 import pytest
 
 from oprl.tasks.toolcall import (
-    MAX_DEPTH, MAX_RESPONSE_CHARS, calls_match, check_format, parse_calls, tool_call_rewards, tool_call_blocks,
-    value_matches, verdict,
+    MAX_DEPTH,
+    MAX_RESPONSE_CHARS,
+    calls_match,
+    check_format,
+    parse_calls,
+    tool_call_blocks,
+    tool_call_rewards,
+    value_matches,
+    verdict,
 )
 from oprl.tasks.verify import VerifierPool
 
 TRIANGLE = [{"calculate_triangle_area": {"base": [10], "height": [5], "unit": ["units", ""]}}]
-SPOTIFY = [{"spotify.play": {"artist": ["Taylor Swift"], "duration": [20]}},
-           {"spotify.play": {"artist": ["Maroon 5"], "duration": [15]}}]
+SPOTIFY = [
+    {"spotify.play": {"artist": ["Taylor Swift"], "duration": [20]}},
+    {"spotify.play": {"artist": ["Maroon 5"], "duration": [15]}},
+]
 
 
 def call(name: str, **arguments) -> str:
@@ -31,7 +40,12 @@ GOOD = call("calculate_triangle_area", base=10, height=5)
 TABLE = [
     ("required only", TRIANGLE, think(GOOD), "match"),
     ("optional acceptable", TRIANGLE, think(call("calculate_triangle_area", base=10, height=5, unit="units")), "match"),
-    ("optional explicitly empty", TRIANGLE, think(call("calculate_triangle_area", base=10, height=5, unit="")), "match"),
+    (
+        "optional explicitly empty",
+        TRIANGLE,
+        think(call("calculate_triangle_area", base=10, height=5, unit="")),
+        "match",
+    ),
     ("optional wrong", TRIANGLE, think(call("calculate_triangle_area", base=10, height=5, unit="cm")), "mismatch"),
     ("required missing", TRIANGLE, think(call("calculate_triangle_area", base=10)), "mismatch"),
     ("wrong value", TRIANGLE, think(call("calculate_triangle_area", base=10, height=6)), "mismatch"),
@@ -45,28 +59,77 @@ TABLE = [
     ("think reversed", TRIANGLE, "</think>a<think>" + GOOD, "malformed"),
     ("think closes after the call", TRIANGLE, "<think>a" + GOOD + "</think>", "malformed"),
     ("no call", TRIANGLE, "<think>a</think> the area is 25", "malformed"),
-    ("invalid json", TRIANGLE, think('<tool_call>{"name": "calculate_triangle_area", "arguments": {base: 10}}</tool_call>'),
-     "malformed"),
+    (
+        "invalid json",
+        TRIANGLE,
+        think('<tool_call>{"name": "calculate_triangle_area", "arguments": {base: 10}}</tool_call>'),
+        "malformed",
+    ),
     ("unclosed block", TRIANGLE, think(GOOD[: -len("</tool_call>")]), "malformed"),
     ("nested block", TRIANGLE, think("<tool_call>" + GOOD + "</tool_call>"), "malformed"),
     ("stray closing tag", TRIANGLE, think("</tool_call>" + GOOD), "malformed"),
     ("arguments not an object", TRIANGLE, think('<tool_call>{"name": "f", "arguments": [1]}</tool_call>'), "malformed"),
     ("unexpected key", TRIANGLE, think('<tool_call>{"name": "f", "arguments": {}, "x": 1}</tool_call>'), "malformed"),
-    ("parallel in order", SPOTIFY, think(call("spotify.play", artist="Taylor Swift", duration=20),
-                                         call("spotify.play", artist="Maroon 5", duration=15)), "match"),
-    ("parallel reversed", SPOTIFY, think(call("spotify.play", artist="Maroon 5", duration=15),
-                                         call("spotify.play", artist="Taylor Swift", duration=20)), "match"),
-    ("parallel as one list", SPOTIFY, think("<tool_call>" + json.dumps([
-        {"name": "spotify.play", "arguments": {"artist": "Maroon 5", "duration": 15}},
-        {"name": "spotify.play", "arguments": {"artist": "Taylor Swift", "duration": 20}}]) + "</tool_call>"), "match"),
-    ("parallel, values swapped across calls", SPOTIFY, think(call("spotify.play", artist="Maroon 5", duration=20),
-                                                             call("spotify.play", artist="Taylor Swift", duration=15)),
-     "mismatch"),
+    (
+        "parallel in order",
+        SPOTIFY,
+        think(
+            call("spotify.play", artist="Taylor Swift", duration=20),
+            call("spotify.play", artist="Maroon 5", duration=15),
+        ),
+        "match",
+    ),
+    (
+        "parallel reversed",
+        SPOTIFY,
+        think(
+            call("spotify.play", artist="Maroon 5", duration=15),
+            call("spotify.play", artist="Taylor Swift", duration=20),
+        ),
+        "match",
+    ),
+    (
+        "parallel as one list",
+        SPOTIFY,
+        think(
+            "<tool_call>"
+            + json.dumps(
+                [
+                    {"name": "spotify.play", "arguments": {"artist": "Maroon 5", "duration": 15}},
+                    {"name": "spotify.play", "arguments": {"artist": "Taylor Swift", "duration": 20}},
+                ]
+            )
+            + "</tool_call>"
+        ),
+        "match",
+    ),
+    (
+        "parallel, values swapped across calls",
+        SPOTIFY,
+        think(
+            call("spotify.play", artist="Maroon 5", duration=20),
+            call("spotify.play", artist="Taylor Swift", duration=15),
+        ),
+        "mismatch",
+    ),
     ("parallel, one missing", SPOTIFY, think(call("spotify.play", artist="Maroon 5", duration=15)), "mismatch"),
-    ("parallel, same call twice", SPOTIFY, think(call("spotify.play", artist="Maroon 5", duration=15),
-                                                 call("spotify.play", artist="Maroon 5", duration=15)), "mismatch"),
-    ("string normalisation", SPOTIFY, think(call("spotify.play", artist="taylor-swift", duration=20),
-                                            call("spotify.play", artist="MAROON 5", duration=15)), "match"),
+    (
+        "parallel, same call twice",
+        SPOTIFY,
+        think(
+            call("spotify.play", artist="Maroon 5", duration=15), call("spotify.play", artist="Maroon 5", duration=15)
+        ),
+        "mismatch",
+    ),
+    (
+        "string normalisation",
+        SPOTIFY,
+        think(
+            call("spotify.play", artist="taylor-swift", duration=20),
+            call("spotify.play", artist="MAROON 5", duration=15),
+        ),
+        "match",
+    ),
 ]
 
 
@@ -80,13 +143,25 @@ def test_think_rules_optional():
     assert verdict(json.dumps(TRIANGLE), "</think>" + GOOD, think=False) == "match"
 
 
-@pytest.mark.parametrize("value,acceptable,expected", [
-    (5, 5.0, True), (5.0, 5, False), (True, True, True), (1, True, False), (True, 1, False),
-    ([1, 2], [1, 2], True), ([2, 1], [1, 2], False), ("New York, NY", "new york ny", True),
-    ({"a": 1}, {"a": 1}, True), ({"a": 1, "b": 2}, {"a": 1}, False),
-    ({"city": "Paris"}, {"city": ["paris"], "zip": [""]}, True), ({"zip": "1"}, {"city": ["paris"], "zip": [""]}, False),
-    (None, None, True), (None, "", False),
-])
+@pytest.mark.parametrize(
+    "value,acceptable,expected",
+    [
+        (5, 5.0, True),
+        (5.0, 5, False),
+        (True, True, True),
+        (1, True, False),
+        (True, 1, False),
+        ([1, 2], [1, 2], True),
+        ([2, 1], [1, 2], False),
+        ("New York, NY", "new york ny", True),
+        ({"a": 1}, {"a": 1}, True),
+        ({"a": 1, "b": 2}, {"a": 1}, False),
+        ({"city": "Paris"}, {"city": ["paris"], "zip": [""]}, True),
+        ({"zip": "1"}, {"city": ["paris"], "zip": [""]}, False),
+        (None, None, True),
+        (None, "", False),
+    ],
+)
 def test_value_matches(value, acceptable, expected):
     assert value_matches(value, acceptable) is expected
 
@@ -105,8 +180,13 @@ def test_hostile_outputs_are_malformed_quickly():
     deep = think("<tool_call>" + '{"name": "f", "arguments": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}</tool_call>")
     huge = think(call("calculate_triangle_area", base=10, height=5, unit="x" * MAX_RESPONSE_CHARS))
     big_int = think('<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}</tool_call>")
-    just_deep = think("<tool_call>" + '{"name": "f", "arguments": {"x": ' + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1)
-                      + "}}</tool_call>")
+    just_deep = think(
+        "<tool_call>"
+        + '{"name": "f", "arguments": {"x": '
+        + "[" * (MAX_DEPTH + 1)
+        + "]" * (MAX_DEPTH + 1)
+        + "}}</tool_call>"
+    )
     start = time.perf_counter()
     for response in (deep, huge, big_int, just_deep):
         assert verdict(json.dumps(TRIANGLE), response) == "malformed"
@@ -117,8 +197,11 @@ def test_rewards_in_timed_worker():
     pool = VerifierPool(workers=1, timeout=5.0, kind="tool-call")
     try:
         deep = "<think>a</think><tool_call>" + "[" * 1_000_000 + "</tool_call>"
-        rewards = tool_call_rewards(pool, [json.dumps(TRIANGLE)] * 4,
-                                    [think(GOOD), think(call("calculate_triangle_area", base=1, height=5)), GOOD, deep])
+        rewards = tool_call_rewards(
+            pool,
+            [json.dumps(TRIANGLE)] * 4,
+            [think(GOOD), think(call("calculate_triangle_area", base=1, height=5)), GOOD, deep],
+        )
         assert [r.total for r in rewards] == [1.0, 0.0, 0.0, 0.0]
         assert [r.components["correct"] for r in rewards] == [1.0, 0.0, 0.0, 0.0]
         assert [r.components["format"] for r in rewards] == [1.0, 1.0, 0.0, 0.0]

@@ -41,8 +41,9 @@ def render(tokenizer, messages, tools=(), *, generation_prompt: bool = True) -> 
         kwargs["tools"] = list(tools)
     elif tools:
         messages = tools_in_system(messages, tools)
-    return tokenizer.apply_chat_template(list(messages), add_generation_prompt=generation_prompt, tokenize=False,
-                                         **kwargs)
+    return tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=generation_prompt, tokenize=False, **kwargs
+    )
 
 
 def encode_prompt(tokenizer, messages, tools=()) -> list[int]:

@@ -56,7 +56,7 @@ def observation_ids(tokenizer, messages: list[dict], observation, tools=()) -> l
     """
     before = render(tokenizer, messages, tools, generation_prompt=False)
     after = render(tokenizer, [*messages, *observation], tools, generation_prompt=True)
-    text = after[len(before):] if after.startswith(before) else render(tokenizer, list(observation), ())
+    text = after[len(before) :] if after.startswith(before) else render(tokenizer, list(observation), ())
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
@@ -66,8 +66,19 @@ def start(tokenizer, environment, problem) -> Episode:
     return Episode(prompt_ids=encode_problem(tokenizer, replace(problem, messages=tuple(messages))), messages=messages)
 
 
-def advance(tokenizer, episode: Episode, environment, reply_ids: list[int], logprobs: list[float] | None,
-            reply_text: str, *, ended: bool, tools=(), max_tokens: int, max_turns: int) -> bool:
+def advance(
+    tokenizer,
+    episode: Episode,
+    environment,
+    reply_ids: list[int],
+    logprobs: list[float] | None,
+    reply_text: str,
+    *,
+    ended: bool,
+    tools=(),
+    max_tokens: int,
+    max_turns: int,
+) -> bool:
     """Add one model turn and the environment's answer to ``episode``; returns whether the episode goes on.
 
     ``ended``: the turn stopped at EOS (else it hit the per-turn token limit: truncated).
@@ -97,15 +108,25 @@ def _truncate(episode: Episode, max_tokens: int) -> bool:
     return False
 
 
-def run_episodes(engine, tokenizer, task, problems, *, seed: int, max_turns: int, max_tokens: int,
-                 temperature: float | None = None, top_p: float | None = None) -> list[Episode]:
+def run_episodes(
+    engine,
+    tokenizer,
+    task,
+    problems,
+    *,
+    seed: int,
+    max_turns: int,
+    max_tokens: int,
+    temperature: float | None = None,
+    top_p: float | None = None,
+) -> list[Episode]:
     """One episode per entry of ``problems`` (repeat a problem K times for a group), all turns batched.
 
     Each turn samples the rows still running with ``engine.generate`` on their whole context (prompt and
     response so far) and hands each reply to its environment.
     """
     environments = [task.environment(p) for p in problems]
-    episodes = [start(tokenizer, env, p) for env, p in zip(environments, problems)]
+    episodes = [start(tokenizer, env, p) for env, p in zip(environments, problems, strict=True)]
     running = list(range(len(problems)))
     for turn in range(max_turns):
         if not running:
@@ -114,9 +135,18 @@ def run_episodes(engine, tokenizer, task, problems, *, seed: int, max_turns: int
         rollout = engine.generate(contexts, seed=seed + turn, temperature=temperature, top_p=top_p)
         still = []
         for row, i in enumerate(running):
-            if advance(tokenizer, episodes[i], environments[i], rollout.response_ids[row],
-                       rollout.behavior_logprobs[row], rollout.texts[row], ended=not rollout.truncated[row],
-                       tools=problems[i].tools, max_tokens=max_tokens, max_turns=max_turns):
+            if advance(
+                tokenizer,
+                episodes[i],
+                environments[i],
+                rollout.response_ids[row],
+                rollout.behavior_logprobs[row],
+                rollout.texts[row],
+                ended=not rollout.truncated[row],
+                tools=problems[i].tools,
+                max_tokens=max_tokens,
+                max_turns=max_turns,
+            ):
                 still.append(i)
         running = still
     for i in running:  # cannot happen (advance stops at max_turns); kept as a guard for custom environments
@@ -130,8 +160,18 @@ def teacher_forced(tokenizer, task, problem, replies: list[str]) -> Episode:
     environment = task.environment(problem)
     episode = start(tokenizer, environment, problem)
     for reply in replies:
-        ids = tokenizer(reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        if not advance(tokenizer, episode, environment, ids, [0.0] * len(ids), reply, ended=True,
-                       tools=problem.tools, max_tokens=1 << 30, max_turns=len(replies)):
+        ids = [*tokenizer(reply, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+        if not advance(
+            tokenizer,
+            episode,
+            environment,
+            ids,
+            [0.0] * len(ids),
+            reply,
+            ended=True,
+            tools=problem.tools,
+            max_tokens=1 << 30,
+            max_turns=len(replies),
+        ):
             break
     return episode

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Sequence
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
@@ -33,12 +33,12 @@ INSTALL = "pip install --no-deps bfcl-eval"
 
 THINK_PROMPT = (
     "You are a helpful assistant that calls functions. First think about the request inside <think> </think>, "
-    "then call the function(s) that answer it, each as <tool_call>{\"name\": <function-name>, \"arguments\": "
+    'then call the function(s) that answer it, each as <tool_call>{"name": <function-name>, "arguments": '
     "<args-json-object>}</tool_call>. Several independent calls are several <tool_call> blocks."
 )
 PLAIN_PROMPT = (
     "You are a helpful assistant that calls functions. Call the function(s) that answer the request, each as "
-    "<tool_call>{\"name\": <function-name>, \"arguments\": <args-json-object>}</tool_call>."
+    '<tool_call>{"name": <function-name>, "arguments": <args-json-object>}</tool_call>.'
 )
 _TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
 
@@ -48,7 +48,9 @@ def data_file(relative: str, *, key: str = "task.name") -> Path:
     try:
         files = metadata.distribution(DISTRIBUTION).files or []
     except metadata.PackageNotFoundError:
-        raise OprlError(f"{key}: the BFCL data ships in the bfcl-eval wheel, which is not installed; {INSTALL}") from None
+        raise OprlError(
+            f"{key}: the BFCL data ships in the bfcl-eval wheel, which is not installed; {INSTALL}"
+        ) from None
     wanted = f"bfcl_eval/data/{relative}"
     for file in files:
         if str(file) == wanted:
@@ -69,7 +71,9 @@ def tool_schema(function: dict) -> dict:
 
 def _json_types(value):
     if isinstance(value, dict):
-        return {k: (_TYPES.get(v, v) if k == "type" and isinstance(v, str) else _json_types(v)) for k, v in value.items()}
+        return {
+            k: (_TYPES.get(v, v) if k == "type" and isinstance(v, str) else _json_types(v)) for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_json_types(v) for v in value]
     return value
@@ -105,19 +109,26 @@ class BfclTask:
         self.name = c.name
         rows = []
         for subset in c.subsets:
-            truth = {r["id"]: r["ground_truth"] for r in read_lines(data_file(f"possible_answer/BFCL_v4_{subset}.json"))}
+            truth = {
+                r["id"]: r["ground_truth"] for r in read_lines(data_file(f"possible_answer/BFCL_v4_{subset}.json"))
+            }
             rows += [(row, truth[row["id"]]) for row in read_lines(data_file(f"BFCL_v4_{subset}.json"))]
-        split = split_rows(rows, seed=c.seed, test_fraction=c.test_fraction, train_size=c.train_size,
-                           test_size=c.test_size)
-        self._splits = {name: [self._problem(name, row, truth) for row, truth in chosen] for name, chosen in split.items()}
+        split = split_rows(
+            rows, seed=c.seed, test_fraction=c.test_fraction, train_size=c.train_size, test_size=c.test_size
+        )
+        self._splits = {
+            name: [self._problem(name, row, truth) for row, truth in chosen] for name, chosen in split.items()
+        }
         self._pool: VerifierPool | None = None
 
     def _problem(self, split: str, row: dict, truth: list) -> Problem:
         c = self.config
         system = c.system_prompt or (THINK_PROMPT if c.think else PLAIN_PROMPT)
         return Problem(
-            task_id=f"{self.name}/{row['id']}", messages=with_system(system, list(row["question"][0])),
-            answer=json.dumps(truth), tools=tuple(tool_schema(f) for f in row["function"]),
+            task_id=f"{self.name}/{row['id']}",
+            messages=with_system(system, list(row["question"][0])),
+            answer=json.dumps(truth),
+            tools=tuple(tool_schema(f) for f in row["function"]),
         )
 
     def problems(self, split: str) -> Sequence[Problem]:

@@ -142,7 +142,11 @@ class FileSystem:
         if node is None:
             return {"error": f"wc: {file_name}: No such file"}
         text = node["content"]
-        counts = {"l": (len(text.splitlines()), "lines"), "w": (len(text.split()), "words"), "c": (len(text), "characters")}
+        counts = {
+            "l": (len(text.splitlines()), "lines"),
+            "w": (len(text.split()), "words"),
+            "c": (len(text), "characters"),
+        }
         if mode not in counts:
             return {"error": f"wc: invalid mode '{mode}'"}
         return {"count": counts[mode][0], "type": counts[mode][1]}
@@ -177,15 +181,15 @@ class FileSystem:
         if node is None:
             return {"error": f"tail: {file_name}: No such file"}
         rows = node["content"].splitlines()
-        return {"last_lines": "\n".join(rows[-int(lines):] if int(lines) > 0 else [])}
+        return {"last_lines": "\n".join(rows[-int(lines) :] if int(lines) > 0 else [])}
 
     def diff(self, file_name1: str, file_name2: str) -> dict:
         first, second = self._file(file_name1), self._file(file_name2)
         if first is None or second is None:
             return {"error": f"diff: {file_name1} or {file_name2}: No such file"}
         a, b = first["content"].splitlines(), second["content"].splitlines()
-        changed = [f"- {x}\n+ {y}" for x, y in zip(a, b) if x != y]
-        changed += [f"- {x}" for x in a[len(b):]] + [f"+ {y}" for y in b[len(a):]]
+        changed = [f"- {x}\n+ {y}" for x, y in zip(a, b, strict=False) if x != y]  # the rest below
+        changed += [f"- {x}" for x in a[len(b) :]] + [f"+ {y}" for y in b[len(a) :]]
         return {"diff_lines": "\n".join(changed)}
 
     def _transfer(self, source: str, destination: str, *, keep: bool, verb: str) -> dict:
@@ -232,8 +236,13 @@ class FileSystem:
 
 _SI = {"": 1.0, "k": 1e3, "c": 1e-2, "m": 1e-3, "u": 1e-6, "n": 1e-9, "M": 1e6, "G": 1e9}
 _IMPERIAL = {  # (from, to): factor
-    ("inch", "cm"): 2.54, ("foot", "m"): 0.3048, ("yard", "m"): 0.9144, ("mile", "km"): 1.609344,
-    ("ounce", "g"): 28.349523125, ("pound", "kg"): 0.45359237, ("gallon", "liter"): 3.785411784,
+    ("inch", "cm"): 2.54,
+    ("foot", "m"): 0.3048,
+    ("yard", "m"): 0.9144,
+    ("mile", "km"): 1.609344,
+    ("ounce", "g"): 28.349523125,
+    ("pound", "kg"): 0.45359237,
+    ("gallon", "liter"): 3.785411784,
 }
 
 

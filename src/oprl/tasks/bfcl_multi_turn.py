@@ -23,7 +23,7 @@ import ast
 import json
 import random
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward, Step
@@ -70,7 +70,8 @@ class BfclEnvironment:
 
     def reset(self, problem: Problem) -> tuple[dict, ...]:
         self.simulators = Simulators(self.row["involved_classes"], self.row["initial_config"])
-        self.turn, self.results, self.malformed = 0, [[]], 0
+        self.turn, self.malformed = 0, 0
+        self.results: list[list[str]] = [[]]  # per user turn, the results of the model's calls
         return problem.messages
 
     def step(self, reply: str) -> Step:
@@ -78,7 +79,9 @@ class BfclEnvironment:
             calls = parse_calls(reply)
             if calls is None:
                 self.malformed += 1
-                error = "error: malformed <tool_call> block; write <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>"
+                error = (
+                    'error: malformed <tool_call> block; write <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+                )
                 return Step(observation=({"role": "tool", "content": error},))
             results = [self.simulators.call(c["name"], c["arguments"]) for c in calls]
             self.results[-1] += results
@@ -97,10 +100,14 @@ class BfclEnvironment:
             wanted = Counter(expected.call(*parse_call(c, self.docs)) for c in calls)
             responses_ok &= not (wanted - Counter(got))  # every expected result appears in this turn's results
         correct = float(responses_ok and expected.state() == self.simulators.state())
-        return Reward(total=correct, components={
-            "correct": correct, "format": float(self.malformed == 0),
-            "tool_calls": float(sum(len(r) for r in self.results)),
-        })
+        return Reward(
+            total=correct,
+            components={
+                "correct": correct,
+                "format": float(self.malformed == 0),
+                "tool_calls": float(sum(len(r) for r in self.results)),
+            },
+        )
 
 
 class BfclMultiTurnTask:
@@ -117,7 +124,9 @@ class BfclMultiTurnTask:
                 self.docs[doc["name"]] = doc | {"class": cls}
         rows = []
         for subset in c.subsets:
-            truth = {r["id"]: r["ground_truth"] for r in read_lines(data_file(f"possible_answer/BFCL_v4_{subset}.json"))}
+            truth = {
+                r["id"]: r["ground_truth"] for r in read_lines(data_file(f"possible_answer/BFCL_v4_{subset}.json"))
+            }
             for row in read_lines(data_file(f"BFCL_v4_{subset}.json")):
                 if set(row["involved_classes"]) <= set(DOCS) and row["id"] in truth:
                     rows.append(row | {"ground_truth": truth[row["id"]]})
@@ -126,17 +135,26 @@ class BfclMultiTurnTask:
         cut = max(1, round(c.test_fraction * len(rows)))
         if cut >= len(rows):
             raise OprlError(f"task.test_fraction: {c.test_fraction} leaves no training problem out of {len(rows)}")
-        chosen = {"test": [rows[i] for i in order[:cut]][: c.test_size], "train": [rows[i] for i in order[cut:]][: c.train_size]}
+        chosen = {
+            "test": [rows[i] for i in order[:cut]][: c.test_size],
+            "train": [rows[i] for i in order[cut:]][: c.train_size],
+        }
         self._rows: dict[str, dict] = {}
         self._splits = {split: [self._problem(row) for row in chosen[split]] for split in ("train", "test")}
 
     def _problem(self, row: dict) -> Problem:
         excluded = set(row.get("excluded_function", []))
-        tools = tuple(tool_schema({k: v for k, v in doc.items() if k != "class"}) for doc in self.docs.values()
-                      if doc["class"] in row["involved_classes"] and doc["name"] not in excluded)
-        problem = Problem(task_id=f"{self.name}/{row['id']}", messages=with_system(
-            self.config.system_prompt or PLAIN_PROMPT, list(row["question"][0])), answer=json.dumps(row["ground_truth"]),
-            tools=tools)
+        tools = tuple(
+            tool_schema({k: v for k, v in doc.items() if k != "class"})
+            for doc in self.docs.values()
+            if doc["class"] in row["involved_classes"] and doc["name"] not in excluded
+        )
+        problem = Problem(
+            task_id=f"{self.name}/{row['id']}",
+            messages=with_system(self.config.system_prompt or PLAIN_PROMPT, list(row["question"][0])),
+            answer=json.dumps(row["ground_truth"]),
+            tools=tools,
+        )
         self._rows[problem.task_id] = row
         return problem
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from oprl.errors import OprlError
 from oprl.tasks.arithmetic import _evaluate
@@ -30,7 +30,7 @@ from oprl.tasks.base import Problem, Reward, Step
 from oprl.tasks.config import ToolArithmeticTaskConfig, task_section
 
 MAX_EXPRESSION_CHARS = 40
-_CALL = re.compile(r"\[([0-9+\-*]{1,%d})\]" % MAX_EXPRESSION_CHARS)
+_CALL = re.compile(rf"\[([0-9+\-*]{{1,{MAX_EXPRESSION_CHARS}}})\]")
 _INTEGER = re.compile(r"-?\d+")
 _EXPRESSION = re.compile(r"\d+(?:[+\-*]\d+)*")
 
@@ -51,16 +51,22 @@ class CalculatorEnvironment:
         if text.startswith("["):
             self.calls += 1
             call = _CALL.fullmatch(text)
-            valid = call is not None and _EXPRESSION.fullmatch(call.group(1)) is not None
-            return Step(observation=({"role": "tool", "content": str(_evaluate(call.group(1))) if valid else "error"},))
+            expression = call.group(1) if call is not None else ""
+            answer = str(_evaluate(expression)) if _EXPRESSION.fullmatch(expression) else "error"
+            return Step(observation=({"role": "tool", "content": answer},))
         return Step(done=True, reward=self.final_reward(text))
 
     def final_reward(self, text: str) -> Reward:
         well_formed = _INTEGER.fullmatch(text) is not None
         correct = well_formed and int(text) == int(self.problem.answer)
-        return Reward(total=float(correct), components={
-            "correct": float(correct), "format": float(well_formed and self.calls > 0), "tool_calls": float(self.calls),
-        })
+        return Reward(
+            total=float(correct),
+            components={
+                "correct": float(correct),
+                "format": float(well_formed and self.calls > 0),
+                "tool_calls": float(self.calls),
+            },
+        )
 
 
 class ToolArithmeticTask:
@@ -76,8 +82,10 @@ class ToolArithmeticTask:
             raise OprlError(f"task.operators: {c.operators!r} must be a non-empty string of '+', '-', '*'")
         space = (c.max_value - c.min_value + 1) ** c.num_operands * len(c.operators) ** (c.num_operands - 1)
         if c.train_size + c.test_size > 0.5 * space:
-            raise OprlError(f"task: train_size + test_size = {c.train_size + c.test_size} is too large for "
-                            f"{space} distinct expressions; raise max_value or num_operands")
+            raise OprlError(
+                f"task: train_size + test_size = {c.train_size + c.test_size} is too large for "
+                f"{space} distinct expressions; raise max_value or num_operands"
+            )
         self._splits = self._generate()
 
     def _generate(self) -> dict[str, list[Problem]]:
@@ -92,10 +100,13 @@ class ToolArithmeticTask:
                 if expression in seen:
                     continue
                 seen.add(expression)
-                splits[split].append(Problem(
-                    task_id=f"{self.name}/{split}/{len(splits[split]):06d}",
-                    messages=({"role": "user", "content": expression + "="},), answer=str(_evaluate(expression)),
-                ))
+                splits[split].append(
+                    Problem(
+                        task_id=f"{self.name}/{split}/{len(splits[split]):06d}",
+                        messages=({"role": "user", "content": expression + "="},),
+                        answer=str(_evaluate(expression)),
+                    )
+                )
         return splits
 
     def problems(self, split: str) -> Sequence[Problem]:

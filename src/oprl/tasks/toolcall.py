@@ -17,9 +17,9 @@ at least one call; every block closed, not nested, and valid JSON of ``{"name": 
 may be omitted. A call matches a ground-truth call when the names are equal, every argument it passes is
 one the ground truth lists with a value among the acceptable ones, and every argument without ``""`` is
 passed. Values compare as BFCL compares them: strings case-insensitively with spaces and ``,./-_*^``
-removed, an integer where a float is expected (not the reverse), booleans only as booleans, lists element-wise, dicts key by
-key (a dict of acceptable-value lists is matched like arguments). Parallel calls match when there is a
-one-to-one pairing of calls to ground-truth calls, in any order.
+removed, an integer where a float is expected (not the reverse), booleans only as booleans, lists
+element-wise, dicts key by key (a dict of acceptable-value lists is matched like arguments). Parallel calls
+match when there is a one-to-one pairing of calls to ground-truth calls, in any order.
 
 **Hostile outputs.** Responses longer than ``MAX_RESPONSE_CHARS``, with brackets nested deeper than
 ``MAX_DEPTH`` or with more than ``MAX_CALLS`` calls are malformed before any JSON parser sees them, so every
@@ -50,7 +50,8 @@ MATCH, MISMATCH, MALFORMED = "match", "mismatch", "malformed"
 def tool_call_blocks(text: str) -> list[str] | None:
     """Contents of the ``<tool_call>...</tool_call>`` blocks in order; None when a block is unclosed, nested,
     or a closing tag has no opening one."""
-    blocks, position = [], 0
+    blocks: list[str] = []
+    position = 0
     while True:
         start = text.find(OPEN, position)
         stray = text.find(CLOSE, position)
@@ -95,8 +96,12 @@ def parse_calls(text: str) -> list[dict] | None:
             return None
         items = value if isinstance(value, list) and value else [value]
         for item in items:
-            if not (isinstance(item, dict) and isinstance(item.get("name"), str)
-                    and isinstance(item.get("arguments"), dict) and set(item) <= {"name", "arguments"}):
+            if not (
+                isinstance(item, dict)
+                and isinstance(item.get("name"), str)
+                and isinstance(item.get("arguments"), dict)
+                and set(item) <= {"name", "arguments"}
+            ):
                 return None
             calls.append(item)
     return calls if len(calls) <= MAX_CALLS else None
@@ -134,8 +139,11 @@ def value_matches(value: Any, acceptable: Any) -> bool:
     if isinstance(acceptable, str):
         return isinstance(value, str) and standardize(value) == standardize(acceptable)
     if isinstance(acceptable, list):
-        return (isinstance(value, list) and len(value) == len(acceptable)
-                and all(value_matches(v, a) for v, a in zip(value, acceptable)))
+        return (
+            isinstance(value, list)
+            and len(value) == len(acceptable)
+            and all(value_matches(v, a) for v, a in zip(value, acceptable, strict=True))
+        )
     if isinstance(acceptable, dict):
         if not isinstance(value, dict):
             return False
@@ -195,11 +203,18 @@ def tool_call_rewards(pool, ground_truths: list[str], responses: list[str], *, t
     from oprl.tasks.verify import Job
 
     mode = "tool-call" if think else "tool-call-nothink"
-    verdicts = pool.check([Job(truth, response, mode) for truth, response in zip(ground_truths, responses, strict=True)])
+    verdicts = pool.check(
+        [Job(truth, response, mode) for truth, response in zip(ground_truths, responses, strict=True)]
+    )
     return [
-        Reward(total=float(v == MATCH), components={
-            "correct": float(v == MATCH), "format": float(v in (MATCH, MISMATCH)),
-            "verify_timeout": float(v == "timeout"), "verify_error": float(v == "error"),
-        })
+        Reward(
+            total=float(v == MATCH),
+            components={
+                "correct": float(v == MATCH),
+                "format": float(v in (MATCH, MISMATCH)),
+                "verify_timeout": float(v == "timeout"),
+                "verify_error": float(v == "error"),
+            },
+        )
         for v in verdicts
     ]
