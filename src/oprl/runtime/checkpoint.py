@@ -14,7 +14,8 @@ complete, so a ``kill -9`` leaves either a whole checkpoint or none. Inside:
 Resume takes the newest checkpoint that verifies against its manifest (``usable_checkpoint``); old
 checkpoints are pruned only after a newer one has been committed and verified.
 
-Deliberately not here: pickle (``torch.save``) for anything, and deciding *when* to checkpoint (the driver).
+Deliberately not here: pickle (``torch.save``) for anything, and deciding *when* to checkpoint or what to
+restore (``oprl.runtime.resume``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, load_model, save_file
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from oprl.errors import OprlError
 from oprl.io import atomic_write_text, commit_dir
@@ -183,6 +184,25 @@ def truncate_metrics(path: Path, keep) -> None:
         if keep(row.get("step", 0)):
             kept.append(line)
     atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+def save_trainer_state(directory: str | Path, model, optimizer: torch.optim.Optimizer, version: int) -> None:
+    """The trainer's part of a checkpoint: every weight, the optimizer, this process's RNG, the version."""
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(root / "model.safetensors"))
+    save_optimizer(optimizer, root)
+    save_rng(root)
+    write_json(root / "trainer.json", {"version": version})
+
+
+def load_trainer_state(directory: str | Path, model, optimizer: torch.optim.Optimizer) -> int:
+    """Inverse of ``save_trainer_state``; returns the version."""
+    root = Path(directory)
+    load_model(model, str(root / "model.safetensors"))
+    load_optimizer(optimizer, root)
+    load_rng(root)
+    return read_json(root / "trainer.json")["version"]
 
 
 def load_checkpoint_weights(model, checkpoint: str | Path) -> int:

@@ -23,15 +23,8 @@ from pathlib import Path
 
 from oprl.runtime import checkpoint as ckpt
 from oprl.runtime.failure import WorkerFailure
-from oprl.runtime.manifest import CheckpointError
+from oprl.runtime.resume import CheckpointWriter, resume_hint
 from oprl.runtime.schedule import lag
-
-
-def _resume_hint(checkpoint: Path | None) -> str:
-    if checkpoint is None:
-        return ""
-    step = int(checkpoint.name.split("-")[-1])
-    return f"; checkpoint of step {step} in {checkpoint} (continue with resume=true)"
 
 
 @dataclass
@@ -73,11 +66,9 @@ class Driver:
         self.batch_info: dict[int, dict] = {}
         self.explorer_clock = [{"busy_s": 0.0, "idle_s": 0.0} for _ in explorers]
         self.last_totals = {"explorer": (0.0, 0.0), "trainer": (0.0, 0.0)}
-        self.checkpoints: dict[int, dict] = {}
         self.failure: tuple[str, str, BaseException] | None = None
-        self.final_attempted = False
-        self.final_checkpoint: Path | None = None
         self.started = self.last_step_time = time.perf_counter()
+        self.checkpoints = CheckpointWriter(config, self.run_dir, backend, logger, self.started)
         self.last_reward = self.last_accuracy = 0.0
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -88,9 +79,10 @@ class Driver:
                     break
                 self._launch()
             elif not self.calls:
-                if self.final_attempted:
+                if self.checkpoints.final_attempted:
                     break
-                self._checkpoint_after_failure()
+                if self.checkpoints.after_failure(self.completed):
+                    self.start_checkpoint(self.completed)
                 continue
             if not self.calls:
                 raise RuntimeError("driver: nothing in flight but the run is not finished (a scheduling bug)")
@@ -109,18 +101,18 @@ class Driver:
                 getattr(self, f"_on_{call.kind}")(call, value)
             try:
                 self._flush_rows()
-                self._commit_checkpoints()
+                self.checkpoints.commit_ready(lambda future: future in self.calls, self._logged_through)
             except OSError as exc:  # disk full, read-only run directory: the run cannot go on
                 message = f"driver failed writing the run directory: {type(exc).__name__}: {exc}"
                 if self.failure is not None:  # the failure that started it all stays the one reported
                     message, exc = f"{self.failure[1]} (and then the {message})", self.failure[2]
-                raise WorkerFailure(message + _resume_hint(ckpt.resolve_checkpoint(self.run_dir))) from exc
+                raise WorkerFailure(message + resume_hint(ckpt.resolve_checkpoint(self.run_dir))) from exc
         if self.failure is not None:
             _, message, exc = self.failure
-            raise WorkerFailure(message + _resume_hint(self.final_checkpoint)) from exc
+            raise WorkerFailure(message + resume_hint(self.checkpoints.last)) from exc
 
     def _finished(self) -> bool:
-        return not self.expected and not self.calls and not self.checkpoints
+        return not self.expected and not self.calls and not self.checkpoints.pending
 
     def _submit(self, future, kind: str, component: str, doing: str, **data) -> None:
         self.calls[future] = Call(kind, component, doing, data)
@@ -195,8 +187,7 @@ class Driver:
         interval = self.cfg.eval.interval
         if step == self.steps or (interval and step % interval == 0):
             self.request_eval(step)
-        every = self.cfg.checkpoint.interval
-        if every and (step % every == 0 or step == self.steps):
+        if self.checkpoints.due(step):
             self.start_checkpoint(step)
 
     def request_eval(self, step: int) -> None:
@@ -273,55 +264,17 @@ class Driver:
             out["perf/elapsed_s"] = now - self.started
         return out
 
-    # -- checkpoints --------------------------------------------------------------------------------------
+    # -- checkpoints (written by oprl.runtime.resume) ------------------------------------------------------
     def start_checkpoint(self, step: int) -> None:
-        staging = ckpt.staging_dir(self.run_dir, step)
         outstanding = self.pending + sorted(self.in_flight)
         versions = [v for v in self.sync.needed_versions(outstanding) if v != step]
-        parts = {
-            self._trainer_call("save", f"while checkpointing step {step}", str(staging / "trainer")),
-        }
-        buffer_part = self.buffer.call("save", str(staging / "buffer"))
+        snapshots = {v: self.sync.snapshots[v] for v in versions}
+        trainer_part, buffer_part = self.checkpoints.start(step, self.trainer, self.buffer, outstanding, snapshots)
+        self._submit(trainer_part, "part", "trainer", f"while checkpointing step {step}")
         self._submit(buffer_part, "part", "buffer", f"while checkpointing step {step}")
-        parts.add(buffer_part)
-        self.checkpoints[step] = {
-            "staging": staging, "parts": parts, "buffer": buffer_part, "outstanding": outstanding,
-            "snapshots": {v: self.sync.snapshots[v] for v in versions},
-        }
 
     def _on_part(self, call: Call, _value) -> None:
-        pass  # completion is checked in _commit_checkpoints
-
-    def _commit_checkpoints(self) -> None:
-        for step in sorted(self.checkpoints):
-            entry = self.checkpoints[step]
-            if any(part in self.calls for part in entry["parts"]) or not self._logged_through(step):
-                return
-            staging = entry["staging"]
-            for version, snapshot in entry["snapshots"].items():
-                target = staging / "weights" / f"version-{version:06d}.safetensors"
-                ckpt.save_weights(self.backend.get(snapshot), target)
-            ckpt.save_rng(staging)
-            ckpt.write_json(staging / "state.json", {
-                "step": step,
-                "steps": self.steps,
-                "mode": self.cfg.mode,
-                "sync_mode": self.cfg.sync.mode,
-                "ready": self.backend.get(entry["buffer"]),
-                "outstanding": entry["outstanding"],
-                "weights_versions": sorted(entry["snapshots"]),
-                "wall_s": time.perf_counter() - self.started,
-            })
-            final = ckpt.step_dir(self.run_dir, step)
-            self.logger.sync()  # the rows this checkpoint counts on reach the disk before it does
-            try:
-                ckpt.commit(staging, final)
-            except CheckpointError as exc:  # e.g. weights gone NaN: training diverged, nothing sound to save
-                raise WorkerFailure(f"checkpoint of step {step} refused: {exc}"
-                                    f"{_resume_hint(ckpt.resolve_checkpoint(self.run_dir))}") from exc
-            ckpt.prune(self.run_dir, self.cfg.checkpoint.keep)  # only now: a newer checkpoint has verified
-            self.final_checkpoint = final
-            del self.checkpoints[step]
+        pass  # completion is checked by CheckpointWriter.commit_ready
 
     # -- failures -----------------------------------------------------------------------------------------
     def _on_failure(self, call: Call, exc: BaseException) -> None:
@@ -339,17 +292,4 @@ class Driver:
         if component in ("trainer", "buffer"):
             # Its state can no longer be trusted: abandon everything; the last committed checkpoint stands.
             self.calls.clear()
-            self.checkpoints.clear()
-            self.final_attempted = True
-            self.final_checkpoint = ckpt.resolve_checkpoint(self.run_dir)
-
-    def _checkpoint_after_failure(self) -> None:
-        """Once the trainer is idle: a checkpoint of the last completed step (unless one exists)."""
-        self.final_attempted = True
-        existing = ckpt.resolve_checkpoint(self.run_dir)
-        self.final_checkpoint = existing
-        if self.explore_only or not self.cfg.checkpoint.interval or self.completed == 0:
-            return
-        if existing is not None and existing.name == ckpt.step_dir(self.run_dir, self.completed).name:
-            return
-        self.start_checkpoint(self.completed)
+            self.checkpoints.abandon()

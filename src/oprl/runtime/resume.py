@@ -1,18 +1,20 @@
-"""Checkpoints and resume, the logic (the files themselves are ``oprl.runtime.checkpoint``).
+"""Checkpoints and resume, the logic (the files themselves are ``oprl.runtime.checkpoint``, their manifest
+``oprl.runtime.manifest``, the run directory's lock ``oprl.runtime.rundir``).
 
 Writing: the driver owns a ``CheckpointWriter`` and tells it when a step is done (``due``, ``start``); the
 writer asks the trainer and the buffer for their parts into a staging directory (each worker serialises its
 own state in its own process), and ``commit_ready`` adds the old policy versions still needed, the RNG and
-``state.json`` once those parts are written *and* the step's row is in ``metrics.jsonl``, then renames the
-staging directory into place. So a resumed run never loses or repeats a row. After a worker failure the
-driver asks for one last checkpoint of the last completed step (``after_failure``), unless the trainer or
-the buffer failed (``abandon``: the last committed checkpoint stands).
+``state.json`` once those parts are written *and* the step's row is in ``metrics.jsonl``, then commits the
+staging directory (verified, synced, renamed). So a resumed run never loses or repeats a row. After a worker
+failure the driver asks for one last checkpoint of the last completed step (``after_failure``), unless the
+trainer or the buffer failed (``abandon``: the last committed checkpoint stands).
 
-Resuming (``resume=true``): ``check_resumable`` compares the config with the run's saved one (only keys that
-do not change what is computed may differ), ``prepare`` cuts ``metrics.jsonl`` and the store back to the
-newest checkpoint, ``restore`` is the one path that loads it into the workers and the synchronizer, and
-``check_versions_available`` refuses to extend a run the checkpoint cannot feed. ``mode=explore`` resumes
-from the store itself. ``mode=eval`` reads only a checkpoint's weights (``load_checkpoint_weights``).
+Resuming (``resume=true``): ``lock_run_dir`` holds the run directory and merges the given keys into the
+saved config (only keys that do not change what is computed may differ: ``RESUMABLE_CHANGES``), ``prepare``
+picks the newest checkpoint that verifies and cuts ``metrics.jsonl`` and the store back to it, ``restore``
+is the one path that loads it into the workers and the synchronizer, and ``check_versions_available``
+refuses to extend a run the checkpoint cannot feed. ``mode=explore`` resumes from the store itself.
+``mode=eval`` reads only a checkpoint's weights (``eval_checkpoint``, then ``Evaluator.load_checkpoint``).
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ from pathlib import Path
 
 import yaml
 
-from oprl.config import RunConfig
+from oprl.config import RunConfig, resolve_algorithm, save_config
 from oprl.errors import OprlError
 from oprl.metrics import read_metrics
 from oprl.runtime import checkpoint as ckpt
+from oprl.runtime import manifest, rundir
+from oprl.runtime.failure import WorkerFailure
+from oprl.runtime.manifest import CheckpointError
 from oprl.runtime.store import ExperienceStore
 from oprl.runtime.synchronizer import Synchronizer
 
-# Keys that may change when resuming: they do not alter what is computed.
-RESUMABLE_CHANGES = ("steps", "resume", "progress", "tensorboard", "backend", "checkpoint.", "runtime.", "eval.")
+# Keys that may change when resuming: they do not alter what is computed (docs/runtime.md, config ``resume``).
+RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "tracking.", "backend", "checkpoint.", "runtime.", "eval.",
+                     "trainer.world_size")  # sharded checkpoints reshard to the new world size
+_IDENTITY = ("resume", "run_name", "output_dir")
 
 
 # -- writing ----------------------------------------------------------------------------------------------
@@ -41,7 +48,7 @@ class PendingCheckpoint:
 
     staging: Path
     trainer_part: object
-    """Future of ``TrainerWorker.save`` (the trainer's version)."""
+    """Future of the trainer worker's ``save`` (its version)."""
     buffer_part: object
     """Future of ``ExperienceBuffer.save`` (the fresh batches it holds)."""
     outstanding: list[int]
@@ -101,8 +108,12 @@ class CheckpointWriter:
         })
         final = ckpt.step_dir(self.run_dir, step)
         self.logger.sync()  # the rows this checkpoint counts on reach the disk before it does
-        ckpt.commit(staging, final)
-        ckpt.prune(self.run_dir, self.cfg.checkpoint.keep)
+        try:
+            ckpt.commit(staging, final)
+        except CheckpointError as exc:  # e.g. weights gone NaN: training diverged, nothing sound to save
+            raise WorkerFailure(f"checkpoint of step {step} refused: {exc}"
+                                f"{resume_hint(ckpt.resolve_checkpoint(self.run_dir))}") from exc
+        ckpt.prune(self.run_dir, self.cfg.checkpoint.keep)  # only now: a newer checkpoint has verified
         self.last = final
 
     def abandon(self) -> None:
@@ -121,7 +132,6 @@ class CheckpointWriter:
         return self.last is None or self.last.name != ckpt.step_dir(self.run_dir, completed).name
 
 
-
 def resume_hint(checkpoint: Path | None) -> str:
     """What a failure message adds about resuming from ``checkpoint`` (nothing without one)."""
     if checkpoint is None:
@@ -131,15 +141,62 @@ def resume_hint(checkpoint: Path | None) -> str:
 
 
 # -- resuming ---------------------------------------------------------------------------------------------
-def check_resumable(config: RunConfig, run_dir: Path) -> None:
-    """One-line error unless ``config`` equals the run's saved config up to ``RESUMABLE_CHANGES``."""
-    saved = _flatten(yaml.safe_load((run_dir / "config.yaml").read_text()))
-    current = _flatten(config.model_dump(mode="json"))
-    changed = sorted(k for k in saved.keys() | current.keys()
-                     if saved.get(k) != current.get(k) and not k.startswith(RESUMABLE_CHANGES))
-    if changed:
-        raise OprlError(f"resume=true: the config differs from {run_dir}/config.yaml in {', '.join(changed[:3])}"
-                        f"{' ...' if len(changed) > 3 else ''}; only steps, eval.*, checkpoint.*, runtime.* may change")
+def lock_run_dir(config: RunConfig, run_dir: Path) -> tuple[rundir.RunLock, RunConfig]:
+    """Hold ``run_dir`` for this process (see ``rundir``) and the config the run goes on with: the given one
+    for a new run; for ``resume=true`` the saved one with the resumable keys given; for ``resume=restart``
+    the saved one with any key given, after the run's outputs are deleted."""
+    restart = config.resume == "restart"
+    if not config.resume or (restart and not rundir.is_run_dir(run_dir)):
+        return rundir.open_new(run_dir), config.model_copy(update={"resume": False})
+    lock = rundir.open_existing(run_dir)
+    try:
+        config = resumed_config(config, run_dir, any_key=restart)
+        if restart:
+            rundir.clear(run_dir)
+            config = config.model_copy(update={"resume": False})
+    except BaseException:
+        lock.release()
+        raise
+    return lock, config
+
+
+def resumed_config(config: RunConfig, run_dir: Path, *, any_key: bool = False) -> RunConfig:
+    """The run's saved config with the keys set in ``config`` (``model_fields_set``: given in the YAML file,
+    as overrides or as arguments) applied; unless ``any_key``, only resumable keys may differ."""
+    try:
+        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        saved = resolve_algorithm(RunConfig.model_validate(data))
+    except Exception as exc:
+        raise OprlError(f"resume: {run_dir / 'config.yaml'} is not a readable run config "
+                        f"({str(exc).splitlines()[0][:160]})") from None
+    flat_saved, flat_given = _flatten(saved.model_dump(mode="json")), _flatten(config.model_dump(mode="json"))
+    changed = sorted(k for k in _given_keys(config)
+                     if not k.startswith(_IDENTITY) and flat_given.get(k) != flat_saved.get(k))
+    refused = [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
+    if refused and not any_key:
+        raise OprlError(f"resume=true: {', '.join(refused[:3])}{' ...' if len(refused) > 3 else ''} differs from "
+                        f"{run_dir / 'config.yaml'}; only steps, eval.*, checkpoint.*, runtime.*, backend, progress "
+                        "and tensorboard may change (resume=restart starts the run over)")
+    for key in changed:
+        *sections, leaf = key.split(".")
+        node = data
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = flat_given[key]
+    data.update(resume=config.resume, run_name=config.run_name, output_dir=config.output_dir)
+    return resolve_algorithm(RunConfig.model_validate(data))
+
+
+def _given_keys(section, prefix: str = "") -> list[str]:
+    """Dotted keys of the leaves set explicitly in a config section (not defaults)."""
+    keys = []
+    for name in section.model_fields_set:
+        value = getattr(section, name)
+        if hasattr(value, "model_fields_set"):
+            keys.extend(_given_keys(value, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
 
 
 def _flatten(data: dict, prefix: str = "") -> dict:
@@ -151,32 +208,41 @@ def _flatten(data: dict, prefix: str = "") -> dict:
             out[f"{prefix}{key}"] = value
     return out
 
-
-def prepare(config: RunConfig, run_dir: Path, store_dir: str | None) -> Path | None:
-    """Newest checkpoint; metrics and store trimmed to it (batches generated after it are made again)."""
+def prepare(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) -> Path | None:
+    """Newest checkpoint that verifies; metrics and store trimmed to it (batches generated after it are made
+    again). Nothing is deleted before a checkpoint has verified; without one the run stops (one line)."""
     metrics = run_dir / "metrics.jsonl"
     if config.mode == "explore":
         # The store is the checkpoint: keep batches that have both a file and a row, make the others again.
         store = ExperienceStore(store_dir)
+        _save_resumed_config(config, run_dir)
         ckpt.truncate_metrics(metrics, lambda step: True)  # drops a half-written last line
         logged = {r["step"] for r in read_metrics(metrics)} if metrics.is_file() else set()
         store.discard([b for b in store.batches() if b not in logged])
         present = set(store.batches())
         ckpt.truncate_metrics(metrics, lambda step: step in present)
         return None
-    checkpoint = ckpt.resolve_checkpoint(run_dir)
-    state = ckpt.read_json(checkpoint / "state.json") if checkpoint else {"step": -1, "ready": []}
+    checkpoint = ckpt.usable_checkpoint(run_dir, log)
+    state = ckpt.read_json(checkpoint / "state.json")
+    if state["step"] > config.steps:
+        raise OprlError(f"resume: {run_dir} has already trained {state['step']} steps (checkpoint {checkpoint.name}); "
+                        f"steps={config.steps} would not continue it: give steps >= {state['step']} to extend it")
+    _save_resumed_config(config, run_dir)
     ckpt.truncate_metrics(metrics, lambda step: step <= state["step"])
     if store_dir:
         store = ExperienceStore(store_dir)
         store.discard([b for b in store.batches() if b > max(state["step"], 0) and b not in state["ready"]])
-    ckpt.prune(run_dir, config.checkpoint.keep)
     return checkpoint
+
+
+def _save_resumed_config(config: RunConfig, run_dir: Path) -> None:
+    """Once the resume is known to be possible: the settings it goes on with are what a later resume reads."""
+    save_config(config.model_copy(update={"resume": False}), run_dir / "config.yaml")
 
 
 def restore(checkpoint: Path, backend, trainer, buffer, sync: Synchronizer) -> tuple[int, list[int]]:
     """Load ``checkpoint`` into the trainer, the buffer, the synchronizer (the old versions still needed)
-    and this process's RNG; returns ``(step, fresh batches the buffer holds)``."""
+    and this process's RNG; returns ``(step, fresh batches the buffer holds)``: the one restore path."""
     state = ckpt.read_json(checkpoint / "state.json")
     backend.get(trainer.call("restore", str(checkpoint / "trainer")))
     ready = backend.get(buffer.call("restore", str(checkpoint / "buffer")))
@@ -185,7 +251,6 @@ def restore(checkpoint: Path, backend, trainer, buffer, sync: Synchronizer) -> t
         sync.publish(version, backend.put(weights))
     ckpt.load_rng(checkpoint)
     return state["step"], ready
-
 
 def check_versions_available(checkpoint: Path, sync: Synchronizer, pending: list[int], step: int) -> None:
     """A checkpoint holds the old versions its own run still needed; a longer run may need more."""
@@ -197,3 +262,15 @@ def check_versions_available(checkpoint: Path, sync: Synchronizer, pending: list
             f"which {checkpoint} does not hold: it was written for a run of fewer steps; a run can be extended "
             f"only from a checkpoint of a step t with v(t + 1) = t (e.g. sync.offset=0, t a multiple of sync.interval)"
         )
+
+
+def eval_checkpoint(config: RunConfig) -> Path | None:
+    """mode=eval: the checkpoint ``eval.checkpoint`` names (verified), or None to evaluate ``model.path``."""
+    source = config.eval.checkpoint
+    checkpoint = ckpt.resolve_checkpoint(source) if source else None
+    if source and checkpoint is None:
+        raise OprlError(f"eval.checkpoint: no checkpoint at {source}")
+    problem = manifest.verify(checkpoint) if checkpoint else None
+    if problem is not None:
+        raise OprlError(f"eval.checkpoint: {checkpoint}/{problem}")
+    return checkpoint

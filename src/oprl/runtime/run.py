@@ -19,16 +19,14 @@ from datetime import datetime
 from pathlib import Path
 
 import torch
-import yaml
 
-from oprl.config import RunConfig, resolve_algorithm, save_config
+from oprl.config import RunConfig, save_config
 from oprl.errors import OprlError
 from oprl.io import atomic_write_json
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.models.loading import quiet_transformers
 from oprl.progress import RunProgress
-from oprl.runtime import checkpoint as ckpt
-from oprl.runtime import manifest, rundir
+from oprl.runtime import resume, rundir
 from oprl.runtime.buffer import make_buffer
 from oprl.runtime.driver import Driver
 from oprl.runtime.evaluate import Evaluator
@@ -41,11 +39,6 @@ from oprl.runtime.trainer_ranks import ShardedTrainer, check_trainer_config
 from oprl.runtime.warmstart import warm_started_model
 from oprl.tasks import build_task
 from oprl.trackers import start_trackers
-
-# Keys that may change when resuming: they do not alter what is computed (docs/runtime.md, config ``resume``).
-RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "tracking.", "backend", "checkpoint.", "runtime.", "eval.",
-                     "trainer.world_size")  # sharded checkpoints reshard to the new world size
-_IDENTITY = ("resume", "run_name", "output_dir")
 
 
 @dataclass
@@ -121,74 +114,6 @@ def make_run_dir(config: RunConfig) -> Path:
     return Path(config.output_dir) / name
 
 
-def lock_run_dir(config: RunConfig, run_dir: Path) -> tuple[rundir.RunLock, RunConfig]:
-    """Hold ``run_dir`` for this process (see ``rundir``) and the config the run goes on with: the given one
-    for a new run; for ``resume=true`` the saved one with the resumable keys given; for ``resume=restart``
-    the saved one with any key given, after the run's outputs are deleted."""
-    restart = config.resume == "restart"
-    if not config.resume or (restart and not rundir.is_run_dir(run_dir)):
-        return rundir.open_new(run_dir), config.model_copy(update={"resume": False})
-    lock = rundir.open_existing(run_dir)
-    try:
-        config = resumed_config(config, run_dir, any_key=restart)
-        if restart:
-            rundir.clear(run_dir)
-            config = config.model_copy(update={"resume": False})
-    except BaseException:
-        lock.release()
-        raise
-    return lock, config
-
-
-def resumed_config(config: RunConfig, run_dir: Path, *, any_key: bool = False) -> RunConfig:
-    """The run's saved config with the keys set in ``config`` (``model_fields_set``: given in the YAML file,
-    as overrides or as arguments) applied; unless ``any_key``, only resumable keys may differ."""
-    try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
-        saved = resolve_algorithm(RunConfig.model_validate(data))
-    except Exception as exc:
-        raise OprlError(f"resume: {run_dir / 'config.yaml'} is not a readable run config "
-                        f"({str(exc).splitlines()[0][:160]})") from None
-    flat_saved, flat_given = _flatten(saved.model_dump(mode="json")), _flatten(config.model_dump(mode="json"))
-    changed = sorted(k for k in _given_keys(config)
-                     if not k.startswith(_IDENTITY) and flat_given.get(k) != flat_saved.get(k))
-    refused = [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
-    if refused and not any_key:
-        raise OprlError(f"resume=true: {', '.join(refused[:3])}{' ...' if len(refused) > 3 else ''} differs from "
-                        f"{run_dir / 'config.yaml'}; only steps, eval.*, checkpoint.*, runtime.*, backend, progress "
-                        "and tensorboard may change (resume=restart starts the run over)")
-    for key in changed:
-        *sections, leaf = key.split(".")
-        node = data
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[leaf] = flat_given[key]
-    data.update(resume=config.resume, run_name=config.run_name, output_dir=config.output_dir)
-    return resolve_algorithm(RunConfig.model_validate(data))
-
-
-def _given_keys(section, prefix: str = "") -> list[str]:
-    """Dotted keys of the leaves set explicitly in a config section (not defaults)."""
-    keys = []
-    for name in section.model_fields_set:
-        value = getattr(section, name)
-        if hasattr(value, "model_fields_set"):
-            keys.extend(_given_keys(value, f"{prefix}{name}."))
-        else:
-            keys.append(f"{prefix}{name}")
-    return keys
-
-
-def _flatten(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def make_backend(config: RunConfig):
     if config.backend == "ray":
         from oprl.runtime.ray_backend import RayBackend
@@ -204,9 +129,9 @@ def run(config: RunConfig, log=print) -> RunSummary:
     started = time.perf_counter()
     quiet_transformers()
     torch.manual_seed(config.seed)
-    checkpoint = _eval_checkpoint(config) if config.mode == "eval" else None
+    checkpoint = resume.eval_checkpoint(config) if config.mode == "eval" else None
     run_dir = make_run_dir(config)
-    lock, config = lock_run_dir(config, run_dir)
+    lock, config = resume.lock_run_dir(config, run_dir)
     try:
         if config.mode == "eval":
             return _evaluate_only(config, run_dir, checkpoint, started, log)
@@ -248,7 +173,7 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
     threads = worker_threads(config)
     use_trainer, use_explorers = config.mode in ("both", "offline"), config.mode in ("both", "explore")
     store_dir = _store_dir(config, run_dir)
-    checkpoint = _prepare_resume(config, run_dir, store_dir) if config.resume else None
+    checkpoint = resume.prepare(config, run_dir, store_dir) if config.resume else None
     trainer = explorers = None
     if use_trainer:
         if config.trainer.sharding == "none":
@@ -270,7 +195,7 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
                         max_staleness=config.sync.max_staleness, explorers=len(explorers))
     start_step, ready = 0, []
     if checkpoint is not None:
-        start_step, ready = _restore(config, checkpoint, backend, trainer, buffer, sync)
+        start_step, ready = resume.restore(checkpoint, backend, trainer, buffer, sync)
     if config.mode == "explore":
         done = set(ExperienceStore(store_dir).batches()) if store_dir else set()
         pending = [b for b in range(1, config.steps + 1) if b not in done]
@@ -279,21 +204,9 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
     if explorers and sync.wants(start_step, pending):
         sync.publish(start_step, trainer.call("weights"))
     if checkpoint is not None and config.sync.mode == "scheduled" and explorers:
-        _check_versions_available(checkpoint, sync, pending, start_step)
+        resume.check_versions_available(checkpoint, sync, pending, start_step)
     return dict(trainer=trainer, explorers=explorers, buffer=buffer, sync=sync, start_step=start_step,
                 pending=pending, ready=set(ready))
-
-
-def _check_versions_available(checkpoint: Path, sync: Synchronizer, pending: list[int], step: int) -> None:
-    """A checkpoint holds the old versions its own run still needed; a longer run may need more."""
-    missing = [b for b in pending if step > sync.scheduled_version(b) not in sync.snapshots]
-    if missing:
-        b = missing[0]
-        raise OprlError(
-            f"resume: batch {b} must come from policy version {sync.scheduled_version(b)} (sync.interval/offset), "
-            f"which {checkpoint} does not hold: it was written for a run of fewer steps; a run can be extended "
-            f"only from a checkpoint of a step t with v(t + 1) = t (e.g. sync.offset=0, t a multiple of sync.interval)"
-        )
 
 
 def _wait_ready(backend, actor) -> None:
@@ -308,60 +221,6 @@ def _store_dir(config: RunConfig, run_dir: Path) -> str | None:
     if config.mode == "offline" or (config.mode == "both" and not config.buffer.persist):
         return None
     return config.buffer.path or str(run_dir / STORE_DIRNAME)
-
-
-def _prepare_resume(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) -> Path | None:
-    """Newest checkpoint that verifies; metrics and store trimmed to it (batches generated after it are made
-    again). Nothing is deleted before a checkpoint has verified; without one the run stops (one line)."""
-    metrics = run_dir / "metrics.jsonl"
-    if config.mode == "explore":
-        # The store is the checkpoint: keep batches that have both a file and a row, make the others again.
-        store = ExperienceStore(store_dir)
-        _save_resumed_config(config, run_dir)
-        ckpt.truncate_metrics(metrics, lambda step: True)  # drops a half-written last line
-        logged = {r["step"] for r in read_metrics(metrics)} if metrics.is_file() else set()
-        store.discard([b for b in store.batches() if b not in logged])
-        present = set(store.batches())
-        ckpt.truncate_metrics(metrics, lambda step: step in present)
-        return None
-    checkpoint = ckpt.usable_checkpoint(run_dir, log)
-    state = ckpt.read_json(checkpoint / "state.json")
-    if state["step"] > config.steps:
-        raise OprlError(f"resume: {run_dir} has already trained {state['step']} steps (checkpoint {checkpoint.name}); "
-                        f"steps={config.steps} would not continue it: give steps >= {state['step']} to extend it")
-    _save_resumed_config(config, run_dir)
-    ckpt.truncate_metrics(metrics, lambda step: step <= state["step"])
-    if store_dir:
-        store = ExperienceStore(store_dir)
-        store.discard([b for b in store.batches() if b > max(state["step"], 0) and b not in state["ready"]])
-    return checkpoint
-
-
-def _save_resumed_config(config: RunConfig, run_dir: Path) -> None:
-    """Once the resume is known to be possible: the settings it goes on with are what a later resume reads."""
-    save_config(config.model_copy(update={"resume": False}), run_dir / "config.yaml")
-
-
-def _restore(config: RunConfig, checkpoint: Path, backend, trainer, buffer, sync) -> tuple[int, list[int]]:
-    state = ckpt.read_json(checkpoint / "state.json")
-    backend.get(trainer.call("restore", str(checkpoint / "trainer")))
-    ready = backend.get(buffer.call("restore", str(checkpoint / "buffer")))
-    for version in state["weights_versions"]:
-        weights = ckpt.load_weights(checkpoint / "weights" / f"version-{version:06d}.safetensors")
-        sync.publish(version, backend.put(weights))
-    ckpt.load_rng(checkpoint)
-    return state["step"], ready
-
-
-def _eval_checkpoint(config: RunConfig) -> Path | None:
-    source = config.eval.checkpoint
-    checkpoint = ckpt.resolve_checkpoint(source) if source else None
-    if source and checkpoint is None:
-        raise OprlError(f"eval.checkpoint: no checkpoint at {source}")
-    problem = manifest.verify(checkpoint) if checkpoint else None
-    if problem is not None:
-        raise OprlError(f"eval.checkpoint: {checkpoint}/{problem}")
-    return checkpoint
 
 
 def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, started: float, log) -> RunSummary:
@@ -411,4 +270,4 @@ def train(config: RunConfig, log=print) -> RunSummary:
     return run(config, log=log)
 
 
-__all__ = ["RunSummary", "run", "train", "check_config", "worker_threads"]
+__all__ = ["RunSummary", "check_config", "run", "train", "worker_threads"]

@@ -17,11 +17,8 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
-from safetensors.torch import load_model as load_module_weights
-from safetensors.torch import save_model as save_module_weights
 
 from oprl.algorithms import (
     ADVANTAGE_KEYS,
@@ -34,7 +31,7 @@ from oprl.algorithms import (
 )
 from oprl.config import RunConfig, algorithm_settings
 from oprl.models.batching import right_pad_values
-from oprl.runtime.checkpoint import load_optimizer, load_rng, read_json, save_optimizer, save_rng, write_json
+from oprl.runtime.checkpoint import load_trainer_state, save_trainer_state
 from oprl.runtime.distributed import SingleProcess
 from oprl.runtime.evaluate import evaluation_row
 from oprl.runtime.experience import Experience
@@ -310,20 +307,11 @@ class TrainerWorker:
     def save(self, directory: str) -> int:
         """Model, optimizer, RNG and version into ``directory`` (part of a checkpoint)."""
         with self.clock.work():
-            root = Path(directory)
-            root.mkdir(parents=True, exist_ok=True)
-            save_module_weights(self.model, str(root / "model.safetensors"))
-            save_optimizer(self.trainer.optimizer, root)
-            save_rng(root)
-            write_json(root / "trainer.json", {"version": self.trainer.version})
+            save_trainer_state(directory, self.model, self.trainer.optimizer, self.trainer.version)
         return self.trainer.version
 
     def restore(self, directory: str) -> int:
-        root = Path(directory)
-        load_module_weights(self.model, str(root / "model.safetensors"))
-        load_optimizer(self.trainer.optimizer, root)
-        load_rng(root)
-        self.trainer.version = read_json(root / "trainer.json")["version"]
+        self.trainer.version = load_trainer_state(directory, self.model, self.trainer.optimizer)
         return self.trainer.version
 
     def save_final(self, directory: str) -> None:
