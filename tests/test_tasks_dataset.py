@@ -221,3 +221,13 @@ def test_the_example_trains_a_few_steps(small_overrides, tmp_path):
     assert len(trained) == 2 and all(r["reward/reward_error"] == 0 for r in trained)
     assert any("eval/accuracy" in r for r in records)
     assert build_task(DatasetTask.Config(train_file=str(TRAIN), reward=EXAMPLE_REWARD)).name == "dataset"
+
+
+def test_the_warm_start_cache_follows_the_data_not_the_path(tmp_path, rewards_file):
+    """The tiny model is warm-started on the references: editing the file in place must give a new cache key."""
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows(6)))
+    first = DatasetTask(train_file=str(path), reward=f"{rewards_file}:behaves").data_fingerprint
+    assert DatasetTask(train_file=str(path), reward=f"{rewards_file}:behaves").data_fingerprint == first
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows(7)))
+    assert DatasetTask(train_file=str(path), reward=f"{rewards_file}:behaves").data_fingerprint != first

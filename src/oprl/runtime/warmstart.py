@@ -48,6 +48,8 @@ def recipe(model_cfg, task_cfg, warm_cfg) -> dict:
 def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print, progress: bool = True) -> Path:
     """Path of the cached warm-started tiny model for this recipe, building it first if needed."""
     spec = recipe(model_cfg, task_cfg, warm_cfg)
+    if getattr(task, "data_fingerprint", None):  # tasks reading user files: their content, not just the path
+        spec["data"] = task.data_fingerprint
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     target = cache_dir() / "models" / f"tiny-{key}"
     if (target / "oprl_recipe.json").is_file():

@@ -14,6 +14,7 @@ prompt, the completion, the reference and the row's other columns.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -41,6 +42,9 @@ class DatasetTask:
         self.skipped: dict[str, dict[int, str]] = {}
         self._rows: dict[str, dict[str, Any]] = {}  # task_id -> the reward's arguments
         self._splits = {split: self._load(split) for split in ("train", "test")}
+        train = [(p.messages, p.answer) for p in self._splits["train"]]
+        self.data_fingerprint = hashlib.sha256(json.dumps(train).encode()).hexdigest()[:16]
+        """Hash of the training problems: the tiny model's warm-start cache is keyed by the data, not the path."""
         specs = [c.reward] if isinstance(c.reward, str) else list(c.reward)
         extra = {column for row in self._rows.values() for column in row["row"]}
         self.rewards = UserRewards(
