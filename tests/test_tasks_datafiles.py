@@ -75,7 +75,7 @@ def test_parquet_json_and_directory_layouts(tmp_path):
     (lambda d: write_jsonl(d / "t.jsonl", [{"question": "q", "answer": "no marker"}]), "no usable rows"),
     (lambda d: write_jsonl(d / "t.jsonl", ["", "  "]), "no usable rows (it is empty)"),
     (lambda d: d / "missing.jsonl", "not found"),
-    (lambda d: (d / "t.csv").write_text("a,b") and d / "t.csv", "unsupported extension"),
+    (lambda d: (d / "t.txt").write_text("a,b") and d / "t.txt", "unsupported extension"),
     (lambda d: (d / "t.json").write_text('{"a": 1}') and d / "t.json", "JSON list of objects"),
     (lambda d: (d / "t.parquet").write_text("not parquet") and d / "t.parquet", "cannot read"),
 ])
