@@ -10,6 +10,7 @@ written, and a run directory that stops accepting new files (read-only) while th
 """
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -124,3 +125,15 @@ def test_a_read_only_run_directory_reports_the_failed_store_write_never_an_abort
     [(code, output, _)] = run([*base, "tensorboard=false", "--debug"], read_only)
     assert code == 1 and "Traceback" in output and "PermissionError" in output, output
     assert "terminate called" not in output
+
+
+def test_a_model_directory_with_garbage_weights_fails_in_one_line_never_an_abort(zygote, cache_dir, tmp_path):
+    run, base = zygote
+    model = tmp_path / "garbage-model"
+    shutil.copytree(next((cache_dir / "models").glob("tiny-*")), model)
+    (model / "model.safetensors").write_bytes(os.urandom(4096))
+    for code, output, _ in run([*base, "tensorboard=true", f"model.path={model}"], tries=TRIES):
+        assert code == 2, output  # a bad input, reported as one
+        lines = output.strip().splitlines()
+        assert len(lines) == 1 and "terminate called" not in output, output
+        assert "failed to start: model.path: cannot load" in lines[0] and "SafetensorError" in lines[0], lines[0]

@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from oprl.errors import OprlError
 from oprl.io import commit_dir
@@ -69,9 +70,9 @@ def load_pretrained(path: str | Path, *, dtype: str = "float32", device: str = "
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **extra)
         model = AutoModelForCausalLM.from_pretrained(location, dtype=getattr(torch, dtype), **extra)
-    except OSError as exc:
-        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise OprlError(f"model.path: cannot load {str(path)!r}: {reason}") from None
+    except (OSError, ValueError, SafetensorError) as exc:  # missing/unreadable files, bad config or weights
+        reason = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise OprlError(f"model.path: cannot load {str(path)!r}: {type(exc).__name__}: {reason}") from None
     if not tokenizer.chat_template:
         raise OprlError(f"model.path: {str(path)!r} has no chat template (oprl renders prompts with it); "
                         "use an instruction-tuned model")
