@@ -388,8 +388,8 @@ class RunConfig(_Section):
     resume: Union[bool, Literal["restart"]] = False
     """``true``: continue run ``run_name`` from its newest checkpoint that verifies (after a crash or kill, or to
     add steps), with the run's saved ``config.yaml``; only the keys given now that are resumable (``steps``,
-    ``eval.*``, ``checkpoint.*``, ``runtime.*``, ``backend``, ``progress``, ``tensorboard``) change, and any
-    other difference is refused. With no usable checkpoint it stops and deletes nothing. ``restart``: delete
+    ``eval.*``, ``checkpoint.*``, ``runtime.*``, ``tracking.*``, ``backend``, ``progress``, ``tensorboard``,
+    ``trainer.world_size``) change, and any other difference is refused. With no usable checkpoint it stops and deletes nothing. ``restart``: delete
     the run's outputs (rows, experiences, checkpoints) and run it again from step 0 with its saved config
     plus the keys given."""
     seed: int = 0

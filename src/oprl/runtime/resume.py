@@ -175,8 +175,8 @@ def resumed_config(config: RunConfig, run_dir: Path, *, any_key: bool = False) -
     refused = [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
     if refused and not any_key:
         raise OprlError(f"resume=true: {', '.join(refused[:3])}{' ...' if len(refused) > 3 else ''} differs from "
-                        f"{run_dir / 'config.yaml'}; only steps, eval.*, checkpoint.*, runtime.*, backend, progress "
-                        "and tensorboard may change (resume=restart starts the run over)")
+                        f"{run_dir / 'config.yaml'}; only steps, eval.*, checkpoint.*, runtime.*, tracking.*, backend, "
+                        "progress, tensorboard and trainer.world_size may change (resume=restart starts the run over)")
     for key in changed:
         *sections, leaf = key.split(".")
         node = data
