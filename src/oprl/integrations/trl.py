@@ -59,6 +59,7 @@ class OprlGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        assert self._oprl_rewards is not None, "TRL scored the batch through _calculate_rewards"
         rewards = self.oprl_rewards(self._oprl_rewards)
         group_size = self.num_generations if self.model.training else self.num_generations_eval
         group_ids = torch.arange(len(rewards)) // group_size

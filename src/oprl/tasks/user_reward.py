@@ -50,6 +50,8 @@ def load_reward(spec: str, *, key: str = KEY) -> Callable[..., Any]:
             if not path.is_file():
                 raise OprlError(f"{key}: file {target!r} not found (from {os.getcwd()})")
             module_spec = importlib.util.spec_from_file_location(f"_oprl_reward_{path.stem}", path)
+            if module_spec is None or module_spec.loader is None:
+                raise OprlError(f"{key}: cannot import {target!r} as a Python file")
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:
