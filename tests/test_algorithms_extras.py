@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import oprl.algorithms as algorithms
-from oprl.algorithms import KL_ESTIMATORS, consistency_surrogate, entropy_from_logits, kl_penalty
+from oprl.algorithms import KL_ESTIMATORS, consistency_surrogate, kl_penalty
 
 PACKAGE = Path(algorithms.__file__).parent
 
@@ -46,16 +46,6 @@ def test_k3_stays_finite_for_huge_log_ratios():
     assert torch.isfinite(value).all() and torch.isfinite(logprobs.grad).all()
 
 
-def test_entropy_from_logits():
-    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.0, -math.inf, 0.0, -math.inf]]], requires_grad=True)
-    entropy = entropy_from_logits(logits)  # (1, 2)
-    assert entropy.tolist() == [[pytest.approx(math.log(4)), pytest.approx(math.log(2))]]
-    entropy.sum().backward()
-    assert torch.isfinite(logits.grad).all()
-    chunked = torch.cat([entropy_from_logits(logits[:, :1]), entropy_from_logits(logits[:, 1:])], dim=1)
-    assert torch.equal(chunked, entropy)
-
-
 def test_surrogate_is_the_population_variance_of_the_consistency():
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.2], dtype=torch.float64)
     seq = torch.tensor([-3.0, -2.0, -4.0, -1.0], dtype=torch.float64)
@@ -78,7 +68,7 @@ def test_public_names():
     expected = {
         "group_advantages", "GroupAdvantages", "policy_loss", "aggregate", "aggregation_count", "PRESETS",
         "ALGORITHM_DEFAULTS", "ADVANTAGE_KEYS", "LOSS_KEYS", "resolve_preset", "consistency_surrogate",
-        "kl_penalty", "entropy_from_logits",
+        "kl_penalty",
     }  # fmt: skip
     assert expected <= set(algorithms.__all__)
     assert all(hasattr(algorithms, name) for name in algorithms.__all__)

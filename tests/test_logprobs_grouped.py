@@ -38,3 +38,21 @@ def test_grouped_equals_one_row_at_a_time_values_and_gradients(temperature):
     assert torch.allclose(plain_entropy * plain_mask, shared_entropy * shared_mask, atol=1e-5)
     for a, b in zip(*grads):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_entropy_is_the_softmax_entropy_of_the_scaled_logits_in_any_chunking():
+    """The one entropy of oprl (``models.logprobs``): H = −Σ_v p_v·log p_v of softmax(logits / T) at every
+    response position, the same whether the vocabulary projection runs in one chunk or row by row."""
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    prompts, responses = [[7, 8, 9], [10, 11]], [[12, 13, 14], [15]]
+    ids, attention, targets, mask = pack(prompts, responses, tokenizer.pad_token_id)
+    with torch.no_grad():
+        position = (attention.cumsum(1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=position).logits
+        scaled = logits[:, -targets.shape[1] - 1 : -1].float() / 0.7  # (B, T, V) predicting each response token
+        expected = -(scaled.softmax(-1) * scaled.log_softmax(-1)).sum(-1) * mask
+        for chunk_bytes in (1, 2**26):  # one row per chunk, or everything at once
+            _, entropy = response_logprobs(model, ids, attention, targets, temperature=0.7, with_entropy=True,
+                                           chunk_bytes=chunk_bytes)
+            assert torch.allclose(entropy * mask, expected, atol=1e-5)

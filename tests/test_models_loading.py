@@ -135,11 +135,11 @@ def test_a_lora_run_trains_end_to_end(small_overrides, tmp_path):
     pytest.importorskip("peft")
     from oprl.config import load_config
     from oprl.metrics import read_metrics
-    from oprl.runtime.run import train
+    from oprl.runtime.run import run
 
     config = load_config(None, [*small_overrides, "steps=2", "model.lora.r=4", "model.lora.alpha=8", "optim.lr=0.01",
                                 "run_name=lora", "tensorboard=false", "eval.interval=0"])
-    summary = train(config, log=lambda *_: None)
+    summary = run(config, log=lambda *_: None)
     rows = read_metrics(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(r["optim/grad_norm"] > 0 for r in rows[1:])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from oprl.config import load_config
-from oprl.runtime.run import train
+from oprl.runtime.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "configs" / "paper"
@@ -74,7 +74,7 @@ SUBSET += [PAPER / "math" / f"{s}-{p}.yaml" for s, p in zip(MATH_SYNC, ["grpo", 
 
 def _two_steps(path, small_overrides):
     config = load_config(path, [*small_overrides, *TINY, f"run_name={path.parent.name}-{path.stem}"])
-    summary = train(config, log=lambda *_: None)
+    summary = run(config, log=lambda *_: None)
     rows = (summary.run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 3  # evaluation before, steps 1 and 2
     assert config.algorithm.preset == path.stem.split("-", 1)[1]

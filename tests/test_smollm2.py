@@ -51,7 +51,7 @@ def test_the_cached_conversion_holds_exactly_the_dequantised_gguf_weights():
 def test_one_training_step_on_gsm8k_format_problems(tmp_path):
     from oprl.config import load_config
     from oprl.metrics import read_metrics
-    from oprl.runtime.run import train
+    from oprl.runtime.run import run
 
     config = load_config(None, [
         "model.path=smollm2-135m-instruct", "task.name=gsm8k", "task.source=synthetic", "task.train_size=8",
@@ -61,7 +61,7 @@ def test_one_training_step_on_gsm8k_format_problems(tmp_path):
         "algorithm.entropy_coef=0.01", "eval.num_problems=2", "eval.interval=0",
         "progress=false", "tensorboard=false", f"output_dir={tmp_path}", "run_name=smol",
     ])
-    summary = train(config, log=lambda *_: None)
+    summary = run(config, log=lambda *_: None)
     rows = read_metrics(summary.run_dir / "metrics.jsonl")
     step = rows[-1]
     assert step["step"] == 1 and step["optim/grad_norm"] > 0 and torch.isfinite(torch.tensor(step["loss/total"]))

@@ -567,11 +567,6 @@ def _section_of(field) -> Any:
     return members or None
 
 
-def _section_at(loc) -> type[BaseModel] | None:
-    _, node, _ = _walk(loc)
-    return node if isinstance(node, type) else None
-
-
 def _closest(name: str, valid) -> str:
     valid = list(valid)
     near = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)

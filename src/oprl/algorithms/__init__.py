@@ -3,7 +3,7 @@
 - ``advantages``: group-relative advantages (mean / soft baseline, std, AsymRE shift, RED-Drop).
 - ``losses``: the token-level policy loss ℓ = −M·w·A·logprobs + regulariser and its metrics.
 - ``aggregation``: the one place where (B, T) values become a scalar.
-- ``kl``: KL-to-reference estimators k1/k2/k3 and entropy.
+- ``kl``: KL-to-reference estimators k1/k2/k3 (the entropy is computed with the log-probs in ``oprl.models``).
 - ``surrogate``: the consistency surrogate whose gradient is group-relative REINFORCE (docs/paper.md#derivation).
 - ``presets``: the paper's algorithms as complete settings dicts.
 
@@ -13,7 +13,7 @@ See docs/algorithms.md for formulas, knobs, metrics and the bandit that motivate
 
 from oprl.algorithms.advantages import BASELINES, DROP_RULES, DropRule, GroupAdvantages, group_advantages
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate, aggregation_count
-from oprl.algorithms.kl import KL_ESTIMATORS, entropy_from_logits, kl_penalty
+from oprl.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from oprl.algorithms.losses import (
     CLIP_MODES,
     MISMATCH_BAND,
@@ -64,7 +64,6 @@ __all__ = [
     "aggregate",
     "aggregation_count",
     "consistency_surrogate",
-    "entropy_from_logits",
     "group_advantages",
     "kl_penalty",
     "policy_loss",

@@ -1,4 +1,4 @@
-"""Per-token KL estimators to a frozen reference policy, and the entropy of a token distribution.
+"""Per-token KL estimators to a frozen reference policy.
 
 KL(π‖π_ref) is estimated on tokens sampled from (about) π with r = π_ref/π, following Schulman,
 "Approximating KL Divergence" (2020):
@@ -7,7 +7,8 @@ KL(π‖π_ref) is estimated on tokens sampled from (about) π with r = π_ref/�
   k3 = (r − 1) − log r                                 unbiased, always ≥ 0 (the usual choice)
 Each returns a (B, T) tensor that keeps the gradient of ``logprobs``; aggregate it with ``aggregate``.
 
-Not here: the coefficient, masking or aggregation (the trainer's), and computing log-probs or logits.
+Not here: the coefficient, masking or aggregation (the trainer's), computing log-probs or logits, and the
+entropy (computed with the log-probs, chunk by chunk, in ``oprl.models.logprobs``).
 """
 
 from collections.abc import Callable
@@ -42,14 +43,3 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) ->
     """
     estimator = lookup(KL_ESTIMATORS, kind, "kl estimator")
     return estimator(ref_logprobs.to(logprobs.dtype) - logprobs)  # (B, T)
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy H = −Σ_v p_v·log p_v (…,) of the softmax of ``logits`` (…, V), e.g. (B, T, V) → (B, T).
-
-    Works on any leading shape, so a caller can pass chunks of the sequence to bound memory. Logits of
-    −inf (banned tokens) contribute 0, not NaN.
-    """
-    log_probs = torch.log_softmax(logits, dim=-1)  # (..., V)
-    finite_log_probs = torch.where(torch.isfinite(log_probs), log_probs, torch.zeros_like(log_probs))
-    return -(log_probs.exp() * finite_log_probs).sum(dim=-1)  # (...)

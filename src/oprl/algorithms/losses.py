@@ -8,7 +8,7 @@ registry below; presets (``oprl.algorithms.presets``) are named combinations of 
 ρ only selects tokens (M) and scales them (w); the gradient always flows through ``logprobs``. With w = ρ
 and the one-side mask this is PPO-clip's gradient exactly, since ∇(ρA) = ρ·A·∇logprobs.
 
-Not here: advantages (``advantages.py``), KL to a reference model and entropy (``kl.py``), and anything
+Not here: advantages (``advantages.py``), KL to a reference model (``kl.py``), and anything
 about which tokens are valid (the caller's mask).
 """
 

@@ -223,11 +223,6 @@ class ExperienceBuffer:
             self.offline.position = meta["offline_position"]
         return sorted(self.ready)
 
-    def discard_unsaved(self, keep_up_to: int, saved: list[int]) -> None:
-        """On resume: delete store files of batches after ``keep_up_to`` that the checkpoint does not hold."""
-        if self.store is not None:
-            self.store.discard(b for b in self.store.batches() if b > keep_up_to and b not in saved)
-
 
 def make_buffer(config: RunConfig, store_dir: str | None) -> ExperienceBuffer:
     """The buffer worker of a run (a module-level factory, so a Ray actor can build it too)."""

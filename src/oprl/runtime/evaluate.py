@@ -10,6 +10,7 @@ from oprl.config import RunConfig
 from oprl.models.chat import encode_problem
 from oprl.runtime.checkpoint import load_checkpoint_weights
 from oprl.runtime.episodes import run_episodes
+from oprl.runtime.schedule import stream_seed
 from oprl.runtime.transport import load_model, make_engine
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
@@ -52,7 +53,7 @@ def evaluation_row(config: RunConfig, engine, task, tokenizer, step: int) -> dic
         engine, task, tokenizer, num_problems=cfg.num_problems, temperature=cfg.temperature, top_p=cfg.top_p,
         batch_size=cfg.batch_size, max_turns=config.rollout.max_turns,
         max_episode_tokens=config.rollout.max_episode_tokens,
-        seed=config.seed * 1_000_003 + EVAL_SEED_OFFSET + step if cfg.seed is None else cfg.seed,
+        seed=stream_seed(config.seed, EVAL_SEED_OFFSET + step) if cfg.seed is None else cfg.seed,
     )
     return {f"eval/{k}": v for k, v in result.items()} | {"perf/eval_s": time.perf_counter() - start}
 

@@ -2,11 +2,14 @@
 
 Raw rewards are stored, never advantages: advantages are recomputed per group by the trainer, so the same
 experiences can be trained with any preset. ``behavior_logprobs`` are the sampler's numbers, recorded once.
+``batch_metrics`` summarises a batch of them (the explorer's rows of mode=explore and the trainer's rows).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass
@@ -43,3 +46,24 @@ class Experience:
     def model_tokens(self) -> int:
         """Response tokens the model produced (the ones the loss covers)."""
         return len(self.response_ids) if self.loss_mask is None else sum(self.loss_mask)
+
+
+def batch_metrics(batch: list[Experience]) -> dict[str, float]:
+    """``reward/*``, ``response/*`` (and ``episode/*`` for multi-turn rows) of one batch: means over its rows
+    (float32, as the trainer's tensors), reward components averaged over every row (0 where absent)."""
+    rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
+    lengths = torch.tensor([len(e.response_ids) for e in batch], dtype=torch.float32)  # (N,)
+    out = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std(unbiased=False)),
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": float(lengths.max()),
+        "response/truncated_frac": sum(e.truncated for e in batch) / len(batch),
+        "response/tokens": float(lengths.sum()),
+    }
+    if any(e.loss_mask is not None for e in batch):
+        out["response/model_tokens"] = float(sum(e.model_tokens for e in batch))
+        out["episode/turns_mean"] = sum(e.extra.get("turns", 1) for e in batch) / len(batch)
+    for name in dict.fromkeys(n for e in batch for n in e.reward_components):  # truncated episodes have none
+        out[f"reward/{name}"] = sum(e.reward_components.get(name, 0.0) for e in batch) / len(batch)
+    return out

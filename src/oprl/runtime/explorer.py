@@ -14,7 +14,8 @@ import time
 from oprl.config import RunConfig
 from oprl.models.chat import encode_problem
 from oprl.runtime.episodes import run_episodes
-from oprl.runtime.experience import Experience
+from oprl.runtime.experience import Experience, batch_metrics
+from oprl.runtime.schedule import stream_seed
 from oprl.runtime.transport import Clock, load_model, make_engine
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
@@ -46,7 +47,7 @@ class Explorer:
     def _permutation(self, epoch: int) -> list[int]:
         if getattr(self, "_perm_epoch", None) != epoch:
             order = list(range(len(self.problems)))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            random.Random(stream_seed(self.seed, epoch)).shuffle(order)
             self._perm_epoch, self._perm = epoch, order
         return self._perm
 
@@ -58,7 +59,7 @@ class Explorer:
         if isinstance(self.task, EpisodicTask):
             return self._explore_episodes(step, version, rows, start)
         prompt_ids = [self._encode(p) for p in rows]
-        rollout = self.engine.generate(prompt_ids, seed=self.seed * 1_000_003 + step)
+        rollout = self.engine.generate(prompt_ids, seed=stream_seed(self.seed, step))
         generated = time.perf_counter()
         rewards = self.task.score(rows, rollout.texts)
         experiences = [
@@ -87,7 +88,7 @@ class Explorer:
     def _explore_episodes(self, step: int, version: int, rows, start: float):
         """Multi-turn: K episodes per problem against the task's environment (``oprl.runtime.episodes``)."""
         episodes = run_episodes(
-            self.engine, self.tokenizer, self.task, rows, seed=self.seed * 1_000_003 + step,
+            self.engine, self.tokenizer, self.task, rows, seed=stream_seed(self.seed, step),
             max_turns=self.max_turns, max_tokens=self.max_episode_tokens,
         )
         experiences = [
@@ -110,23 +111,6 @@ class Explorer:
         if problem.task_id not in self._prompt_cache:
             self._prompt_cache[problem.task_id] = encode_problem(self.tokenizer, problem)
         return self._prompt_cache[problem.task_id]
-
-
-def batch_summary(experiences: list[Experience]) -> dict[str, float]:
-    """Explorer-side metrics of one generated batch (mode=explore rows)."""
-    n = len(experiences)
-    rewards = [e.reward for e in experiences]
-    mean = sum(rewards) / n
-    out = {
-        "reward/mean": mean,
-        "reward/std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
-        "response/length_mean": sum(len(e.response_ids) for e in experiences) / n,
-        "response/truncated_frac": sum(e.truncated for e in experiences) / n,
-        "response/tokens": float(sum(len(e.response_ids) for e in experiences)),
-    }
-    for name in experiences[0].reward_components:
-        out[f"reward/{name}"] = sum(e.reward_components.get(name, 0.0) for e in experiences) / n
-    return out
 
 
 class ExplorerWorker:
@@ -157,5 +141,5 @@ class ExplorerWorker:
             for exp in experiences:
                 exp.extra["explorer"] = self.index
         info = timing | {"sync_s": synced - start, "explorer": self.index, "batch": batch, "version": version}
-        info["summary"] = batch_summary(experiences)
+        info["summary"] = batch_metrics(experiences)
         return experiences, info | {"clock": self.clock.totals()}

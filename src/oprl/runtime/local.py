@@ -104,9 +104,6 @@ class LocalBackend:
     def get(self, future):
         return future.result()
 
-    def done(self, future) -> bool:
-        return future.done()
-
     def put(self, value):
         """A completed future holding ``value`` (e.g. weights read from a checkpoint)."""
         future: Future = Future()

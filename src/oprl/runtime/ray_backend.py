@@ -83,10 +83,6 @@ class RayBackend:
     def get(self, future):
         return ray.get(future)
 
-    def done(self, future) -> bool:
-        done, _ = ray.wait([future], timeout=0)
-        return bool(done)
-
     def put(self, value):
         return ray.put(value)
 

@@ -265,9 +265,4 @@ def _write_summary(run_dir: Path, config: RunConfig, before: float, after: float
     }, indent=2)
 
 
-def train(config: RunConfig, log=print) -> RunSummary:
-    """Kept for callers of the first version: the same as ``run``."""
-    return run(config, log=log)
-
-
-__all__ = ["RunSummary", "check_config", "run", "train", "worker_threads"]
+__all__ = ["RunSummary", "check_config", "run", "worker_threads"]

@@ -19,6 +19,12 @@ def policy_version(step: int, interval: int, offset: int) -> int:
     return 0
 
 
+def stream_seed(seed: int, stream: int) -> int:
+    """The seed of random stream ``stream`` (a step's batch, an epoch's order, a policy version's training) of a
+    run seeded ``seed``: a function of the two alone, so a batch is the same whenever and wherever it is made."""
+    return seed * 1_000_003 + stream
+
+
 def lag(step: int, interval: int, offset: int) -> int:
     """How many versions older than the trainer's current weights (t - 1) the batch of ``step`` is."""
     return (step - 1) - policy_version(step, interval, offset)

@@ -24,6 +24,7 @@ from oprl.algorithms import (
     ADVANTAGE_KEYS,
     LOSS_KEYS,
     aggregate,
+    aggregation_count,
     group_advantages,
     kl_penalty,
     policy_loss,
@@ -34,7 +35,8 @@ from oprl.models.batching import right_pad_values
 from oprl.runtime.checkpoint import load_trainer_state, save_trainer_state
 from oprl.runtime.distributed import SingleProcess
 from oprl.runtime.evaluate import evaluation_row
-from oprl.runtime.experience import Experience
+from oprl.runtime.experience import Experience, batch_metrics
+from oprl.runtime.schedule import stream_seed
 from oprl.runtime.transport import Clock, load_model, make_engine, trainable_weights
 from oprl.tasks import build_task
 
@@ -91,7 +93,7 @@ class Trainer:
         """Train on ``batch`` (whole groups); returns metrics; bumps ``version`` by one. The batch is not
         modified (use counts belong to the buffer)."""
         start = time.perf_counter()
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.version)
+        generator = torch.Generator().manual_seed(stream_seed(self.seed, self.version))
         rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
         group_ids = torch.tensor([e.group_id for e in batch], dtype=torch.long)  # (N,)
         adv = group_advantages(rewards, group_ids, generator=generator, **self.advantage_kwargs)
@@ -111,16 +113,11 @@ class Trainer:
                     [batch[i] for i in picked], adv.advantages[rows], [proximal[i] for i in picked] if proximal else None
                 )
                 updates += 1
-                for key, value in metrics.items():
-                    if key.endswith("_min") or key.endswith("_max"):
-                        pick = min if key.endswith("_min") else max
-                        extremes[key] = pick(extremes.get(key, value), value)
-                    else:
-                        totals[key] += value
+                merge_metrics(totals, extremes, metrics)
         # Metrics are averaged over the optimizer updates of this step; seconds add up.
         out = {key: value if key.startswith("perf/") else value / max(updates, 1) for key, value in totals.items()}
         out |= extremes
-        out.update(self._batch_metrics(batch, adv, rewards, self.version))
+        out.update(self._batch_metrics(batch, adv, self.version))
         self.version += 1
         out["perf/train_s"] = time.perf_counter() - start
         out["perf/train_tokens_per_s"] = out["response/tokens"] * self.optim.epochs / out["perf/train_s"]
@@ -150,7 +147,11 @@ class Trainer:
         this rank's micro-batches; the shares use the mini-batch's global count, whatever rank holds a row."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = sum(e.model_tokens for e in rows)
+        # Exact accumulation: each micro-batch's mean is re-weighted by its share of the mini-batch's count
+        # (oprl.algorithms.aggregation_count: tokens for token-mean, sequences otherwise).
+        covered = loss_mask_of(rows, max(len(e.response_ids) for e in rows))  # (B, T): the tokens the loss covers
+        loss_agg = self.loss_kwargs["loss_agg"]
+        total, total_tokens = (max(float(aggregation_count(covered, agg)), 1.0) for agg in (loss_agg, "token-mean"))
         sums: dict[str, float] = defaultdict(float)
         extremes: dict[str, float] = {}
         chunks = self.parallel.micro_batches(rows, self.optim.micro_batch_size)
@@ -158,9 +159,8 @@ class Trainer:
             # An empty chunk (this rank holds fewer micro-batches) still runs forward/backward on one row with
             # weight 0: FSDP gathers parameters in every rank's forward and reduces gradients after the last one.
             micro = [rows[i] for i in chunk] if chunk else rows[:1]
-            tokens = sum(e.model_tokens for e in micro) if chunk else 0
-            # Exact accumulation: each micro-batch's mean is re-weighted by its share of the whole.
-            share = tokens / total_tokens if self.loss_kwargs["loss_agg"] == "token-mean" else len(chunk) / len(rows)
+            tokens = float(aggregation_count(covered[chunk], "token-mean")) if chunk else 0.0
+            share = float(aggregation_count(covered[chunk], loss_agg)) / total if chunk else 0.0
             tick = time.perf_counter()
             with self.parallel.gradient_sync(index == len(chunks) - 1):
                 picked = chunk if chunk else [0]
@@ -173,13 +173,8 @@ class Trainer:
             sums["perf/train_backward_s"] += time.perf_counter() - tock
             if not chunk:
                 continue
-            for key, value in metrics.items():
-                if key.endswith("_min") or key.endswith("_max"):
-                    pick = min if key.endswith("_min") else max
-                    extremes[key] = pick(extremes.get(key, value), value)
-                else:
-                    # Loss values are means in the loss's own aggregation (its share); the rest are token means.
-                    sums[key] += value * (share if key in AGGREGATED_METRICS else tokens / total_tokens)
+            # Loss values are means in the loss's own aggregation (its share); the rest are token means.
+            merge_metrics(sums, extremes, metrics, tokens / total_tokens, dict.fromkeys(AGGREGATED_METRICS, share))
         tick = time.perf_counter()
         grad_norm = self.parallel.clip_grad_norm(self.model.parameters(), self.optim.grad_clip)
         self.optimizer.step()
@@ -233,32 +228,30 @@ class Trainer:
         return self.kl_coef > 0 or (every > 0 and (self.version + 1) % every == 0)
 
     @staticmethod
-    def _batch_metrics(batch: list[Experience], adv, rewards: torch.Tensor, version: int) -> dict[str, float]:
-        lengths = torch.tensor([len(e.response_ids) for e in batch], dtype=torch.float32)
+    def _batch_metrics(batch: list[Experience], adv, version: int) -> dict[str, float]:
         versions = [e.policy_version for e in batch]
         lags = [version - v for v in versions]  # how many updates the weights made since each sample
-        out = {
+        return batch_metrics(batch) | {
             "lag/min": float(min(lags)),
             "lag/mean": sum(lags) / len(lags),
             "lag/max": float(max(lags)),
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std(unbiased=False)),
-            "response/length_mean": float(lengths.mean()),
-            "response/length_max": float(lengths.max()),
-            "response/truncated_frac": sum(e.truncated for e in batch) / len(batch),
-            "response/tokens": float(lengths.sum()),
             "adv/keep_frac": 1 - float(adv.dropped.float().mean()),
             "adv/abs_mean": float(adv.advantages[~adv.dropped].abs().mean()) if not adv.dropped.all() else 0.0,
             "batch/version_min": float(min(versions)),
             "batch/version_max": float(max(versions)),
             "batch/use_count_mean": sum(e.use_count for e in batch) / len(batch),
         }
-        if any(e.loss_mask is not None for e in batch):
-            out["response/model_tokens"] = float(sum(e.model_tokens for e in batch))
-            out["episode/turns_mean"] = sum(e.extra.get("turns", 1) for e in batch) / len(batch)
-        for name in dict.fromkeys(n for e in batch for n in e.reward_components):  # truncated episodes have none
-            out[f"reward/{name}"] = sum(e.reward_components.get(name, 0.0) for e in batch) / len(batch)
-        return out
+
+
+def merge_metrics(sums: dict, extremes: dict, metrics: dict, weight: float = 1.0, weights: dict | None = None) -> None:
+    """Accumulate one update's (or micro-batch's) ``metrics``: ``*_min`` / ``*_max`` keys keep their extreme, the
+    others add into ``sums`` times their weight (``weights[key]``, else ``weight``)."""
+    for key, value in metrics.items():
+        if key.endswith("_min") or key.endswith("_max"):
+            pick = min if key.endswith("_min") else max
+            extremes[key] = pick(extremes.get(key, value), value)
+        else:
+            sums[key] += value * (weights or {}).get(key, weight)
 
 
 def loss_mask_of(rows: list[Experience], width: int) -> torch.Tensor:
