@@ -5,10 +5,12 @@ import copy
 
 import pytest
 import torch
-from tests.test_trainer import make_batch, make_trainer
 
 import oprl.runtime.trainer as trainer_module
 from oprl.models.logprobs import pack, response_logprobs
+from oprl.models.tiny import build_tokenizer
+from test_distributed import _batches, _compare, _config, _reference, _run, tiny_path  # noqa: F401 (fixture)
+from test_trainer import make_batch, make_trainer
 
 NEW_PRESETS = [
     "tis-token", "tis-seq", "masked-is-token", "masked-is-seq", "decoupled-ppo", "gspo", "cispo", "dr-grpo",
@@ -109,3 +111,19 @@ def test_decoupled_ppo_trains_the_default_job(small_overrides, tmp_path):
 @pytest.mark.parametrize("preset", NEW_PRESETS)
 def test_each_new_preset_trains_the_default_job(small_overrides, tmp_path, preset):
     _train(small_overrides, tmp_path, preset)
+
+
+@pytest.mark.slow  # two gloo ranks per sharding mode
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_decoupled_ppo_two_ranks_equal_one_process(tiny_path, sharding):
+    """π_prox on data-parallel ranks (every rank recomputes every row through the wrapped policy) gives the
+    one-process losses, gradient norms and weights (two mini-batches per step, so r ≠ 1 on the second)."""
+    from oprl.runtime.trainer_ranks import ShardedTrainer
+
+    config = _config(tiny_path, sharding, 2, **{"algorithm.preset": "decoupled-ppo"})
+    reference = _reference(config, tiny_path)
+    trainer = ShardedTrainer(config, tiny_path)
+    try:
+        _compare(reference, _run(trainer, _batches(build_tokenizer())))
+    finally:
+        trainer.stop()

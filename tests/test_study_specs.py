@@ -1,0 +1,51 @@
+"""The two studies' sweep specs (configs/sweeps/mismatch.yaml, red-drop.yaml): every planned run is a valid
+config with >= 3 seeds, and (slow) a 2-step version of each whole grid runs and reports."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import SMALL
+from oprl.config import load_config
+from oprl.experiments import report, sweep
+
+SPECS = Path(__file__).resolve().parents[1] / "configs" / "sweeps"
+STUDIES = ["mismatch.yaml", "red-drop.yaml"]
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_planned_run_is_a_valid_config(name):
+    spec = sweep.load_spec(SPECS / name)
+    runs = sweep.plan(spec)
+    assert len(spec["grid"]["seed"]) >= 3
+    for run in runs:
+        config = load_config(overrides=list(run.overrides))
+        assert config.algorithm.preset == run.labels["algorithm.preset"]
+    grouped = {preset for presets in spec["report"]["groups"].values() for preset in presets}
+    assert grouped <= set(spec["grid"]["algorithm.preset"])
+
+
+def test_mismatch_settings_separate_mismatch_from_staleness():
+    spec = sweep.load_spec(SPECS / "mismatch.yaml")
+    settings = spec["grid"]["setting"]
+    assert settings["on-policy-bf16"] == {**settings["on-policy"], "rollout.dtype": "bfloat16"}
+    assert settings["stale-bf16"] == {**settings["stale"], "rollout.dtype": "bfloat16"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", STUDIES)
+def test_two_step_version_runs_and_reports(name, tmp_path):
+    spec = sweep.load_spec(SPECS / name)
+    small = [o for o in SMALL if not o.startswith("rollout.prompts_per_step")]
+    spec |= {
+        "output_dir": str(tmp_path / "study"),
+        "overrides": [*spec["overrides"], *small, "steps=2", "eval.interval=0", "rollout.prompts_per_step=2"],
+        "grid": spec["grid"] | {"seed": [0]},
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = sweep.run_sweep(path)
+    planned = sweep.plan(spec)
+    assert all((out / run.name / "summary.json").is_file() for run in planned)
+    assert (report.build_report(out)).is_file()
