@@ -9,7 +9,7 @@ import torch
 import oprl.runtime.trainer as trainer_module
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_tokenizer
-from test_distributed import _batches, _compare, _config, _reference, _run, tiny_path  # noqa: F401 (fixture)
+from test_distributed import _batches, _compare, _config, _reference, _run, _save_model
 from test_trainer import make_batch, make_trainer
 
 NEW_PRESETS = [
@@ -111,6 +111,11 @@ def test_decoupled_ppo_trains_the_default_job(small_overrides, tmp_path):
 @pytest.mark.parametrize("preset", NEW_PRESETS)
 def test_each_new_preset_trains_the_default_job(small_overrides, tmp_path, preset):
     _train(small_overrides, tmp_path, preset)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return _save_model(tmp_path_factory.mktemp("tiny"), 32, 2, 2)
 
 
 @pytest.mark.slow  # two gloo ranks per sharding mode
