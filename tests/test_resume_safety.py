@@ -167,3 +167,13 @@ def test_non_finite_weights_are_refused_at_save_and_at_load(tmp_path):
     files["weights/v.safetensors"] = {"size": path.stat().st_size, "sha256": manifest._sha256(path)}
     (checkpoint / "manifest.json").write_text(json.dumps({"files": files}))
     assert "non-finite" in manifest.verify(checkpoint)
+
+
+def test_resume_takes_true_false_or_restart():
+    from oprl.config import load_config
+    from oprl.errors import OprlError
+
+    assert [load_config(None, [f"resume={v}"]).resume for v in ("true", "false", "restart")] == [True, False,
+                                                                                                 "restart"]
+    with pytest.raises(OprlError, match="resume: .*expected true, false or restart"):
+        load_config(None, ["resume=maybe"])

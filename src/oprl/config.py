@@ -10,10 +10,10 @@ from __future__ import annotations
 import difflib
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Optional, TypeAlias, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, TypeAlias, Union
 
 import yaml
-from pydantic import BaseModel, Field, Tag, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, Tag, ValidationError
 
 from oprl.algorithms import (
     ALGORITHM_DEFAULTS,
@@ -375,6 +375,13 @@ class TrackingConfig(_Section):
     """MLflow tracking URI (a server or a store); None = a local file store ``<run_dir>/mlruns``."""
 
 
+def _resume_value(value):
+    """``resume`` is true, false or restart (one line for anything else)."""
+    if isinstance(value, bool) or value == "restart":
+        return value
+    raise ValueError("expected true, false or restart")
+
+
 class RunConfig(_Section):
     """A training run."""
 
@@ -385,13 +392,13 @@ class RunConfig(_Section):
     backend: Literal["local", "ray"] = "local"
     """``local`` = workers are threads of this process; ``ray`` = Ray actors (``pip install 'oprl[ray]'``).
     In sync.mode=scheduled both give identical metrics for the same seed."""
-    resume: Union[bool, Literal["restart"]] = False
+    resume: Annotated[Union[bool, Literal["restart"]], BeforeValidator(_resume_value)] = False
     """``true``: continue run ``run_name`` from its newest checkpoint that verifies (after a crash or kill, or to
     add steps), with the run's saved ``config.yaml``; only the keys given now that are resumable (``steps``,
     ``eval.*``, ``checkpoint.*``, ``runtime.*``, ``tracking.*``, ``backend``, ``progress``, ``tensorboard``,
-    ``trainer.world_size``) change, and any other difference is refused. With no usable checkpoint it stops and deletes nothing. ``restart``: delete
-    the run's outputs (rows, experiences, checkpoints) and run it again from step 0 with its saved config
-    plus the keys given."""
+    ``trainer.world_size``) change, and any other difference is refused. With no usable checkpoint it stops
+    and deletes nothing. ``restart``: delete the run's outputs (rows, experiences, checkpoints) and run it
+    again from step 0 with its saved config plus the keys given."""
     seed: int = 0
     """Seed of everything in the run (sampling, RED-Drop, data order)."""
     steps: int = Field(300, gt=0)

@@ -8,8 +8,10 @@ weights for non-finite values again, and returns what is wrong, naming the file,
 sound. Resume uses the newest checkpoint that verifies; pruning deletes old checkpoints only after a newer
 one has verified.
 
-SHA-256 rather than a CRC: ``sha256sum`` can check a file by hand, and hashlib runs at disk speed (about a
-gigabyte per second on one core), so verifying costs about what reading the checkpoint costs.
+SHA-256 rather than a CRC: ``sha256sum`` can check a file by hand, and a CRC is not much faster here
+(hashlib's SHA-256 225 MB/s vs ``zlib.crc32`` 413 MB/s on 100 MB, best of 3, on this project's 2-core
+machine under heavy load): the tiny model's checkpoint (~2 MB) takes milliseconds; a 135M-parameter model
+with its AdamW state (~1.6 GB) some seconds, at commit and at resume.
 """
 
 from __future__ import annotations
