@@ -112,6 +112,7 @@ def parse(argv=None):
     parser.add_argument("--response", type=int, default=512, help="max new tokens")
     parser.add_argument("--micro-batch", type=int, default=16, help="optim.micro_batch_size")
     parser.add_argument("--steps", type=int, default=2, help="RL steps (the last one is reported)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (CPU)")
     parser.add_argument("--peak-tflops", type=float, default=790.0, help="the chip's dense bf16 peak")
     return parser.parse_args(argv)
 
@@ -126,6 +127,8 @@ def rank_main(rank: int, args, port: int, results) -> None:
     from oprl.runtime.experience import Experience
     from oprl.runtime.trainer import Trainer
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda":
         device = torch.device("cuda", rank)

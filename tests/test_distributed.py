@@ -209,3 +209,4 @@ def test_sharded_checkpoint_resumes_at_another_world_size(tiny_path, tmp_path):
 def _run_from(worker, batches, first_step):
     metrics = [worker.train(step, copy.deepcopy(batches[step - 1])) for step in range(first_step, len(batches) + 1)]
     return metrics, {k: v.clone() for k, v in worker.weights().items()}
+

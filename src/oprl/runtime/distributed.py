@@ -218,6 +218,15 @@ def save_sharded(model: torch.nn.Module, optimizer, directory: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    from torch.distributed.tensor import DTensor
+
+    from oprl.runtime.manifest import CheckpointError
+
+    # The manifest checks safetensors weights for NaN/inf; shards are checked here, each rank its own.
+    for name, param in model.named_parameters():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        if local.is_floating_point() and not torch.isfinite(local).all():
+            raise CheckpointError(f"{directory}: {name} holds non-finite values (NaN or inf); not checkpointed")
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory))
 
