@@ -18,7 +18,7 @@ import torch
 from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.runtime.trainer_ranks import ShardedTrainer, check_trainer_config
+from oprl.runtime.trainer_ranks import SHARDS, ShardedTrainer, check_trainer_config
 from oprl.runtime.trainer import TrainerWorker
 from test_trainer import make_batch
 
@@ -201,12 +201,39 @@ def test_sharded_checkpoint_resumes_at_another_world_size(tiny_path, tmp_path):
                          tiny_path)
     try:
         assert one.restore(str(tmp_path / "trainer")) == 1
+        restored = one.weights()
         _compare(expected, _run_from(one, batches, 2))
     finally:
         one.stop()
+    # mode=eval reads the shards into an ordinary model (no process group).
+    from oprl.runtime.distributed import load_full_weights
+    from oprl.runtime.transport import load_model
+
+    model, _ = load_model(config, tiny_path)
+    load_full_weights(model, tmp_path / "trainer" / SHARDS)
+    for name, param in model.named_parameters():
+        assert torch.equal(param.detach(), restored[name]), name
 
 
 def _run_from(worker, batches, first_step):
     metrics = [worker.train(step, copy.deepcopy(batches[step - 1])) for step in range(first_step, len(batches) + 1)]
     return metrics, {k: v.clone() for k, v in worker.weights().items()}
 
+
+
+def test_gpu_check_runs_on_cpu_without_pydantic():
+    """benchmarks/gpu_check.py at a tiny shape: one JSON object, a finite loss, and no pydantic import (the GPU
+    machine it is written for has none)."""
+    import json
+
+    script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--threads", "1",
+         "--groups", "2", "--group-size", "2", "--prompt", "6", "--response", "4", "--micro-batch", "2"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["pydantic_imported"] is False
+    assert result["step"] == 2 and result["response_tokens"] > 0 and result["train_s"] > 0
+    assert torch.isfinite(torch.tensor([result["loss"], result["grad_norm"], result["trainer_mfu"]])).all()

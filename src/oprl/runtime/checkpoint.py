@@ -208,5 +208,10 @@ def load_trainer_state(directory: str | Path, model, optimizer: torch.optim.Opti
 def load_checkpoint_weights(model, checkpoint: str | Path) -> int:
     """Load a checkpoint's trainer weights into ``model`` (mode=eval); returns its step."""
     root = Path(checkpoint)
-    load_model(model, str(root / "trainer" / "model.safetensors"))
+    if (root / "trainer" / "dcp").is_dir():  # written by trainer.sharding=ddp|fsdp ranks
+        from oprl.runtime.distributed import load_full_weights
+
+        load_full_weights(model, root / "trainer" / "dcp")
+    else:
+        load_model(model, str(root / "trainer" / "model.safetensors"))
     return read_json(root / "state.json")["step"]

@@ -232,14 +232,22 @@ def save_sharded(model: torch.nn.Module, optimizer, directory: Path) -> None:
 
 
 def load_sharded(model: torch.nn.Module, optimizer, directory: Path) -> None:
-    """Load ``save_sharded``'s output; DCP reshards when the world size or sharding differs from the saving run."""
+    """Load ``save_sharded``'s output; DCP reshards when the world size differs from the saving run's."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state} if optimizer is not None else {"model": model_state}
+    state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(directory))
-    if optimizer is None:
-        set_state_dict(model, (), model_state_dict=state["model"], optim_state_dict={})
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def load_full_weights(model: torch.nn.Module, directory: Path) -> None:
+    """The weights of a ``save_sharded`` checkpoint into an ordinary (unsharded) ``model``, in this one process
+    (mode=eval): DCP assembles every tensor from the ranks' shards, whatever their number."""
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    # Tied weights (lm_head = embed_tokens) may be saved under one name only; each storage is loaded once.
+    state = {k: v for k, v in model.state_dict().items() if f"model.{k}" in saved}
+    dcp.load({"model": state}, checkpoint_id=str(directory), no_dist=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,15 +31,18 @@ from oprl.algorithms import (
     policy_loss,
     ratio_stats,
 )
-from oprl.config import RunConfig, algorithm_settings
 from oprl.models.batching import right_pad_values
 from oprl.runtime.checkpoint import load_trainer_state, save_trainer_state
 from oprl.runtime.distributed import SingleProcess
-from oprl.runtime.evaluate import evaluation_row
 from oprl.runtime.experience import Experience, batch_metrics
 from oprl.runtime.schedule import stream_seed
 from oprl.runtime.transport import Clock, load_model, make_engine, trainable_weights
-from oprl.tasks import build_task
+
+if TYPE_CHECKING:
+    from oprl.config import RunConfig
+
+# ``Trainer`` imports no config, task or evaluation module (they need pydantic): benchmarks/gpu_check.py runs it
+# on a machine without pydantic. ``TrainerWorker`` imports them where it uses them.
 
 AGGREGATED_METRICS = ("loss/pg_loss", "loss/reg_loss", "loss/total", "kl/ref")
 """Micro-batch metrics aggregated like the loss (``loss_agg``), so averaged with the loss's micro-batch shares."""
@@ -260,23 +264,32 @@ def loss_mask_of(rows: list[Experience], width: int) -> torch.Tensor:
     return right_pad_values(masks, width) > 0
 
 
+def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess | None = None) -> Trainer:
+    """The ``Trainer`` of ``config`` around ``model`` (one process, or one rank of ``parallel``)."""
+    from oprl.config import algorithm_settings
+
+    algo = config.algorithm
+    return Trainer(
+        model, pad_id=pad_id, settings=algorithm_settings(config), optim=config.optim,
+        sampling_temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_new_tokens,
+        kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef, seed=config.seed,
+        log_ref_kl_every=algo.log_ref_kl_every, parallel=parallel,
+    )
+
+
 class TrainerWorker:
     """The trainer role: owns the policy being trained, its optimizer and version; evaluates that policy."""
 
     def __init__(self, config: RunConfig, model_path: str, cpu_snapshots: bool = False):
+        from oprl.tasks import build_task
+
         self.clock = Clock()
         self.config = config
         self.cpu_snapshots = cpu_snapshots
         self.task = build_task(config.task)
         self.model, self.tokenizer = load_model(config, model_path)
         self.engine = make_engine(config, self.model, self.tokenizer)
-        algo = config.algorithm
-        self.trainer = Trainer(
-            self.model, pad_id=self.tokenizer.pad_token_id, settings=algorithm_settings(config), optim=config.optim,
-            sampling_temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_new_tokens,
-            kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef, seed=config.seed,
-            log_ref_kl_every=algo.log_ref_kl_every,
-        )
+        self.trainer = build_trainer(config, self.model, self.tokenizer.pad_token_id)
 
     def ping(self) -> int:
         return self.trainer.version
@@ -295,6 +308,8 @@ class TrainerWorker:
 
     def evaluate(self, step: int) -> dict[str, float]:
         with self.clock.work():
+            from oprl.runtime.evaluate import evaluation_row
+
             return evaluation_row(self.config, self.engine, self.task, self.tokenizer, step)
 
     def save(self, directory: str) -> int:

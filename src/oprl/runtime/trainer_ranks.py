@@ -66,9 +66,8 @@ class TrainerRank:
         self.replica = None
 
     def setup(self, address: str) -> bool:
-        from oprl.config import algorithm_settings
         from oprl.models.loading import resolve_device
-        from oprl.runtime.trainer import Trainer
+        from oprl.runtime.trainer import build_trainer
         from oprl.runtime.transport import load_model
 
         config, t = self.config, self.config.trainer
@@ -84,13 +83,7 @@ class TrainerRank:
         self.model, self.tokenizer = load_model(config.model_copy(update={"model": model_config}), self.model_path)
         compute = torch.bfloat16 if fsdp and config.model.dtype == "bfloat16" else None
         self.parallel = DataParallel(t.sharding, device=device, compute_dtype=compute)
-        algo = config.algorithm
-        self.trainer = Trainer(
-            self.model, pad_id=self.tokenizer.pad_token_id, settings=algorithm_settings(config), optim=config.optim,
-            sampling_temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_new_tokens,
-            kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef, seed=config.seed,
-            log_ref_kl_every=algo.log_ref_kl_every, parallel=self.parallel,
-        )
+        self.trainer = build_trainer(config, self.model, self.tokenizer.pad_token_id, self.parallel)
         return True
 
     def train(self, step: int, batch: list) -> dict[str, float]:
@@ -144,19 +137,6 @@ class TrainerRank:
         load_rng(root)
         self.trainer.version = read_json(root / "trainer.json")["version"]
         return self.trainer.version
-
-    def load_checkpoint(self, checkpoint: str) -> int:
-        """Only the weights of a checkpoint (mode=eval; sharded or not); returns its step."""
-        from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        root = Path(checkpoint)
-        if (root / "trainer" / SHARDS).is_dir():
-            load_sharded(self.model, None, root / "trainer" / SHARDS)
-        else:
-            full = load_file(str(root / "trainer" / "model.safetensors"))
-            set_model_state_dict(self.model, full, options=StateDictOptions(full_state_dict=True, strict=False))
-        return read_json(root / "state.json")["step"]
 
     def save_final(self, directory: str) -> None:
         replica = self._full_replica()
@@ -233,9 +213,6 @@ class ShardedTrainer:
     def restore(self, directory: str) -> int:
         self.version = self._all("restore", "while resuming", None, directory)[0]
         return self.version
-
-    def load_checkpoint(self, checkpoint: str) -> int:
-        return self._all("load_checkpoint", "while loading a checkpoint", None, checkpoint)[0]
 
     def save_final(self, directory: str) -> None:
         with self.clock.work():

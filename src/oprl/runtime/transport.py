@@ -20,12 +20,15 @@ import math
 import threading
 import time
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
-from oprl.config import RunConfig
 from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.rollout import ENGINES
+
+if TYPE_CHECKING:
+    from oprl.config import RunConfig  # annotations only: FlatWeights travels where pydantic is absent
 
 SAMPLING_LOCK = threading.RLock()
 
