@@ -49,14 +49,23 @@ class Episode:
 
 
 def observation_ids(tokenizer, messages: list[dict], observation, tools=()) -> list[int]:
-    """Tokens the chat template adds after ``messages`` for ``observation`` and the next assistant header.
+    """Tokens the chat template puts after the model's last turn (``messages[-1]``, which ended at EOS): the
+    rest of that turn's template glue (ChatML's newline after ``<|im_end|>``), ``observation``, and the next
+    assistant header.
 
-    The difference of two renderings (with and without the observation); templates that re-render earlier
-    turns differently (so the shorter is no prefix of the longer) fall back to the observation alone.
+    Read off the rendering of the whole conversation, after the text the model produced (its reply and EOS);
+    when the template renders the reply differently, the difference of the renderings with and without the
+    observation; when the template re-renders earlier turns differently, the observation rendered alone.
     """
-    before = render(tokenizer, messages, tools, generation_prompt=False)
     after = render(tokenizer, [*messages, *observation], tools, generation_prompt=True)
-    text = after[len(before) :] if after.startswith(before) else render(tokenizer, list(observation), ())
+    produced = render(tokenizer, messages[:-1], tools) + messages[-1]["content"] + (tokenizer.eos_token or "")
+    before = render(tokenizer, messages, tools, generation_prompt=False)
+    if after.startswith(produced):
+        text = after[len(produced) :]
+    elif after.startswith(before):
+        text = after[len(before) :]
+    else:
+        text = render(tokenizer, list(observation), ())
     return tokenizer(text, add_special_tokens=False).input_ids
 
 

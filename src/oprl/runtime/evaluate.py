@@ -28,8 +28,11 @@ def evaluate(
     problems = list(task.problems("test"))[:num_problems]
     n = len(problems)
     if isinstance(task, EpisodicTask):
-        episodes = run_episodes(engine, tokenizer, task, problems, seed=seed, max_turns=max_turns,
-                                max_tokens=max_episode_tokens, temperature=temperature, top_p=top_p)
+        episodes = []  # batch_size episodes at a time; each chunk seeds its turns apart from the others
+        for chunk, first in enumerate(range(0, n, batch_size)):
+            episodes += run_episodes(engine, tokenizer, task, problems[first : first + batch_size],
+                                     seed=seed + 1_000_003 * chunk, max_turns=max_turns, max_tokens=max_episode_tokens,
+                                     temperature=temperature, top_p=top_p)
         rewards, lengths = [e.reward for e in episodes], [len(e.response_ids) for e in episodes]
     else:
         prompts = [encode_problem(tokenizer, p) for p in problems]
