@@ -37,12 +37,36 @@ import torch
 
 SHAPES = {
     # Qwen2.5-1.5B-Instruct's config.json, as a Llama (Qwen2 = Llama + q/k/v biases).
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, vocab_size=151936, rope_theta=1e6, rms_norm_eps=1e-6),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936, rope_theta=1e6, rms_norm_eps=1e-6),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512, rope_theta=1e6, rms_norm_eps=1e-6),
+    "1.5b": {
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6,
+    },
+    "0.5b": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6,
+    },
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6,
+    },
 }
 EOS, PAD = 1, 0
 
@@ -59,8 +83,15 @@ class IdTokenizer:
 def build_model(shape: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**SHAPES[shape], attention_bias=True, tie_word_embeddings=True, max_position_embeddings=32768,
-                         bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD)
+    config = LlamaConfig(
+        **SHAPES[shape],
+        attention_bias=True,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        bos_token_id=EOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
     torch.manual_seed(seed)
     with torch.device(device):  # "meta": shapes only
         model = LlamaForCausalLM(config).to(dtype)
@@ -84,8 +115,12 @@ def start_group(device: torch.device, rank: int, world_size: int, port: int) -> 
 
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world_size)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+    )
 
 
 def synchronize(device):
@@ -104,8 +139,12 @@ def parse(argv=None):
     parser.add_argument("--shape", choices=sorted(SHAPES), default="1.5b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--world-size", type=int, default=1, help="trainer ranks (processes; GPUs on CUDA)")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                        help="compute and explorer dtype (master weights stay float32)")
+    parser.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="compute and explorer dtype (master weights stay float32)",
+    )
     parser.add_argument("--groups", type=int, default=8, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens")
@@ -138,10 +177,24 @@ def rank_main(rank: int, args, port: int, results) -> None:
     # float32 master weights built on the CPU (as a rank loads them); fully_shard moves each shard to the device.
     policy = build_model(args.shape, torch.device("cpu"), torch.float32)
     parallel = DataParallel("fsdp", device=device, compute_dtype=None if dtype == torch.float32 else dtype)
-    optim = SimpleNamespace(lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01, grad_clip=1.0, mini_batches=1,
-                            epochs=1, micro_batch_size=args.micro_batch)
-    trainer = Trainer(policy, pad_id=PAD, settings=PRESETS["grpo"], optim=optim, sampling_temperature=1.0,
-                      max_response_tokens=args.response, parallel=parallel)
+    optim = SimpleNamespace(
+        lr=1e-6,
+        betas=(0.9, 0.999),
+        weight_decay=0.01,
+        grad_clip=1.0,
+        mini_batches=1,
+        epochs=1,
+        micro_batch_size=args.micro_batch,
+    )
+    trainer = Trainer(
+        policy,
+        pad_id=PAD,
+        settings=PRESETS["grpo"],
+        optim=optim,
+        sampling_temperature=1.0,
+        max_response_tokens=args.response,
+        parallel=parallel,
+    )
     trainer_rss = peak_rss_gib()
     engine = None
     if rank == 0:
@@ -150,9 +203,15 @@ def rank_main(rank: int, args, port: int, results) -> None:
     setup_s = time.perf_counter() - built
     generator = torch.Generator().manual_seed(0)
     vocab = SHAPES[args.shape]["vocab_size"]
-    result: dict = {"shape": args.shape, "device": str(device), "world_size": args.world_size, "dtype": args.dtype,
-                    "torch": torch.__version__, "setup_s": setup_s,
-                    "params": sum(p.numel() for p in build_model(args.shape, "meta", dtype).parameters())}
+    result: dict = {
+        "shape": args.shape,
+        "device": str(device),
+        "world_size": args.world_size,
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "setup_s": setup_s,
+        "params": sum(p.numel() for p in build_model(args.shape, "meta", dtype).parameters()),
+    }
     for step in range(1, args.steps + 1):
         prompts = [torch.randint(2, vocab, (args.prompt,), generator=generator).tolist() for _ in range(args.groups)]
         rows = [p for p in prompts for _ in range(args.group_size)]
@@ -165,10 +224,20 @@ def rank_main(rank: int, args, port: int, results) -> None:
         rollout = sampled[0]
         synchronize(device)
         generate_s = time.perf_counter() - tick
-        batch = [Experience(prompt_ids=p, response_ids=r, behavior_logprobs=lp, reward=float(i % 3 == 0),
-                            reward_components={}, group_id=i // args.group_size, task_id="x", policy_version=step - 1,
-                            response_text="") for i, (p, r, lp) in enumerate(zip(rows, rollout.response_ids,
-                                                                                  rollout.behavior_logprobs))]
+        batch = [
+            Experience(
+                prompt_ids=p,
+                response_ids=r,
+                behavior_logprobs=lp,
+                reward=float(i % 3 == 0),
+                reward_components={},
+                group_id=i // args.group_size,
+                task_id="x",
+                policy_version=step - 1,
+                response_text="",
+            )
+            for i, (p, r, lp) in enumerate(zip(rows, rollout.response_ids, rollout.behavior_logprobs, strict=True))
+        ]
         tick = time.perf_counter()
         metrics = trainer.step(batch)
         synchronize(device)
@@ -183,12 +252,18 @@ def rank_main(rank: int, args, port: int, results) -> None:
         lengths = [len(r) for r in rollout.response_ids]
         flops = train_flops(policy, args.groups, args.prompt, lengths) / args.world_size  # per rank
         result |= {
-            "step": step, "rows": len(rows), "response_tokens": sum(lengths),
-            "generate_s": generate_s, "generate_tokens_per_s": sum(lengths) / generate_s,
-            "train_s": train_s, "train_tflops_per_s_per_rank": flops / train_s / 1e12,
+            "step": step,
+            "rows": len(rows),
+            "response_tokens": sum(lengths),
+            "generate_s": generate_s,
+            "generate_tokens_per_s": sum(lengths) / generate_s,
+            "train_s": train_s,
+            "train_tflops_per_s_per_rank": flops / train_s / 1e12,
             "trainer_mfu": flops / train_s / (args.peak_tflops * 1e12),
-            "weight_sync_s": sync_s, "rl_step_s": generate_s + train_s + sync_s,
-            "loss": metrics["loss/total"], "grad_norm": metrics["optim/grad_norm"],
+            "weight_sync_s": sync_s,
+            "rl_step_s": generate_s + train_s + sync_s,
+            "loss": metrics["loss/total"],
+            "grad_norm": metrics["optim/grad_norm"],
         }
         if device.type == "cuda":
             result["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30

@@ -39,7 +39,7 @@ def parameters(shape: str) -> tuple[int, int, int]:
 
 
 def per_rank_gib(shape: str, world: int, *, sharding: str, dtype: str, tokens: int) -> dict[str, float]:
-    vocab, d, layers, inter, kv, tied = SHAPES[shape]
+    _, d, layers, inter, kv, _ = SHAPES[shape]
     total, root, layer = parameters(shape)
     compute = 2 if dtype == "bfloat16" else 4
     if sharding == "fsdp":
@@ -49,8 +49,12 @@ def per_rank_gib(shape: str, world: int, *, sharding: str, dtype: str, tokens: i
         state = (8 if dtype == "bfloat16" else 16) * total
         gathered = 0
     activations = tokens * layers * (9 * d + 3 * kv + 4 * inter) * compute
-    return {"state": state / GIB, "gathered": gathered / GIB, "activations": activations / GIB,
-            "total": (state + gathered + activations) / GIB}
+    return {
+        "state": state / GIB,
+        "gathered": gathered / GIB,
+        "activations": activations / GIB,
+        "total": (state + gathered + activations) / GIB,
+    }
 
 
 def main(argv=None) -> None:
@@ -65,8 +69,10 @@ def main(argv=None) -> None:
     parser.add_argument("--response", type=int, default=1024)
     args = parser.parse_args(argv)
     tokens = args.groups * args.prompt + args.rows * args.response
-    print(f"micro-batch: {args.rows} rows, {args.groups} groups, {tokens} tokens; sharding={args.sharding}, "
-          f"compute {args.dtype}")
+    print(
+        f"micro-batch: {args.rows} rows, {args.groups} groups, {tokens} tokens; sharding={args.sharding}, "
+        f"compute {args.dtype}"
+    )
     print(f"{'model':14} {'params':>7} " + " ".join(f"{'N=' + str(n):>22}" for n in args.world_sizes))
     for shape in args.shape or ["smollm2-135m", "qwen2.5-1.5b", "llama-3.1-8b"]:
         cells = []

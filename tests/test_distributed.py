@@ -18,8 +18,8 @@ import torch
 from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.runtime.trainer_ranks import SHARDS, ShardedTrainer, check_trainer_config
 from oprl.runtime.trainer import TrainerWorker
+from oprl.runtime.trainer_ranks import SHARDS, ShardedTrainer, check_trainer_config
 from test_trainer import make_batch
 
 TOL = 1e-5
@@ -39,9 +39,17 @@ def tiny_path(tmp_path_factory):
 
 
 def _config(path, sharding, world_size, **extra):
-    overrides = [f"model.path={path}", f"trainer.sharding={sharding}", f"trainer.world_size={world_size}",
-                 "rollout.prompts_per_step=3", "rollout.group_size=4", "optim.micro_batch_size=2",
-                 "optim.mini_batches=2", "optim.lr=1e-4", "runtime.torch_threads=1"]
+    overrides = [
+        f"model.path={path}",
+        f"trainer.sharding={sharding}",
+        f"trainer.world_size={world_size}",
+        "rollout.prompts_per_step=3",
+        "rollout.group_size=4",
+        "optim.micro_batch_size=2",
+        "optim.mini_batches=2",
+        "optim.lr=1e-4",
+        "runtime.torch_threads=1",
+    ]
     return load_config(None, overrides + [f"{k}={v}" for k, v in extra.items()])
 
 
@@ -63,7 +71,7 @@ def _run(worker, batches):
 
 def _compare(reference, sharded):
     (ref_metrics, ref_weights), (metrics, weights) = reference, sharded
-    for step, (a, b) in enumerate(zip(ref_metrics, metrics)):
+    for step, (a, b) in enumerate(zip(ref_metrics, metrics, strict=True)):
         for key in COMPARED:
             assert b[key] == pytest.approx(a[key], abs=TOL, rel=TOL), (step, key, a[key], b[key])
     assert ref_weights.keys() == weights.keys()
@@ -72,8 +80,10 @@ def _compare(reference, sharded):
 
 
 def _reference(config, path):
-    worker = TrainerWorker(config.model_copy(update={"trainer": config.trainer.model_copy(
-        update={"sharding": "none", "world_size": 1})}), path)
+    worker = TrainerWorker(
+        config.model_copy(update={"trainer": config.trainer.model_copy(update={"sharding": "none", "world_size": 1})}),
+        path,
+    )
     return _run(worker, _batches(worker.tokenizer))
 
 
@@ -100,12 +110,15 @@ def test_two_fsdp_ranks_equal_one_process_11m(tmp_path):
         trainer.stop()
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"trainer.world_size": 2}, "needs trainer.sharding=ddp or fsdp"),
-    ({"trainer.world_size": 4, "trainer.sharding": "fsdp"}, "exceeds the groups per step"),
-    ({"trainer.dist_backend": "nccl", "trainer.sharding": "ddp"}, "needs CUDA tensors"),
-    ({"model.device": "cuda", "trainer.world_size": 2, "trainer.sharding": "fsdp"}, "needs 2 GPUs"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"trainer.world_size": 2}, "needs trainer.sharding=ddp or fsdp"),
+        ({"trainer.world_size": 4, "trainer.sharding": "fsdp"}, "exceeds the groups per step"),
+        ({"trainer.dist_backend": "nccl", "trainer.sharding": "ddp"}, "needs CUDA tensors"),
+        ({"model.device": "cuda", "trainer.world_size": 2, "trainer.sharding": "fsdp"}, "needs 2 GPUs"),
+    ],
+)
 def test_bad_trainer_config_is_one_line(overrides, message):
     config = load_config(None, ["rollout.prompts_per_step=3"] + [f"{k}={v}" for k, v in overrides.items()])
     with pytest.raises(OprlError, match=message) as info:
@@ -157,16 +170,29 @@ def _rank_pids(parent: int) -> list[int]:
 @pytest.mark.slow  # three tiny-model runs with two spawned ranks each: ~2-3 min on 2 cores
 def test_kill_9_of_a_rank_then_resume_equals_the_uninterrupted_run(tmp_path, cache_dir):
     from conftest import SMALL
-
     from oprl.cli import main
     from oprl.metrics import deterministic_view, read_metrics
 
-    args = [*SMALL, "tensorboard=false", "runtime.torch_threads=1", "steps=6", "checkpoint.interval=2",
-            "eval.interval=3", "trainer.sharding=fsdp", "trainer.world_size=2", f"output_dir={tmp_path / 'runs'}"]
+    args = [
+        *SMALL,
+        "tensorboard=false",
+        "runtime.torch_threads=1",
+        "steps=6",
+        "checkpoint.interval=2",
+        "eval.interval=3",
+        "trainer.sharding=fsdp",
+        "trainer.world_size=2",
+        f"output_dir={tmp_path / 'runs'}",
+    ]
     assert main(["train", *args, "run_name=whole"]) == 0
     env = os.environ | {"OPRL_CACHE_DIR": str(cache_dir)}
-    process = subprocess.Popen([sys.executable, "-m", "oprl.cli", "train", *args, "run_name=killed"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "oprl.cli", "train", *args, "run_name=killed"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = tmp_path / "runs" / "killed" / "checkpoints" / "step-000002" / "state.json"
     deadline = time.monotonic() + 300
     while not first.exists() and process.poll() is None and time.monotonic() < deadline:
@@ -197,8 +223,9 @@ def test_sharded_checkpoint_resumes_at_another_world_size(tiny_path, tmp_path):
         expected = _run_from(two, batches, 2)
     finally:
         two.stop()
-    one = ShardedTrainer(config.model_copy(update={"trainer": config.trainer.model_copy(update={"world_size": 1})}),
-                         tiny_path)
+    one = ShardedTrainer(
+        config.model_copy(update={"trainer": config.trainer.model_copy(update={"world_size": 1})}), tiny_path
+    )
     try:
         assert one.restore(str(tmp_path / "trainer")) == 1
         restored = one.weights()
@@ -220,7 +247,6 @@ def _run_from(worker, batches, first_step):
     return metrics, {k: v.clone() for k, v in worker.weights().items()}
 
 
-
 def test_gpu_check_runs_on_cpu_without_pydantic():
     """benchmarks/gpu_check.py at a tiny shape: one JSON object, a finite loss, and no pydantic import (the GPU
     machine it is written for has none)."""
@@ -228,12 +254,42 @@ def test_gpu_check_runs_on_cpu_without_pydantic():
 
     script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
     done = subprocess.run(
-        [sys.executable, str(script), "--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--threads", "1",
-         "--groups", "2", "--group-size", "2", "--prompt", "6", "--response", "4", "--micro-batch", "2"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(script),
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--threads",
+            "1",
+            "--groups",
+            "2",
+            "--group-size",
+            "2",
+            "--prompt",
+            "6",
+            "--response",
+            "4",
+            "--micro-batch",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["pydantic_imported"] is False
     assert result["step"] == 2 and result["response_tokens"] > 0 and result["train_s"] > 0
     assert torch.isfinite(torch.tensor([result["loss"], result["grad_norm"], result["trainer_mfu"]])).all()
+
+
+def test_fsdp_refuses_a_model_without_decoder_layers_in_one_line():
+    from oprl.runtime.distributed import decoder_layers
+
+    with pytest.raises(OprlError, match="has no decoder layers to shard") as info:
+        decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    assert "\n" not in str(info.value)

@@ -29,7 +29,7 @@ Deliberately not here: starting the rank processes (``oprl.runtime.trainer_ranks
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -168,8 +168,10 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     except (AttributeError, NotImplementedError):
         layers = None
     if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
-        raise OprlError(f"trainer.sharding=fsdp: {type(base).__name__} has no decoder layers to shard "
-                        "(model.get_decoder().layers); use trainer.sharding=ddp")
+        raise OprlError(
+            f"trainer.sharding=fsdp: {type(base).__name__} has no decoder layers to shard "
+            "(model.get_decoder().layers); use trainer.sharding=ddp"
+        )
     return list(layers)
 
 
@@ -181,8 +183,13 @@ def init_process_group(rank: int, world_size: int, address: str, backend: str, d
 
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(minutes=10))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{address}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(minutes=10),
+    )
 
 
 def gather_weights(model: torch.nn.Module, dtype: torch.dtype | None, rank: int):
@@ -217,7 +224,6 @@ def save_sharded(model: torch.nn.Module, optimizer, directory: Path) -> None:
     shard (``*.distcp``) and rank 0 the ``.metadata``; every rank must call it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
-
     from torch.distributed.tensor import DTensor
 
     from oprl.runtime.manifest import CheckpointError

@@ -15,6 +15,7 @@ checkpoints and the experience store there).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import ray
@@ -143,10 +144,8 @@ class _RayRank:
 
     def kill(self) -> None:
         ray.kill(self.handle)
-        try:
-            ray.util.remove_placement_group(self.group)  # the first rank's kill frees the bundles
-        except Exception:  # noqa: BLE001 - already removed by another rank
-            pass
+        with contextlib.suppress(Exception):  # the first rank's kill frees the bundles; later ones find none
+            ray.util.remove_placement_group(self.group)
 
 
 def trainer_ranks(config, model_path: str, size: int) -> list[_RayRank]:

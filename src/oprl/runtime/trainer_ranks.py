@@ -38,16 +38,20 @@ def check_trainer_config(config, gpus: int | None = None) -> None:
         raise OprlError(f"trainer.world_size={t.world_size} needs trainer.sharding=ddp or fsdp")
     groups = config.rollout.prompts_per_step
     if t.world_size > groups:
-        raise OprlError(f"trainer.world_size={t.world_size} exceeds the groups per step "
-                        f"(rollout.prompts_per_step={groups}): every rank trains on whole groups")
+        raise OprlError(
+            f"trainer.world_size={t.world_size} exceeds the groups per step "
+            f"(rollout.prompts_per_step={groups}): every rank trains on whole groups"
+        )
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if t.dist_backend == "nccl" and not cuda:
         raise OprlError(f"trainer.dist_backend=nccl needs CUDA tensors, model.device={device}; use gloo")
     if cuda and t.sharding != "none" and config.backend == "local":
         gpus = torch.cuda.device_count() if gpus is None else gpus
         if gpus < t.world_size:
-            raise OprlError(f"trainer.world_size={t.world_size} on model.device={device} needs "
-                            f"{t.world_size} GPUs; this machine has {gpus}")
+            raise OprlError(
+                f"trainer.world_size={t.world_size} on model.device={device} needs "
+                f"{t.world_size} GPUs; this machine has {gpus}"
+            )
     if cuda and t.sharding != "none" and config.backend == "ray" and config.runtime.gpus_per_trainer_rank <= 0:
         raise OprlError("backend=ray with model.device=cuda: set runtime.gpus_per_trainer_rank (e.g. 1)")
 
@@ -78,8 +82,9 @@ class TrainerRank:
         init_process_group(self.rank, self.world_size, address, backend, device)
         fsdp = t.sharding == "fsdp"
         # FSDP keeps float32 master weights: load float32 on the CPU, fully_shard moves each shard to the device.
-        model_config = config.model.model_copy(update={"dtype": "float32", "device": "cpu"} if fsdp else
-                                               {"device": str(device)})
+        model_config = config.model.model_copy(
+            update={"dtype": "float32", "device": "cpu"} if fsdp else {"device": str(device)}
+        )
         self.model, self.tokenizer = load_model(config.model_copy(update={"model": model_config}), self.model_path)
         compute = torch.bfloat16 if fsdp and config.model.dtype == "bfloat16" else None
         self.parallel = DataParallel(t.sharding, device=device, compute_dtype=compute)
@@ -124,15 +129,23 @@ class TrainerRank:
         save_sharded(self.model, self.trainer.optimizer, root / SHARDS)
         if self.rank == 0:
             save_rng(root)
-            write_json(root / "trainer.json", {"version": self.trainer.version, "world_size": self.world_size,
-                                               "sharding": self.config.trainer.sharding})
+            write_json(
+                root / "trainer.json",
+                {
+                    "version": self.trainer.version,
+                    "world_size": self.world_size,
+                    "sharding": self.config.trainer.sharding,
+                },
+            )
         return self.trainer.version
 
     def restore(self, directory: str) -> int:
         root = Path(directory)
         if not (root / SHARDS).is_dir():
-            raise OprlError(f"resume=true: {root} holds no sharded trainer state ({SHARDS}/); it was written "
-                            "with trainer.sharding=none, resume with that")
+            raise OprlError(
+                f"resume=true: {root} holds no sharded trainer state ({SHARDS}/); it was written "
+                "with trainer.sharding=none, resume with that"
+            )
         load_sharded(self.model, self.trainer.optimizer, root / SHARDS)
         load_rng(root)
         self.trainer.version = read_json(root / "trainer.json")["version"]
