@@ -177,7 +177,8 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
     trainer = explorers = None
     if use_trainer:
         if config.trainer.sharding == "none":
-            trainer = backend.start("trainer", TrainerWorker, config, path, backend.cpu_snapshots, threads=threads)
+            trainer = backend.start("trainer", TrainerWorker, config, path, backend.cpu_snapshots, threads=threads,
+                                    gpus=config.runtime.gpus_per_trainer_rank)
         else:  # the front only forwards calls; its rank processes compute
             trainer = backend.start("trainer", ShardedTrainer, config, path, threads=threads, compute=False)
         actors.append(trainer)
