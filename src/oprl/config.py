@@ -24,6 +24,7 @@ from oprl.algorithms import (
     resolve_preset,
 )
 from oprl.errors import OprlError
+from oprl.rollout import ENGINES
 from oprl.tasks import TaskConfig
 from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
     ArithmeticTaskConfig,
@@ -90,6 +91,25 @@ class WarmStartConfig(_Section):
     """Seed of the warm start (weights init, data order, sampling); part of the cache key."""
 
 
+_CHOICE_SETTINGS = ("drop", "baseline", "clip_mode", "weight", "ratio_level", "regularizer", "loss_agg")
+if TYPE_CHECKING:  # the type checker sees strings; at run time each is the Literal of a registry's keys
+    Drop: TypeAlias = str
+    Baseline: TypeAlias = str
+    ClipMode: TypeAlias = str
+    Weight: TypeAlias = str
+    RatioLevel: TypeAlias = str
+    Regularizer: TypeAlias = str
+    LossAgg: TypeAlias = str
+    KlEstimator: TypeAlias = str
+    EngineName: TypeAlias = str
+else:  # the registries in oprl.algorithms are the one list of valid names (pydantic checks against them)
+    Drop, Baseline, ClipMode, Weight, RatioLevel, Regularizer, LossAgg = (
+        Literal[tuple(REGISTRIES[key])] for key in _CHOICE_SETTINGS
+    )
+    KlEstimator = Literal[tuple(KL_ESTIMATORS)]
+    EngineName = Literal[tuple(ENGINES)]  # oprl.rollout's registry
+
+
 class RolloutConfig(_Section):
     group_size: int = Field(8, gt=0)
     """K: responses sampled per prompt; advantages are relative within each group."""
@@ -109,7 +129,7 @@ class RolloutConfig(_Section):
     max_episode_tokens: int = Field(256, gt=0)
     """Multi-turn tasks: most tokens after the prompt per episode (model and environment turns together);
     an episode that reaches it is cut there, flagged truncated, and scores 0."""
-    engine: Literal["lean", "hf-generate", "vllm"] = "lean"
+    engine: EngineName = "lean"
     """Sampler: ``lean`` = oprl's decode loop on the KV cache, each distinct prompt prefilled once per group
     (about 2x faster than ``hf-generate`` on CPU; the best choice for the embedded tiny model);
     ``hf-generate`` = transformers' ``model.generate``; ``vllm`` = an in-process vLLM engine (paged KV cache,
@@ -125,23 +145,6 @@ class RolloutConfig(_Section):
     """rollout.engine=vllm: memory of vLLM's key/value cache per engine (CPU RAM, or GPU memory on CUDA), in GiB;
     less is used when 256 full-length sequences fit in less (the tiny model: a few MiB). More lets more
     sequences decode at once; the environment variable VLLM_CPU_KVCACHE_SPACE, if set, overrides it on CPU."""
-
-
-_CHOICE_SETTINGS = ("drop", "baseline", "clip_mode", "weight", "ratio_level", "regularizer", "loss_agg")
-if TYPE_CHECKING:  # the type checker sees strings; at run time each is the Literal of a registry's keys
-    Drop: TypeAlias = str
-    Baseline: TypeAlias = str
-    ClipMode: TypeAlias = str
-    Weight: TypeAlias = str
-    RatioLevel: TypeAlias = str
-    Regularizer: TypeAlias = str
-    LossAgg: TypeAlias = str
-    KlEstimator: TypeAlias = str
-else:  # the registries in oprl.algorithms are the one list of valid names (pydantic checks against them)
-    Drop, Baseline, ClipMode, Weight, RatioLevel, Regularizer, LossAgg = (
-        Literal[tuple(REGISTRIES[key])] for key in _CHOICE_SETTINGS
-    )
-    KlEstimator = Literal[tuple(KL_ESTIMATORS)]
 
 
 class AlgorithmConfig(_Section):

@@ -1,11 +1,18 @@
-"""How samples are produced: rollout engines that return responses with their behaviour log-probs."""
+"""How samples are produced: rollout engines that return responses with their behaviour log-probs.
 
-from oprl.rollout.hf_engine import HFGenerateEngine, Rollout
+The contract is ``oprl.rollout.base`` (``Rollout``, the ``Engine`` protocol); ``ENGINES`` is the registry the
+``rollout.engine`` config option names (its values are derived from these keys).
+"""
+
+from collections.abc import Callable
+
+from oprl.rollout.base import Engine, Rollout, TorchEngine
+from oprl.rollout.hf_engine import HFGenerateEngine
 from oprl.rollout.lean_engine import LeanEngine
 from oprl.rollout.vllm_engine import VLLMEngine
 
-ENGINES = {"lean": LeanEngine, "hf-generate": HFGenerateEngine, "vllm": VLLMEngine}
+ENGINES: dict[str, Callable[..., Engine]] = {"lean": LeanEngine, "hf-generate": HFGenerateEngine, "vllm": VLLMEngine}
 """``rollout.engine`` names: ``lean`` (own decode loop, prompts prefilled once per group), ``hf-generate``, or
 ``vllm`` (an in-process vLLM engine; vLLM is imported only when one is built)."""
 
-__all__ = ["ENGINES", "HFGenerateEngine", "LeanEngine", "Rollout", "VLLMEngine"]
+__all__ = ["ENGINES", "Engine", "HFGenerateEngine", "LeanEngine", "Rollout", "TorchEngine", "VLLMEngine"]

@@ -1,7 +1,8 @@
 """Rollout engine with its own sampling loop over the model's key/value cache (the default engine).
 
-Same contract as ``HFGenerateEngine`` (same ``Rollout``, the same seeding, behaviour log-probs from the very
-distribution sampled from), two differences that matter for RL batches:
+Same contract as ``HFGenerateEngine`` (both are a ``TorchEngine`` with their own sampling step: the same
+``Rollout``, the same seeding, behaviour log-probs from the very distribution sampled from), two differences
+that matter for RL batches:
 
 - **Each distinct prompt is prefilled once.** A GRPO batch holds every prompt K times; its forward pass runs
   once and the cache is gathered to the K rows (the trainer does the same, ``grouped_response_logprobs``).
@@ -20,45 +21,52 @@ from __future__ import annotations
 import torch
 
 from oprl.models.batching import cache_kwarg, prefill_shared_prompts
-from oprl.rollout.hf_engine import HFGenerateEngine
+from oprl.rollout.base import TorchEngine
 
 COMPACT_FRACTION = 0.25
 """Drop finished rows from the batch once at least this fraction of it has emitted EOS."""
 
 
-class LeanEngine(HFGenerateEngine):
-    """Samples with a plain decode loop on the model's cache (temperature, top-p; no top-k)."""
+def LeanEngine(model, tokenizer, **settings) -> TorchEngine:  # named as the engine it builds
+    """Samples with a plain decode loop on the model's cache (temperature, top-p; no top-k). ``settings``: the
+    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``max_new_tokens``."""
+    return TorchEngine(lean_sample, model, tokenizer, **settings)
 
-    def _sample(self, prompt_ids: list[list[int]], temperature: float, top_p: float):
-        model, pad_id, eos_id = self.model, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        device = model.device
-        prefill = prefill_shared_prompts(model, prompt_ids, pad_id, device, logits_to_keep=1)
-        cache, cache_name = prefill.cache, cache_kwarg(model)
-        logits = prefill.output.logits[:, -1][prefill.rows]  # (B, V)
-        attention, next_position = prefill.attention, prefill.next_position  # (B, P) grows a column per step; (B,)
-        batch, limit = len(prompt_ids), self.max_new_tokens
-        tokens = torch.full((batch, limit), pad_id, dtype=torch.long, device=device)  # (B, T)
-        logprobs = torch.zeros((batch, limit), dtype=torch.float32, device=device)  # (B, T)
-        live = torch.arange(batch, device=device)  # batch row of each cache row
-        done = torch.zeros(batch, dtype=torch.bool, device=device)  # per cache row: EOS emitted
-        for step in range(limit):
-            token, logprob = sample_token(logits, temperature, top_p)  # (L,), (L,)
-            tokens[live, step], logprobs[live, step] = token, logprob
-            done |= token == eos_id
-            if step == limit - 1 or bool(done.all()):
-                break
-            if int(done.sum()) >= max(1, COMPACT_FRACTION * len(live)):
-                keep = (~done).nonzero().squeeze(-1)
-                cache.reorder_cache(keep)
-                live, attention, next_position, token, done = (t[keep] for t in (live, attention, next_position, token, done))
-            attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
-            out = model(
-                input_ids=token[:, None], attention_mask=attention, position_ids=next_position[:, None],
-                use_cache=True, **{cache_name: cache},
+
+def lean_sample(model, tokenizer, prompt_ids: list[list[int]], temperature: float, top_p: float,
+                max_new_tokens: int):
+    """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    device = model.device
+    prefill = prefill_shared_prompts(model, prompt_ids, pad_id, device, logits_to_keep=1)
+    cache, cache_name = prefill.cache, cache_kwarg(model)
+    logits = prefill.output.logits[:, -1][prefill.rows]  # (B, V)
+    attention, next_position = prefill.attention, prefill.next_position  # (B, P) grows a column per step; (B,)
+    batch, limit = len(prompt_ids), max_new_tokens
+    tokens = torch.full((batch, limit), pad_id, dtype=torch.long, device=device)  # (B, T)
+    logprobs = torch.zeros((batch, limit), dtype=torch.float32, device=device)  # (B, T)
+    live = torch.arange(batch, device=device)  # batch row of each cache row
+    done = torch.zeros(batch, dtype=torch.bool, device=device)  # per cache row: EOS emitted
+    for step in range(limit):
+        token, logprob = sample_token(logits, temperature, top_p)  # (L,), (L,)
+        tokens[live, step], logprobs[live, step] = token, logprob
+        done |= token == eos_id
+        if step == limit - 1 or bool(done.all()):
+            break
+        if int(done.sum()) >= max(1, COMPACT_FRACTION * len(live)):
+            keep = (~done).nonzero().squeeze(-1)
+            cache.reorder_cache(keep)
+            live, attention, next_position, token, done = (
+                t[keep] for t in (live, attention, next_position, token, done)
             )
-            next_position = next_position + 1
-            logits = out.logits[:, -1]
-        return tokens.cpu(), logprobs.cpu()
+        attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
+        out = model(
+            input_ids=token[:, None], attention_mask=attention, position_ids=next_position[:, None],
+            use_cache=True, **{cache_name: cache},
+        )
+        next_position = next_position + 1
+        logits = out.logits[:, -1]
+    return tokens.cpu(), logprobs.cpu()
 
 
 def sample_token(logits: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:

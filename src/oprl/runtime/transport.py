@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from oprl.models.loading import load_pretrained, quiet_transformers
-from oprl.rollout import ENGINES
+from oprl.rollout import ENGINES, Engine, Rollout
 
 if TYPE_CHECKING:
     from oprl.config import RunConfig  # annotations only: FlatWeights travels where pydantic is absent
@@ -55,14 +55,17 @@ class Clock:
 
 
 class LockedEngine:
-    """An engine whose ``generate`` holds ``SAMPLING_LOCK`` (see the module docstring)."""
+    """An ``Engine`` whose ``generate`` holds ``SAMPLING_LOCK`` (see the module docstring)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Engine):
         self.engine = engine
 
-    def generate(self, *args, **kwargs):
+    def generate(self, *args, **kwargs) -> Rollout:
         with SAMPLING_LOCK:
             return self.engine.generate(*args, **kwargs)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self.engine.load_weights(weights)  # draws no random numbers: no lock
 
 
 def load_model(config: RunConfig, path: str, dtype: str | None = None):

@@ -1,0 +1,110 @@
+"""The contracts of the runtime: what a backend offers the driver, and what the trainer role answers.
+
+A ``Backend`` hosts workers (plain objects built by a factory) and runs their methods in submission order;
+the driver only ever submits calls and reacts to their completion, so a backend is five verbs and a
+shutdown. ``LocalBackend`` (threads, or processes with ``runtime.workers=processes``) and ``RayBackend`` (Ray
+actors) implement it; ``make_backend`` picks one from ``backend``. A call returns futures at once; futures
+passed as arguments are resolved inside the receiving worker, so data moves between workers without passing
+through the driver.
+
+``TrainerRole`` is what the driver asks of the trainer worker: ``TrainerWorker`` (one process) and
+``ShardedTrainer`` (``trainer.sharding``: torch.distributed ranks) implement it. Explorers answer
+``explore(batch, version, weights)`` and the buffer ``put`` / ``take`` / ``save`` / ``restore``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from oprl.config import RunConfig
+from oprl.runtime.experience import Experience
+
+
+class Actor(Protocol):
+    """A started worker, as the driver holds it."""
+
+    name: str
+    """As named in error messages (``trainer``, ``explorer 0``, ``buffer``)."""
+
+    def call(self, method: str, *args: Any, num_returns: int = 1) -> Any:
+        """Queue ``worker.method(*args)``; a future, or a tuple of ``num_returns`` futures for a tuple result."""
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    cpu_snapshots: bool
+    """Whether weights snapshots must be CPU copies (they leave the process)."""
+
+    def start(self, name: str, factory, *args: Any, threads: int | None = None, compute: bool = True) -> Actor:
+        """Build ``factory(*args)`` in a worker of its own (with ``threads`` torch intra-op threads; ``compute``
+        false for a worker that only moves data: the buffer)."""
+        ...
+
+    def wait_ready(self, actor: Actor) -> None:
+        """Block until ``actor`` is built; raise what its factory raised."""
+        ...
+
+    def wait_any(self, futures, timeout: float | None = None) -> list:
+        """Block until at least one of ``futures`` is done; the done ones."""
+        ...
+
+    def get(self, future) -> Any:
+        """The value of a done future (raises what the worker raised)."""
+        ...
+
+    def put(self, value) -> Any:
+        """A done future holding ``value`` (e.g. weights read from a checkpoint)."""
+        ...
+
+    def describe(self, exc: BaseException) -> str:
+        """One line for a worker's failure (unwrapping the backend's own exception types)."""
+        ...
+
+    def shutdown(self, actors: list[Actor]) -> None:
+        """Stop ``actors`` (and whatever the backend started itself)."""
+        ...
+
+
+@runtime_checkable
+class TrainerRole(Protocol):
+    """The trainer worker, as the driver and ``run`` call it (each method runs in the worker's process)."""
+
+    def ping(self) -> int: ...
+
+    def train(self, step: int, batch: list[Experience]) -> dict[str, float]:
+        """Train step ``step`` on ``batch`` (whole groups); the row's trainer metrics."""
+        ...
+
+    def weights(self) -> Any:
+        """A snapshot of the trainable weights (``FlatWeights``) for the explorers."""
+        ...
+
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        """The ``eval/*`` metrics of the current weights."""
+        ...
+
+    def save(self, directory: str) -> int:
+        """The trainer's part of a checkpoint; returns its version."""
+        ...
+
+    def restore(self, directory: str) -> int:
+        """Inverse of ``save``; returns the version."""
+        ...
+
+    def save_final(self, directory: str) -> None:
+        """The trained model as a Hugging Face directory."""
+        ...
+
+
+def make_backend(config: RunConfig) -> Backend:
+    """The backend ``config.backend`` names (Ray is imported only when chosen)."""
+    if config.backend == "ray":
+        from oprl.runtime.ray_backend import RayBackend
+
+        workers = config.runtime.explorers + 1
+        return RayBackend(address=config.runtime.ray_address, num_cpus=config.runtime.ray_num_cpus, workers=workers)
+    from oprl.runtime.local import LocalBackend
+
+    return LocalBackend(config.runtime.workers)
