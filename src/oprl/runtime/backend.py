@@ -42,7 +42,7 @@ class Backend(Protocol):
         false for a worker that only moves data: the buffer)."""
         ...
 
-    def wait_ready(self, actor: Actor) -> None:
+    def wait_ready(self, actor: Any) -> None:
         """Block until ``actor`` is built; raise what its factory raised."""
         ...
 
@@ -62,7 +62,7 @@ class Backend(Protocol):
         """One line for a worker's failure (unwrapping the backend's own exception types)."""
         ...
 
-    def shutdown(self, actors: list[Actor]) -> None:
+    def shutdown(self, actors: Any) -> None:
         """Stop ``actors`` (and whatever the backend started itself)."""
         ...
 
