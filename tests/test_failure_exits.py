@@ -4,14 +4,15 @@ Each case runs 10 times, each time in a fresh child process: the abort this guar
 (``terminate called without an active exception``, exit -6) happened at interpreter exit, in some tries
 only, when a worker thread was still inside torch. To keep that affordable the children are forked from one
 parent that has imported torch, transformers and oprl once (``ZYGOTE``); each child runs ``oprl.cli.main``
-and leaves through ``sys.exit``, i.e. through a normal interpreter shutdown; two children run at a time. Faults are injected at the
-library level (safetensors, parquet writers), before oprl imports them: a full disk while a checkpoint is
-written, and a run directory that stops accepting new files (read-only) while the store is written.
+and leaves through ``sys.exit``, i.e. through a normal interpreter shutdown; two children run at a time.
+Faults are injected at the library level (safetensors, parquet writers), before oprl imports them: a full
+disk while a checkpoint is written, a run directory that stops accepting new files (read-only) while the
+store is written, and a model directory whose weights file is garbage.
 """
 
 import json
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,25 +72,44 @@ for line in sys.stdin:  # a list of jobs, run PARALLEL at a time; one list of ex
 @pytest.fixture(scope="module")
 def zygote(tmp_path_factory, cache_dir):
     env = os.environ | {"PYTHONPATH": str(SRC), "OPRL_CACHE_DIR": str(cache_dir)}
-    process = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               text=True, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     root = tmp_path_factory.mktemp("failures")
     counter = iter(range(10_000))
 
     def run(args: list[str], fault: dict | None = None, tries: int = 1) -> list[tuple[int, str, Path]]:
         names = [f"r{next(counter)}" for _ in range(tries)]
-        jobs = [{"args": [*args, f"output_dir={root / 'runs'}", f"run_name={name}"], "fault": fault,
-                 "log": str(root / f"{name}.log")} for name in names]
+        jobs = [
+            {
+                "args": [*args, f"output_dir={root / 'runs'}", f"run_name={name}"],
+                "fault": fault,
+                "log": str(root / f"{name}.log"),
+            }
+            for name in names
+        ]
         process.stdin.write(json.dumps(jobs) + "\n")
         process.stdin.flush()
         reply = process.stdout.readline()
         assert reply, "the zygote process died"
-        return [(code, (root / f"{name}.log").read_text(), root / "runs" / name)
-                for code, name in zip(json.loads(reply), names)]
+        return [
+            (code, (root / f"{name}.log").read_text(), root / "runs" / name)
+            for code, name in zip(json.loads(reply), names, strict=True)
+        ]
 
     # Overlapped (sync.offset=1): an explorer is generating while the trainer fails, so shutdown must wait.
-    base = ["train", *SMALL, "steps=3", "sync.offset=1", "checkpoint.interval=1", "eval.interval=0",
-            "eval.num_problems=4", "runtime.torch_threads=1", "rollout.prompts_per_step=2", "rollout.group_size=2"]
+    base = [
+        "train",
+        *SMALL,
+        "steps=3",
+        "sync.offset=1",
+        "checkpoint.interval=1",
+        "eval.interval=0",
+        "eval.num_problems=4",
+        "runtime.torch_threads=1",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+    ]
     [(code, output, _)] = run([*base, "tensorboard=false", "steps=1"])  # builds the warm-start cache if needed
     assert code == 0, output
     yield run, base
@@ -113,8 +133,9 @@ def test_disk_full_during_a_checkpoint_exits_1_with_the_cause_never_an_abort(zyg
 def test_a_read_only_run_directory_reports_the_failed_store_write_never_an_abort(zygote):
     run, base = zygote
     read_only = {"match": "batch-000002", "errno": 13}  # EACCES creating the store file of batch 2
-    tries = run([*base, "tensorboard=true"], read_only, TRIES // 2) + run([*base, "tensorboard=false"], read_only,
-                                                                          TRIES - TRIES // 2)
+    tries = run([*base, "tensorboard=true"], read_only, TRIES // 2) + run(
+        [*base, "tensorboard=false"], read_only, TRIES - TRIES // 2
+    )
     for code, output, _ in tries:
         assert code == 1, output
         lines = output.strip().splitlines()

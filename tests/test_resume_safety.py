@@ -14,8 +14,17 @@ from oprl.cli import main
 from oprl.metrics import deterministic_view, read_metrics
 from oprl.runtime import manifest
 
-RUN = ["tensorboard=false", "runtime.torch_threads=1", "steps=4", "checkpoint.interval=1", "checkpoint.keep=10",
-       "eval.interval=0", "eval.num_problems=8", "rollout.prompts_per_step=2", "rollout.group_size=2"]
+RUN = [
+    "tensorboard=false",
+    "runtime.torch_threads=1",
+    "steps=4",
+    "checkpoint.interval=1",
+    "checkpoint.keep=10",
+    "eval.interval=0",
+    "eval.num_problems=8",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +59,17 @@ def copy_of(whole, tmp_path, name: str, *, stopped_after: int | None = None):
 
 
 def resume(run_dir, *args) -> int:
-    return main(["train", f"output_dir={run_dir.parent}", f"run_name={run_dir.name}", "resume=true",
-                 "progress=false", *args])
+    return main(
+        ["train", f"output_dir={run_dir.parent}", f"run_name={run_dir.name}", "resume=true", "progress=false", *args]
+    )
 
 
 def files_of(run_dir) -> dict:
-    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*"))
-            if p.is_file() and p.name != ".oprl.lock"}
+    return {
+        p.relative_to(run_dir).as_posix(): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != ".oprl.lock"
+    }
 
 
 def one_line(text: str) -> str:
@@ -68,8 +81,9 @@ def one_line(text: str) -> str:
 def test_resume_continues_with_the_saved_settings(whole, tmp_path):
     run_dir = copy_of(whole, tmp_path, "stopped", stopped_after=2)
     assert resume(run_dir) == 0  # no settings given: steps=4 and checkpoint.interval=1 come from config.yaml
-    assert deterministic_view(read_metrics(run_dir / "metrics.jsonl")) == \
-        deterministic_view(read_metrics(whole / "metrics.jsonl"))
+    assert deterministic_view(read_metrics(run_dir / "metrics.jsonl")) == deterministic_view(
+        read_metrics(whole / "metrics.jsonl")
+    )
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"step-00000{s}" for s in (1, 2, 3, 4)]
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["steps"] == 4
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
@@ -104,8 +118,12 @@ def test_resume_without_a_usable_checkpoint_is_refused_and_deletes_nothing(whole
     assert ("state.json is missing" in err) == (damage == "no-state")
     assert files_of(run_dir) == before  # rows, experiences and checkpoints all still there
     if damage == "no-state":
-        assert main(["train", f"output_dir={tmp_path}", f"run_name={damage}", "resume=restart", "steps=1",
-                     "progress=false"]) == 0  # asked explicitly: starts over (saved settings, steps=1)
+        assert (
+            main(
+                ["train", f"output_dir={tmp_path}", f"run_name={damage}", "resume=restart", "steps=1", "progress=false"]
+            )
+            == 0
+        )  # asked explicitly: starts over (saved settings, steps=1)
         assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1]
         assert sorted(p.name for p in (run_dir / "experiences").iterdir()) == ["batch-000001.parquet"]
 
@@ -120,9 +138,14 @@ def _flip_a_weight_byte(path):
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage, file", [(_truncate, "trainer/model.safetensors"),
-                                          (_flip_a_weight_byte, "trainer/model.safetensors"),
-                                          (_truncate, "state.json")])
+@pytest.mark.parametrize(
+    "damage, file",
+    [
+        (_truncate, "trainer/model.safetensors"),
+        (_flip_a_weight_byte, "trainer/model.safetensors"),
+        (_truncate, "state.json"),
+    ],
+)
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(whole, tmp_path, capsys, damage, file):
     run_dir = copy_of(whole, tmp_path, "corrupt")
     damage(run_dir / "checkpoints" / "step-000004" / file)
@@ -131,8 +154,9 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(whole, tmp_p
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("resume:"))
     assert f"step-000004/{file}" in line and "resuming from step-000003" in line
-    assert deterministic_view(read_metrics(run_dir / "metrics.jsonl")) == \
-        deterministic_view(read_metrics(whole / "metrics.jsonl"))
+    assert deterministic_view(read_metrics(run_dir / "metrics.jsonl")) == deterministic_view(
+        read_metrics(whole / "metrics.jsonl")
+    )
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000004"]
     assert manifest.verify(run_dir / "checkpoints" / "step-000004") is None
 
@@ -159,7 +183,7 @@ def test_non_finite_weights_are_refused_at_save_and_at_load(tmp_path):
     assert manifest.verify(checkpoint) is None
     (checkpoint / "weights").mkdir()
     save_file({"w": torch.tensor([1.0, float("nan"), 0.0])}, str(checkpoint / "weights" / "v.safetensors"))
-    with pytest.raises(manifest.CheckpointError, match="weights/v.safetensors holds non-finite values"):
+    with pytest.raises(manifest.CheckpointError, match=r"weights/v\.safetensors holds non-finite values"):
         manifest.seal(checkpoint)
     # At load, even with a manifest that matches the bytes (written by hand here), NaN weights are refused.
     files = json.loads((checkpoint / "manifest.json").read_text())["files"]
@@ -173,7 +197,6 @@ def test_resume_takes_true_false_or_restart():
     from oprl.config import load_config
     from oprl.errors import OprlError
 
-    assert [load_config(None, [f"resume={v}"]).resume for v in ("true", "false", "restart")] == [True, False,
-                                                                                                 "restart"]
-    with pytest.raises(OprlError, match="resume: .*expected true, false or restart"):
+    assert [load_config(None, [f"resume={v}"]).resume for v in ("true", "false", "restart")] == [True, False, "restart"]
+    with pytest.raises(OprlError, match=r"resume: .*expected true, false or restart"):
         load_config(None, ["resume=maybe"])

@@ -34,10 +34,16 @@ def holder(tmp_path):
     run_dir = tmp_path / "runs" / "held"
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text("steps: 1\n")
-    code = (f"import sys, time; from oprl.runtime.rundir import RunLock; RunLock({str(run_dir)!r}).acquire(); "
-            "print('locked', flush=True); time.sleep(120)")
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                               env=os.environ | {"PYTHONPATH": str(SRC.parent)})
+    code = (
+        f"import sys, time; from oprl.runtime.rundir import RunLock; RunLock({str(run_dir)!r}).acquire(); "
+        "print('locked', flush=True); time.sleep(120)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(SRC.parent)},
+    )
     assert process.stdout.readline().strip() == "locked"
     yield process
     process.kill()
@@ -45,8 +51,9 @@ def holder(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["train"], ["explore"], ["train", "resume=true"]])
-def test_a_second_run_on_a_locked_directory_is_refused_naming_the_holder(holder, small_overrides, tmp_path,
-                                                                          capsys, command):
+def test_a_second_run_on_a_locked_directory_is_refused_naming_the_holder(
+    holder, small_overrides, tmp_path, capsys, command
+):
     run_dir = tmp_path / "runs" / "held"
     before = sorted(p.name for p in run_dir.iterdir())
     assert main([command[0], *small_overrides, *FAST, "steps=1", "run_name=held", *command[1:]]) == 2
@@ -104,8 +111,16 @@ def test_group_size_one_is_refused_for_group_relative_presets(capsys):
     assert "rollout.group_size=1" in one_line_error(capsys)
 
 
-@pytest.mark.parametrize("text", ["\\boxed{" * 14_300, "<answer>" * 12_500, "<think>" + "</think><answer>x" * 6_000,
-                                  "\\boxed{" + "{" * 100_000, "1," * 50_000])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\\boxed{" * 14_300,
+        "<answer>" * 12_500,
+        "<think>" + "</think><answer>x" * 6_000,
+        "\\boxed{" + "{" * 100_000,
+        "1," * 50_000,
+    ],
+)
 def test_reward_text_scanning_is_linear(text):
     from oprl.tasks.rewards import answer_tag, has_r1_format, last_boxed, last_number
 
@@ -171,6 +186,9 @@ def test_durable_writes_sync_the_file_and_its_directory_and_name_the_final_file(
 
 def test_one_home_for_write_then_rename():
     """Every rename that commits a file or directory goes through ``oprl.io`` (which syncs it)."""
-    offenders = [path.relative_to(SRC).as_posix() for path in SRC.rglob("*.py")
-                 if path.name != "io.py" and ("os.replace(" in path.read_text() or ".rename(" in path.read_text())]
+    offenders = [
+        path.relative_to(SRC).as_posix()
+        for path in SRC.rglob("*.py")
+        if path.name != "io.py" and ("os.replace(" in path.read_text() or ".rename(" in path.read_text())
+    ]
     assert offenders == []

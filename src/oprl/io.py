@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -68,9 +68,8 @@ def atomic_path(path: str | Path):
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    with atomic_path(path) as temporary:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
+    with atomic_path(path) as temporary, open(temporary, "wb") as handle:
+        handle.write(data)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -111,7 +110,5 @@ def _naming(exc: OSError, path: Path) -> OSError:
 
 
 def _remove(path: Path) -> None:
-    try:
+    with suppress(OSError):
         path.unlink()
-    except OSError:
-        pass

@@ -73,7 +73,7 @@ def _check_finite(directory: Path) -> None:
             name = path.relative_to(directory).as_posix()
             try:
                 with safe_open(str(path), framework="pt") as tensors:
-                    for key in tensors.keys():
+                    for key in tensors.keys():  # noqa: SIM118 (safe_open is not a dict)
                         value = tensors.get_tensor(key)
                         if value.is_floating_point() and not torch.isfinite(value).all():
                             raise CheckpointError(f"{name} holds non-finite values (NaN or inf) in {key}")

@@ -31,8 +31,10 @@ LOCK_NAME = ".oprl.lock"
 def check_run_name(name: str) -> None:
     """One line unless ``name`` is a single, ordinary path component."""
     if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name or Path(name).is_absolute():
-        raise OprlError(f"run_name: {name!r} must be a single directory name (no '/', not '.' or '..'); "
-                        "choose the parent directory with output_dir")
+        raise OprlError(
+            f"run_name: {name!r} must be a single directory name (no '/', not '.' or '..'); "
+            "choose the parent directory with output_dir"
+        )
 
 
 def is_run_dir(path: Path) -> bool:
@@ -40,14 +42,16 @@ def is_run_dir(path: Path) -> bool:
     return (path / "config.yaml").is_file() or (path / LOCK_NAME).is_file()
 
 
-def open_new(run_dir: Path) -> "RunLock":
+def open_new(run_dir: Path) -> RunLock:
     """Lock ``run_dir`` for a new run (creating it); refuse one that holds a run or is not oprl's."""
     if run_dir.exists() and not run_dir.is_dir():
         raise OprlError(f"run_name: {run_dir} exists and is not a directory")
     others = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
     if others and not is_run_dir(run_dir):
-        raise OprlError(f"run_name: {run_dir} exists and is not an oprl run directory (it holds {others[0]!r}"
-                        f"{' ...' if len(others) > 1 else ''}); choose another run_name or output_dir")
+        raise OprlError(
+            f"run_name: {run_dir} exists and is not an oprl run directory (it holds {others[0]!r}"
+            f"{' ...' if len(others) > 1 else ''}); choose another run_name or output_dir"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir).acquire()
     if (run_dir / "metrics.jsonl").exists() or (run_dir / "config.yaml").exists():  # checked under the lock
@@ -56,7 +60,7 @@ def open_new(run_dir: Path) -> "RunLock":
     return lock
 
 
-def open_existing(run_dir: Path) -> "RunLock":
+def open_existing(run_dir: Path) -> RunLock:
     """Lock the run in ``run_dir`` to continue it (resume)."""
     if not (run_dir / "config.yaml").is_file():
         raise OprlError(f"resume: {run_dir} holds no run to resume (no config.yaml)")
@@ -81,15 +85,17 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise OprlError(f"run_name: {self.path.parent} is in use by {holder}; wait for it to finish "
-                            "(or stop it) before starting, resuming or exploring this run") from None
+            raise OprlError(
+                f"run_name: {self.path.parent} is in use by {holder}; wait for it to finish "
+                "(or stop it) before starting, resuming or exploring this run"
+            ) from None
         except OSError:
             os.close(fd)
             raise
@@ -105,7 +111,7 @@ class RunLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
