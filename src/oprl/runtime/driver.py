@@ -13,13 +13,18 @@ schedule (not timing) decides every number in scheduled mode, so both settings g
 
 On a worker failure the driver stops submitting work, lets the trainer finish what it holds, writes a final
 checkpoint (unless the trainer or the buffer is the one that failed) and raises ``WorkerFailure``.
+
+Its state is a few small objects: the schedule (what is pending, in flight, ready), ``RowLog`` (rows waiting
+to be written in order), ``PerfClock`` (the ``perf/*`` columns), ``CheckpointWriter`` (``oprl.runtime.resume``)
+and at most one ``Failure``. Each completion goes to the handler its kind names in ``Driver.handlers``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from oprl.runtime import checkpoint as ckpt
 from oprl.runtime.failure import WorkerFailure
@@ -29,13 +34,130 @@ from oprl.runtime.schedule import lag
 
 @dataclass
 class Call:
+    """A submitted call the driver waits for, with what its handler needs."""
+
     kind: str
     """explore, put, train, eval, weights, part (of a checkpoint)."""
     component: str
     """The worker, as named in error messages (``explorer 0``, ``trainer``, ``buffer``)."""
     doing: str
     """What it was doing, for error messages."""
-    data: dict = field(default_factory=dict)
+    step: int = 0
+    """train, eval: the trainer step."""
+    batch: int = 0
+    """explore, put: the batch index."""
+    explorer: int = 0
+    """explore: which explorer."""
+    experiences: Any = None
+    """explore: the future of the batch's experiences (handed to the buffer unresolved)."""
+    stats: Any = None
+    """train: the future of the buffer's ``take`` metrics."""
+
+
+@dataclass
+class Failure:
+    component: str
+    message: str
+    """One line: who failed doing what, and why."""
+    cause: BaseException
+
+
+class RowLog:
+    """Rows of ``metrics.jsonl`` waiting to be written: in step order, each once its evaluation is in."""
+
+    def __init__(self, expected: list[int], logger, progress):
+        self.expected = expected
+        """Steps whose rows are still to be written, in order (row 0 = the evaluation before training)."""
+        self.logger, self.progress = logger, progress
+        self.rows: dict[int, dict] = {}
+        self.waiting_eval: set[int] = set()
+        self.last_reward = self.last_accuracy = 0.0
+
+    def add(self, step: int, row: dict) -> None:
+        self.rows[step] = row
+
+    def expect_eval(self, step: int) -> None:
+        self.waiting_eval.add(step)
+        self.rows.setdefault(step, {})
+
+    def add_eval(self, step: int, result: dict) -> None:
+        self.rows[step].update(result)
+        self.waiting_eval.discard(step)
+
+    def flush(self) -> None:
+        """Log finished rows in order (a step's row waits for its evaluation)."""
+        while self.expected and self.expected[0] in self.rows and self.expected[0] not in self.waiting_eval:
+            step = self.expected.pop(0)
+            row = self.rows.pop(step)
+            self.logger.log(step, row)
+            self.last_reward = row.get("reward/mean", self.last_reward)
+            self.last_accuracy = row.get("eval/accuracy", self.last_accuracy)
+            self.progress.update(max(step, 0), reward=self.last_reward, accuracy=self.last_accuracy)
+
+    def logged_through(self, step: int) -> bool:
+        return not self.expected or self.expected[0] > step
+
+
+class PerfClock:
+    """The ``perf/*`` columns: busy/idle seconds per role since the last row, generation timing per batch."""
+
+    def __init__(self, explorers: int):
+        self.started = self.last_step_time = time.perf_counter()
+        self.explorer_clock = [{"busy_s": 0.0, "idle_s": 0.0} for _ in range(explorers)]
+        self.last_totals = {"explorer": (0.0, 0.0), "trainer": (0.0, 0.0)}
+        self.batch_info: dict[int, dict] = {}
+
+    def explored(self, explorer: int, batch: int, info: dict) -> None:
+        """Record an explorer's result ``info`` (timing, its clock, the batch summary)."""
+        self.explorer_clock[explorer] = info.pop("clock")
+        self.batch_info[batch] = info
+
+    def explore_row(self, batch: int) -> dict[str, float]:
+        """The row of batch ``batch`` in mode=explore: its summary and generation timing."""
+        info = self.batch_info.pop(batch)
+        return info["summary"] | self._generation(info) | self._explorers()
+
+    def step_row(self, row: dict, step: int, with_explorers: bool) -> dict[str, float]:
+        """The ``perf/*`` columns of trainer step ``step`` (consumes the trainer's clock totals in ``row``)."""
+        now = time.perf_counter()
+        busy, idle = row.pop("perf/trainer_busy_total_s"), row.pop("perf/trainer_idle_total_s")
+        last_busy, last_idle = self.last_totals["trainer"]
+        self.last_totals["trainer"] = (busy, idle)
+        out = {
+            "perf/trainer_busy_s": busy - last_busy,
+            "perf/trainer_idle_s": idle - last_idle,
+            "perf/trainer_utilization": busy / max(busy + idle, 1e-9),
+            "perf/step_s": now - self.last_step_time,
+        }
+        self.last_step_time = now
+        if step in self.batch_info:
+            out.update(self._generation(self.batch_info.pop(step)))
+        if with_explorers:
+            out.update(self._explorers())
+        else:
+            out["perf/elapsed_s"] = now - self.started
+        return out
+
+    def _explorers(self) -> dict[str, float]:
+        busy = sum(c["busy_s"] for c in self.explorer_clock)
+        idle = sum(c["idle_s"] for c in self.explorer_clock)
+        last_busy, last_idle = self.last_totals["explorer"]
+        self.last_totals["explorer"] = (busy, idle)
+        return {
+            "perf/explorer_busy_s": busy - last_busy,
+            "perf/explorer_idle_s": idle - last_idle,
+            "perf/explorer_utilization": busy / max(busy + idle, 1e-9),
+            "perf/elapsed_s": time.perf_counter() - self.started,
+        }
+
+    @staticmethod
+    def _generation(info: dict) -> dict[str, float]:
+        return {
+            "perf/generate_s": info["generate_s"],
+            "perf/reward_s": info["reward_s"],
+            "perf/sync_s": info["sync_s"],
+            "perf/generate_tokens_per_s": info["generated_tokens"] / max(info["generate_s"], 1e-9),
+        }
 
 
 class Driver:
@@ -43,33 +165,31 @@ class Driver:
                  start_step: int, pending: list[int], ready: set[int]):
         self.cfg, self.run_dir, self.backend = config, Path(run_dir), backend
         self.trainer, self.explorers, self.buffer, self.sync = trainer, explorers, buffer, sync
-        self.logger, self.progress = logger, progress
         self.steps = config.steps
         self.offline = config.mode == "offline"
         self.explore_only = config.mode == "explore"
-        self.completed = start_step
+        self.calls: dict[Any, Call] = {}
+        # The schedule: batches still to generate, in flight (batch -> explorer), ready for the trainer.
         self.pending = sorted(pending)
+        self.in_flight: dict[int, int] = {}
         self.ready = set(ready)
-        self.calls: dict = {}
+        self.completed = start_step
+        self.training = False
         # Explore calls each explorer holds (running + queued). In scheduled overlap mode an explorer may hold
         # one queued call behind the running one: the next batch and its weights then wait in its inbox, and
         # the round trip through the driver (result -> dispatch -> weights load) leaves the critical path.
         self.holding = [0] * len(explorers)
         self.capacity = 2 if (config.runtime.overlap and config.sync.mode == "scheduled") else 1
-        self.in_flight: dict[int, int] = {}  # batch -> explorer
-        self.training = False
-        self.rows: dict[int, dict] = {}
-        self.waiting_eval: set[int] = set()
-        # Steps whose rows are still to be written, in order (row 0 = the evaluation before training).
         first = 0 if start_step == 0 else start_step + 1
-        self.expected = sorted(pending) if self.explore_only else list(range(first, self.steps + 1))
-        self.batch_info: dict[int, dict] = {}
-        self.explorer_clock = [{"busy_s": 0.0, "idle_s": 0.0} for _ in explorers]
-        self.last_totals = {"explorer": (0.0, 0.0), "trainer": (0.0, 0.0)}
-        self.failure: tuple[str, str, BaseException] | None = None
-        self.started = self.last_step_time = time.perf_counter()
-        self.checkpoints = CheckpointWriter(config, self.run_dir, backend, logger, self.started)
-        self.last_reward = self.last_accuracy = 0.0
+        expected = sorted(pending) if self.explore_only else list(range(first, self.steps + 1))
+        self.rows = RowLog(expected, logger, progress)
+        self.perf = PerfClock(len(explorers))
+        self.checkpoints = CheckpointWriter(config, self.run_dir, backend, logger, self.perf.started)
+        self.failure: Failure | None = None
+        # Weights snapshots and checkpoint parts need no reaction: the snapshot future itself is what the
+        # synchronizer hands out, and CheckpointWriter.commit_ready checks its parts.
+        self.handlers = {"explore": self._on_explore, "put": self._on_put, "train": self._on_train,
+                         "eval": self._on_eval}
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -86,36 +206,40 @@ class Driver:
                 continue
             if not self.calls:
                 raise RuntimeError("driver: nothing in flight but the run is not finished (a scheduling bug)")
-            done = set(self.backend.wait_any(self.calls))
-            # In submission order: when a batch's store write fails, the failed put explains the failed take
-            # and train queued behind it, so it is the cause reported.
-            for future in [f for f in self.calls if f in done]:
-                call = self.calls.pop(future, None)
-                if call is None:
-                    continue  # abandoned after a failure
-                try:
-                    value = self.backend.get(future)
-                except Exception as exc:  # a worker raised or died: stop the run cleanly
-                    self._on_failure(call, exc)
-                    continue
-                getattr(self, f"_on_{call.kind}")(call, value)
+            self._react(set(self.backend.wait_any(self.calls)))
             try:
-                self._flush_rows()
-                self.checkpoints.commit_ready(lambda future: future in self.calls, self._logged_through)
+                self.rows.flush()
+                self.checkpoints.commit_ready(lambda future: future in self.calls, self.rows.logged_through)
             except OSError as exc:  # disk full, read-only run directory: the run cannot go on
                 message = f"driver failed writing the run directory: {type(exc).__name__}: {exc}"
+                cause: BaseException = exc
                 if self.failure is not None:  # the failure that started it all stays the one reported
-                    message, exc = f"{self.failure[1]} (and then the {message})", self.failure[2]
-                raise WorkerFailure(message + resume_hint(ckpt.resolve_checkpoint(self.run_dir))) from exc
+                    message, cause = f"{self.failure.message} (and then the {message})", self.failure.cause
+                raise WorkerFailure(message + resume_hint(ckpt.resolve_checkpoint(self.run_dir))) from cause
         if self.failure is not None:
-            _, message, exc = self.failure
-            raise WorkerFailure(message + resume_hint(self.checkpoints.last)) from exc
+            raise WorkerFailure(self.failure.message + resume_hint(self.checkpoints.last)) from self.failure.cause
+
+    def _react(self, done: set) -> None:
+        # In submission order: when a batch's store write fails, the failed put explains the failed take
+        # and train queued behind it, so it is the cause reported.
+        for future in [f for f in self.calls if f in done]:
+            call = self.calls.pop(future, None)
+            if call is None:
+                continue  # abandoned after a failure
+            try:
+                value = self.backend.get(future)
+            except Exception as exc:  # a worker raised or died: stop the run cleanly
+                self._on_failure(call, exc)
+                continue
+            handler = self.handlers.get(call.kind)
+            if handler is not None:
+                handler(call, value)
 
     def _finished(self) -> bool:
-        return not self.expected and not self.calls and not self.checkpoints.pending
+        return not self.rows.expected and not self.calls and not self.checkpoints.pending
 
-    def _submit(self, future, kind: str, component: str, doing: str, **data) -> None:
-        self.calls[future] = Call(kind, component, doing, data)
+    def _submit(self, future, call: Call) -> None:
+        self.calls[future] = call
 
     def _may_submit(self) -> bool:
         return self.cfg.runtime.overlap or not self.calls
@@ -138,51 +262,50 @@ class Driver:
             self.holding[index] += 1
             weights = self.sync.weights_for(index, version)
             experiences, info = self.explorers[index].call("explore", batch, version, weights, num_returns=2)
-            self._submit(info, "explore", f"explorer {index}", f"while generating batch {batch}",
-                         index=index, batch=batch, experiences=experiences)
+            self._submit(info, Call("explore", f"explorer {index}", f"while generating batch {batch}",
+                                    batch=batch, explorer=index, experiences=experiences))
             self.in_flight[batch] = index
         step = self.completed + 1
         if (not self.explore_only and not self.training and step <= self.steps
                 and (self.offline or step in self.ready) and self._may_submit()):
             batch, stats = self.buffer.call("take", step, num_returns=2)
             metrics = self.trainer.call("train", step, batch)
-            self._submit(metrics, "train", "trainer", f"while training step {step}", step=step, stats=stats)
+            self._submit(metrics, Call("train", "trainer", f"while training step {step}", step=step, stats=stats))
             self.ready.discard(step)
             self.training = True
 
     # -- completions -------------------------------------------------------------------------------------
     def _on_explore(self, call: Call, info: dict) -> None:
-        index, batch = call.data["index"], call.data["batch"]
-        self.explorer_clock[index] = info.pop("clock")
-        self.batch_info[batch] = info
-        put = self.buffer.call("put", batch, call.data["experiences"], not self.explore_only)
-        self._submit(put, "put", "buffer", f"while storing batch {batch}", batch=batch)
+        batch = call.batch
+        self.perf.explored(call.explorer, batch, info)
+        put = self.buffer.call("put", batch, call.experiences, not self.explore_only)
+        self._submit(put, Call("put", "buffer", f"while storing batch {batch}", batch=batch))
         if not self.explore_only:
             self.ready.add(batch)
         del self.in_flight[batch]
-        self.holding[index] -= 1
+        self.holding[call.explorer] -= 1
 
     def _on_put(self, call: Call, _size: int) -> None:
-        batch = call.data["batch"]
         if self.explore_only:
-            info = self.batch_info.pop(batch)
-            self.rows[batch] = info["summary"] | self._generation_perf(info) | self._clock_perf()
+            self.rows.add(call.batch, self.perf.explore_row(call.batch))
 
     def _on_train(self, call: Call, metrics: dict) -> None:
-        step = call.data["step"]
+        step = call.step
         self.training = False
         self.completed = step
-        row = metrics | self.backend.get(call.data["stats"])
-        row.update(self._step_perf(row, step))
+        row = metrics | self.backend.get(call.stats)
+        row.update(self.perf.step_row(row, step, with_explorers=bool(self.explorers)))
         if self.cfg.sync.mode == "scheduled" and not self.offline:
             scheduled = self.sync.scheduled_version(step)
             if row["batch/version_max"] != scheduled:
                 raise RuntimeError(f"step {step} trained on version {row['batch/version_max']}, not {scheduled}")
             row["lag/scheduled"] = float(lag(step, self.sync.k, self.sync.m))
-        self.rows[step] = row
+        self.rows.add(step, row)
         outstanding = self.pending + sorted(self.in_flight)
         if self.explorers and self.sync.wants(step, self.pending):
-            self.sync.publish(step, self._trainer_call("weights", f"while publishing version {step}"))
+            snapshot = self.trainer.call("weights")
+            self._submit(snapshot, Call("weights", "trainer", f"while publishing version {step}"))
+            self.sync.publish(step, snapshot)
         self.sync.release(outstanding)
         interval = self.cfg.eval.interval
         if step == self.steps or (interval and step % interval == 0):
@@ -192,77 +315,11 @@ class Driver:
 
     def request_eval(self, step: int) -> None:
         future = self.trainer.call("evaluate", step)
-        self._submit(future, "eval", "trainer", f"while evaluating step {step}", step=step)
-        self.waiting_eval.add(step)
-        self.rows.setdefault(step, {})
+        self._submit(future, Call("eval", "trainer", f"while evaluating step {step}", step=step))
+        self.rows.expect_eval(step)
 
     def _on_eval(self, call: Call, result: dict) -> None:
-        step = call.data["step"]
-        self.rows[step].update(result)
-        self.waiting_eval.discard(step)
-
-    def _on_weights(self, call: Call, _weights) -> None:
-        pass  # the snapshot future itself is what the synchronizer hands out
-
-    def _trainer_call(self, method: str, doing: str, *args):
-        future = self.trainer.call(method, *args)
-        self._submit(future, "weights" if method == "weights" else "part", "trainer", doing)
-        return future
-
-    def _flush_rows(self) -> None:
-        """Log finished rows in order (a step's row waits for its evaluation)."""
-        while self.expected and self.expected[0] in self.rows and self.expected[0] not in self.waiting_eval:
-            step = self.expected.pop(0)
-            row = self.rows.pop(step)
-            self.logger.log(step, row)
-            self.last_reward = row.get("reward/mean", self.last_reward)
-            self.last_accuracy = row.get("eval/accuracy", self.last_accuracy)
-            self.progress.update(max(step, 0), reward=self.last_reward, accuracy=self.last_accuracy)
-
-    def _logged_through(self, step: int) -> bool:
-        return not self.expected or self.expected[0] > step
-
-    # -- metrics ------------------------------------------------------------------------------------------
-    def _clock_perf(self) -> dict[str, float]:
-        busy = sum(c["busy_s"] for c in self.explorer_clock)
-        idle = sum(c["idle_s"] for c in self.explorer_clock)
-        last_busy, last_idle = self.last_totals["explorer"]
-        self.last_totals["explorer"] = (busy, idle)
-        return {
-            "perf/explorer_busy_s": busy - last_busy,
-            "perf/explorer_idle_s": idle - last_idle,
-            "perf/explorer_utilization": busy / max(busy + idle, 1e-9),
-            "perf/elapsed_s": time.perf_counter() - self.started,
-        }
-
-    @staticmethod
-    def _generation_perf(info: dict) -> dict[str, float]:
-        return {
-            "perf/generate_s": info["generate_s"],
-            "perf/reward_s": info["reward_s"],
-            "perf/sync_s": info["sync_s"],
-            "perf/generate_tokens_per_s": info["generated_tokens"] / max(info["generate_s"], 1e-9),
-        }
-
-    def _step_perf(self, row: dict, step: int) -> dict[str, float]:
-        now = time.perf_counter()
-        busy, idle = row.pop("perf/trainer_busy_total_s"), row.pop("perf/trainer_idle_total_s")
-        last_busy, last_idle = self.last_totals["trainer"]
-        self.last_totals["trainer"] = (busy, idle)
-        out = {
-            "perf/trainer_busy_s": busy - last_busy,
-            "perf/trainer_idle_s": idle - last_idle,
-            "perf/trainer_utilization": busy / max(busy + idle, 1e-9),
-            "perf/step_s": now - self.last_step_time,
-        }
-        self.last_step_time = now
-        if step in self.batch_info:
-            out.update(self._generation_perf(self.batch_info.pop(step)))
-        if self.explorers:
-            out.update(self._clock_perf())
-        else:
-            out["perf/elapsed_s"] = now - self.started
-        return out
+        self.rows.add_eval(call.step, result)
 
     # -- checkpoints (written by oprl.runtime.resume) ------------------------------------------------------
     def start_checkpoint(self, step: int) -> None:
@@ -270,23 +327,20 @@ class Driver:
         versions = [v for v in self.sync.needed_versions(outstanding) if v != step]
         snapshots = {v: self.sync.snapshots[v] for v in versions}
         trainer_part, buffer_part = self.checkpoints.start(step, self.trainer, self.buffer, outstanding, snapshots)
-        self._submit(trainer_part, "part", "trainer", f"while checkpointing step {step}")
-        self._submit(buffer_part, "part", "buffer", f"while checkpointing step {step}")
-
-    def _on_part(self, call: Call, _value) -> None:
-        pass  # completion is checked by CheckpointWriter.commit_ready
+        self._submit(trainer_part, Call("part", "trainer", f"while checkpointing step {step}"))
+        self._submit(buffer_part, Call("part", "buffer", f"while checkpointing step {step}"))
 
     # -- failures -----------------------------------------------------------------------------------------
     def _on_failure(self, call: Call, exc: BaseException) -> None:
         component, doing = call.component, call.doing
         if call.kind == "train":
             try:
-                self.backend.get(call.data["stats"])
+                self.backend.get(call.stats)
             except Exception:  # ``take`` failed and the trainer only saw its error
-                component, doing = "buffer", f"while handing out batch {call.data['step']}"
+                component, doing = "buffer", f"while handing out batch {call.step}"
         if self.failure is None:
             message = f"{component} failed {doing}: {self.backend.describe(exc)}"
-            self.failure = (component, " ".join(message.split()), exc)
+            self.failure = Failure(component, " ".join(message.split()), exc)
         for future in [f for f, c in self.calls.items() if c.kind == "explore"]:
             del self.calls[future]  # other explorers' batches are regenerated by a resumed run
         if component in ("trainer", "buffer"):

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -146,22 +147,39 @@ def _run_workers(config: RunConfig, run_dir: Path, log) -> None:
             logger = MetricsLogger(run_dir, tensorboard=config.tensorboard, trackers=trackers, warn=log)
             try:
                 driver = Driver(config=config, run_dir=run_dir, backend=backend, logger=logger, progress=progress,
-                                **session)
-                if session["start_step"] == 0 and config.mode != "explore":
+                                **vars(session))
+                if session.start_step == 0 and config.mode != "explore":
                     driver.request_eval(0)
                 driver.run()
             except BaseException:
                 logger.close(quiet=True)
                 raise
             logger.close()
-        if session["trainer"] is not None:
-            backend.get(session["trainer"].call("save_final", str(run_dir / "final")))
+        if session.trainer is not None:
+            backend.get(session.trainer.call("save_final", str(run_dir / "final")))
     finally:
         backend.shutdown(actors)
 
 
-def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -> dict:
-    """Start the workers of ``config.mode``, restore a checkpoint when resuming; the Driver's arguments."""
+@dataclass
+class Session:
+    """The started workers and where the schedule stands: the Driver's arguments."""
+
+    trainer: Any
+    """The trainer actor (a ``TrainerRole``); None in mode=explore."""
+    explorers: list
+    buffer: Any
+    sync: Synchronizer
+    start_step: int
+    """The last trained step (0, or a checkpoint's step when resuming)."""
+    pending: list[int]
+    """Batches still to generate."""
+    ready: set[int]
+    """Batches the buffer holds for later steps (restored from a checkpoint)."""
+
+
+def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -> Session:
+    """Start the workers of ``config.mode``, restore a checkpoint when resuming."""
     threads = worker_threads(config)
     use_trainer, use_explorers = config.mode in ("both", "offline"), config.mode in ("both", "explore")
     store_dir = _store_dir(config, run_dir)
@@ -199,8 +217,7 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
         sync.publish(start_step, trainer.call("weights"))
     if checkpoint is not None and config.sync.mode == "scheduled" and explorers:
         resume.check_versions_available(checkpoint, sync, pending, start_step)
-    return dict(trainer=trainer, explorers=explorers, buffer=buffer, sync=sync, start_step=start_step,
-                pending=pending, ready=set(ready))
+    return Session(trainer, explorers, buffer, sync, start_step, pending, set(ready))
 
 
 def _wait_ready(backend, actor) -> None:
