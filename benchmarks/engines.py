@@ -58,8 +58,9 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     model, tokenizer = load_pretrained("smollm2-135m-instruct")
     model.eval()
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Count from one to fifty in words."}],
-                                           add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Count from one to fifty in words."}], add_generation_prompt=True, tokenize=False
+    )
     prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
     engines, setup = {}, {}
     for name in args.engines:
@@ -83,22 +84,40 @@ def main() -> None:
                 rates[name].append(count / seconds)
                 tokens[name].append(count / group)
         for name in engines:
-            results.append({"engine": name, "group": group, "tokens_per_s": statistics.median(rates[name]),
-                            "all_tokens_per_s": rates[name], "reply_tokens_mean": statistics.mean(tokens[name]),
-                            "first_call_s": first[name]})
-    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} threads",
-              "model": "SmolLM2-135M-Instruct (GGUF dequantised, float32 weights)", "prompt_tokens": len(prompt_ids),
-              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "build_s": setup,
-              "loadavg_before": load_before, "loadavg_after": os.getloadavg()[0], "results": results}
-    print(f"{report['machine']}; load average {load_before:.2f} before, {report['loadavg_after']:.2f} after; "
-          f"engine build s: " + ", ".join(f"{k} {v:.1f}" for k, v in setup.items()) + "\n")
+            results.append(
+                {
+                    "engine": name,
+                    "group": group,
+                    "tokens_per_s": statistics.median(rates[name]),
+                    "all_tokens_per_s": rates[name],
+                    "reply_tokens_mean": statistics.mean(tokens[name]),
+                    "first_call_s": first[name],
+                }
+            )
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} threads",
+        "model": "SmolLM2-135M-Instruct (GGUF dequantised, float32 weights)",
+        "prompt_tokens": len(prompt_ids),
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "build_s": setup,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg()[0],
+        "results": results,
+    }
+    print(
+        f"{report['machine']}; load average {load_before:.2f} before, {report['loadavg_after']:.2f} after; "
+        f"engine build s: " + ", ".join(f"{k} {v:.1f}" for k, v in setup.items()) + "\n"
+    )
     lean = {r["group"]: r["tokens_per_s"] for r in results if r["engine"] == "lean"}
     print("| engine | group size | mean reply tokens | tok/s | vs lean | first call s |")
     print("|---|---|---|---|---|---|")
     for r in results:
         ratio = f"{r['tokens_per_s'] / lean[r['group']]:.1f}x" if r["group"] in lean else "-"
-        print(f"| {r['engine']} | {r['group']} | {r['reply_tokens_mean']:.1f} | {r['tokens_per_s']:.1f} | {ratio} | "
-              f"{r['first_call_s']:.1f} |")
+        print(
+            f"| {r['engine']} | {r['group']} | {r['reply_tokens_mean']:.1f} | {r['tokens_per_s']:.1f} | {ratio} | "
+            f"{r['first_call_s']:.1f} |"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

@@ -73,7 +73,8 @@ def certain_model(tokenizer, token: str):
 def test_eos_ends_responses_and_truncation_is_flagged(policy, Engine):
     _, tokenizer = policy
     prompts = _prompts(tokenizer, ["1+2=", "3="])
-    rollout = Engine(certain_model(tokenizer, tokenizer.eos_token), tokenizer, max_new_tokens=5).generate(prompts, seed=0)
+    engine = Engine(certain_model(tokenizer, tokenizer.eos_token), tokenizer, max_new_tokens=5)
+    rollout = engine.generate(prompts, seed=0)
     assert rollout.response_ids == [[tokenizer.eos_token_id]] * 2  # EOS is kept: the policy learns to stop
     assert rollout.truncated == [False, False]
     assert rollout.texts == ["", ""]

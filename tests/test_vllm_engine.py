@@ -22,8 +22,7 @@ from oprl.metrics import deterministic_view, read_metrics
 from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import VLLMEngine
-from oprl.rollout import vllm_engine
+from oprl.rollout import VLLMEngine, vllm_engine
 from oprl.runtime.schedule import policy_version
 
 VLLM = ["rollout.engine=vllm", "tensorboard=false", "runtime.torch_threads=1"]
@@ -151,7 +150,7 @@ def test_what_vllm_cannot_run_is_one_line_naming_the_setting(tokenizer):
 def test_a_dtype_the_platform_lacks_names_rollout_dtype():
     class NoBF16:
         device_type = "cpu"
-        supported_dtypes = [torch.float32]
+        supported_dtypes = (torch.float32,)
 
         def is_cpu(self):
             return False
@@ -173,8 +172,16 @@ def train(small_overrides, tmp_path, name, *extra):
 
 @pytest.mark.parametrize("k, m, explorers", [(1, 0, 1), (1, 1, 2), (1, 3, 1), (4, 0, 2), (3, 2, 2), (300, 199, 1)])
 def test_every_step_trains_on_its_scheduled_version(small_overrides, tmp_path, k, m, explorers):
-    rows = train(small_overrides, tmp_path, "lag", "steps=6", "eval.interval=0", f"sync.interval={k}",
-                 f"sync.offset={m}", f"runtime.explorers={explorers}")
+    rows = train(
+        small_overrides,
+        tmp_path,
+        "lag",
+        "steps=6",
+        "eval.interval=0",
+        f"sync.interval={k}",
+        f"sync.offset={m}",
+        f"runtime.explorers={explorers}",
+    )
     steps = [r for r in rows if "lag/max" in r]
     assert [r["step"] for r in steps] == list(range(1, 7))
     for row in steps:
@@ -185,9 +192,11 @@ def test_every_step_trains_on_its_scheduled_version(small_overrides, tmp_path, k
 
 
 def test_bf16_sampler_is_off_policy_without_staleness(small_overrides, tmp_path):
-    rows = {dtype: train(small_overrides, tmp_path, dtype, "steps=2", "eval.interval=0", f"rollout.dtype={dtype}")[1:]
-            for dtype in ("float32", "bfloat16")}
-    for fp32, bf16 in zip(rows["float32"], rows["bfloat16"]):
+    rows = {
+        dtype: train(small_overrides, tmp_path, dtype, "steps=2", "eval.interval=0", f"rollout.dtype={dtype}")[1:]
+        for dtype in ("float32", "bfloat16")
+    }
+    for fp32, bf16 in zip(rows["float32"], rows["bfloat16"], strict=True):
         assert fp32["lag/max"] == bf16["lag/max"] == 0
         spread = {d: r["rho/behavior_max"] - r["rho/behavior_min"] for d, r in (("fp32", fp32), ("bf16", bf16))}
         assert spread["fp32"] < 1e-4 and spread["bf16"] > 100 * spread["fp32"]
@@ -206,8 +215,9 @@ RESUME = ["steps=6", "sync.offset=2", "checkpoint.interval=2", "eval.interval=3"
 def test_kill_9_then_resume_equals_the_uninterrupted_run(small_overrides, tmp_path):
     whole = train(small_overrides, tmp_path, "whole", *RESUME)
     args = [*small_overrides, *VLLM, *RESUME, "run_name=killed"]
-    process = subprocess.Popen([sys.executable, "-m", "oprl.cli", "train", *args],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "oprl.cli", "train", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     first = tmp_path / "runs" / "killed" / "checkpoints" / "step-000002" / "state.json"
     deadline = time.monotonic() + 300
     while not first.exists() and process.poll() is None and time.monotonic() < deadline:
@@ -258,12 +268,27 @@ def test_processes_and_ray_backends_repeat_the_threads_run(small_overrides, tmp_
 def test_smollm2_trains_with_the_engine(tmp_path):
     pytest.importorskip("gguf")
     pytest.importorskip("math_verify")
-    rows = None
-    args = ["model.path=smollm2-135m-instruct", "task.name=gsm8k", "task.source=synthetic", "task.train_size=16",
-            "task.test_size=4", "task.synthetic_min_steps=1", "task.synthetic_max_steps=1",
-            "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=32", "optim.lr=1e-5",
-            "steps=3", "task.reward=last-number", "algorithm.entropy_coef=0.01", "eval.num_problems=4",
-            "eval.interval=0", "rollout.kv_cache_gb=0.25", "progress=false", f"output_dir={tmp_path}"]
+    args = [
+        "model.path=smollm2-135m-instruct",
+        "task.name=gsm8k",
+        "task.source=synthetic",
+        "task.train_size=16",
+        "task.test_size=4",
+        "task.synthetic_min_steps=1",
+        "task.synthetic_max_steps=1",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=32",
+        "optim.lr=1e-5",
+        "steps=3",
+        "task.reward=last-number",
+        "algorithm.entropy_coef=0.01",
+        "eval.num_problems=4",
+        "eval.interval=0",
+        "rollout.kv_cache_gb=0.25",
+        "progress=false",
+        f"output_dir={tmp_path}",
+    ]
     assert main(["train", *args, *VLLM, "run_name=smol"]) == 0
     rows = read_metrics(tmp_path / "smol" / "metrics.jsonl")
     steps = [r for r in rows if "optim/grad_norm" in r]

@@ -43,6 +43,7 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -83,8 +84,15 @@ class VLLMEngine:
     """Samples with an in-process ``vllm.LLM`` that serves ``model``'s current weights (see the module docstring)."""
 
     def __init__(
-        self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 16,
-        dtype: str | None = None, kv_cache_gb: float = 1.0,
+        self,
+        model,
+        tokenizer,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 16,
+        dtype: str | None = None,
+        kv_cache_gb: float = 1.0,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -122,8 +130,12 @@ class VLLMEngine:
             SamplingParams(
                 temperature=self.temperature if temperature is None else temperature,
                 top_p=self.top_p if top_p is None else top_p,
-                max_tokens=self.max_new_tokens, stop_token_ids=[self.tokenizer.eos_token_id],
-                logprobs=0, flat_logprobs=True, seed=row_seed(seed, row), detokenize=False,
+                max_tokens=self.max_new_tokens,
+                stop_token_ids=[self.tokenizer.eos_token_id],
+                logprobs=0,
+                flat_logprobs=True,
+                seed=row_seed(seed, row),
+                detokenize=False,
             )
             for row in range(len(prompt_ids))
         ]
@@ -179,7 +191,8 @@ def checkpoint_weights(model) -> dict[str, torch.Tensor]:
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     adapted = {
-        name: module for name, module in base.named_modules()
+        name: module
+        for name, module in base.named_modules()
         if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")
     }
     weights = {}
@@ -208,7 +221,7 @@ def fingerprint(model) -> tuple:
 class SharedLLM:
     """One ``vllm.LLM`` of this process and which model's weights it holds; ``lock`` covers load + generate."""
 
-    llm: object
+    llm: Any  # vllm.LLM (vllm is imported only when an engine is built)
     max_model_len: int
     lock: threading.RLock
     holder: tuple | None = None  # (weakref to the model, its fingerprint) of the weights loaded now
@@ -278,10 +291,18 @@ def _build(config: dict, dtype: str, device: str, kv_bytes: int, context: int | 
             json.dump(config, f)
         with _process_state_kept():
             llm = vllm.LLM(
-                model=staging, skip_tokenizer_init=True, load_format="dummy", generation_config="vllm",
-                dtype=dtype, enforce_eager=not COMPILE, logprobs_mode="processed_logprobs", seed=0,
+                model=staging,
+                skip_tokenizer_init=True,
+                load_format="dummy",
+                generation_config="vllm",
+                dtype=dtype,
+                enforce_eager=not COMPILE,
+                logprobs_mode="processed_logprobs",
+                seed=0,
                 kv_cache_memory_bytes=None if os.environ.get("VLLM_CPU_KVCACHE_SPACE") else kv_bytes,
-                max_model_len=context, max_num_seqs=MAX_SEQS, disable_log_stats=True,
+                max_model_len=context,
+                max_num_seqs=MAX_SEQS,
+                disable_log_stats=True,
             )
     except ValueError as exc:  # vLLM's config checks: the first line says what it could not do
         reason = str(exc).strip().splitlines()[0][:240]
@@ -305,8 +326,10 @@ def _check_supported(config: dict, dtype: str, platform) -> None:
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         if head_dim not in CPUAttentionBackend.get_supported_head_sizes():
             sizes = ", ".join(map(str, CPUAttentionBackend.get_supported_head_sizes()))
-            raise OprlError(f"model: vLLM's CPU attention cannot run head_dim={head_dim} (hidden_size / num_heads); "
-                            f"it supports {sizes}: change model.hidden_size or model.num_heads, or rollout.engine")
+            raise OprlError(
+                f"model: vLLM's CPU attention cannot run head_dim={head_dim} (hidden_size / num_heads); "
+                f"it supports {sizes}: change model.hidden_size or model.num_heads, or rollout.engine"
+            )
     torch_dtype = getattr(torch, dtype)
     if torch_dtype not in platform.supported_dtypes:
         raise OprlError(f"rollout.dtype={dtype}: vLLM cannot run it on this {platform.device_type}; use float32")
