@@ -88,6 +88,13 @@ def test_the_engine_follows_in_place_edits_of_its_model(tokenizer):
     logprobs, behaviour, mask = recomputed(model, prompts, after, temperature=0.7)
     assert (logprobs - behaviour)[mask].abs().max() < 1e-4
     assert after.behavior_logprobs != before.behavior_logprobs
+    # The trainer's optimizer: a fused AdamW step changes the weights without bumping their version counters.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
+    mean_logprob(model, prompts, after).backward()
+    optimizer.step()
+    stepped = engine.generate(prompts, seed=0)
+    logprobs, behaviour, mask = recomputed(model, prompts, stepped, temperature=0.7)
+    assert (logprobs - behaviour)[mask].abs().max() < 1e-4
 
 
 def test_lora_models_are_served_merged(tokenizer):
