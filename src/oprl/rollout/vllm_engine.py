@@ -102,11 +102,10 @@ class VLLMEngine:
         self.shared = shared_llm(model, self.dtype, kv_cache_gb)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Load ``weights`` (the trainer's snapshot, its parameter names) into the model, then into vLLM."""
+        """Load ``weights`` (the trainer's snapshot, its parameter names) into the model; the next ``generate``
+        hands them to vLLM (every call does)."""
         with torch.no_grad():
             self.model.load_state_dict(weights, strict=False)
-        with self.shared.lock:
-            self.shared.serve(self.model)
 
     def generate(
         self,
