@@ -70,6 +70,18 @@ def test_after_a_sync_the_engine_samples_from_the_synced_version(tokenizer):
         assert (stale - behaviour)[mask].abs().max() > 1e-2  # a skipped sync would have failed above
 
 
+def test_building_an_engine_leaves_child_processes_environment_alone(tokenizer):
+    # vLLM's CPU platform preloads tcmalloc/libgomp through os.environ for its own engine processes; oprl's
+    # engine is in-process, so every later subprocess (process workers, reward pools) must not inherit that.
+    before = {key: os.environ.get(key) for key in vllm_engine.CHILD_ENVIRONMENT}
+    model = build_model(tokenizer, hidden_size=64, num_layers=1, num_heads=2, seed=5)
+    VLLMEngine(model, tokenizer, max_new_tokens=2).generate(_prompts(tokenizer, ["1+2="]), seed=0)
+    assert {key: os.environ.get(key) for key in vllm_engine.CHILD_ENVIRONMENT} == before
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD', ''))"],
+                           capture_output=True, text=True, check=True)
+    assert "tcmalloc" not in child.stdout
+
+
 def mean_logprob(model, prompts, rollout):
     input_ids, attention_mask, targets, mask = pack(prompts, rollout.response_ids, 0)
     logprobs, _ = response_logprobs(model, input_ids, attention_mask, targets)

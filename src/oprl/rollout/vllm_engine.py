@@ -71,7 +71,7 @@ def _import_vllm():
     # process has to be spawned (which would need the __main__ guard in every user script).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its INFO lines would bury oprl's progress output
-    with warnings.catch_warnings():  # vLLM 0.32 touches deprecated torch.distributed names while importing
+    with warnings.catch_warnings(), _child_environment_kept():  # deprecated torch.distributed names inside
         warnings.simplefilter("ignore", FutureWarning)
         import vllm
 
@@ -329,19 +329,39 @@ def _check_supported(config: dict, dtype: str, platform) -> None:
         raise OprlError(f"rollout.dtype={dtype}: {str(exc).splitlines()[0][:200]}; use float32") from None
 
 
+CHILD_ENVIRONMENT = ("LD_PRELOAD", "LD_LIBRARY_PATH")
+"""Variables vLLM's CPU platform sets in ``os.environ`` for its own engine processes (tcmalloc and torch's
+libgomp preloaded, OpenCV's library path). oprl's engine is in-process, so they would only leak into every
+later subprocess of oprl (process workers, sweep workers, reward pools, tests) and change their allocator."""
+
+
+@contextlib.contextmanager
+def _child_environment_kept():
+    saved = {key: os.environ.get(key) for key in CHILD_ENVIRONMENT}
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 @contextlib.contextmanager
 def _process_state_kept():
     """Undo what building an in-process ``LLM`` does to the process: vLLM's CPU worker replaces
     ``torch.set_num_threads`` by a no-op and sets 1 intra-op thread (right for a dedicated serving process,
     wrong for oprl, whose workers set their own thread counts), and it seeds the global generators of
-    ``random``, numpy and torch (the trainer's and the other engines' streams must not depend on it)."""
+    ``random``, numpy and torch (the trainer's and the other engines' streams must not depend on it); it also
+    preloads libraries for child processes (``CHILD_ENVIRONMENT``)."""
     import numpy as np
 
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     python_state, numpy_state = random.getstate(), np.random.get_state()
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+        with torch.random.fork_rng(devices=devices), warnings.catch_warnings(), _child_environment_kept():
             warnings.simplefilter("ignore", FutureWarning)  # deprecated torch.distributed names, inside vLLM
             yield
     finally:
