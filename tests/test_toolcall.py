@@ -2,6 +2,8 @@
 in any order, and hostile outputs scored 0 inside the timed worker."""
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -213,11 +215,21 @@ def test_rewards_in_timed_worker():
 
 
 def test_worker_timeout_scores_zero():
-    """An answer that takes longer than the timeout (here 1 us: any answer) is killed and scores 0, flagged."""
-    pool = VerifierPool(workers=1, timeout=1e-6, kind="tool-call")
+    """A worker that does not answer within the timeout is killed and replaced; the answer scores 0, flagged.
+    The worker is stopped (SIGSTOP) so that it cannot answer however loaded the machine is; a tiny timeout
+    alone races with a fast worker whose reply is already waiting when the parent wakes up."""
+    pool = VerifierPool(workers=1, timeout=5.0, kind="tool-call")
     try:
-        rewards = tool_call_rewards(pool, [json.dumps(TRIANGLE)], [think(GOOD)])
+        (warm,) = tool_call_rewards(pool, [json.dumps(TRIANGLE)], [think(GOOD)])  # the worker is up
+        assert warm.total == 1.0
+        (worker,) = pool._workers
+        os.kill(worker.process.pid, signal.SIGSTOP)
+        pool.timeout = 0.5
+        rewards = tool_call_rewards(pool, [json.dumps(TRIANGLE)], [think(call("calculate_triangle_area", base=10))])
         assert rewards[0].total == 0.0 and rewards[0].components["verify_timeout"] == 1.0
         assert pool.counts["timeout"] == 1
+        pool.timeout = 5.0
+        (after,) = tool_call_rewards(pool, [json.dumps(TRIANGLE)], [think(GOOD)])  # a fresh worker answers
+        assert after.total == 1.0 and pool._workers[0] is not worker
     finally:
         pool.close()
