@@ -62,14 +62,22 @@ def shape(model) -> dict:
     dense = sum(p.numel() for n, p in model.named_parameters() if ".layers." in n and p.dim() == 2)
     config = model.config
     total_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"n_dense": dense, "layers": config.num_hidden_layers, "d": config.hidden_size, "vocab": config.vocab_size,
-            "weight_bytes": total_bytes}
+    return {
+        "n_dense": dense,
+        "layers": config.num_hidden_layers,
+        "d": config.hidden_size,
+        "vocab": config.vocab_size,
+        "weight_bytes": total_bytes,
+    }
 
 
 def train_step_flops(s: dict, batch: int, prompt: int, response: int) -> float:
     length = prompt + response
-    forward = (2 * s["n_dense"] * batch * length + 2 * s["layers"] * s["d"] * batch * length**2
-               + 2 * s["d"] * s["vocab"] * batch * response)
+    forward = (
+        2 * s["n_dense"] * batch * length
+        + 2 * s["layers"] * s["d"] * batch * length**2
+        + 2 * s["d"] * s["vocab"] * batch * response
+    )
     return 3 * forward
 
 
@@ -90,13 +98,21 @@ def measure_training(model, tokenizer, s, batch, prompt, response, repeats) -> d
 
     seconds = best_seconds(step, repeats)
     flops = train_step_flops(s, batch, prompt, response)
-    return {"batch": batch, "prompt": prompt, "response": response, "step_s": seconds, "model_flops": flops,
-            "flops_per_s": flops / seconds, "tokens_per_s": batch * response / seconds}
+    return {
+        "batch": batch,
+        "prompt": prompt,
+        "response": response,
+        "step_s": seconds,
+        "model_flops": flops,
+        "flops_per_s": flops / seconds,
+        "tokens_per_s": batch * response / seconds,
+    }
 
 
 def measure_generation(model, tokenizer, s, engine_name, batch, max_new_tokens, peak, bandwidth, repeats) -> dict:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Count from one to fifty in words."}],
-                                           add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Count from one to fifty in words."}], add_generation_prompt=True, tokenize=False
+    )
     prompts = [tokenizer(prompt, add_special_tokens=False).input_ids] * batch
     engine = ENGINES[engine_name](model, tokenizer, max_new_tokens=max_new_tokens)
     times, counts = [], []
@@ -112,10 +128,19 @@ def measure_generation(model, tokenizer, s, engine_name, batch, max_new_tokens, 
     measured = statistics.median(c / t for c, t in zip(counts, times, strict=True))
     tokens = statistics.mean(counts)
     bound = tokens / (prefill_s + tokens / batch * step_bound)
-    return {"engine": engine_name, "batch": batch, "tokens_per_s": measured, "bound_tokens_per_s": bound, "fraction_of_bound": measured / bound,
-            "bound_by": "bandwidth" if s["weight_bytes"] / bandwidth >= batch * per_token_flops / peak else "compute",
-            "response_tokens_mean": tokens / batch, "prompt_tokens": len(prompts[0]), "prefill_bound_s": prefill_s,
-            "decode_step_bound_s": step_bound, "seconds": statistics.median(times)}
+    return {
+        "engine": engine_name,
+        "batch": batch,
+        "tokens_per_s": measured,
+        "bound_tokens_per_s": bound,
+        "fraction_of_bound": measured / bound,
+        "bound_by": "bandwidth" if s["weight_bytes"] / bandwidth >= batch * per_token_flops / peak else "compute",
+        "response_tokens_mean": tokens / batch,
+        "prompt_tokens": len(prompts[0]),
+        "prefill_bound_s": prefill_s,
+        "decode_step_bound_s": step_bound,
+        "seconds": statistics.median(times),
+    }
 
 
 def main() -> None:
@@ -139,24 +164,38 @@ def main() -> None:
     training["mfu"] = training["flops_per_s"] / peak
     generation = [
         measure_generation(model, tokenizer, s, engine, b, args.max_new_tokens, peak, bandwidth, args.repeats)
-        for b in args.gen_batch for engine in args.engines
+        for b in args.gen_batch
+        for engine in args.engines
     ]
     peak_again = peak_matmul_flops()  # the machine may have changed under us: report both ends
-    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} threads",
-              "peak_matmul_flops": peak, "peak_matmul_flops_after": peak_again, "bandwidth_bytes_per_s": bandwidth,
-              "model": s, "training": training, "generation": generation, "loadavg_after": os.getloadavg()[0]}
-    print(f"{report['machine']}; peak matmul {peak / 1e9:.1f} GFLOP/s (after: {peak_again / 1e9:.1f}); "
-          f"read bandwidth {bandwidth / 1e9:.1f} GB/s; load average {os.getloadavg()[0]:.2f}\n")
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} threads",
+        "peak_matmul_flops": peak,
+        "peak_matmul_flops_after": peak_again,
+        "bandwidth_bytes_per_s": bandwidth,
+        "model": s,
+        "training": training,
+        "generation": generation,
+        "loadavg_after": os.getloadavg()[0],
+    }
+    print(
+        f"{report['machine']}; peak matmul {peak / 1e9:.1f} GFLOP/s (after: {peak_again / 1e9:.1f}); "
+        f"read bandwidth {bandwidth / 1e9:.1f} GB/s; load average {os.getloadavg()[0]:.2f}\n"
+    )
     print("| training step | s | model GFLOP | GFLOP/s | MFU | response tok/s |")
     print("|---|---|---|---|---|---|")
     t = training
-    print(f"| B={t['batch']}, P={t['prompt']}, T={t['response']} | {t['step_s']:.2f} | {t['model_flops'] / 1e9:.0f} | "
-          f"{t['flops_per_s'] / 1e9:.1f} | {t['mfu']:.0%} | {t['tokens_per_s']:.0f} |")
+    print(
+        f"| B={t['batch']}, P={t['prompt']}, T={t['response']} | {t['step_s']:.2f} | {t['model_flops'] / 1e9:.0f} | "
+        f"{t['flops_per_s'] / 1e9:.1f} | {t['mfu']:.0%} | {t['tokens_per_s']:.0f} |"
+    )
     print("\n| engine | group size | mean reply tokens | tok/s | bound tok/s | fraction | bound by |")
     print("|---|---|---|---|---|---|---|")
     for g in generation:
-        print(f"| {g['engine']} | {g['batch']} | {g['response_tokens_mean']:.1f} | {g['tokens_per_s']:.1f} | "
-              f"{g['bound_tokens_per_s']:.1f} | {g['fraction_of_bound']:.0%} | {g['bound_by']} |")
+        print(
+            f"| {g['engine']} | {g['batch']} | {g['response_tokens_mean']:.1f} | {g['tokens_per_s']:.1f} | "
+            f"{g['bound_tokens_per_s']:.1f} | {g['fraction_of_bound']:.0%} | {g['bound_by']} |"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

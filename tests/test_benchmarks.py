@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import SMALL
@@ -34,8 +33,14 @@ def test_growth_fit_recovers_a_power_law():
 
 def test_mfu_flop_count_matches_a_hand_count():
     mfu = load("mfu")
-    config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2)
+    config = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     s = mfu.shape(LlamaForCausalLM(config))
     kv = 64 // 4 * 2  # key/value width with 2 of 4 heads
     per_layer = 64 * 64 * 2 + 64 * kv * 2 + 3 * 64 * 160  # q, o; k, v; gate, up, down

@@ -17,13 +17,22 @@ def bad_yaml(tmp_path):
 
 CASES = {
     "missing file": (["train", "/nonexistent/run.yaml"], "not found"),
-    "unknown preset": (["train", "algorithm.preset=grpoo"], "algorithm.preset: unknown preset 'grpoo' (did you mean 'grpo'?)"),
+    "unknown preset": (
+        ["train", "algorithm.preset=grpoo"],
+        "algorithm.preset: unknown preset 'grpoo' (did you mean 'grpo'?)",
+    ),
     "out of range": (["train", "algorithm.eps_low=-1"], "algorithm.eps_low: eps_low must be >= 0"),
     "renamed mode": (["train", "mode=train"], "mode: 'train' was renamed 'offline'"),
     "renamed setting": (["train", "algorithm.temperature=2"], "'temperature' was renamed 'weight_temperature'"),
     "renamed value": (["train", "algorithm.regularizer=k2"], "'k2' was renamed 'squared-log-ratio'"),
-    "truncation cap": (["train", "algorithm.preset=tis-token", "algorithm.is_cap=0"], "algorithm.is_cap: is_cap must be > 0"),
-    "mask band": (["train", "algorithm.mask_low=2", "algorithm.mask_high=1"], "algorithm.mask_low: mask_low must be < mask_high"),
+    "truncation cap": (
+        ["train", "algorithm.preset=tis-token", "algorithm.is_cap=0"],
+        "algorithm.is_cap: is_cap must be > 0",
+    ),
+    "mask band": (
+        ["train", "algorithm.mask_low=2", "algorithm.mask_high=1"],
+        "algorithm.mask_low: mask_low must be < mask_high",
+    ),
     "top_p training": (["train", "rollout.top_p=0.9"], "rollout.top_p=0.9 < 1 cannot train"),
     "unknown key": (["train", "rollout.gruop_size=4"], "did you mean group_size"),
     "unknown section": (["train", "optimizer.lr=1"], "unknown key 'optimizer'"),

@@ -38,12 +38,15 @@ def test_the_torch_engines_are_engines_and_load_weights_changes_what_they_sample
 
 @pytest.mark.parametrize("name", sorted(ENGINES))
 def test_every_registered_engine_has_the_engine_methods(name):
-    engine_type = VLLMEngine if name == "vllm" else type(ENGINES[name](build_model(build_tokenizer(), hidden_size=8,
-                                                                                   num_layers=1, num_heads=1),
-                                                                       build_tokenizer()))
+    engine_type = (
+        VLLMEngine
+        if name == "vllm"
+        else type(
+            ENGINES[name](build_model(build_tokenizer(), hidden_size=8, num_layers=1, num_heads=1), build_tokenizer())
+        )
+    )
     assert issubclass(engine_type, Engine)
-    assert keywords(engine_type.generate) == keywords(Engine.generate) == {"seed", "temperature", "top_p",
-                                                                            "batch_size"}
+    assert keywords(engine_type.generate) == keywords(Engine.generate) == {"seed", "temperature", "top_p", "batch_size"}
 
 
 def test_backends_offer_what_the_driver_calls():

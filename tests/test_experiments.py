@@ -8,8 +8,8 @@ import yaml
 from conftest import SMALL
 from oprl import cli
 from oprl.errors import OprlError
-from oprl.metrics import deterministic_view, read_metrics
 from oprl.experiments import report, sweep
+from oprl.metrics import deterministic_view, read_metrics
 
 
 def write_spec(tmp_path, **extra):
@@ -19,8 +19,10 @@ def write_spec(tmp_path, **extra):
         "overrides": SMALL + ["steps=3", "eval.interval=0", "tensorboard=false"],
         "grid": {
             "algorithm.preset": ["grpo", "rec-oneside-nois"],
-            "setting": {"on-policy": {"sync.interval": 1, "sync.offset": 0},
-                        "offline": {"sync.interval": 300, "sync.offset": 199}},
+            "setting": {
+                "on-policy": {"sync.interval": 1, "sync.offset": 0},
+                "offline": {"sync.interval": 300, "sync.offset": 199},
+            },
             "seed": [0],
         },
     } | extra
@@ -39,7 +41,9 @@ def test_plan_is_the_cartesian_product(tmp_path):
 
 
 def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
-    spec = write_spec(tmp_path, report={"groups": {"clipping or not": ["grpo", "rec-oneside-nois"]}, "threshold_gain": 0.01})
+    spec = write_spec(
+        tmp_path, report={"groups": {"clipping or not": ["grpo", "rec-oneside-nois"]}, "threshold_gain": 0.01}
+    )
     base = yaml.safe_load(spec.read_text())
     base["overrides"].append("algorithm.log_ref_kl_every=1")
     spec.write_text(yaml.safe_dump(base))
@@ -48,11 +52,17 @@ def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len(rows) == 4
     assert {(r["preset"], r["setting"]) for r in rows} == {
-        ("grpo", "on-policy"), ("grpo", "offline"), ("rec-oneside-nois", "on-policy"), ("rec-oneside-nois", "offline")}
+        ("grpo", "on-policy"),
+        ("grpo", "offline"),
+        ("rec-oneside-nois", "on-policy"),
+        ("rec-oneside-nois", "offline"),
+    }
     assert all(0.0 <= float(r["final_accuracy"]) <= 1.0 for r in rows)
     # Runs share long-lived worker processes; each must still equal the same run started fresh.
     first = sweep.plan(sweep.load_spec(spec))[-1]
-    assert cli.main(["train", *first.overrides, f"output_dir={tmp_path / 'fresh'}", "run_name=x", "progress=false"]) == 0
+    assert (
+        cli.main(["train", *first.overrides, f"output_dir={tmp_path / 'fresh'}", "run_name=x", "progress=false"]) == 0
+    )
     fresh = read_metrics(tmp_path / "fresh" / "x" / "metrics.jsonl")
     assert deterministic_view(fresh) == deterministic_view(read_metrics(out / first.name / "metrics.jsonl"))
     # A second invocation finds everything finished and runs nothing.

@@ -24,11 +24,13 @@ def test_grouped_equals_one_row_at_a_time_values_and_gradients(temperature):
         model.zero_grad(set_to_none=True)
         if grouped:
             logprobs, entropy, mask = grouped_response_logprobs(
-                model, prompts, responses, tokenizer.pad_token_id, temperature=temperature, with_entropy=True)
+                model, prompts, responses, tokenizer.pad_token_id, temperature=temperature, with_entropy=True
+            )
         else:
             ids, attention, targets, mask = pack(prompts, responses, tokenizer.pad_token_id)
-            logprobs, entropy = response_logprobs(model, ids, attention, targets, temperature=temperature,
-                                                  with_entropy=True)
+            logprobs, entropy = response_logprobs(
+                model, ids, attention, targets, temperature=temperature, with_entropy=True
+            )
         (logprobs * mask).sum().backward()
         outputs.append((logprobs.detach(), entropy, mask))
         grads.append([p.grad.clone() for p in model.parameters()])
@@ -53,6 +55,7 @@ def test_entropy_is_the_softmax_entropy_of_the_scaled_logits_in_any_chunking():
         scaled = logits[:, -targets.shape[1] - 1 : -1].float() / 0.7  # (B, T, V) predicting each response token
         expected = -(scaled.softmax(-1) * scaled.log_softmax(-1)).sum(-1) * mask
         for chunk_bytes in (1, 2**26):  # one row per chunk, or everything at once
-            _, entropy = response_logprobs(model, ids, attention, targets, temperature=0.7, with_entropy=True,
-                                           chunk_bytes=chunk_bytes)
+            _, entropy = response_logprobs(
+                model, ids, attention, targets, temperature=0.7, with_entropy=True, chunk_bytes=chunk_bytes
+            )
             assert torch.allclose(entropy * mask, expected, atol=1e-5)

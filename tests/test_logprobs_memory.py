@@ -55,8 +55,9 @@ print(json.dumps({
 
 def measure(chunk_bytes: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20)}
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(chunk_bytes)], capture_output=True, text=True,
-                         timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(chunk_bytes)], capture_output=True, text=True, timeout=300, env=env
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

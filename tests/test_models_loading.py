@@ -33,11 +33,14 @@ def test_directories_files_and_hub_ids_resolve(tiny_dir, tmp_path):
     assert resolve_model_path(str(gguf)) == (str(tmp_path), {"gguf_file": "m.Q4_0.gguf"})
 
 
-@pytest.mark.parametrize("path, message", [
-    ("./no/such/dir", "not found; use 'tiny'"),
-    ("missing.gguf", "not found"),
-    ("not a hub id", "not found"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("./no/such/dir", "not found; use 'tiny'"),
+        ("missing.gguf", "not found"),
+        ("not a hub id", "not found"),
+    ],
+)
 def test_unknown_paths_are_one_line_errors(path, message):
     with pytest.raises(OprlError, match=message) as info:
         resolve_model_path(path)
@@ -137,8 +140,19 @@ def test_a_lora_run_trains_end_to_end(small_overrides, tmp_path):
     from oprl.metrics import read_metrics
     from oprl.runtime.run import run
 
-    config = load_config(None, [*small_overrides, "steps=2", "model.lora.r=4", "model.lora.alpha=8", "optim.lr=0.01",
-                                "run_name=lora", "tensorboard=false", "eval.interval=0"])
+    config = load_config(
+        None,
+        [
+            *small_overrides,
+            "steps=2",
+            "model.lora.r=4",
+            "model.lora.alpha=8",
+            "optim.lr=0.01",
+            "run_name=lora",
+            "tensorboard=false",
+            "eval.interval=0",
+        ],
+    )
     summary = run(config, log=lambda *_: None)
     rows = read_metrics(summary.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]

@@ -17,14 +17,29 @@ PAPER = ROOT / "configs" / "paper"
 GSM8K = sorted((PAPER / "gsm8k").glob("*.yaml"))
 MATH = sorted((PAPER / "math").glob("*.yaml"))
 PRESETS = [
-    "grpo", "rec-oneside-is", "rec-oneside-nois", "rec-oneside-nois-wide", "reinforce", "opmd", "asymre",
-    "red-drop", "red-weight",
+    "grpo",
+    "rec-oneside-is",
+    "rec-oneside-nois",
+    "rec-oneside-nois-wide",
+    "reinforce",
+    "opmd",
+    "asymre",
+    "red-drop",
+    "red-weight",
 ]
 GSM8K_SYNC = {"onpolicy": (1, 0), "stale": (1, 10), "infrequent": (20, 0), "offline": (300, 199)}
 MATH_SYNC = {"sync1": (1, 0), "sync250": (250, 0), "offline": (2000, 0)}
 # Tiny stand-ins: the task section of a paper config holds only its name, so task.name can switch it.
-TINY = ["steps=2", "model.path=tiny", "model.device=cpu", "task.name=arithmetic", "rollout.max_new_tokens=8",
-        "optim.micro_batch_size=64", "eval.batch_size=64", "tensorboard=false"]
+TINY = [
+    "steps=2",
+    "model.path=tiny",
+    "model.device=cpu",
+    "task.name=arithmetic",
+    "rollout.max_new_tokens=8",
+    "optim.micro_batch_size=64",
+    "eval.batch_size=64",
+    "tensorboard=false",
+]
 
 
 def test_every_setting_and_preset_has_a_file():
@@ -48,7 +63,12 @@ def test_gsm8k_configs_follow_spec_section_5(path):
     assert config.task.name == "gsm8k" and config.task.hub_id == "openai/gsm8k" and config.task.format_bonus == 0.1
     assert (config.rollout.prompts_per_step, config.rollout.group_size) == (96, 8)
     assert (config.rollout.temperature, config.rollout.max_new_tokens) == (1.0, 1024)
-    assert (config.optim.lr, config.optim.grad_clip, config.optim.mini_batches, config.optim.epochs) == (1e-6, 1.0, 1, 1)
+    assert (config.optim.lr, config.optim.grad_clip, config.optim.mini_batches, config.optim.epochs) == (
+        1e-6,
+        1.0,
+        1,
+        1,
+    )
     assert config.steps == 160 and config.eval.interval == 20 and config.eval.num_problems == 1319
 
 

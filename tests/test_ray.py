@@ -18,8 +18,14 @@ def local_ray():
 
 
 def test_ray_with_two_explorers_matches_local(local_ray, small_overrides, tmp_path):
-    args = [*small_overrides, "steps=4", "sync.offset=1", "tensorboard=false", "runtime.torch_threads=1",
-            "checkpoint.interval=2"]
+    args = [
+        *small_overrides,
+        "steps=4",
+        "sync.offset=1",
+        "tensorboard=false",
+        "runtime.torch_threads=1",
+        "checkpoint.interval=2",
+    ]
     assert main(["train", *args, "run_name=local"]) == 0
     assert main(["train", *args, "run_name=ray", "backend=ray", "runtime.explorers=2"]) == 0
     local = read_metrics(tmp_path / "runs" / "local" / "metrics.jsonl")

@@ -16,8 +16,14 @@ from oprl.tasks.arithmetic import ArithmeticTask
 
 # Stale by one step: at every checkpoint the explorer has already generated a batch the trainer has not
 # used, so checkpoints must carry unconsumed experiences and an older weights version.
-RUN = ["tensorboard=false", "runtime.torch_threads=1", "steps=6", "sync.offset=2", "checkpoint.interval=2",
-       "eval.interval=3"]
+RUN = [
+    "tensorboard=false",
+    "runtime.torch_threads=1",
+    "steps=6",
+    "sync.offset=2",
+    "checkpoint.interval=2",
+    "eval.interval=3",
+]
 
 
 @pytest.fixture(scope="module")

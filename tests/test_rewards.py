@@ -8,11 +8,17 @@ import pytest
 
 pytest.importorskip("math_verify")
 
-from oprl.tasks.rewards import (  # noqa: E402
-    MAX_ANSWER_CHARS, answer_tag, ascii_digits, boxed_rewards, gsm8k_reference, has_r1_format, last_boxed,
+from oprl.tasks.rewards import (
+    MAX_ANSWER_CHARS,
+    answer_tag,
+    ascii_digits,
+    boxed_rewards,
+    gsm8k_reference,
+    has_r1_format,
+    last_boxed,
     r1_rewards,
 )
-from oprl.tasks.verify import Job, VerifierPool  # noqa: E402
+from oprl.tasks.verify import Job, VerifierPool
 
 TIMEOUT = 3.0
 SLOW = "9^9^9^9"  # sympy computes 9^387420489 (370 million digits) when comparing it: minutes, not ms
@@ -65,12 +71,17 @@ R1_TABLE = [
 ]
 
 
-@pytest.mark.parametrize("case, reference, response, total, correct, well_formed", R1_TABLE, ids=[r[0] for r in R1_TABLE])
+@pytest.mark.parametrize(
+    "case, reference, response, total, correct, well_formed", R1_TABLE, ids=[r[0] for r in R1_TABLE]
+)
 def test_r1_reward_table(pool, case, reference, response, total, correct, well_formed):
     (reward,) = r1_rewards(pool, [reference], [response])
     assert reward.total == pytest.approx(total)
     assert reward.components == {
-        "correct": correct, "format": well_formed, "verify_timeout": 0.0, "verify_error": 0.0,
+        "correct": correct,
+        "format": well_formed,
+        "verify_timeout": 0.0,
+        "verify_error": 0.0,
     }
     assert not os.path.exists("/tmp/oprl-pwned")
 

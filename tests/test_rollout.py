@@ -52,10 +52,18 @@ def certain_model(tokenizer, token: str):
     norm keeps only that dimension, and the head turns it into +30 x (~8) for ``token`` and 0 for the rest."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
@@ -173,4 +181,7 @@ def test_lean_engine_samples_through_a_lora_wrapper(policy):
     wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     prompts = _prompts(tokenizer, ["1+2=", "9-4="]) * 3
     lean = LeanEngine(wrapped, tokenizer, max_new_tokens=6).generate(prompts, seed=1)
-    assert lean.response_ids == HFGenerateEngine(wrapped, tokenizer, max_new_tokens=6).generate(prompts, seed=1).response_ids
+    assert (
+        lean.response_ids
+        == HFGenerateEngine(wrapped, tokenizer, max_new_tokens=6).generate(prompts, seed=1).response_ids
+    )

@@ -9,13 +9,33 @@ from oprl.cli import main
 from oprl.metrics import deterministic_view, read_metrics
 
 REQUIRED_STEP_KEYS = [
-    "reward/mean", "reward/std", "response/length_mean", "loss/total", "loss/pg_loss", "optim/grad_norm",
-    "loss/clip_frac", "loss/clip_frac_low", "loss/clip_frac_high", "loss/ratio_mean", "loss/ratio_min",
-    "loss/ratio_max", "lag/mean", "lag/max", "perf/generate_tokens_per_s", "perf/train_tokens_per_s",
-    "perf/generate_s", "perf/train_s", "entropy/mean", "lag/min", "lag/scheduled", "perf/trainer_busy_s",
-    "perf/trainer_idle_s", "perf/explorer_busy_s", "perf/explorer_idle_s", "perf/buffer_batches_ready",
+    "reward/mean",
+    "reward/std",
+    "response/length_mean",
+    "loss/total",
+    "loss/pg_loss",
+    "optim/grad_norm",
+    "loss/clip_frac",
+    "loss/clip_frac_low",
+    "loss/clip_frac_high",
+    "loss/ratio_mean",
+    "loss/ratio_min",
+    "loss/ratio_max",
+    "lag/mean",
+    "lag/max",
+    "perf/generate_tokens_per_s",
+    "perf/train_tokens_per_s",
+    "perf/generate_s",
+    "perf/train_s",
+    "entropy/mean",
+    "lag/min",
+    "lag/scheduled",
+    "perf/trainer_busy_s",
+    "perf/trainer_idle_s",
+    "perf/explorer_busy_s",
+    "perf/explorer_idle_s",
+    "perf/buffer_batches_ready",
 ]
-
 
 
 def test_train_writes_a_complete_run_directory(small_overrides, tmp_path, capsys):
@@ -60,8 +80,21 @@ def test_fixed_eval_seed_gives_common_random_numbers(small_overrides, tmp_path):
     evals = {}
     for seed, eval_seed in ((1, "7"), (2, "7"), (2, "null")):
         name = f"s{seed}-{eval_seed}"
-        assert main(["train", *small_overrides, "steps=1", f"seed={seed}", f"eval.seed={eval_seed}",
-                     "eval.temperature=3.0", f"run_name={name}", "tensorboard=false"]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    *small_overrides,
+                    "steps=1",
+                    f"seed={seed}",
+                    f"eval.seed={eval_seed}",
+                    "eval.temperature=3.0",
+                    f"run_name={name}",
+                    "tensorboard=false",
+                ]
+            )
+            == 0
+        )
         evals[name] = read_metrics(tmp_path / "runs" / name / "metrics.jsonl")[0]
     assert evals["s1-7"]["eval/response_length"] == evals["s2-7"]["eval/response_length"]
     assert evals["s1-7"]["eval/accuracy"] == evals["s2-7"]["eval/accuracy"]
@@ -71,8 +104,16 @@ def test_fixed_eval_seed_gives_common_random_numbers(small_overrides, tmp_path):
 @pytest.mark.parametrize("interval, offset", [(1, 2), (3, 0)])
 def test_stale_schedules_record_the_scheduled_versions(small_overrides, tmp_path, interval, offset):
     name = f"k{interval}m{offset}"
-    args = [*small_overrides, "steps=6", f"sync.interval={interval}", f"sync.offset={offset}",
-            "eval.interval=0", "tensorboard=false", "algorithm.preset=rec-oneside-nois", f"run_name={name}"]
+    args = [
+        *small_overrides,
+        "steps=6",
+        f"sync.interval={interval}",
+        f"sync.offset={offset}",
+        "eval.interval=0",
+        "tensorboard=false",
+        "algorithm.preset=rec-oneside-nois",
+        f"run_name={name}",
+    ]
     assert main(["train", *args]) == 0
     rows = read_metrics(tmp_path / "runs" / name / "metrics.jsonl")[1:]
     from oprl.runtime.schedule import lag

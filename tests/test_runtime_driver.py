@@ -47,14 +47,30 @@ class FakeExplorer:
         time.sleep(self.delay(batch) if callable(self.delay) else self.delay)
         self.timeline.add("explore", batch, start, time.perf_counter())
         experiences = [
-            Experience(prompt_ids=[1], response_ids=[2, 3], behavior_logprobs=[-1.0, -1.0], reward=float(i % 2),
-                       reward_components={}, group_id=(batch - 1) * GROUPS + i // K, task_id=f"t{batch}",
-                       policy_version=version, response_text="")
+            Experience(
+                prompt_ids=[1],
+                response_ids=[2, 3],
+                behavior_logprobs=[-1.0, -1.0],
+                reward=float(i % 2),
+                reward_components={},
+                group_id=(batch - 1) * GROUPS + i // K,
+                task_id=f"t{batch}",
+                policy_version=version,
+                response_text="",
+            )
             for i in range(GROUPS * K)
         ]
-        info = {"generate_s": 0.0, "reward_s": 0.0, "generated_tokens": 8.0, "sync_s": 0.0, "explorer": self.index,
-                "batch": batch, "version": version, "summary": {"reward/mean": 0.5},
-                "clock": {"busy_s": 0.0, "idle_s": 0.0}}
+        info = {
+            "generate_s": 0.0,
+            "reward_s": 0.0,
+            "generated_tokens": 8.0,
+            "sync_s": 0.0,
+            "explorer": self.index,
+            "batch": batch,
+            "version": version,
+            "summary": {"reward/mean": 0.5},
+            "clock": {"busy_s": 0.0, "idle_s": 0.0},
+        }
         return experiences, info
 
 
@@ -69,8 +85,13 @@ class FakeTrainer:
         time.sleep(self.delay)
         self.timeline.add("train", step, start, time.perf_counter())
         versions = [e.policy_version for e in batch]
-        out = {"batch/version_max": float(max(versions)), "lag/max": float(self.version - min(versions)),
-               "reward/mean": 0.5, "perf/trainer_busy_total_s": 0.0, "perf/trainer_idle_total_s": 0.0}
+        out = {
+            "batch/version_max": float(max(versions)),
+            "lag/max": float(self.version - min(versions)),
+            "reward/mean": 0.5,
+            "perf/trainer_busy_total_s": 0.0,
+            "perf/trainer_idle_total_s": 0.0,
+        }
         self.version += 1
         return out
 
@@ -98,21 +119,49 @@ class Rows:
         pass
 
 
-def drive(tmp_path, overrides, *, explore_delay=0.0, train_delay=0.0, explorers=1, explorer_fail=None,
-          trainer_fail=None):
-    config = load_config(None, ["eval.interval=0", "checkpoint.interval=0", f"runtime.explorers={explorers}",
-                                f"rollout.prompts_per_step={GROUPS}", f"rollout.group_size={K}", *overrides])
+def drive(
+    tmp_path, overrides, *, explore_delay=0.0, train_delay=0.0, explorers=1, explorer_fail=None, trainer_fail=None
+):
+    config = load_config(
+        None,
+        [
+            "eval.interval=0",
+            "checkpoint.interval=0",
+            f"runtime.explorers={explorers}",
+            f"rollout.prompts_per_step={GROUPS}",
+            f"rollout.group_size={K}",
+            *overrides,
+        ],
+    )
     backend, timeline, rows = LocalBackend(), Timeline(), Rows()
     trainer = backend.start("trainer", FakeTrainer, train_delay, timeline, trainer_fail)
-    workers = [backend.start(f"explorer {i}", FakeExplorer, i, explore_delay, timeline, explorer_fail)
-               for i in range(explorers)]
+    workers = [
+        backend.start(f"explorer {i}", FakeExplorer, i, explore_delay, timeline, explorer_fail)
+        for i in range(explorers)
+    ]
     buffer = backend.start("buffer", ExperienceBuffer)
-    sync = Synchronizer(interval=config.sync.interval, offset=config.sync.offset, mode=config.sync.mode,
-                        max_staleness=config.sync.max_staleness, explorers=explorers)
+    sync = Synchronizer(
+        interval=config.sync.interval,
+        offset=config.sync.offset,
+        mode=config.sync.mode,
+        max_staleness=config.sync.max_staleness,
+        explorers=explorers,
+    )
     sync.publish(0, trainer.call("weights"))
-    driver = Driver(config=config, run_dir=tmp_path, backend=backend, trainer=trainer, explorers=workers,
-                    buffer=buffer, sync=sync, logger=rows, progress=rows, start_step=0,
-                    pending=list(range(1, config.steps + 1)), ready=set())
+    driver = Driver(
+        config=config,
+        run_dir=tmp_path,
+        backend=backend,
+        trainer=trainer,
+        explorers=workers,
+        buffer=buffer,
+        sync=sync,
+        logger=rows,
+        progress=rows,
+        start_step=0,
+        pending=list(range(1, config.steps + 1)),
+        ready=set(),
+    )
     driver.request_eval(0)
     start = time.perf_counter()
     try:
@@ -126,8 +175,9 @@ def drive(tmp_path, overrides, *, explore_delay=0.0, train_delay=0.0, explorers=
 @pytest.mark.parametrize("explorers", [1, 2])
 def test_every_step_trains_on_its_scheduled_version(tmp_path, k, m, explorers):
     jitter = lambda batch: 0.002 * (batch % 3)  # noqa: E731 - uneven generation times reorder completions
-    rows, _, _ = drive(tmp_path, ["steps=12", f"sync.interval={k}", f"sync.offset={m}"],
-                       explore_delay=jitter, explorers=explorers)
+    rows, _, _ = drive(
+        tmp_path, ["steps=12", f"sync.interval={k}", f"sync.offset={m}"], explore_delay=jitter, explorers=explorers
+    )
     assert [step for step, _ in rows] == list(range(13))
     for step, row in rows[1:]:
         assert row["batch/version_max"] == policy_version(step, k, m)
@@ -135,8 +185,7 @@ def test_every_step_trains_on_its_scheduled_version(tmp_path, k, m, explorers):
 
 
 def overlapping(events, a, b):
-    return any(x is not y and x[0] == a and y[0] == b and x[2] < y[3] and y[2] < x[3]
-               for x in events for y in events)
+    return any(x is not y and x[0] == a and y[0] == b and x[2] < y[3] and y[2] < x[3] for x in events for y in events)
 
 
 def test_generation_overlaps_training_when_the_schedule_allows(tmp_path):
@@ -148,15 +197,25 @@ def test_generation_overlaps_training_when_the_schedule_allows(tmp_path):
 def test_on_policy_and_overlap_false_never_overlap(tmp_path):
     _, events, _ = drive(tmp_path, ["steps=5"], explore_delay=0.02, train_delay=0.02)
     assert not overlapping(events, "explore", "train")  # k=1, m=0: nothing to overlap
-    _, events, _ = drive(tmp_path, ["steps=5", "sync.offset=2", "runtime.overlap=false"],
-                         explore_delay=0.02, train_delay=0.02, explorers=2)
+    _, events, _ = drive(
+        tmp_path,
+        ["steps=5", "sync.offset=2", "runtime.overlap=false"],
+        explore_delay=0.02,
+        train_delay=0.02,
+        explorers=2,
+    )
     assert not overlapping(events, "explore", "train") and not overlapping(events, "explore", "explore")
 
 
 @pytest.mark.parametrize("explore_delay, train_delay", [(0.0, 0.02), (0.02, 0.0)])
 def test_async_mode_paces_the_explorer_within_max_staleness(tmp_path, explore_delay, train_delay):
-    rows, events, _ = drive(tmp_path, ["steps=10", "sync.mode=async", "sync.max_staleness=2"],
-                            explore_delay=explore_delay, train_delay=train_delay, explorers=2)
+    rows, events, _ = drive(
+        tmp_path,
+        ["steps=10", "sync.mode=async", "sync.max_staleness=2"],
+        explore_delay=explore_delay,
+        train_delay=train_delay,
+        explorers=2,
+    )
     assert [step for step, _ in rows] == list(range(11))
     assert all(row["lag/max"] <= 2 for _, row in rows[1:])
     assert "lag/scheduled" not in rows[1][1]

@@ -79,8 +79,17 @@ def test_explore_then_offline_train_equals_the_offline_schedule(small_overrides,
 
 
 def test_async_with_replay_stays_within_its_bounds(small_overrides, tmp_path):
-    args = [*small_overrides, *FAST, "steps=4", "sync.mode=async", "sync.max_staleness=1", "runtime.explorers=2",
-            "replay.groups_per_step=2", "replay.max_uses=2", "run_name=async"]
+    args = [
+        *small_overrides,
+        *FAST,
+        "steps=4",
+        "sync.mode=async",
+        "sync.max_staleness=1",
+        "runtime.explorers=2",
+        "replay.groups_per_step=2",
+        "replay.max_uses=2",
+        "run_name=async",
+    ]
     assert main(["train", *args]) == 0
     rows = rows_of(tmp_path, "async")[1:]
     fresh_lag = [r["batch/version_max"] for r in rows]

@@ -33,7 +33,7 @@ def test_gguf_loads_as_a_trainable_float_model_with_its_chat_template():
     assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
-    assert "5" in tokenizer.decode(out[0, len(ids):])  # the dequantised weights still know arithmetic
+    assert "5" in tokenizer.decode(out[0, len(ids) :])  # the dequantised weights still know arithmetic
 
 
 def test_the_cached_conversion_holds_exactly_the_dequantised_gguf_weights():
@@ -53,20 +53,44 @@ def test_one_training_step_on_gsm8k_format_problems(tmp_path):
     from oprl.metrics import read_metrics
     from oprl.runtime.run import run
 
-    config = load_config(None, [
-        "model.path=smollm2-135m-instruct", "task.name=gsm8k", "task.source=synthetic", "task.train_size=8",
-        "task.test_size=2", "task.synthetic_min_steps=1", "task.synthetic_max_steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2",
-        "rollout.max_new_tokens=16", "optim.lr=1e-5", "steps=1", "task.reward=last-number",
-        # An entropy bonus makes the gradient non-zero even when every group's rewards happen to be equal.
-        "algorithm.entropy_coef=0.01", "eval.num_problems=2", "eval.interval=0",
-        "progress=false", "tensorboard=false", f"output_dir={tmp_path}", "run_name=smol",
-    ])
+    config = load_config(
+        None,
+        [
+            "model.path=smollm2-135m-instruct",
+            "task.name=gsm8k",
+            "task.source=synthetic",
+            "task.train_size=8",
+            "task.test_size=2",
+            "task.synthetic_min_steps=1",
+            "task.synthetic_max_steps=1",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=16",
+            "optim.lr=1e-5",
+            "steps=1",
+            "task.reward=last-number",
+            # An entropy bonus makes the gradient non-zero even when every group's rewards happen to be equal.
+            "algorithm.entropy_coef=0.01",
+            "eval.num_problems=2",
+            "eval.interval=0",
+            "progress=false",
+            "tensorboard=false",
+            f"output_dir={tmp_path}",
+            "run_name=smol",
+        ],
+    )
     summary = run(config, log=lambda *_: None)
     rows = read_metrics(summary.run_dir / "metrics.jsonl")
     step = rows[-1]
     assert step["step"] == 1 and step["optim/grad_norm"] > 0 and torch.isfinite(torch.tensor(step["loss/total"]))
-    for key in ("reward/correct", "reward/format", "reward/verify_timeout", "reward/verify_error",
-                "perf/generate_tokens_per_s", "perf/train_tokens_per_s"):
+    for key in (
+        "reward/correct",
+        "reward/format",
+        "reward/verify_timeout",
+        "reward/verify_error",
+        "perf/generate_tokens_per_s",
+        "perf/train_tokens_per_s",
+    ):
         assert key in step, key
     from transformers import AutoModelForCausalLM
 

@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("math_verify")
 
-from oprl.config import load_config  # noqa: E402
-from oprl.errors import OprlError  # noqa: E402
-from oprl.tasks import GSM8kTask, MathTask, build_task  # noqa: E402
-from oprl.tasks.datafiles import find_split_file, read_rows  # noqa: E402
+from oprl.config import load_config
+from oprl.errors import OprlError
+from oprl.tasks import GSM8kTask, MathTask, build_task
+from oprl.tasks.datafiles import find_split_file, read_rows
 
 GOOD = [
     {"question": "Ann has 3 pens and buys 4 more. How many pens?", "answer": "3+4 = <<3+4=7>>7\n#### 7"},
@@ -27,19 +27,22 @@ def write_jsonl(path, lines):
 
 
 def test_jsonl_with_malformed_rows_are_skipped_counted_and_reported(tmp_path, caplog):
-    train = write_jsonl(tmp_path / "train.jsonl", [
-        GOOD[0],
-        "{not json",                                   # row 2
-        {"question": "No marker", "answer": "7"},      # row 3
-        "",                                            # blank line: ignored, not a row
-        GOOD[1],                                       # row 5
-        {"answer": "#### 2"},                          # row 6: no question
-        {"question": "", "answer": "#### 2"},          # row 7: empty question
-        '["a", "list"]',                               # row 8: not an object
-        {"question": 5, "answer": "#### 2"},           # row 9: not a string
-        {"question": "Words?", "answer": "#### seven"},  # row 10: not a number
-        GOOD[2],                                       # row 11
-    ])
+    train = write_jsonl(
+        tmp_path / "train.jsonl",
+        [
+            GOOD[0],
+            "{not json",  # row 2
+            {"question": "No marker", "answer": "7"},  # row 3
+            "",  # blank line: ignored, not a row
+            GOOD[1],  # row 5
+            {"answer": "#### 2"},  # row 6: no question
+            {"question": "", "answer": "#### 2"},  # row 7: empty question
+            '["a", "list"]',  # row 8: not an object
+            {"question": 5, "answer": "#### 2"},  # row 9: not a string
+            {"question": "Words?", "answer": "#### seven"},  # row 10: not a number
+            GOOD[2],  # row 11
+        ],
+    )
     test = write_jsonl(tmp_path / "test.jsonl", GOOD)
     with caplog.at_level(logging.WARNING, logger="oprl.tasks"):
         task = GSM8kTask(train_file=str(train), test_file=str(test))
@@ -71,14 +74,17 @@ def test_parquet_json_and_directory_layouts(tmp_path):
     assert len(GSM8kTask(path=str(tmp_path / "gsm8k"), test_file=str(other)).problems("test")) == 1
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda d: write_jsonl(d / "t.jsonl", [{"question": "q", "answer": "no marker"}]), "no usable rows"),
-    (lambda d: write_jsonl(d / "t.jsonl", ["", "  "]), "no usable rows (it is empty)"),
-    (lambda d: d / "missing.jsonl", "not found"),
-    (lambda d: (d / "t.txt").write_text("a,b") and d / "t.txt", "unsupported extension"),
-    (lambda d: (d / "t.json").write_text('{"a": 1}') and d / "t.json", "JSON list of objects"),
-    (lambda d: (d / "t.parquet").write_text("not parquet") and d / "t.parquet", "cannot read"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: write_jsonl(d / "t.jsonl", [{"question": "q", "answer": "no marker"}]), "no usable rows"),
+        (lambda d: write_jsonl(d / "t.jsonl", ["", "  "]), "no usable rows (it is empty)"),
+        (lambda d: d / "missing.jsonl", "not found"),
+        (lambda d: (d / "t.txt").write_text("a,b") and d / "t.txt", "unsupported extension"),
+        (lambda d: (d / "t.json").write_text('{"a": 1}') and d / "t.json", "JSON list of objects"),
+        (lambda d: (d / "t.parquet").write_text("not parquet") and d / "t.parquet", "cannot read"),
+    ],
+)
 def test_bad_files_are_one_line_errors_naming_the_key(tmp_path, make, message):
     bad = make(tmp_path)
     good = write_jsonl(tmp_path / "good.jsonl", GOOD)

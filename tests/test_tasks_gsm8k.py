@@ -6,11 +6,11 @@ import pytest
 
 pytest.importorskip("math_verify")
 
-from oprl.config import load_config  # noqa: E402
-from oprl.errors import OprlError  # noqa: E402
-from oprl.tasks import GSM8kTask, Task, build_task  # noqa: E402
-from oprl.tasks.rewards import gsm8k_reference  # noqa: E402
-from oprl.tasks.word_problems import generate_rows  # noqa: E402
+from oprl.config import load_config
+from oprl.errors import OprlError
+from oprl.tasks import GSM8kTask, Task, build_task
+from oprl.tasks.rewards import gsm8k_reference
+from oprl.tasks.word_problems import generate_rows
 
 STEP = re.compile(r"(\d+)([+\-*/])(\d+) = <<\1\2\3=(\d+)>>\4")
 
@@ -77,8 +77,15 @@ def test_last_number_reward_for_small_models():
     problem = task.problems("train")[0]
     assert "final answer as a number" in problem.messages[0]["content"]
     n = int(problem.answer)
-    responses = [f"So she has {n}.", f"{n} apples, no wait, {n + 1}", "no number", f"{n:,}.0", "٠" * 3 + str(n), "",
-                 f"She has {n} apples."]
+    responses = [
+        f"So she has {n}.",
+        f"{n} apples, no wait, {n + 1}",
+        "no number",
+        f"{n:,}.0",
+        "٠" * 3 + str(n),
+        "",
+        f"She has {n} apples.",
+    ]
     rewards = task.score([problem] * len(responses), responses)
     assert [round(r.total, 6) for r in rewards] == [1.1, 0.1, -0.1, 1.1, 1.1, -0.1, 0.9]
     assert [r.components["format"] for r in rewards] == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]

@@ -20,12 +20,19 @@ def make_batch(tokenizer, groups=3, k=4, seed=0):
         for i in range(k):
             length = int(torch.randint(1, 6, (1,), generator=rng))
             response = torch.randint(7, 40, (length,), generator=rng).tolist() + [tokenizer.eos_token_id]
-            batch.append(Experience(
-                prompt_ids=prompt, response_ids=response,
-                behavior_logprobs=(-torch.rand(len(response), generator=rng) * 3 - 1).tolist(),
-                reward=float(i == 0 or (g == 1 and i == 1)), reward_components={"correct": float(i == 0)},
-                group_id=g, task_id=f"t{g}", policy_version=0, response_text="",
-            ))
+            batch.append(
+                Experience(
+                    prompt_ids=prompt,
+                    response_ids=response,
+                    behavior_logprobs=(-torch.rand(len(response), generator=rng) * 3 - 1).tolist(),
+                    reward=float(i == 0 or (g == 1 and i == 1)),
+                    reward_components={"correct": float(i == 0)},
+                    group_id=g,
+                    task_id=f"t{g}",
+                    policy_version=0,
+                    response_text="",
+                )
+            )
     return batch
 
 
@@ -33,8 +40,13 @@ def make_trainer(preset="grpo", seed=0, **optim):
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=seed)
     trainer = Trainer(
-        model, pad_id=tokenizer.pad_token_id, settings=PRESETS[preset], optim=OptimConfig(**optim),
-        sampling_temperature=1.0, max_response_tokens=8, seed=seed,
+        model,
+        pad_id=tokenizer.pad_token_id,
+        settings=PRESETS[preset],
+        optim=OptimConfig(**optim),
+        sampling_temperature=1.0,
+        max_response_tokens=8,
+        seed=seed,
     )
     return trainer, tokenizer
 
@@ -71,8 +83,14 @@ def test_seq_mean_token_sum_norm_micro_batching_uses_fixed_normaliser():
     for size in (256, 2):
         tokenizer = build_tokenizer()
         model = build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-        trainer = Trainer(model, pad_id=tokenizer.pad_token_id, settings=settings,
-                          optim=OptimConfig(micro_batch_size=size), sampling_temperature=1.0, max_response_tokens=8)
+        trainer = Trainer(
+            model,
+            pad_id=tokenizer.pad_token_id,
+            settings=settings,
+            optim=OptimConfig(micro_batch_size=size),
+            sampling_temperature=1.0,
+            max_response_tokens=8,
+        )
         trainer.optimizer.step = lambda: None
         trainer.step(make_batch(tokenizer))
         results.append({n: p.grad for n, p in model.named_parameters()})
@@ -100,10 +118,18 @@ def test_log_ref_kl_every_logs_kl_to_initial_policy_without_changing_the_update(
     trainers = []
     for every in (0, 2):
         model = build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
-        trainers.append(Trainer(
-            model, pad_id=tokenizer.pad_token_id, settings=PRESETS["reinforce"], optim=OptimConfig(lr=1e-2),
-            sampling_temperature=1.0, max_response_tokens=8, seed=0, log_ref_kl_every=every,
-        ))
+        trainers.append(
+            Trainer(
+                model,
+                pad_id=tokenizer.pad_token_id,
+                settings=PRESETS["reinforce"],
+                optim=OptimConfig(lr=1e-2),
+                sampling_temperature=1.0,
+                max_response_tokens=8,
+                seed=0,
+                log_ref_kl_every=every,
+            )
+        )
     plain, logged = trainers
     batch = make_batch(tokenizer)
     first = [t.step(copy.deepcopy(batch)) for t in trainers]

@@ -77,8 +77,12 @@ def test_building_an_engine_leaves_child_processes_environment_alone(tokenizer):
     model = build_model(tokenizer, hidden_size=64, num_layers=1, num_heads=2, seed=5)
     VLLMEngine(model, tokenizer, max_new_tokens=2).generate(_prompts(tokenizer, ["1+2="]), seed=0)
     assert {key: os.environ.get(key) for key in vllm_engine.CHILD_ENVIRONMENT} == before
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD', ''))"],
-                           capture_output=True, text=True, check=True)
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD', ''))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "tcmalloc" not in child.stdout
 
 

@@ -23,8 +23,15 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 PRESETS = [
-    "grpo", "rec-oneside-is", "rec-oneside-nois", "rec-oneside-nois-wide", "reinforce", "opmd", "asymre",
-    "red-drop", "red-weight",
+    "grpo",
+    "rec-oneside-is",
+    "rec-oneside-nois",
+    "rec-oneside-nois-wide",
+    "reinforce",
+    "opmd",
+    "asymre",
+    "red-drop",
+    "red-weight",
 ]
 GSM8K_SETTINGS = {  # name: (sync.interval k, sync.offset m)
     "onpolicy": (1, 0),
@@ -47,8 +54,7 @@ def gsm8k(setting: str, preset: str) -> dict:
         "output_dir": "runs/paper/gsm8k-qwen2.5-1.5b-instruct",
         "model": {"path": "Qwen/Qwen2.5-1.5B-Instruct", "dtype": "float32", "device": "auto"},
         "task": {"name": "gsm8k"},
-        "rollout": {"prompts_per_step": 96, "group_size": 8, "temperature": 1.0, "top_p": 1.0,
-                    "max_new_tokens": 1024},
+        "rollout": {"prompts_per_step": 96, "group_size": 8, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 1024},
         "algorithm": {"preset": preset},
         "optim": {"lr": 1.0e-6, "grad_clip": 1.0, "mini_batches": 1, "epochs": 1, "micro_batch_size": 16},
         "sync": {"interval": k, "offset": m},
@@ -64,8 +70,7 @@ def math(setting: str, preset: str) -> dict:
         "output_dir": "runs/paper/math-llama-3.1-8b-instruct",
         "model": {"path": "meta-llama/Llama-3.1-8B-Instruct", "dtype": "float32", "device": "auto"},
         "task": {"name": "math"},
-        "rollout": {"prompts_per_step": 16, "group_size": 8, "temperature": 1.0, "top_p": 1.0,
-                    "max_new_tokens": 2048},
+        "rollout": {"prompts_per_step": 16, "group_size": 8, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 2048},
         "algorithm": {"preset": preset},
         "optim": {"lr": 6.0e-8, "grad_clip": 1.0, "mini_batches": 1, "epochs": 1, "micro_batch_size": 4},
         "sync": {"interval": k, "offset": m},

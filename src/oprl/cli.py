@@ -33,8 +33,16 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    handlers = {"train": _train, "explore": _explore, "eval": _eval, "config": _config, "bandit": _bandit,
-                "sweep": _experiment("sweep"), "plot": _experiment("curves"), "report": _experiment("report")}
+    handlers = {
+        "train": _train,
+        "explore": _explore,
+        "eval": _eval,
+        "config": _config,
+        "bandit": _bandit,
+        "sweep": _experiment("sweep"),
+        "plot": _experiment("curves"),
+        "report": _experiment("report"),
+    }
     if command not in handlers:
         print(f"error: unknown command {command!r}; valid: {', '.join(handlers)}", file=sys.stderr)
         return 2
@@ -123,7 +131,6 @@ def _bandit(args: list[str]) -> int:
     from oprl.bandit import main as bandit_main
 
     return bandit_main(args)
-
 
 
 def _experiment(module: str):

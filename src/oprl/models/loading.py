@@ -48,8 +48,9 @@ def quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def load_pretrained(path: str | Path, *, dtype: str = "float32", device: str = "cpu", lora=None,
-                    seed: int | None = None):
+def load_pretrained(
+    path: str | Path, *, dtype: str = "float32", device: str = "cpu", lora=None, seed: int | None = None
+):
     """``(model, tokenizer)`` for ``path`` (see the module docstring), in ``dtype`` on ``device``.
 
     ``lora`` is the ``model.lora`` config section (or anything with ``r``, ``alpha``, ``dropout``,
@@ -74,8 +75,10 @@ def load_pretrained(path: str | Path, *, dtype: str = "float32", device: str = "
         reason = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise OprlError(f"model.path: cannot load {str(path)!r}: {type(exc).__name__}: {reason}") from None
     if not tokenizer.chat_template:
-        raise OprlError(f"model.path: {str(path)!r} has no chat template (oprl renders prompts with it); "
-                        "use an instruction-tuned model")
+        raise OprlError(
+            f"model.path: {str(path)!r} has no chat template (oprl renders prompts with it); "
+            "use an instruction-tuned model"
+        )
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -93,8 +96,10 @@ def resolve_model_path(path: str) -> tuple[str, dict]:
     local = Path(path).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
-            raise OprlError(f"model.path: {path!r} is a directory without config.json, so not a Hugging Face model "
-                            "directory (save one with save_pretrained)")
+            raise OprlError(
+                f"model.path: {path!r} is a directory without config.json, so not a Hugging Face model "
+                "directory (save one with save_pretrained)"
+            )
         return str(local), {}
     if local.is_file():
         if local.suffix.lower() != ".gguf":
@@ -114,7 +119,9 @@ def smollm2_gguf_path() -> Path:
     try:
         distribution = metadata.distribution(SMOLLM2_DISTRIBUTION)
     except metadata.PackageNotFoundError:
-        raise OprlError(f"model.path={SMOLLM2_ALIAS} needs the {SMOLLM2_DISTRIBUTION} wheel: {_INSTALL_SMOLLM2}") from None
+        raise OprlError(
+            f"model.path={SMOLLM2_ALIAS} needs the {SMOLLM2_DISTRIBUTION} wheel: {_INSTALL_SMOLLM2}"
+        ) from None
     files = [f for f in distribution.files or () if f.name.lower().endswith(".gguf")]
     if not files:
         raise OprlError(f"model.path={SMOLLM2_ALIAS}: the installed {SMOLLM2_DISTRIBUTION} holds no .gguf file")

@@ -66,8 +66,11 @@ def response_logprobs(
     else:
         head = torch.nn.Identity()
         features = model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            logits_to_keep=num_targets + 1, use_cache=False,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=num_targets + 1,
+            use_cache=False,
         ).logits[:, :-1][mask]  # (N, V)
     chosen = targets.to(features.device)[mask.to(features.device)]  # (N,)
     return _chunked_logprobs(head, features, chosen, mask, temperature, with_entropy, entropy_grad, chunk_bytes)
@@ -100,8 +103,14 @@ def grouped_response_logprobs(
         device = next(model.parameters()).device
         input_ids, attention_mask, targets, mask = (t.to(device) for t in pack(prompt_ids, response_ids, pad_id))
         logprobs, entropy = response_logprobs(
-            model, input_ids, attention_mask, targets, temperature=temperature, with_entropy=with_entropy,
-            entropy_grad=entropy_grad, chunk_bytes=chunk_bytes,
+            model,
+            input_ids,
+            attention_mask,
+            targets,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            chunk_bytes=chunk_bytes,
         )
         return logprobs, entropy, mask
     decoder, device = _decoder(model), head.weight.device
@@ -114,7 +123,10 @@ def grouped_response_logprobs(
         attention = torch.cat([prefill.attention, mask[:, :-1].long()], dim=1)  # (B, P + T - 1)
         steps = prefill.next_position[:, None] + torch.arange(width - 1, device=device)[None]  # (B, T-1)
         rest = decoder(
-            input_ids=targets[:, :-1], attention_mask=attention, position_ids=steps, use_cache=True,
+            input_ids=targets[:, :-1],
+            attention_mask=attention,
+            position_ids=steps,
+            use_cache=True,
             **{cache_kwarg(decoder): prefill.cache},
         ).last_hidden_state  # (B, T-1, H): token t predicts token t+1
         hidden = torch.cat([hidden, rest], dim=1)  # (B, T, H)
@@ -137,8 +149,14 @@ def _chunked_logprobs(head, features, chosen, mask, temperature, with_entropy, e
             # preserve_rng_state=False: the chunk draws no random numbers, and saving/restoring the global RNG
             # would race with an explorer thread sampling from it at the same time (overlap mode).
             logprob, entropy = checkpoint(
-                _token_logprobs, head, *args, temperature, with_entropy, entropy_grad,
-                use_reentrant=False, preserve_rng_state=False,
+                _token_logprobs,
+                head,
+                *args,
+                temperature,
+                with_entropy,
+                entropy_grad,
+                use_reentrant=False,
+                preserve_rng_state=False,
             )
         else:
             logprob, entropy = _token_logprobs(head, *args, temperature, with_entropy, entropy_grad)

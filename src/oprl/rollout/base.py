@@ -64,8 +64,16 @@ class TorchEngine:
     global generator per call (restored after), samples in batches of ``batch_size`` rows in eval mode, cuts
     each row after its first EOS (kept, so the policy also learns when to stop) and decodes it."""
 
-    def __init__(self, sample: Sample, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int = 16):
+    def __init__(
+        self,
+        sample: Sample,
+        model,
+        tokenizer,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 16,
+    ):
         self.sample = sample
         self.model = model
         self.tokenizer = tokenizer
@@ -101,8 +109,9 @@ class TorchEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            tokens, logprobs = self.sample(self.model, self.tokenizer, prompt_ids, temperature, top_p,
-                                           self.max_new_tokens)  # (B, T), (B, T)
+            tokens, logprobs = self.sample(
+                self.model, self.tokenizer, prompt_ids, temperature, top_p, self.max_new_tokens
+            )  # (B, T), (B, T)
         finally:
             self.model.train(was_training)
         return cut_at_eos(tokens, logprobs, self.tokenizer)

@@ -23,8 +23,9 @@ def HFGenerateEngine(model, tokenizer, **settings) -> TorchEngine:  # named as t
     return TorchEngine(hf_generate_sample, model, tokenizer, **settings)
 
 
-def hf_generate_sample(model, tokenizer, prompt_ids: list[list[int]], temperature: float, top_p: float,
-                       max_new_tokens: int):
+def hf_generate_sample(
+    model, tokenizer, prompt_ids: list[list[int]], temperature: float, top_p: float, max_new_tokens: int
+):
     """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
     pad_id = tokenizer.pad_token_id
     inputs, attention = left_pad(prompt_ids, pad_id)  # (B, P)

@@ -33,8 +33,7 @@ def LeanEngine(model, tokenizer, **settings) -> TorchEngine:  # named as the eng
     return TorchEngine(lean_sample, model, tokenizer, **settings)
 
 
-def lean_sample(model, tokenizer, prompt_ids: list[list[int]], temperature: float, top_p: float,
-                max_new_tokens: int):
+def lean_sample(model, tokenizer, prompt_ids: list[list[int]], temperature: float, top_p: float, max_new_tokens: int):
     """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     device = model.device
@@ -61,8 +60,11 @@ def lean_sample(model, tokenizer, prompt_ids: list[list[int]], temperature: floa
             )
         attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
         out = model(
-            input_ids=token[:, None], attention_mask=attention, position_ids=next_position[:, None],
-            use_cache=True, **{cache_name: cache},
+            input_ids=token[:, None],
+            attention_mask=attention,
+            position_ids=next_position[:, None],
+            use_cache=True,
+            **{cache_name: cache},
         )
         next_position = next_position + 1
         logits = out.logits[:, -1]

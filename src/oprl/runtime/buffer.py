@@ -228,7 +228,12 @@ def make_buffer(config: RunConfig, store_dir: str | None) -> ExperienceBuffer:
     """The buffer worker of a run (a module-level factory, so a Ray actor can build it too)."""
     replay = config.replay
     return ExperienceBuffer(
-        store_dir=store_dir, offline_dir=config.buffer.path if config.mode == "offline" else None,
-        passes=config.buffer.passes, prompts_per_step=config.rollout.prompts_per_step,
-        replay_groups=replay.groups_per_step, max_uses=replay.max_uses, decay=replay.decay, capacity=replay.capacity,
+        store_dir=store_dir,
+        offline_dir=config.buffer.path if config.mode == "offline" else None,
+        passes=config.buffer.passes,
+        prompts_per_step=config.rollout.prompts_per_step,
+        replay_groups=replay.groups_per_step,
+        max_uses=replay.max_uses,
+        decay=replay.decay,
+        capacity=replay.capacity,
     )

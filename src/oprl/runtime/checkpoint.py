@@ -75,8 +75,10 @@ def usable_checkpoint(run_dir: Path, log=print) -> Path:
     found = checkpoints(run_dir)
     restart = "nothing was deleted; resume=restart runs it again from step 0 (deleting its rows and experiences)"
     if not found:
-        raise OprlError(f"resume: {run_dir} has no checkpoint (checkpoint.interval=0, or the run stopped before "
-                        f"its first); {restart}")
+        raise OprlError(
+            f"resume: {run_dir} has no checkpoint (checkpoint.interval=0, or the run stopped before "
+            f"its first); {restart}"
+        )
     problems = []
     for path in reversed(found):
         problem = manifest.verify(path)

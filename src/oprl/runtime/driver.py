@@ -161,8 +161,22 @@ class PerfClock:
 
 
 class Driver:
-    def __init__(self, *, config, run_dir: Path, backend, trainer, explorers, buffer, sync, logger, progress,
-                 start_step: int, pending: list[int], ready: set[int]):
+    def __init__(
+        self,
+        *,
+        config,
+        run_dir: Path,
+        backend,
+        trainer,
+        explorers,
+        buffer,
+        sync,
+        logger,
+        progress,
+        start_step: int,
+        pending: list[int],
+        ready: set[int],
+    ):
         self.cfg, self.run_dir, self.backend = config, Path(run_dir), backend
         self.trainer, self.explorers, self.buffer, self.sync = trainer, explorers, buffer, sync
         self.steps = config.steps
@@ -188,8 +202,12 @@ class Driver:
         self.failure: Failure | None = None
         # Weights snapshots and checkpoint parts need no reaction: the snapshot future itself is what the
         # synchronizer hands out, and CheckpointWriter.commit_ready checks its parts.
-        self.handlers = {"explore": self._on_explore, "put": self._on_put, "train": self._on_train,
-                         "eval": self._on_eval}
+        self.handlers = {
+            "explore": self._on_explore,
+            "put": self._on_put,
+            "train": self._on_train,
+            "eval": self._on_eval,
+        }
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -262,12 +280,26 @@ class Driver:
             self.holding[index] += 1
             weights = self.sync.weights_for(index, version)
             experiences, info = self.explorers[index].call("explore", batch, version, weights, num_returns=2)
-            self._submit(info, Call("explore", f"explorer {index}", f"while generating batch {batch}",
-                                    batch=batch, explorer=index, experiences=experiences))
+            self._submit(
+                info,
+                Call(
+                    "explore",
+                    f"explorer {index}",
+                    f"while generating batch {batch}",
+                    batch=batch,
+                    explorer=index,
+                    experiences=experiences,
+                ),
+            )
             self.in_flight[batch] = index
         step = self.completed + 1
-        if (not self.explore_only and not self.training and step <= self.steps
-                and (self.offline or step in self.ready) and self._may_submit()):
+        if (
+            not self.explore_only
+            and not self.training
+            and step <= self.steps
+            and (self.offline or step in self.ready)
+            and self._may_submit()
+        ):
             batch, stats = self.buffer.call("take", step, num_returns=2)
             metrics = self.trainer.call("train", step, batch)
             self._submit(metrics, Call("train", "trainer", f"while training step {step}", step=step, stats=stats))

@@ -20,8 +20,17 @@ EVAL_SEED_OFFSET = 7_777_777
 
 
 def evaluate(
-    engine, task, tokenizer, *, num_problems: int, temperature: float, seed: int, batch_size: int = 512,
-    top_p: float | None = None, max_turns: int = 1, max_episode_tokens: int = 256,
+    engine,
+    task,
+    tokenizer,
+    *,
+    num_problems: int,
+    temperature: float,
+    seed: int,
+    batch_size: int = 512,
+    top_p: float | None = None,
+    max_turns: int = 1,
+    max_episode_tokens: int = 256,
 ):
     """``{"accuracy", "format", "response_length"}`` averaged over the first ``num_problems`` test problems
     (multi-turn tasks: one episode each, ``response_length`` counting every token after the prompt)."""
@@ -30,9 +39,17 @@ def evaluate(
     if isinstance(task, EpisodicTask):
         episodes = []  # batch_size episodes at a time; each chunk seeds its turns apart from the others
         for chunk, first in enumerate(range(0, n, batch_size)):
-            episodes += run_episodes(engine, tokenizer, task, problems[first : first + batch_size],
-                                     seed=seed + 1_000_003 * chunk, max_turns=max_turns, max_tokens=max_episode_tokens,
-                                     temperature=temperature, top_p=top_p)
+            episodes += run_episodes(
+                engine,
+                tokenizer,
+                task,
+                problems[first : first + batch_size],
+                seed=seed + 1_000_003 * chunk,
+                max_turns=max_turns,
+                max_tokens=max_episode_tokens,
+                temperature=temperature,
+                top_p=top_p,
+            )
         rewards, lengths = [e.reward for e in episodes], [len(e.response_ids) for e in episodes]
     else:
         prompts = [encode_problem(tokenizer, p) for p in problems]
@@ -53,8 +70,14 @@ def evaluation_row(config: RunConfig, engine, task, tokenizer, step: int) -> dic
     cfg = config.eval
     start = time.perf_counter()
     result = evaluate(
-        engine, task, tokenizer, num_problems=cfg.num_problems, temperature=cfg.temperature, top_p=cfg.top_p,
-        batch_size=cfg.batch_size, max_turns=config.rollout.max_turns,
+        engine,
+        task,
+        tokenizer,
+        num_problems=cfg.num_problems,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        batch_size=cfg.batch_size,
+        max_turns=config.rollout.max_turns,
         max_episode_tokens=config.rollout.max_episode_tokens,
         seed=stream_seed(config.seed, EVAL_SEED_OFFSET + step) if cfg.seed is None else cfg.seed,
     )

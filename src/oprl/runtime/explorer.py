@@ -22,8 +22,18 @@ from oprl.tasks.base import EpisodicTask
 
 
 class Explorer:
-    def __init__(self, task, tokenizer, engine, *, prompts_per_step: int, group_size: int, seed: int,
-                 max_turns: int = 1, max_episode_tokens: int = 256):
+    def __init__(
+        self,
+        task,
+        tokenizer,
+        engine,
+        *,
+        prompts_per_step: int,
+        group_size: int,
+        seed: int,
+        max_turns: int = 1,
+        max_episode_tokens: int = 256,
+    ):
         self.task = task
         self.tokenizer = tokenizer
         self.engine = engine
@@ -88,21 +98,34 @@ class Explorer:
     def _explore_episodes(self, step: int, version: int, rows, start: float):
         """Multi-turn: K episodes per problem against the task's environment (``oprl.runtime.episodes``)."""
         episodes = run_episodes(
-            self.engine, self.tokenizer, self.task, rows, seed=stream_seed(self.seed, step),
-            max_turns=self.max_turns, max_tokens=self.max_episode_tokens,
+            self.engine,
+            self.tokenizer,
+            self.task,
+            rows,
+            seed=stream_seed(self.seed, step),
+            max_turns=self.max_turns,
+            max_tokens=self.max_episode_tokens,
         )
         experiences = [
             Experience(
-                prompt_ids=e.prompt_ids, response_ids=e.response_ids, behavior_logprobs=e.behavior_logprobs,
-                reward=e.reward.total, reward_components=dict(e.reward.components),
-                group_id=(step - 1) * self.prompts_per_step + i // self.group_size, task_id=rows[i].task_id,
-                policy_version=version, response_text=self.tokenizer.decode(e.response_ids, skip_special_tokens=True),
-                truncated=e.truncated, loss_mask=e.loss_mask, extra={"turns": e.turns},
+                prompt_ids=e.prompt_ids,
+                response_ids=e.response_ids,
+                behavior_logprobs=e.behavior_logprobs,
+                reward=e.reward.total,
+                reward_components=dict(e.reward.components),
+                group_id=(step - 1) * self.prompts_per_step + i // self.group_size,
+                task_id=rows[i].task_id,
+                policy_version=version,
+                response_text=self.tokenizer.decode(e.response_ids, skip_special_tokens=True),
+                truncated=e.truncated,
+                loss_mask=e.loss_mask,
+                extra={"turns": e.turns},
             )
             for i, e in enumerate(episodes)
         ]
         timing = {
-            "generate_s": time.perf_counter() - start, "reward_s": 0.0,  # rewards come with the episodes
+            "generate_s": time.perf_counter() - start,
+            "reward_s": 0.0,  # rewards come with the episodes
             "generated_tokens": float(sum(sum(e.loss_mask) for e in episodes)),
         }
         return experiences, timing
@@ -123,9 +146,14 @@ class ExplorerWorker:
         self.model, tokenizer = load_model(config, model_path, dtype=config.rollout.dtype)  # the sampler's precision
         self.engine = make_engine(config, self.model, tokenizer)
         self.explorer = Explorer(
-            task, tokenizer, self.engine,
-            prompts_per_step=config.rollout.prompts_per_step, group_size=config.rollout.group_size, seed=config.seed,
-            max_turns=config.rollout.max_turns, max_episode_tokens=config.rollout.max_episode_tokens,
+            task,
+            tokenizer,
+            self.engine,
+            prompts_per_step=config.rollout.prompts_per_step,
+            group_size=config.rollout.group_size,
+            seed=config.seed,
+            max_turns=config.rollout.max_turns,
+            max_episode_tokens=config.rollout.max_episode_tokens,
         )
 
     def ping(self) -> int:

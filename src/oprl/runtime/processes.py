@@ -69,8 +69,9 @@ class ProcessActor:
         self.ready: Future = Future()
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, factory, args, threads),
-                                        name=f"oprl-{name}", daemon=True)
+        self._process = context.Process(
+            target=_serve, args=(child, factory, args, threads), name=f"oprl-{name}", daemon=True
+        )
         self._process.start()
         child.close()
         self._pending: dict[int, tuple[Future, ...]] = {}

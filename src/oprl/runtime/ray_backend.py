@@ -70,8 +70,9 @@ class RayBackend:
         # Logical CPUs per compute worker: all of them fit at once on a small local instance.
         self.cpus_per_worker = min(1.0, cpus / max(workers, 1))
 
-    def start(self, name: str, factory, *args, threads: int | None = None, compute: bool = True,
-              gpus: float = 0.0) -> RayActor:
+    def start(
+        self, name: str, factory, *args, threads: int | None = None, compute: bool = True, gpus: float = 0.0
+    ) -> RayActor:
         """``gpus``: GPUs the actor requests (Ray sets its CUDA_VISIBLE_DEVICES; an explorer's vLLM engine
         then runs on them)."""
         options = {"num_cpus": self.cpus_per_worker if compute else 0} | ({"num_gpus": gpus} if gpus else {})
@@ -159,11 +160,21 @@ def trainer_ranks(config, model_path: str, size: int) -> list[_RayRank]:
     group = placement_group([bundle] * size, strategy="PACK")
     if not group.wait(timeout_seconds=120):
         ray.util.remove_placement_group(group)
-        raise OprlError(f"trainer.world_size={size}: the Ray cluster has no room for {size} bundles of {bundle} "
-                        f"(it has {ray.cluster_resources()})")
+        raise OprlError(
+            f"trainer.world_size={size}: the Ray cluster has no room for {size} bundles of {bundle} "
+            f"(it has {ray.cluster_resources()})"
+        )
     host = ray.remote(_RankHost)
     return [
-        _RayRank(host.options(num_cpus=1.0, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=group, placement_group_bundle_index=rank)).remote(config, model_path, rank, size), group)
+        _RayRank(
+            host.options(
+                num_cpus=1.0,
+                num_gpus=gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=rank
+                ),
+            ).remote(config, model_path, rank, size),
+            group,
+        )
         for rank in range(size)
     ]

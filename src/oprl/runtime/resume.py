@@ -36,8 +36,17 @@ from oprl.runtime.store import ExperienceStore
 from oprl.runtime.synchronizer import Synchronizer
 
 # Keys that may change when resuming: they do not alter what is computed (docs/runtime.md, config ``resume``).
-RESUMABLE_CHANGES = ("steps", "progress", "tensorboard", "tracking.", "backend", "checkpoint.", "runtime.", "eval.",
-                     "trainer.world_size")  # sharded checkpoints reshard to the new world size
+RESUMABLE_CHANGES = (
+    "steps",
+    "progress",
+    "tensorboard",
+    "tracking.",
+    "backend",
+    "checkpoint.",
+    "runtime.",
+    "eval.",
+    "trainer.world_size",
+)  # sharded checkpoints reshard to the new world size
 _IDENTITY = ("resume", "run_name", "output_dir")
 
 
@@ -96,23 +105,27 @@ class CheckpointWriter:
             target = staging / "weights" / f"version-{version:06d}.safetensors"
             ckpt.save_weights(self.backend.get(snapshot), target)
         ckpt.save_rng(staging)
-        ckpt.write_json(staging / "state.json", {
-            "step": step,
-            "steps": self.cfg.steps,
-            "mode": self.cfg.mode,
-            "sync_mode": self.cfg.sync.mode,
-            "ready": self.backend.get(entry.buffer_part),
-            "outstanding": entry.outstanding,
-            "weights_versions": sorted(entry.snapshots),
-            "wall_s": time.perf_counter() - self.started,
-        })
+        ckpt.write_json(
+            staging / "state.json",
+            {
+                "step": step,
+                "steps": self.cfg.steps,
+                "mode": self.cfg.mode,
+                "sync_mode": self.cfg.sync.mode,
+                "ready": self.backend.get(entry.buffer_part),
+                "outstanding": entry.outstanding,
+                "weights_versions": sorted(entry.snapshots),
+                "wall_s": time.perf_counter() - self.started,
+            },
+        )
         final = ckpt.step_dir(self.run_dir, step)
         self.logger.sync()  # the rows this checkpoint counts on reach the disk before it does
         try:
             ckpt.commit(staging, final)
         except CheckpointError as exc:  # e.g. weights gone NaN: training diverged, nothing sound to save
-            raise WorkerFailure(f"checkpoint of step {step} refused: {exc}"
-                                f"{resume_hint(ckpt.resolve_checkpoint(self.run_dir))}") from exc
+            raise WorkerFailure(
+                f"checkpoint of step {step} refused: {exc}{resume_hint(ckpt.resolve_checkpoint(self.run_dir))}"
+            ) from exc
         ckpt.prune(self.run_dir, self.cfg.checkpoint.keep)  # only now: a newer checkpoint has verified
         self.last = final
 
@@ -167,16 +180,20 @@ def resumed_config(config: RunConfig, run_dir: Path, *, any_key: bool = False) -
         data = yaml.safe_load((run_dir / "config.yaml").read_text())
         saved = resolve_algorithm(RunConfig.model_validate(data))
     except Exception as exc:
-        raise OprlError(f"resume: {run_dir / 'config.yaml'} is not a readable run config "
-                        f"({str(exc).splitlines()[0][:160]})") from None
+        raise OprlError(
+            f"resume: {run_dir / 'config.yaml'} is not a readable run config ({str(exc).splitlines()[0][:160]})"
+        ) from None
     flat_saved, flat_given = _flatten(saved.model_dump(mode="json")), _flatten(config.model_dump(mode="json"))
-    changed = sorted(k for k in _given_keys(config)
-                     if not k.startswith(_IDENTITY) and flat_given.get(k) != flat_saved.get(k))
+    changed = sorted(
+        k for k in _given_keys(config) if not k.startswith(_IDENTITY) and flat_given.get(k) != flat_saved.get(k)
+    )
     refused = [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
     if refused and not any_key:
-        raise OprlError(f"resume=true: {', '.join(refused[:3])}{' ...' if len(refused) > 3 else ''} differs from "
-                        f"{run_dir / 'config.yaml'}; only steps, eval.*, checkpoint.*, runtime.*, tracking.*, backend, "
-                        "progress, tensorboard and trainer.world_size may change (resume=restart starts the run over)")
+        raise OprlError(
+            f"resume=true: {', '.join(refused[:3])}{' ...' if len(refused) > 3 else ''} differs from "
+            f"{run_dir / 'config.yaml'}; only steps, eval.*, checkpoint.*, runtime.*, tracking.*, backend, "
+            "progress, tensorboard and trainer.world_size may change (resume=restart starts the run over)"
+        )
     for key in changed:
         *sections, leaf = key.split(".")
         node = data
@@ -208,6 +225,7 @@ def _flatten(data: dict, prefix: str = "") -> dict:
             out[f"{prefix}{key}"] = value
     return out
 
+
 def prepare(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) -> Path | None:
     """Newest checkpoint that verifies; metrics and store trimmed to it (batches generated after it are made
     again). Nothing is deleted before a checkpoint has verified; without one the run stops (one line)."""
@@ -225,8 +243,10 @@ def prepare(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) 
     checkpoint = ckpt.usable_checkpoint(run_dir, log)
     state = ckpt.read_json(checkpoint / "state.json")
     if state["step"] > config.steps:
-        raise OprlError(f"resume: {run_dir} has already trained {state['step']} steps (checkpoint {checkpoint.name}); "
-                        f"steps={config.steps} would not continue it: give steps >= {state['step']} to extend it")
+        raise OprlError(
+            f"resume: {run_dir} has already trained {state['step']} steps (checkpoint {checkpoint.name}); "
+            f"steps={config.steps} would not continue it: give steps >= {state['step']} to extend it"
+        )
     _save_resumed_config(config, run_dir)
     ckpt.truncate_metrics(metrics, lambda step: step <= state["step"])
     if store_dir:
@@ -251,6 +271,7 @@ def restore(checkpoint: Path, backend, trainer, buffer, sync: Synchronizer) -> t
         sync.publish(version, backend.put(weights))
     ckpt.load_rng(checkpoint)
     return state["step"], ready
+
 
 def check_versions_available(checkpoint: Path, sync: Synchronizer, pending: list[int], step: int) -> None:
     """A checkpoint holds the old versions its own run still needed; a longer run may need more."""

@@ -60,8 +60,10 @@ def check_config(config: RunConfig) -> None:
     if config.resume and config.mode == "eval":
         raise OprlError(f"resume={str(config.resume).lower()}: mode=eval has nothing to resume")
     if config.sync.mode == "async" and config.sync.max_staleness < config.sync.interval - 1:
-        raise OprlError(f"sync.max_staleness={config.sync.max_staleness} must be >= sync.interval - 1 = "
-                        f"{config.sync.interval - 1}: weights are published only every {config.sync.interval} steps")
+        raise OprlError(
+            f"sync.max_staleness={config.sync.max_staleness} must be >= sync.interval - 1 = "
+            f"{config.sync.interval - 1}: weights are published only every {config.sync.interval} steps"
+        )
     if config.replay.groups_per_step and config.replay.max_uses < 2:
         raise OprlError("replay.max_uses must be >= 2 when replay.groups_per_step > 0 (1 = no reuse)")
     if config.eval.checkpoint and config.mode != "eval":
@@ -69,8 +71,10 @@ def check_config(config: RunConfig) -> None:
     if config.run_name is not None:
         rundir.check_run_name(config.run_name)
     if config.mode == "both" and config.rollout.group_size == 1 and not config.algorithm.baseline_shift:
-        raise OprlError("rollout.group_size=1: every advantage is relative to its group (r - baseline of the "
-                        "group), so with one response per prompt all advantages are 0 and nothing trains; use >= 2")
+        raise OprlError(
+            "rollout.group_size=1: every advantage is relative to its group (r - baseline of the "
+            "group), so with one response per prompt all advantages are 0 and nothing trains; use >= 2"
+        )
     if config.rollout.engine == "vllm":
         from oprl.rollout.vllm_engine import require_vllm
 
@@ -101,8 +105,9 @@ def model_path(config: RunConfig, task, log=print) -> str:
     previous = torch.get_num_threads()
     torch.set_num_threads(worker_threads(config))
     try:
-        return str(warm_started_model(config.model, config.task, config.warmstart, task, log=log,
-                                      progress=config.progress))
+        return str(
+            warm_started_model(config.model, config.task, config.warmstart, task, log=log, progress=config.progress)
+        )
     finally:
         torch.set_num_threads(previous)
 
@@ -146,8 +151,9 @@ def _run_workers(config: RunConfig, run_dir: Path, log) -> None:
             trackers = start_trackers(config.tracking, run_dir, config.model_dump(mode="json"), log)
             logger = MetricsLogger(run_dir, tensorboard=config.tensorboard, trackers=trackers, warn=log)
             try:
-                driver = Driver(config=config, run_dir=run_dir, backend=backend, logger=logger, progress=progress,
-                                **vars(session))
+                driver = Driver(
+                    config=config, run_dir=run_dir, backend=backend, logger=logger, progress=progress, **vars(session)
+                )
                 if session.start_step == 0 and config.mode != "explore":
                     driver.request_eval(0)
                 driver.run()
@@ -187,24 +193,45 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
     trainer = explorers = None
     if use_trainer:
         if config.trainer.sharding == "none":
-            trainer = backend.start("trainer", TrainerWorker, config, path, backend.cpu_snapshots, threads=threads,
-                                    gpus=config.runtime.gpus_per_trainer_rank)
+            trainer = backend.start(
+                "trainer",
+                TrainerWorker,
+                config,
+                path,
+                backend.cpu_snapshots,
+                threads=threads,
+                gpus=config.runtime.gpus_per_trainer_rank,
+            )
         else:  # the front only forwards calls; its rank processes compute
             trainer = backend.start("trainer", ShardedTrainer, config, path, threads=threads, compute=False)
         actors.append(trainer)
     explorers = []
     if use_explorers:
         for index in range(config.runtime.explorers):
-            explorers.append(backend.start(f"explorer {index}", ExplorerWorker, config, path, index, threads=threads,
-                                           gpus=config.runtime.gpus_per_explorer))
+            explorers.append(
+                backend.start(
+                    f"explorer {index}",
+                    ExplorerWorker,
+                    config,
+                    path,
+                    index,
+                    threads=threads,
+                    gpus=config.runtime.gpus_per_explorer,
+                )
+            )
         actors.extend(explorers)
     buffer = backend.start("buffer", make_buffer, config, store_dir, threads=1, compute=False)
     actors.append(buffer)
     for actor in actors:
         _wait_ready(backend, actor)
     sync_mode = "fixed" if config.mode == "explore" else config.sync.mode
-    sync = Synchronizer(interval=config.sync.interval, offset=config.sync.offset, mode=sync_mode,
-                        max_staleness=config.sync.max_staleness, explorers=len(explorers))
+    sync = Synchronizer(
+        interval=config.sync.interval,
+        offset=config.sync.offset,
+        mode=sync_mode,
+        max_staleness=config.sync.max_staleness,
+        explorers=len(explorers),
+    )
     start_step, ready = 0, []
     if checkpoint is not None:
         start_step, ready = resume.restore(checkpoint, backend, trainer, buffer, sync)
@@ -267,13 +294,17 @@ def _finish(config: RunConfig, run_dir: Path, started: float) -> RunSummary:
 
 
 def _write_summary(run_dir: Path, config: RunConfig, before: float, after: float, seconds: float) -> None:
-    atomic_write_json(run_dir / "summary.json", {
-        "mode": config.mode,
-        "eval_accuracy_before": before,
-        "eval_accuracy_after": after,
-        "steps": config.steps,
-        "seconds": seconds,
-    }, indent=2)
+    atomic_write_json(
+        run_dir / "summary.json",
+        {
+            "mode": config.mode,
+            "eval_accuracy_before": before,
+            "eval_accuracy_after": after,
+            "steps": config.steps,
+            "seconds": seconds,
+        },
+        indent=2,
+    )
 
 
 __all__ = ["RunSummary", "check_config", "run", "worker_threads"]

@@ -112,8 +112,10 @@ def read_parquet(path: Path, columns: list[str] | None = None) -> list[Experienc
         # loss_mask is schema version 2's; version-1 files lack it and still load (every token the model's).
         missing = [name for name in SCHEMA.names if name not in names and name not in OPTIONAL]
         if missing:
-            raise OprlError(f"experience file {path}: not an oprl experience table (missing "
-                            f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})")
+            raise OprlError(
+                f"experience file {path}: not an oprl experience table (missing "
+                f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})"
+            )
         table = pq.read_table(path, columns=columns or [name for name in SCHEMA.names if name in names])
     except (OSError, pa.ArrowException) as exc:
         raise OprlError(f"experience file {path}: unreadable ({str(exc).splitlines()[0][:160]})") from None
@@ -127,7 +129,7 @@ class ExperienceStore:
         self.root = Path(root)
 
     @classmethod
-    def locate(cls, path: str | Path) -> "ExperienceStore":
+    def locate(cls, path: str | Path) -> ExperienceStore:
         """The store at ``path``, or at ``path/experiences`` when ``path`` is a run directory."""
         root = Path(path)
         if (root / STORE_DIRNAME).is_dir():

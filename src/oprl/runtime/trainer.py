@@ -114,7 +114,9 @@ class Trainer:
                     continue
                 picked = rows.tolist()
                 metrics = self._update(
-                    [batch[i] for i in picked], adv.advantages[rows], [proximal[i] for i in picked] if proximal else None
+                    [batch[i] for i in picked],
+                    adv.advantages[rows],
+                    [proximal[i] for i in picked] if proximal else None,
                 )
                 updates += 1
                 merge_metrics(totals, extremes, metrics)
@@ -138,7 +140,9 @@ class Trainer:
         for start in range(0, len(rows), size):
             micro = rows[start : start + size]
             logprobs, _, mask = self.policy(
-                [e.prompt_ids for e in micro], [e.response_ids for e in micro], self.pad_id,
+                [e.prompt_ids for e in micro],
+                [e.response_ids for e in micro],
+                self.pad_id,
                 temperature=self.temperature,
             )  # (B, T), _, (B, T)
             out += [values[valid.bool()].tolist() for values, valid in zip(logprobs.cpu(), mask.cpu(), strict=True)]
@@ -192,8 +196,12 @@ class Trainer:
         prompts, responses = [e.prompt_ids for e in rows], [e.response_ids for e in rows]
         # Each distinct prompt runs once per micro-batch, shared by its group (see grouped_response_logprobs).
         logprobs, entropy, mask = self.policy(
-            prompts, responses, self.pad_id,
-            temperature=self.temperature, with_entropy=True, entropy_grad=self.entropy_coef > 0,
+            prompts,
+            responses,
+            self.pad_id,
+            temperature=self.temperature,
+            with_entropy=True,
+            entropy_grad=self.entropy_coef > 0,
         )  # (B, T), (B, T), (B, T)
         device = logprobs.device
         if any(e.loss_mask is not None for e in rows):
@@ -270,10 +278,18 @@ def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess
 
     algo = config.algorithm
     return Trainer(
-        model, pad_id=pad_id, settings=algorithm_settings(config), optim=config.optim,
-        sampling_temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_new_tokens,
-        kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef, seed=config.seed,
-        log_ref_kl_every=algo.log_ref_kl_every, parallel=parallel,
+        model,
+        pad_id=pad_id,
+        settings=algorithm_settings(config),
+        optim=config.optim,
+        sampling_temperature=config.rollout.temperature,
+        max_response_tokens=config.rollout.max_new_tokens,
+        kl_coef=algo.kl_coef,
+        kl_estimator=algo.kl_estimator,
+        entropy_coef=algo.entropy_coef,
+        seed=config.seed,
+        log_ref_kl_every=algo.log_ref_kl_every,
+        parallel=parallel,
     )
 
 

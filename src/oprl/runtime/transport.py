@@ -73,18 +73,29 @@ def load_model(config: RunConfig, path: str, dtype: str | None = None):
     builds the same weights."""
     quiet_transformers()
     with SAMPLING_LOCK:
-        return load_pretrained(path, dtype=dtype or config.model.dtype, device=config.model.device,
-                               lora=config.model.lora, seed=config.seed)
+        return load_pretrained(
+            path,
+            dtype=dtype or config.model.dtype,
+            device=config.model.device,
+            lora=config.model.lora,
+            seed=config.seed,
+        )
 
 
 def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
     """The ``rollout.engine`` sampler over ``model``, behind the sampling lock."""
     rollout = config.rollout
     options = {"kv_cache_gb": rollout.kv_cache_gb} if rollout.engine == "vllm" else {}
-    return LockedEngine(ENGINES[rollout.engine](
-        model, tokenizer, temperature=rollout.temperature, top_p=rollout.top_p, max_new_tokens=rollout.max_new_tokens,
-        **options,
-    ))
+    return LockedEngine(
+        ENGINES[rollout.engine](
+            model,
+            tokenizer,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            max_new_tokens=rollout.max_new_tokens,
+            **options,
+        )
+    )
 
 
 def trainable_weights(model, *, to_cpu: bool) -> FlatWeights:

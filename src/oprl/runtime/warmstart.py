@@ -74,8 +74,11 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
     start = time.perf_counter()
     tokenizer = build_tokenizer()
     model = build_model(
-        tokenizer, hidden_size=model_cfg.hidden_size, num_layers=model_cfg.num_layers,
-        num_heads=model_cfg.num_heads, seed=warm_cfg.seed,
+        tokenizer,
+        hidden_size=model_cfg.hidden_size,
+        num_layers=model_cfg.num_layers,
+        num_heads=model_cfg.num_heads,
+        seed=warm_cfg.seed,
     )
     problems = list(task.problems("train"))
     validation, training = problems[: warm_cfg.val_problems], problems[warm_cfg.val_problems :]
@@ -87,8 +90,14 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
     rng = random.Random(warm_cfg.seed)
     history, accuracy, step = [], 0.0, 0
     # The bar's total is the step cap; the run usually stops earlier, when the target is reached.
-    bar = RunProgress(warm_cfg.max_steps, enabled=progress, description="warm start",
-                      fields="loss {task.fields[loss]:.3f}  val pass@1 {task.fields[accuracy]:.3f}", loss=0.0, accuracy=0.0)
+    bar = RunProgress(
+        warm_cfg.max_steps,
+        enabled=progress,
+        description="warm start",
+        fields="loss {task.fields[loss]:.3f}  val pass@1 {task.fields[accuracy]:.3f}",
+        loss=0.0,
+        accuracy=0.0,
+    )
     with torch.random.fork_rng(devices=[]), bar:
         torch.manual_seed(warm_cfg.seed)
         while step < warm_cfg.max_steps:
@@ -105,8 +114,13 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
             optimizer.step()
             if step % warm_cfg.check_interval == 0:
                 accuracy = evaluate(
-                    engine, _Held(task, validation), tokenizer, num_problems=len(validation),
-                    temperature=1.0, seed=warm_cfg.seed + step, max_turns=limits["max_turns"],
+                    engine,
+                    _Held(task, validation),
+                    tokenizer,
+                    num_problems=len(validation),
+                    temperature=1.0,
+                    seed=warm_cfg.seed + step,
+                    max_turns=limits["max_turns"],
                     max_episode_tokens=limits["max_episode_tokens"],
                 )["accuracy"]
                 history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": accuracy})
@@ -114,8 +128,10 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
                 if accuracy >= warm_cfg.target_accuracy:
                     break
     if accuracy < warm_cfg.target_accuracy:
-        log(f"warning: warm start stopped at max_steps={warm_cfg.max_steps} with pass@1 {accuracy:.3f} "
-            f"< target {warm_cfg.target_accuracy}")
+        log(
+            f"warning: warm start stopped at max_steps={warm_cfg.max_steps} with pass@1 {accuracy:.3f} "
+            f"< target {warm_cfg.target_accuracy}"
+        )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     seconds = time.perf_counter() - start
@@ -135,10 +151,17 @@ def _examples(tokenizer, task, problems):
         return [encode_problem(tokenizer, p) for p in problems], answers, [[1] * len(a) for a in answers], limits
     episodes = [teacher_forced(tokenizer, task, p, task.demonstration(p)) for p in problems]
     turns = [len(task.demonstration(p)) for p in problems]
-    turn_length = max(len(tokenizer(r, add_special_tokens=False).input_ids) for p in problems[:200]
-                      for r in task.demonstration(p)) + 1
-    limits = {"max_new_tokens": turn_length + 4, "max_turns": max(turns) + 1,
-              "max_episode_tokens": max(len(e.response_ids) for e in episodes) + 8}
+    turn_length = (
+        max(
+            len(tokenizer(r, add_special_tokens=False).input_ids) for p in problems[:200] for r in task.demonstration(p)
+        )
+        + 1
+    )
+    limits = {
+        "max_new_tokens": turn_length + 4,
+        "max_turns": max(turns) + 1,
+        "max_episode_tokens": max(len(e.response_ids) for e in episodes) + 8,
+    }
     return [e.prompt_ids for e in episodes], [e.response_ids for e in episodes], [e.loss_mask for e in episodes], limits
 
 

@@ -11,9 +11,9 @@ from typing import Annotated, Any, Union
 from pydantic import Discriminator, Tag
 
 from oprl.tasks.arithmetic import ArithmeticTask
+from oprl.tasks.base import Problem, Reward, Task
 from oprl.tasks.bfcl import BfclTask
 from oprl.tasks.bfcl_multi_turn import BfclMultiTurnTask
-from oprl.tasks.base import Problem, Reward, Task
 from oprl.tasks.dataset import DatasetTask
 from oprl.tasks.gsm8k import GSM8kTask
 from oprl.tasks.math_problems import MathTask

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward

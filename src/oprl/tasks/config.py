@@ -8,7 +8,7 @@ configuration.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, TypeVar, Union
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -52,22 +52,22 @@ class _ReasoningTaskConfig(Section):
     set, else hub."""
     hub_id: str = ""
     """Hugging Face dataset id for source=hub."""
-    hub_config: Optional[str] = None
+    hub_config: str | None = None
     """Dataset configuration name for source=hub (None = the dataset's default)."""
-    path: Optional[str] = None
+    path: str | None = None
     """Directory holding the splits: the one file under it whose name starts with ``train`` (``test``) and
     ends in .jsonl, .json or .parquet, e.g. a downloaded hub snapshot (``main/train-00000-of-00001.parquet``)."""
-    train_file: Optional[str] = None
+    train_file: str | None = None
     """Training split file (.jsonl, .json list of objects, or .parquet); overrides task.path for train."""
-    test_file: Optional[str] = None
+    test_file: str | None = None
     """Test split file; overrides task.path for test."""
-    train_size: Optional[int] = Field(None, gt=0)
+    train_size: int | None = Field(None, gt=0)
     """Use only the first train_size usable training rows (None = all). source=synthetic: problems to
     generate (None = 2000)."""
-    test_size: Optional[int] = Field(None, gt=0)
+    test_size: int | None = Field(None, gt=0)
     """Use only the first test_size usable test rows (None = all). source=synthetic: problems to generate,
     disjoint from the training ones (None = 500)."""
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None
     """System message of every prompt (None = the task's default: gsm8k the DeepSeek-R1 prompt, or for
     reward=last-number a plain one; math none)."""
     verify_timeout: float = Field(5.0, gt=0.0)
@@ -90,7 +90,7 @@ class GSM8kTaskConfig(_ReasoningTaskConfig):
     ``synthetic`` (seeded GSM8k-format word problems, offline), ``auto`` = files when any file is set, else hub."""
     hub_id: str = "openai/gsm8k"
     """Hugging Face dataset id for source=hub."""
-    hub_config: Optional[str] = "main"
+    hub_config: str | None = "main"
     """Dataset configuration name for source=hub."""
     question_field: str = "question"
     """Row field holding the question."""
@@ -141,47 +141,55 @@ class DatasetTaskConfig(Section):
 
     name: Literal["dataset"] = "dataset"
     """Task plug-in (see ``oprl.tasks.TASKS``)."""
-    train_file: Optional[str] = None
+    train_file: str | None = None
     """Training split file: .jsonl, .json (a list of objects), .parquet or .csv. Or set task.hf_name."""
-    test_file: Optional[str] = None
+    test_file: str | None = None
     """Test split file (evaluation); None = the training file (evaluation then measures training prompts)."""
-    hf_name: Optional[str] = None
+    hf_name: str | None = None
     """Instead of files: a ``datasets`` dataset: a hub name (needs the network or the HF cache), a local
     directory written by ``Dataset(Dict).save_to_disk``, or a local directory of data files."""
-    hf_config: Optional[str] = None
+    hf_config: str | None = None
     """hf_name's configuration name (None = its default)."""
     train_split: str = "train"
     """hf_name's split used for training."""
-    test_split: Optional[str] = "test"
+    test_split: str | None = "test"
     """hf_name's split used for evaluation; None (or a split the dataset lacks) = the training split."""
     prompt_column: str = "prompt"
     """Column holding the prompt: a string (sent as one user message) or a list of chat messages
     ``[{"role": ..., "content": ...}, ...]``."""
-    reference_column: Optional[str] = "reference"
+    reference_column: str | None = "reference"
     """Column handed to the reward as ``reference`` (None = no reference column; the reward gets None)."""
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None
     """System message put before string prompts (None = none)."""
-    reward: Union[str, list[str]] = ""
+    reward: str | list[str] = ""
     """Your reward function(s): ``package.module:function`` (importable from the current directory or the
     environment) or ``path/to/file.py:function``, or a list of them. Called as
     ``fn(prompt, completion, reference, **row) -> float | dict[str, float]`` in worker processes; a dict's
     values are named components (logged as ``reward/<name>``) and its reward is their sum."""
-    reward_weights: Optional[list[float]] = None
+    reward_weights: list[float] | None = None
     """Weight of each reward function in the total (None = 1.0 each), as TRL's ``reward_weights``."""
     reward_timeout: float = Field(5.0, gt=0.0)
     """Seconds one reward call may take; past that its worker is killed, the call scores 0 and
     ``reward/reward_timeout`` counts it."""
     reward_workers: int = Field(1, gt=0)
     """Reward worker processes (each imports your reward module once)."""
-    train_size: Optional[int] = Field(None, gt=0)
+    train_size: int | None = Field(None, gt=0)
     """Use only the first train_size usable training rows (None = all)."""
-    test_size: Optional[int] = Field(None, gt=0)
+    test_size: int | None = Field(None, gt=0)
     """Use only the first test_size usable test rows (None = all)."""
 
 
 BFCL_SUBSETS = (
-    "simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
-    "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+    "simple_python",
+    "simple_java",
+    "simple_javascript",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
 )
 """The single-turn BFCL subsets that ship ground truth (``irrelevance`` and friends have none)."""
 
@@ -191,9 +199,9 @@ class _ToolTaskConfig(Section):
 
     name: str
     """Task plug-in (see ``oprl.tasks.TASKS``)."""
-    train_size: Optional[int] = Field(None, gt=0)
+    train_size: int | None = Field(None, gt=0)
     """Use only the first train_size training problems of the split (None = all)."""
-    test_size: Optional[int] = Field(None, gt=0)
+    test_size: int | None = Field(None, gt=0)
     """Use only the first test_size test problems (None = all)."""
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     """Share of the chosen subsets' problems held out as the test split (after a shuffle by ``seed``)."""
@@ -228,7 +236,7 @@ class BfclTaskConfig(_ToolTaskConfig):
     think: bool = True
     """Require the paper's think rules (one ``<think>...</think>`` before the calls); False = calls only,
     for models that do not reason first."""
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None
     """System message of every prompt (None = oprl.tasks.bfcl's THINK_PROMPT or PLAIN_PROMPT, after ``think``)."""
 
     @field_validator("subsets")
@@ -251,7 +259,7 @@ class BfclMultiTurnTaskConfig(_ToolTaskConfig):
     """Task plug-in (see ``oprl.tasks.TASKS``)."""
     subsets: list[str] = ["multi_turn_base"]
     """BFCL multi-turn subsets: multi_turn_base, multi_turn_long_context (the rows on simulated APIs)."""
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None
     """System message of every prompt (None = oprl.tasks.bfcl's PLAIN_PROMPT)."""
 
     @field_validator("subsets")
@@ -298,4 +306,3 @@ def task_section(section: type[S], config: S | None, fields: dict[str, Any]) -> 
         error = exc.errors()[0]
         key = ".".join(str(part) for part in error["loc"])
         raise OprlError(f"task.{key}: {error['msg']} (got {error.get('input')!r})") from None
-

@@ -14,9 +14,10 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from oprl.errors import OprlError
 
@@ -79,7 +80,7 @@ def hub_rows(hub_id: str, config_name: str | None, split: str, *, key: str) -> l
 
     try:
         dataset = datasets.load_dataset(hub_id, config_name, split=split)
-    except Exception as exc:  # noqa: BLE001 - offline, missing, gated: all mean "not available here"
+    except Exception as exc:
         reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise OprlError(
             f"{key}: cannot load {hub_id!r} split {split!r} from the Hugging Face hub ({reason}); "
@@ -107,7 +108,7 @@ def datasets_rows(name: str, config_name: str | None, split: str, *, key: str) -
             if split not in splits:
                 return None
             loaded = datasets.load_dataset(name, config_name, split=split)
-    except Exception as exc:  # noqa: BLE001 - offline, missing, gated, unreadable: one line either way
+    except Exception as exc:
         reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise OprlError(f"{key}: cannot load {name!r} split {split!r} ({reason})") from None
     return [Row(i, dict(r)) for i, r in enumerate(loaded, start=1)]
@@ -118,9 +119,7 @@ def find_split_file(directory: str | Path, split: str, *, key: str) -> Path:
     directory = Path(directory)
     if not directory.is_dir():
         raise OprlError(f"{key}: directory {str(directory)!r} not found")
-    found = sorted(
-        p for p in directory.rglob(f"{split}*") if p.is_file() and p.suffix in SUFFIXES
-    )
+    found = sorted(p for p in directory.rglob(f"{split}*") if p.is_file() and p.suffix in SUFFIXES)
     if len(found) != 1:
         what = "no" if not found else f"{len(found)}"
         raise OprlError(
@@ -163,8 +162,14 @@ class RowReport:
 
 
 def split_rows(
-    split: str, *, source: str, hub_id: str, hub_config: str | None, path: str | None,
-    train_file: str | None, test_file: str | None,
+    split: str,
+    *,
+    source: str,
+    hub_id: str,
+    hub_config: str | None,
+    path: str | None,
+    train_file: str | None,
+    test_file: str | None,
 ) -> tuple[list[Row], str, str]:
     """``(rows, where they came from, the config key to blame)`` for ``split`` ("train" or "test").
 

@@ -17,13 +17,17 @@ Run offline: ``oprl train task.name=gsm8k task.source=synthetic model.path=smoll
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import GSM8kTaskConfig, task_section
 from oprl.tasks.datafiles import Row, string_field
 from oprl.tasks.rewards import (
-    NUMBER_SYSTEM_PROMPT, R1_SYSTEM_PROMPT, gsm8k_reference, last_number_rewards, r1_rewards,
+    NUMBER_SYSTEM_PROMPT,
+    R1_SYSTEM_PROMPT,
+    gsm8k_reference,
+    last_number_rewards,
+    r1_rewards,
 )
 from oprl.tasks.verified import VerifiedDataTask
 from oprl.tasks.verify import VerifierPool, require_math_verify
@@ -77,9 +81,13 @@ class GSM8kTask(VerifiedDataTask):
         for offset, split in enumerate(("test", "train")):
             limit = c.train_size if split == "train" else c.test_size
             rows = generate_rows(
-                limit or SYNTHETIC_SIZES[split], seed=c.seed * 2 + offset, min_steps=c.synthetic_min_steps,
-                max_steps=c.synthetic_max_steps, max_value=c.synthetic_max_value,
-                operations=c.synthetic_operations, exclude=seen,
+                limit or SYNTHETIC_SIZES[split],
+                seed=c.seed * 2 + offset,
+                min_steps=c.synthetic_min_steps,
+                max_steps=c.synthetic_max_steps,
+                max_value=c.synthetic_max_value,
+                operations=c.synthetic_operations,
+                exclude=seen,
             )
             splits[split] = [self._problem(split, Row(i, r))[0] for i, r in enumerate(rows, start=1)]
             self.skipped[split] = {}

@@ -15,7 +15,7 @@ Not here: MATH's level / subject metadata (kept out of the problem; filter the f
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import MathTaskConfig, task_section

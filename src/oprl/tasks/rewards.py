@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Sequence
 
 import numpy as np
 

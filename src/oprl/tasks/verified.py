@@ -9,7 +9,7 @@ train_file, test_file, train_size, test_size, verify_workers, verify_timeout) an
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem
@@ -21,9 +21,15 @@ class VerifiedDataTask:
     def _load(self, split: str) -> list[Problem]:
         c = self.config
         problems, self.skipped[split] = load_problems(
-            split, self._problem, limit=c.train_size if split == "train" else c.test_size,
-            source=c.source, hub_id=c.hub_id, hub_config=c.hub_config, path=c.path,
-            train_file=c.train_file, test_file=c.test_file,
+            split,
+            self._problem,
+            limit=c.train_size if split == "train" else c.test_size,
+            source=c.source,
+            hub_id=c.hub_id,
+            hub_config=c.hub_config,
+            path=c.path,
+            train_file=c.train_file,
+            test_file=c.test_file,
         )
         return problems
 

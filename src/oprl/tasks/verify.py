@@ -80,8 +80,14 @@ class WorkerPool:
     ``serve``. ``what`` names the workers in start-up errors.
     """
 
-    def __init__(self, command: list[str], workers: int = 1, timeout: float = 5.0, startup_timeout: float = 120.0,
-                 what: str = "worker"):
+    def __init__(
+        self,
+        command: list[str],
+        workers: int = 1,
+        timeout: float = 5.0,
+        startup_timeout: float = 120.0,
+        what: str = "worker",
+    ):
         if workers < 1 or timeout <= 0:
             raise ValueError("a worker pool needs workers >= 1 and timeout > 0")
         self.command = list(command)
@@ -152,7 +158,7 @@ class VerifierPool(WorkerPool):
             raise ValueError(f"VerifierPool needs kind in {KINDS}")
         super().__init__(["oprl.tasks.verify", kind], workers, timeout, startup_timeout, "answer-checking worker")
         self.kind = kind
-        self.counts = {verdict: 0 for verdict in VERDICTS}
+        self.counts = dict.fromkeys(VERDICTS, 0)
         self._cache: dict[Job, str] = {}
 
     def check(self, jobs: list[Job]) -> list[str]:
@@ -195,7 +201,11 @@ class _Worker:
         self.what = what
         self.process = subprocess.Popen(
             [sys.executable, "-m", *command],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
+            env=env,
         )
         self.stdout = self.process.stdout
         os.set_blocking(self.stdout.fileno(), False)
@@ -318,7 +328,7 @@ def serve(handle, *, memory_limit: int | None = WORKER_MEMORY_BYTES) -> None:
     for line in sys.stdin:
         try:
             reply = handle(json.loads(line))
-        except BaseException as exc:  # noqa: BLE001 - any failure (RecursionError, MemoryError...) is a verdict
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             reply = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}

@@ -18,14 +18,40 @@ import random
 from oprl.errors import OprlError
 
 PEOPLE = (
-    ("Ava", "she"), ("Ben", "he"), ("Chloe", "she"), ("Dan", "he"), ("Emma", "she"), ("Farid", "he"),
-    ("Grace", "she"), ("Hugo", "he"), ("Iris", "she"), ("Jonas", "he"), ("Kira", "she"), ("Leo", "he"),
-    ("Maya", "she"), ("Noah", "he"), ("Olga", "she"), ("Pablo", "he"), ("Quinn", "she"), ("Ravi", "he"),
-    ("Sofia", "she"), ("Tom", "he"),
+    ("Ava", "she"),
+    ("Ben", "he"),
+    ("Chloe", "she"),
+    ("Dan", "he"),
+    ("Emma", "she"),
+    ("Farid", "he"),
+    ("Grace", "she"),
+    ("Hugo", "he"),
+    ("Iris", "she"),
+    ("Jonas", "he"),
+    ("Kira", "she"),
+    ("Leo", "he"),
+    ("Maya", "she"),
+    ("Noah", "he"),
+    ("Olga", "she"),
+    ("Pablo", "he"),
+    ("Quinn", "she"),
+    ("Ravi", "he"),
+    ("Sofia", "she"),
+    ("Tom", "he"),
 )
 ITEMS = (
-    "apples", "marbles", "stickers", "books", "pencils", "cookies", "cards", "shells", "coins", "flowers",
-    "stamps", "candles",
+    "apples",
+    "marbles",
+    "stickers",
+    "books",
+    "pencils",
+    "cookies",
+    "cards",
+    "shells",
+    "coins",
+    "flowers",
+    "stamps",
+    "candles",
 )
 FRIENDS = ("a friend", "a cousin", "a neighbour", "the teacher", "a classmate")
 TIMES = {2: "twice", 3: "three times", 4: "four times"}
@@ -37,8 +63,14 @@ opening), ``/`` split into equal piles."""
 
 
 def generate_rows(
-    count: int, *, seed: int, min_steps: int = 2, max_steps: int = 3, max_value: int = 20,
-    operations: str = OPERATIONS, exclude: set[str] | None = None,
+    count: int,
+    *,
+    seed: int,
+    min_steps: int = 2,
+    max_steps: int = 3,
+    max_value: int = 20,
+    operations: str = OPERATIONS,
+    exclude: set[str] | None = None,
 ) -> list[dict[str, str]]:
     """``count`` distinct problems (none whose question is in ``exclude``; generated ones are added to it)."""
     if not operations or set(operations) - set(OPERATIONS) or not set(operations) & set("+*"):
@@ -111,19 +143,31 @@ def _change(rng: random.Random, subject: str, pronoun: str, item: str, value: in
         more = rng.randint(1, max_value)
         verb = rng.choice(("buys", "finds", "is given"))
         new = value + more
-        return (f"Then {pronoun} {verb} {more} more {item}.",
-                f"After that {pronoun} has {value}+{more} = <<{value}+{more}={new}>>{new} {item}.", new)
+        return (
+            f"Then {pronoun} {verb} {more} more {item}.",
+            f"After that {pronoun} has {value}+{more} = <<{value}+{more}={new}>>{new} {item}.",
+            new,
+        )
     if kind == "give":
         less = rng.randint(1, min(value - 1, max_value))
         new = value - less
-        return (f"{subject} gives {less} {item} to {rng.choice(FRIENDS)}.",
-                f"{subject} keeps {value}-{less} = <<{value}-{less}={new}>>{new} {item}.", new)
+        return (
+            f"{subject} gives {less} {item} to {rng.choice(FRIENDS)}.",
+            f"{subject} keeps {value}-{less} = <<{value}-{less}={new}>>{new} {item}.",
+            new,
+        )
     if kind == "times":
         factor = rng.choice(sorted(TIMES))
         new = value * factor
-        return (f"After a week {pronoun} has {TIMES[factor]} as many {item} as before.",
-                f"{subject} now has {value}*{factor} = <<{value}*{factor}={new}>>{new} {item}.", new)
+        return (
+            f"After a week {pronoun} has {TIMES[factor]} as many {item} as before.",
+            f"{subject} now has {value}*{factor} = <<{value}*{factor}={new}>>{new} {item}.",
+            new,
+        )
     parts = rng.choice(divisors)
     new = value // parts
-    return (f"{subject} splits the {item} into {parts} equal piles and keeps one pile.",
-            f"One pile holds {value}/{parts} = <<{value}/{parts}={new}>>{new} {item}.", new)
+    return (
+        f"{subject} splits the {item} into {parts} equal piles and keeps one pile.",
+        f"One pile holds {value}/{parts} = <<{value}/{parts}={new}>>{new} {item}.",
+        new,
+    )
