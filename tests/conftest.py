@@ -34,4 +34,4 @@ def _isolated_cache(cache_dir, monkeypatch):
 
 @pytest.fixture
 def small_overrides(tmp_path):
-    return SMALL + [f"output_dir={tmp_path / 'runs'}"]
+    return [*SMALL, f"output_dir={tmp_path / 'runs'}"]

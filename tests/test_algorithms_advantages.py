@@ -26,7 +26,9 @@ def test_mean_baseline_by_hand():
 def test_std_normalize_uses_population_std():
     result = group_advantages(REWARDS, GROUPS, std_normalize=True)
     std_3 = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 3)  # = sqrt(2/9)
-    expected = [a / (s + 1e-6) for a, s in zip([2 / 3, -1 / 3, -1 / 3, -0.25, 0.25], [std_3] * 3 + [0.25] * 2)]
+    expected = [
+        a / (s + 1e-6) for a, s in zip([2 / 3, -1 / 3, -1 / 3, -0.25, 0.25], [std_3] * 3 + [0.25] * 2, strict=True)
+    ]
     assert result.advantages.tolist() == pytest.approx(expected, abs=1e-12)
 
 

@@ -98,7 +98,7 @@ def test_one_side_mask_is_the_support_of_the_ppo_gradient(tokens):
 @FAST
 @given(token_batches(st.floats(-3, 3)), st.sampled_from([(0.2, 0.2, 0.6, 2.0), (0.6, 2.0, 0.6, 2.0)]))
 def test_ring_and_one_side_keep_a_superset_of_two_side(tokens, eps):
-    band = dict(zip(("eps_low", "eps_high", "eps_low_prime", "eps_high_prime"), eps))
+    band = dict(zip(("eps_low", "eps_high", "eps_low_prime", "eps_high_prime"), eps, strict=True))
     two_side = support("two-side", tokens, **band)
     assert not (two_side & ~support("ring", tokens, **band)).any()
     assert not (two_side & ~support("one-side", tokens, **band)).any()

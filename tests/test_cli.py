@@ -72,7 +72,7 @@ def test_subprocess_exit_code_and_debug_traceback():
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    debug = subprocess.run(command + ["--debug"], capture_output=True, text=True)
+    debug = subprocess.run([*command, "--debug"], capture_output=True, text=True)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 

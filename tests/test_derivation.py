@@ -40,7 +40,10 @@ def token_logprobs(model):
 def flat_grad(model, loss):
     grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True, allow_unused=True)
     return torch.cat(
-        [(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, model.parameters())]
+        [
+            (g if g is not None else torch.zeros_like(p)).flatten()
+            for g, p in zip(grads, model.parameters(), strict=True)
+        ]
     )
 
 

@@ -16,7 +16,7 @@ def write_spec(tmp_path, **extra):
     spec = {
         "output_dir": str(tmp_path / "sweep"),
         "parallel": 2,
-        "overrides": SMALL + ["steps=3", "eval.interval=0", "tensorboard=false"],
+        "overrides": [*SMALL, "steps=3", "eval.interval=0", "tensorboard=false"],
         "grid": {
             "algorithm.preset": ["grpo", "rec-oneside-nois"],
             "setting": {
@@ -88,7 +88,7 @@ def test_bad_specs_fail_with_one_line(tmp_path):
     with pytest.raises(OprlError, match="paralel"):
         sweep.load_spec(path)
     path.write_text("grid: {seed: [0]}\nreport: {groups: {a: []}}\n")
-    with pytest.raises(OprlError, match="report.groups"):
+    with pytest.raises(OprlError, match=r"report\.groups"):
         sweep.load_spec(path)
     with pytest.raises(OprlError, match="no finished runs"):
         report.build_report(tmp_path)

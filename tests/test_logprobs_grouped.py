@@ -38,7 +38,7 @@ def test_grouped_equals_one_row_at_a_time_values_and_gradients(temperature):
     assert torch.equal(plain_mask, shared_mask)
     assert torch.allclose(plain, shared, atol=1e-5), (plain - shared).abs().max()
     assert torch.allclose(plain_entropy * plain_mask, shared_entropy * shared_mask, atol=1e-5)
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 

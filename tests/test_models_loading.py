@@ -49,7 +49,7 @@ def test_unknown_paths_are_one_line_errors(path, message):
 
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"x")
-    with pytest.raises(OprlError, match="not a .gguf checkpoint"):
+    with pytest.raises(OprlError, match=r"not a \.gguf checkpoint"):
         resolve_model_path(str(tmp_path / "weights.bin"))
 
 
@@ -85,7 +85,7 @@ def test_hub_ids_that_cannot_be_fetched_fail_in_one_line(monkeypatch):
 def test_devices():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-    with pytest.raises(OprlError, match="model.device: 'banana' is not a device"):
+    with pytest.raises(OprlError, match=r"model\.device: 'banana' is not a device"):
         resolve_device("banana")
     if not torch.cuda.is_available():
         with pytest.raises(OprlError, match="no CUDA device is available"):
@@ -130,7 +130,7 @@ def test_lora_trains_only_the_adapters(tiny_dir):
 def test_lora_with_unknown_target_modules_is_a_config_error(tiny_dir):
     pytest.importorskip("peft")
     lora = SimpleNamespace(r=4, alpha=8.0, dropout=0.0, target_modules=["no_such_proj"])
-    with pytest.raises(OprlError, match="model.lora.target_modules"):
+    with pytest.raises(OprlError, match=r"model\.lora\.target_modules"):
         load_pretrained(tiny_dir, lora=lora)
 
 

@@ -89,7 +89,9 @@ def test_math_configs_follow_spec_section_5(path):
 
 # One two-step run per preset (settings cycled so each appears) plus one per MATH setting; -m slow runs all.
 SUBSET = [PAPER / "gsm8k" / f"{s}-{p}.yaml" for s, p in zip(itertools.cycle(GSM8K_SYNC), PRESETS)]
-SUBSET += [PAPER / "math" / f"{s}-{p}.yaml" for s, p in zip(MATH_SYNC, ["grpo", "rec-oneside-nois", "red-weight"])]
+SUBSET += [
+    PAPER / "math" / f"{s}-{p}.yaml" for s, p in zip(MATH_SYNC, ["grpo", "rec-oneside-nois", "red-weight"], strict=True)
+]
 
 
 def _two_steps(path, small_overrides):

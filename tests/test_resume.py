@@ -49,7 +49,7 @@ def assert_same_run(root, name):
     assert deterministic_view(resumed) == deterministic_view(whole)
     names, tables = store_contents(root / "runs" / name)
     whole_names, whole_tables = store_contents(root / "runs" / "whole")
-    assert names == whole_names and all(a.equals(b) for a, b in zip(tables, whole_tables))
+    assert names == whole_names and all(a.equals(b) for a, b in zip(tables, whole_tables, strict=True))
 
 
 def test_kill_9_then_resume_equals_the_uninterrupted_run(uninterrupted):
@@ -92,7 +92,7 @@ def test_a_crashing_reward_stops_the_run_in_one_line_and_resume_completes_it(uni
 
 
 def test_resume_refuses_a_changed_config(uninterrupted, capsys):
-    root, args = uninterrupted
+    _root, args = uninterrupted
     assert main(["train", *args, "run_name=whole", "resume=true", "algorithm.preset=reinforce"]) == 2
     assert "differs" in capsys.readouterr().err
 

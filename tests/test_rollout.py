@@ -124,7 +124,7 @@ def test_lean_engine_draws_what_generate_draws(policy):
         lean = LeanEngine(model, tokenizer, top_p=top_p, max_new_tokens=7).generate(prompts, seed=4)
         assert lean.response_ids == reference.response_ids
         assert lean.truncated == reference.truncated
-        for ours, theirs in zip(lean.behavior_logprobs, reference.behavior_logprobs):
+        for ours, theirs in zip(lean.behavior_logprobs, reference.behavior_logprobs, strict=True):
             assert ours == pytest.approx(theirs, abs=1e-5)
 
 

@@ -130,5 +130,5 @@ def test_offline_source_reads_groups_in_order_with_passes(tmp_path):
         seen.append([(e.group_id, e.use_count) for e in batch[::2]])
     assert seen[0] == [(0, 0), (1, 0), (2, 0), (3, 0)]
     assert seen[1] == [(4, 0), (5, 0), (0, 1), (1, 1)]  # second pass: one earlier use
-    with pytest.raises(OprlError, match="raise buffer.passes"):
+    with pytest.raises(OprlError, match=r"raise buffer\.passes"):
         buffer.take(4)

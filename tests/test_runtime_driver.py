@@ -189,7 +189,7 @@ def overlapping(events, a, b):
 
 
 def test_generation_overlaps_training_when_the_schedule_allows(tmp_path):
-    rows, events, wall = drive(tmp_path, ["steps=8", "sync.offset=1"], explore_delay=0.05, train_delay=0.05)
+    _rows, events, wall = drive(tmp_path, ["steps=8", "sync.offset=1"], explore_delay=0.05, train_delay=0.05)
     assert overlapping(events, "explore", "train")
     assert wall < 0.8 * 16 * 0.05  # sequential would take 8 x (explore + train)
 
@@ -209,7 +209,7 @@ def test_on_policy_and_overlap_false_never_overlap(tmp_path):
 
 @pytest.mark.parametrize("explore_delay, train_delay", [(0.0, 0.02), (0.02, 0.0)])
 def test_async_mode_paces_the_explorer_within_max_staleness(tmp_path, explore_delay, train_delay):
-    rows, events, _ = drive(
+    rows, _events, _ = drive(
         tmp_path,
         ["steps=10", "sync.mode=async", "sync.max_staleness=2"],
         explore_delay=explore_delay,

@@ -93,7 +93,7 @@ def test_async_with_replay_stays_within_its_bounds(small_overrides, tmp_path):
     assert main(["train", *args]) == 0
     rows = rows_of(tmp_path, "async")[1:]
     fresh_lag = [r["batch/version_max"] for r in rows]
-    assert all((step - 1) - version <= 1 for step, version in zip(range(1, 5), fresh_lag))
+    assert all((step - 1) - version <= 1 for step, version in zip(range(1, 5), fresh_lag, strict=True))
     assert [r["replay/groups"] for r in rows] == [0.0, 2.0, 2.0, 2.0]
     assert rows[1]["replay/use_count_mean"] == 1.0 and rows[1]["replay/frac"] == pytest.approx(8 / 24)
     assert rows[1]["batch/use_count_mean"] == pytest.approx(8 / 24)

@@ -41,7 +41,7 @@ def test_reward_components(response, total, well_formed):
 def test_difficulty_knobs_and_bad_sizes():
     task = ArithmeticTask(train_size=100, test_size=20, max_value=5, num_operands=4, operators="*")
     assert all(p.messages[0]["content"].count("*") == 3 for p in task.problems("train"))
-    with pytest.raises(OprlError, match="task.train_size"):
+    with pytest.raises(OprlError, match=r"task\.train_size"):
         ArithmeticTask(train_size=0)
     with pytest.raises(OprlError, match="too large"):
         ArithmeticTask(train_size=10_000, test_size=500, max_value=9, num_operands=2)

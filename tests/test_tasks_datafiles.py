@@ -88,19 +88,19 @@ def test_parquet_json_and_directory_layouts(tmp_path):
 def test_bad_files_are_one_line_errors_naming_the_key(tmp_path, make, message):
     bad = make(tmp_path)
     good = write_jsonl(tmp_path / "good.jsonl", GOOD)
-    with pytest.raises(OprlError, match="task.train_file") as info:
+    with pytest.raises(OprlError, match=r"task\.train_file") as info:
         GSM8kTask(train_file=str(bad), test_file=str(good))
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_source_files_needs_files_and_directories_must_be_unambiguous(tmp_path):
-    with pytest.raises(OprlError, match="task.source=files needs task.train_file or task.path"):
+    with pytest.raises(OprlError, match=r"task\.source=files needs task\.train_file or task\.path"):
         GSM8kTask(source="files")
     write_jsonl(tmp_path / "train.jsonl", GOOD)
     write_jsonl(tmp_path / "train_extra.jsonl", GOOD)
     with pytest.raises(OprlError, match="found 2 train"):
         find_split_file(tmp_path, "train", key="task.path")
-    with pytest.raises(OprlError, match="task.path: found no test"):
+    with pytest.raises(OprlError, match=r"task\.path: found no test"):
         GSM8kTask(path=str(tmp_path), train_file=str(tmp_path / "train.jsonl"))
 
 
@@ -132,7 +132,9 @@ def test_math_rows_boxed_references_and_single_line_answers(tmp_path, caplog):
     assert str(train) in caplog.records[0].getMessage()
     (user,) = task.problems("train")[0].messages
     assert user["content"].endswith("within \\boxed{}.")
-    with pytest.raises(OprlError, match="task.test_file: .*test.jsonl has no usable rows .*row 1: no 'solution' field"):
+    with pytest.raises(
+        OprlError, match=r"task\.test_file: .*test\.jsonl has no usable rows .*row 1: no 'solution' field"
+    ):
         MathTask(train_file=str(train), test_file=str(test))  # test rows have no 'solution' field
     task = MathTask(train_file=str(test), test_file=str(test), answer_field="answer", system_prompt="Be brief.")
     assert task.problems("test")[0].answer == "\\frac{1}{2}"

@@ -91,7 +91,7 @@ def test_last_number_reward_for_small_models():
     assert [r.components["format"] for r in rewards] == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     assert [r.components["correct"] for r in rewards] == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
     assert task._pool is None  # no worker process is started for this reward
-    with pytest.raises(OprlError, match="task.reward"):
+    with pytest.raises(OprlError, match=r"task\.reward"):
         GSM8kTask(source="synthetic", reward="boxed")
 
 
@@ -99,9 +99,9 @@ def test_operations_restrict_the_kinds_of_change():
     rows = generate_rows(200, seed=5, min_steps=1, max_steps=3, max_value=10, operations="+-")
     text = " ".join(r["answer"] for r in rows)
     assert "+" in text and "-" in text and "*" not in text and "/" not in text
-    with pytest.raises(OprlError, match="task.synthetic_operations"):
+    with pytest.raises(OprlError, match=r"task\.synthetic_operations"):
         generate_rows(5, seed=0, operations="-/")
-    with pytest.raises(OprlError, match="task.synthetic_operations"):
+    with pytest.raises(OprlError, match=r"task\.synthetic_operations"):
         generate_rows(5, seed=0, operations="+x")
 
 

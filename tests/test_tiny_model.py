@@ -30,5 +30,5 @@ def test_save_and_load_with_auto_classes(tmp_path):
         == tokenizer("7*8=", add_special_tokens=False).input_ids
     )
     assert loaded_tokenizer.chat_template == tokenizer.chat_template
-    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert (a == b).all(), name

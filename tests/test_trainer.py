@@ -19,7 +19,7 @@ def make_batch(tokenizer, groups=3, k=4, seed=0):
         prompt = tokenizer(f"<|user|>{g}+{g}=</s><|assistant|>", add_special_tokens=False).input_ids
         for i in range(k):
             length = int(torch.randint(1, 6, (1,), generator=rng))
-            response = torch.randint(7, 40, (length,), generator=rng).tolist() + [tokenizer.eos_token_id]
+            response = [*torch.randint(7, 40, (length,), generator=rng).tolist(), tokenizer.eos_token_id]
             batch.append(
                 Experience(
                     prompt_ids=prompt,
@@ -73,7 +73,7 @@ def test_micro_batching_equals_full_batch(preset):
     for trainer in (full, micro):
         trainer.optimizer.step = lambda: None
         trainer.step(copy.deepcopy(batch))
-    for (name, a), (_, b) in zip(full.model.named_parameters(), micro.model.named_parameters()):
+    for (name, a), (_, b) in zip(full.model.named_parameters(), micro.model.named_parameters(), strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4), name
 
 
@@ -137,5 +137,5 @@ def test_log_ref_kl_every_logs_kl_to_initial_policy_without_changing_the_update(
     second = [t.step(copy.deepcopy(batch)) for t in trainers]
     assert second[1]["kl/ref"] > 1e-6  # the policy has moved away from the frozen copy
     assert second[0]["loss/total"] == second[1]["loss/total"]  # logging only: the loss is untouched
-    for a, b in zip(plain.model.parameters(), logged.model.parameters()):
+    for a, b in zip(plain.model.parameters(), logged.model.parameters(), strict=True):
         assert torch.equal(a, b)

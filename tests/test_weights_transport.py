@@ -28,7 +28,7 @@ def test_snapshot_is_a_copy_laid_out_in_one_buffer_per_dtype():
 
 
 def test_pickling_keeps_values_and_the_single_buffer_and_loads_into_a_model(tmp_path):
-    model, weights = _snapshot()
+    _model, weights = _snapshot()
     mixed = FlatWeights.copy_of({**weights, "extra": torch.arange(3, dtype=torch.int64)})
     restored = pickle.loads(pickle.dumps(mixed))
     assert isinstance(restored, FlatWeights) and restored.keys() == mixed.keys()

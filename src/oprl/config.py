@@ -367,7 +367,7 @@ class TrackingConfig(_Section):
     """Experiment trackers besides ``metrics.jsonl`` and TensorBoard (``tensorboard``), see ``oprl.trackers``:
     each gets every metrics row and the resolved config as the run's parameters."""
 
-    backends: list[Literal["wandb", "mlflow", "trackio"]] = []
+    backends: list[Literal["wandb", "mlflow", "trackio"]] = Field(default_factory=list)
     """Trackers to log to, e.g. [wandb, mlflow]; each is an extra (``pip install 'oprl[wandb]'``). One that
     cannot start is a one-line warning, never a lost ``metrics.jsonl``."""
     project: str = "oprl"

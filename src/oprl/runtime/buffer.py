@@ -87,10 +87,10 @@ class OfflineSource:
         return out
 
     def _group_at(self, offset: int) -> Group:
-        for file_index, count in enumerate(self.counts):
-            if offset < count:
-                break
-            offset -= count
+        file_index = 0
+        while offset >= self.counts[file_index]:  # the file holding the group, and the offset inside it
+            offset -= self.counts[file_index]
+            file_index += 1
         if self._cache is None or self._cache[0] != file_index:
             batch = self.files[file_index]
             self._cache = (file_index, split_groups(batch, self.store.read(batch)))
@@ -215,7 +215,7 @@ class ExperienceBuffer:
         self.pool, self.evicted = [], meta["evicted"]
         if meta["pool_batches"]:
             experiences = read_parquet(root / "replay.parquet")
-            for batch, exp in zip(meta["pool_batches"], experiences):
+            for batch, exp in zip(meta["pool_batches"], experiences, strict=True):
                 if not self.pool or self.pool[-1].group_id != exp.group_id or self.pool[-1].batch != batch:
                     self.pool.append(Group(batch, exp.group_id, [], uses=exp.use_count))
                 self.pool[-1].experiences.append(exp)

@@ -72,7 +72,7 @@ class LocalActor:
                 resolved = [a.result() if isinstance(a, Future) else a for a in call_args]
                 result = getattr(worker, method)(*resolved)
                 results = (result,) if len(futures) == 1 else tuple(result)
-                for future, value in zip(futures, results):
+                for future, value in zip(futures, results, strict=True):
                     future.set_result(value)
             except BaseException as exc:
                 for future in futures:

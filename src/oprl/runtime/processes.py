@@ -13,6 +13,7 @@ Deliberately not here: more than one machine (use backend=ray).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
 import queue
@@ -121,10 +122,8 @@ class ProcessActor:
                 for future in futures:
                     if not future.done():
                         future.set_exception(exc)
-        try:
+        with contextlib.suppress(OSError):
             self._conn.send(None)
-        except OSError:
-            pass
         self._process.join(timeout=10)
         if self._process.is_alive():
             self._process.terminate()
@@ -148,7 +147,7 @@ class ProcessActor:
                     future.set_exception(RemoteError(*payload))
                 continue
             values = (payload,) if len(futures) == 1 else payload
-            for future, value in zip(futures, values):
+            for future, value in zip(futures, values, strict=True):
                 future.set_result(value)
 
     def _fail_all(self, exc: BaseException) -> None:

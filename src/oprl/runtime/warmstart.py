@@ -145,7 +145,7 @@ def _examples(tokenizer, task, problems):
     turns), of which only the model's tokens are trained on."""
     eos = tokenizer.eos_token_id
     if not isinstance(task, EpisodicTask):
-        answers = [tokenizer(p.answer, add_special_tokens=False).input_ids + [eos] for p in problems]
+        answers = [[*tokenizer(p.answer, add_special_tokens=False).input_ids, eos] for p in problems]
         longest = max(len(a) for a in answers)
         limits = {"max_new_tokens": longest + 4, "max_turns": 1, "max_episode_tokens": longest + 4}
         return [encode_problem(tokenizer, p) for p in problems], answers, [[1] * len(a) for a in answers], limits

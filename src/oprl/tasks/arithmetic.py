@@ -97,10 +97,10 @@ def _evaluate(expression: str) -> int:
     tokens = re.findall(r"\d+|[+\-*]", expression)
     terms: list[int] = [int(tokens[0])]
     signs: list[int] = [1]
-    for op, number in zip(tokens[1::2], tokens[2::2]):
+    for op, number in zip(tokens[1::2], tokens[2::2], strict=True):
         if op == "*":
             terms[-1] *= int(number)
         else:
             terms.append(int(number))
             signs.append(1 if op == "+" else -1)
-    return sum(s * t for s, t in zip(signs, terms))
+    return sum(s * t for s, t in zip(signs, terms, strict=True))

@@ -155,7 +155,8 @@ class RowReport:
         for number, reason in self.skipped.items():
             by_reason.setdefault(reason, []).append(number)
         parts = [
-            f"row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:8]))}{' ...' if len(rows) > 8 else ''}: {reason}"
+            f"row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:8]))}{' ...' if len(rows) > 8 else ''}: "
+            + reason
             for reason, rows in by_reason.items()
         ]
         return f"skipped {len(self.skipped)} malformed row(s): {'; '.join(parts)}"

@@ -53,7 +53,7 @@ class MathTask(VerifiedDataTask):
         user = statement.strip() + (f"\n{c.instruction}" if c.instruction else "")
         messages = ({"role": "user", "content": user},)
         if c.system_prompt:
-            messages = ({"role": "system", "content": c.system_prompt},) + messages
+            messages = ({"role": "system", "content": c.system_prompt}, *messages)
         return Problem(task_id=f"{self.name}/{split}/{row.number:06d}", messages=messages, answer=reference), ""
 
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:

@@ -128,7 +128,7 @@ def r1_rewards(
     answers = [answer_tag(r) for r in responses]
     verdicts = _check(pool, references, answers, mode="plain")
     rewards = []
-    for response, verdict in zip(responses, verdicts):
+    for response, verdict in zip(responses, verdicts, strict=True):
         well_formed = has_r1_format(response)
         correct = float(verdict == "match")
         bonus = format_bonus if well_formed else -format_bonus
@@ -163,7 +163,8 @@ def boxed_rewards(pool: VerifierPool, references: Sequence[str], responses: Sequ
     answers = [last_boxed(r) for r in responses]
     verdicts = _check(pool, references, answers, mode="latex")
     return [
-        _reward(float(v == "match"), float(v == "match"), float(a is not None), v) for a, v in zip(answers, verdicts)
+        _reward(float(v == "match"), float(v == "match"), float(a is not None), v)
+        for a, v in zip(answers, verdicts, strict=True)
     ]
 
 
@@ -175,7 +176,7 @@ def _check(pool: VerifierPool, references, answers, *, mode: str) -> list[str]:
         if answer and len(answer) <= MAX_ANSWER_CHARS:
             jobs.append(Job(ascii_digits(reference), ascii_digits(answer), mode))
             where.append(index)
-    for index, verdict in zip(where, pool.check(jobs) if jobs else []):
+    for index, verdict in zip(where, pool.check(jobs) if jobs else [], strict=True):
         verdicts[index] = verdict
     return verdicts
 

@@ -23,6 +23,7 @@ Run one worker by hand: ``echo '{"gold": "72", "pred": "72"}' | python -m oprl.t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import selectors
@@ -173,7 +174,7 @@ class VerifierPool(WorkerPool):
             if verdicts[index] is None:
                 todo.setdefault(job, []).append(index)
         requests = [{"gold": job.gold, "pred": job.pred, "mode": job.mode} for job in todo]
-        for job, reply in zip(todo, self._run(requests)):
+        for job, reply in zip(todo, self._run(requests), strict=True):
             verdict = _verdict(reply)
             if verdict in ("match", "mismatch", "malformed"):  # a timeout may be load; never cache it
                 if len(self._cache) > 100_000:
@@ -220,10 +221,8 @@ class _Worker:
         self.job = index
         self.deadline = time.monotonic() + timeout
         message = json.dumps(request) + "\n"
-        try:
+        with contextlib.suppress(OSError):  # the worker is gone; poll() reports it
             self.process.stdin.write(message.encode())
-        except OSError:
-            pass  # the worker is gone; poll() reports it
 
     def poll(self) -> tuple[int | None, dict] | None:
         """``(job index, reply)`` once the current job is settled, else None. Start-up failure raises."""
@@ -318,10 +317,8 @@ def serve(handle, *, memory_limit: int | None = WORKER_MEMORY_BYTES) -> None:
     import resource
 
     if memory_limit is not None:
-        try:
+        with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
-        except (ValueError, OSError):
-            pass
     out, sys.stdout = sys.stdout, sys.stderr
     out.write('{"ready": true}\n')
     out.flush()
