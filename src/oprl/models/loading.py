@@ -125,7 +125,7 @@ def smollm2_gguf_path() -> Path:
     files = [f for f in distribution.files or () if f.name.lower().endswith(".gguf")]
     if not files:
         raise OprlError(f"model.path={SMOLLM2_ALIAS}: the installed {SMOLLM2_DISTRIBUTION} holds no .gguf file")
-    found = Path(distribution.locate_file(files[0]))
+    found = Path(str(distribution.locate_file(files[0])))
     if not found.is_file():
         raise OprlError(f"model.path={SMOLLM2_ALIAS}: {found} is listed by {SMOLLM2_DISTRIBUTION} but missing")
     return found
