@@ -2,9 +2,17 @@
 
 Every test that needs the embedded model uses the same small task and warm-start recipe, so the tiny model
 is built once per test session (a few seconds) in a temporary cache directory.
+
+Layout: tests/<package>/ mirrors src/oprl/<package>/ with unit tests (one component, fakes, hand-computed
+values); tests/integration/ holds the multi-step runs through the runtime, subprocesses and sweeps, marked
+``integration`` here (``pytest -m "not slow and not integration"`` runs the fast units alone).
 """
 
+from pathlib import Path
+
 import pytest
+
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 # Small task + short warm start: the model it yields solves few problems, which is fine for plumbing tests.
 SMALL = [
@@ -35,3 +43,9 @@ def _isolated_cache(cache_dir, monkeypatch):
 @pytest.fixture
 def small_overrides(tmp_path):
     return [*SMALL, f"output_dir={tmp_path / 'runs'}"]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if INTEGRATION in Path(item.fspath).resolve().parents:
+            item.add_marker(pytest.mark.integration)

@@ -10,7 +10,7 @@ One file per (off-policy setting, algorithm preset), named ``<setting>-<preset>.
   settings sync 1 (k=1), sync 250 (k=250) and offline (k=2000 > steps: every batch comes from the initial
   policy); evaluation at temperature 0.1.
 
-They are meant for a GPU (``model.device: auto``). ``tests/test_paper_configs.py`` loads every file and
+They are meant for a GPU (``model.device: auto``). ``tests/integration/test_paper_configs.py`` loads every file and
 runs two steps of each on CPU with the model and task overridden to the embedded tiny ones. Edit this
 script, not the YAML files.
 """

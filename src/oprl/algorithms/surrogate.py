@@ -3,7 +3,7 @@
 For one group of K responses with rewards r_i, sequence log-probs s_i(θ) = log π_θ(y_i|x) and an anchor
 s_i(θ_t) (detached), the KL-regularised optimum satisfies r_i − τ·(s_i − s_i(θ_t)) = const. The
 surrogate penalises pairwise violations of that consistency. It exists to make the derivation checkable
-(tests/test_derivation.py) and to document the identity; training uses ``policy_loss``.
+(tests/algorithms/test_derivation.py) and to document the identity; training uses ``policy_loss``.
 
 Not here: computing sequence log-probs (sum the token log-probs of each response yourself).
 """

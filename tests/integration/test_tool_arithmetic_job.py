@@ -1,7 +1,7 @@
 """The agent acceptance check: on tool-arithmetic (multi-turn, calculator tool), GRPO raises the tiny model's
 eval success by >= 10 points over its warm start, on CPU in minutes.
 
-Slow: ``pytest -m slow tests/test_tool_arithmetic_job.py``. Measured numbers are in docs/tasks.md.
+Slow: ``pytest -m slow tests/integration/test_tool_arithmetic_job.py``. Measured numbers are in docs/tasks.md.
 """
 
 import json
@@ -11,7 +11,7 @@ import pytest
 
 from oprl.cli import main
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "examples" / "tool-arithmetic.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "examples" / "tool-arithmetic.yaml"
 
 
 @pytest.mark.slow

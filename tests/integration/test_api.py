@@ -13,7 +13,7 @@ from oprl.errors import OprlError
 from oprl.tasks import DatasetTask
 from oprl.tasks.config import DatasetTaskConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN = str(ROOT / "examples" / "arithmetic_train.jsonl")
 
 

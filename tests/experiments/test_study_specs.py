@@ -10,7 +10,7 @@ from conftest import SMALL
 from oprl.config import load_config
 from oprl.experiments import report, sweep
 
-SPECS = Path(__file__).resolve().parents[1] / "configs" / "sweeps"
+SPECS = Path(__file__).resolve().parents[2] / "configs" / "sweeps"
 STUDIES = ["mismatch.yaml", "red-drop.yaml"]
 
 

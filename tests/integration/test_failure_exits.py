@@ -21,7 +21,7 @@ import pytest
 
 from conftest import SMALL
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 TRIES = 10
 
 ZYGOTE = r"""

@@ -20,7 +20,7 @@ from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.runtime.trainer import TrainerWorker
 from oprl.runtime.trainer_ranks import SHARDS, ShardedTrainer, check_trainer_config
-from test_trainer import make_batch
+from trainer_helpers import make_batch
 
 TOL = 1e-5
 COMPARED = ("loss/total", "loss/pg_loss", "loss/clip_frac", "entropy/mean", "optim/grad_norm", "loss/ratio_max")
@@ -252,7 +252,7 @@ def test_gpu_check_runs_on_cpu_without_pydantic():
     machine it is written for has none)."""
     import json
 
-    script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.py"
+    script = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
     done = subprocess.run(
         [
             sys.executable,

@@ -12,7 +12,7 @@ from oprl.errors import OprlError
 from oprl.tasks import DatasetTask, build_task
 from oprl.tasks.user_reward import PROBE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "arithmetic_train.jsonl"
 TEST = ROOT / "examples" / "arithmetic_test.jsonl"
 EXAMPLE_REWARD = f"{ROOT / 'examples' / 'arithmetic_reward.py'}:reward"

@@ -18,7 +18,7 @@ from oprl.cli import main
 from oprl.config import load_config
 from oprl.errors import OprlError
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "oprl"
+SRC = Path(__file__).resolve().parents[2] / "src" / "oprl"
 FAST = ["tensorboard=false", "runtime.torch_threads=1", "eval.interval=0", "eval.num_problems=8"]
 
 

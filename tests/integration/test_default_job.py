@@ -1,6 +1,6 @@
 """The acceptance check of the default job: RL raises eval accuracy by >= 10 points over the warm start.
 
-Slow (minutes): run with ``pytest -m slow tests/test_default_job.py``. Wall time is measured by
+Slow (minutes): run with ``pytest -m slow tests/integration/test_default_job.py``. Wall time is measured by
 ``benchmarks/default_job.py``, not asserted here.
 """
 

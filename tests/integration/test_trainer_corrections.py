@@ -5,12 +5,12 @@ import copy
 
 import pytest
 import torch
+from test_distributed import _batches, _compare, _config, _reference, _run, _save_model
 
 import oprl.runtime.trainer as trainer_module
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_tokenizer
-from test_distributed import _batches, _compare, _config, _reference, _run, _save_model
-from test_trainer import make_batch, make_trainer
+from trainer_helpers import make_batch, make_trainer
 
 NEW_PRESETS = [
     "tis-token", "tis-seq", "masked-is-token", "masked-is-seq", "decoupled-ppo", "gspo", "cispo", "dr-grpo",

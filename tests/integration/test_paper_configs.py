@@ -12,7 +12,7 @@ import pytest
 from oprl.config import load_config
 from oprl.runtime.run import run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "configs" / "paper"
 GSM8K = sorted((PAPER / "gsm8k").glob("*.yaml"))
 MATH = sorted((PAPER / "math").glob("*.yaml"))
