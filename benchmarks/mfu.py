@@ -83,7 +83,10 @@ def train_step_flops(s: dict, batch: int, prompt: int, response: int) -> float:
 
 def measure_training(model, tokenizer, s, batch, prompt, response, repeats) -> dict:
     generator = torch.Generator().manual_seed(0)
-    ids = lambda n: torch.randint(100, s["vocab"] - 1, (n,), generator=generator).tolist()  # noqa: E731
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(100, s["vocab"] - 1, (n,), generator=generator).tolist()
+
     prompts, responses = [ids(prompt) for _ in range(batch)], [ids(response) for _ in range(batch)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
     model.train()

@@ -72,7 +72,10 @@ def measure(name: str, overrides: list[str], out: Path, repeat: int) -> dict:
     wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "reward/mean" in r]
     span = rows[-1]["perf/elapsed_s"] - rows[0]["perf/elapsed_s"]
-    total = lambda key: sum(r.get(key, 0.0) for r in rows[1:])  # noqa: E731
+
+    def total(key: str) -> float:
+        return sum(r.get(key, 0.0) for r in rows[1:])
+
     return {
         "per_step_s": span / (len(rows) - 1),
         "run_s": wall,

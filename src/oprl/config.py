@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
@@ -431,7 +432,7 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """YAML file (optional) + ``a.b=value`` overrides -> validated ``RunConfig`` with the preset resolved."""
     data: dict[str, Any] = {}
     if path is not None:
@@ -536,7 +537,7 @@ def _describe(exc: ValidationError) -> str:
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     if error["type"] == "extra_forbidden":
         _, section, chosen = _walk(error["loc"][:-1])
-        valid = list(section.model_fields) if isinstance(section, type) else []
+        valid = list(section.model_fields) if isinstance(section, type) and issubclass(section, BaseModel) else []
         member = f" (not a key of {', '.join(chosen)})" if chosen else ""
         return f"config: unknown key {key!r}{member}{_closest(str(error['loc'][-1]), valid)}{more}"
     if error["type"] == "union_tag_invalid":
@@ -559,7 +560,7 @@ def _walk(loc) -> tuple[list[str], Any, list[str]]:
             chosen.append(f"{'.'.join(parts)}.name={part}")
             continue
         parts.append(str(part))
-        field = node.model_fields.get(str(part)) if isinstance(node, type) else None
+        field = node.model_fields.get(str(part)) if isinstance(node, type) and issubclass(node, BaseModel) else None
         node = _section_of(field) if field is not None else None
     return parts, node, chosen
 

@@ -174,7 +174,9 @@ def drive(
 @pytest.mark.parametrize("k, m", [(1, 0), (1, 1), (1, 3), (4, 0), (3, 2), (300, 199)])
 @pytest.mark.parametrize("explorers", [1, 2])
 def test_every_step_trains_on_its_scheduled_version(tmp_path, k, m, explorers):
-    jitter = lambda batch: 0.002 * (batch % 3)  # noqa: E731 - uneven generation times reorder completions
+    def jitter(batch: int) -> float:  # uneven generation times reorder completions
+        return 0.002 * (batch % 3)
+
     rows, _, _ = drive(
         tmp_path, ["steps=12", f"sync.interval={k}", f"sync.offset={m}"], explore_delay=jitter, explorers=explorers
     )

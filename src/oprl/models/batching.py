@@ -8,6 +8,7 @@ trainer share these so that the trainer recomputes exactly what the sampler comp
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ def right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
-def right_pad_values(rows: list[list[float]], width: int) -> torch.Tensor:
+def right_pad_values(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
     """Float lists right-padded with 0 to ``(B, width)`` float32 (per-token values aligned with responses)."""
     return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32)
 

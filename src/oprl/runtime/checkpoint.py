@@ -79,7 +79,7 @@ def usable_checkpoint(run_dir: Path, log=print) -> Path:
             f"resume: {run_dir} has no checkpoint (checkpoint.interval=0, or the run stopped before "
             f"its first); {restart}"
         )
-    problems = []
+    problems: list[str] = []
     for path in reversed(found):
         problem = manifest.verify(path)
         if problem is None:
@@ -90,7 +90,7 @@ def usable_checkpoint(run_dir: Path, log=print) -> Path:
     raise OprlError(f"resume: no checkpoint of {run_dir} verifies (newest: {problems[0]}); {restart}")
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
+def resolve_checkpoint(path: str | Path) -> Path | None:
     """A checkpoint directory, or the newest checkpoint of a run directory; None when there is none."""
     path = Path(path)
     if (path / "state.json").is_file() or (path / manifest.MANIFEST).is_file():

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -95,10 +96,10 @@ class DataParallel(SingleProcess):
         self.sharding, self.device, self.compute_dtype = sharding, device, compute_dtype
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.grad_scale = float(self.world_size)
-        self.wrapped: torch.nn.Module | None = None
+        self.wrapped: Any = None  # the trainable module after wrap: an FSDPModule or a DistributedDataParallel
 
     def wrap(self, model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
-        forward = PolicyForward(model)
+        forward: torch.nn.Module = PolicyForward(model)
         if self.sharding == "fsdp":
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -162,7 +163,7 @@ class DataParallel(SingleProcess):
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated transformer blocks of a Hugging Face causal LM (through a peft wrapper), FSDP's unit."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base: Any = getattr(model, "get_base_model", lambda: model)()  # through a peft wrapper to the HF model
     try:
         layers = base.get_decoder().layers
     except (AttributeError, NotImplementedError):
@@ -204,7 +205,8 @@ def gather_weights(model: torch.nn.Module, dtype: torch.dtype | None, rank: int)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     out = None
     if rank == 0:
-        layout, sizes = [], {}
+        layout: list[tuple[str, torch.dtype, int, tuple[int, ...]]] = []
+        sizes: dict[torch.dtype, int] = {}
         for name, param in named:
             kind = dtype or param.dtype
             layout.append((name, kind, sizes.get(kind, 0), tuple(param.shape)))
@@ -243,7 +245,7 @@ def load_sharded(model: torch.nn.Module, optimizer, directory: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(directory))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 

@@ -22,6 +22,7 @@ and at most one ``Failure``. Each completion goes to the handler its kind names 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,7 @@ class Driver:
         self.failure: Failure | None = None
         # Weights snapshots and checkpoint parts need no reaction: the snapshot future itself is what the
         # synchronizer hands out, and CheckpointWriter.commit_ready checks its parts.
-        self.handlers = {
+        self.handlers: dict[str, Callable[[Call, Any], None]] = {
             "explore": self._on_explore,
             "put": self._on_put,
             "train": self._on_train,

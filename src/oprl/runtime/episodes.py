@@ -41,6 +41,13 @@ class Episode:
     turns: int = 0
     """Model turns taken."""
 
+    @property
+    def outcome(self) -> Reward:
+        """The reward of a finished episode (``run_episodes`` returns only finished ones)."""
+        if self.reward is None:
+            raise ValueError("episode not finished: it has no reward yet")
+        return self.reward
+
     def add(self, tokens: list[int], logprobs: list[float] | None) -> None:
         """Append tokens, from the model (with their log-probs) or from the environment (``logprobs=None``)."""
         self.response_ids += tokens

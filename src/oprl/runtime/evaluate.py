@@ -50,7 +50,7 @@ def evaluate(
                 temperature=temperature,
                 top_p=top_p,
             )
-        rewards, lengths = [e.reward for e in episodes], [len(e.response_ids) for e in episodes]
+        rewards, lengths = [e.outcome for e in episodes], [len(e.response_ids) for e in episodes]
     else:
         prompts = [encode_problem(tokenizer, p) for p in problems]
         rollout = engine.generate(prompts, seed=seed, temperature=temperature, top_p=top_p, batch_size=batch_size)

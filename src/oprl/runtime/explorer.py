@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 from oprl.config import RunConfig
 from oprl.models.chat import encode_problem
@@ -111,8 +112,8 @@ class Explorer:
                 prompt_ids=e.prompt_ids,
                 response_ids=e.response_ids,
                 behavior_logprobs=e.behavior_logprobs,
-                reward=e.reward.total,
-                reward_components=dict(e.reward.components),
+                reward=e.outcome.total,
+                reward_components=dict(e.outcome.components),
                 group_id=(step - 1) * self.prompts_per_step + i // self.group_size,
                 task_id=rows[i].task_id,
                 policy_version=version,
@@ -169,6 +170,11 @@ class ExplorerWorker:
             experiences, timing = self.explorer.explore(batch, version)
             for exp in experiences:
                 exp.extra["explorer"] = self.index
-        info = timing | {"sync_s": synced - start, "explorer": self.index, "batch": batch, "version": version}
+        info: dict[str, Any] = timing | {
+            "sync_s": synced - start,
+            "explorer": self.index,
+            "batch": batch,
+            "version": version,
+        }
         info["summary"] = batch_metrics(experiences)
         return experiences, info | {"clock": self.clock.totals()}

@@ -40,7 +40,7 @@ class LocalActor:
 
     def call(self, method: str, *args, num_returns: int = 1):
         """Queue ``worker.method(*args)``; one future, or a tuple of ``num_returns`` for a tuple result."""
-        futures = tuple(Future() for _ in range(num_returns))
+        futures: tuple[Future, ...] = tuple(Future() for _ in range(num_returns))
         self._calls.put((method, args, futures))
         return futures[0] if num_returns == 1 else futures
 
@@ -68,7 +68,7 @@ class LocalActor:
                 if self._stopping:
                     raise CancelledError(f"{self.name}: stopped before {method} ran")
                 if worker is None:
-                    raise self.ready.exception()
+                    raise self.ready.exception() or RuntimeError(f"{self.name}: the worker was not built")
                 resolved = [a.result() if isinstance(a, Future) else a for a in call_args]
                 result = getattr(worker, method)(*resolved)
                 results = (result,) if len(futures) == 1 else tuple(result)

@@ -29,8 +29,8 @@ class RemoteError(RuntimeError):
     def __init__(self, kind: str, message: str, remote_traceback: str = ""):
         super().__init__(f"{kind}: {message}")
         self.kind, self.message = kind, message
-        if remote_traceback:
-            self.add_note(f"in the worker process:\n{remote_traceback.rstrip()}")
+        if remote_traceback:  # what add_note (3.11+) does, also on 3.10
+            self.__notes__ = [*getattr(self, "__notes__", []), f"in the worker process:\n{remote_traceback.rstrip()}"]
 
 
 def _error(exc: BaseException) -> tuple[str, str, str]:
@@ -86,7 +86,7 @@ class ProcessActor:
         self._receiver.start()
 
     def call(self, method: str, *args, num_returns: int = 1):
-        futures = tuple(Future() for _ in range(num_returns))
+        futures: tuple[Future, ...] = tuple(Future() for _ in range(num_returns))
         self._outbox.put((method, args, futures))
         return futures[0] if num_returns == 1 else futures
 

@@ -23,7 +23,6 @@ import ray
 from oprl.errors import OprlError
 
 
-@ray.remote
 class _Host:
     """Builds one worker inside its actor process and forwards method calls to it."""
 
@@ -39,6 +38,9 @@ class _Host:
 
     def call(self, method: str, *args):
         return getattr(self.worker, method)(*args)
+
+
+_RemoteHost = ray.remote(_Host)  # the actor class (ray.remote returns a new class with .options)
 
 
 class RayActor:
@@ -76,7 +78,7 @@ class RayBackend:
         """``gpus``: GPUs the actor requests (Ray sets its CUDA_VISIBLE_DEVICES; an explorer's vLLM engine
         then runs on them)."""
         options = {"num_cpus": self.cpus_per_worker if compute else 0} | ({"num_gpus": gpus} if gpus else {})
-        handle = _Host.options(**options).remote(factory, args, threads)
+        handle = _RemoteHost.options(**options).remote(factory, args, threads)
         return RayActor(name, handle)
 
     def wait_ready(self, actor: RayActor) -> None:

@@ -232,6 +232,7 @@ def prepare(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) 
     metrics = run_dir / "metrics.jsonl"
     if config.mode == "explore":
         # The store is the checkpoint: keep batches that have both a file and a row, make the others again.
+        assert store_dir is not None  # mode=explore always writes a store (run._store_dir)
         store = ExperienceStore(store_dir)
         _save_resumed_config(config, run_dir)
         ckpt.truncate_metrics(metrics, lambda step: True)  # drops a half-written last line

@@ -144,7 +144,7 @@ def run(config: RunConfig, log=print) -> RunSummary:
 def _run_workers(config: RunConfig, run_dir: Path, log) -> None:
     path = model_path(config, build_task(config.task), log=log)
     backend = make_backend(config)
-    actors = []
+    actors: list = []
     try:
         session = _start(config, run_dir, path, backend, actors)
         with RunProgress(config.steps, enabled=config.progress) as progress:
@@ -232,7 +232,7 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
         max_staleness=config.sync.max_staleness,
         explorers=len(explorers),
     )
-    start_step, ready = 0, []
+    start_step, ready = 0, list[int]()
     if checkpoint is not None:
         start_step, ready = resume.restore(checkpoint, backend, trainer, buffer, sync)
     if config.mode == "explore":
@@ -240,7 +240,7 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
         pending = [b for b in range(1, config.steps + 1) if b not in done]
     else:
         pending = [b for b in range(start_step + 1, config.steps + 1) if b not in ready] if use_explorers else []
-    if explorers and sync.wants(start_step, pending):
+    if trainer is not None and explorers and sync.wants(start_step, pending):
         sync.publish(start_step, trainer.call("weights"))
     if checkpoint is not None and config.sync.mode == "scheduled" and explorers:
         resume.check_versions_available(checkpoint, sync, pending, start_step)

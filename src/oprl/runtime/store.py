@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import overload
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -104,6 +105,10 @@ def write_parquet(path: Path, experiences: list[Experience], batch: int | list[i
         pq.write_table(to_table(experiences, batch), temporary)
 
 
+@overload
+def read_parquet(path: Path, columns: None = None) -> list[Experience]: ...
+@overload
+def read_parquet(path: Path, columns: list[str]) -> pa.Table: ...
 def read_parquet(path: Path, columns: list[str] | None = None) -> list[Experience] | pa.Table:
     """The experiences of an oprl parquet file; with ``columns``, just those columns as a table. A file that is
     unreadable or lacks oprl's columns is a one-line ``OprlError`` naming it."""

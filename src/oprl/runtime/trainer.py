@@ -79,7 +79,8 @@ class Trainer:
         self.seed = seed
         self.version = 0
         self.parallel = parallel or SingleProcess()
-        self.ref_model = self.reference = None
+        self.ref_model: torch.nn.Module | None = None
+        self.reference: torch.nn.Module | None = None
         self.log_ref_kl_every = log_ref_kl_every
         if kl_coef > 0 or log_ref_kl_every > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -208,12 +209,9 @@ class Trainer:
             # Multi-turn episodes: environment tokens are context only; every term below sees model tokens only.
             mask = mask & loss_mask_of(rows, mask.shape[1]).to(device)
         behavior = right_pad_values([e.behavior_logprobs for e in rows], mask.shape[1]).to(device)  # (B, T)
-        if proximal is not None:
-            proximal_kwargs = {"proximal_logprobs": right_pad_values(proximal, mask.shape[1]).to(device)}  # (B, T)
-        else:
-            proximal_kwargs = {}
+        proximal_logprobs = None if proximal is None else right_pad_values(proximal, mask.shape[1]).to(device)
         loss, metrics = policy_loss(
-            logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs, **proximal_kwargs
+            logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs, proximal_logprobs=proximal_logprobs
         )
         agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
         out = {f"loss/{k}": float(v) for k, v in metrics.items()}
@@ -223,7 +221,7 @@ class Trainer:
         out |= {f"rho/behavior_{k}": float(v) for k, v in ratio_stats(logprobs.detach(), behavior, mask).items()}
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, **agg)
-        if self._ref_kl_due():
+        if self.reference is not None and self._ref_kl_due():
             with torch.no_grad():
                 ref_logprobs, _, _ = self.reference(prompts, responses, self.pad_id, temperature=self.temperature)
             kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator), mask, **agg)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import socket
 from concurrent.futures import FIRST_EXCEPTION, wait
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,7 +68,7 @@ class TrainerRank:
 
     def __init__(self, config, model_path: str, rank: int, world_size: int):
         self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
-        self.replica = None
+        self.replica: tuple[Any, Any] | None = None  # (model, engine) on rank 0
 
     def setup(self, address: str) -> bool:
         from oprl.models.loading import resolve_device

@@ -110,9 +110,14 @@ class FlatWeights(dict):
     (torch hands each segment's file descriptor over with a round trip of its own: ~15 ms per snapshot of the
     20-tensor tiny model, on the critical path of every overlapped step)."""
 
+    buffers: dict[torch.dtype, torch.Tensor]
+    layout: list[tuple[str, torch.dtype, int, tuple[int, ...]]]
+    """(name, dtype, offset into that dtype's buffer, shape) per tensor."""
+
     @classmethod
     def copy_of(cls, tensors: dict[str, torch.Tensor], device=None) -> FlatWeights:
-        layout, sizes = [], {}
+        layout: list[tuple[str, torch.dtype, int, tuple[int, ...]]] = []
+        sizes: dict[torch.dtype, int] = {}
         for name, tensor in tensors.items():
             layout.append((name, tensor.dtype, sizes.get(tensor.dtype, 0), tuple(tensor.shape)))
             sizes[tensor.dtype] = sizes.get(tensor.dtype, 0) + tensor.numel()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from oprl.errors import OprlError
 from oprl.io import commit_dir
 from oprl.models.batching import right_pad_values
 from oprl.models.chat import encode_problem
@@ -139,6 +140,15 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
     return {"steps": step, "val_accuracy": accuracy, "seconds": seconds, "history": history}
 
 
+def _demonstration(task: EpisodicTask, problem) -> list[str]:
+    turns = task.demonstration(problem)
+    if turns is None:
+        raise OprlError(
+            f"task {task.name}: the warm start needs a demonstration of every problem; {problem.task_id} has none"
+        )
+    return turns
+
+
 def _examples(tokenizer, task, problems):
     """Supervised targets: ``(prompts, responses, loss masks, sampling limits)``. A single-turn task's response
     is its reference answer; a multi-turn task's is the whole demonstration episode (model and environment
@@ -149,13 +159,11 @@ def _examples(tokenizer, task, problems):
         longest = max(len(a) for a in answers)
         limits = {"max_new_tokens": longest + 4, "max_turns": 1, "max_episode_tokens": longest + 4}
         return [encode_problem(tokenizer, p) for p in problems], answers, [[1] * len(a) for a in answers], limits
-    episodes = [teacher_forced(tokenizer, task, p, task.demonstration(p)) for p in problems]
-    turns = [len(task.demonstration(p)) for p in problems]
-    turn_length = (
-        max(
-            len(tokenizer(r, add_special_tokens=False).input_ids) for p in problems[:200] for r in task.demonstration(p)
-        )
-        + 1
+    demonstrations = [_demonstration(task, p) for p in problems]
+    episodes = [teacher_forced(tokenizer, task, p, d) for p, d in zip(problems, demonstrations, strict=True)]
+    turns = [len(d) for d in demonstrations]
+    turn_length = 1 + max(
+        len(tokenizer(r, add_special_tokens=False).input_ids) for d in demonstrations[:200] for r in d
     )
     limits = {
         "max_new_tokens": turn_length + 4,

@@ -184,7 +184,8 @@ def split_rows(
         if file is None:
             if path is None:
                 raise OprlError(f"task.source=files needs task.{split}_file or task.path (a directory of split files)")
-            file, key = find_split_file(path, split, key="task.path"), "task.path"
+            found = find_split_file(path, split, key="task.path")
+            return read_rows(found, key="task.path"), str(found), "task.path"
         return read_rows(file, key=key), str(file), key
     if source != "hub":
         raise OprlError(f"task.source: {source!r} is not available for this task")
@@ -211,7 +212,7 @@ def load_problems(split: str, convert, *, limit: int | None, **source) -> tuple[
     """
     rows, where, key = split_rows(split, **source)
     report = RowReport(where)
-    problems = []
+    problems: list[Any] = []
     for row in rows:
         problem, reason = convert(split, row)
         if problem is None:

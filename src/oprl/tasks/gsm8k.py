@@ -30,7 +30,7 @@ from oprl.tasks.rewards import (
     r1_rewards,
 )
 from oprl.tasks.verified import VerifiedDataTask
-from oprl.tasks.verify import VerifierPool, require_math_verify
+from oprl.tasks.verify import require_math_verify
 from oprl.tasks.word_problems import generate_rows
 
 SYNTHETIC_SIZES = {"train": 2000, "test": 500}
@@ -53,9 +53,9 @@ class GSM8kTask(VerifiedDataTask):
             self._splits = self._synthetic()
         else:
             self._splits = {split: self._load(split) for split in ("train", "test")}
-        self._pool: VerifierPool | None = None
+        self._pool = None
 
-    def _problem(self, split: str, row: Row) -> tuple[Problem | None, str]:
+    def _problem(self, split: str, row: Row) -> tuple[Problem | None, str | None]:
         c = self.config
         question, reason = string_field(row, c.question_field)
         if question is None:
@@ -89,7 +89,8 @@ class GSM8kTask(VerifiedDataTask):
                 operations=c.synthetic_operations,
                 exclude=seen,
             )
-            splits[split] = [self._problem(split, Row(i, r))[0] for i, r in enumerate(rows, start=1)]
+            converted = [self._problem(split, Row(i, r))[0] for i, r in enumerate(rows, start=1)]
+            splits[split] = [p for p in converted if p is not None]  # every generated row converts (tested)
             self.skipped[split] = {}
         return splits
 

@@ -22,7 +22,7 @@ from oprl.tasks.config import MathTaskConfig, task_section
 from oprl.tasks.datafiles import Row, string_field
 from oprl.tasks.rewards import boxed_rewards, last_boxed
 from oprl.tasks.verified import VerifiedDataTask
-from oprl.tasks.verify import VerifierPool, require_math_verify
+from oprl.tasks.verify import require_math_verify
 
 
 class MathTask(VerifiedDataTask):
@@ -37,9 +37,9 @@ class MathTask(VerifiedDataTask):
         """Per split, the skipped row numbers and why (also reported as one warning per split)."""
         require_math_verify(self.name)
         self._splits = {split: self._load(split) for split in ("train", "test")}
-        self._pool: VerifierPool | None = None
+        self._pool = None
 
-    def _problem(self, split: str, row: Row) -> tuple[Problem | None, str]:
+    def _problem(self, split: str, row: Row) -> tuple[Problem | None, str | None]:
         c = self.config
         statement, reason = string_field(row, c.problem_field)
         if statement is None:
@@ -51,7 +51,7 @@ class MathTask(VerifiedDataTask):
         if not reference:
             return None, f"no \\boxed{{}} answer in {c.answer_field!r}"
         user = statement.strip() + (f"\n{c.instruction}" if c.instruction else "")
-        messages = ({"role": "user", "content": user},)
+        messages: tuple[dict[str, str], ...] = ({"role": "user", "content": user},)
         if c.system_prompt:
             messages = ({"role": "system", "content": c.system_prompt}, *messages)
         return Problem(task_id=f"{self.name}/{split}/{row.number:06d}", messages=messages, answer=reference), ""

@@ -10,14 +10,25 @@ train_file, test_file, train_size, test_size, verify_workers, verify_timeout) an
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem
-from oprl.tasks.datafiles import load_problems
+from oprl.tasks.datafiles import Row, load_problems
 from oprl.tasks.verify import VerifierPool
 
 
 class VerifiedDataTask:
+    config: Any  # the task's section, with the fields of _ReasoningTaskConfig
+    name: str
+    skipped: dict[str, dict[int, str]]
+    _splits: dict[str, list[Problem]]
+    _pool: VerifierPool | None
+
+    def _problem(self, split: str, row: Row) -> tuple[Problem | None, str | None]:
+        """``(problem, None)``, or ``(None, why the row is unusable)``: each task converts its own rows."""
+        raise NotImplementedError
+
     def _load(self, split: str) -> list[Problem]:
         c = self.config
         problems, self.skipped[split] = load_problems(

@@ -128,14 +128,14 @@ class WorkerPool:
                     outcome = worker.poll()
                     if outcome is None:
                         continue
-                    index, reply = outcome
-                    if index is not None:
-                        results[index] = reply
+                    settled, reply = outcome
+                    if settled is not None:
+                        results[settled] = reply
                     if not worker.alive:
                         self._workers[slot] = self._worker()
         finally:
             selector.close()
-        return results  # type: ignore[return-value]
+        return [r if r is not None else {"verdict": "error", "error": "no reply"} for r in results]
 
     def _wait(self, selector: selectors.BaseSelector) -> None:
         """Block until some worker has output or the earliest deadline passes."""
@@ -182,9 +182,11 @@ class VerifierPool(WorkerPool):
                 self._cache[job] = verdict
             for index in todo[job]:
                 verdicts[index] = verdict
-        for verdict in verdicts:
-            self.counts[verdict] += 1
-        return verdicts  # type: ignore[return-value]
+        settled = [v for v in verdicts if v is not None]
+        assert len(settled) == len(verdicts)  # every job was cached or has just been checked
+        for v in settled:
+            self.counts[v] += 1
+        return settled
 
 
 def _verdict(reply: dict) -> str:
@@ -208,7 +210,8 @@ class _Worker:
             bufsize=0,
             env=env,
         )
-        self.stdout = self.process.stdout
+        assert self.process.stdin is not None and self.process.stdout is not None  # both are pipes (PIPE above)
+        self.stdin, self.stdout = self.process.stdin, self.process.stdout
         os.set_blocking(self.stdout.fileno(), False)
         self.buffer = b""
         self.ready = False
@@ -222,7 +225,7 @@ class _Worker:
         self.deadline = time.monotonic() + timeout
         message = json.dumps(request) + "\n"
         with contextlib.suppress(OSError):  # the worker is gone; poll() reports it
-            self.process.stdin.write(message.encode())
+            self.stdin.write(message.encode())
 
     def poll(self) -> tuple[int | None, dict] | None:
         """``(job index, reply)`` once the current job is settled, else None. Start-up failure raises."""
