@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -209,9 +209,11 @@ class Trainer:
             # Multi-turn episodes: environment tokens are context only; every term below sees model tokens only.
             mask = mask & loss_mask_of(rows, mask.shape[1]).to(device)
         behavior = right_pad_values([e.behavior_logprobs for e in rows], mask.shape[1]).to(device)  # (B, T)
-        proximal_logprobs = None if proximal is None else right_pad_values(proximal, mask.shape[1]).to(device)
+        proximal_kwargs: dict[str, Any] = {}  # only decoupled PPO passes π_prox
+        if proximal is not None:
+            proximal_kwargs["proximal_logprobs"] = right_pad_values(proximal, mask.shape[1]).to(device)  # (B, T)
         loss, metrics = policy_loss(
-            logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs, proximal_logprobs=proximal_logprobs
+            logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs, **proximal_kwargs
         )
         agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
         out = {f"loss/{k}": float(v) for k, v in metrics.items()}
