@@ -23,7 +23,7 @@ import ray
 from oprl.errors import OprlError
 
 
-class _Host:
+class _HostWorker:
     """Builds one worker inside its actor process and forwards method calls to it."""
 
     def __init__(self, factory, args, threads):
@@ -40,7 +40,7 @@ class _Host:
         return getattr(self.worker, method)(*args)
 
 
-_RemoteHost = ray.remote(_Host)  # the actor class (ray.remote returns a new class with .options)
+_Host = ray.remote(_HostWorker)  # the actor class (ray.remote returns a new class with .options)
 
 
 class RayActor:
@@ -78,7 +78,7 @@ class RayBackend:
         """``gpus``: GPUs the actor requests (Ray sets its CUDA_VISIBLE_DEVICES; an explorer's vLLM engine
         then runs on them)."""
         options = {"num_cpus": self.cpus_per_worker if compute else 0} | ({"num_gpus": gpus} if gpus else {})
-        handle = _RemoteHost.options(**options).remote(factory, args, threads)
+        handle = _Host.options(**options).remote(factory, args, threads)
         return RayActor(name, handle)
 
     def wait_ready(self, actor: RayActor) -> None:
