@@ -54,7 +54,11 @@ print(json.dumps({
 
 
 def measure(chunk_bytes: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20)}
+    # A minimal environment: earlier tests in the same session may leave allocator settings in os.environ
+    # (vLLM's CPU platform preloads tcmalloc for its engine processes), under which RSS no longer follows tensors.
+    keep = ("PATH", "HOME", "PYTHONPATH", "TMPDIR")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env |= {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20)}
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(chunk_bytes)], capture_output=True, text=True, timeout=300, env=env
     )
