@@ -1,6 +1,6 @@
 """Log-probs with a large vocabulary never hold a (batch, length, vocab) float32 tensor, forward or backward.
 
-Peak memory is read as the growth of the process's maximum resident set size over one forward + backward,
+Peak memory is read as the growth of the process's peak resident set size (VmHWM) over one forward + backward,
 in a fresh subprocess with glibc's mmap threshold pinned at 1 MiB: large blocks are then always mapped and
 returned to the system when freed, so the resident set follows live tensors instead of allocator caching.
 The same measurement with chunking switched off must see at least one full tensor, which shows it can fail.
@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 SCRIPT = r"""
-import json, resource, sys, torch
+import json, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from oprl.models.logprobs import pack, response_logprobs
 
@@ -32,7 +32,10 @@ def run(chunk_bytes):
     return logprobs.detach(), entropy, [p.grad.clone() for p in model.parameters()]
 
 def rss_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM is this image's own peak. getrusage's ru_maxrss is not: Linux carries the pre-exec peak over
+    # execve, i.e. the forking pytest process's resident set, which in a full suite exceeds what is measured.
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
 
 before = rss_mib()
 chunked, entropy, grads = run(int(sys.argv[1]))
