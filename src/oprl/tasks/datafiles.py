@@ -211,6 +211,12 @@ def load_problems(split: str, convert, *, limit: int | None, **source) -> tuple[
     ``source`` are the keyword arguments of ``split_rows``.
     """
     rows, where, key = split_rows(split, **source)
+    return convert_rows(split, rows, convert, limit=limit, where=where, key=key)
+
+
+def convert_rows(split: str, rows: list[Row], convert, *, limit: int | None, where: str, key: str):
+    """``convert(split, row)`` over ``rows``, keeping the first ``limit`` usable problems (None = all); skipped
+    rows are reported once (``RowReport``, blaming ``key``). Returns ``(problems, {row: reason})``."""
     report = RowReport(where)
     problems: list[Any] = []
     for row in rows:

@@ -22,7 +22,7 @@ from typing import Any
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import DatasetTaskConfig, task_section
-from oprl.tasks.datafiles import Row, RowReport, datasets_rows, read_rows
+from oprl.tasks.datafiles import Row, convert_rows, datasets_rows, read_rows
 from oprl.tasks.user_reward import UserRewards
 
 RESERVED = ("prompt", "completion", "reference")
@@ -76,18 +76,8 @@ class DatasetTask:
                 raise OprlError(
                     f"task.{setting}: no column {column!r} in {where} (columns: {', '.join(sorted(columns))})"
                 )
-        report = RowReport(where)
-        problems: list[Problem] = []
         limit = c.train_size if split == "train" else c.test_size
-        for row in rows:
-            problem, reason = self._problem(split, row)
-            if problem is None:
-                report.skip(row, reason)
-            elif limit is None or len(problems) < limit:
-                problems.append(problem)
-        report.kept = len(problems)
-        report.finish(key=key)
-        self.skipped[split] = report.skipped
+        problems, self.skipped[split] = convert_rows(split, rows, self._problem, limit=limit, where=where, key=key)
         return problems
 
     def _problem(self, split: str, row: Row) -> tuple[Problem | None, str]:
