@@ -46,34 +46,17 @@ class ArithmeticTask:
         self._splits = self._generate()
 
     def _generate(self) -> dict[str, list[Problem]]:
-        rng = random.Random(self.config.seed)
-        seen: set[str] = set()
-        splits: dict[str, list[Problem]] = {"test": [], "train": []}
-        # Test first so its content does not depend on train_size: growing the train set never moves a
-        # problem between splits.
-        for split, size in (("test", self.config.test_size), ("train", self.config.train_size)):
-            while len(splits[split]) < size:
-                expression = self._sample_expression(rng)
-                if expression in seen:
-                    continue
-                seen.add(expression)
-                index = len(splits[split])
-                splits[split].append(
-                    Problem(
-                        task_id=f"{self.name}/{split}/{index:06d}",
-                        messages=({"role": "user", "content": expression + "="},),
-                        answer=str(_evaluate(expression)),
-                    )
-                )
-        return splits
-
-    def _sample_expression(self, rng: random.Random) -> str:
         c = self.config
-        parts = [str(rng.randint(0, c.max_value))]
-        for _ in range(c.num_operands - 1):
-            parts.append(rng.choice(c.operators))
-            parts.append(str(rng.randint(0, c.max_value)))
-        return "".join(parts)
+        return expression_splits(
+            self.name,
+            random.Random(c.seed),
+            test_size=c.test_size,
+            train_size=c.train_size,
+            low=0,
+            high=c.max_value,
+            operators=c.operators,
+            num_operands=c.num_operands,
+        )
 
     def problems(self, split: str) -> Sequence[Problem]:
         if split not in self._splits:
@@ -104,3 +87,38 @@ def _evaluate(expression: str) -> int:
             terms.append(int(number))
             signs.append(1 if op == "+" else -1)
     return sum(s * t for s, t in zip(signs, terms, strict=True))
+
+
+def expression_splits(
+    name: str,
+    rng: random.Random,
+    *,
+    test_size: int,
+    train_size: int,
+    low: int,
+    high: int,
+    operators: str,
+    num_operands: int,
+) -> dict[str, list[Problem]]:
+    """Distinct expressions of ``num_operands`` integers in [low, high] joined by ``operators``, drawn from
+    ``rng`` into a test and a train split (no expression in both). Test first, so its content does not depend
+    on train_size: growing the train set never moves a problem between splits."""
+    seen: set[str] = set()
+    splits: dict[str, list[Problem]] = {"test": [], "train": []}
+    for split, size in (("test", test_size), ("train", train_size)):
+        while len(splits[split]) < size:
+            parts = [str(rng.randint(low, high))]
+            for _ in range(num_operands - 1):
+                parts += [rng.choice(operators), str(rng.randint(low, high))]
+            expression = "".join(parts)
+            if expression in seen:
+                continue
+            seen.add(expression)
+            splits[split].append(
+                Problem(
+                    task_id=f"{name}/{split}/{len(splits[split]):06d}",
+                    messages=({"role": "user", "content": expression + "="},),
+                    answer=str(_evaluate(expression)),
+                )
+            )
+    return splits

@@ -25,7 +25,7 @@ import re
 from collections.abc import Sequence
 
 from oprl.errors import OprlError
-from oprl.tasks.arithmetic import _evaluate
+from oprl.tasks.arithmetic import _evaluate, expression_splits
 from oprl.tasks.base import Problem, Reward, Step
 from oprl.tasks.config import ToolArithmeticTaskConfig, task_section
 
@@ -89,25 +89,17 @@ class ToolArithmeticTask:
         self._splits = self._generate()
 
     def _generate(self) -> dict[str, list[Problem]]:
-        c, rng, seen = self.config, random.Random(self.config.seed), set()
-        splits: dict[str, list[Problem]] = {"test": [], "train": []}
-        for split, size in (("test", c.test_size), ("train", c.train_size)):  # test first: fixed by the seed alone
-            while len(splits[split]) < size:
-                parts = [str(rng.randint(c.min_value, c.max_value))]
-                for _ in range(c.num_operands - 1):
-                    parts += [rng.choice(c.operators), str(rng.randint(c.min_value, c.max_value))]
-                expression = "".join(parts)
-                if expression in seen:
-                    continue
-                seen.add(expression)
-                splits[split].append(
-                    Problem(
-                        task_id=f"{self.name}/{split}/{len(splits[split]):06d}",
-                        messages=({"role": "user", "content": expression + "="},),
-                        answer=str(_evaluate(expression)),
-                    )
-                )
-        return splits
+        c = self.config
+        return expression_splits(
+            self.name,
+            random.Random(c.seed),
+            test_size=c.test_size,
+            train_size=c.train_size,
+            low=c.min_value,
+            high=c.max_value,
+            operators=c.operators,
+            num_operands=c.num_operands,
+        )
 
     def problems(self, split: str) -> Sequence[Problem]:
         if split not in self._splits:
