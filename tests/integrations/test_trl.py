@@ -79,6 +79,32 @@ def test_loss_on_a_batch_equals_oprl_policy_loss(tmp_path, preset):
     assert torch.allclose(loss, expected, atol=1e-6), (float(loss), float(expected))
 
 
+def test_decoupled_ppo_takes_the_proximal_from_old_per_token_logps(tmp_path):
+    """decoupled-ppo: behaviour = TRL's sampler log-probs, π_prox = its old_per_token_logps (the trainer's own,
+    before the update), as oprl's trainer would pass them; without recompute_proximal the same batch's loss
+    differs (the behaviour weight and the clip move)."""
+    trainer = make_trainer(tmp_path, "decoupled-ppo")
+    trainer.model.train()
+    batch = sorted([{"prompt": f"{i}+{i}="} for i in range(2)] * 4, key=lambda row: row["prompt"])
+    inputs = trainer._generate_and_score_completions(batch)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    width = inputs["completion_ids"].size(1)
+    logits = trainer.model(input_ids=ids, attention_mask=attention).logits[:, -width - 1 : -1]
+    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, inputs["completion_ids"][..., None])[..., 0]
+    noise = torch.Generator().manual_seed(1)
+    proximal = logprobs.detach() + 0.4 * (torch.rand(logprobs.shape, generator=noise) - 0.5)
+    sampling = proximal + 0.8 * (torch.rand(logprobs.shape, generator=noise) - 0.5)
+    inputs["old_per_token_logps"], inputs["sampling_per_token_logps"] = proximal, sampling
+    _, loss_kwargs = split_settings(resolve_preset("decoupled-ppo"))
+    mask = inputs["completion_mask"].to(logprobs.dtype)
+    expected, _ = policy_loss(logprobs, sampling, inputs["advantages"], mask, proximal_logprobs=proximal, **loss_kwargs)
+    without, _ = policy_loss(logprobs, sampling, inputs["advantages"], mask, **loss_kwargs)
+    assert not torch.allclose(expected, without, atol=1e-4)
+    loss = trainer.compute_loss(trainer.model, inputs)
+    assert torch.allclose(loss, expected, atol=1e-6), (float(loss), float(expected))
+
+
 def test_a_few_steps_train_the_tiny_model(tmp_path):
     trainer = make_trainer(tmp_path, "rec-oneside-nois", steps=3)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}

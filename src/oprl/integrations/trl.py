@@ -11,7 +11,10 @@ accelerate / DeepSpeed / FSDP, logging, checkpoints. Two methods change:
 - the loss of each micro-batch is ``oprl.algorithms.policy_loss(logprobs, behavior, advantages, mask)``
   divided by the gradient-accumulation steps (as TRL does). ``behavior`` is the sampler's log-probs when TRL
   records them (vLLM), else TRL's ``old_per_token_logps`` (``num_iterations > 1``), else the current
-  log-probs detached (on-policy: ρ = 1).
+  log-probs detached (on-policy: ρ = 1). Presets with ``recompute_proximal`` (``decoupled-ppo``) also get
+  ``proximal_logprobs``: TRL's ``old_per_token_logps``, the trainer's own log-probs computed before the
+  batch's first update (π_prox; TRL computes them with vLLM or ``num_iterations > 1``), else the current
+  log-probs detached (then π_prox = π_θ).
 
 Supported: TRL 1.x (tested with 1.16 on CPU), ``beta = 0`` (TRL's default; oprl's presets regularise
 through the loss instead of a reference model), text models. ``pip install 'oprl[trl]'``.
@@ -87,9 +90,15 @@ class OprlGRPOTrainer(GRPOTrainer):
         mask = inputs["completion_mask"] * inputs["oprl_keep"][:, None].to(logprobs.dtype)
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
-        behavior = inputs.get("sampling_per_token_logps", inputs.get("old_per_token_logps"))
+        old = inputs.get("old_per_token_logps")
+        behavior = inputs.get("sampling_per_token_logps", old)
         behavior = logprobs.detach() if behavior is None else behavior
-        loss, metrics = policy_loss(logprobs, behavior, inputs["advantages"], mask, **self.loss_kwargs)
+        proximal = None
+        if self.oprl_settings["recompute_proximal"]:  # decoupled PPO: clip around π_prox, weight π_prox/π_b
+            proximal = logprobs.detach() if old is None else old
+        loss, metrics = policy_loss(
+            logprobs, behavior, inputs["advantages"], mask, proximal_logprobs=proximal, **self.loss_kwargs
+        )
         mode = "train" if self.model.training else "eval"
         for name, value in metrics.items():
             self._metrics[mode][f"oprl/{name}"].append(float(value))

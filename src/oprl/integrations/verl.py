@@ -3,9 +3,11 @@
 - policy loss ``oprl-<preset>`` (``actor_rollout_ref.actor.policy_loss.loss_mode=oprl-rec-oneside-nois``):
   ``oprl.algorithms.policy_loss(log_prob, old_log_prob, A, response_mask)`` with the preset's settings.
   verl's advantages are (bs, T) with one value per response on its tokens; A (bs,) is their masked mean.
-  The behaviour log-probs are verl's ``old_log_prob``. verl's ``loss_agg_mode`` picks the aggregation, and
-  ``config.global_batch_info`` (dp size, global token / sequence counts) rescales the micro-batch mean the
-  way verl's ``agg_loss`` does, so gradient accumulation and data parallelism give the global-batch loss.
+  The behaviour log-probs are verl's ``old_log_prob`` (by default the actor's recomputation before the
+  update, not the rollout's: ``decoupled-ppo`` then has no behaviour weight, docs/api.md). verl's
+  ``loss_agg_mode`` picks the aggregation, and ``config.global_batch_info`` (dp size, global token / sequence
+  counts) rescales the micro-batch mean the way verl's ``agg_loss`` does, so gradient accumulation and data
+  parallelism give the global-batch loss.
 - advantage estimator ``oprl-<preset>`` (``algorithm.adv_estimator=oprl-rec-oneside-nois``):
   ``oprl.algorithms.group_advantages`` of the summed token rewards, groups = verl's ``index`` (the prompt
   ``uid``s), broadcast over ``response_mask``. verl has no per-response keep mask, so RED-Drop's dropped
