@@ -13,6 +13,7 @@ from oprl.config import load_config
 from oprl.runtime.buffer import ExperienceBuffer
 from oprl.runtime.driver import Driver
 from oprl.runtime.experience import Experience
+from oprl.runtime.explorer import ExploreResult, Timing
 from oprl.runtime.failure import WorkerFailure
 from oprl.runtime.local import LocalBackend
 from oprl.runtime.schedule import policy_version
@@ -60,18 +61,9 @@ class FakeExplorer:
             )
             for i in range(GROUPS * K)
         ]
-        info = {
-            "generate_s": 0.0,
-            "reward_s": 0.0,
-            "generated_tokens": 8.0,
-            "sync_s": 0.0,
-            "explorer": self.index,
-            "batch": batch,
-            "version": version,
-            "summary": {"reward/mean": 0.5},
-            "clock": {"busy_s": 0.0, "idle_s": 0.0},
-        }
-        return experiences, info
+        timing = Timing(generate_s=0.0, reward_s=0.0, generated_tokens=8.0)
+        result = ExploreResult(self.index, batch, version, timing, 0.0, {"reward/mean": 0.5}, busy_s=0.0, idle_s=0.0)
+        return experiences, result
 
 
 class FakeTrainer:

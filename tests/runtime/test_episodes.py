@@ -145,7 +145,7 @@ def test_explorer_groups_k_episodes_per_problem(task, tokenizer):
     experiences, timing = explorer.explore(step=2, version=5)
     assert [e.group_id for e in experiences] == [2, 2, 2, 3, 3, 3]
     assert all(e.loss_mask is not None and e.extra["turns"] == 2 and e.policy_version == 5 for e in experiences)
-    assert timing["generated_tokens"] == sum(sum(e.loss_mask) for e in experiences)
+    assert timing.generated_tokens == sum(sum(e.loss_mask) for e in experiences)
     rewards = torch.tensor([e.reward for e in experiences])
     adv = group_advantages(rewards, torch.tensor([e.group_id for e in experiences]))
     for group in (slice(0, 3), slice(3, 6)):

@@ -25,12 +25,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oprl.runtime import checkpoint as ckpt
 from oprl.runtime.failure import WorkerFailure
 from oprl.runtime.resume import CheckpointWriter, resume_hint
 from oprl.runtime.schedule import lag
+
+if TYPE_CHECKING:
+    from oprl.runtime.explorer import ExploreResult  # annotations only: the driver never builds one
 
 
 @dataclass
@@ -104,19 +107,20 @@ class PerfClock:
 
     def __init__(self, explorers: int):
         self.started = self.last_step_time = time.perf_counter()
-        self.explorer_clock = [{"busy_s": 0.0, "idle_s": 0.0} for _ in range(explorers)]
+        self.explorer_clock = [(0.0, 0.0)] * explorers
+        """Each explorer's (busy, idle) seconds since it started, as of its last result."""
         self.last_totals = {"explorer": (0.0, 0.0), "trainer": (0.0, 0.0)}
-        self.batch_info: dict[int, dict] = {}
+        self.explored_batches: dict[int, ExploreResult] = {}
 
-    def explored(self, explorer: int, batch: int, info: dict) -> None:
-        """Record an explorer's result ``info`` (timing, its clock, the batch summary)."""
-        self.explorer_clock[explorer] = info.pop("clock")
-        self.batch_info[batch] = info
+    def explored(self, result: ExploreResult) -> None:
+        """Record an explorer's result (its clock, the batch's timing and summary) until the batch's row."""
+        self.explorer_clock[result.explorer] = (result.busy_s, result.idle_s)
+        self.explored_batches[result.batch] = result
 
     def explore_row(self, batch: int) -> dict[str, float]:
         """The row of batch ``batch`` in mode=explore: its summary and generation timing."""
-        info = self.batch_info.pop(batch)
-        return info["summary"] | self._generation(info) | self._explorers()
+        result = self.explored_batches.pop(batch)
+        return result.summary | self._generation(result) | self._explorers()
 
     def step_row(self, row: dict, step: int, with_explorers: bool) -> dict[str, float]:
         """The ``perf/*`` columns of trainer step ``step`` (consumes the trainer's clock totals in ``row``)."""
@@ -131,8 +135,8 @@ class PerfClock:
             "perf/step_s": now - self.last_step_time,
         }
         self.last_step_time = now
-        if step in self.batch_info:
-            out.update(self._generation(self.batch_info.pop(step)))
+        if step in self.explored_batches:
+            out.update(self._generation(self.explored_batches.pop(step)))
         if with_explorers:
             out.update(self._explorers())
         else:
@@ -140,8 +144,8 @@ class PerfClock:
         return out
 
     def _explorers(self) -> dict[str, float]:
-        busy = sum(c["busy_s"] for c in self.explorer_clock)
-        idle = sum(c["idle_s"] for c in self.explorer_clock)
+        busy = sum(b for b, _ in self.explorer_clock)
+        idle = sum(i for _, i in self.explorer_clock)
         last_busy, last_idle = self.last_totals["explorer"]
         self.last_totals["explorer"] = (busy, idle)
         return {
@@ -152,12 +156,13 @@ class PerfClock:
         }
 
     @staticmethod
-    def _generation(info: dict) -> dict[str, float]:
+    def _generation(result: ExploreResult) -> dict[str, float]:
+        timing = result.timing
         return {
-            "perf/generate_s": info["generate_s"],
-            "perf/reward_s": info["reward_s"],
-            "perf/sync_s": info["sync_s"],
-            "perf/generate_tokens_per_s": info["generated_tokens"] / max(info["generate_s"], 1e-9),
+            "perf/generate_s": timing.generate_s,
+            "perf/reward_s": timing.reward_s,
+            "perf/sync_s": result.sync_s,
+            "perf/generate_tokens_per_s": timing.generated_tokens / max(timing.generate_s, 1e-9),
         }
 
 
@@ -280,9 +285,9 @@ class Driver:
             self.pending.pop(0)
             self.holding[index] += 1
             weights = self.sync.weights_for(index, version)
-            experiences, info = self.explorers[index].call("explore", batch, version, weights, num_returns=2)
+            experiences, result = self.explorers[index].call("explore", batch, version, weights, num_returns=2)
             self._submit(
-                info,
+                result,
                 Call(
                     "explore",
                     f"explorer {index}",
@@ -308,9 +313,9 @@ class Driver:
             self.training = True
 
     # -- completions -------------------------------------------------------------------------------------
-    def _on_explore(self, call: Call, info: dict) -> None:
+    def _on_explore(self, call: Call, result: ExploreResult) -> None:
         batch = call.batch
-        self.perf.explored(call.explorer, batch, info)
+        self.perf.explored(result)
         put = self.buffer.call("put", batch, call.experiences, not self.explore_only)
         self._submit(put, Call("put", "buffer", f"while storing batch {batch}", batch=batch))
         if not self.explore_only:

@@ -4,13 +4,17 @@
 It walks the train split in seeded epoch-wise permutations (so every problem is seen once per epoch) and
 seeds each batch's sampling from (run seed, trainer step), which makes a batch independent of when it is
 generated: the same step gets the same prompts and random stream in any execution order.
+
+A batch comes back as its experiences plus an ``ExploreResult`` (where, when and how fast it was generated,
+its summary), which the driver turns into the row's ``perf/*``, ``reward/*`` and ``response/*`` columns.
+Both are plain dataclasses, so they pickle across process and Ray workers.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from dataclasses import dataclass
 
 from oprl.config import RunConfig
 from oprl.models.chat import encode_problem
@@ -20,6 +24,36 @@ from oprl.runtime.schedule import stream_seed
 from oprl.runtime.transport import Clock, load_model, make_engine
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
+
+
+@dataclass
+class Timing:
+    """How one batch was generated (``Explorer.explore``)."""
+
+    generate_s: float
+    """Wall seconds of sampling (multi-turn: of the whole episodes, environment and scoring included)."""
+    reward_s: float
+    """Wall seconds of scoring the responses (0 for episodes: their rewards come with them)."""
+    generated_tokens: float
+    """Response tokens sampled (episodes: the tokens the policy wrote, ``sum(loss_mask)``)."""
+
+
+@dataclass
+class ExploreResult:
+    """What ``ExplorerWorker.explore`` reports next to a batch's experiences."""
+
+    explorer: int
+    batch: int
+    version: int
+    """The policy version the batch was sampled from."""
+    timing: Timing
+    sync_s: float
+    """Seconds spent loading the weights sent with the call (0 when none were sent)."""
+    summary: dict[str, float]
+    """``batch_metrics`` of the experiences: the ``reward/*`` and ``response/*`` columns."""
+    busy_s: float
+    idle_s: float
+    """The explorer's clock (``transport.Clock``) since it started: busy inside calls, idle between them."""
 
 
 class Explorer:
@@ -62,7 +96,7 @@ class Explorer:
             self._perm_epoch, self._perm = epoch, order
         return self._perm
 
-    def explore(self, step: int, version: int) -> tuple[list[Experience], dict[str, float]]:
+    def explore(self, step: int, version: int) -> tuple[list[Experience], Timing]:
         """Experiences for trainer step ``step`` sampled from the current weights (``version``)."""
         start = time.perf_counter()
         problems = self.problems_for_step(step)
@@ -89,14 +123,9 @@ class Explorer:
             for i in range(len(rows))
         ]
         tokens = sum(len(r) for r in rollout.response_ids)
-        timing = {
-            "generate_s": generated - start,
-            "reward_s": time.perf_counter() - generated,
-            "generated_tokens": float(tokens),
-        }
-        return experiences, timing
+        return experiences, Timing(generated - start, time.perf_counter() - generated, float(tokens))
 
-    def _explore_episodes(self, step: int, version: int, rows, start: float):
+    def _explore_episodes(self, step: int, version: int, rows, start: float) -> tuple[list[Experience], Timing]:
         """Multi-turn: K episodes per problem against the task's environment (``oprl.runtime.episodes``)."""
         episodes = run_episodes(
             self.engine,
@@ -124,12 +153,8 @@ class Explorer:
             )
             for i, e in enumerate(episodes)
         ]
-        timing = {
-            "generate_s": time.perf_counter() - start,
-            "reward_s": 0.0,  # rewards come with the episodes
-            "generated_tokens": float(sum(sum(e.loss_mask) for e in episodes)),
-        }
-        return experiences, timing
+        tokens = float(sum(sum(e.loss_mask) for e in episodes))
+        return experiences, Timing(time.perf_counter() - start, 0.0, tokens)  # rewards come with the episodes
 
     def _encode(self, problem) -> list[int]:
         if problem.task_id not in self._prompt_cache:
@@ -160,8 +185,9 @@ class ExplorerWorker:
     def ping(self) -> int:
         return self.index
 
-    def explore(self, batch: int, version: int, weights: dict | None = None):
-        """``(experiences, info)`` for batch ``batch``, loading ``weights`` (version ``version``) first if given."""
+    def explore(self, batch: int, version: int, weights: dict | None = None) -> tuple[list[Experience], ExploreResult]:
+        """The experiences of batch ``batch`` and their ``ExploreResult``, loading ``weights`` (version
+        ``version``) first if given."""
         with self.clock.work():
             start = time.perf_counter()
             if weights is not None:
@@ -170,11 +196,16 @@ class ExplorerWorker:
             experiences, timing = self.explorer.explore(batch, version)
             for exp in experiences:
                 exp.extra["explorer"] = self.index
-        info: dict[str, Any] = timing | {
-            "sync_s": synced - start,
-            "explorer": self.index,
-            "batch": batch,
-            "version": version,
-        }
-        info["summary"] = batch_metrics(experiences)
-        return experiences, info | {"clock": self.clock.totals()}
+        summary = batch_metrics(experiences)
+        clock = self.clock.totals()
+        result = ExploreResult(
+            explorer=self.index,
+            batch=batch,
+            version=version,
+            timing=timing,
+            sync_s=synced - start,
+            summary=summary,
+            busy_s=clock["busy_s"],
+            idle_s=clock["idle_s"],
+        )
+        return experiences, result
