@@ -33,30 +33,7 @@ class ArithmeticTask:
     def __init__(self, config: ArithmeticTaskConfig | None = None, **fields) -> None:
         self.config = c = task_section(ArithmeticTaskConfig, config, fields)
         self.name = c.name
-        bad = set(c.operators) - set("+-*")
-        if not c.operators or bad:
-            raise OprlError(f"task.operators: {c.operators!r} must be a non-empty string of '+', '-', '*'")
-        space = (c.max_value + 1) ** c.num_operands * len(c.operators) ** (c.num_operands - 1)
-        if c.train_size + c.test_size > 0.8 * space:
-            raise OprlError(
-                f"task: train_size + test_size = {c.train_size + c.test_size} is too large for "
-                f"max_value={c.max_value}, num_operands={c.num_operands} ({space} distinct expressions); "
-                "raise max_value or num_operands"
-            )
-        self._splits = self._generate()
-
-    def _generate(self) -> dict[str, list[Problem]]:
-        c = self.config
-        return expression_splits(
-            self.name,
-            random.Random(c.seed),
-            test_size=c.test_size,
-            train_size=c.train_size,
-            low=0,
-            high=c.max_value,
-            operators=c.operators,
-            num_operands=c.num_operands,
-        )
+        self._splits = expression_task_splits(c, low=0, max_share=0.8)
 
     def problems(self, split: str) -> Sequence[Problem]:
         if split not in self._splits:
@@ -87,6 +64,34 @@ def _evaluate(expression: str) -> int:
             terms.append(int(number))
             signs.append(1 if op == "+" else -1)
     return sum(s * t for s, t in zip(signs, terms, strict=True))
+
+
+def expression_task_splits(c, *, low: int, max_share: float) -> dict[str, list[Problem]]:
+    """The splits of an expression task's section ``c`` (name, operators, num_operands, max_value, train_size,
+    test_size, seed), operands drawn from [low, max_value]: ``expression_splits`` after checking the section.
+    The two splits may take at most ``max_share`` of the S = (max_value - low + 1)^n * |operators|^(n-1)
+    distinct expressions of n operands: drawing distinct expressions from a nearly exhausted space would
+    reject almost every draw."""
+    bad = set(c.operators) - set("+-*")
+    if not c.operators or bad:
+        raise OprlError(f"task.operators: {c.operators!r} must be a non-empty string of '+', '-', '*'")
+    n, wanted = c.num_operands, c.train_size + c.test_size
+    space = (c.max_value - low + 1) ** n * len(c.operators) ** (n - 1)
+    if wanted > max_share * space:
+        raise OprlError(
+            f"task: train_size + test_size = {wanted} is too large for operands {low}..{c.max_value}, "
+            f"num_operands={n} ({space} distinct expressions); raise max_value or num_operands"
+        )
+    return expression_splits(
+        c.name,
+        random.Random(c.seed),
+        test_size=c.test_size,
+        train_size=c.train_size,
+        low=low,
+        high=c.max_value,
+        operators=c.operators,
+        num_operands=n,
+    )
 
 
 def expression_splits(

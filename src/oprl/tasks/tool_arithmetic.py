@@ -20,12 +20,11 @@ models use ``<tool_call>{json}</tool_call>`` (``task.name=bfcl``), the tiny mode
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Sequence
 
 from oprl.errors import OprlError
-from oprl.tasks.arithmetic import _evaluate, expression_splits
+from oprl.tasks.arithmetic import _evaluate, expression_task_splits
 from oprl.tasks.base import Problem, Reward, Step
 from oprl.tasks.config import ToolArithmeticTaskConfig, task_section
 
@@ -77,29 +76,7 @@ class ToolArithmeticTask:
     def __init__(self, config: ToolArithmeticTaskConfig | None = None, **fields) -> None:
         self.config = c = task_section(ToolArithmeticTaskConfig, config, fields)
         self.name = c.name
-        bad = set(c.operators) - set("+-*")
-        if not c.operators or bad:
-            raise OprlError(f"task.operators: {c.operators!r} must be a non-empty string of '+', '-', '*'")
-        space = (c.max_value - c.min_value + 1) ** c.num_operands * len(c.operators) ** (c.num_operands - 1)
-        if c.train_size + c.test_size > 0.5 * space:
-            raise OprlError(
-                f"task: train_size + test_size = {c.train_size + c.test_size} is too large for "
-                f"{space} distinct expressions; raise max_value or num_operands"
-            )
-        self._splits = self._generate()
-
-    def _generate(self) -> dict[str, list[Problem]]:
-        c = self.config
-        return expression_splits(
-            self.name,
-            random.Random(c.seed),
-            test_size=c.test_size,
-            train_size=c.train_size,
-            low=c.min_value,
-            high=c.max_value,
-            operators=c.operators,
-            num_operands=c.num_operands,
-        )
+        self._splits = expression_task_splits(c, low=c.min_value, max_share=0.5)
 
     def problems(self, split: str) -> Sequence[Problem]:
         if split not in self._splits:
