@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import GSM8kTaskConfig, task_section
-from oprl.tasks.datafiles import Row, string_field
+from oprl.tasks.datafiles import Row
 from oprl.tasks.rewards import (
     NUMBER_SYSTEM_PROMPT,
     R1_SYSTEM_PROMPT,
@@ -57,20 +57,14 @@ class GSM8kTask(VerifiedDataTask):
 
     def _problem(self, split: str, row: Row) -> tuple[Problem | None, str | None]:
         c = self.config
-        question, reason = string_field(row, c.question_field)
-        if question is None:
-            return None, reason
-        answer, reason = string_field(row, c.answer_field)
-        if answer is None:
-            return None, reason
-        reference = gsm8k_reference(answer)
-        if reference is None:
-            return None, f"no number after '####' in {c.answer_field!r}"
-        messages = (
-            {"role": "system", "content": c.system_prompt or SYSTEM_PROMPTS[c.reward]},
-            {"role": "user", "content": question.strip()},
-        )
-        return Problem(task_id=f"{self.name}/{split}/{row.number:06d}", messages=messages, answer=reference), ""
+
+        def messages(question: str) -> tuple[dict[str, str], ...]:
+            return (
+                {"role": "system", "content": c.system_prompt or SYSTEM_PROMPTS[c.reward]},
+                {"role": "user", "content": question.strip()},
+            )
+
+        return self._row_problem(split, row, c.question_field, gsm8k_reference, "no number after '####'", messages)
 
     def _synthetic(self) -> dict[str, list[Problem]]:
         """Generated splits, test first and train excluding every test question: disjoint, and the test

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import MathTaskConfig, task_section
-from oprl.tasks.datafiles import Row, string_field
+from oprl.tasks.datafiles import Row
 from oprl.tasks.rewards import boxed_rewards, last_boxed
 from oprl.tasks.verified import VerifiedDataTask
 from oprl.tasks.verify import require_math_verify
@@ -41,20 +41,13 @@ class MathTask(VerifiedDataTask):
 
     def _problem(self, split: str, row: Row) -> tuple[Problem | None, str | None]:
         c = self.config
-        statement, reason = string_field(row, c.problem_field)
-        if statement is None:
-            return None, reason
-        solution, reason = string_field(row, c.answer_field)
-        if solution is None:
-            return None, reason
-        reference = math_reference(solution)
-        if not reference:
-            return None, f"no \\boxed{{}} answer in {c.answer_field!r}"
-        user = statement.strip() + (f"\n{c.instruction}" if c.instruction else "")
-        messages: tuple[dict[str, str], ...] = ({"role": "user", "content": user},)
-        if c.system_prompt:
-            messages = ({"role": "system", "content": c.system_prompt}, *messages)
-        return Problem(task_id=f"{self.name}/{split}/{row.number:06d}", messages=messages, answer=reference), ""
+
+        def messages(statement: str) -> tuple[dict[str, str], ...]:
+            user = statement.strip() + (f"\n{c.instruction}" if c.instruction else "")
+            system = ({"role": "system", "content": c.system_prompt},) if c.system_prompt else ()
+            return (*system, {"role": "user", "content": user})
+
+        return self._row_problem(split, row, c.problem_field, math_reference, "no \\boxed{} answer", messages)
 
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
         return boxed_rewards(self.verifier, [p.answer for p in problems], responses)
