@@ -113,7 +113,7 @@ class TrainerRank:
             model, tokenizer = load_model(self.config, self.model_path)
             self.replica = model.eval(), make_engine(self.config, model, tokenizer)
             self.task = build_task(self.config.task)
-        self.replica[0].load_state_dict(weights, strict=False)
+        self.replica[1].load_weights(weights)  # the Engine protocol, as an explorer loads a snapshot
         return self.replica
 
     def evaluate(self, step: int) -> dict[str, float] | None:
