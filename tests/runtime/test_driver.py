@@ -11,7 +11,7 @@ import pytest
 
 from oprl.config import load_config
 from oprl.runtime.buffer import ExperienceBuffer
-from oprl.runtime.driver import Driver
+from oprl.runtime.driver import Driver, Schedule
 from oprl.runtime.experience import Experience
 from oprl.runtime.explorer import ExploreResult, Timing
 from oprl.runtime.failure import WorkerFailure
@@ -224,3 +224,32 @@ def test_a_dying_explorer_stops_the_run_naming_it(tmp_path):
 def test_a_dying_trainer_stops_the_run_naming_it(tmp_path):
     with pytest.raises(WorkerFailure, match=r"^trainer failed while training step 3: RuntimeError: out of memory$"):
         drive(tmp_path, ["steps=8", "checkpoint.interval=100"], trainer_fail=3)
+
+
+def test_schedule_moves_batches_forward_and_fills_idle_explorers_first():
+    schedule = Schedule([3, 1, 2, 4], ready=set(), completed=0, explorers=2, capacity=2)
+    assert schedule.pending == [1, 2, 3, 4]
+    placed = []
+    while (index := schedule.explorer_with_room()) is not None:
+        batch = schedule.pending[0]
+        schedule.dispatch(batch, index)
+        placed.append((batch, index))
+    assert placed == [(1, 0), (2, 1), (3, 0), (4, 1)]  # each explorer gets one before either gets a second
+    assert schedule.outstanding() == [1, 2, 3, 4] and not schedule.pending
+    assert schedule.in_reach(None)
+    schedule.explored(2, to_train=True)
+    assert schedule.ready == {2} and schedule.held(1) == 1 and schedule.explorer_with_room() == 1
+    schedule.explored(1, to_train=True)
+    schedule.take(1)
+    assert schedule.training and schedule.ready == {2}
+    schedule.trained(1)
+    assert (schedule.completed, schedule.training, schedule.outstanding()) == (1, False, [3, 4])
+    schedule.explored(3, to_train=False)  # mode=explore: nothing becomes ready
+    assert schedule.ready == {2}
+
+
+def test_schedule_keeps_explorers_within_max_ready_of_the_trainer():
+    schedule = Schedule([5, 6], ready=set(), completed=2, explorers=1, capacity=1)
+    assert not schedule.in_reach(2) and schedule.in_reach(3) and schedule.in_reach(None)
+    with pytest.raises(AssertionError, match="in order"):
+        schedule.dispatch(6, 0)

@@ -14,9 +14,10 @@ schedule (not timing) decides every number in scheduled mode, so both settings g
 On a worker failure the driver stops submitting work, lets the trainer finish what it holds, writes a final
 checkpoint (unless the trainer or the buffer is the one that failed) and raises ``WorkerFailure``.
 
-Its state is a few small objects: the schedule (what is pending, in flight, ready), ``RowLog`` (rows waiting
-to be written in order), ``PerfClock`` (the ``perf/*`` columns), ``CheckpointWriter`` (``oprl.runtime.resume``)
-and at most one ``Failure``. Each completion goes to the handler its kind names in ``Driver.handlers``.
+Its state is a few small objects: ``Schedule`` (which batches are pending, in flight, ready, which step is
+next), ``RowLog`` (rows waiting to be written in order), ``PerfClock`` (the ``perf/*`` columns),
+``CheckpointWriter`` (``oprl.runtime.resume``), the calls in flight and at most one ``Failure``. Each
+completion goes to the handler its kind names in ``Driver.handlers``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,77 @@ class Failure:
     message: str
     """One line: who failed doing what, and why."""
     cause: BaseException
+
+
+class Schedule:
+    """Where every batch is, and which trainer step is next: the driver's scheduling state.
+
+    Batch b is the one trainer step b consumes. Invariants:
+
+    - ``pending`` (ascending): batches no explorer has been given yet. Only the head goes out next, and it
+      stays pending while it is held back: by the lag rule (the synchronizer has not yet published the
+      version that must generate it: ``Synchronizer.version_for(b)`` is None), by ``buffer.max_ready``
+      (``b > completed + max_ready``; not in mode=explore), or because every explorer holds ``capacity``
+      calls.
+    - ``in_flight``: b -> the explorer generating it (running, or queued behind that explorer's running
+      call). An explorer holds ``held(i)`` of them, at most ``capacity``: 1, or 2 in overlapped scheduled
+      mode, where the next batch and its weights wait in the explorer's inbox so that the round trip
+      through the driver (result -> dispatch -> weights load) leaves the critical path.
+    - ``ready``: batches handed to the buffer and not yet taken by the trainer. A batch is ready as soon as
+      its ``put`` is submitted: the buffer runs calls in submission order, so a ``take`` queued after it
+      finds the batch. Nothing becomes ready in mode=explore, which trains nothing.
+    - ``completed``: the last trainer step that finished (the checkpoint's step on resume); ``training``:
+      step ``completed + 1`` is in flight (``take`` then ``train``). One step at a time, in order.
+
+    ``pending``, ``in_flight`` and ``ready`` are disjoint; a batch only moves forward, pending -> in flight
+    -> ready -> taken (``b <= completed``, or ``b == completed + 1`` while training).
+    """
+
+    def __init__(self, pending: list[int], ready: set[int], completed: int, explorers: int, capacity: int):
+        self.pending = sorted(pending)
+        self.in_flight: dict[int, int] = {}
+        self.ready = set(ready)
+        self.completed = completed
+        self.training = False
+        self.explorers, self.capacity = explorers, capacity
+
+    def held(self, explorer: int) -> int:
+        return sum(1 for e in self.in_flight.values() if e == explorer)
+
+    def explorer_with_room(self) -> int | None:
+        """The least loaded explorer (lowest index on ties), None when it already holds ``capacity`` calls:
+        idle explorers get work before any is queued."""
+        index = min(range(self.explorers), key=lambda i: (self.held(i), i), default=None)
+        return None if index is None or self.held(index) >= self.capacity else index
+
+    def in_reach(self, max_ready: int | None) -> bool:
+        """Is the head of ``pending`` within ``max_ready`` batches of the trainer's next step (None: no bound)?"""
+        return max_ready is None or self.pending[0] <= self.completed + max_ready
+
+    def dispatch(self, batch: int, explorer: int) -> None:
+        """``batch`` (the head of ``pending``) goes to ``explorer``."""
+        assert self.pending[0] == batch, "batches are dispatched in order"
+        self.pending.pop(0)
+        self.in_flight[batch] = explorer
+
+    def explored(self, batch: int, to_train: bool) -> None:
+        """``batch`` came back and its ``put`` is submitted; ``to_train``: the trainer will take it."""
+        del self.in_flight[batch]
+        if to_train:
+            self.ready.add(batch)
+
+    def take(self, step: int) -> None:
+        """Step ``completed + 1`` starts (its ``take`` and ``train`` are submitted)."""
+        self.ready.discard(step)
+        self.training = True
+
+    def trained(self, step: int) -> None:
+        self.training = False
+        self.completed = step
+
+    def outstanding(self) -> list[int]:
+        """Batches still to be generated or being generated, pending first."""
+        return self.pending + sorted(self.in_flight)
 
 
 class RowLog:
@@ -167,6 +239,8 @@ class PerfClock:
 
 
 class Driver:
+    """Submits calls to the workers as the ``Schedule`` allows and reacts to each completion (module docstring)."""
+
     def __init__(
         self,
         *,
@@ -188,18 +262,11 @@ class Driver:
         self.steps = config.steps
         self.offline = config.mode == "offline"
         self.explore_only = config.mode == "explore"
+        # Scheduling: where every batch is, and the calls in flight.
+        capacity = 2 if (config.runtime.overlap and config.sync.mode == "scheduled") else 1
+        self.schedule = Schedule(pending, ready, start_step, len(explorers), capacity)
         self.calls: dict[Any, Call] = {}
-        # The schedule: batches still to generate, in flight (batch -> explorer), ready for the trainer.
-        self.pending = sorted(pending)
-        self.in_flight: dict[int, int] = {}
-        self.ready = set(ready)
-        self.completed = start_step
-        self.training = False
-        # Explore calls each explorer holds (running + queued). In scheduled overlap mode an explorer may hold
-        # one queued call behind the running one: the next batch and its weights then wait in its inbox, and
-        # the round trip through the driver (result -> dispatch -> weights load) leaves the critical path.
-        self.holding = [0] * len(explorers)
-        self.capacity = 2 if (config.runtime.overlap and config.sync.mode == "scheduled") else 1
+        # Reacting: rows in step order, their perf columns, checkpoints, the first failure.
         first = 0 if start_step == 0 else start_step + 1
         expected = sorted(pending) if self.explore_only else list(range(first, self.steps + 1))
         self.rows = RowLog(expected, logger, progress)
@@ -225,8 +292,8 @@ class Driver:
             elif not self.calls:
                 if self.checkpoints.final_attempted:
                     break
-                if self.checkpoints.after_failure(self.completed):
-                    self.start_checkpoint(self.completed)
+                if self.checkpoints.after_failure(self.schedule.completed):
+                    self.start_checkpoint(self.schedule.completed)
                 continue
             if not self.calls:
                 raise RuntimeError("driver: nothing in flight but the run is not finished (a scheduling bug)")
@@ -268,22 +335,18 @@ class Driver:
     def _may_submit(self) -> bool:
         return self.cfg.runtime.overlap or not self.calls
 
-    def _room(self) -> bool:
-        """Explorers stay within ``buffer.max_ready`` batches of the trainer's next step."""
-        return self.explore_only or self.pending[0] <= self.completed + self.cfg.buffer.max_ready
-
     def _launch(self) -> None:
-        while self.pending and self._may_submit() and self._room():
-            # The least loaded explorer (lowest index on ties): idle explorers get work before any is queued.
-            index = min(range(len(self.explorers)), key=lambda i: (self.holding[i], i), default=None)
-            if index is None or self.holding[index] >= self.capacity:
+        schedule = self.schedule
+        max_ready = None if self.explore_only else self.cfg.buffer.max_ready
+        while schedule.pending and self._may_submit() and schedule.in_reach(max_ready):
+            index = schedule.explorer_with_room()
+            if index is None:
                 break
-            batch = self.pending[0]
+            batch = schedule.pending[0]
             version = self.sync.version_for(batch)
-            if version is None:
+            if version is None:  # held back by the lag rule
                 break
-            self.pending.pop(0)
-            self.holding[index] += 1
+            schedule.dispatch(batch, index)
             weights = self.sync.weights_for(index, version)
             experiences, result = self.explorers[index].call("explore", batch, version, weights, num_returns=2)
             self._submit(
@@ -297,20 +360,18 @@ class Driver:
                     experiences=experiences,
                 ),
             )
-            self.in_flight[batch] = index
-        step = self.completed + 1
+        step = schedule.completed + 1
         if (
             not self.explore_only
-            and not self.training
+            and not schedule.training
             and step <= self.steps
-            and (self.offline or step in self.ready)
+            and (self.offline or step in schedule.ready)
             and self._may_submit()
         ):
             batch, stats = self.buffer.call("take", step, num_returns=2)
             metrics = self.trainer.call("train", step, batch)
             self._submit(metrics, Call("train", "trainer", f"while training step {step}", step=step, stats=stats))
-            self.ready.discard(step)
-            self.training = True
+            schedule.take(step)
 
     # -- completions -------------------------------------------------------------------------------------
     def _on_explore(self, call: Call, result: ExploreResult) -> None:
@@ -318,10 +379,7 @@ class Driver:
         self.perf.explored(result)
         put = self.buffer.call("put", batch, call.experiences, not self.explore_only)
         self._submit(put, Call("put", "buffer", f"while storing batch {batch}", batch=batch))
-        if not self.explore_only:
-            self.ready.add(batch)
-        del self.in_flight[batch]
-        self.holding[call.explorer] -= 1
+        self.schedule.explored(batch, to_train=not self.explore_only)
 
     def _on_put(self, call: Call, _size: int) -> None:
         if self.explore_only:
@@ -329,8 +387,7 @@ class Driver:
 
     def _on_train(self, call: Call, metrics: dict) -> None:
         step = call.step
-        self.training = False
-        self.completed = step
+        self.schedule.trained(step)
         row = metrics | self.backend.get(call.stats)
         row.update(self.perf.step_row(row, step, with_explorers=bool(self.explorers)))
         if self.cfg.sync.mode == "scheduled" and not self.offline:
@@ -339,8 +396,8 @@ class Driver:
                 raise RuntimeError(f"step {step} trained on version {row['batch/version_max']}, not {scheduled}")
             row["lag/scheduled"] = float(lag(step, self.sync.k, self.sync.m))
         self.rows.add(step, row)
-        outstanding = self.pending + sorted(self.in_flight)
-        if self.explorers and self.sync.wants(step, self.pending):
+        outstanding = self.schedule.outstanding()
+        if self.explorers and self.sync.wants(step, self.schedule.pending):
             snapshot = self.trainer.call("weights")
             self._submit(snapshot, Call("weights", "trainer", f"while publishing version {step}"))
             self.sync.publish(step, snapshot)
@@ -361,7 +418,7 @@ class Driver:
 
     # -- checkpoints (written by oprl.runtime.resume) ------------------------------------------------------
     def start_checkpoint(self, step: int) -> None:
-        outstanding = self.pending + sorted(self.in_flight)
+        outstanding = self.schedule.outstanding()
         versions = [v for v in self.sync.needed_versions(outstanding) if v != step]
         snapshots = {v: self.sync.snapshots[v] for v in versions}
         trainer_part, buffer_part = self.checkpoints.start(step, self.trainer, self.buffer, outstanding, snapshots)
