@@ -23,14 +23,33 @@ import threading
 import weakref
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 
-import torch
+
+class QueuedActor:
+    """The driver's side of a local actor (``LocalActor``, ``processes.ProcessActor``): ``call`` queues
+    ``(method, args, futures)`` on ``_inbox`` and returns the futures at once; whoever drains ``_inbox`` (the
+    worker's thread, or the sender thread of a process) runs the calls in order and stops at ``None``."""
+
+    name: str
+    _inbox: queue.Queue
+    _stopping: bool
+
+    def call(self, method: str, *args, num_returns: int = 1):
+        """Queue ``worker.method(*args)``; one future, or a tuple of ``num_returns`` for a tuple result."""
+        futures: tuple[Future, ...] = tuple(Future() for _ in range(num_returns))
+        self._inbox.put((method, args, futures))
+        return futures[0] if num_returns == 1 else futures
+
+    def stop(self) -> None:
+        """Cancel the calls not yet started; the worker ends after its running call (``join`` waits for it)."""
+        self._stopping = True
+        self._inbox.put(None)
 
 
-class LocalActor:
+class LocalActor(QueuedActor):
     def __init__(self, name: str, factory, args: tuple, threads: int | None):
         self.name = name
         self.ready: Future = Future()
-        self._calls: queue.Queue = queue.Queue()
+        self._inbox = queue.Queue()
         self._stopping = False
         self._thread = threading.Thread(
             target=self._serve, args=(factory, args, threads), name=f"oprl-{name}", daemon=True
@@ -38,22 +57,13 @@ class LocalActor:
         self._thread.start()
         _LIVE.add(self)
 
-    def call(self, method: str, *args, num_returns: int = 1):
-        """Queue ``worker.method(*args)``; one future, or a tuple of ``num_returns`` for a tuple result."""
-        futures: tuple[Future, ...] = tuple(Future() for _ in range(num_returns))
-        self._calls.put((method, args, futures))
-        return futures[0] if num_returns == 1 else futures
-
-    def stop(self) -> None:
-        """Cancel the queued calls and end the thread after the running one (``join`` waits for it)."""
-        self._stopping = True
-        self._calls.put(None)
-
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
     def _serve(self, factory, args, threads) -> None:
         if threads:
+            import torch  # here, not at the top: a worker process imports this module for QueuedActor alone
+
             torch.set_num_threads(threads)  # per thread: each worker gets its own share of the cores
         try:
             worker = factory(*args)
@@ -62,7 +72,7 @@ class LocalActor:
             worker = None
         else:
             self.ready.set_result(True)
-        while (item := self._calls.get()) is not None:
+        while (item := self._inbox.get()) is not None:
             method, call_args, futures = item
             try:
                 if self._stopping:

@@ -2,8 +2,8 @@
 
 Each compute worker (trainer, explorers) runs in its own ``spawn``-ed process, so Python code on one side
 (Hugging Face ``generate`` is mostly Python between small kernels) never waits for the GIL held by the other;
-the buffer stays a thread of the driver. A ``ProcessActor`` has the interface of ``local.LocalActor``: calls
-return futures at once; a sender thread resolves future arguments and pipes the call to the process, a
+the buffer stays a thread of the driver. A ``ProcessActor`` is a ``local.QueuedActor`` like ``LocalActor``:
+calls return futures at once; a sender thread resolves future arguments and pipes the call to the process, a
 receiver thread sets the futures from the replies. Arguments and results are pickled through the pipe (torch
 tensors through shared memory, as ``torch.multiprocessing`` arranges). Errors come back as ``RemoteError``
 with the original type name; a process that dies fails every pending call.
@@ -20,6 +20,8 @@ import queue
 import threading
 import traceback
 from concurrent.futures import CancelledError, Future
+
+from oprl.runtime.local import QueuedActor
 
 
 class RemoteError(RuntimeError):
@@ -64,7 +66,7 @@ def _serve(conn, factory, args, threads) -> None:
             conn.send(("result", call_id, False, _error(exc)))
 
 
-class ProcessActor:
+class ProcessActor(QueuedActor):
     def __init__(self, name: str, factory, args: tuple, threads: int | None):
         self.name = name
         self.ready: Future = Future()
@@ -79,21 +81,11 @@ class ProcessActor:
         self._dead: BaseException | None = None
         self._stopping = False
         self._ids = itertools.count()
-        self._outbox: queue.Queue = queue.Queue()
+        self._inbox = queue.Queue()  # calls not yet sent (``stop`` cancels them)
         self._sender = threading.Thread(target=self._send, name=f"oprl-{name}-send", daemon=True)
         self._sender.start()
         self._receiver = threading.Thread(target=self._receive, name=f"oprl-{name}-receive", daemon=True)
         self._receiver.start()
-
-    def call(self, method: str, *args, num_returns: int = 1):
-        futures: tuple[Future, ...] = tuple(Future() for _ in range(num_returns))
-        self._outbox.put((method, args, futures))
-        return futures[0] if num_returns == 1 else futures
-
-    def stop(self) -> None:
-        """Cancel calls not yet sent; the process exits after its running call (``join`` waits for it)."""
-        self._stopping = True
-        self._outbox.put(None)
 
     def terminate(self) -> None:
         """Kill the process now (a peer of a failed collective would otherwise wait for its timeout)."""
@@ -107,7 +99,7 @@ class ProcessActor:
         self._receiver.join(timeout)
 
     def _send(self) -> None:
-        while (item := self._outbox.get()) is not None:
+        while (item := self._inbox.get()) is not None:
             method, args, futures = item
             try:
                 if self._dead is not None:
