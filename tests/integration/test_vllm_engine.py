@@ -92,22 +92,58 @@ def mean_logprob(model, prompts, rollout):
     return (logprobs * mask).sum() / mask.sum()
 
 
-def test_the_engine_follows_in_place_edits_of_its_model(tokenizer):
-    # The explorer worker loads a snapshot with load_state_dict into its model; nothing else tells the engine.
+def test_the_engine_follows_in_place_edits_it_is_told_of(tokenizer):
     model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=4)
     engine = VLLMEngine(model, tokenizer, temperature=0.7, max_new_tokens=8)
     prompts = _prompts(tokenizer, ["12+3=", "4="] * 3)
     before = engine.generate(prompts, seed=0)
     with torch.no_grad():
         model.model.layers[1].mlp.down_proj.weight.mul_(4.0)
+    engine.weights_changed()
     after = engine.generate(prompts, seed=0)
     logprobs, behaviour, mask = recomputed(model, prompts, after, temperature=0.7)
     assert (logprobs - behaviour)[mask].abs().max() < 1e-4
     assert after.behavior_logprobs != before.behavior_logprobs
-    # The trainer's optimizer: a fused AdamW step changes the weights without bumping their version counters.
+
+
+def test_weights_are_reloaded_only_when_what_vllm_serves_is_not_the_models(tokenizer):
+    # Two engines on one shared LLM (explorer and trainer threads of one process): each call must serve its
+    # own model, and repeated calls with unchanged weights must not copy them again.
+    first = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=11)
+    second = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=12)
+    engines = [VLLMEngine(m, tokenizer, max_new_tokens=8) for m in (first, second)]
+    shared = engines[0].shared
+    assert engines[1].shared is shared
+    prompts = _prompts(tokenizer, ["1+2=", "35+47-9="] * 2)
+    engines[0].generate(prompts, seed=0)
+    reloads = shared.reloads
+    engines[0].generate(prompts, seed=1)
+    assert shared.reloads == reloads  # nothing changed: no reload
+    for engine in (engines[1], engines[0], engines[1]):
+        rollout = engine.generate(prompts, seed=2)
+        logprobs, behaviour, mask = recomputed(engine.model, prompts, rollout)
+        assert (logprobs - behaviour)[mask].abs().max() < 1e-4
+    assert shared.reloads == reloads + 3
+
+
+def test_evaluation_serves_the_trainers_current_weights(tokenizer):
+    # The trainer's optimizer steps the model it evaluates without telling the engine (and a fused AdamW step
+    # does not even bump the tensors' version counters): evaluate() must serve the stepped weights.
+    from oprl.runtime.evaluate import evaluate
+    from oprl.tasks import build_task
+
+    task = build_task(load_config(None, []).task)
+    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=4)
+    engine = VLLMEngine(model, tokenizer, temperature=0.7, max_new_tokens=8)
+    prompts = _prompts(tokenizer, ["12+3=", "4="] * 3)
+    rollout = engine.generate(prompts, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
-    mean_logprob(model, prompts, after).backward()
+    mean_logprob(model, prompts, rollout).backward()
     optimizer.step()
+    stale = engine.generate(prompts, seed=0)  # not told: still the weights before the step
+    logprobs, behaviour, mask = recomputed(model, prompts, stale, temperature=0.7)
+    assert (logprobs - behaviour)[mask].abs().max() > 1e-2
+    evaluate(engine, task, tokenizer, num_problems=4, temperature=1.0, seed=0)
     stepped = engine.generate(prompts, seed=0)
     logprobs, behaviour, mask = recomputed(model, prompts, stepped, temperature=0.7)
     assert (logprobs - behaviour)[mask].abs().max() < 1e-4

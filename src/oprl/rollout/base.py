@@ -53,6 +53,12 @@ class Engine(Protocol):
         """Serve ``weights`` from now on: the trainer's snapshot (trainable parameters, its names)."""
         ...
 
+    def weights_changed(self) -> None:
+        """The served model was changed in place other than by ``load_weights`` (an optimizer step, a checkpoint
+        loaded into it): serve its current weights from the next ``generate`` on. A no-op for engines that read
+        the model directly; the vllm engine keeps a copy of its own and reloads it only when told."""
+        ...
+
 
 Sample = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 """``sample(model, tokenizer, prompt_ids, temperature, top_p, max_new_tokens)``: ``(tokens (B, T), behaviour
@@ -84,6 +90,9 @@ class TorchEngine:
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
             self.model.load_state_dict(weights, strict=False)
+
+    def weights_changed(self) -> None:
+        pass  # every call samples from the model itself
 
     @torch.inference_mode()  # cheaper than no_grad: no version counters or view tracking on any tensor
     def generate(

@@ -7,10 +7,16 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
   the model's config alone (``load_format="dummy"``) and then loaded from the model's own tensors, so any
   model oprl trains (the embedded tiny model, a GGUF-converted SmolLM2, a hub checkpoint) needs no files and
   no tokenizer on vLLM's side: oprl hands it token ids and decodes the responses itself.
-- **Weights follow the model.** Before every call the engine reloads the model's current weights in place
-  through ``worker.model_runner.reload_weights`` under their Hugging Face checkpoint names; vLLM then repacks
-  them for its kernels. A peft LoRA model is served merged: ``W + (alpha/r) B A`` per adapted layer. The
-  prefix cache is cleared before every call, so no key/value from older weights (or an earlier call) is reused.
+- **Weights follow the model, reloaded only when they changed.** vLLM holds its own repacked copy of the
+  weights, so the engine reloads the model's weights into it (in place, through
+  ``worker.model_runner.reload_weights``, under their Hugging Face checkpoint names) when what vLLM serves is
+  not the model's current weights: after ``load_weights`` (the explorer's sync), after ``weights_changed()``
+  (whoever edits the model in place otherwise says so: ``oprl.runtime.evaluate.evaluate`` does before every
+  evaluation, because the trainer's optimizer steps the model it evaluates), and when another engine of the
+  process used the shared ``LLM`` last. Whether a model changed cannot be read from its tensors cheaply and
+  safely (a fused AdamW step does not bump their version counters: measured), hence the explicit generation
+  token. A peft LoRA model is served merged: ``W + (alpha/r) B A`` per adapted layer. The prefix cache is
+  cleared before every call, so no key/value from older weights (or an earlier call) is reused.
 - **Behaviour log-probs under the sampling distribution.** ``logprobs_mode="processed_logprobs"`` makes vLLM
   report ``log_softmax`` of the temperature-scaled, nucleus-truncated scores it sampled from (its top-p rule is
   the lean engine's: drop the least likely tokens whose cumulative probability is <= 1 - top_p), so on-policy
@@ -20,7 +26,7 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
   other rows of its batch, and the engine never touches the process's global random state.
 - **One engine per process and shape.** Building an ``LLM`` costs seconds, so engines are cached per process,
   keyed by (model config, dtype, device, KV-cache size); every ``VLLMEngine`` on the same architecture
-  shares one (threads of one process, tests), and each call first loads the weights of its own model.
+  shares one (threads of one process, tests), and a call reloads when the ``LLM`` last served another engine.
 
 Precision is ``rollout.dtype`` (float32 | bfloat16), independent of the trainer's ``model.dtype``: a bfloat16
 sampler with a float32 trainer is the paper's system (rho != 1 even on-policy). vLLM's CPU build is
@@ -33,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import random
@@ -100,12 +107,24 @@ class VLLMEngine:
         # The sampler's precision is the model's (the explorers load it in rollout.dtype), unless given.
         self.dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
         self.shared = shared_llm(model, self.dtype, kv_cache_gb)
+        self.key = next(_ENGINE_KEYS)
+        """This engine among the process's engines (unlike ``id(self)``, never reused by a later engine)."""
+        self.generation = 0
+        """Counts the changes of ``model``'s weights the engine was told of; vLLM serves ``(key, generation)`` or
+        must reload (``SharedLLM.serve``)."""
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Load ``weights`` (the trainer's snapshot, its parameter names) into the model; the next ``generate``
-        hands them to vLLM (every call does)."""
+        hands them to vLLM."""
         with torch.no_grad():
             self.model.load_state_dict(weights, strict=False)
+        self.weights_changed()
+
+    def weights_changed(self) -> None:
+        """The model's weights were changed in place (an optimizer step, a checkpoint loaded into it): the next
+        ``generate`` reloads them into vLLM. Thread-safe against a running call: the count is read under the
+        shared lock only once, before that call's reload."""
+        self.generation += 1
 
     def generate(
         self,
@@ -138,7 +157,7 @@ class VLLMEngine:
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         with shared.lock:
-            shared.serve(self.model)
+            shared.serve(self)
             shared.llm.reset_prefix_cache()  # each call starts from an empty cache: history cannot change numbers
             with _sampling_call():
                 outputs = shared.llm.generate(prompts, params, use_tqdm=False)
@@ -215,13 +234,21 @@ class SharedLLM:
     llm: Any  # vllm.LLM (vllm is imported only when an engine is built)
     max_model_len: int
     lock: threading.RLock
+    serving: tuple[int, int] | None = None
+    """``(engine key, its generation)`` whose weights vLLM holds; None before the first load."""
+    reloads: int = 0
+    """Weight loads so far (what tests and benchmarks count)."""
 
-    def serve(self, model) -> None:
-        """Load ``model``'s current weights into vLLM. Done before every call: whether a model changed cannot be
-        read cheaply from its tensors (a fused AdamW step does not bump their version counters: measured), and
-        the reload is an in-process copy (tiny model ~10 ms; SmolLM2: docs/performance.md)."""
-        self.llm.collective_rpc(_reload, args=(checkpoint_weights(model),))
+    def serve(self, engine: VLLMEngine) -> None:
+        """Make vLLM serve ``engine.model``'s current weights: reload them unless it already serves this engine's
+        latest generation (an in-process copy plus vLLM's repacking: docs/performance.md has its cost)."""
+        current = (engine.key, engine.generation)
+        if self.serving == current:
+            return
+        self.serving = None  # a reload that fails half-way serves nobody's weights
+        self.llm.collective_rpc(_reload, args=(checkpoint_weights(engine.model),))
         self.llm.reset_prefix_cache()  # cached keys/values were computed by the old weights
+        self.serving, self.reloads = current, self.reloads + 1
 
 
 def _reload(worker, weights: dict[str, torch.Tensor]) -> None:
@@ -232,6 +259,7 @@ def _reload(worker, weights: dict[str, torch.Tensor]) -> None:
 # -- the per-process engine cache -------------------------------------------------------------------------------
 _ENGINES: dict[tuple, SharedLLM] = {}
 _ENGINES_LOCK = threading.Lock()
+_ENGINE_KEYS = itertools.count()
 
 
 def shared_llm(model, dtype: str, kv_cache_gb: float) -> SharedLLM:

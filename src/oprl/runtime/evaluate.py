@@ -33,7 +33,10 @@ def evaluate(
     max_episode_tokens: int = 256,
 ):
     """``{"accuracy", "format", "response_length"}`` averaged over the first ``num_problems`` test problems
-    (multi-turn tasks: one episode each, ``response_length`` counting every token after the prompt)."""
+    (multi-turn tasks: one episode each, ``response_length`` counting every token after the prompt).
+    Evaluates the engine's model as it is now: the trainer's optimizer (or a checkpoint load) changed it in
+    place without telling the engine."""
+    engine.weights_changed()
     problems = list(task.problems("test"))[:num_problems]
     n = len(problems)
     if isinstance(task, EpisodicTask):

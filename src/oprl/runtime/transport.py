@@ -67,6 +67,9 @@ class LockedEngine:
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         self.engine.load_weights(weights)  # draws no random numbers: no lock
 
+    def weights_changed(self) -> None:
+        self.engine.weights_changed()
+
 
 def load_model(config: RunConfig, path: str, dtype: str | None = None):
     """``(model, tokenizer)`` from ``path`` in ``dtype`` (None = model.dtype); seeded and locked so every worker
