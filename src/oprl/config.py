@@ -73,8 +73,13 @@ class ModelConfig(_Section):
 
 
 class WarmStartConfig(_Section):
-    """Supervised warm start of the embedded model: train until pass@1 at temperature 1 reaches the target,
-    so RL starts from a policy that solves some problems but leaves room to improve."""
+    """Supervised warm start on the task's demonstrations (train split): train until pass@1 at temperature 1
+    reaches the target, so RL starts from a policy that solves some problems but leaves room to improve. The
+    embedded tiny model always gets one; a pretrained model.path with ``pretrained=true``."""
+
+    pretrained: bool = False
+    """Warm-start a pretrained model.path too (the embedded tiny model always is): e.g. SmolLM2 on bfcl, which
+    never writes a tool call on its own. Set lr, batch_size and val_problems for the model (about 1e-5, 4, 32)."""
 
     target_accuracy: float = Field(0.4, gt=0.0, lt=1.0)
     """Stop supervised training once validation pass@1 (temperature 1.0) reaches this."""

@@ -150,3 +150,23 @@ def test_kill_9_mid_episode_batch_then_resume_equals_the_uninterrupted_run(args,
         whole = pq.read_table(tmp_path / "runs" / "whole" / "experiences" / name).drop_columns(["extra"])
         killed = pq.read_table(tmp_path / "runs" / "killed" / "experiences" / name).drop_columns(["extra"])
         assert whole.equals(killed), name
+
+
+def test_episodes_on_worker_processes_and_ray_repeat_the_threads_run(args, tmp_path):
+    """docs/runtime.md's determinism contract holds for episodic jobs: worker processes and Ray actors (two
+    explorers) log the threads run's deterministic rows. Ray's part is skipped without Ray."""
+    common = [*args, "steps=3", "sync.offset=1", "checkpoint.interval=2"]
+    assert main(["train", *common, "run_name=threads"]) == 0
+    assert main(["train", *common, "runtime.workers=processes", "run_name=processes"]) == 0
+    threads = deterministic_view(rows_of(tmp_path, "threads"))
+    assert threads[1]["episode/turns_mean"] >= 1.0
+    assert deterministic_view(rows_of(tmp_path, "processes")) == threads
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert main(["train", *common, "backend=ray", "runtime.explorers=2", "run_name=ray"]) == 0
+    finally:
+        ray.shutdown()
+    assert deterministic_view(rows_of(tmp_path, "ray")) == threads
+    table = pq.read_table(tmp_path / "runs" / "ray" / "experiences" / "batch-000003.parquet")
+    assert any(0 in mask for mask in table.column("loss_mask").to_pylist())

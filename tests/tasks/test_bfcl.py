@@ -11,6 +11,8 @@ from oprl.models.chat import TOOLS_PROMPT, encode_problem, render
 from oprl.models.tiny import build_tokenizer
 from oprl.tasks import TASKS
 from oprl.tasks.bfcl import BfclTask, data_file, read_lines, tool_schema
+from oprl.tasks.config import BFCL_SUBSETS
+from oprl.tasks.toolcall import verdict
 
 pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval (make test does)")
 
@@ -77,6 +79,22 @@ def test_reward_on_the_real_ground_truth(task):
     rewards = task.score([p, p, p], [right, wrong, "".join(calls)])
     assert [r.total for r in rewards] == [1.0, 0.0, 0.0]
     assert [r.components["format"] for r in rewards] == [1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("think", [True, False])
+def test_demonstrations_are_correct_on_every_row(think):
+    """The warm start's targets: the reference response of every row of every subset scores a match (two
+    live_simple rows list no acceptable value for a required argument: None, no call matches them)."""
+    everything = BfclTask(subsets=list(BFCL_SUBSETS), think=think)
+    problems = [p for split in ("train", "test") for p in everything.problems(split)]
+    demonstrations = {p.task_id: everything.demonstration(p) for p in problems}
+    missing = sorted(task_id for task_id, d in demonstrations.items() if d is None)
+    assert missing == ["bfcl/live_simple_106-63-0", "bfcl/live_simple_112-68-0"]
+    for p in problems:
+        if demonstrations[p.task_id] is not None:
+            (text,) = demonstrations[p.task_id]
+            assert verdict(p.answer, text, think=think) == "match", p.task_id
+            assert text.startswith("<think>") is think
 
 
 def test_bad_subset_is_one_line_listing_the_valid_ones(capsys):

@@ -14,6 +14,7 @@ from oprl.tasks.toolcall import (
     calls_match,
     check_format,
     parse_calls,
+    reference_response,
     tool_call_blocks,
     tool_call_rewards,
     value_matches,
@@ -176,6 +177,34 @@ def test_blocks_and_matching_primitives():
     # Greedy pairing would fail here: call 0 fits both, call 1 only the first; a matching exists.
     loose = [{"f": {"x": [1, 2]}}, {"f": {"x": [1]}}]
     assert calls_match([{"name": "f", "arguments": {"x": 1}}, {"name": "f", "arguments": {"x": 2}}], loose)
+
+
+def test_reference_response_is_a_minimal_correct_call():
+    text = reference_response(TRIANGLE)
+    assert verdict(json.dumps(TRIANGLE), text) == "match"
+    assert text == (
+        "<think>The request is answered by calling calculate_triangle_area with arguments from the question.</think>"
+        '<tool_call>{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5}}</tool_call>'
+    )  # the optional unit (its list holds "") is left out
+    assert verdict(json.dumps(SPOTIFY), reference_response(SPOTIFY)) == "match"  # parallel: one block per call
+    assert reference_response(SPOTIFY, think=False).count("<tool_call>") == 2
+    # Nested specs (a dict argument, and dicts inside a list argument) resolve key by key; null is a value.
+    nested = [
+        {
+            "f": {
+                "where": [{"city": ["Paris", "Paris, France"], "zip": ["", "75001"]}],
+                "rows": [[{"x": [1.5], "y": [2]}]],
+                "start": [None],
+            }
+        }
+    ]
+    calls = check_format(reference_response(nested))
+    assert calls == [
+        {"name": "f", "arguments": {"where": {"city": "Paris"}, "rows": [{"x": 1.5, "y": 2}], "start": None}}
+    ]
+    assert verdict(json.dumps(nested), reference_response(nested)) == "match"
+    with pytest.raises(ValueError, match="no acceptable value"):  # BFCL rows no call can match
+        reference_response([{"record": {"acc_routing_start": []}}])
 
 
 def test_hostile_outputs_are_malformed_quickly():

@@ -38,7 +38,7 @@ from oprl.runtime.store import STORE_DIRNAME, ExperienceStore
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.runtime.trainer import TrainerWorker
 from oprl.runtime.trainer_ranks import ShardedTrainer, check_trainer_config
-from oprl.runtime.warmstart import warm_started_model
+from oprl.runtime.warmstart import wants_warm_start, warm_started_model
 from oprl.tasks import build_task
 from oprl.trackers import start_trackers
 
@@ -97,8 +97,9 @@ def worker_threads(config: RunConfig) -> int:
 
 
 def model_path(config: RunConfig, task, log=print) -> str:
-    """``model.path``, with ``tiny`` replaced by the cached warm-started model (built first if needed)."""
-    if config.model.path != "tiny":
+    """``model.path``, or the cached warm-started model when it gets one (``tiny``, or any with
+    ``warmstart.pretrained``; built first if needed)."""
+    if not wants_warm_start(config.model, config.warmstart):
         return config.model.path
     # Same thread count as the workers: more intra-op threads than free cores makes OpenMP spin-wait (measured:
     # a warm-start step took 2.46 s with 2 threads vs 0.16 s with 1 while another process held one of 2 cores).

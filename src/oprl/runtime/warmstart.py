@@ -1,11 +1,21 @@
-"""Warm start of the embedded tiny model: supervised fine-tuning on the task until it solves *some* problems.
+"""Supervised warm start: fine-tune on the task's demonstrations until the model solves *some* problems.
 
 RL needs a policy whose samples are sometimes right: from random weights every reward is 0 and every
-group-relative advantage vanishes. So the tiny model is trained on (prompt, reference answer) pairs from the
-train split until its pass@1 at temperature 1 on held-out train problems reaches ``target_accuracy``, then
-stops, leaving room for RL. The result is an ordinary Hugging Face model directory, cached under the user
-cache dir keyed by a hash of its recipe (architecture, task, warm-start settings), written atomically, so
-later runs with the same recipe start at once.
+group-relative advantage vanishes, and so it is for a pretrained model that never writes the task's format
+(SmolLM2-135M-Instruct never emits a ``<tool_call>`` block on BFCL). So the model is trained on (prompt,
+demonstration) pairs from the train split, only, until its pass@1 at temperature 1 on held-out train problems
+reaches ``target_accuracy``, then stops, leaving room for RL. The embedded tiny model is always warm-started
+(from random weights); a pretrained ``model.path`` is with ``warmstart.pretrained=true`` (from its weights).
+
+Targets: a task's ``demonstration(problem)`` when it has one (BFCL: the ground-truth calls in the task's own
+``<think>...</think><tool_call>{json}</tool_call>`` format; multi-turn tasks: the model turns of a whole
+episode, trained on model tokens only), else the problem's reference answer. Problems whose demonstration is
+None are left out (counted in the log).
+
+The loss is the mean negative log-likelihood of the target tokens, ``-sum_t m_t log pi(y_t | x, y_<t) /
+sum_t m_t`` over a batch of ``batch_size`` problems, ``m`` the loss mask (1 = model token). The result is an
+ordinary Hugging Face model directory, cached under the user cache dir keyed by a hash of its recipe (model,
+task, warm-start settings), written atomically, so later runs with the same recipe start at once.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from oprl.errors import OprlError
 from oprl.io import commit_dir
 from oprl.models.batching import right_pad_values
 from oprl.models.chat import encode_problem
-from oprl.models.loading import cache_dir
+from oprl.models.loading import cache_dir, load_pretrained
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.progress import RunProgress
@@ -37,25 +47,35 @@ RECIPE_VERSION = 1
 
 
 def recipe(model_cfg, task_cfg, warm_cfg) -> dict:
-    """Everything that determines the warm-started weights (and nothing else)."""
-    return {
+    """Everything that determines the warm-started weights (and nothing else). ``warmstart.pretrained`` only
+    says whether a warm start happens; the embedded model's recipe is the same either way."""
+    spec = {
         "recipe_version": RECIPE_VERSION,
         "model": model_cfg.model_dump(mode="json", exclude={"path", "dtype", "device", "lora"}),
         "task": task_cfg.model_dump(mode="json", exclude={"test_size"}),
-        "warmstart": warm_cfg.model_dump(mode="json"),
+        "warmstart": warm_cfg.model_dump(mode="json", exclude={"pretrained"}),
     }
+    if model_cfg.path != "tiny":  # the starting weights (the tiny model's architecture fields do not apply)
+        spec["model"] = {"path": model_cfg.path, "dtype": model_cfg.dtype}
+    return spec
+
+
+def wants_warm_start(model_cfg, warm_cfg) -> bool:
+    """Whether ``model.path`` is trained from a warm start: always for ``tiny``, else if ``pretrained``."""
+    return model_cfg.path == "tiny" or warm_cfg.pretrained
 
 
 def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print, progress: bool = True) -> Path:
-    """Path of the cached warm-started tiny model for this recipe, building it first if needed."""
+    """Path of the cached warm-started model for this recipe, building it first if needed."""
     spec = recipe(model_cfg, task_cfg, warm_cfg)
     if getattr(task, "data_fingerprint", None):  # tasks reading user files: their content, not just the path
         spec["data"] = task.data_fingerprint
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    target = cache_dir() / "models" / f"tiny-{key}"
+    target = cache_dir() / "models" / f"{'tiny' if model_cfg.path == 'tiny' else 'warm'}-{key}"
     if (target / "oprl_recipe.json").is_file():
         return target
-    log(f"warm-starting the embedded tiny model (first run with this recipe; cached at {target})")
+    what = "the embedded tiny model" if model_cfg.path == "tiny" else model_cfg.path
+    log(f"warm-starting {what} (first run with this recipe; cached at {target})")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     try:
@@ -71,8 +91,10 @@ def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print, progre
     return target
 
 
-def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dict:
-    start = time.perf_counter()
+def _initial(model_cfg, warm_cfg):
+    """``(model, tokenizer)`` the warm start begins from: random tiny weights, or the pretrained ones."""
+    if model_cfg.path != "tiny":
+        return load_pretrained(model_cfg.path, dtype=model_cfg.dtype, device=model_cfg.device)
     tokenizer = build_tokenizer()
     model = build_model(
         tokenizer,
@@ -81,11 +103,20 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
         num_heads=model_cfg.num_heads,
         seed=warm_cfg.seed,
     )
-    problems = list(task.problems("train"))
+    return model, tokenizer
+
+
+def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dict:
+    start = time.perf_counter()
+    model, tokenizer = _initial(model_cfg, warm_cfg)
+    problems, skipped = _demonstrable(task, list(task.problems("train")))
+    if skipped:
+        log(f"warm start: {skipped} train problems have no demonstration and are left out")
     validation, training = problems[: warm_cfg.val_problems], problems[warm_cfg.val_problems :]
     if not training:
         raise ValueError("warm start: no training problems left after holding out val_problems")
     prompts, answers, masks, limits = _examples(tokenizer, task, training)
+    device = next(model.parameters()).device
     engine = LeanEngine(model, tokenizer, temperature=1.0, max_new_tokens=limits["max_new_tokens"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=warm_cfg.lr)
     rng = random.Random(warm_cfg.seed)
@@ -104,9 +135,12 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
         while step < warm_cfg.max_steps:
             step += 1
             rows = rng.sample(range(len(training)), min(warm_cfg.batch_size, len(training)))
-            batch = pack([prompts[i] for i in rows], [answers[i] for i in rows], tokenizer.pad_token_id)
+            batch = [
+                t.to(device)
+                for t in pack([prompts[i] for i in rows], [answers[i] for i in rows], tokenizer.pad_token_id)
+            ]
             # Model tokens only: an episode's environment turns are context, as in RL (all ones for one turn).
-            mask = batch[3] & (right_pad_values([masks[i] for i in rows], batch[3].shape[1]) > 0)  # (B, T)
+            mask = batch[3] & (right_pad_values([masks[i] for i in rows], batch[3].shape[1]).to(device) > 0)  # (B, T)
             model.train()
             logprobs, _ = response_logprobs(model, batch[0], batch[1], batch[2])  # (B, T)
             loss = -(logprobs * mask).sum() / mask.sum()
@@ -140,26 +174,35 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
     return {"steps": step, "val_accuracy": accuracy, "seconds": seconds, "history": history}
 
 
-def _demonstration(task: EpisodicTask, problem) -> list[str]:
-    turns = task.demonstration(problem)
-    if turns is None:
-        raise OprlError(
-            f"task {task.name}: the warm start needs a demonstration of every problem; {problem.task_id} has none"
-        )
-    return turns
+def _demonstrable(task, problems) -> tuple[list, int]:
+    """``problems`` that have a demonstration (all of them for a task without ``demonstration``), and how many
+    were left out; an error when none is left."""
+    if not hasattr(task, "demonstration"):
+        return problems, 0
+    kept = [p for p in problems if task.demonstration(p) is not None]
+    if not kept:
+        raise OprlError(f"task {task.name}: the warm start needs demonstrations, and no train problem has one")
+    return kept, len(problems) - len(kept)
+
+
+def _turns(task, problem) -> list[str]:
+    """The model turns the warm start imitates: the task's demonstration, else the reference answer."""
+    turns = task.demonstration(problem) if hasattr(task, "demonstration") else None
+    return turns if turns is not None else [problem.answer]
 
 
 def _examples(tokenizer, task, problems):
     """Supervised targets: ``(prompts, responses, loss masks, sampling limits)``. A single-turn task's response
-    is its reference answer; a multi-turn task's is the whole demonstration episode (model and environment
-    turns), of which only the model's tokens are trained on."""
+    is its demonstration's one turn (or, without ``demonstration``, its reference answer) and EOS; a multi-turn
+    task's is the whole demonstration episode (model and environment turns), of which only the model's tokens
+    are trained on."""
     eos = tokenizer.eos_token_id
     if not isinstance(task, EpisodicTask):
-        answers = [[*tokenizer(p.answer, add_special_tokens=False).input_ids, eos] for p in problems]
+        answers = [[*tokenizer(_turns(task, p)[0], add_special_tokens=False).input_ids, eos] for p in problems]
         longest = max(len(a) for a in answers)
         limits = {"max_new_tokens": longest + 4, "max_turns": 1, "max_episode_tokens": longest + 4}
         return [encode_problem(tokenizer, p) for p in problems], answers, [[1] * len(a) for a in answers], limits
-    demonstrations = [_demonstration(task, p) for p in problems]
+    demonstrations = [_turns(task, p) for p in problems]
     episodes = [teacher_forced(tokenizer, task, p, d) for p, d in zip(problems, demonstrations, strict=True)]
     turns = [len(d) for d in demonstrations]
     turn_length = 1 + max(

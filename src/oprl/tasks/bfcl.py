@@ -25,7 +25,7 @@ from pathlib import Path
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import BfclTaskConfig, task_section
-from oprl.tasks.toolcall import tool_call_rewards
+from oprl.tasks.toolcall import reference_response, tool_call_rewards
 from oprl.tasks.verify import VerifierPool
 
 DISTRIBUTION = "bfcl-eval"
@@ -135,6 +135,15 @@ class BfclTask:
         if split not in self._splits:
             raise OprlError(f"task {self.name}: unknown split {split!r}; valid: {sorted(self._splits)}")
         return self._splits[split]
+
+    def demonstration(self, problem: Problem) -> list[str] | None:
+        """The ground truth as the model's one turn (``toolcall.reference_response``: a short think, then the
+        calls with one acceptable value per required argument), the target of warm starts
+        (``warmstart.pretrained``); None for the rows no call can match."""
+        try:
+            return [reference_response(json.loads(problem.answer), think=self.config.think)]
+        except ValueError:
+            return None
 
     @property
     def verifier(self) -> VerifierPool:

@@ -195,6 +195,51 @@ def verdict(ground_truth: str, response: str, *, think: bool = True) -> str:
     return MATCH if calls_match(calls, json.loads(ground_truth)) else MISMATCH
 
 
+def reference_value(acceptable: list) -> Any:
+    """One value a ground-truth argument accepts: the first of its acceptable values other than ``""``, with
+    nested ``{key: [acceptable values]}`` specs (dict arguments, or elements of list ones) resolved the same
+    way, key by key (optional keys left out); it matches the chosen value under ``value_matches`` (tested on
+    every BFCL row). ValueError when there is none (two live_simple rows list ``[]`` for a required argument:
+    no call matches them)."""
+    for value in acceptable:
+        if value != "":
+            return _instantiate(value)
+    raise ValueError("no acceptable value")
+
+
+def _instantiate(value: Any) -> Any:
+    """An acceptable value as a model would write it: nested specs (dicts of acceptable-value lists, also as
+    list elements) resolved by ``reference_arguments``, as ``value_matches`` reads them."""
+    if isinstance(value, dict) and value and all(isinstance(a, list) for a in value.values()):
+        return reference_arguments(value)
+    if isinstance(value, list):
+        return [_instantiate(v) for v in value]
+    return value
+
+
+def reference_arguments(spec: dict[str, list]) -> dict:
+    """Arguments of a minimal correct call for ``spec`` (``{argument: [acceptable values]}``): every required
+    argument (its list lacks ``""``) with ``reference_value``; optional ones omitted, which is always correct."""
+    return {key: reference_value(options) for key, options in spec.items() if "" not in options}
+
+
+def reference_response(ground_truth: list[dict], *, think: bool = True) -> str:
+    """A response that scores ``match`` against ``ground_truth`` (BFCL's list of ``{name: {argument:
+    [values]}}`` calls), in the task's own format: a short ``<think>`` naming the functions (``think``), then
+    one ``<tool_call>`` block per call. The target of supervised warm starts on demonstrations. ValueError
+    when no response matches (``reference_value``)."""
+    calls = [
+        {"name": name, "arguments": reference_arguments(spec)} for call in ground_truth for name, spec in call.items()
+    ]
+    blocks = "".join(f"{OPEN}{json.dumps(call)}{CLOSE}" for call in calls)
+    if not think:
+        return blocks
+    names = ", ".join(dict.fromkeys(call["name"] for call in calls))
+    return (
+        f"{THINK_OPEN}The request is answered by calling {names} with arguments from the question.{THINK_CLOSE}{blocks}"
+    )
+
+
 def tool_call_rewards(pool, ground_truths: list[str], responses: list[str], *, think: bool = True) -> list:
     """The paper's tool-call reward per response: 1 when well formed and correct, else 0 (Trinity-RFT's rule),
     with components ``format``, ``correct``, ``verify_timeout``, ``verify_error``. ``pool`` is a

@@ -1,0 +1,93 @@
+"""The supervised warm start on demonstrations: of a pretrained model directory (``warmstart.pretrained``), its
+targets (a task's demonstrations, problems without one left out), and when it applies."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from oprl.config import RunConfig
+from oprl.errors import OprlError
+from oprl.models.tiny import build_model, build_tokenizer
+from oprl.runtime.run import model_path
+from oprl.runtime.warmstart import _demonstrable, _examples
+from oprl.tasks import build_task
+from oprl.tasks.base import Problem
+
+TASK = {"name": "arithmetic", "train_size": 400, "test_size": 16}
+WARM = {"max_steps": 30, "batch_size": 64, "check_interval": 10, "val_problems": 32, "target_accuracy": 0.99}
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A Hugging Face model directory standing in for a pretrained model (random tiny weights, seed 7)."""
+    path = tmp_path_factory.mktemp("pretrained")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer, seed=7).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _config(path, **warm):
+    return RunConfig.model_validate(
+        {"model": {"path": str(path)}, "task": TASK, "warmstart": WARM | warm, "progress": False}
+    )
+
+
+def test_a_pretrained_model_is_used_as_is_unless_asked(pretrained):
+    config = _config(pretrained)
+    assert model_path(config, build_task(config.task), log=lambda _: None) == str(pretrained)
+
+
+def test_pretrained_warm_start_fine_tunes_the_given_weights(pretrained):
+    config = _config(pretrained, pretrained=True)
+    logs = []
+    path = model_path(config, build_task(config.task), log=logs.append)
+    assert path != str(pretrained) and "warm-" in path and str(pretrained) in logs[0]
+    report = json.loads((pretrained.parent / path / "oprl_recipe.json").read_text())
+    assert report["model"] == {"path": str(pretrained), "dtype": "float32"}
+    history = report["result"]["history"]
+    assert len(history) == 3 and history[-1]["loss"] < history[0]["loss"]
+    before, after = load_file(pretrained / "model.safetensors"), load_file(f"{path}/model.safetensors")
+    assert before.keys() == after.keys()
+    # Fine-tuned from these weights: changed, but by a few AdamW steps, not re-initialised.
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all((before[k] - after[k]).abs().max() < 0.2 for k in before)
+    logged = len(logs)
+    again = model_path(config, build_task(config.task), log=logs.append)
+    assert again == path and len(logs) == logged  # cached: the second call trains nothing (logs nothing)
+
+
+class _Demonstrated:
+    """A single-turn task whose demonstrations differ from its reference answers; problem 1 has none."""
+
+    name = "fake"
+
+    def __init__(self):
+        self._problems = [
+            Problem(task_id=f"fake/{i}", messages=({"role": "user", "content": f"{i}+0="},), answer="ref")
+            for i in range(3)
+        ]
+
+    def problems(self, split):
+        return self._problems
+
+    def score(self, problems, responses):
+        raise AssertionError("not scored here")
+
+    def demonstration(self, problem):
+        return None if problem.task_id == "fake/1" else [f"={problem.task_id[-1]}"]
+
+
+def test_targets_are_demonstrations_and_problems_without_one_are_left_out():
+    tokenizer, task = build_tokenizer(), _Demonstrated()
+    kept, skipped = _demonstrable(task, list(task.problems("train")))
+    assert [p.task_id for p in kept] == ["fake/0", "fake/2"] and skipped == 1
+    _, answers, masks, limits = _examples(tokenizer, task, kept)
+    assert [tokenizer.decode(a[:-1]) for a in answers] == ["=0", "=2"]  # the demonstration, not "ref"
+    assert all(a[-1] == tokenizer.eos_token_id for a in answers) and masks == [[1, 1, 1], [1, 1, 1]]
+    assert limits["max_turns"] == 1
+    task.demonstration = lambda problem: None
+    with pytest.raises(OprlError, match="no train problem has one"):
+        _demonstrable(task, list(task.problems("train")))
