@@ -33,6 +33,18 @@ def test_mismatch_settings_separate_mismatch_from_staleness():
     assert settings["stale-bf16"] == {**settings["stale"], "rollout.dtype": "bfloat16"}
 
 
+def test_red_drop_covers_the_variants_settings_and_two_learning_rates():
+    spec = sweep.load_spec(SPECS / "red-drop.yaml")
+    presets = set(spec["grid"]["algorithm.preset"])
+    assert {"red-drop", "red-drop-keep", "red-drop-probabilistic", "red-weight", "reinforce"} <= presets
+    settings = spec["grid"]["setting"]
+    schedules = {(s["sync.interval"], s["sync.offset"]) for s in settings.values()}
+    assert schedules == {(1, 10), (20, 0), (300, 199)}  # stale, infrequent, offline (m + k >= steps)
+    for schedule in schedules:  # each schedule at the reproduction's lr and at a lower one
+        rates = sorted(s["optim.lr"] for s in settings.values() if (s["sync.interval"], s["sync.offset"]) == schedule)
+        assert len(rates) == 2 and rates[1] == load_config().optim.lr and rates[0] < rates[1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", STUDIES)
 def test_two_step_version_runs_and_reports(name, tmp_path):
