@@ -178,6 +178,18 @@ def test_rows_are_seeded_independently_of_their_batch(tokenizer):
     assert torch.equal(torch.random.get_rng_state(), state)  # the global generator is left alone
 
 
+def test_a_batch_larger_than_one_scheduler_step_samples_every_row(tokenizer):
+    # More prompt tokens than vLLM schedules in one step (4096): with chunked prefill, a prompt cut at the
+    # step's edge made vLLM's CPU runner rewind that row's seeded generator, which CPU generators cannot do
+    # (found by a 128-problem SmolLM2 evaluation). Whole prompts only, the rest wait for the next step.
+    model = build_model(tokenizer, hidden_size=64, num_layers=1, num_heads=2, seed=8)
+    engine = VLLMEngine(model, tokenizer, max_new_tokens=2)
+    prompts = [[5 + i % 50] * 60 for i in range(100)]  # 6,000 prompt tokens
+    rollout = engine.generate(prompts, seed=0)
+    assert len(rollout.response_ids) == 100 and all(len(r) >= 1 for r in rollout.response_ids)
+    assert engine.generate(prompts[:3], seed=0).response_ids == rollout.response_ids[:3]
+
+
 # -- errors --------------------------------------------------------------------------------------------------------
 def test_missing_vllm_names_the_extra(monkeypatch, small_overrides):
     import importlib.util

