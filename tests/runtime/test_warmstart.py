@@ -91,3 +91,9 @@ def test_targets_are_demonstrations_and_problems_without_one_are_left_out():
     task.demonstration = lambda problem: None
     with pytest.raises(OprlError, match="no train problem has one"):
         _demonstrable(task, list(task.problems("train")))
+
+
+def test_holding_out_every_train_problem_is_one_line(pretrained):
+    config = _config(pretrained, pretrained=True, val_problems=400)
+    with pytest.raises(OprlError, match=r"warmstart\.val_problems=400 holds out all 400 train problems"):
+        model_path(config, build_task(config.task), log=lambda _: None)

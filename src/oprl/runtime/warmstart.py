@@ -114,7 +114,10 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
         log(f"warm start: {skipped} train problems have no demonstration and are left out")
     validation, training = problems[: warm_cfg.val_problems], problems[warm_cfg.val_problems :]
     if not training:
-        raise ValueError("warm start: no training problems left after holding out val_problems")
+        raise OprlError(
+            f"warmstart.val_problems={warm_cfg.val_problems} holds out all {len(problems)} train problems "
+            "that have a demonstration; lower it"
+        )
     prompts, answers, masks, limits = _examples(tokenizer, task, training)
     device = next(model.parameters()).device
     engine = LeanEngine(model, tokenizer, temperature=1.0, max_new_tokens=limits["max_new_tokens"])
