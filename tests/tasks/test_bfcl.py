@@ -2,13 +2,16 @@
 the documented system-prompt format), the reward on the real ground truth, one-line errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from oprl.cli import main
+from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.chat import TOOLS_PROMPT, encode_problem, render
 from oprl.models.tiny import build_tokenizer
+from oprl.runtime.warmstart import recipe, wants_warm_start
 from oprl.tasks import TASKS
 from oprl.tasks.bfcl import BfclTask, data_file, read_lines, tool_schema
 from oprl.tasks.config import BFCL_SUBSETS
@@ -95,6 +98,16 @@ def test_demonstrations_are_correct_on_every_row(think):
             (text,) = demonstrations[p.task_id]
             assert verdict(p.answer, text, think=think) == "match", p.task_id
             assert text.startswith("<think>") is think
+
+
+def test_the_smollm2_example_warm_starts_on_demonstrations():
+    config = load_config(Path(__file__).parents[2] / "configs" / "examples" / "smollm2-bfcl.yaml")
+    assert config.task.name == "bfcl" and config.model.path == "smollm2-135m-instruct"
+    assert wants_warm_start(config.model, config.warmstart) and config.eval.seed is not None
+    assert recipe(config.model, config.task, config.warmstart)["model"] == {
+        "path": "smollm2-135m-instruct",
+        "dtype": "float32",
+    }
 
 
 def test_bad_subset_is_one_line_listing_the_valid_ones(capsys):
