@@ -93,6 +93,8 @@ def test_two_ranks_equal_one_process(tiny_path, sharding):
     reference = _reference(config, tiny_path)
     trainer = ShardedTrainer(config, tiny_path)
     try:
+        if sharding == "fsdp":  # rank 1 starts on the meta device: its weights are rank 0's, broadcast shard-wise
+            assert [m["weights_from"] for m in trainer.memory()] == ["model.path", "rank 0"]
         _compare(reference, _run(trainer, _batches(build_tokenizer())))
     finally:
         trainer.stop()
@@ -104,6 +106,18 @@ def test_two_fsdp_ranks_equal_one_process_11m(tmp_path):
     config = _config(path, "fsdp", 2, **{"algorithm.loss_agg": "seq-mean-token-mean"})
     reference = _reference(config, path)
     trainer = ShardedTrainer(config, path)
+    try:
+        _compare(reference, _run(trainer, _batches(build_tokenizer())))
+    finally:
+        trainer.stop()
+
+
+@pytest.mark.slow  # ~1 min on 2 cores
+def test_fsdp_ranks_with_lora_and_a_reference_model_equal_one_process(tiny_path):
+    """Rank 1's meta-device model gets rank 0's LoRA adapters and reference weights by broadcast, too."""
+    config = _config(tiny_path, "fsdp", 2, **{"model.lora.r": 4, "algorithm.kl_coef": 0.05})
+    reference = _reference(config, tiny_path)
+    trainer = ShardedTrainer(config, tiny_path)
     try:
         _compare(reference, _run(trainer, _batches(build_tokenizer())))
     finally:

@@ -12,8 +12,10 @@
   when that fails the error is one line naming ``model.path``.
 
 The tokenizer must carry a chat template (prompts are rendered with it); it is set up for left-padded
-generation with EOS as padding when the model has no pad token. Not here: quantised training (GGUF weights
-are dequantised), sharding across devices, the embedded tiny model's construction (``oprl.models.tiny``).
+generation with EOS as padding when the model has no pad token. ``empty_model`` builds a loaded model's
+architecture on the meta device (what a sharded trainer's other ranks start from). Not here: quantised training
+(GGUF weights are dequantised), sharding across devices, the embedded tiny model's construction
+(``oprl.models.tiny``).
 """
 
 from __future__ import annotations
@@ -87,6 +89,21 @@ def load_pretrained(
     if lora is not None and lora.r > 0:
         model = add_lora(model, lora)
     return model, tokenizer
+
+
+def empty_model(hf_config, *, dtype: str = "float32", lora=None):
+    """The architecture of ``hf_config`` (a loaded model's ``config``) on the ``meta`` device: shapes, no storage.
+
+    A sharded trainer's ranks other than 0 build this instead of loading the checkpoint; ``fully_shard`` then
+    allocates only their shard and rank 0 broadcasts the values (``oprl.runtime.distributed``). With ``lora``
+    (``r > 0``) the same peft adapters are added, so the parameter names match rank 0's."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, dtype))
+    if lora is not None and lora.r > 0:
+        model = add_lora(model, lora)
+    return model
 
 
 def resolve_model_path(path: str) -> tuple[str, dict]:

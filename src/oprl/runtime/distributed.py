@@ -18,6 +18,12 @@ holds embeddings, final norm and head, tied or not); with ``model.dtype=bfloat16
 stay float32 (master weights, AdamW state float32) and FSDP2's ``MixedPrecisionPolicy`` computes in bfloat16
 and reduces gradients in float32. ``ddp`` wraps ``PolicyForward`` in ``DistributedDataParallel``.
 
+Initialisation under ``fsdp``: only rank 0 holds the unsharded model (loaded from ``model.path``); the other ranks
+build it on the ``meta`` device (``oprl.models.loading.empty_model``), ``fully_shard`` allocates their shards, and
+``fill_from_rank0`` broadcasts rank 0's tensors one at a time (``set_model_state_dict(..., full_state_dict=True,
+broadcast_from_rank0=True)``). Peak memory at set-up: rank 0 the full model plus its shard, every other rank its
+shard plus one tensor in flight.
+
 Weights leave a sharded trainer through ``gather_weights``: parameter by parameter (each a collective),
 copied into a preallocated ``FlatWeights`` on rank 0's CPU, so no rank ever holds a second full copy on its
 device. Checkpoints use ``torch.distributed.checkpoint`` (each rank writes its shard; loading reshards to the
@@ -28,6 +34,7 @@ Deliberately not here: starting the rank processes (``oprl.runtime.trainer_ranks
 
 from __future__ import annotations
 
+import itertools
 import math
 from contextlib import nullcontext
 from pathlib import Path
@@ -106,9 +113,12 @@ class DataParallel(SingleProcess):
 
             mesh = init_device_mesh(self.device.type, (self.world_size,))
             policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+            full = forward.state_dict() if self.rank == 0 else {}  # references to rank 0's weights, no copy
             for layer in decoder_layers(model):
                 fully_shard(layer, mesh=mesh, mp_policy=policy)
             fully_shard(forward, mesh=mesh, mp_policy=policy)
+            fill_from_rank0(forward, full, self.device)
+            del full  # rank 0's unsharded weights are freed here
         elif trainable:  # ddp; a frozen reference model needs no gradient reduction
             from torch.nn.parallel import DistributedDataParallel
 
@@ -159,6 +169,26 @@ class DataParallel(SingleProcess):
                 pick = min if key.endswith("_min") else max
                 low_high[key] = pick(low_high.get(key, value), value)
         return sums | total, low_high
+
+
+def fill_from_rank0(module: torch.nn.Module, full: dict[str, Any], device: torch.device) -> None:
+    """Every rank's shards of a ``fully_shard``-ed ``module`` from rank 0's unsharded ``full`` state dict (``{}``
+    on the other ranks, whose module may be on the ``meta`` device: ``empty_model``).
+
+    A rank on ``meta`` first allocates its shards (``to_empty``: uninitialised, 4/N bytes per float32
+    parameter). ``set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)`` then broadcasts rank 0's
+    tensors one at a time and each rank keeps its slice, so no rank but 0 ever holds an unsharded copy; buffers
+    (RoPE's ``inv_freq``: not in the state dict, garbage after ``to_empty``) are broadcast as they are. A
+    collective: every rank calls it, in the same order of modules."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
+        module.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(module, full, options=options)
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src=0)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

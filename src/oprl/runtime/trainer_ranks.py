@@ -57,6 +57,17 @@ def check_trainer_config(config, gpus: int | None = None) -> None:
         raise OprlError("backend=ray with model.device=cuda: set runtime.gpus_per_trainer_rank (e.g. 1)")
 
 
+def process_memory(pid: int | str = "self") -> dict[str, float]:
+    """``{"peak_rss_gib", "rss_gib"}`` of process ``pid`` from ``/proc/<pid>/status`` (Linux): ``VmHWM`` is the
+    peak since the process started (exec resets it; ``ru_maxrss`` of a spawned child starts at its parent's)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS"):
+            fields[key] = int(value.split()[0]) / 2**20  # kB
+    return {"peak_rss_gib": fields["VmHWM"], "rss_gib": fields["VmRSS"]}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -69,9 +80,12 @@ class TrainerRank:
     def __init__(self, config, model_path: str, rank: int, world_size: int):
         self.config, self.model_path, self.rank, self.world_size = config, model_path, rank, world_size
         self.replica: tuple[Any, Any] | None = None  # (model, engine) on rank 0
+        self.weights_from = "model.path"
 
     def setup(self, address: str) -> bool:
-        from oprl.models.loading import resolve_device
+        import torch.distributed as dist
+
+        from oprl.models.loading import empty_model, resolve_device
         from oprl.runtime.trainer import build_trainer
         from oprl.runtime.transport import load_model
 
@@ -86,11 +100,32 @@ class TrainerRank:
         model_config = config.model.model_copy(
             update={"dtype": "float32", "device": "cpu"} if fsdp else {"device": str(device)}
         )
-        self.model, self.tokenizer = load_model(config.model_copy(update={"model": model_config}), self.model_path)
+        if fsdp:
+            # Only rank 0 reads the checkpoint; the others build the shapes on the meta device and receive their
+            # shards from rank 0 in fully_shard's wrapping (distributed.fill_from_rank0): no full copy per rank.
+            shape: list[Any] = [None]
+            if self.rank == 0:
+                self.model, self.tokenizer = load_model(
+                    config.model_copy(update={"model": model_config}), self.model_path
+                )
+                shape = [(self.model.config, self.tokenizer.pad_token_id)]
+            dist.broadcast_object_list(shape, src=0)
+            hf_config, pad_id = shape[0]
+            if self.rank != 0:
+                self.model, self.tokenizer = empty_model(hf_config, lora=config.model.lora), None
+                self.weights_from = "rank 0"
+        else:
+            self.model, self.tokenizer = load_model(config.model_copy(update={"model": model_config}), self.model_path)
+            pad_id = self.tokenizer.pad_token_id
         compute = torch.bfloat16 if fsdp and config.model.dtype == "bfloat16" else None
         self.parallel = DataParallel(t.sharding, device=device, compute_dtype=compute)
-        self.trainer = build_trainer(config, self.model, self.tokenizer.pad_token_id, self.parallel)
+        self.trainer = build_trainer(config, self.model, pad_id, self.parallel)
         return True
+
+    def memory(self) -> dict[str, Any]:
+        """This rank's peak and current resident memory (GiB, ``VmHWM``/``VmRSS``) and where its weights came
+        from (``model.path``, or ``rank 0`` for fsdp ranks built on the meta device)."""
+        return process_memory() | {"rank": self.rank, "weights_from": self.weights_from}
 
     def train(self, step: int, batch: list) -> dict[str, float]:
         if self.trainer.version != step - 1:
@@ -231,6 +266,10 @@ class ShardedTrainer:
     def save_final(self, directory: str) -> None:
         with self.clock.work():
             self._all("save_final", "while saving the final model", None, directory)
+
+    def memory(self) -> list[dict[str, Any]]:
+        """``TrainerRank.memory`` of every rank, in rank order."""
+        return self._all("memory", "while reading its memory")
 
 
 class _LocalRank:
