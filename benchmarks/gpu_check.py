@@ -18,10 +18,14 @@ credited), counting the work the trainer needs: each group's prompt once (it is 
 with G groups, P prompt tokens, T_b response tokens of row b, N_dense the weights inside decoder layers, L layers,
 d width, V vocabulary (causal attention: 4 d i FLOPs for a token at position i, per layer).
 
-    python benchmarks/gpu_check.py                      # the H200 check (< 8 min)
+    python3 benchmarks/gpu_check.py                     # the H200 check (< 8 min), from the repository root
     python benchmarks/gpu_check.py --shape tiny --device cpu --groups 2 --group-size 2 --response 8   # CPU smoke
 
-Prints one JSON object. Docs: docs/runtime.md ("Scaling out", "Memory plan"); results go to docs/performance.md.
+oprl need not be installed: the script imports it from the ``src/`` next to it. Each finished step prints a JSON
+line to stderr at once (so a run cut short still reports), the result is one JSON object on stdout; it exits
+non-zero if it imported a package the GPU image lacks (``GPU_IMAGE``: pydantic, vLLM, ...). Ranks other than 0
+build the policy on the meta device and receive rank 0's weights in ``fully_shard``'s wrapping, as oprl's
+sharded trainer does. Docs: docs/runtime.md ("Scaling out", "Memory plan"); results go to docs/performance.md.
 """
 
 from __future__ import annotations
@@ -31,9 +35,21 @@ import json
 import socket
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's oprl, installed or not
+
 import torch
+
+GPU_IMAGE = {
+    # Import names of packages the H200 machine's image holds (the device tool's package list, read 2026-11-17)
+    # that an oprl module may import at module level; pydantic, vLLM, Ray, datasets are not among them.
+    "torch", "transformers", "numpy", "safetensors", "tokenizers", "huggingface_hub", "yaml", "pyarrow", "peft",
+    "packaging", "tqdm", "typing_extensions",
+}  # fmt: skip
+ABSENT = {"pydantic", "pydantic_core", "vllm", "ray", "datasets", "math_verify"}
+"""Packages not on the GPU image that some oprl module imports inside a function: this script must not reach them."""
 
 SHAPES = {
     # Qwen2.5-1.5B-Instruct's config.json, as a Llama (Qwen2 = Llama + q/k/v biases).
@@ -129,9 +145,29 @@ def synchronize(device):
 
 
 def peak_rss_gib() -> float:
-    import resource
+    """This process's peak resident memory (``VmHWM``; exec resets it, unlike ``ru_maxrss``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20  # kB
+    return float("nan")
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+def oprl_imports() -> list[str]:
+    """Third-party packages imported at module level by the oprl modules loaded so far (what those packages import
+    in turn depends on their installed versions, not on oprl; imports inside functions show in ``sys.modules``
+    when they run, which ``ABSENT`` checks)."""
+    import ast
+
+    names: set[str] = set()
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] != "oprl" or not getattr(module, "__file__", None):
+            continue
+        for node in ast.parse(Path(module.__file__).read_text()).body:
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return sorted(n for n in names if n not in sys.stdlib_module_names and n != "oprl")
 
 
 def parse(argv=None):
@@ -174,8 +210,9 @@ def rank_main(rank: int, args, port: int, results) -> None:
     start_group(device, rank, args.world_size, port)
     dtype = getattr(torch, args.dtype)
     built = time.perf_counter()
-    # float32 master weights built on the CPU (as a rank loads them); fully_shard moves each shard to the device.
-    policy = build_model(args.shape, torch.device("cpu"), torch.float32)
+    # float32 master weights built on rank 0's CPU (as rank 0 loads them; the others only the shapes, on meta);
+    # fully_shard moves each shard to the device and broadcasts rank 0's values.
+    policy = build_model(args.shape, torch.device("cpu" if rank == 0 else "meta"), torch.float32)
     parallel = DataParallel("fsdp", device=device, compute_dtype=None if dtype == torch.float32 else dtype)
     optim = SimpleNamespace(
         lr=1e-6,
@@ -267,10 +304,17 @@ def rank_main(rank: int, args, port: int, results) -> None:
         }
         if device.type == "cuda":
             result["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        result["elapsed_s"] = time.perf_counter() - args.started
+        if rank == 0:
+            print(json.dumps(result), file=sys.stderr, flush=True)  # what a run cut short still reports
     memory = [None] * args.world_size
     dist.all_gather_object(memory, {"peak_rss_gib": peak_rss_gib(), "rss_after_setup_gib": trainer_rss})
     result["per_rank"] = memory
     result["pydantic_imported"] = "pydantic" in sys.modules
+    result["oprl_imports"] = oprl_imports()
+    result["not_on_gpu_image"] = sorted(
+        {name for name in result["oprl_imports"] if name not in GPU_IMAGE} | (ABSENT & set(sys.modules))
+    )
     dist.destroy_process_group()
     if rank == 0:
         results.put(result)
@@ -280,6 +324,7 @@ def main(argv=None) -> dict:
     import torch.multiprocessing as mp
 
     args = parse(argv)
+    args.started = time.perf_counter()  # CLOCK_MONOTONIC on Linux: comparable in the spawned ranks
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -290,9 +335,11 @@ def main(argv=None) -> dict:
     else:
         mp.start_processes(rank_main, args=(args, port, results), nprocs=args.world_size, start_method="spawn")
     result = results.get()
+    result["total_s"] = time.perf_counter() - args.started
     print(json.dumps(result, indent=1))
-    if result["pydantic_imported"]:
-        raise SystemExit("gpu_check imported pydantic: the GPU machine does not have it")
+    if result["not_on_gpu_image"]:
+        names = ", ".join(result["not_on_gpu_image"])
+        raise SystemExit(f"gpu_check imported {names}: the GPU machine's image does not have it")
     return result
 
 

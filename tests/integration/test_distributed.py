@@ -267,6 +267,7 @@ def test_gpu_check_runs_on_cpu_without_pydantic():
     import json
 
     script = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the script finds its own src/
     done = subprocess.run(
         [
             sys.executable,
@@ -293,12 +294,18 @@ def test_gpu_check_runs_on_cpu_without_pydantic():
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
+        cwd="/",
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
-    assert result["pydantic_imported"] is False
+    assert result["pydantic_imported"] is False and result["not_on_gpu_image"] == []
+    assert "torch" in result["oprl_imports"]  # the import check reads the real modules
     assert result["step"] == 2 and result["response_tokens"] > 0 and result["train_s"] > 0
     assert torch.isfinite(torch.tensor([result["loss"], result["grad_norm"], result["trainer_mfu"]])).all()
+    assert 0 < result["elapsed_s"] <= result["total_s"] and result["per_rank"][0]["peak_rss_gib"] > 0
+    steps = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"shape"')]
+    assert [s["step"] for s in steps] == [1, 2]  # one line per finished step, as it finishes
 
 
 def test_fsdp_refuses_a_model_without_decoder_layers_in_one_line():
