@@ -100,10 +100,11 @@ def test_two_ranks_equal_one_process(tiny_path, sharding):
         trainer.stop()
 
 
-@pytest.mark.slow  # ~1 min on an idle 2-core machine (both processes train an 11 M model)
-def test_two_fsdp_ranks_equal_one_process_11m(tmp_path):
+@pytest.mark.slow  # ~1 min each on an idle 2-core machine (both processes train an 11 M model)
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_ranks_equal_one_process_11m(tmp_path, sharding):
     path = _save_model(tmp_path, 512, 4, 8)  # ~11 M parameters
-    config = _config(path, "fsdp", 2, **{"algorithm.loss_agg": "seq-mean-token-mean"})
+    config = _config(path, sharding, 2, **{"algorithm.loss_agg": "seq-mean-token-mean"})
     reference = _reference(config, path)
     trainer = ShardedTrainer(config, path)
     try:
