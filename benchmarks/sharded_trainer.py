@@ -39,31 +39,8 @@ import torch
 from oprl.config import load_config
 from oprl.models.loading import SMOLLM2_ALIAS
 from oprl.runtime.experience import Experience
+from oprl.runtime.trainer_ranks import process_memory
 from oprl.runtime.transport import load_model
-
-GIB = 2**30
-
-
-def rank_pids() -> list[int]:
-    """This process's spawned workers (multiprocessing children, not its resource tracker), oldest first: the
-    ranks start in rank order."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == os.getpid() and "spawn_main" in command and "resource_tracker" not in command:
-            pids.append(int(entry.name))
-    return sorted(pids)
-
-
-def peak_rss_gib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024 / GIB
-    raise RuntimeError(f"/proc/{pid}/status has no VmHWM")
 
 
 def make_batches(config, path: str, steps: int, args) -> list[list[Experience]]:
@@ -106,18 +83,26 @@ def make_batches(config, path: str, steps: int, args) -> list[list[Experience]]:
 
 
 def start(config, path: str, sharding: str, world: int):
-    """The trainer of one configuration, ready to train."""
+    """The trainer of one configuration, ready to train: (call, peak RSS per rank in GiB, stop)."""
     if sharding == "none":
         from oprl.runtime.processes import ProcessActor
         from oprl.runtime.trainer import TrainerWorker
 
         actor = ProcessActor("trainer", TrainerWorker, (config, path), config.runtime.torch_threads)
         actor.ready.result()
-        return actor, lambda method, *a: actor.call(method, *a).result(), actor.terminate
+        return (
+            lambda method, *a: actor.call(method, *a).result(),
+            lambda: [process_memory(actor.pid)["peak_rss_gib"]],
+            actor.terminate,
+        )
     from oprl.runtime.trainer_ranks import ShardedTrainer
 
     trainer = ShardedTrainer(config, path)
-    return trainer, lambda method, *a: getattr(trainer, method)(*a), trainer.stop
+    return (
+        lambda method, *a: getattr(trainer, method)(*a),
+        lambda: [rank["peak_rss_gib"] for rank in trainer.memory()],
+        trainer.stop,
+    )
 
 
 def measure(base: list[str], path: str, sharding: str, world: int, batches, args) -> dict:
@@ -127,12 +112,10 @@ def measure(base: list[str], path: str, sharding: str, world: int, batches, args
         [*base, f"trainer.sharding={sharding}", f"trainer.world_size={world}", f"runtime.torch_threads={threads}"],
     )
     tick = time.perf_counter()
-    _, call, stop = start(config, path, sharding, world)
+    call, peak_rss_gib, stop = start(config, path, sharding, world)
     try:
         setup_s = time.perf_counter() - tick
-        pids = rank_pids()
-        assert len(pids) == world, f"expected {world} rank processes, found {pids}"
-        setup_peak = [peak_rss_gib(pid) for pid in pids]
+        setup_peak = peak_rss_gib()
         steps = []
         for step, batch in enumerate(batches, start=1):
             tick = time.perf_counter()
@@ -150,7 +133,7 @@ def measure(base: list[str], path: str, sharding: str, world: int, batches, args
                     "grad_norm": metrics["optim/grad_norm"],
                 }
             )
-        peak = [peak_rss_gib(pid) for pid in pids]
+        peak = peak_rss_gib()
     finally:
         stop()
     return {

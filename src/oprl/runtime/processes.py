@@ -87,6 +87,11 @@ class ProcessActor(QueuedActor):
         self._receiver = threading.Thread(target=self._receive, name=f"oprl-{name}-receive", daemon=True)
         self._receiver.start()
 
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id (None before it started)."""
+        return self._process.pid
+
     def terminate(self) -> None:
         """Kill the process now (a peer of a failed collective would otherwise wait for its timeout)."""
         if self._process.is_alive():
