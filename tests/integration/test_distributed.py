@@ -87,42 +87,41 @@ def _reference(config, path):
     return _run(worker, _batches(worker.tokenizer))
 
 
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
-def test_two_ranks_equal_one_process(tiny_path, sharding):
-    config = _config(tiny_path, sharding, 2)
-    reference = _reference(config, tiny_path)
-    trainer = ShardedTrainer(config, tiny_path)
+def assert_ranks_equal_one_process(config, path, before=None) -> None:
+    """Train ``_batches`` on ``config``'s ranks and on one in-process trainer; ``_compare`` the two.
+    ``before(trainer)`` runs on the started ranks before training (extra checks)."""
+    reference = _reference(config, path)
+    trainer = ShardedTrainer(config, path)
     try:
-        if sharding == "fsdp":  # rank 1 starts on the meta device: its weights are rank 0's, broadcast shard-wise
-            assert [m["weights_from"] for m in trainer.memory()] == ["model.path", "rank 0"]
+        if before is not None:
+            before(trainer)
         _compare(reference, _run(trainer, _batches(build_tokenizer())))
     finally:
         trainer.stop()
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_ranks_equal_one_process(tiny_path, sharding):
+    def weights_source(trainer):
+        if sharding == "fsdp":  # rank 1 starts on the meta device: its weights are rank 0's, broadcast shard-wise
+            assert [m["weights_from"] for m in trainer.memory()] == ["model.path", "rank 0"]
+
+    assert_ranks_equal_one_process(_config(tiny_path, sharding, 2), tiny_path, before=weights_source)
 
 
 @pytest.mark.slow  # ~1 min each on an idle 2-core machine (both processes train an 11 M model)
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_two_ranks_equal_one_process_11m(tmp_path, sharding):
     path = _save_model(tmp_path, 512, 4, 8)  # ~11 M parameters
-    config = _config(path, sharding, 2, **{"algorithm.loss_agg": "seq-mean-token-mean"})
-    reference = _reference(config, path)
-    trainer = ShardedTrainer(config, path)
-    try:
-        _compare(reference, _run(trainer, _batches(build_tokenizer())))
-    finally:
-        trainer.stop()
+    assert_ranks_equal_one_process(_config(path, sharding, 2, **{"algorithm.loss_agg": "seq-mean-token-mean"}), path)
 
 
 @pytest.mark.slow  # ~1 min on 2 cores
 def test_fsdp_ranks_with_lora_and_a_reference_model_equal_one_process(tiny_path):
     """Rank 1's meta-device model gets rank 0's LoRA adapters and reference weights by broadcast, too."""
-    config = _config(tiny_path, "fsdp", 2, **{"model.lora.r": 4, "algorithm.kl_coef": 0.05})
-    reference = _reference(config, tiny_path)
-    trainer = ShardedTrainer(config, tiny_path)
-    try:
-        _compare(reference, _run(trainer, _batches(build_tokenizer())))
-    finally:
-        trainer.stop()
+    assert_ranks_equal_one_process(
+        _config(tiny_path, "fsdp", 2, **{"model.lora.r": 4, "algorithm.kl_coef": 0.05}), tiny_path
+    )
 
 
 @pytest.mark.parametrize(

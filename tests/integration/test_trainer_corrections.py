@@ -5,11 +5,10 @@ import copy
 
 import pytest
 import torch
-from test_distributed import _batches, _compare, _config, _reference, _run, _save_model
+from test_distributed import _config, _save_model, assert_ranks_equal_one_process
 
 import oprl.runtime.trainer as trainer_module
 from oprl.models.logprobs import pack, response_logprobs
-from oprl.models.tiny import build_tokenizer
 from trainer_helpers import make_batch, make_trainer
 
 NEW_PRESETS = [
@@ -123,12 +122,4 @@ def tiny_path(tmp_path_factory):
 def test_decoupled_ppo_two_ranks_equal_one_process(tiny_path, sharding):
     """π_prox on data-parallel ranks (every rank recomputes every row through the wrapped policy) gives the
     one-process losses, gradient norms and weights (two mini-batches per step, so r ≠ 1 on the second)."""
-    from oprl.runtime.trainer_ranks import ShardedTrainer
-
-    config = _config(tiny_path, sharding, 2, **{"algorithm.preset": "decoupled-ppo"})
-    reference = _reference(config, tiny_path)
-    trainer = ShardedTrainer(config, tiny_path)
-    try:
-        _compare(reference, _run(trainer, _batches(build_tokenizer())))
-    finally:
-        trainer.stop()
+    assert_ranks_equal_one_process(_config(tiny_path, sharding, 2, **{"algorithm.preset": "decoupled-ppo"}), tiny_path)
