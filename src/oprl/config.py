@@ -129,6 +129,12 @@ class RolloutConfig(_Section):
     clip band and IS weight would read sampling truncation as staleness (eval.top_p < 1 is fine)."""
     max_new_tokens: int = Field(8, gt=0)
     """Response length limit; longer responses are truncated and flagged."""
+    truncated_reward: float | None = None
+    """Training reward of a single-turn response cut at max_new_tokens, in place of the task's score (None =
+    the task's score). A reply cut mid-reasoning can still end in the right number by luck and be rewarded for
+    rambling; a value such as -0.1 makes every cut reply lose to every finished one (the rule multi-turn
+    episodes already follow: a truncated episode scores 0). The logged reward components keep the task's
+    verdict; evaluation always scores as the task does."""
     max_turns: int = Field(4, gt=0)
     """Multi-turn tasks (tool-arithmetic, bfcl-multi-turn): most model turns per episode; max_new_tokens
     bounds each turn. An episode still running after max_turns is truncated, flagged, and scores 0."""

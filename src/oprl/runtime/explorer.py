@@ -68,6 +68,7 @@ class Explorer:
         seed: int,
         max_turns: int = 1,
         max_episode_tokens: int = 256,
+        truncated_reward: float | None = None,
     ):
         self.task = task
         self.tokenizer = tokenizer
@@ -76,6 +77,7 @@ class Explorer:
         self.group_size = group_size
         self.seed = seed
         self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
+        self.truncated_reward = truncated_reward
         self.problems = task.problems("train")
         self._prompt_cache: dict[str, list[int]] = {}
 
@@ -107,12 +109,16 @@ class Explorer:
         rollout = self.engine.generate(prompt_ids, seed=stream_seed(self.seed, step))
         generated = time.perf_counter()
         rewards = self.task.score(rows, rollout.texts)
+        totals = [
+            self.truncated_reward if cut and self.truncated_reward is not None else reward.total
+            for reward, cut in zip(rewards, rollout.truncated, strict=True)
+        ]
         experiences = [
             Experience(
                 prompt_ids=prompt_ids[i],
                 response_ids=rollout.response_ids[i],
                 behavior_logprobs=rollout.behavior_logprobs[i],
-                reward=rewards[i].total,
+                reward=totals[i],
                 reward_components=dict(rewards[i].components),
                 group_id=(step - 1) * self.prompts_per_step + i // self.group_size,
                 task_id=rows[i].task_id,
@@ -180,6 +186,7 @@ class ExplorerWorker:
             seed=config.seed,
             max_turns=config.rollout.max_turns,
             max_episode_tokens=config.rollout.max_episode_tokens,
+            truncated_reward=config.rollout.truncated_reward,
         )
 
     def ping(self) -> int:
