@@ -1,10 +1,14 @@
-"""Plot and summarise a run of configs/examples/smollm2-arithmetic-cpu.yaml for docs/real-models.md.
+"""Plot and summarise runs of the SmolLM2 word-problem examples (configs/examples/smollm2-arithmetic-*.yaml)
+for docs/real-models.md: one run, or several seeds of one config side by side.
 
     python benchmarks/smollm2_demo_plot.py runs/examples/smollm2-arithmetic-cpu docs/img/smollm2-arithmetic-cpu.png
+    python benchmarks/smollm2_demo_plot.py RUN_S0 RUN_S1 RUN_S2 docs/img/smollm2-arithmetic-vllm.png
 
-Reads ``metrics.jsonl`` and ``summary.json`` of the run directory, draws the batch reward per step with a
-5-step moving average and the truncation rate, and prints the numbers the docs quote (markdown): first
-and last five steps' mean reward, evaluation accuracy before and after, median throughputs, wall time.
+Reads ``metrics.jsonl`` and ``summary.json`` of each run directory, draws the batch reward per step with a
+5-step moving average, the evaluation accuracy, and the truncation and format rates, and prints the numbers
+the docs quote as a markdown table (one column per run, plus the mean when there are several): first and last
+five steps' mean reward, evaluation accuracy and format before and after, truncation, median throughputs,
+wall time.
 """
 
 from __future__ import annotations
@@ -24,50 +28,79 @@ def moving_average(values: list[float], width: int) -> list[float]:
     return [statistics.fmean(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
 
 
-def main(run_dir: Path, out: Path) -> None:
+def read_run(run_dir: Path) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if r["step"] > 0 and "reward/mean" in r]
-    evals = [r for r in rows if "eval/accuracy" in r]
-    x = [r["step"] for r in steps]
+    summary_file = run_dir / "summary.json"
+    return {
+        "name": run_dir.name,
+        "steps": [r for r in rows if r["step"] > 0 and "reward/mean" in r],
+        "evals": [r for r in rows if "eval/accuracy" in r],
+        "summary": json.loads(summary_file.read_text()) if summary_file.is_file() else {},
+    }
+
+
+def quantities(run: dict) -> dict[str, float]:
+    steps, evals = run["steps"], run["evals"]
     reward = [r["reward/mean"] for r in steps]
     truncated = [r["response/truncated_frac"] for r in steps]
-    length = [r["response/length_mean"] for r in steps]
+    k = min(5, len(reward) // 2)
+    return {
+        "steps": len(steps),
+        f"mean batch reward, steps 1-{k}": statistics.fmean(reward[:k]),
+        f"mean batch reward, last {k} steps": statistics.fmean(reward[-k:]),
+        "eval accuracy before": evals[0]["eval/accuracy"],
+        "eval accuracy after": evals[-1]["eval/accuracy"],
+        "eval accuracy gain (points)": 100 * (evals[-1]["eval/accuracy"] - evals[0]["eval/accuracy"]),
+        "eval format before": evals[0].get("eval/format", float("nan")),
+        "eval format after": evals[-1].get("eval/format", float("nan")),
+        f"truncated fraction, first {k} steps": statistics.fmean(truncated[:k]),
+        f"truncated fraction, last {k} steps": statistics.fmean(truncated[-k:]),
+        "median generate tokens/s": statistics.median(r["perf/generate_tokens_per_s"] for r in steps),
+        "median train tokens/s (response tokens)": statistics.median(r["perf/train_tokens_per_s"] for r in steps),
+        "wall time, min": run["summary"].get("seconds", float("nan")) / 60,
+    }
+
+
+def main(run_dirs: list[Path], out: Path) -> None:
+    runs = [read_run(d) for d in run_dirs]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    left.plot(x, reward, "o", alpha=0.4, label="batch mean reward (16 responses)")
-    left.plot(x, moving_average(reward, 5), "-", label="5-step moving average")
-    left.plot([e["step"] for e in evals], [e["eval/accuracy"] for e in evals], "s--", label="eval accuracy (64 test)")
-    right.plot(x, [r["reward/format"] for r in steps], "-", label="ends with a number (format)")
+    for i, run in enumerate(runs):
+        color = f"C{i}"
+        x = [r["step"] for r in run["steps"]]
+        reward = [r["reward/mean"] for r in run["steps"]]
+        left.plot(x, reward, "o", color=color, alpha=0.25, markersize=3)
+        left.plot(x, moving_average(reward, 5), "-", color=color, label=f"{run['name']}: reward, 5-step mean")
+        evals = run["evals"]
+        left.plot([e["step"] for e in evals], [e["eval/accuracy"] for e in evals], "s--", color=color, alpha=0.7)
+        right.plot(x, [r["response/truncated_frac"] for r in run["steps"]], "-", color=color, label=run["name"])
+        right.plot(x, [r["reward/format"] for r in run["steps"]], ":", color=color)
+    problems = int(runs[0]["evals"][0].get("eval/num_problems", 0))
+    left.plot([], [], "s--", color="gray", label=f"eval accuracy ({problems} test problems)")
     left.set_xlabel("trainer step")
     left.set_ylabel("reward = correct +- 0.1 format")
-    left.legend(fontsize=8)
-    right.plot(x, truncated, "-", label="truncated at max_new_tokens")
-    right.plot(x, [v / max(length) for v in length], "-", label="mean length / max")
+    left.legend(fontsize=7)
+    right.plot([], [], "-", color="gray", label="truncated at max_new_tokens")
+    right.plot([], [], ":", color="gray", label="ends with a number (format)")
     right.set_xlabel("trainer step")
-    right.legend(fontsize=8)
+    right.set_ylabel("fraction of batch replies")
+    right.legend(fontsize=7)
     fig.suptitle("SmolLM2-135M-Instruct, GRPO, one-step word problems, 2 CPU cores")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
-    k = min(5, len(reward) // 2)
-    lines = [
-        "| quantity | value |",
-        "|---|---|",
-        f"| steps | {len(steps)} |",
-        f"| mean batch reward, steps 1-{k} | {statistics.fmean(reward[:k]):.3f} |",
-        f"| mean batch reward, last {k} steps | {statistics.fmean(reward[-k:]):.3f} |",
-        f"| eval accuracy before -> after | {evals[0]['eval/accuracy']:.3f} -> {evals[-1]['eval/accuracy']:.3f} |",
-        f"| eval format rate before -> after | {evals[0].get('eval/format', float('nan')):.3f} -> "
-        f"{evals[-1].get('eval/format', float('nan')):.3f} |",
-        f"| truncated fraction, first -> last {k} steps | {statistics.fmean(truncated[:k]):.2f} -> "
-        f"{statistics.fmean(truncated[-k:]):.2f} |",
-        f"| median generate tokens/s | {statistics.median(r['perf/generate_tokens_per_s'] for r in steps):.1f} |",
-        "| median train tokens/s (response tokens) | "
-        f"{statistics.median(r['perf/train_tokens_per_s'] for r in steps):.1f} |",
-        f"| wall time | {summary.get('seconds', float('nan')) / 60:.1f} min |",
-    ]
+    table = [quantities(run) for run in runs]
+    header = ["quantity", *(run["name"] for run in runs)] + (["mean"] if len(runs) > 1 else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for key in table[0]:
+        values = [row[key] for row in table] + ([statistics.fmean(row[key] for row in table)] if len(runs) > 1 else [])
+        cells = [
+            f"{v:.0f}" if key == "steps" else f"{v:.1f}" if "min" in key or "/s" in key else f"{v:.3f}" for v in values
+        ]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    if len(sys.argv) < 3:
+        sys.exit("usage: smollm2_demo_plot.py RUN_DIR [RUN_DIR ...] OUT.png")
+    main([Path(p) for p in sys.argv[1:-1]], Path(sys.argv[-1]))
