@@ -35,9 +35,9 @@ def make_batch(tokenizer, groups=3, k=4, seed=0):
     return batch
 
 
-def make_trainer(preset="grpo", seed=0, **optim):
+def make_trainer(preset="grpo", seed=0, num_layers=1, activation_checkpointing=False, **optim):
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=seed)
+    model = build_model(tokenizer, hidden_size=32, num_layers=num_layers, num_heads=2, seed=seed)
     trainer = Trainer(
         model,
         pad_id=tokenizer.pad_token_id,
@@ -46,5 +46,6 @@ def make_trainer(preset="grpo", seed=0, **optim):
         sampling_temperature=1.0,
         max_response_tokens=8,
         seed=seed,
+        activation_checkpointing=activation_checkpointing,
     )
     return trainer, tokenizer

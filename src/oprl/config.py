@@ -301,6 +301,12 @@ class TrainerConfig(_Section):
     are all-reduced (DistributedDataParallel); ``fsdp`` = parameters, gradients and AdamW state are sharded
     over the ranks (FSDP2 ``fully_shard`` per decoder layer; Zhao et al. 2023, arXiv 2304.11277), with
     float32 master weights under model.dtype=bfloat16. fsdp at world_size 1 is valid (master weights)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (Chen et al. 2016,
+    arXiv 1604.06174): activation memory per micro-batch falls from every layer's intermediates to one layer
+    input per layer, for about one more forward pass. The trainer then runs each row's prompt with its
+    response (no shared-prompt KV cache, which cannot be recomputed), so prompts cost K times their share.
+    The loss and gradients equal the default's up to float rounding (docs/runtime.md, "Memory plan")."""
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend of the ranks: ``auto`` = nccl when model.device is CUDA, else gloo."""
 

@@ -109,6 +109,18 @@ def test_two_ranks_equal_one_process(tiny_path, sharding):
     assert_ranks_equal_one_process(_config(tiny_path, sharding, 2), tiny_path, before=weights_source)
 
 
+def test_fsdp_ranks_with_activation_checkpointing_equal_one_process(tiny_path):
+    """trainer.activation_checkpointing under fully_shard: the recomputed layers gather their shard again in
+    backward; losses, gradient norms and weights still equal one process without checkpointing."""
+    config = _config(tiny_path, "fsdp", 2, **{"trainer.activation_checkpointing": True})
+    plain = _reference(_config(tiny_path, "fsdp", 2), tiny_path)
+    trainer = ShardedTrainer(config, tiny_path)
+    try:
+        _compare(plain, _run(trainer, _batches(build_tokenizer())))
+    finally:
+        trainer.stop()
+
+
 @pytest.mark.slow  # ~1 min each on an idle 2-core machine (both processes train an 11 M model)
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_two_ranks_equal_one_process_11m(tmp_path, sharding):

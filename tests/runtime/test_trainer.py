@@ -100,3 +100,39 @@ def test_log_ref_kl_every_logs_kl_to_initial_policy_without_changing_the_update(
     assert second[0]["loss/total"] == second[1]["loss/total"]  # logging only: the loss is untouched
     for a, b in zip(plain.model.parameters(), logged.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def _saved_bytes(trainer, batch) -> int:
+    """Bytes autograd keeps for backward during one forward of the trainer's policy (train mode, as in a step)."""
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    trainer.model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        trainer.policy([e.prompt_ids for e in batch], [e.response_ids for e in batch], trainer.pad_id)
+    return sum(saved)
+
+
+def test_activation_checkpointing_keeps_fewer_activations_and_equals_the_default():
+    """trainer.activation_checkpointing: same gradients (checkpointed layers recomputed in backward, prompts
+    packed per row instead of shared), and backward keeps far less than every layer's intermediates."""
+    plain, tokenizer = make_trainer(num_layers=3)
+    checkpointed, _ = make_trainer(num_layers=3, activation_checkpointing=True)
+    batch = make_batch(tokenizer, groups=3, k=4)
+    assert _saved_bytes(checkpointed, batch) < 0.5 * _saved_bytes(plain, batch)
+    for trainer in (plain, checkpointed):  # gradients, not Adam steps (see test_micro_batching_equals_full_batch)
+        trainer.optimizer.step = lambda: None
+        trainer.step(copy.deepcopy(batch))
+    for (name, a), (_, b) in zip(plain.model.named_parameters(), checkpointed.model.named_parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_activation_checkpointing_on_a_model_without_it_is_one_line():
+    from oprl.errors import OprlError
+    from oprl.runtime.distributed import enable_activation_checkpointing
+
+    with pytest.raises(OprlError, match=r"^trainer.activation_checkpointing: Linear does not support"):
+        enable_activation_checkpointing(torch.nn.Linear(2, 2))

@@ -76,6 +76,19 @@ def response_logprobs(
     return _chunked_logprobs(head, features, chosen, mask, temperature, with_entropy, entropy_grad, chunk_bytes)
 
 
+def packed_response_logprobs(
+    model, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``response_logprobs`` of rows given as token lists, each row's prompt and response packed (``pack``) and
+    run whole: no key/value cache, so every layer's forward can be recomputed in backward (activation
+    checkpointing), at the cost of running each group's prompt once per row. Returns ``(logprobs (B, T),
+    entropy (B, T) or None, mask (B, T))``, equal to ``grouped_response_logprobs`` up to float rounding."""
+    device = next(model.parameters()).device
+    input_ids, attention_mask, targets, mask = (t.to(device) for t in pack(prompt_ids, response_ids, pad_id))
+    logprobs, entropy = response_logprobs(model, input_ids, attention_mask, targets, **kwargs)
+    return logprobs, entropy, mask
+
+
 def grouped_response_logprobs(
     model,
     prompt_ids: list[list[int]],
@@ -100,19 +113,16 @@ def grouped_response_logprobs(
     """
     head = _plain_head(model)
     if head is None:
-        device = next(model.parameters()).device
-        input_ids, attention_mask, targets, mask = (t.to(device) for t in pack(prompt_ids, response_ids, pad_id))
-        logprobs, entropy = response_logprobs(
+        return packed_response_logprobs(
             model,
-            input_ids,
-            attention_mask,
-            targets,
+            prompt_ids,
+            response_ids,
+            pad_id,
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             chunk_bytes=chunk_bytes,
         )
-        return logprobs, entropy, mask
     decoder, device = _decoder(model), head.weight.device
     prefill = prefill_shared_prompts(decoder, prompt_ids, pad_id, device)
     targets, mask = (t.to(device) for t in right_pad(response_ids, pad_id))  # (B, T)

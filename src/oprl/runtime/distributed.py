@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from oprl.errors import OprlError
-from oprl.models.logprobs import grouped_response_logprobs
+from oprl.models.logprobs import grouped_response_logprobs, packed_response_logprobs
 
 
 class PolicyForward(torch.nn.Module):
@@ -53,12 +53,31 @@ class PolicyForward(torch.nn.Module):
     hooks (gather the root's parameters, reduce its gradients in backward) and DDP's reducer run on a module
     call only, so the trainer calls this wrapper. On one process it is a plain call (the same numbers)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, activation_checkpointing: bool = False):
         super().__init__()
         self.model = model
+        self.activation_checkpointing = activation_checkpointing
+        if activation_checkpointing:
+            enable_activation_checkpointing(model)
 
     def forward(self, prompt_ids, response_ids, pad_id, **kwargs):
+        if self.activation_checkpointing:
+            # The shared-prompt pass appends to a KV cache inside each layer, which a recomputation in backward
+            # would repeat; checkpointed layers run every row's prompt + response without a cache instead.
+            return packed_response_logprobs(self.model, prompt_ids, response_ids, pad_id, **kwargs)
         return grouped_response_logprobs(self.model, prompt_ids, response_ids, pad_id, **kwargs)
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Keep only each decoder layer's input for backward and recompute the layer there (transformers'
+    gradient checkpointing with non-reentrant ``torch.utils.checkpoint``; active in train mode, which the
+    trainer's passes use). State-dict keys are unchanged, so weight sync, checkpoints and ``final/`` are too."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft (LoRA) wrapper
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise OprlError(
+            f"trainer.activation_checkpointing: {type(base).__name__} does not support gradient checkpointing"
+        )
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 class SingleProcess:
@@ -68,8 +87,10 @@ class SingleProcess:
     grad_scale = 1.0
     """Factor on each micro-batch loss: the number of ranks whose gradients the reduction averages."""
 
-    def wrap(self, model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
-        return PolicyForward(model)
+    def wrap(
+        self, model: torch.nn.Module, trainable: bool = True, activation_checkpointing: bool = False
+    ) -> torch.nn.Module:
+        return PolicyForward(model, activation_checkpointing)
 
     def share(self, rows: list, rank: int | None = None) -> list[int]:
         """Indices of ``rows`` (a mini-batch) that ``rank`` trains on."""
@@ -105,8 +126,10 @@ class DataParallel(SingleProcess):
         self.grad_scale = float(self.world_size)
         self.wrapped: Any = None  # the trainable module after wrap: an FSDPModule or a DistributedDataParallel
 
-    def wrap(self, model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
-        forward: torch.nn.Module = PolicyForward(model)
+    def wrap(
+        self, model: torch.nn.Module, trainable: bool = True, activation_checkpointing: bool = False
+    ) -> torch.nn.Module:
+        forward: torch.nn.Module = PolicyForward(model, activation_checkpointing)
         if self.sharding == "fsdp":
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

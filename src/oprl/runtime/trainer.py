@@ -64,6 +64,7 @@ class Trainer:
         seed: int = 0,
         log_ref_kl_every: int = 0,
         parallel: SingleProcess | None = None,
+        activation_checkpointing: bool = False,
     ):
         self.model = model
         self.pad_id = pad_id
@@ -86,7 +87,7 @@ class Trainer:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
             self.reference = self.parallel.wrap(self.ref_model, trainable=False)
         # The module computing (logprobs, entropy, mask); wrapping (FSDP/DDP) happens before the optimizer exists.
-        self.policy = self.parallel.wrap(model)
+        self.policy = self.parallel.wrap(model, activation_checkpointing=activation_checkpointing)
         params = list(model.parameters())
         # The fused kernel updates all tensors in one pass (half the optimizer time of the per-tensor loop on CPU).
         fused = all(p.device.type in ("cpu", "cuda") for p in params)
@@ -290,6 +291,7 @@ def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess
         seed=config.seed,
         log_ref_kl_every=algo.log_ref_kl_every,
         parallel=parallel,
+        activation_checkpointing=config.trainer.activation_checkpointing,
     )
 
 
