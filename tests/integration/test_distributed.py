@@ -87,10 +87,10 @@ def _reference(config, path):
     return _run(worker, _batches(worker.tokenizer))
 
 
-def assert_ranks_equal_one_process(config, path, before=None) -> None:
-    """Train ``_batches`` on ``config``'s ranks and on one in-process trainer; ``_compare`` the two.
-    ``before(trainer)`` runs on the started ranks before training (extra checks)."""
-    reference = _reference(config, path)
+def assert_ranks_equal_one_process(config, path, before=None, reference_config=None) -> None:
+    """Train ``_batches`` on ``config``'s ranks and on one in-process trainer (of ``reference_config``, default
+    ``config``); ``_compare`` the two. ``before(trainer)`` runs on the started ranks before training."""
+    reference = _reference(reference_config or config, path)
     trainer = ShardedTrainer(config, path)
     try:
         if before is not None:
@@ -112,13 +112,11 @@ def test_two_ranks_equal_one_process(tiny_path, sharding):
 def test_fsdp_ranks_with_activation_checkpointing_equal_one_process(tiny_path):
     """trainer.activation_checkpointing under fully_shard: the recomputed layers gather their shard again in
     backward; losses, gradient norms and weights still equal one process without checkpointing."""
-    config = _config(tiny_path, "fsdp", 2, **{"trainer.activation_checkpointing": True})
-    plain = _reference(_config(tiny_path, "fsdp", 2), tiny_path)
-    trainer = ShardedTrainer(config, tiny_path)
-    try:
-        _compare(plain, _run(trainer, _batches(build_tokenizer())))
-    finally:
-        trainer.stop()
+    assert_ranks_equal_one_process(
+        _config(tiny_path, "fsdp", 2, **{"trainer.activation_checkpointing": True}),
+        tiny_path,
+        reference_config=_config(tiny_path, "fsdp", 2),
+    )
 
 
 @pytest.mark.slow  # ~1 min each on an idle 2-core machine (both processes train an 11 M model)
