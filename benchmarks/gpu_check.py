@@ -197,10 +197,10 @@ def rank_main(rank: int, args, port: int, results) -> None:
     import torch.distributed as dist
 
     from oprl.algorithms import PRESETS
+    from oprl.messages import Experience
     from oprl.rollout.lean_engine import LeanEngine
-    from oprl.runtime.distributed import DataParallel, gather_weights
-    from oprl.runtime.experience import Experience
-    from oprl.runtime.trainer import Trainer
+    from oprl.trainer.distributed import DataParallel, gather_weights
+    from oprl.trainer.trainer import Trainer
 
     if args.threads:
         torch.set_num_threads(args.threads)

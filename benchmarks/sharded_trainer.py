@@ -37,10 +37,10 @@ from pathlib import Path
 import torch
 
 from oprl.config import load_config
+from oprl.messages import Experience
 from oprl.models.loading import SMOLLM2_ALIAS
-from oprl.runtime.experience import Experience
-from oprl.runtime.trainer_ranks import process_memory
-from oprl.runtime.transport import load_model
+from oprl.trainer.ranks import process_memory
+from oprl.worker import load_model
 
 
 def make_batches(config, path: str, steps: int, args) -> list[list[Experience]]:
@@ -85,8 +85,8 @@ def make_batches(config, path: str, steps: int, args) -> list[list[Experience]]:
 def start(config, path: str, sharding: str, world: int):
     """The trainer of one configuration, ready to train: (call, peak RSS per rank in GiB, stop)."""
     if sharding == "none":
-        from oprl.runtime.processes import ProcessActor
-        from oprl.runtime.trainer import TrainerWorker
+        from oprl.backends.processes import ProcessActor
+        from oprl.trainer.trainer import TrainerWorker
 
         actor = ProcessActor("trainer", TrainerWorker, (config, path), config.runtime.torch_threads)
         actor.ready.result()
@@ -95,7 +95,7 @@ def start(config, path: str, sharding: str, world: int):
             lambda: [process_memory(actor.pid)["peak_rss_gib"]],
             actor.terminate,
         )
-    from oprl.runtime.trainer_ranks import ShardedTrainer
+    from oprl.trainer.ranks import ShardedTrainer
 
     trainer = ShardedTrainer(config, path)
     return (

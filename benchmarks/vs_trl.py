@@ -49,8 +49,8 @@ def peak_rss_mib() -> float:
 
 
 def final_eval(model, tokenizer, task) -> float:
+    from oprl.explorer.evaluate import evaluate
     from oprl.rollout import HFGenerateEngine
-    from oprl.runtime.evaluate import evaluate
 
     engine = HFGenerateEngine(model, tokenizer, temperature=1.0, max_new_tokens=MAX_NEW)
     return evaluate(engine, task, tokenizer, num_problems=500, temperature=1.0, seed=0)["accuracy"]
@@ -113,7 +113,7 @@ def child_trl(path: str, steps: int, seed: int, threads: int, skip: int) -> dict
     from trl import GRPOConfig, GRPOTrainer
 
     from oprl.config import load_config
-    from oprl.runtime.explorer import Explorer
+    from oprl.explorer.explorer import Explorer
     from oprl.tasks import build_task
     from oprl.tasks.arithmetic import score_integer_answer
 

@@ -6,12 +6,12 @@ import inspect
 import pytest
 import torch
 
+from oprl.backends.base import Backend, TrainerRole
+from oprl.backends.local import LocalBackend
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import ENGINES, Engine, VLLMEngine
-from oprl.runtime.backend import Backend, TrainerRole
-from oprl.runtime.local import LocalBackend
-from oprl.runtime.trainer import TrainerWorker
-from oprl.runtime.trainer_ranks import ShardedTrainer
+from oprl.trainer.ranks import ShardedTrainer
+from oprl.trainer.trainer import TrainerWorker
 
 
 def members(protocol) -> set[str]:
@@ -52,7 +52,7 @@ def test_every_registered_engine_has_the_engine_methods(name):
 def test_backends_offer_what_the_driver_calls():
     local = LocalBackend()
     assert isinstance(local, Backend)
-    ray_backend = pytest.importorskip("oprl.runtime.ray_backend")
+    ray_backend = pytest.importorskip("oprl.backends.ray_backend")
     missing = [n for n in members(Backend) if not hasattr(ray_backend.RayBackend, n)]
     assert not missing, missing
 

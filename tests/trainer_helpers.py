@@ -6,9 +6,9 @@ import torch
 
 from oprl.algorithms import PRESETS
 from oprl.config import OptimConfig
+from oprl.messages import Experience
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.runtime.experience import Experience
-from oprl.runtime.trainer import Trainer
+from oprl.trainer.trainer import Trainer
 
 
 def make_batch(tokenizer, groups=3, k=4, seed=0):

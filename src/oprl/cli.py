@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from oprl.backends.failure import WorkerFailure
 from oprl.errors import OprlError
-from oprl.runtime.failure import WorkerFailure
 
 USAGE = """oprl train [CONFIG.yaml] [key=value ...] [--debug]   run RL (no arguments: the embedded CPU default);
                                                     mode=offline buffer.path=DIR trains offline from a store

@@ -18,8 +18,8 @@ import torch
 from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.runtime.trainer import TrainerWorker
-from oprl.runtime.trainer_ranks import SHARDS, ShardedTrainer, check_trainer_config
+from oprl.trainer.ranks import SHARDS, ShardedTrainer, check_trainer_config
+from oprl.trainer.trainer import TrainerWorker
 from trainer_helpers import make_batch
 
 TOL = 1e-5
@@ -257,8 +257,8 @@ def test_sharded_checkpoint_resumes_at_another_world_size(tiny_path, tmp_path):
     finally:
         one.stop()
     # mode=eval reads the shards into an ordinary model (no process group).
-    from oprl.runtime.distributed import load_full_weights
-    from oprl.runtime.transport import load_model
+    from oprl.trainer.distributed import load_full_weights
+    from oprl.worker import load_model
 
     model, _ = load_model(config, tiny_path)
     load_full_weights(model, tmp_path / "trainer" / SHARDS)
@@ -319,7 +319,7 @@ def test_gpu_check_runs_on_cpu_without_pydantic():
 
 
 def test_fsdp_refuses_a_model_without_decoder_layers_in_one_line():
-    from oprl.runtime.distributed import decoder_layers
+    from oprl.trainer.distributed import decoder_layers
 
     with pytest.raises(OprlError, match="has no decoder layers to shard") as info:
         decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)))

@@ -42,7 +42,7 @@ def faulty(real):
 safetensors.torch.save_file = faulty(safetensors.torch.save_file)
 pyarrow.parquet.write_table = faulty(pyarrow.parquet.write_table)
 # The expensive imports, once (importing starts no threads, so forking afterwards is safe).
-import torch.utils.tensorboard, transformers, oprl.cli, oprl.runtime.run, oprl.runtime.local, oprl.models.tiny
+import torch.utils.tensorboard, transformers, oprl.cli, oprl.runtime.run, oprl.backends.local, oprl.models.tiny
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 def start(job):

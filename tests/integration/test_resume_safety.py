@@ -10,9 +10,9 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
+from oprl.checkpoint import manifest
 from oprl.cli import main
 from oprl.metrics import deterministic_view, read_metrics
-from oprl.runtime import manifest
 
 RUN = [
     "tensorboard=false",

@@ -116,7 +116,7 @@ def test_stale_schedules_record_the_scheduled_versions(small_overrides, tmp_path
     ]
     assert main(["train", *args]) == 0
     rows = read_metrics(tmp_path / "runs" / name / "metrics.jsonl")[1:]
-    from oprl.runtime.schedule import lag
+    from oprl.schedule import lag
 
     assert [r["lag/max"] for r in rows] == [float(lag(t, interval, offset)) for t in range(1, 7)]
     # Off-policy batches show ratios away from 1 once the trainer has moved.

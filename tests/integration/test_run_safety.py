@@ -35,7 +35,7 @@ def holder(tmp_path):
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text("steps: 1\n")
     code = (
-        f"import sys, time; from oprl.runtime.rundir import RunLock; RunLock({str(run_dir)!r}).acquire(); "
+        f"import sys, time; from oprl.checkpoint.rundir import RunLock; RunLock({str(run_dir)!r}).acquire(); "
         "print('locked', flush=True); time.sleep(120)"
     )
     process = subprocess.Popen(
@@ -63,8 +63,8 @@ def test_a_second_run_on_a_locked_directory_is_refused_naming_the_holder(
 
 
 def test_a_run_holds_its_directory_until_it_ends(small_overrides, tmp_path, monkeypatch):
+    from oprl.checkpoint.rundir import RunLock
     from oprl.runtime.driver import Driver
-    from oprl.runtime.rundir import RunLock
 
     run_dir = tmp_path / "runs" / "mine"
     seen = []
@@ -152,7 +152,7 @@ def test_an_empty_model_directory_says_config_json_is_missing(small_overrides, t
 
 
 def test_a_store_with_unrelated_columns_names_the_file(tmp_path):
-    from oprl.runtime.buffer import ExperienceBuffer
+    from oprl.buffer.buffer import ExperienceBuffer
 
     store = tmp_path / "store"
     store.mkdir()

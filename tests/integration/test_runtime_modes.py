@@ -7,7 +7,7 @@ import pytest
 
 from oprl.cli import main
 from oprl.metrics import deterministic_view, read_metrics
-from oprl.runtime.schedule import policy_version
+from oprl.schedule import policy_version
 
 FAST = ["tensorboard=false", "runtime.torch_threads=1"]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_distributed import _config, _save_model, assert_ranks_equal_one_process
 
-import oprl.runtime.trainer as trainer_module
+import oprl.trainer.trainer as trainer_module
 from oprl.models.logprobs import pack, response_logprobs
 from trainer_helpers import make_batch, make_trainer
 

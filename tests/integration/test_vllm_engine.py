@@ -23,7 +23,7 @@ from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import VLLMEngine, vllm_engine
-from oprl.runtime.schedule import policy_version
+from oprl.schedule import policy_version
 
 VLLM = ["rollout.engine=vllm", "tensorboard=false", "runtime.torch_threads=1"]
 
@@ -129,7 +129,7 @@ def test_weights_are_reloaded_only_when_what_vllm_serves_is_not_the_models(token
 def test_evaluation_serves_the_trainers_current_weights(tokenizer):
     # The trainer's optimizer steps the model it evaluates without telling the engine (and a fused AdamW step
     # does not even bump the tensors' version counters): evaluate() must serve the stepped weights.
-    from oprl.runtime.evaluate import evaluate
+    from oprl.explorer.evaluate import evaluate
     from oprl.tasks import build_task
 
     task = build_task(load_config(None, []).task)
@@ -304,7 +304,7 @@ def test_kill_9_then_resume_equals_the_uninterrupted_run(small_overrides, tmp_pa
 
 
 def test_ray_explorers_request_their_gpus(monkeypatch):
-    ray_backend = pytest.importorskip("oprl.runtime.ray_backend")
+    ray_backend = pytest.importorskip("oprl.backends.ray_backend")
     requests = []
 
     class Host:

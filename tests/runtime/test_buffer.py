@@ -6,10 +6,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from oprl.buffer.buffer import ExperienceBuffer
+from oprl.buffer.store import SCHEMA, ExperienceStore, read_parquet, write_parquet
 from oprl.errors import OprlError
-from oprl.runtime.buffer import ExperienceBuffer
-from oprl.runtime.experience import Experience
-from oprl.runtime.store import SCHEMA, ExperienceStore, read_parquet, write_parquet
+from oprl.messages import Experience
 
 F32 = float(torch.tensor(-0.1234567, dtype=torch.float32))  # the sampler's log-probs are float32 values
 

@@ -9,15 +9,15 @@ import time
 
 import pytest
 
+from oprl.backends.failure import WorkerFailure
+from oprl.backends.local import LocalBackend
+from oprl.buffer.buffer import ExperienceBuffer
 from oprl.config import load_config
-from oprl.runtime.buffer import ExperienceBuffer
+from oprl.explorer.explorer import ExploreResult, Timing
+from oprl.messages import Experience
 from oprl.runtime.driver import Driver, Schedule
-from oprl.runtime.experience import Experience
-from oprl.runtime.explorer import ExploreResult, Timing
-from oprl.runtime.failure import WorkerFailure
-from oprl.runtime.local import LocalBackend
-from oprl.runtime.schedule import policy_version
 from oprl.runtime.synchronizer import Synchronizer
+from oprl.schedule import policy_version
 
 GROUPS, K = 2, 2
 

@@ -11,16 +11,16 @@ import torch
 
 from oprl.algorithms import group_advantages
 from oprl.algorithms.presets import resolve_preset
+from oprl.buffer.store import SCHEMA, read_parquet, write_parquet
+from oprl.explorer.episodes import run_episodes, teacher_forced
+from oprl.explorer.explorer import Explorer
+from oprl.messages import Experience
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import Rollout
-from oprl.runtime import trainer as trainer_module
-from oprl.runtime.episodes import run_episodes, teacher_forced
-from oprl.runtime.experience import Experience
-from oprl.runtime.explorer import Explorer
-from oprl.runtime.store import SCHEMA, read_parquet, write_parquet
-from oprl.runtime.trainer import Trainer
 from oprl.tasks.base import EpisodicTask, Problem
 from oprl.tasks.tool_arithmetic import ToolArithmeticTask
+from oprl.trainer import trainer as trainer_module
+from oprl.trainer.trainer import Trainer
 
 
 @pytest.fixture(scope="module")

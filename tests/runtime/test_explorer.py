@@ -3,9 +3,9 @@
 
 import pytest
 
+from oprl.explorer.explorer import Explorer
 from oprl.models.tiny import build_tokenizer
 from oprl.rollout import Rollout
-from oprl.runtime.explorer import Explorer
 from oprl.tasks.arithmetic import ArithmeticTask
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from oprl.runtime.schedule import lag, policy_version
+from oprl.schedule import lag, policy_version
 
 
 def reference(step, k, m):

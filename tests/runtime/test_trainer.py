@@ -8,7 +8,7 @@ import torch
 from oprl.algorithms import PRESETS
 from oprl.config import OptimConfig
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.runtime.trainer import Trainer
+from oprl.trainer.trainer import Trainer
 from trainer_helpers import make_batch, make_trainer
 
 
@@ -132,7 +132,7 @@ def test_activation_checkpointing_keeps_fewer_activations_and_equals_the_default
 
 def test_activation_checkpointing_on_a_model_without_it_is_one_line():
     from oprl.errors import OprlError
-    from oprl.runtime.distributed import enable_activation_checkpointing
+    from oprl.trainer.distributed import enable_activation_checkpointing
 
     with pytest.raises(OprlError, match=r"^trainer.activation_checkpointing: Linear does not support"):
         enable_activation_checkpointing(torch.nn.Linear(2, 2))

@@ -11,9 +11,9 @@ from oprl.config import RunConfig
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.runtime.run import model_path
-from oprl.runtime.warmstart import _demonstrable, _examples
 from oprl.tasks import build_task
 from oprl.tasks.base import Problem
+from oprl.trainer.warmstart import _demonstrable, _examples
 
 TASK = {"name": "arithmetic", "train_size": 400, "test_size": 16}
 WARM = {"max_steps": 30, "batch_size": 64, "check_interval": 10, "val_problems": 32, "target_accuracy": 0.99}

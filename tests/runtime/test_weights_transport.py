@@ -4,9 +4,9 @@ import pickle
 
 import torch
 
+from oprl.checkpoint.files import load_weights, save_weights
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.runtime.checkpoint import load_weights, save_weights
-from oprl.runtime.transport import FlatWeights, trainable_weights
+from oprl.worker import FlatWeights, trainable_weights
 
 
 def _snapshot():
@@ -42,7 +42,7 @@ def test_pickling_keeps_values_and_the_single_buffer_and_loads_into_a_model(tmp_
 
 
 def test_snapshot_crosses_a_worker_process_pipe_intact():
-    from oprl.runtime.processes import ProcessActor
+    from oprl.backends.processes import ProcessActor
 
     _, weights = _snapshot()
     # The worker is a plain dict in its own process: setdefault stores the snapshot there and sends it back.

@@ -11,11 +11,11 @@ from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.chat import TOOLS_PROMPT, encode_problem, render
 from oprl.models.tiny import build_tokenizer
-from oprl.runtime.warmstart import recipe, wants_warm_start
 from oprl.tasks import TASKS
 from oprl.tasks.bfcl import BfclTask, data_file, read_lines, tool_schema
 from oprl.tasks.config import BFCL_SUBSETS
 from oprl.tasks.toolcall import verdict
+from oprl.trainer.warmstart import recipe, wants_warm_start
 
 pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval (make test does)")
 

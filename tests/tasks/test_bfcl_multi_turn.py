@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from oprl.explorer.episodes import run_episodes, teacher_forced
 from oprl.models.tiny import build_tokenizer
-from oprl.runtime.episodes import run_episodes, teacher_forced
 from oprl.tasks.bfcl_apis import FileSystem, MathAPI, execute, functions_of
 from oprl.tasks.bfcl_multi_turn import BfclMultiTurnTask, parse_call
 

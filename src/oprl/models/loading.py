@@ -95,7 +95,7 @@ def empty_model(hf_config, *, dtype: str = "float32", lora=None):
     """The architecture of ``hf_config`` (a loaded model's ``config``) on the ``meta`` device: shapes, no storage.
 
     A sharded trainer's ranks other than 0 build this instead of loading the checkpoint; ``fully_shard`` then
-    allocates only their shard and rank 0 broadcasts the values (``oprl.runtime.distributed``). With ``lora``
+    allocates only their shard and rank 0 broadcasts the values (``oprl.trainer.distributed``). With ``lora``
     (``r > 0``) the same peft adapters are added, so the parameter names match rank 0's."""
     from transformers import AutoModelForCausalLM
 

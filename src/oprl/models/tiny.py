@@ -4,7 +4,7 @@ It exists so that oprl runs end to end on a laptop CPU with no model hub: the ar
 ``transformers`` ``LlamaForCausalLM`` and the tokenizer an ordinary ``PreTrainedTokenizerFast`` (built with the
 ``tokenizers`` library, with a chat template), so once saved, ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` load the directory like any hub checkpoint. Weights come out random;
-``oprl.runtime.warmstart`` teaches it the task before RL.
+``oprl.trainer.warmstart`` teaches it the task before RL.
 """
 
 from __future__ import annotations

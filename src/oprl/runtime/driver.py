@@ -16,7 +16,7 @@ checkpoint (unless the trainer or the buffer is the one that failed) and raises 
 
 Its state is a few small objects: ``Schedule`` (which batches are pending, in flight, ready, which step is
 next), ``RowLog`` (rows waiting to be written in order), ``PerfClock`` (the ``perf/*`` columns),
-``CheckpointWriter`` (``oprl.runtime.resume``), the calls in flight and at most one ``Failure``. Each
+``CheckpointWriter`` (``oprl.checkpoint.resume``), the calls in flight and at most one ``Failure``. Each
 completion goes to the handler its kind names in ``Driver.handlers``.
 """
 
@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oprl.runtime import checkpoint as ckpt
-from oprl.runtime.failure import WorkerFailure
-from oprl.runtime.resume import CheckpointWriter, resume_hint
-from oprl.runtime.schedule import lag
+from oprl.backends.failure import WorkerFailure
+from oprl.checkpoint import files as ckpt
+from oprl.checkpoint.resume import CheckpointWriter, resume_hint
+from oprl.schedule import lag
 
 if TYPE_CHECKING:
-    from oprl.runtime.explorer import ExploreResult  # annotations only: the driver never builds one
+    from oprl.explorer.explorer import ExploreResult  # annotations only: the driver never builds one
 
 
 @dataclass
@@ -416,7 +416,7 @@ class Driver:
     def _on_eval(self, call: Call, result: dict) -> None:
         self.rows.add_eval(call.step, result)
 
-    # -- checkpoints (written by oprl.runtime.resume) ------------------------------------------------------
+    # -- checkpoints (written by oprl.checkpoint.resume) ------------------------------------------------------
     def start_checkpoint(self, step: int) -> None:
         outstanding = self.schedule.outstanding()
         versions = [v for v in self.sync.needed_versions(outstanding) if v != step]

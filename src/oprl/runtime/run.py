@@ -21,26 +21,26 @@ from typing import Any
 
 import torch
 
+from oprl.backends.base import make_backend
+from oprl.backends.local import LocalBackend
+from oprl.buffer.buffer import make_buffer
+from oprl.buffer.store import STORE_DIRNAME, ExperienceStore
+from oprl.checkpoint import resume, rundir
 from oprl.config import RunConfig, save_config
 from oprl.errors import OprlError
+from oprl.explorer.evaluate import Evaluator
+from oprl.explorer.explorer import ExplorerWorker
 from oprl.io import atomic_write_json
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.models.loading import quiet_transformers
 from oprl.progress import RunProgress
-from oprl.runtime import resume, rundir
-from oprl.runtime.backend import make_backend
-from oprl.runtime.buffer import make_buffer
 from oprl.runtime.driver import Driver
-from oprl.runtime.evaluate import Evaluator
-from oprl.runtime.explorer import ExplorerWorker
-from oprl.runtime.local import LocalBackend
-from oprl.runtime.store import STORE_DIRNAME, ExperienceStore
 from oprl.runtime.synchronizer import Synchronizer
-from oprl.runtime.trainer import TrainerWorker
-from oprl.runtime.trainer_ranks import ShardedTrainer, check_trainer_config
-from oprl.runtime.warmstart import wants_warm_start, warm_started_model
 from oprl.tasks import build_task
 from oprl.trackers import start_trackers
+from oprl.trainer.ranks import ShardedTrainer, check_trainer_config
+from oprl.trainer.trainer import TrainerWorker
+from oprl.trainer.warmstart import wants_warm_start, warm_started_model
 
 
 @dataclass

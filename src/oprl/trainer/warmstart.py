@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 
 from oprl.errors import OprlError
+from oprl.explorer.episodes import teacher_forced
+from oprl.explorer.evaluate import evaluate
 from oprl.io import commit_dir
 from oprl.models.batching import right_pad_values
 from oprl.models.chat import encode_problem
@@ -39,8 +41,6 @@ from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.progress import RunProgress
 from oprl.rollout import LeanEngine
-from oprl.runtime.episodes import teacher_forced
-from oprl.runtime.evaluate import evaluate
 from oprl.tasks.base import EpisodicTask
 
 RECIPE_VERSION = 1

@@ -6,7 +6,7 @@ know which preset runs. A step reads top to bottom: advantages -> (per mini-batc
 backward -> clip -> optimizer step -> metrics. Micro-batching accumulates gradients with exact weights
 (token shares for token-mean, row shares for the seq-mean modes), so it trades memory only.
 
-Data parallelism (``oprl.runtime.distributed``) plugs in as ``parallel``: every rank sees the whole batch
+Data parallelism (``oprl.trainer.distributed``) plugs in as ``parallel``: every rank sees the whole batch
 (advantages, permutation and the global normaliser are the same everywhere), trains on its share of whole
 groups, and the micro-batch weights use the mini-batch's global count, so N ranks compute the single-process
 loss and gradient.
@@ -31,12 +31,12 @@ from oprl.algorithms import (
     policy_loss,
     ratio_stats,
 )
+from oprl.checkpoint.files import load_trainer_state, save_trainer_state
+from oprl.messages import Experience, batch_metrics
 from oprl.models.batching import right_pad_values
-from oprl.runtime.checkpoint import load_trainer_state, save_trainer_state
-from oprl.runtime.distributed import SingleProcess
-from oprl.runtime.experience import Experience, batch_metrics
-from oprl.runtime.schedule import stream_seed
-from oprl.runtime.transport import Clock, load_model, make_engine, trainable_weights
+from oprl.schedule import stream_seed
+from oprl.trainer.distributed import SingleProcess
+from oprl.worker import Clock, load_model, make_engine, trainable_weights
 
 if TYPE_CHECKING:
     from oprl.config import RunConfig
@@ -326,7 +326,7 @@ class TrainerWorker:
 
     def evaluate(self, step: int) -> dict[str, float]:
         with self.clock.work():
-            from oprl.runtime.evaluate import evaluation_row
+            from oprl.explorer.evaluate import evaluation_row
 
             return evaluation_row(self.config, self.engine, self.task, self.tokenizer, step)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from oprl.config import RunConfig
-from oprl.runtime.experience import Experience
+from oprl.messages import Experience
 
 
 class Actor(Protocol):
@@ -101,10 +101,10 @@ class TrainerRole(Protocol):
 def make_backend(config: RunConfig) -> Backend:
     """The backend ``config.backend`` names (Ray is imported only when chosen)."""
     if config.backend == "ray":
-        from oprl.runtime.ray_backend import RayBackend
+        from oprl.backends.ray_backend import RayBackend
 
         workers = config.runtime.explorers + 1
         return RayBackend(address=config.runtime.ray_address, num_cpus=config.runtime.ray_num_cpus, workers=workers)
-    from oprl.runtime.local import LocalBackend
+    from oprl.backends.local import LocalBackend
 
     return LocalBackend(config.runtime.workers)

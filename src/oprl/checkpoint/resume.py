@@ -1,5 +1,5 @@
-"""Checkpoints and resume, the logic (the files themselves are ``oprl.runtime.checkpoint``, their manifest
-``oprl.runtime.manifest``, the run directory's lock ``oprl.runtime.rundir``).
+"""Checkpoints and resume, the logic (the files themselves are ``oprl.checkpoint.files``, their manifest
+``oprl.checkpoint.manifest``, the run directory's lock ``oprl.checkpoint.rundir``).
 
 Writing: the driver owns a ``CheckpointWriter`` and tells it when a step is done (``due``, ``start``); the
 writer asks the trainer and the buffer for their parts into a staging directory (each worker serialises its
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import yaml
 
+from oprl.backends.failure import WorkerFailure
+from oprl.buffer.store import ExperienceStore
+from oprl.checkpoint import files as ckpt
+from oprl.checkpoint import manifest, rundir
+from oprl.checkpoint.manifest import CheckpointError
 from oprl.config import RunConfig, resolve_algorithm, save_config
 from oprl.errors import OprlError
 from oprl.metrics import read_metrics
-from oprl.runtime import checkpoint as ckpt
-from oprl.runtime import manifest, rundir
-from oprl.runtime.failure import WorkerFailure
-from oprl.runtime.manifest import CheckpointError
-from oprl.runtime.store import ExperienceStore
 from oprl.runtime.synchronizer import Synchronizer
 
 # Keys that may change when resuming: they do not alter what is computed (docs/runtime.md, config ``resume``).

@@ -1,5 +1,5 @@
 """The local backend: every worker is a thread of this process with its own call queue (or, with
-``runtime.workers=processes``, each compute worker is a process of this machine: ``oprl.runtime.processes``).
+``runtime.workers=processes``, each compute worker is a process of this machine: ``oprl.backends.processes``).
 
 ``start`` builds the worker inside its thread (after setting that thread's torch intra-op threads), and
 ``call`` queues a method call, returning futures at once; calls to one worker run in submission order, and
@@ -23,26 +23,7 @@ import threading
 import weakref
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 
-
-class QueuedActor:
-    """The driver's side of a local actor (``LocalActor``, ``processes.ProcessActor``): ``call`` queues
-    ``(method, args, futures)`` on ``_inbox`` and returns the futures at once; whoever drains ``_inbox`` (the
-    worker's thread, or the sender thread of a process) runs the calls in order and stops at ``None``."""
-
-    name: str
-    _inbox: queue.Queue
-    _stopping: bool
-
-    def call(self, method: str, *args, num_returns: int = 1):
-        """Queue ``worker.method(*args)``; one future, or a tuple of ``num_returns`` for a tuple result."""
-        futures: tuple[Future, ...] = tuple(Future() for _ in range(num_returns))
-        self._inbox.put((method, args, futures))
-        return futures[0] if num_returns == 1 else futures
-
-    def stop(self) -> None:
-        """Cancel the calls not yet started; the worker ends after its running call (``join`` waits for it)."""
-        self._stopping = True
-        self._inbox.put(None)
+from oprl.backends.actor import QueuedActor
 
 
 class LocalActor(QueuedActor):
@@ -100,7 +81,7 @@ class LocalBackend:
     def start(self, name: str, factory, *args, threads: int | None = None, compute: bool = True, gpus: float = 0.0):
         """``gpus`` is Ray's resource request; local workers see every GPU of the machine and ignore it."""
         if compute and self.workers == "processes":
-            from oprl.runtime.processes import ProcessActor
+            from oprl.backends.processes import ProcessActor
 
             return ProcessActor(name, factory, args, threads)
         return LocalActor(name, factory, args, threads)
@@ -122,7 +103,7 @@ class LocalBackend:
         return future
 
     def describe(self, exc: BaseException) -> str:
-        from oprl.runtime.processes import RemoteError
+        from oprl.backends.processes import RemoteError
 
         if isinstance(exc, RemoteError):
             return str(exc)

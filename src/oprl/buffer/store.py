@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from oprl.errors import OprlError
 from oprl.io import atomic_path
-from oprl.runtime.experience import Experience
+from oprl.messages import Experience
 
 SCHEMA_VERSION = "2"
 """2 added ``loss_mask`` (multi-turn episodes); version-1 files (without it) still load, as all-model tokens."""

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import time
 
+from oprl.checkpoint.files import load_checkpoint_weights
 from oprl.config import RunConfig
+from oprl.explorer.episodes import run_episodes
 from oprl.models.chat import encode_problem
-from oprl.runtime.checkpoint import load_checkpoint_weights
-from oprl.runtime.episodes import run_episodes
-from oprl.runtime.schedule import stream_seed
-from oprl.runtime.transport import load_model, make_engine
+from oprl.schedule import stream_seed
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
+from oprl.worker import load_model, make_engine
 
 EVAL_SEED_OFFSET = 7_777_777
 """Evaluation draws from a stream of its own, apart from the explorers' (which use the step alone)."""

@@ -17,13 +17,13 @@ import time
 from dataclasses import dataclass
 
 from oprl.config import RunConfig
+from oprl.explorer.episodes import run_episodes
+from oprl.messages import Experience, batch_metrics
 from oprl.models.chat import encode_problem
-from oprl.runtime.episodes import run_episodes
-from oprl.runtime.experience import Experience, batch_metrics
-from oprl.runtime.schedule import stream_seed
-from oprl.runtime.transport import Clock, load_model, make_engine
+from oprl.schedule import stream_seed
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
+from oprl.worker import Clock, load_model, make_engine
 
 
 @dataclass
@@ -132,7 +132,7 @@ class Explorer:
         return experiences, Timing(generated - start, time.perf_counter() - generated, float(tokens))
 
     def _explore_episodes(self, step: int, version: int, rows, start: float) -> tuple[list[Experience], Timing]:
-        """Multi-turn: K episodes per problem against the task's environment (``oprl.runtime.episodes``)."""
+        """Multi-turn: K episodes per problem against the task's environment (``oprl.explorer.episodes``)."""
         episodes = run_episodes(
             self.engine,
             self.tokenizer,

@@ -8,14 +8,14 @@ complete, so a ``kill -9`` leaves either a whole checkpoint or none. Inside:
 - ``buffer/`` (``ExperienceBuffer.save``: unconsumed batches and the replay pool, parquet + JSON);
 - ``weights/version-N.safetensors``: older policy versions still needed by batches not generated yet;
 - ``state.json``: the step, the explorer position, the versions above;
-- ``manifest.json``: every file's size and SHA-256, written last (``oprl.runtime.manifest``; weights holding
+- ``manifest.json``: every file's size and SHA-256, written last (``oprl.checkpoint.manifest``; weights holding
   NaN or infinity are refused before it is written).
 
 Resume takes the newest checkpoint that verifies against its manifest (``usable_checkpoint``); old
 checkpoints are pruned only after a newer one has been committed and verified.
 
 Deliberately not here: pickle (``torch.save``) for anything, and deciding *when* to checkpoint or what to
-restore (``oprl.runtime.resume``).
+restore (``oprl.checkpoint.resume``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from oprl.checkpoint import manifest
 from oprl.errors import OprlError
 from oprl.io import atomic_write_text, commit_dir
-from oprl.runtime import manifest
 
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"step-(\d+)")
@@ -211,7 +211,7 @@ def load_checkpoint_weights(model, checkpoint: str | Path) -> int:
     """Load a checkpoint's trainer weights into ``model`` (mode=eval); returns its step."""
     root = Path(checkpoint)
     if (root / "trainer" / "dcp").is_dir():  # written by trainer.sharding=ddp|fsdp ranks
-        from oprl.runtime.distributed import load_full_weights
+        from oprl.trainer.distributed import load_full_weights
 
         load_full_weights(model, root / "trainer" / "dcp")
     else:

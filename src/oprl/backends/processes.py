@@ -2,7 +2,7 @@
 
 Each compute worker (trainer, explorers) runs in its own ``spawn``-ed process, so Python code on one side
 (Hugging Face ``generate`` is mostly Python between small kernels) never waits for the GIL held by the other;
-the buffer stays a thread of the driver. A ``ProcessActor`` is a ``local.QueuedActor`` like ``LocalActor``:
+the buffer stays a thread of the driver. A ``ProcessActor`` is a ``actor.QueuedActor`` like ``LocalActor``:
 calls return futures at once; a sender thread resolves future arguments and pipes the call to the process, a
 receiver thread sets the futures from the replies. Arguments and results are pickled through the pipe (torch
 tensors through shared memory, as ``torch.multiprocessing`` arranges). Errors come back as ``RemoteError``
@@ -21,7 +21,7 @@ import threading
 import traceback
 from concurrent.futures import CancelledError, Future
 
-from oprl.runtime.local import QueuedActor
+from oprl.backends.actor import QueuedActor
 
 
 class RemoteError(RuntimeError):

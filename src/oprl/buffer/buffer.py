@@ -20,10 +20,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from oprl.buffer.store import ExperienceStore, read_parquet, write_parquet
 from oprl.config import RunConfig
 from oprl.errors import OprlError
-from oprl.runtime.experience import Experience
-from oprl.runtime.store import ExperienceStore, read_parquet, write_parquet
+from oprl.messages import Experience
 
 
 @dataclass

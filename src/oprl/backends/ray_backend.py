@@ -1,7 +1,7 @@
 """The Ray backend: every worker is a Ray actor (its own process), on a local instance or a cluster.
 
 The only module of oprl that imports ray (``pip install 'oprl[ray]'``). It offers the same small interface as
-``oprl.runtime.local``: ``start`` a worker, ``call`` a method (object refs come back; refs passed as
+``oprl.backends.local``: ``start`` a worker, ``call`` a method (object refs come back; refs passed as
 arguments are resolved by Ray inside the receiving actor, so experiences and weights travel through the
 object store, not through the driver), ``wait_any``, ``get``. Each actor sets its torch intra-op threads to
 the same value the local backend gives a worker thread, which is what makes both backends compute
@@ -109,10 +109,10 @@ class RayBackend:
 
 
 class _RankHost:
-    """Actor body of one trainer rank (``oprl.runtime.trainer_ranks.TrainerRank``)."""
+    """Actor body of one trainer rank (``oprl.trainer.ranks.TrainerRank``)."""
 
     def __init__(self, config, model_path: str, rank: int, size: int):
-        from oprl.runtime.trainer_ranks import TrainerRank
+        from oprl.trainer.ranks import TrainerRank
 
         if config.runtime.torch_threads:
             import torch
@@ -122,7 +122,7 @@ class _RankHost:
 
     def rendezvous(self) -> str:
         """``node-ip:port`` for the group to meet at (asked of rank 0)."""
-        from oprl.runtime.trainer_ranks import free_port
+        from oprl.trainer.ranks import free_port
 
         return f"{ray.util.get_node_ip_address()}:{free_port()}"
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from oprl.checkpoint.files import load_rng, read_json, save_rng, write_json
 from oprl.errors import OprlError
-from oprl.runtime.checkpoint import load_rng, read_json, save_rng, write_json
-from oprl.runtime.distributed import DataParallel, gather_weights, init_process_group, load_sharded, save_sharded
+from oprl.trainer.distributed import DataParallel, gather_weights, init_process_group, load_sharded, save_sharded
 
 SHARDS = "dcp"
 """Directory (inside a checkpoint's ``trainer/``) of the ``torch.distributed.checkpoint`` shards."""
@@ -86,8 +86,8 @@ class TrainerRank:
         import torch.distributed as dist
 
         from oprl.models.loading import empty_model, resolve_device
-        from oprl.runtime.trainer import build_trainer
-        from oprl.runtime.transport import load_model
+        from oprl.trainer.trainer import build_trainer
+        from oprl.worker import load_model
 
         config, t = self.config, self.config.trainer
         device = resolve_device(config.model.device)
@@ -138,8 +138,8 @@ class TrainerRank:
 
     def _full_replica(self):
         """Rank 0's unsharded copy holding the current weights (every rank joins the gathering)."""
-        from oprl.runtime.transport import load_model, make_engine
         from oprl.tasks import build_task
+        from oprl.worker import load_model, make_engine
 
         weights = self.weights()
         if self.rank != 0:
@@ -152,7 +152,7 @@ class TrainerRank:
         return self.replica
 
     def evaluate(self, step: int) -> dict[str, float] | None:
-        from oprl.runtime.evaluate import evaluation_row
+        from oprl.explorer.evaluate import evaluation_row
 
         replica = self._full_replica()
         if replica is None:
@@ -198,13 +198,13 @@ class ShardedTrainer:
     """The trainer worker of a run with ``trainer.sharding`` ddp/fsdp: fans every call out to the ranks."""
 
     def __init__(self, config, model_path: str, cpu_snapshots: bool = True):
-        from oprl.runtime.transport import Clock
+        from oprl.worker import Clock
 
         self.clock = Clock()
         self.version = 0
         size = config.trainer.world_size
         if config.backend == "ray":
-            from oprl.runtime.ray_backend import trainer_ranks as launch
+            from oprl.backends.ray_backend import trainer_ranks as launch
         else:
             launch = _local_ranks
         self.ranks = launch(config, model_path, size)
@@ -276,7 +276,7 @@ class _LocalRank:
     """A rank in a spawned process of this machine."""
 
     def __init__(self, config, model_path: str, rank: int, size: int, threads: int | None):
-        from oprl.runtime.processes import ProcessActor
+        from oprl.backends.processes import ProcessActor
 
         self.actor = ProcessActor(f"trainer-rank{rank}", TrainerRank, (config, model_path, rank, size), threads)
         self.ready = self.actor.ready

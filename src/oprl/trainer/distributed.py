@@ -1,6 +1,6 @@
 """Data parallelism for the trainer on ``torch.distributed``: FSDP2 (``fully_shard``) or DDP, one process per rank.
 
-The trainer (``oprl.runtime.trainer``) talks to a *parallel* object: ``SingleProcess`` on one process (what
+The trainer (``oprl.trainer.trainer``) talks to a *parallel* object: ``SingleProcess`` on one process (what
 every run used before; the same numbers), ``DataParallel`` on rank ``r`` of ``N``. The contract:
 
 - every rank receives the whole batch, so advantages (per group), the mini-batch permutation and the global
@@ -29,7 +29,7 @@ copied into a preallocated ``FlatWeights`` on rank 0's CPU, so no rank ever hold
 device. Checkpoints use ``torch.distributed.checkpoint`` (each rank writes its shard; loading reshards to the
 current world size).
 
-Deliberately not here: starting the rank processes (``oprl.runtime.trainer_ranks``) and any loss formula.
+Deliberately not here: starting the rank processes (``oprl.trainer.ranks``) and any loss formula.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def gather_weights(model: torch.nn.Module, dtype: torch.dtype | None, rank: int)
     only that one parameter exists unsharded at a time. Cast to ``dtype`` (the explorers' dtype) if given."""
     from torch.distributed.tensor import DTensor
 
-    from oprl.runtime.transport import FlatWeights
+    from oprl.worker import FlatWeights
 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     out = None
@@ -281,7 +281,7 @@ def save_sharded(model: torch.nn.Module, optimizer, directory: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor
 
-    from oprl.runtime.manifest import CheckpointError
+    from oprl.checkpoint.manifest import CheckpointError
 
     # The manifest checks safetensors weights for NaN/inf; shards are checked here, each rank its own.
     for name, param in model.named_parameters():

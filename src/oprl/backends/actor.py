@@ -1,0 +1,30 @@
+"""The driver's side of an actor that a queue feeds: shared by local threads and local processes.
+
+Kept apart from both implementations so neither imports the other (``local`` starts ``processes`` lazily).
+"""
+
+from __future__ import annotations
+
+import queue
+from concurrent.futures import Future
+
+
+class QueuedActor:
+    """The driver's side of a local actor (``LocalActor``, ``processes.ProcessActor``): ``call`` queues
+    ``(method, args, futures)`` on ``_inbox`` and returns the futures at once; whoever drains ``_inbox`` (the
+    worker's thread, or the sender thread of a process) runs the calls in order and stops at ``None``."""
+
+    name: str
+    _inbox: queue.Queue
+    _stopping: bool
+
+    def call(self, method: str, *args, num_returns: int = 1):
+        """Queue ``worker.method(*args)``; one future, or a tuple of ``num_returns`` for a tuple result."""
+        futures: tuple[Future, ...] = tuple(Future() for _ in range(num_returns))
+        self._inbox.put((method, args, futures))
+        return futures[0] if num_returns == 1 else futures
+
+    def stop(self) -> None:
+        """Cancel the calls not yet started; the worker ends after its running call (``join`` waits for it)."""
+        self._stopping = True
+        self._inbox.put(None)

@@ -1,0 +1,1 @@
+"""The experience buffer (fresh batches, the replay pool) and the experience store on disk (parquet)."""

@@ -1,0 +1,1 @@
+"""The explorer role: sampling groups of responses (single-turn or episodes), scoring them, and evaluation."""
