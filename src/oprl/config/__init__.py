@@ -1,0 +1,54 @@
+"""The one typed configuration tree of a run, loaded from YAML plus dotted ``key=value`` overrides.
+
+``oprl config --help`` prints every field with its default and meaning. The tree is split by concern:
+``sections`` (one class per YAML section), ``run`` (the root ``RunConfig`` and preset resolution),
+``loading`` (YAML, overrides, one-line errors, saving, help text). Import from ``oprl.config``.
+"""
+
+from oprl.config.loading import describe_fields, load_config, save_config
+from oprl.config.run import RunConfig, algorithm_settings, resolve_algorithm
+from oprl.config.sections import (
+    AlgorithmConfig,
+    ArithmeticTaskConfig,
+    BufferConfig,
+    CheckpointConfig,
+    EvalConfig,
+    GSM8kTaskConfig,
+    LoraConfig,
+    MathTaskConfig,
+    ModelConfig,
+    OptimConfig,
+    ReplayConfig,
+    RolloutConfig,
+    RuntimeConfig,
+    SyncConfig,
+    TrackingConfig,
+    TrainerConfig,
+    WarmStartConfig,
+)
+
+__all__ = [
+    "AlgorithmConfig",
+    "ArithmeticTaskConfig",
+    "BufferConfig",
+    "CheckpointConfig",
+    "EvalConfig",
+    "GSM8kTaskConfig",
+    "LoraConfig",
+    "MathTaskConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "ReplayConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "RuntimeConfig",
+    "SyncConfig",
+    "TrackingConfig",
+    "TrainerConfig",
+    "WarmStartConfig",
+    "algorithm_settings",
+    "describe_fields",
+    "load_config",
+    "resolve_algorithm",
+    "save_config",
+]

@@ -1,0 +1,160 @@
+"""Loading a run config: YAML plus dotted ``key=value`` overrides, one-line validation errors, saving, help text.
+
+Validation errors come out as one line naming the key and, for unknown keys, the closest valid ones. The fully
+resolved tree (preset expanded) is written to ``<run_dir>/config.yaml``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Tag, ValidationError
+
+from oprl.config.run import RunConfig, _refuse_renamed, resolve_algorithm
+from oprl.errors import OprlError
+from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
+    ArithmeticTaskConfig,
+    GSM8kTaskConfig,
+    MathTaskConfig,
+)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
+    """YAML file (optional) + ``a.b=value`` overrides -> validated ``RunConfig`` with the preset resolved."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_yaml(Path(path))
+    for item in overrides:
+        _apply_override(data, item)
+    _refuse_renamed(data)
+    try:
+        config = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise OprlError(_describe(exc)) from None
+    if config.rollout.top_p < 1 and config.mode != "eval":
+        raise OprlError(
+            f"config: rollout.top_p={config.rollout.top_p} < 1 cannot train: the sampler's log-probs are "
+            "renormalised over the nucleus, the trainer's over the full softmax, so rho < 1 even on-policy "
+            "(evaluation may use eval.top_p < 1)"
+        )
+    return resolve_algorithm(config)
+
+
+def save_config(config: RunConfig, path: Path) -> None:
+    from oprl.io import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise OprlError(f"config file {path}: not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise OprlError(f"config file {path}:{where}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise OprlError(f"config file {path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    return data
+
+
+def _apply_override(data: dict[str, Any], item: str) -> None:
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise OprlError(f"override {item!r}: expected key=value (for example algorithm.preset=grpo)")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise OprlError(f"override {item!r}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _describe(exc: ValidationError) -> str:
+    """First validation error as one line: the dotted key, what is wrong, and suggestions."""
+    error = exc.errors()[0]
+    parts, _, _ = _walk(error["loc"])
+    key = ".".join(parts)
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    if error["type"] == "extra_forbidden":
+        _, section, chosen = _walk(error["loc"][:-1])
+        valid = list(section.model_fields) if isinstance(section, type) and issubclass(section, BaseModel) else []
+        member = f" (not a key of {', '.join(chosen)})" if chosen else ""
+        return f"config: unknown key {key!r}{member}{_closest(str(error['loc'][-1]), valid)}{more}"
+    if error["type"] == "union_tag_invalid":
+        _, members, _ = _walk(error["loc"])
+        tag = str(error.get("ctx", {}).get("tag", error.get("input")))
+        return f"config: {key}.name: unknown {key} {tag!r}{_closest(tag, members or [])}{more}"
+    return f"config: {key}: {error['msg']} (got {error.get('input')!r}){more}"
+
+
+def _walk(loc) -> tuple[list[str], Any, list[str]]:
+    """For an error location: its dotted-key parts (union tags dropped); what it points at (a section class,
+    a ``{tag: section class}`` dict for a tagged union such as ``task``, or None for a leaf); and the union
+    members it passed through, as ``task.name=gsm8k``."""
+    node: Any = RunConfig
+    parts: list[str] = []
+    chosen: list[str] = []
+    for part in loc:
+        if isinstance(node, dict):  # inside a tagged union, pydantic puts the tag in the location
+            node = node.get(str(part))
+            chosen.append(f"{'.'.join(parts)}.name={part}")
+            continue
+        parts.append(str(part))
+        field = node.model_fields.get(str(part)) if isinstance(node, type) and issubclass(node, BaseModel) else None
+        node = _section_of(field) if field is not None else None
+    return parts, node, chosen
+
+
+def _section_of(field) -> Any:
+    """The section class of a field, ``{tag: class}`` for a tagged union of sections, else None."""
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    members = {
+        meta.tag: typing.get_args(arg)[0]
+        for arg in typing.get_args(annotation)
+        for meta in getattr(arg, "__metadata__", ())
+        if isinstance(meta, Tag)
+    }
+    return members or None
+
+
+def _closest(name: str, valid) -> str:
+    valid = list(valid)
+    near = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
+    if near:
+        return f"; did you mean {', '.join(near)}?"
+    return f"; valid: {', '.join(valid)}"
+
+
+def describe_fields(model: type[BaseModel] = RunConfig, prefix: str = "", note: str = "") -> list[str]:
+    """``key (default): meaning`` lines for every leaf option, for ``--help-config``; the members of a tagged
+    union (the task section) are listed one after another, each line saying which member it belongs to."""
+    lines = []
+    for name, field in model.model_fields.items():
+        section = _section_of(field)
+        if isinstance(section, dict):
+            for tag, member in section.items():
+                lines.extend(describe_fields(member, f"{prefix}{name}.", f" [{name}.name={tag}]"))
+        elif section is not None:
+            lines.extend(describe_fields(section, f"{prefix}{name}.", note))
+        else:
+            doc = " ".join((field.description or "").split())
+            lines.append(f"{prefix}{name} = {field.default!r}{note}: {doc}")
+    return lines
