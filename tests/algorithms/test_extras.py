@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import oprl.algorithms as algorithms
-from oprl.algorithms import KL_ESTIMATORS, consistency_surrogate, kl_penalty
+from oprl.algorithms import KL_ESTIMATORS, aggregate, consistency_surrogate, kl_penalty
 
 PACKAGE = Path(algorithms.__file__).parent
 
@@ -91,3 +91,22 @@ def test_algorithms_is_pure(path):
             assert node.attr not in {"item", "numpy", "tolist"}, f"{path.name}:{node.lineno} calls .{node.attr}"
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             assert node.func.id not in {"print", "open"}, f"{path.name}:{node.lineno} calls {node.func.id}"
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_kl_and_aggregate_ignore_infinite_masked_values(kind, loss_agg):
+    """−inf trainer log-probs and NaN reference log-probs on padding: the aggregated KL and its gradient are
+    those of the valid tokens alone, finite, with a zero gradient on the padding."""
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    clean = torch.tensor([[-0.5, -1.0, -0.3], [-0.2, -0.4, -0.9]], dtype=torch.float64)
+    ref = torch.tensor([[-0.7, -0.8, -0.1], [-0.3, -0.6, -0.2]], dtype=torch.float64)
+    logprobs = torch.where(mask, clean, torch.full_like(clean, -math.inf)).requires_grad_(True)
+    garbage_ref = torch.where(mask, ref, torch.full_like(ref, math.nan))
+    kl = aggregate(kl_penalty(logprobs, garbage_ref, kind, mask), mask, loss_agg)
+    kl.backward()
+    expected = clean.clone().requires_grad_(True)
+    aggregate(kl_penalty(expected, ref, kind), mask, loss_agg).backward()
+    assert torch.isfinite(kl) and torch.isfinite(logprobs.grad).all()
+    assert (logprobs.grad[~mask] == 0).all()
+    assert torch.allclose(logprobs.grad, expected.grad)

@@ -176,3 +176,31 @@ def test_resolve_preset_applies_overrides_and_copies():
 def test_resolve_preset_rejects_unknown_names(name, overrides, message):
     with pytest.raises(ValueError, match=message):
         resolve_preset(name, **overrides)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("masked_value", [-math.inf, math.inf, math.nan])
+def test_masked_positions_are_ignored_even_when_infinite(name, masked_value):
+    """Every input at a masked position may be ±inf or NaN (trainer log-probs of padding included): the loss
+    and the gradient equal the reference's, finite, and the gradient there is exactly 0."""
+    settings = PRESETS[name]
+    advantage_settings, loss_settings = split_settings(settings)
+    rewards, groups = torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)
+    grouped = group_advantages(rewards, groups, generator=torch.Generator().manual_seed(0), **advantage_settings)
+    _, behavior, mask = batch()
+    mask = mask & grouped.keep[:, None]
+    raw = torch.tensor(LOGPROBS, dtype=torch.float64)
+    logprobs = torch.where(mask, raw, torch.full_like(raw, masked_value)).requires_grad_(True)
+    behavior = torch.where(mask, behavior, torch.full_like(raw, masked_value))
+    extra = {}
+    if settings["recompute_proximal"]:  # π_prox = π_θ before the update: ρ = 1 on valid tokens
+        extra["proximal_logprobs"] = torch.where(mask, raw, torch.full_like(raw, masked_value))
+    loss, metrics = policy_loss(logprobs, behavior, grouped.advantages, mask, **loss_settings, **extra)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
+    assert (logprobs.grad[~mask] == 0).all()
+    assert all(torch.isfinite(value) for value in metrics.values())
+    if not extra:  # the same numbers as the clean batch
+        expected_loss, expected_grad = reference(settings, grouped.advantages.tolist(), grouped.keep.tolist())
+        assert loss.item() == pytest.approx(expected_loss, abs=1e-12)
+        assert logprobs.grad.tolist() == [pytest.approx(row, abs=1e-12) for row in expected_grad]

@@ -47,3 +47,20 @@ def test_difficulty_knobs_and_bad_sizes():
         ArithmeticTask(train_size=10_000, test_size=500, max_value=9, num_operands=2)
     with pytest.raises(OprlError, match="operators"):
         ArithmeticTask(operators="/")
+
+
+def test_replies_past_the_digit_cap_are_wrong_not_a_crash():
+    """int() raises on more than 4,300 digits; a 20,000-digit reply is a well-formed, wrong integer."""
+    for answer in ("83", "-5"):
+        reward = score_integer_answer(answer, "9" * 20_000)
+        assert reward.total == 0.0 and reward.components["format"] == 1.0
+    assert score_integer_answer("83", "0083").total == 1.0
+
+
+def test_tool_arithmetic_final_reply_past_the_digit_cap():
+    from oprl.tasks.base import Problem
+    from oprl.tasks.tool_arithmetic import CalculatorEnvironment
+
+    env = CalculatorEnvironment(Problem(task_id="t/0", messages=({"role": "user", "content": "2*3="},), answer="6"))
+    step = env.step("-" + "1" * 5000)
+    assert step.done and step.reward.total == 0.0 and step.reward.components["format"] == 0.0

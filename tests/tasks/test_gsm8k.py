@@ -1,6 +1,7 @@
 """The GSM8k task on its offline source: the seeded GSM8k-format word-problem generator."""
 
 import re
+import time
 
 import pytest
 
@@ -93,6 +94,29 @@ def test_last_number_reward_for_small_models():
     assert task._pool is None  # no worker process is started for this reward
     with pytest.raises(OprlError, match=r"task\.reward"):
         GSM8kTask(source="synthetic", reward="boxed")
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ["1" + " " * 20_000 + "x", ("7 \t " * 5000)[:20_000] + "?", "9" * 20_000, "1." + "\n" * 19_998 + "a"],
+)
+def test_last_number_reward_is_linear_on_20k_character_replies(reply):
+    """The explorer scores these in-process: each must take < 50 ms (the old ``\\d\\s*\\.?\\s*$`` search
+    took 1 s on the first, trying every split of the spaces between its two ``\\s*``)."""
+    task = GSM8kTask(source="synthetic", train_size=1, test_size=1, reward="last-number")
+    problem = task.problems("train")[0]
+    task.score([problem], [reply])  # warm
+    started = time.perf_counter()
+    (reward,) = task.score([problem], [reply])
+    assert time.perf_counter() - started < 0.05
+    assert reward.components["correct"] == 0.0 and reward.components["format"] == float(reply[-1].isdigit())
+
+
+def test_ends_with_number_matches_the_documented_format():
+    from oprl.tasks.rewards import ends_with_number
+
+    cases = {"42": True, "42.": True, "42 . \n": True, "x ٤٢": True, "42..": False, "42a": False, "": False}
+    assert {text: ends_with_number(text) for text in cases} == cases
 
 
 def test_operations_restrict_the_kinds_of_change():

@@ -67,9 +67,11 @@ def aggregate(
       seq-mean-token-mean:     (1/|S|) Σ_b∈S (Σ_t v·m / Σ_t m)
       seq-mean-token-sum:      (1/|S|) Σ_b∈S Σ_t v·m
       seq-mean-token-sum-norm: (1/|S|) Σ_b∈S Σ_t v·m / normalizer   (normalizer defaults to T)
-    An empty mask gives 0 (no NaN, zero gradient).
+    An empty mask gives 0 (no NaN, zero gradient); values where m = 0 are ignored, even ±inf or NaN.
     """
     reduce = lookup(LOSS_AGGREGATIONS, loss_agg, "loss_agg")
+    # Values at m = 0 are ignored even when ±inf or NaN (v·0 would be NaN), with a zero gradient there.
+    values = torch.where(mask > 0, values, torch.zeros_like(values))  # (B, T)
     return reduce(values, mask.to(values.dtype), normalizer)
 
 

@@ -36,10 +36,18 @@ def _k3(log_r: torch.Tensor) -> torch.Tensor:
 KL_ESTIMATORS: dict[str, Callable] = {"k1": _k1, "k2": _k2, "k3": _k3}
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-token estimate (B, T) of KL(π‖π_ref) from ``logprobs`` (B, T) and ``ref_logprobs`` (B, T).
 
-    With log r = ref_logprobs − logprobs: k1 = −log r, k2 = ½(log r)², k3 = (r − 1) − log r.
+    With log r = ref_logprobs − logprobs: k1 = −log r, k2 = ½(log r)², k3 = (r − 1) − log r. With ``mask``
+    (B, T), positions where it is 0 give 0 whatever the inputs hold there (±inf included), gradient 0.
     """
     estimator = lookup(KL_ESTIMATORS, kind, "kl estimator")
-    return estimator(ref_logprobs.to(logprobs.dtype) - logprobs)  # (B, T)
+    ref_logprobs = ref_logprobs.to(logprobs.dtype)
+    if mask is not None:
+        valid = mask > 0
+        logprobs = torch.where(valid, logprobs, torch.zeros_like(logprobs))
+        ref_logprobs = torch.where(valid, ref_logprobs, torch.zeros_like(ref_logprobs))
+    return estimator(ref_logprobs - logprobs)  # (B, T)

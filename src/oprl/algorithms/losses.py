@@ -181,8 +181,9 @@ def policy_loss(
     """The REINFORCE-family loss and its diagnostics.
 
     Inputs: ``logprobs`` (B, T) with grad; ``behavior_logprobs`` (B, T) recorded by the sampler;
-    ``advantages`` (B,); ``mask`` (B, T) bool or float, 0 on prompt/padding (values there are ignored,
-    even ±inf); ``proximal_logprobs`` (B, T), optional: the trainer's log-probs under the pre-update weights
+    ``advantages`` (B,); ``mask`` (B, T) bool or float, 0 on prompt/padding (values of every input there
+    are ignored, even ±inf or NaN: the loss does not depend on them and their gradient is 0);
+    ``proximal_logprobs`` (B, T), optional: the trainer's log-probs under the pre-update weights
     (decoupled PPO). The anchor a is π_prox if given, else π_b. With ρ = exp(clamp(logprobs − a, ±20))
     detached (``ratio_level=sequence``: each response's geometric mean, exp(mean_t log ρ_t), on all its
     tokens) and A broadcast over T:
@@ -205,6 +206,9 @@ def policy_loss(
 
     mask = mask.to(logprobs.dtype)  # (B, T)
     valid = mask > 0  # (B, T)
+    # Masked positions may hold anything (−inf log-probs of padding, NaN behaviour values): replaced by 0
+    # before any arithmetic, so no inf·0 = NaN reaches the sums, and `where` passes them a zero gradient.
+    logprobs = torch.where(valid, logprobs, torch.zeros_like(logprobs))  # (B, T)
     current = logprobs.detach()
     # Padding may hold any behaviour value; a ratio of 1 there keeps every term finite.
     behavior_logprobs = torch.where(valid, behavior_logprobs.to(logprobs.dtype), current)  # (B, T)
@@ -214,6 +218,7 @@ def policy_loss(
     log_ratio = level_fn((current - anchor).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), mask)  # (B, T)
     ratio = log_ratio.exp()  # (B, T)
     token_advantages = advantages.detach().to(logprobs.dtype)[:, None].expand_as(logprobs)  # (B, T)
+    token_advantages = torch.where(valid, token_advantages, torch.zeros_like(token_advantages))  # (B, T)
 
     keep = keep_fn(ratio, token_advantages, params)  # (B, T) bool
     weights = weight_fn(ratio, token_advantages, params)  # (B, T)

@@ -26,6 +26,9 @@ from pathlib import Path
 from oprl.errors import OprlError
 
 LOCK_NAME = ".oprl.lock"
+MAX_NAME_BYTES = 200
+"""Longest ``run_name`` in UTF-8 bytes: file systems refuse a path component over 255 bytes, and the margin
+leaves room for names built from it (sweep suffixes, temporary names)."""
 
 
 def check_run_name(name: str) -> None:
@@ -34,6 +37,11 @@ def check_run_name(name: str) -> None:
         raise OprlError(
             f"run_name: {name!r} must be a single directory name (no '/', not '.' or '..'); "
             "choose the parent directory with output_dir"
+        )
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise OprlError(
+            f"run_name: {name[:40]!r}... is {len(name.encode())} bytes long; at most {MAX_NAME_BYTES} "
+            "(file systems refuse longer directory names)"
         )
 
 

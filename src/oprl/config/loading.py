@@ -1,12 +1,20 @@
 """Loading a run config: YAML plus dotted ``key=value`` overrides, one-line validation errors, saving, help text.
 
-Validation errors come out as one line naming the key and, for unknown keys, the closest valid ones. The fully
-resolved tree (preset expanded) is written to ``<run_dir>/config.yaml``.
+Validation errors come out as one line naming the key and, for unknown keys, the closest valid ones, echoing
+at most ``ECHO_CHARS`` of the offending value. The fully resolved tree (preset expanded) is written to
+``<run_dir>/config.yaml``.
+
+YAML is read by ``read_yaml`` (the file and every override value): safe tags only, a key given twice in one
+mapping is an error naming it and both lines (PyYAML keeps the last one silently, so a second ``rollout:``
+section would drop the first one's keys), and anchors/aliases are allowed while the document they expand to
+stays under ``MAX_YAML_NODES`` nodes (a "billion laughs" document, 10^9 nodes from a few lines, is refused
+before it is built).
 """
 
 from __future__ import annotations
 
 import difflib
+import reprlib
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,15 +59,87 @@ def save_config(config: RunConfig, path: Path) -> None:
     atomic_write_text(path, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
 
+ECHO_CHARS = 200
+"""At most this much of a value is quoted in an error message."""
+MAX_YAML_NODES = 100_000
+"""Largest document a config may expand to, counting every alias use as a copy (real configs: ~300 nodes)."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate keys (see the module docstring)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults` then explicit keys: overriding merged keys is what merges are for
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {echo(key)} given twice (lines {seen[key]} and {line})", key_node.start_mark
+                )
+            if isinstance(key, typing.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(text: str) -> Any:
+    """``text`` parsed as YAML under the rules of the module docstring; ``yaml.YAMLError`` otherwise."""
+    loader = _ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {})
+        if size > MAX_YAML_NODES:
+            raise yaml.YAMLError(f"anchors and aliases expand it to over {MAX_YAML_NODES:,} values; write it out")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Nodes of the document under ``node`` with every alias expanded, capped just above ``MAX_YAML_NODES``.
+    ``sizes`` memoises by node identity (an alias is the same node object), so this is linear in the text.
+    A node whose size is still being computed counts 1: a recursive alias, which the constructor handles."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    sizes[id(node)] = 1
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        children: list[yaml.Node] = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [item for pair in node.value for item in pair]
+    else:
+        children = []
+    for child in children:
+        total = min(total + _expanded_size(child, sizes), MAX_YAML_NODES + 1)
+    sizes[id(node)] = total
+    return total
+
+
+def echo(value: Any) -> str:
+    """``repr(value)`` cut to ``ECHO_CHARS``, without building the whole repr of a huge value."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = ECHO_CHARS
+    short.maxlist = short.maxdict = short.maxtuple = short.maxset = 20
+    short.maxlevel = 3
+    text = short.repr(value)
+    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 3] + "..."
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise OprlError(f"config file {path}: not found")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
+        data = read_yaml(path.read_text())
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer over Python's 4,300 digits
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise OprlError(f"config file {path}:{where}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
+        where = f": line {mark.line + 1}" if mark else ""
+        problem = str(getattr(exc, "problem", None) or exc)[:ECHO_CHARS]
+        raise OprlError(f"config file {path}{where}: malformed YAML ({problem})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -70,17 +150,17 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _apply_override(data: dict[str, Any], item: str) -> None:
     key, sep, raw = item.partition("=")
     if not sep or not key:
-        raise OprlError(f"override {item!r}: expected key=value (for example algorithm.preset=grpo)")
+        raise OprlError(f"override {echo(item)}: expected key=value (for example algorithm.preset=grpo)")
     try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
+        value = read_yaml(raw) if raw else ""
+    except (yaml.YAMLError, ValueError):
         value = raw
     node = data
     parts = key.split(".")
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise OprlError(f"override {item!r}: {part} is not a section")
+            raise OprlError(f"override {echo(item)}: {part} is not a section")
         node = child
     node[parts[-1]] = value
 
@@ -100,7 +180,7 @@ def _describe(exc: ValidationError) -> str:
         _, members, _ = _walk(error["loc"])
         tag = str(error.get("ctx", {}).get("tag", error.get("input")))
         return f"config: {key}.name: unknown {key} {tag!r}{_closest(tag, members or [])}{more}"
-    return f"config: {key}: {error['msg']} (got {error.get('input')!r}){more}"
+    return f"config: {key}: {error['msg'][:ECHO_CHARS]} (got {echo(error.get('input'))}){more}"
 
 
 def _walk(loc) -> tuple[list[str], Any, list[str]]:

@@ -19,6 +19,9 @@ from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import ArithmeticTaskConfig, task_section
 
 _INTEGER = re.compile(r"-?\d+")
+MAX_ANSWER_DIGITS = 100
+"""A reply with more digits than this is an integer but wrong, without ``int()``: no reference is that long,
+and ``int()`` raises past Python's 4,300-digit limit (a model can emit a 20,000-digit reply)."""
 
 
 class ArithmeticTask:
@@ -48,8 +51,13 @@ def score_integer_answer(answer: str, response: str) -> Reward:
     """Reward 1.0 iff the whole response (stripped) is the reference integer; ``format`` = it is an integer."""
     text = response.strip()
     well_formed = _INTEGER.fullmatch(text) is not None
-    correct = well_formed and int(text) == int(answer)
+    correct = well_formed and equals_integer(text, answer)
     return Reward(total=float(correct), components={"correct": float(correct), "format": float(well_formed)})
+
+
+def equals_integer(text: str, answer: str) -> bool:
+    """``int(text) == int(answer)`` for an integer ``text`` of at most ``MAX_ANSWER_DIGITS`` digits, else False."""
+    return len(text) <= MAX_ANSWER_DIGITS + 1 and int(text) == int(answer)
 
 
 def _evaluate(expression: str) -> int:

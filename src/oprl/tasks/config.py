@@ -8,18 +8,33 @@ configuration.
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from oprl.errors import OprlError
 
 
 class Section(BaseModel):
     """Base of every configuration section: unknown keys are errors, docstrings document fields, and
-    assignments are validated. ``oprl.config`` builds all its sections on it too."""
+    assignments are validated. ``oprl.config`` builds all its sections on it too. Numbers are finite
+    (``optim.lr=inf`` is refused here, not when the first step turns the weights to NaN) and a boolean is not a
+    number (``steps=true`` would otherwise be 1 step)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True, allow_inf_nan=False
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            accepted = {annotation, *typing.get_args(annotation)}
+            if bool not in accepted and accepted & {int, float}:
+                raise ValueError("true/false is not a number here; give a number")
+        return value
 
 
 class ArithmeticTaskConfig(Section):

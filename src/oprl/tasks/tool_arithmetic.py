@@ -24,7 +24,7 @@ import re
 from collections.abc import Sequence
 
 from oprl.errors import OprlError
-from oprl.tasks.arithmetic import _evaluate, expression_task_splits
+from oprl.tasks.arithmetic import _evaluate, equals_integer, expression_task_splits
 from oprl.tasks.base import Problem, Reward, Step
 from oprl.tasks.config import ToolArithmeticTaskConfig, task_section
 
@@ -57,7 +57,7 @@ class CalculatorEnvironment:
 
     def final_reward(self, text: str) -> Reward:
         well_formed = _INTEGER.fullmatch(text) is not None
-        correct = well_formed and int(text) == int(self.problem.answer)
+        correct = well_formed and equals_integer(text, self.problem.answer)
         return Reward(
             total=float(correct),
             components={

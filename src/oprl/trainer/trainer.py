@@ -219,7 +219,8 @@ class Trainer:
         agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
         out = {f"loss/{k}": float(v) for k, v in metrics.items()}
         out["entropy/mean"] = float(aggregate(entropy.detach(), mask, "token-mean"))
-        out["kl/behavior_k3"] = float(aggregate(kl_penalty(logprobs.detach(), behavior, "k3"), mask, "token-mean"))
+        behavior_kl = kl_penalty(logprobs.detach(), behavior, "k3", mask)  # (B, T)
+        out["kl/behavior_k3"] = float(aggregate(behavior_kl, mask, "token-mean"))
         # ρ = π_θ/π_behaviour whatever the loss uses: mismatch (rollout.dtype) and staleness, every step.
         out |= {f"rho/behavior_{k}": float(v) for k, v in ratio_stats(logprobs.detach(), behavior, mask).items()}
         if self.entropy_coef > 0:
@@ -227,7 +228,7 @@ class Trainer:
         if self.reference is not None and self._ref_kl_due():
             with torch.no_grad():
                 ref_logprobs, _, _ = self.reference(prompts, responses, self.pad_id, temperature=self.temperature)
-            kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator), mask, **agg)
+            kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator, mask), mask, **agg)
             if self.kl_coef > 0:
                 loss = loss + self.kl_coef * kl
             out["kl/ref"] = float(kl.detach())
