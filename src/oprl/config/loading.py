@@ -180,7 +180,7 @@ def _describe(exc: ValidationError) -> str:
         _, members, _ = _walk(error["loc"])
         tag = str(error.get("ctx", {}).get("tag", error.get("input")))
         return f"config: {key}.name: unknown {key} {tag!r}{_closest(tag, members or [])}{more}"
-    return f"config: {key}: {error['msg'][:ECHO_CHARS]} (got {echo(error.get('input'))}){more}"
+    return f"config: {key}: {error['msg']} (got {echo(error.get('input'))}){more}"
 
 
 def _walk(loc) -> tuple[list[str], Any, list[str]]:
