@@ -200,3 +200,50 @@ def test_resume_takes_true_false_or_restart():
     assert [load_config(None, [f"resume={v}"]).resume for v in ("true", "false", "restart")] == [True, False, "restart"]
     with pytest.raises(OprlError, match=r"resume: .*expected true, false or restart"):
         load_config(None, ["resume=maybe"])
+
+
+def _optimizer_json_holds_a_list(checkpoint):
+    (checkpoint / "trainer" / "optimizer.json").write_text("[1, 2]")
+
+
+def _model_lacks_a_tensor(checkpoint):
+    from safetensors.torch import load_file
+
+    path = checkpoint / "trainer" / "model.safetensors"
+    tensors = load_file(str(path))
+    del tensors[sorted(tensors)[-1]]
+    save_file(tensors, str(path))
+
+
+@pytest.mark.parametrize(
+    "damage, file", [(_optimizer_json_holds_a_list, "optimizer.json"), (_model_lacks_a_tensor, "model.safetensors")]
+)
+def test_a_checkpoint_that_verifies_but_does_not_load_changes_no_file(whole, tmp_path, capsys, damage, file):
+    """Issue 25, item 4: the manifest is recomputed over the damage, so only parsing or loading finds it;
+    the resume used to cut metrics.jsonl and delete store batches before it failed with a bare TypeError."""
+    run_dir = copy_of(whole, tmp_path, "unloadable", stopped_after=3)
+    with (run_dir / "metrics.jsonl").open("a") as rows:  # rows and a batch after the checkpoint: kept
+        rows.write(json.dumps({"step": 4, "reward/mean": 0.5}) + "\n")
+    shutil.copy(whole / "experiences" / "batch-000004.parquet", run_dir / "experiences")
+    for checkpoint in (run_dir / "checkpoints").iterdir():
+        damage(checkpoint)
+        manifest.seal(checkpoint)  # what a careful forger (or a buggy writer) leaves: a manifest that matches
+        assert manifest.verify(checkpoint) is None
+    before = files_of(run_dir)
+    assert resume(run_dir) == 2
+    err = one_line(capsys.readouterr().err)
+    assert f"step-000003/trainer/{file}" in err and "nothing was deleted" in err, err
+    assert files_of(run_dir) == before
+
+
+def test_a_newest_checkpoint_that_does_not_load_falls_back_to_the_previous_one(whole, tmp_path, capsys):
+    run_dir = copy_of(whole, tmp_path, "fallback")
+    newest = run_dir / "checkpoints" / "step-000004"
+    _model_lacks_a_tensor(newest)
+    manifest.seal(newest)
+    assert resume(run_dir, "checkpoint.keep=1") == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("resume:"))
+    assert "step-000004/trainer/model.safetensors" in line and "resuming from step-000003" in line, line
+    assert deterministic_view(read_metrics(run_dir / "metrics.jsonl")) == deterministic_view(
+        read_metrics(whole / "metrics.jsonl")
+    )

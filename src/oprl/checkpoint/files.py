@@ -11,7 +11,7 @@ complete, so a ``kill -9`` leaves either a whole checkpoint or none. Inside:
 - ``manifest.json``: every file's size and SHA-256, written last (``oprl.checkpoint.manifest``; weights holding
   NaN or infinity are refused before it is written).
 
-Resume takes the newest checkpoint that verifies against its manifest (``usable_checkpoint``); old
+Resume takes the newest checkpoint that verifies against its manifest and parses (``usable_checkpoints``); old
 checkpoints are pruned only after a newer one has been committed and verified.
 
 Deliberately not here: pickle (``torch.save``) for anything, and deciding *when* to checkpoint or what to
@@ -24,16 +24,18 @@ import json
 import random
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from oprl.checkpoint import manifest
+from oprl.checkpoint import contents, manifest
 from oprl.errors import OprlError
 from oprl.io import atomic_write_text, commit_dir
 
 CHECKPOINTS = "checkpoints"
+NOTHING_DELETED = "nothing was deleted; resume=restart runs it again from step 0 (deleting its rows and experiences)"
 _STEP_DIR = re.compile(r"step-(\d+)")
 
 
@@ -69,25 +71,27 @@ def checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def usable_checkpoint(run_dir: Path, log=print) -> Path:
-    """The newest checkpoint of ``run_dir`` that verifies; says so in one line when it is not the newest one.
-    Without one: ``OprlError`` naming the newest checkpoint's bad file (nothing is deleted)."""
+def usable_checkpoints(run_dir: Path) -> tuple[list[Path], list[str]]:
+    """The checkpoints of ``run_dir`` that verify (``manifest.verify``) and parse (``contents.problem``),
+    newest first, and what is wrong with each newer one (``"<checkpoint>/<file> ..."``). Without any:
+    ``OprlError`` naming the newest checkpoint's bad file (nothing is deleted)."""
     found = checkpoints(run_dir)
-    restart = "nothing was deleted; resume=restart runs it again from step 0 (deleting its rows and experiences)"
     if not found:
         raise OprlError(
             f"resume: {run_dir} has no checkpoint (checkpoint.interval=0, or the run stopped before "
-            f"its first); {restart}"
+            f"its first); {NOTHING_DELETED}"
         )
+    usable: list[Path] = []
     problems: list[str] = []
     for path in reversed(found):
-        problem = manifest.verify(path)
+        problem = manifest.verify(path) or contents.problem(path)
         if problem is None:
-            if problems:
-                log(f"resume: {problems[0]} is unusable; resuming from {path.name} instead")
-            return path
-        problems.append(f"{path}/{problem}")
-    raise OprlError(f"resume: no checkpoint of {run_dir} verifies (newest: {problems[0]}); {restart}")
+            usable.append(path)
+        elif not usable:
+            problems.append(f"{path}/{problem}")
+    if not usable:
+        raise OprlError(f"resume: no checkpoint of {run_dir} verifies (newest: {problems[0]}); {NOTHING_DELETED}")
+    return usable, problems
 
 
 def resolve_checkpoint(path: str | Path) -> Path | None:
@@ -199,12 +203,30 @@ def save_trainer_state(directory: str | Path, model, optimizer: torch.optim.Opti
 
 
 def load_trainer_state(directory: str | Path, model, optimizer: torch.optim.Optimizer) -> int:
-    """Inverse of ``save_trainer_state``; returns the version."""
+    """Inverse of ``save_trainer_state``; returns the version. A file that does not fit this model and
+    optimizer (a tensor missing, another shape) is an ``OprlError`` naming it."""
     root = Path(directory)
-    load_model(model, str(root / "model.safetensors"))
-    load_optimizer(optimizer, root)
-    load_rng(root)
-    return read_json(root / "trainer.json")["version"]
+    with loading(root / "model.safetensors"):
+        load_model(model, str(root / "model.safetensors"))
+    with loading(root / "optimizer.json"):
+        load_optimizer(optimizer, root)
+    with loading(root / "rng.safetensors"):
+        load_rng(root)
+    with loading(root / "trainer.json"):
+        return read_json(root / "trainer.json")["version"]
+
+
+@contextmanager
+def loading(path: Path):
+    """Any error inside becomes one line naming ``path`` (what a resume reports, and falls back from)."""
+    try:
+        yield
+    except OprlError:
+        raise
+    except Exception as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = " ".join(lines)[:240]
+        raise OprlError(f"{path}: {type(exc).__name__}: {reason}") from None
 
 
 def load_checkpoint_weights(model, checkpoint: str | Path) -> int:

@@ -11,9 +11,11 @@ trainer or the buffer failed (``abandon``: the last committed checkpoint stands)
 
 Resuming (``resume=true``): ``lock_run_dir`` holds the run directory and merges the given keys into the
 saved config (only keys that do not change what is computed may differ: ``RESUMABLE_CHANGES``), ``prepare``
-picks the newest checkpoint that verifies and cuts ``metrics.jsonl`` and the store back to it, ``restore``
-is the one path that loads it into the workers and the synchronizer, and ``check_versions_available``
-refuses to extend a run the checkpoint cannot feed. ``mode=explore`` resumes from the store itself.
+lists the checkpoints that verify and whose every file parses (``oprl.checkpoint.contents``), changing
+nothing, and ``restore`` is the one path that loads the newest loadable one into the workers and the
+synchronizer, refuses to extend a run the checkpoint cannot feed (``check_versions_available``), and only
+then cuts ``metrics.jsonl`` and the store back to it. So a refused resume changes no file.
+``mode=explore`` resumes from the store itself.
 ``mode=eval`` reads only a checkpoint's weights (``eval_checkpoint``, then ``Evaluator.load_checkpoint``).
 """
 
@@ -226,9 +228,25 @@ def _flatten(data: dict, prefix: str = "") -> dict:
     return out
 
 
-def prepare(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) -> Path | None:
-    """Newest checkpoint that verifies; metrics and store trimmed to it (batches generated after it are made
-    again). Nothing is deleted before a checkpoint has verified; without one the run stops (one line)."""
+@dataclass
+class Resumption:
+    """A resume in preparation: the checkpoints it may load, newest first; nothing of the run changed yet."""
+
+    config: RunConfig
+    run_dir: Path
+    store_dir: str | None
+    candidates: list[Path]
+    """Checkpoints that verify and parse, newest first."""
+    skipped: list[str]
+    """What is wrong with the newer checkpoints passed over (``"<checkpoint>/<file> ..."``)."""
+    path: Path | None = None
+    """The checkpoint ``restore`` loaded."""
+
+
+def prepare(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) -> Resumption | None:
+    """The checkpoints a resume may load (verified against their manifests, every file parsed); nothing is
+    changed here. Without one the run stops (one line naming the newest checkpoint's bad file). mode=explore
+    resumes from the store itself: batches without a row are made again."""
     metrics = run_dir / "metrics.jsonl"
     if config.mode == "explore":
         # The store is the checkpoint: keep batches that have both a file and a row, make the others again.
@@ -241,19 +259,15 @@ def prepare(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) 
         present = set(store.batches())
         ckpt.truncate_metrics(metrics, lambda step: step in present)
         return None
-    checkpoint = ckpt.usable_checkpoint(run_dir, log)
-    state = ckpt.read_json(checkpoint / "state.json")
-    if state["step"] > config.steps:
+    candidates, skipped = ckpt.usable_checkpoints(run_dir)
+    newest = candidates[0]
+    step = ckpt.read_json(newest / "state.json")["step"]
+    if step > config.steps:
         raise OprlError(
-            f"resume: {run_dir} has already trained {state['step']} steps (checkpoint {checkpoint.name}); "
-            f"steps={config.steps} would not continue it: give steps >= {state['step']} to extend it"
+            f"resume: {run_dir} has already trained {step} steps (checkpoint {newest.name}); "
+            f"steps={config.steps} would not continue it: give steps >= {step} to extend it"
         )
-    _save_resumed_config(config, run_dir)
-    ckpt.truncate_metrics(metrics, lambda step: step <= state["step"])
-    if store_dir:
-        store = ExperienceStore(store_dir)
-        store.discard([b for b in store.batches() if b > max(state["step"], 0) and b not in state["ready"]])
-    return checkpoint
+    return Resumption(config, run_dir, store_dir, candidates, skipped)
 
 
 def _save_resumed_config(config: RunConfig, run_dir: Path) -> None:
@@ -261,17 +275,46 @@ def _save_resumed_config(config: RunConfig, run_dir: Path) -> None:
     save_config(config.model_copy(update={"resume": False}), run_dir / "config.yaml")
 
 
-def restore(checkpoint: Path, backend, trainer, buffer, sync: Synchronizer) -> tuple[int, list[int]]:
-    """Load ``checkpoint`` into the trainer, the buffer, the synchronizer (the old versions still needed)
-    and this process's RNG; returns ``(step, fresh batches the buffer holds)``: the one restore path."""
-    state = ckpt.read_json(checkpoint / "state.json")
-    backend.get(trainer.call("restore", str(checkpoint / "trainer")))
-    ready = backend.get(buffer.call("restore", str(checkpoint / "buffer")))
-    for version in state["weights_versions"]:
-        weights = ckpt.load_weights(checkpoint / "weights" / f"version-{version:06d}.safetensors")
-        sync.publish(version, backend.put(weights))
-    ckpt.load_rng(checkpoint)
-    return state["step"], ready
+def restore(plan: Resumption, backend, trainer, buffer, sync: Synchronizer, log=print) -> tuple[int, list[int]]:
+    """Load the newest loadable checkpoint of ``plan`` into the trainer, the buffer, the synchronizer (the old
+    versions still needed) and this process's RNG, and only then cut ``metrics.jsonl`` and the store back
+    to it (batches generated after it are made again); returns ``(step, fresh batches the buffer holds)``:
+    the one restore path. A checkpoint the workers cannot load (a tensor missing from the model) is passed
+    over for the next older one, said in one line; when none loads, ``OprlError`` naming the file, and no
+    file of the run has changed."""
+    problems = list(plan.skipped)
+    for checkpoint in plan.candidates:
+        try:
+            backend.get(trainer.call("restore", str(checkpoint / "trainer")))
+            ready = backend.get(buffer.call("restore", str(checkpoint / "buffer")))
+        except Exception as exc:  # a file that does not fit this run's model: try the next older one
+            reason = backend.describe(exc).removeprefix("OprlError: ")
+            problems.append(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")
+            continue
+        state = ckpt.read_json(checkpoint / "state.json")
+        for version in state["weights_versions"]:
+            weights = ckpt.load_weights(checkpoint / "weights" / f"version-{version:06d}.safetensors")
+            sync.publish(version, backend.put(weights))
+        ckpt.load_rng(checkpoint)
+        config = plan.config
+        if config.mode == "both" and config.sync.mode == "scheduled":
+            pending = [b for b in range(state["step"] + 1, config.steps + 1) if b not in ready]
+            check_versions_available(checkpoint, sync, pending, state["step"])
+        if problems:
+            log(f"resume: the newest checkpoint is unusable ({problems[0]}); resuming from {checkpoint.name} instead")
+        _cut_back(plan, state)
+        plan.path = checkpoint
+        return state["step"], ready
+    raise OprlError(f"resume: no checkpoint of {plan.run_dir} loads (newest: {problems[0]}); {ckpt.NOTHING_DELETED}")
+
+
+def _cut_back(plan: Resumption, state: dict) -> None:
+    """The run's files after a checkpoint has loaded: its settings saved, rows and batches after it dropped."""
+    _save_resumed_config(plan.config, plan.run_dir)
+    ckpt.truncate_metrics(plan.run_dir / "metrics.jsonl", lambda step: step <= state["step"])
+    if plan.store_dir:
+        store = ExperienceStore(plan.store_dir)
+        store.discard([b for b in store.batches() if b > max(state["step"], 0) and b not in state["ready"]])
 
 
 def check_versions_available(checkpoint: Path, sync: Synchronizer, pending: list[int], step: int) -> None:

@@ -243,8 +243,6 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
         pending = [b for b in range(start_step + 1, config.steps + 1) if b not in ready] if use_explorers else []
     if trainer is not None and explorers and sync.wants(start_step, pending):
         sync.publish(start_step, trainer.call("weights"))
-    if checkpoint is not None and config.sync.mode == "scheduled" and explorers:
-        resume.check_versions_available(checkpoint, sync, pending, start_step)
     return Session(trainer, explorers, buffer, sync, start_step, pending, set(ready))
 
 
