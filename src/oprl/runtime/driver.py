@@ -235,7 +235,7 @@ class PerfClock:
             "perf/reward_s": timing.reward_s,
             "perf/sync_s": result.sync_s,
             "perf/generate_tokens_per_s": timing.generated_tokens / max(timing.generate_s, 1e-9),
-        }
+        } | timing.shaping
 
 
 class Driver:

@@ -30,9 +30,11 @@ from oprl.config import RunConfig, save_config
 from oprl.errors import OprlError
 from oprl.explorer.evaluate import Evaluator
 from oprl.explorer.explorer import ExplorerWorker
+from oprl.explorer.shaping import check_shaping
 from oprl.io import atomic_write_json
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
-from oprl.models.loading import quiet_transformers
+from oprl.models.loading import quiet_transformers, resolve_device
+from oprl.models.precision import precision_line
 from oprl.progress import RunProgress
 from oprl.runtime.driver import Driver
 from oprl.runtime.synchronizer import Synchronizer
@@ -75,6 +77,7 @@ def check_config(config: RunConfig) -> None:
             "rollout.group_size=1: every advantage is relative to its group (r - baseline of the "
             "group), so with one response per prompt all advantages are 0 and nothing trains; use >= 2"
         )
+    check_shaping(config.rollout)
     if config.rollout.engine == "vllm":
         from oprl.rollout.vllm_engine import require_vllm
 
@@ -144,6 +147,9 @@ def run(config: RunConfig, log=print) -> RunSummary:
 
 def _run_workers(config: RunConfig, run_dir: Path, log) -> None:
     path = model_path(config, build_task(config.task), log=log)
+    chosen = precision_line(config.trainer.autocast, config.rollout.dtype, resolve_device(config.model.device))
+    if chosen:
+        log(chosen)
     backend = make_backend(config)
     actors: list = []
     try:

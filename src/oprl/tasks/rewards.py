@@ -56,6 +56,20 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
+def overlong_penalty(length: int, max_tokens: int, buffer: int, penalty: float = 1.0) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13) of a reply of ``length``
+    tokens under the limit ``max_tokens`` with a buffer of ``buffer`` tokens, added to its reward:
+
+        0                                            if length <= max_tokens - buffer
+        -penalty * (length - (max_tokens - buffer)) / buffer   up to length = max_tokens (-penalty: a cut reply)
+
+    ``buffer = 0`` = off (always 0)."""
+    if buffer <= 0:
+        return 0.0
+    over = min(max(length - (max_tokens - buffer), 0), buffer)
+    return -penalty * over / buffer
+
+
 def ascii_digits(text: str) -> str:
     """``text`` with every Unicode decimal digit (Arabic-Indic, Devanagari, fullwidth, ...) made ASCII."""
     if text.isascii():

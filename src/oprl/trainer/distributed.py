@@ -51,21 +51,30 @@ class PolicyForward(torch.nn.Module):
 
     ``grouped_response_logprobs`` calls the decoder and the head directly, never ``model.forward``; FSDP2's root
     hooks (gather the root's parameters, reduce its gradients in backward) and DDP's reducer run on a module
-    call only, so the trainer calls this wrapper. On one process it is a plain call (the same numbers)."""
+    call only, so the trainer calls this wrapper. On one process it is a plain call (the same numbers).
 
-    def __init__(self, model: torch.nn.Module, activation_checkpointing: bool = False):
+    ``autocast`` (``trainer.autocast``): the forward runs under ``torch.autocast`` in that dtype (matmuls and
+    linear layers in bfloat16, the log-softmax over float32 logits); backward follows the forward's dtypes.
+    Parameters, gradients and AdamW state stay in the model's float32 (master weights)."""
+
+    def __init__(
+        self, model: torch.nn.Module, activation_checkpointing: bool = False, autocast: torch.dtype | None = None
+    ):
         super().__init__()
         self.model = model
         self.activation_checkpointing = activation_checkpointing
+        self.autocast = autocast
         if activation_checkpointing:
             enable_activation_checkpointing(model)
 
     def forward(self, prompt_ids, response_ids, pad_id, **kwargs):
-        if self.activation_checkpointing:
-            # The shared-prompt pass appends to a KV cache inside each layer, which a recomputation in backward
-            # would repeat; checkpointed layers run every row's prompt + response without a cache instead.
-            return packed_response_logprobs(self.model, prompt_ids, response_ids, pad_id, **kwargs)
-        return grouped_response_logprobs(self.model, prompt_ids, response_ids, pad_id, **kwargs)
+        device = next(self.model.parameters()).device.type
+        with torch.autocast(device, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            if self.activation_checkpointing:
+                # The shared-prompt pass appends to a KV cache inside each layer, which a recomputation in backward
+                # would repeat; checkpointed layers run every row's prompt + response without a cache instead.
+                return packed_response_logprobs(self.model, prompt_ids, response_ids, pad_id, **kwargs)
+            return grouped_response_logprobs(self.model, prompt_ids, response_ids, pad_id, **kwargs)
 
 
 def enable_activation_checkpointing(model: Any) -> None:
@@ -88,9 +97,13 @@ class SingleProcess:
     """Factor on each micro-batch loss: the number of ranks whose gradients the reduction averages."""
 
     def wrap(
-        self, model: torch.nn.Module, trainable: bool = True, activation_checkpointing: bool = False
+        self,
+        model: torch.nn.Module,
+        trainable: bool = True,
+        activation_checkpointing: bool = False,
+        autocast: torch.dtype | None = None,
     ) -> torch.nn.Module:
-        return PolicyForward(model, activation_checkpointing)
+        return PolicyForward(model, activation_checkpointing, autocast)
 
     def share(self, rows: list, rank: int | None = None) -> list[int]:
         """Indices of ``rows`` (a mini-batch) that ``rank`` trains on."""
@@ -127,9 +140,13 @@ class DataParallel(SingleProcess):
         self.wrapped: Any = None  # the trainable module after wrap: an FSDPModule or a DistributedDataParallel
 
     def wrap(
-        self, model: torch.nn.Module, trainable: bool = True, activation_checkpointing: bool = False
+        self,
+        model: torch.nn.Module,
+        trainable: bool = True,
+        activation_checkpointing: bool = False,
+        autocast: torch.dtype | None = None,
     ) -> torch.nn.Module:
-        forward: torch.nn.Module = PolicyForward(model, activation_checkpointing)
+        forward: torch.nn.Module = PolicyForward(model, activation_checkpointing, autocast)
         if self.sharding == "fsdp":
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

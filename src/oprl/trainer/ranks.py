@@ -43,6 +43,11 @@ def check_trainer_config(config, gpus: int | None = None) -> None:
             f"trainer.world_size={t.world_size} exceeds the groups per step "
             f"(rollout.prompts_per_step={groups}): every rank trains on whole groups"
         )
+    if t.autocast != "none" and config.model.dtype != "float32":
+        raise OprlError(
+            f"trainer.autocast={t.autocast} needs model.dtype=float32 (the master weights autocast computes "
+            f"from), got model.dtype={config.model.dtype}"
+        )
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if t.dist_backend == "nccl" and not cuda:
         raise OprlError(f"trainer.dist_backend=nccl needs CUDA tensors, model.device={device}; use gloo")

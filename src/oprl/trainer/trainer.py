@@ -65,6 +65,7 @@ class Trainer:
         log_ref_kl_every: int = 0,
         parallel: SingleProcess | None = None,
         activation_checkpointing: bool = False,
+        autocast: torch.dtype | None = None,
     ):
         self.model = model
         self.pad_id = pad_id
@@ -85,9 +86,10 @@ class Trainer:
         self.log_ref_kl_every = log_ref_kl_every
         if kl_coef > 0 or log_ref_kl_every > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-            self.reference = self.parallel.wrap(self.ref_model, trainable=False)
+            self.reference = self.parallel.wrap(self.ref_model, trainable=False, autocast=autocast)
         # The module computing (logprobs, entropy, mask); wrapping (FSDP/DDP) happens before the optimizer exists.
-        self.policy = self.parallel.wrap(model, activation_checkpointing=activation_checkpointing)
+        # Under ``autocast`` it computes in bfloat16; the parameters and the optimizer below stay float32.
+        self.policy = self.parallel.wrap(model, activation_checkpointing=activation_checkpointing, autocast=autocast)
         params = list(model.parameters())
         # The fused kernel updates all tensors in one pass (half the optimizer time of the per-tensor loop on CPU).
         fused = all(p.device.type in ("cpu", "cuda") for p in params)
@@ -277,6 +279,8 @@ def loss_mask_of(rows: list[Experience], width: int) -> torch.Tensor:
 def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess | None = None) -> Trainer:
     """The ``Trainer`` of ``config`` around ``model`` (one process, or one rank of ``parallel``)."""
     from oprl.config import algorithm_settings
+    from oprl.models.loading import resolve_device
+    from oprl.models.precision import autocast_dtype
 
     algo = config.algorithm
     return Trainer(
@@ -293,6 +297,7 @@ def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess
         log_ref_kl_every=algo.log_ref_kl_every,
         parallel=parallel,
         activation_checkpointing=config.trainer.activation_checkpointing,
+        autocast=autocast_dtype(config.trainer.autocast, resolve_device(config.model.device)),
     )
 
 
