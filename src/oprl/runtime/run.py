@@ -3,8 +3,9 @@
 ``run(config)`` dispatches on ``config.mode``: ``both`` (explorers + buffer + trainer), ``explore`` (explorers
 + buffer writing the store), ``train`` (buffer reading a store + trainer), ``eval`` (one evaluation). The
 run directory receives the resolved config, ``metrics.jsonl``, tensorboard events, ``metrics.png``,
-``summary.json``, ``experiences/`` (the store), ``checkpoints/`` and the final model (``final/``, loadable
-with ``from_pretrained``). ``resume=true`` continues run ``run_name`` from its newest checkpoint.
+``summary.json``, ``workers.log`` (what reward workers print), ``experiences/`` (the store), ``checkpoints/``
+and the final model (``final/``, loadable with ``from_pretrained``). ``resume=true`` continues run
+``run_name`` from its newest checkpoint.
 
 Run it: ``oprl train`` (CPU default), ``oprl train sync.offset=1`` (overlapped), ``oprl train backend=ray``.
 """
@@ -39,6 +40,8 @@ from oprl.progress import RunProgress
 from oprl.runtime.driver import Driver
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.tasks import build_task
+from oprl.tasks.workers import LOG_NAME as WORKER_LOG
+from oprl.tasks.workers import worker_log
 from oprl.trackers import start_trackers
 from oprl.trainer.ranks import ShardedTrainer, check_trainer_config
 from oprl.trainer.trainer import TrainerWorker
@@ -135,12 +138,13 @@ def run(config: RunConfig, log=print) -> RunSummary:
     run_dir = make_run_dir(config)
     lock, config = resume.lock_run_dir(config, run_dir)
     try:
-        if config.mode == "eval":
-            return _evaluate_only(config, run_dir, checkpoint, started, log)
-        if not config.resume:
-            save_config(config, run_dir / "config.yaml")
-        _run_workers(config, run_dir, log)
-        return _finish(config, run_dir, started)
+        with worker_log(run_dir / WORKER_LOG):  # reward and answer-checking workers print there
+            if config.mode == "eval":
+                return _evaluate_only(config, run_dir, checkpoint, started, log)
+            if not config.resume:
+                save_config(config, run_dir / "config.yaml")
+            _run_workers(config, run_dir, log)
+            return _finish(config, run_dir, started)
     finally:
         lock.release()
 

@@ -188,6 +188,15 @@ class DatasetTaskConfig(Section):
     ``reward/reward_timeout`` counts it."""
     reward_workers: int = Field(1, gt=0)
     """Reward worker processes (each imports your reward module once)."""
+    reward_memory_mb: int = Field(4096, ge=0)
+    """Address-space limit of each reward worker in MB (``resource.setrlimit``; 0 = none). A call that
+    allocates past it fails with a ``MemoryError`` and scores 0. Importing torch and transformers takes ~700."""
+    reward_import_timeout: float = Field(60.0, gt=0.0)
+    """Seconds a reward worker may take to start (import your module); past that the run stops with one line."""
+    reward_max_error_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    """The run stops when a reward function fails (raises, times out, returns a non-number) on at least this
+    share of a batch's rows; below it, failed rows score 0 and are counted (``reward/reward_error``,
+    ``reward/reward_timeout``). 1.0 = stop only when every row of a batch fails."""
     train_size: int | None = Field(None, gt=0)
     """Use only the first train_size usable training rows (None = all)."""
     test_size: int | None = Field(None, gt=0)

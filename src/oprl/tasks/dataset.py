@@ -48,7 +48,14 @@ class DatasetTask:
         specs = [c.reward] if isinstance(c.reward, str) else list(c.reward)
         extra = {column for row in self._rows.values() for column in row["row"]}
         self.rewards = UserRewards(
-            specs, c.reward_weights, timeout=c.reward_timeout, workers=c.reward_workers, extra_columns=sorted(extra)
+            specs,
+            c.reward_weights,
+            timeout=c.reward_timeout,
+            workers=c.reward_workers,
+            extra_columns=sorted(extra),
+            memory_mb=c.reward_memory_mb,
+            import_timeout=c.reward_import_timeout,
+            max_error_fraction=c.reward_max_error_fraction,
         )
 
     def _source(self, split: str) -> tuple[list[Row], str, str]:
@@ -107,7 +114,7 @@ class DatasetTask:
 
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
         rows = [dict(self._rows[p.task_id], completion=r) for p, r in zip(problems, responses, strict=True)]
-        return self.rewards.score(rows)
+        return self.rewards.score(rows, [p.task_id for p in problems])
 
 
 def _messages(prompt: Any, system_prompt: str | None) -> tuple[tuple[dict, ...] | None, str]:

@@ -1,4 +1,4 @@
-"""User reward functions: named by ``task.reward``, run in the timed worker pool of ``oprl.tasks.verify``.
+"""User reward functions: named by ``task.reward``, run in the timed worker pool of ``oprl.tasks.workers``.
 
 The contract (docs/tasks.md): ``fn(prompt, completion, reference, **row) -> float | dict[str, float]`` where
 ``prompt`` is the row's prompt (a string or a list of chat messages), ``completion`` the model's response,
@@ -6,15 +6,20 @@ The contract (docs/tasks.md): ``fn(prompt, completion, reference, **row) -> floa
 the reward; a dict's values are named components (logged as ``reward/<name>``) summing to the reward.
 
 A function is named ``package.module:function`` (imported from the current directory or the environment) or
-``path/to/file.py:function``. The parent imports it once to check the name and the signature, so a typo is
-one ``OprlError`` line naming ``task.reward`` before anything trains; the workers import it again. Each
-``(row, function)`` call is one request to a worker process under ``task.reward_timeout``: a call that hangs
-is killed, one that raises or returns something other than a finite number (or a dict of them) scores 0,
-and both are counted per row (components ``reward_timeout`` and ``reward_error``). A function that fails on
-every row of a batch stops the run with one line saying why.
+``path/to/file.py:function``. Only the reward workers (``oprl.tasks.workers``) import it: each checks the
+name and the signature at start-up, so a typo is one ``OprlError`` line naming ``task.reward`` before
+anything trains, and a module that blocks at import is one line after ``task.reward_import_timeout``. Each
+``(row, function)`` call is one request to a worker under ``task.reward_timeout`` and
+``task.reward_memory_mb``; replies come back on the workers' private channel, checked against the request
+they answer, and what the function prints goes to ``<run_dir>/workers.log``. A call that hangs is killed;
+one that raises, runs out of memory, or returns something other than a number within ±``MAX_ABS_REWARD``
+(or a dict of them) fails. **A failed call scores 0 for its row** and is counted (components
+``reward_timeout`` and ``reward_error``, logged as ``reward/...``; the first failure of each kind is one
+warning line); the run stops only when a function fails on at least ``task.reward_max_error_fraction`` of
+a batch's rows (default 1.0: every row), with one line showing one failed row.
 
 Run one worker by hand: ``echo '{"fn": 0, "prompt": "1+1=", "completion": "2", "reference": "2", "row": {}}'
-| python -m oprl.tasks.user_reward examples/arithmetic_reward.py:reward``.
+| python -m oprl.tasks.user_reward '{"specs": ["examples/arithmetic_reward.py:reward"], "columns": []}'``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
+import logging
 import math
 import os
 import sys
@@ -31,12 +38,13 @@ from typing import Any
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Reward
-from oprl.tasks.verify import WorkerPool, fatal, serve
+from oprl.tasks.workers import WorkerPool, fatal, limit_memory, serve
 
 KEY = "task.reward"
-PROBE = 8
-"""Calls per worker sent before the rest of a batch: when every one of them fails for some function, the
-batch stops there instead of waiting out a timeout on every row."""
+MAX_ABS_REWARD = 1e6
+"""A reward (or component) beyond ±this is refused for its row like a NaN: 1e308 is finite, but a batch mean
+or an ``eval/accuracy`` over it is inf, and (r − mean)/std loses every digit of the honest rewards."""
+log = logging.getLogger("oprl.tasks")
 
 
 def load_reward(spec: str, *, key: str = KEY) -> Callable[..., Any]:
@@ -102,13 +110,17 @@ def reward_value(value: Any) -> dict[str, float] | float:
     if isinstance(value, bool) or (not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
         raise TypeError(f"returned {type(value).__name__} {str(value)[:40]!r}; need a float or dict[str, float]")
     number = float(value)
-    if not math.isfinite(number):
-        raise TypeError(f"returned {number}; need a finite float")
+    if not math.isfinite(number) or abs(number) > MAX_ABS_REWARD:
+        raise ValueError(f"returned {number!r}; a reward must be finite and within ±{MAX_ABS_REWARD:g}")
     return number
 
 
 class UserRewards:
-    """The reward functions of ``specs`` weighted by ``weights``, scored in ``workers`` timed processes."""
+    """The reward functions of ``specs`` weighted by ``weights``, scored in ``workers`` timed processes.
+
+    The workers start here and import the functions there (never in this process, so a module that blocks,
+    crashes or prints at import cannot touch the run): a typo or a wrong signature is one ``OprlError`` line
+    before anything trains, and so is a module that does not import within ``import_timeout`` seconds."""
 
     def __init__(
         self,
@@ -118,6 +130,9 @@ class UserRewards:
         timeout: float,
         workers: int,
         extra_columns: Sequence[str] = (),
+        memory_mb: int = 0,
+        import_timeout: float = 60.0,
+        max_error_fraction: float = 1.0,
     ):
         self.specs = list(specs)
         if not self.specs or not all(self.specs):
@@ -126,25 +141,39 @@ class UserRewards:
         if len(self.weights) != len(self.specs):
             raise OprlError(f"task.reward_weights: {len(self.weights)} weights for {len(self.specs)} reward functions")
         for spec in self.specs:
-            check_signature(load_reward(spec), spec, extra_columns)
+            _check_spec(spec)
         self.names = [attribute_name(spec) for spec in self.specs]
+        self.memory_mb = memory_mb
+        self.max_error_fraction = max_error_fraction
         self.pool = WorkerPool(
-            ["oprl.tasks.user_reward", *self.specs],
+            ["oprl.tasks.user_reward", json.dumps({"specs": self.specs, "columns": list(extra_columns)})],
             workers,
             timeout,
-            what=f"reward worker ({KEY}={','.join(self.specs)})",
+            startup_timeout=import_timeout,
+            what=f"{KEY}: the reward worker for {','.join(self.specs)}",
+            memory_mb=memory_mb or None,
         )
+        try:
+            self.pool.start()
+        except OprlError as exc:
+            self.pool.close()
+            message = str(exc)
+            fatal_message = message.partition(" failed to start: ")[2]
+            if fatal_message.startswith(KEY):  # the worker's own one-line diagnosis (import, name, signature)
+                raise OprlError(fatal_message) from None
+            if "did not start within" in message:
+                message += f" (task.reward_import_timeout={import_timeout:g})"
+            raise OprlError(message) from None
         self.counts = {"calls": 0, "timeout": 0, "error": 0}
+        self._warned: set[tuple[str, str]] = set()
 
-    def score(self, rows: Sequence[dict[str, Any]]) -> list[Reward]:
-        """Rewards of ``rows``, each ``{"prompt", "completion", "reference", "row"}``."""
+    def score(self, rows: Sequence[dict[str, Any]], ids: Sequence[str] | None = None) -> list[Reward]:
+        """Rewards of ``rows``, each ``{"prompt", "completion", "reference", "row"}``; ``ids`` name the rows
+        in messages. A call that fails scores 0 and is counted; ``_check_failures`` decides whether to stop."""
         requests = [dict(row, fn=f) for row in rows for f in range(len(self.specs))]
-        head = PROBE * self.pool.num_workers * len(self.specs)
-        replies = self.pool.run(requests[:head])
-        self._stop_if_all_failed(replies, len(rows) if len(requests) <= head else None)
-        if len(requests) > head:
-            replies += self.pool.run(requests[head:])
-            self._stop_if_all_failed(replies, len(rows))
+        replies = self.pool.run(requests) if requests else []
+        ids = list(ids) if ids is not None else [f"row {i}" for i in range(len(rows))]
+        self._check_failures(replies, ids)
         per_row = len(self.specs)
         return [self._reward(replies[i * per_row : (i + 1) * per_row]) for i in range(len(rows))]
 
@@ -169,20 +198,53 @@ class UserRewards:
         components["reward_error"] = float(errors)
         return Reward(total=total, components=components)
 
-    def _stop_if_all_failed(self, replies: list[dict], rows: int | None) -> None:
-        """``OprlError`` when some function failed on every call so far (``rows``: the batch is complete)."""
+    def _why(self, reply: dict) -> str:
+        if reply.get("verdict") == "timeout":
+            return f"timed out after {self.pool.timeout:g}s (task.reward_timeout)"
+        why = str(reply.get("error") or "failed")
+        return f"{why} (task.reward_memory_mb={self.memory_mb})" if reply.get("memory") else why
+
+    def _check_failures(self, replies: list[dict], ids: list[str]) -> None:
+        """Per function: ``OprlError`` when at least ``max_error_fraction`` of the batch's calls failed (1.0:
+        every one), else one warning per kind of failure the first time it is seen; failed rows score 0."""
         per_row = len(self.specs)
         for f, spec in enumerate(self.specs):
             mine = replies[f::per_row]
-            if mine and all("value" not in reply for reply in mine):
-                why = mine[0].get("error") or "timed out"
-                if mine[0].get("verdict") == "timeout":
-                    why = f"timed out after {self.pool.timeout:g}s (task.reward_timeout)"
-                scope = f"all {rows} rows of a batch" if rows else f"the first {len(mine)} rows of a batch"
-                raise OprlError(f"{KEY}: {spec} failed on {scope}: {why}")
+            failed = [(row, reply) for row, reply in zip(ids, mine, strict=True) if "value" not in reply]
+            if not failed:
+                continue
+            row, reply = failed[0]
+            example = f"e.g. {row}: {self._why(reply)}"
+            if len(failed) >= self.max_error_fraction * len(mine):
+                scope = f"all {len(mine)} rows" if len(failed) == len(mine) else f"{len(failed)} of {len(mine)} rows"
+                raise OprlError(
+                    f"{KEY}: {spec} failed on {scope} of a batch (task.reward_max_error_fraction="
+                    f"{self.max_error_fraction:g}); {example}"
+                )
+            kind = (spec, self._why(reply).partition(":")[0])
+            if kind not in self._warned:
+                self._warned.add(kind)
+                log.warning(
+                    "%s: %s failed on %d of %d rows of a batch (each scores 0, counted in reward/reward_error and "
+                    "reward/reward_timeout; said once); %s",
+                    KEY,
+                    spec,
+                    len(failed),
+                    len(mine),
+                    example,
+                )
 
     def close(self) -> None:
         self.pool.close()
+
+
+def _check_spec(spec: str) -> None:
+    """What can be checked without importing: the ``module:function`` form and that a named file exists."""
+    target, sep, attribute = spec.rpartition(":")
+    if not sep or not target or not attribute:
+        raise OprlError(f"{KEY}: {spec!r} must be package.module:function or path/to/file.py:function")
+    if (target.endswith(".py") or "/" in target or os.sep in target) and not Path(target).is_file():
+        raise OprlError(f"{KEY}: file {target!r} not found (from {os.getcwd()})")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -193,19 +255,25 @@ def _first_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------- the worker side (a separate process)
 
 
-def _worker_main(specs: list[str]) -> None:
+def _worker_main(argument: str) -> None:
+    memory_mb = limit_memory()  # before the user's module allocates anything
+    settings = json.loads(argument)
     try:
-        functions = [load_reward(spec) for spec in specs]
+        functions = [load_reward(spec) for spec in settings["specs"]]
+        for function, spec in zip(functions, settings["specs"], strict=True):
+            check_signature(function, spec, settings["columns"])
     except OprlError as exc:
         return fatal(str(exc))
+    except MemoryError:
+        return fatal(f"{KEY}: importing {settings['specs']} ran past task.reward_memory_mb={memory_mb}")
 
     def handle(request: dict) -> dict:
         function = functions[request["fn"]]
         row = {k: v for k, v in request["row"].items() if k not in ("prompt", "completion", "reference")}
         return {"value": reward_value(function(request["prompt"], request["completion"], request["reference"], **row))}
 
-    serve(handle, memory_limit=None)  # user code may import torch etc.; the timeout still bounds it
+    serve(handle, memory_mb=memory_mb)
 
 
 if __name__ == "__main__":
-    _worker_main(sys.argv[1:])
+    _worker_main(sys.argv[1])
