@@ -189,7 +189,7 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
         final |= {k: v for k, v in last.items() if isinstance(v, (int, float))}
     return RunResult(
         run_dir=done.run_dir,
-        config=config,
+        config=done.config or config,
         summary=summary,
         final_metrics=final,
         accuracy_before=done.accuracy_before,

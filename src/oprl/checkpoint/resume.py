@@ -30,7 +30,7 @@ import yaml
 from oprl.backends.failure import WorkerFailure
 from oprl.buffer.store import ExperienceStore
 from oprl.checkpoint import files as ckpt
-from oprl.checkpoint import manifest, rundir
+from oprl.checkpoint import manifest, rundir, storedir
 from oprl.checkpoint.manifest import CheckpointError
 from oprl.config import RunConfig, resolve_algorithm, save_config
 from oprl.errors import OprlError
@@ -162,12 +162,18 @@ def lock_run_dir(config: RunConfig, run_dir: Path) -> tuple[rundir.RunLock, RunC
     the saved one with any key given, after the run's outputs are deleted."""
     restart = config.resume == "restart"
     if not config.resume or (restart and not rundir.is_run_dir(run_dir)):
-        return rundir.open_new(run_dir), config.model_copy(update={"resume": False})
-    lock = rundir.open_existing(run_dir)
+        lock = rundir.open_new(run_dir)
+        config = config.model_copy(update={"resume": False})
+    else:
+        lock = rundir.open_existing(run_dir)
     try:
-        config = resumed_config(config, run_dir, any_key=restart)
-        if restart:
+        if config.resume:
+            config = resumed_config(config, run_dir, any_key=restart)
+        if restart and config.resume:
             rundir.clear(run_dir)
+        # The store at buffer.path is locked too, and checked to be this run's (or appended to on request).
+        lock.also(storedir.claim(config, run_dir))
+        if restart:
             config = config.model_copy(update={"resume": False})
     except BaseException:
         lock.release()
@@ -255,7 +261,8 @@ def prepare(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) 
         _save_resumed_config(config, run_dir)
         ckpt.truncate_metrics(metrics, lambda step: True)  # drops a half-written last line
         logged = {r["step"] for r in read_metrics(metrics)} if metrics.is_file() else set()
-        store.discard([b for b in store.batches() if b not in logged])
+        mine = set(storedir.explore_batches(config, run_dir))  # a shared store also holds other runs' batches
+        store.discard([b for b in store.batches() if b in mine and b not in logged])
         present = set(store.batches())
         ckpt.truncate_metrics(metrics, lambda step: step in present)
         return None

@@ -89,9 +89,18 @@ def clear(run_dir: Path) -> None:
 class RunLock:
     """``with RunLock(run_dir):`` -- exclusive use of ``run_dir`` (see the module docstring)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, label: str = "run_name"):
         self.path = Path(run_dir) / LOCK_NAME
+        self.label = label
+        """The setting that named the directory, in the refusal (``run_name``; ``buffer.path`` for a store)."""
         self._fd: int | None = None
+        self._also: list[RunLock] = []
+
+    def also(self, other: RunLock | None) -> RunLock:
+        """Release ``other`` (a store's lock) with this one."""
+        if other is not None:
+            self._also.append(other)
+        return self
 
     def acquire(self) -> RunLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -101,7 +110,7 @@ class RunLock:
             holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
             raise OprlError(
-                f"run_name: {self.path.parent} is in use by {holder}; wait for it to finish "
+                f"{self.label}: {self.path.parent} is in use by {holder}; wait for it to finish "
                 "(or stop it) before starting, resuming or exploring this run"
             ) from None
         except OSError:
@@ -114,6 +123,8 @@ class RunLock:
         return self
 
     def release(self) -> None:
+        while self._also:
+            self._also.pop().release()
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)

@@ -359,6 +359,9 @@ class BufferConfig(_Section):
     there); mode=both/explore write it, None = ``<run_dir>/experiences``."""
     persist: bool = True
     """mode=both: also write every generated batch to the store (mode=explore always writes)."""
+    append: bool = False
+    """mode=explore: add ``steps`` batches to a ``path`` that already holds another run's, numbered after its
+    last one (its model, warmstart and task settings must be this run's). Without it such a store is refused."""
     passes: int = Field(1, gt=0)
     """mode=offline: passes over the stored groups before the run stops with an error for lack of data."""
     max_ready: int = Field(4, gt=0)

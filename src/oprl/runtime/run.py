@@ -26,7 +26,7 @@ from oprl.backends.base import make_backend
 from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import make_buffer
 from oprl.buffer.store import STORE_DIRNAME, ExperienceStore
-from oprl.checkpoint import resume, rundir
+from oprl.checkpoint import resume, rundir, storedir
 from oprl.config import RunConfig, save_config
 from oprl.errors import OprlError
 from oprl.explorer.evaluate import Evaluator
@@ -54,6 +54,8 @@ class RunSummary:
     accuracy_before: float
     accuracy_after: float
     seconds: float
+    config: RunConfig | None = None
+    """The config the run went on with (a resumed run's saved settings, not only the keys given)."""
 
 
 def check_config(config: RunConfig) -> None:
@@ -248,7 +250,7 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
         start_step, ready = resume.restore(checkpoint, backend, trainer, buffer, sync)
     if config.mode == "explore":
         done = set(ExperienceStore(store_dir).batches()) if store_dir else set()
-        pending = [b for b in range(1, config.steps + 1) if b not in done]
+        pending = [b for b in storedir.explore_batches(config, run_dir) if b not in done]
     else:
         pending = [b for b in range(start_step + 1, config.steps + 1) if b not in ready] if use_explorers else []
     if trainer is not None and explorers and sync.wants(start_step, pending):
@@ -299,7 +301,7 @@ def _finish(config: RunConfig, run_dir: Path, started: float) -> RunSummary:
         plot_run(rows, run_dir / "metrics.png", title=run_dir.name)
     seconds = time.perf_counter() - started
     _write_summary(run_dir, config, before, after, seconds)
-    return RunSummary(run_dir, before, after, seconds)
+    return RunSummary(run_dir, before, after, seconds, config)
 
 
 def _write_summary(run_dir: Path, config: RunConfig, before: float, after: float, seconds: float) -> None:
