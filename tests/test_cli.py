@@ -129,3 +129,40 @@ def test_config_command_prints_resolved_preset(capsys):
     assert "clip_mode: one-side" in out and "weight: none" in out and "eps_high: 2.0" in out
     assert main(["config", "--help"]) == 0
     assert "sync.interval" in capsys.readouterr().out
+
+
+HEAVY = ("torch", "transformers", "vllm", "ray", "trl", "tensorboard", "matplotlib", "pyarrow", "pandas", "wandb")
+COMMANDS = ("train", "explore", "eval", "config", "bandit", "sweep", "plot", "report")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_everywhere_is_instant(flag):
+    """``oprl --help`` and every subcommand's help exit 0 and import none of the heavy libraries (the speed
+    itself is measured by benchmarks/startup.py, not asserted here)."""
+    probe = (
+        "import json, sys, contextlib, io\n"
+        "from oprl.cli import main\n"
+        "out = {}\n"
+        f"for argv in [[{flag!r}], *[[c, {flag!r}] for c in {COMMANDS!r}]]:\n"
+        "    text = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(text):\n"
+        "        code = main(argv)\n"
+        f"    out[' '.join(argv)] = [code, text.getvalue(), sorted(m for m in {HEAVY!r} if m in sys.modules)]\n"
+        "print(json.dumps(out))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    import json
+
+    for argv, (code, text, heavy) in json.loads(result.stdout).items():
+        assert code == 0, argv
+        assert heavy == [], (argv, heavy)
+        assert "usage" in text.lower() or "= " in text, (argv, text[:200])
+        if argv.split()[0] in ("train", "explore", "eval"):
+            assert "oprl config --help" in text and "key=value" in text
+    assert "oprl train" in json.loads(result.stdout)[flag][1]
+
+
+def test_eval_of_a_missing_checkpoint_says_checkpoint(tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "runs" / "r" / "checkpoints" / "step-000050")]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint" in err and "config file" not in err and "checkpoint.keep" in err

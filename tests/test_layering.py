@@ -10,18 +10,18 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "oprl"
 # Which oprl subpackages (or top-level modules) each layer may import. The CLI and runtime sit on top;
 # algorithms at the bottom.
 ALLOWED = {
-    "algorithms": {"algorithms"},
+    "algorithms": {"algorithms", "lazy"},
     "tasks": {"tasks", "errors"},
     # Samplers run models; models know nothing of sampling (padding layouts live in models/batching.py).
-    "models": {"models", "errors", "io"},
-    "rollout": {"rollout", "models", "errors"},
+    "models": {"models", "errors", "io", "lazy"},
+    "rollout": {"rollout", "models", "errors", "lazy"},
     # The config tree reads the plug-ins' registries for its option lists; it never sees the runtime or the
     # entry points that consume it.
     "config": {"config", "algorithms", "tasks", "rollout", "models", "errors", "io"},
     # The bandit study runs the real loss functions on a toy problem, nothing else.
     "bandit": {"bandit", "algorithms", "errors"},
     # Experiments drive runs as subprocesses and read their output files; they do not link the runtime.
-    "experiments": {"experiments", "errors", "metrics", "io"},
+    "experiments": {"experiments", "errors", "metrics", "io", "progress"},
     # oprl's losses inside other trainers (TRL): the pure math only, never oprl's runtime.
     "integrations": {"integrations", "algorithms"},
     # What travels between roles, and the schedule math: leaves above torch.
@@ -54,6 +54,9 @@ ALLOWED = {
     },
     # Leaves every layer may use.
     "errors": {"errors"},
+    "progress": {"progress"},
+    # torch bound at first use (``oprl config`` and ``--help`` never load it).
+    "lazy": {"lazy"},
     "io": {"io", "errors"},
 }
 
@@ -99,6 +102,7 @@ def test_layer_imports_only_what_it_may(layer):
 
 def test_algorithms_import_only_torch_and_stdlib():
     allowed_roots = {"torch", "oprl", "typing", "dataclasses", "math", "difflib", "__future__", "collections"}
+    allowed_roots |= {"functools"}
     for path in (SRC / "algorithms").rglob("*.py"):
         for name in imports_of(path):
             assert name.split(".")[0] in allowed_roots, f"{path.name} imports {name}"

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from oprl.backends.failure import WorkerFailure
 from oprl.errors import OprlError
 
-USAGE = """oprl train [CONFIG.yaml] [key=value ...] [--debug]   run RL (no arguments: the embedded CPU default);
+USAGE = """usage: oprl COMMAND [ARGUMENTS]
+
+oprl train [CONFIG.yaml] [key=value ...] [--debug]   run RL (no arguments: the embedded CPU default);
                                                     mode=offline buffer.path=DIR trains offline from a store
 oprl explore [CONFIG.yaml] [key=value ...]          generate `steps` batches with a fixed policy into a store
 oprl eval [CONFIG.yaml | CHECKPOINT | RUN_DIR] [key=value ...]
@@ -22,7 +24,71 @@ oprl config [CONFIG.yaml] [key=value ...]           print the resolved config (w
 oprl bandit [--steps N] [--out DIR] ...             the 3-armed bandit counter-example (docs/paper.md#bandit)
 oprl sweep SWEEP.yaml [--parallel N] [--dry-run]    run a grid of runs (resumable) into results.csv
 oprl plot RUN_DIR... [--out DIR]                    paper-style figures of any runs
-oprl report SWEEP_DIR                               figures + report.md with the sweep's tables"""
+oprl report SWEEP_DIR                               figures + report.md with the sweep's tables
+
+`oprl COMMAND --help` shows a command's arguments; `oprl config --help` lists every setting."""
+
+SETTINGS = """Settings: `key=value` over the defaults (or over CONFIG.yaml), e.g. steps=20 rollout.group_size=4
+algorithm.preset=opmd. `oprl config --help` lists every setting with its default and meaning; `oprl config
+[CONFIG.yaml] [key=value ...]` prints the resolved config."""
+
+HELP = {
+    "train": f"""usage: oprl train [CONFIG.yaml] [key=value ...] [--debug]
+
+Run RL: explorers generate, the trainer learns, evaluations at eval.interval; writes runs/<run_name>/
+(config.yaml, metrics.jsonl, summary.json, checkpoints/, final/). No arguments: the embedded CPU default job.
+mode=offline buffer.path=DIR trains from an experience store; resume=true run_name=NAME continues a run.
+
+arguments:
+  CONFIG.yaml   optional YAML config (first argument, without '=')
+  key=value     settings over it
+  --debug       show the traceback of any error
+  -h, --help    this help
+
+{SETTINGS}""",
+    "explore": f"""usage: oprl explore [CONFIG.yaml] [key=value ...] [--debug]
+
+Generate `steps` batches with a fixed policy into an experience store (runs/<run_name>/experiences/, or
+buffer.path); `oprl train mode=offline buffer.path=...` trains on it later. Same as `oprl train mode=explore`.
+
+arguments:
+  CONFIG.yaml   optional YAML config
+  key=value     settings over it
+  --debug       show the traceback of any error
+  -h, --help    this help
+
+{SETTINGS}""",
+    "eval": f"""usage: oprl eval [CONFIG.yaml | CHECKPOINT_DIR | RUN_DIR] [key=value ...] [--debug]
+
+Evaluate pass@1 on the task's test split (eval.num_problems problems) and write a run directory.
+  oprl eval model.path=MODEL               a model (hub name or directory) on the default task
+  oprl eval runs/RUN                       a run's newest checkpoint, with the run's own config
+  oprl eval runs/RUN/checkpoints/step-N    one checkpoint (a run keeps its last checkpoint.keep of them)
+  oprl eval runs/RUN/final                 not a checkpoint: use model.path=runs/RUN/final
+
+arguments:
+  CONFIG.yaml | CHECKPOINT_DIR | RUN_DIR   optional first argument
+  key=value     settings over it (run_name=NAME keeps a name; default: a new eval-... directory)
+  --debug       show the traceback of any error
+  -h, --help    this help
+
+{SETTINGS}""",
+    "bandit": """usage: oprl bandit [--steps N] [--lr LR] [--samples K] [--seed S] [--out DIR]
+
+The 3-armed bandit counter-example (docs/paper.md#bandit): every method's exact and sampled dynamics on
+off-policy data; prints a table, writes DIR/bandit.json and DIR/bandit.png.
+
+options:
+  --steps N     gradient steps per run (default 300)
+  --lr LR       SGD step size on the logits (default 1.0)
+  --samples K   group size K: arms drawn from the behaviour policy per step (default 8)
+  --seed S      seed of the sampled runs (default 0)
+  --out DIR     output directory (default runs/bandit)
+  -h, --help    this help""",
+}
+"""``--help`` of the commands parsed here, and bandit's (its parser lives with torch code that help must not
+import). sweep, plot and report print their own parsers' help (those modules import nothing heavy), and
+``oprl config --help`` lists every setting (``oprl.config.describe_fields``)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command in HELP and ("-h" in rest or "--help" in rest):
+        print(HELP[command])
+        return 0
     handlers = {
         "train": _train,
         "explore": _explore,
@@ -48,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return handlers[command](rest)
+    except SystemExit as exc:  # argparse's --help and usage errors (sweep, plot, report)
+        return exc.code if isinstance(exc.code, int) else 2
     except OprlError as exc:
         if debug:
             raise
@@ -111,7 +182,20 @@ def _eval(args: list[str]) -> int:
         keep = any(a.startswith("run_name=") for a in args[1:])
         forced = api.checkpoint_overrides(args[0], keep_run_name=keep)
         return _train([str(api.checkpoint_config(args[0])), *args[1:]], forced)
+    if args and "=" not in args[0] and not Path(args[0]).exists() and Path(args[0]).suffix not in (".yaml", ".yml"):
+        raise OprlError(_missing_checkpoint(Path(args[0])))
     return _train(args, ["mode=eval"])
+
+
+def _missing_checkpoint(path) -> str:
+    """One line for ``oprl eval PATH`` where PATH is neither a YAML file nor a directory."""
+    folder = path.parent
+    kept = sorted(p.name for p in folder.glob("step-*")) if folder.is_dir() else []
+    where = f"; {folder} holds {', '.join(kept)}" if kept else ""
+    return (
+        f"eval: no checkpoint or run directory {path} (a run keeps only its newest checkpoint.keep checkpoints, "
+        f"2 by default{where}; `oprl eval RUN_DIR` evaluates a run's newest)"
+    )
 
 
 def _config(args: list[str]) -> int:
@@ -119,7 +203,7 @@ def _config(args: list[str]) -> int:
 
     from oprl.config import describe_fields, load_config
 
-    if "--help" in args:
+    if "--help" in args or "-h" in args:
         print("\n".join(describe_fields()))
         return 0
     path, overrides = _split_config_args(args)

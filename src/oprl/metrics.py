@@ -19,7 +19,15 @@ class MetricsLogger:
     """Rows to ``metrics.jsonl`` first, then to tensorboard and the experiment ``trackers``
     (``oprl.trackers``); a tracker that fails is dropped after one ``warn`` line, never the file."""
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True, trackers: list | None = None, warn=print):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool = True,
+        trackers: list | None = None,
+        warn=print,
+        config: dict | None = None,
+    ):
         self.path = run_dir / "metrics.jsonl"
         self._file = self.path.open("a")
         self._trackers = list(trackers or [])
@@ -29,6 +37,11 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            if config is not None:  # the resolved config, as the TEXT tab shows it (a code block)
+                import yaml
+
+                text = yaml.safe_dump(config, sort_keys=False)
+                self._writer.add_text("config", "    " + text.replace("\n", "\n    "), 0)
 
     def log(self, step: int, row: dict[str, float]) -> None:
         self._file.write(json.dumps({"step": step, **row}, sort_keys=True) + "\n")
@@ -80,8 +93,9 @@ def deterministic_view(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(NONDETERMINISTIC_PREFIX)} for row in rows]
 
 
-def plot_run(rows: list[dict], out: Path, title: str = "") -> None:
-    """Training reward and eval accuracy against step, one PNG."""
+def plot_run(rows: list[dict], out: Path, title: str = "", subtitle: str = "") -> None:
+    """Training reward and eval accuracy against step, one PNG; ``title`` names the run, ``subtitle`` its
+    settings."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,13 +104,14 @@ def plot_run(rows: list[dict], out: Path, title: str = "") -> None:
     train = [r for r in rows if "reward/mean" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["step"] for r in train], [r["reward/mean"] for r in train], label="train reward (mean)", lw=1)
+    ax.plot([r["step"] for r in train], [r["reward/mean"] for r in train], label="train reward (batch mean)", lw=1)
     ax.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], "o-", label="eval accuracy (pass@1)")
     ax.set_xlabel("trainer step")
+    ax.set_ylabel("reward / accuracy (0-1)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    ax.set_title(title)
+    ax.set_title(f"{title}\n{subtitle}" if subtitle else title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

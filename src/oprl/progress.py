@@ -1,37 +1,135 @@
-"""A rich progress bar with live metrics (step, train reward, last eval accuracy); a no-op when disabled."""
+"""Progress of a long loop (a run's steps, the warm start, a sweep's runs): a live rich bar on a terminal,
+plain log lines elsewhere.
+
+Where stdout is a terminal (or a notebook) and progress is enabled, a bar shows ``done/total``, the text
+the caller gives (reward, accuracy, ...), elapsed time and ETA. Anywhere else (a cluster job, ``nohup``,
+CI, ``progress=false``) the same text goes to the ``oprl`` logger (Python ``logging``, level INFO) as one
+line every ``interval`` steps or ``interval_s`` seconds, whichever comes first, and whenever the caller
+says a line is due (after an evaluation, at the end), so a log file or ``tail -f`` shows how a run goes.
+When nothing configured logging, the ``oprl`` logger writes to stderr itself (``attach_default_handler``).
+"""
 
 from __future__ import annotations
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+import logging
+import sys
+import time
 
-TRAIN_FIELDS = "reward {task.fields[reward]:.3f}  eval acc {task.fields[accuracy]:.3f}"
+LOGGER = logging.getLogger("oprl")
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def interactive() -> bool:
+    """Whether a live bar can be drawn: stdout is a terminal or a notebook (rich's detection)."""
+    from rich.console import Console
+
+    console = Console()
+    return console.is_terminal or console.is_jupyter
+
+
+def attach_default_handler() -> None:
+    """Give the ``oprl`` logger a stderr handler at INFO unless logging is configured (a root or ``oprl``
+    handler exists): progress lines must show up in a job's log without any setup, and never twice."""
+    if LOGGER.handlers or logging.getLogger().handlers:
+        if LOGGER.level == logging.NOTSET:
+            LOGGER.setLevel(logging.INFO)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_FORMAT))
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(logging.INFO)
+    LOGGER.propagate = False
+
+
+def format_seconds(seconds: float) -> str:
+    """``42s``, ``3m07s``, ``1h02m``."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 class RunProgress:
-    """``fields`` is a rich template over ``task.fields``; ``initial`` gives each field its first value."""
+    """``with RunProgress(total) as p: p.update(done, text)``: a bar, or log lines (module docstring).
+
+    ``eta=False`` leaves the time remaining out (a loop that usually stops before ``total``, like the warm
+    start, which ends at its target accuracy); ``unit`` names what is counted in log lines (step, run).
+    """
 
     def __init__(
-        self, total: int, *, enabled: bool = True, description: str = "train", fields: str = TRAIN_FIELDS, **initial
+        self,
+        total: int,
+        *,
+        enabled: bool = True,
+        description: str = "train",
+        interval: int = 10,
+        interval_s: float = 60.0,
+        eta: bool = True,
+        unit: str = "step",
     ):
-        self.enabled = enabled
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn(fields),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            disable=not enabled,
-        )
-        initial = initial or {"reward": 0.0, "accuracy": 0.0}
-        self._task = self._progress.add_task(description, total=total, **initial)
+        self.total, self.description, self.unit, self.eta = total, description, unit, eta
+        self.interval, self.interval_s = interval, interval_s
+        self.bar = enabled and interactive()
+        self.lines = 0
+        """Log lines written (a bar writes none)."""
+        self._started = time.perf_counter()
+        self._last_line: tuple[int, float] | None = None
+        self._progress = None
+        if self.bar:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            columns = [
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[text]}"),
+                TimeElapsedColumn(),
+            ]
+            self._progress = Progress(*columns, *([TimeRemainingColumn()] if eta else []))
+            self._task = self._progress.add_task(description, total=total, text="")
+        else:
+            attach_default_handler()
 
     def __enter__(self):
-        self._progress.__enter__()
+        if self._progress is not None:
+            self._progress.__enter__()
         return self
 
     def __exit__(self, *exc):
-        return self._progress.__exit__(*exc)
+        if self._progress is not None:
+            return self._progress.__exit__(*exc)
+        return None
 
-    def update(self, step: int, **fields) -> None:
-        self._progress.update(self._task, completed=step, **fields)
+    def update(self, done: int, text: str = "", *, line: bool = False, status: str | None = None) -> None:
+        """``done`` of ``total`` are finished; ``text`` describes them. ``line``: write a log line now
+        (in log mode) whatever the interval. ``status``: what is going on meanwhile (bar only: its label)."""
+        if self._progress is not None:
+            if status is not None:
+                self._progress.update(self._task, description=f"{self.description} ({status})")
+            else:
+                self._progress.update(self._task, completed=done, text=text, description=self.description)
+            return
+        now = time.perf_counter()
+        last_done, last_time = self._last_line or (0, self._started)
+        due = line or done >= self.total or done - last_done >= self.interval or now - last_time >= self.interval_s
+        if status is not None or not due or (self._last_line is not None and (done, text) == self._last_text):
+            return
+        self._last_line, self._last_text = (done, now), (done, text)
+        parts = [f"{self.description} {self.unit} {done}/{self.total}", text]
+        elapsed = now - self._started
+        if self.eta and 0 < done < self.total:
+            parts.append(f"eta {format_seconds(elapsed / done * (self.total - done))}")
+        parts.append(f"elapsed {format_seconds(elapsed)}")
+        LOGGER.info("  ".join(p for p in parts if p))
+        self.lines += 1
+
+    _last_text: tuple[int, str] = (-1, "")

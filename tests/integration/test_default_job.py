@@ -12,9 +12,11 @@ from oprl.cli import main
 
 
 @pytest.mark.slow
-def test_default_job_gains_ten_points(tmp_path, monkeypatch):
+def test_default_job_gains_ten_points(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OPRL_CACHE_DIR", str(tmp_path / "cache"))
     assert main(["train", f"output_dir={tmp_path}", "run_name=default", "progress=false"]) == 0
+    out = capsys.readouterr().out
+    assert "no learning signal" not in out and "warning: rollout.max_new_tokens" not in out  # it learns
     summary = json.loads((tmp_path / "default" / "summary.json").read_text())
     assert 0.2 <= summary["eval_accuracy_before"] <= 0.6
     assert summary["eval_accuracy_after"] - summary["eval_accuracy_before"] >= 0.10

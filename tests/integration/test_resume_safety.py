@@ -43,7 +43,7 @@ def copy_of(whole, tmp_path, name: str, *, stopped_after: int | None = None):
     """A copy of the finished run; with ``stopped_after`` as if killed right after that step's checkpoint."""
     run_dir = tmp_path / name
     shutil.copytree(whole, run_dir)
-    (run_dir / ".oprl.lock").unlink()
+    (run_dir / ".oprl.lock").unlink(missing_ok=True)  # a finished run removed it
     if stopped_after is not None:
         for checkpoint in (run_dir / "checkpoints").iterdir():
             if int(checkpoint.name.split("-")[1]) > stopped_after:

@@ -72,6 +72,7 @@ def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     assert report.main([str(out)]) == 0
     text = (out / "report.md").read_text()
     assert "| grpo |" in text and "offline" in text and "on-policy" in text
+    assert "(1 seed)" in text and "± 0.000" not in text  # one seed has no spread to report
     assert (out / "figures" / "eval_accuracy.png").stat().st_size > 1000
     assert (out / "figures" / "train_reward.png").is_file()
     assert (out / "figures" / "kl_initial.png").is_file()  # logged because of algorithm.log_ref_kl_every

@@ -11,14 +11,20 @@ Not here: token masks, ratios or any loss; responses flagged ``keep=False`` must
 responses stay (``keep=True``, A = 0) and count in the denominators, as in Trinity-RFT's final RED-Drop.
 """
 
+from __future__ import annotations
+
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
-
-import torch
+from typing import TYPE_CHECKING, NamedTuple
 
 from oprl.algorithms.registry import lookup
+from oprl.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 STD_EPS = 1e-6
 """Added to the group std before dividing (docs/paper.md#advantages: A = (r − mean)/(std + 1e-6))."""

@@ -9,11 +9,18 @@ split an optimizer batch into micro-batches and still get the full-batch value.
 Not here: which tokens are valid (the caller's mask) or any loss formula.
 """
 
-from collections.abc import Callable
+from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from oprl.algorithms.registry import lookup
+from oprl.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 
 def _safe(denominator: torch.Tensor) -> torch.Tensor:

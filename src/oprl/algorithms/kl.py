@@ -11,12 +11,19 @@ Not here: the coefficient, masking or aggregation (the trainer's), computing log
 entropy (computed with the log-probs, chunk by chunk, in ``oprl.models.logprobs``).
 """
 
-from collections.abc import Callable
+from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from oprl.algorithms.losses import MAX_LOG_RATIO
 from oprl.algorithms.registry import lookup
+from oprl.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 
 def _k1(log_r: torch.Tensor) -> torch.Tensor:

@@ -12,14 +12,21 @@ Not here: advantages (``advantages.py``), KL to a reference model (``kl.py``), a
 about which tokens are valid (the caller's mask).
 """
 
+from __future__ import annotations
+
+import functools
 import math
 from collections.abc import Callable
-from typing import NamedTuple
-
-import torch
+from typing import TYPE_CHECKING, NamedTuple
 
 from oprl.algorithms.aggregation import aggregate
 from oprl.algorithms.registry import lookup
+from oprl.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 MAX_LOG_RATIO = 20.0
 """|log ρ| is clamped here before exp: stale or padded tokens can carry log-ratios in the hundreds, whose
@@ -243,7 +250,19 @@ def _valid_extreme(ratio: torch.Tensor, valid: torch.Tensor, largest: bool) -> t
     return torch.where(valid.any(), extreme, torch.ones_like(extreme))
 
 
-@torch.no_grad()
+def _no_grad(function):
+    """``@torch.no_grad()``, entered when ``function`` is called (``torch`` is bound lazily, so the decorator
+    cannot touch it when this module is imported)."""
+
+    @functools.wraps(function)
+    def without_grad(*args, **kwargs):
+        with torch.no_grad():
+            return function(*args, **kwargs)
+
+    return without_grad
+
+
+@_no_grad
 def ratio_stats(
     logprobs: torch.Tensor,
     behavior_logprobs: torch.Tensor,
@@ -270,7 +289,7 @@ def ratio_stats(
     }
 
 
-@torch.no_grad()
+@_no_grad
 def _metrics(ratio, keep, weights, mask, pg_loss, reg_loss) -> dict[str, torch.Tensor]:
     """Diagnostics, each a detached 0-dim tensor; fractions and means weight tokens by the mask.
 

@@ -8,7 +8,16 @@ surrogate penalises pairwise violations of that consistency. It exists to make t
 Not here: computing sequence log-probs (sum the token log-probs of each response yourself).
 """
 
-import torch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from oprl.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 
 def consistency_surrogate(

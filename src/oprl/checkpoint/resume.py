@@ -41,6 +41,7 @@ from oprl.runtime.synchronizer import Synchronizer
 RESUMABLE_CHANGES = (
     "steps",
     "progress",
+    "logging.",
     "tensorboard",
     "tracking.",
     "backend",
@@ -49,7 +50,7 @@ RESUMABLE_CHANGES = (
     "eval.",
     "trainer.world_size",
 )  # sharded checkpoints reshard to the new world size
-_IDENTITY = ("resume", "run_name", "output_dir")
+_IDENTITY = ("resume", "run_name", "output_dir", "overwrite")
 
 
 # -- writing ----------------------------------------------------------------------------------------------
@@ -162,7 +163,7 @@ def lock_run_dir(config: RunConfig, run_dir: Path) -> tuple[rundir.RunLock, RunC
     the saved one with any key given, after the run's outputs are deleted."""
     restart = config.resume == "restart"
     if not config.resume or (restart and not rundir.is_run_dir(run_dir)):
-        lock = rundir.open_new(run_dir)
+        lock = rundir.open_new(run_dir, overwrite=config.overwrite)
         config = config.model_copy(update={"resume": False})
     else:
         lock = rundir.open_existing(run_dir)

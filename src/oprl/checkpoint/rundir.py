@@ -5,10 +5,11 @@
 - ``RunLock``: an exclusive ``fcntl.flock`` on ``<run_dir>/.oprl.lock``, taken before anything is written and
   held until the run ends (train, explore, resume; with ``backend=ray`` the driver process holds it, and it
   is the driver that decides what is written). The file records the holder's PID, host and start time, so
-  a second run on the same directory stops with one line naming them. The OS drops the lock when the holder
+  a second run on the same directory stops with one line naming them. The holder deletes the file when it
+  releases the lock (a run that ends, cleanly or with an error); the OS drops the lock when the holder
   exits, even after ``kill -9``, so a stale lock file never blocks a resume;
 - ``open_new``/``open_existing``: lock a run directory for a new run (a missing or empty directory only; one
-  holding another run, or anything that is not an oprl run, is refused instead of being overwritten) or for
+  holding another run is refused unless ``overwrite``, anything that is not an oprl run always is) or for
   a resumed one (it must hold a run).
 
 Not here: what a run writes (``run.py``), checkpoints (``checkpoint.py``).
@@ -16,6 +17,7 @@ Not here: what a run writes (``run.py``), checkpoints (``checkpoint.py``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -50,8 +52,9 @@ def is_run_dir(path: Path) -> bool:
     return (path / "config.yaml").is_file() or (path / LOCK_NAME).is_file()
 
 
-def open_new(run_dir: Path) -> RunLock:
-    """Lock ``run_dir`` for a new run (creating it); refuse one that holds a run or is not oprl's."""
+def open_new(run_dir: Path, *, overwrite: bool = False) -> RunLock:
+    """Lock ``run_dir`` for a new run (creating it); refuse one that is not oprl's, and one that holds a run
+    unless ``overwrite`` (then its outputs are deleted, under the lock)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise OprlError(f"run_name: {run_dir} exists and is not a directory")
     others = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
@@ -63,8 +66,14 @@ def open_new(run_dir: Path) -> RunLock:
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir).acquire()
     if (run_dir / "metrics.jsonl").exists() or (run_dir / "config.yaml").exists():  # checked under the lock
+        if overwrite:
+            clear(run_dir)
+            return lock
         lock.release()
-        raise OprlError(f"run_name: {run_dir} already holds a run; choose another run_name (or resume=true)")
+        raise OprlError(
+            f"run_name: {run_dir} already holds a run; choose another run_name, resume=true to continue it "
+            "or overwrite=true to replace it"
+        )
     return lock
 
 
@@ -103,6 +112,20 @@ class RunLock:
         return self
 
     def acquire(self) -> RunLock:
+        # The holder deletes the file on release: a lock won on a file already deleted (opened before the
+        # previous holder removed it) guards nothing, so take the lock again on the file now at the path.
+        while True:
+            fd = self._lock_file()
+            if self._is_current(fd):
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        os.pwrite(fd, f"process {os.getpid()} on host {socket.gethostname()} (since {stamp})\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def _lock_file(self) -> int:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -116,16 +139,20 @@ class RunLock:
         except OSError:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        os.pwrite(fd, f"process {os.getpid()} on host {socket.gethostname()} (since {stamp})\n".encode(), 0)
-        self._fd = fd
-        return self
+        return fd
+
+    def _is_current(self, fd: int) -> bool:
+        try:
+            return os.stat(self.path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
 
     def release(self) -> None:
         while self._also:
             self._also.pop().release()
         if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):  # deleted while held: still ours to drop
+                self.path.unlink()
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

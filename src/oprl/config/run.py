@@ -17,6 +17,7 @@ from oprl.config.sections import (
     BufferConfig,
     CheckpointConfig,
     EvalConfig,
+    LoggingConfig,
     ModelConfig,
     OptimConfig,
     ReplayConfig,
@@ -68,12 +69,18 @@ class RunConfig(_Section):
     output_dir: str = "runs"
     """Parent directory of run directories."""
     run_name: str | None = None
-    """Run directory name under output_dir (default: <preset>-k<interval>-m<offset>-s<seed>-<timestamp>)."""
+    """Run directory name under output_dir (default: <preset>-k<interval>-m<offset>[-<what differs from the
+    defaults: model, task, engine, backend, sync mode, replay, dtype, sharding>]-s<seed>-<timestamp>)."""
+    overwrite: bool = False
+    """``true``: a new run may replace the run already in ``output_dir/run_name`` (its outputs are deleted
+    first, as TRL's ``overwrite_output_dir``); ``false`` refuses it. Not with ``resume``."""
     progress: bool = True
-    """Show a live progress bar."""
+    """Show a live progress bar on a terminal; elsewhere (or with ``false``) progress goes to plain log lines
+    every ``logging.interval`` steps."""
     tensorboard: bool = True
     """Write tensorboard event files into the run directory."""
     tracking: TrackingConfig = TrackingConfig()
+    logging: LoggingConfig = LoggingConfig()
     model: ModelConfig = ModelConfig()
     warmstart: WarmStartConfig = WarmStartConfig()
     task: TaskConfig = ArithmeticTaskConfig()

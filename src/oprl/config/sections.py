@@ -396,6 +396,17 @@ class CheckpointConfig(_Section):
     """Newest checkpoints kept; older ones are deleted."""
 
 
+class LoggingConfig(_Section):
+    """Plain progress lines (Python ``logging``, logger ``oprl``) where no live bar is drawn: stdout is not a
+    terminal (a cluster job, ``nohup``, CI) or ``progress=false``. A line is written every ``interval`` steps
+    or every ``interval_s`` seconds, whichever comes first, and after every evaluation."""
+
+    interval: int = Field(10, gt=0)
+    """Steps between two progress lines (warm start: ``warmstart.check_interval`` steps)."""
+    interval_s: float = Field(60.0, gt=0.0)
+    """Seconds after which a line is written even if ``interval`` steps have not passed."""
+
+
 class TrackingConfig(_Section):
     """Experiment trackers besides ``metrics.jsonl`` and TensorBoard (``tensorboard``), see ``oprl.trackers``:
     each gets every metrics row and the resolved config as the run's parameters."""

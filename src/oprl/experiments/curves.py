@@ -1,12 +1,17 @@
-"""Paper-style figures from run records: one panel per off-policy setting, one line per preset, the mean
-over seeds with a min-max band. ``oprl plot RUN_DIRS...`` draws them for any set of runs.
+"""Paper-style figures from run records: one panel per off-policy setting, one curve per configuration.
+
+Runs are averaged only when their configs differ in nothing but the seed (``curve_groups``): such a group is
+one curve, the mean over its seeds with a min-max band; every other run is its own curve over its own steps.
+A curve is labelled by its preset and the settings that tell it apart from the other curves of its panel
+(``lr=0.001``, ``k=4``, ``group=16``, ...). A moving average is stated in the y label. ``oprl plot RUN_DIRS...``
+draws them for any set of runs; ``oprl report`` for a sweep.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from oprl.experiments.results import RunRecord, load_run
 
@@ -20,6 +25,23 @@ PANELS = {
     "response_length": ("response/length_mean", "response length (tokens)"),
 }
 SETTING_ORDER = ["on-policy", "stale", "infrequent", "sync", "offline"]
+NOT_A_SETTING = ("seed", "run_name", "output_dir", "resume", "overwrite", "progress", "tensorboard")
+"""Config keys (and key prefixes below) that name, place or display a run without changing what it computes."""
+NOT_A_SETTING_PREFIXES = ("tracking.", "logging.", "checkpoint.", "eval.checkpoint")
+SHORT_NAMES = {
+    "optim.lr": "lr",
+    "sync.interval": "k",
+    "sync.offset": "m",
+    "sync.mode": "sync",
+    "rollout.group_size": "group",
+    "rollout.prompts_per_step": "prompts",
+    "rollout.engine": "engine",
+    "rollout.max_new_tokens": "max_new_tokens",
+    "model.path": "model",
+    "model.dtype": "dtype",
+    "task.name": "task",
+    "replay.groups_per_step": "replay",
+}
 
 
 def _setting_rank(name: str) -> tuple[int, str]:
@@ -27,32 +49,118 @@ def _setting_rank(name: str) -> tuple[int, str]:
     return rank, name
 
 
+def flat_settings(config: dict, prefix: str = "") -> dict[str, Any]:
+    """The config as dotted keys, without the keys that do not change a run's numbers (``NOT_A_SETTING``)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if dotted in NOT_A_SETTING or dotted.startswith(NOT_A_SETTING_PREFIXES):
+            continue
+        if isinstance(value, dict):
+            out |= flat_settings(value, f"{dotted}.")
+        else:
+            out[dotted] = value
+    return out
+
+
+class Curve:
+    """Runs whose configs differ only in the seed: one line (their mean) and, for two or more, a band."""
+
+    def __init__(self, records: list[RunRecord]):
+        self.records = records
+        self.settings = flat_settings(records[0].config)
+        self.label = ""
+
+    @property
+    def seeds(self) -> list[Any]:
+        return [r.config.get("seed") for r in self.records]
+
+
+def curve_groups(records: list[RunRecord]) -> list[Curve]:
+    """Records grouped by everything in their config but the seed, in first-seen order."""
+    groups: dict[str, list[RunRecord]] = {}
+    for record in records:
+        key = repr(sorted(flat_settings(record.config).items()))
+        groups.setdefault(key, []).append(record)
+    return [Curve(members) for members in groups.values()]
+
+
+def label_curves(curves: list[Curve]) -> None:
+    """``curve.label``: the preset, then the settings whose values differ between ``curves`` (algorithm keys
+    only among runs of the same preset, whose other values the preset explains), then the seed of a
+    single-seed curve when the curves' seeds differ, or the number of seeds averaged."""
+    keys = sorted({k for c in curves for k in c.settings})
+    differing = [k for k in keys if len({repr(c.settings.get(k)) for c in curves}) > 1]
+    if len({c.settings.get("algorithm.preset") for c in curves}) > 1:
+        differing = [k for k in differing if not k.startswith("algorithm.")]
+    differing = [k for k in differing if k != "algorithm.preset"]
+    seeds = {s for c in curves for s in c.seeds}
+    for curve in curves:
+        parts = [str(curve.settings.get("algorithm.preset") or "custom")]
+        parts += [f"{_short(k)}={_value(curve.settings.get(k))}" for k in differing]
+        if len(curve.records) > 1:
+            parts.append(f"({len(curve.records)} seeds)")
+        elif len(seeds) > 1:
+            parts.append(f"seed={curve.seeds[0]}")
+        curve.label = " ".join(parts)
+
+
+def _short(key: str) -> str:
+    return SHORT_NAMES.get(key, key.split(".", 1)[-1] if key.count(".") else key)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str) and "/" in value:
+        return value.rstrip("/").rsplit("/", 1)[-1]
+    return str(value)
+
+
+def smoothed(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over ``window`` points (the first ones over what there is)."""
+    if window <= 1:
+        return list(values)
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
+        for i in range(len(values))
+    ]
+
+
 def mean_band(records: list[RunRecord], key: str, smooth: int = 1):
-    """(steps, mean, low, high) across seeds over the steps all records share; ``smooth`` = moving average."""
+    """(steps, mean, low, high) across the seeds of one curve, over the steps they all logged."""
     curves = []
     for record in records:
         steps, values = record.curve(key)
-        if smooth > 1 and len(values) >= smooth:
-            values = [
-                sum(values[max(0, i - smooth + 1) : i + 1]) / len(values[max(0, i - smooth + 1) : i + 1])
-                for i in range(len(values))
-            ]
-        curves.append(dict(zip(steps, values, strict=True)))
+        curves.append(dict(zip(steps, smoothed(values, smooth), strict=True)))
     shared = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
     columns = [[c[s] for c in curves] for s in shared]
     return (shared, [sum(v) / len(v) for v in columns], [min(v) for v in columns], [max(v) for v in columns])
 
 
 def plot_panels(records: list[RunRecord], key: str, ylabel: str, out: Path, smooth: int = 1) -> Path | None:
-    """One PNG: a panel per setting, a line (+ band over seeds) per preset. None if no run logs ``key``."""
+    """One PNG: a panel per setting, a curve per configuration (``draw_grid``). None if no run logs ``key``."""
     return plot_grid(records, [(key, ylabel, smooth)], out)
 
 
 def plot_grid(
     records: list[RunRecord], rows: list[tuple[str, str, int]], out: Path, title: str | None = None
 ) -> Path | None:
-    """One PNG with a row per metric ``(key, ylabel, smooth)`` and a column per setting; a line (+ min-max
-    band over seeds) per preset. Rows no run logs are left out; None if none is logged."""
+    """One PNG with a row per metric ``(key, ylabel, smooth)`` and a column per setting (``draw_grid``);
+    None if no run logs any of the rows."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_grid(records, rows, title)
+    if fig is None:
+        return None
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def draw_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], title: str | None = None):
+    """The figure of ``plot_grid``: a curve per ``curve_groups`` group in the column of its setting, a
+    min-max band where it averages seeds; one colour per label across the figure. None if nothing is logged."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,23 +170,21 @@ def plot_grid(
     if not rows:
         return None
     settings = sorted({r.labels["setting"] for r in records}, key=_setting_rank)
-    presets = sorted({r.labels["preset"] for r in records})
-    colors = {p: plt.cm.tab20(i % 20) for i, p in enumerate(presets)}
+    columns: dict[str, list[Curve]] = {}
+    for setting in settings:
+        columns[setting] = curve_groups([r for r in records if r.labels["setting"] == setting])
+        label_curves(columns[setting])
+    labels = sorted({c.label for curves in columns.values() for c in curves})
+    palette = plt.cm.tab10 if len(labels) <= 10 else plt.cm.tab20
+    colors = {label: palette(i % palette.N) for i, label in enumerate(labels)}
     fig, axes = plt.subplots(
         len(rows), len(settings), figsize=(4.2 * len(settings), 3.2 * len(rows) + 0.4), sharey="row", squeeze=False
     )
     for row, (key, ylabel, smooth) in enumerate(rows):
         for col, setting in enumerate(settings):
             ax = axes[row][col]
-            by_preset: dict[str, list[RunRecord]] = defaultdict(list)
-            for record in records:
-                if record.labels["setting"] == setting and record.curve(key)[0]:
-                    by_preset[record.labels["preset"]].append(record)
-            for preset in sorted(by_preset):
-                steps, mean, low, high = mean_band(by_preset[preset], key, smooth)
-                ax.plot(steps, mean, label=preset, color=colors[preset], lw=1.4)
-                if len(by_preset[preset]) > 1:
-                    ax.fill_between(steps, low, high, color=colors[preset], alpha=0.15, lw=0)
+            for curve in columns[setting]:
+                _draw_curve(ax, curve, key, smooth, colors[curve.label])
             if key.startswith("kl/"):
                 # KL spans orders of magnitude between stable and collapsing runs; linear near 0 (it starts at 0).
                 ax.set_yscale("symlog", linthresh=1e-2)
@@ -86,25 +192,36 @@ def plot_grid(
                 ax.set_title(setting)
             if row == len(rows) - 1:
                 ax.set_xlabel("trainer step")
-            if col == 0:
-                ax.set_ylabel(ylabel)
+            ax.set_ylabel(ylabel + (f"\n(moving average, {smooth} steps)" if smooth > 1 else ""), fontsize=8)
             ax.grid(alpha=0.3)
+    _legend(fig, axes)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def _draw_curve(ax, curve: Curve, key: str, smooth: int, color) -> None:
+    logged = [r for r in curve.records if r.curve(key)[0]]
+    if not logged:
+        return
+    steps, mean, low, high = mean_band(logged, key, smooth)
+    ax.plot(steps, mean, label=curve.label, color=color, lw=1.4, marker="o" if len(steps) <= 12 else None, ms=3)
+    if len(logged) > 1:
+        ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0, label=f"{curve.label}: min-max")
+
+
+def _legend(fig, axes) -> None:
     handles, labels = [], []
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            if label not in labels:
+            if label not in labels and not label.endswith(": min-max"):
                 handles.append(handle)
                 labels.append(label)
-    ncol = min(len(labels), 7)
+    ncol = max(1, min(len(labels), 4))
     legend_rows = -(-len(labels) // ncol)
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    if title:
-        fig.suptitle(title)
     legend_height = (0.28 * legend_rows + 0.1) / fig.get_figheight()
     fig.tight_layout(rect=(0, legend_height, 1, 1))
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
 
 
 def plot_all(records: list[RunRecord], out_dir: Path) -> list[Path]:
@@ -121,9 +238,15 @@ def plot_all(records: list[RunRecord], out_dir: Path) -> list[Path]:
 def main(argv: list[str]) -> int:
     from oprl.errors import OprlError
 
-    parser = argparse.ArgumentParser(prog="oprl plot", description="Paper-style figures from run directories.")
-    parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("plots"))
+    parser = argparse.ArgumentParser(
+        prog="oprl plot",
+        description="Paper-style figures (eval accuracy, reward, clip fraction, KL, entropy, length) of run "
+        "directories: a panel per off-policy setting, a curve per configuration; runs whose configs differ only "
+        "in the seed are averaged (min-max band), every other run is its own curve, labelled by what differs.",
+        epilog="Settings of the runs themselves: oprl config --help.",
+    )
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (each with metrics.jsonl)")
+    parser.add_argument("--out", type=Path, default=Path("plots"), help="where the PNGs go (default: plots/)")
     args = parser.parse_args(argv)
     missing = [str(r) for r in args.runs if not (r / "metrics.jsonl").is_file()]
     if missing:

@@ -100,6 +100,8 @@ def _table(summaries, metric: str, fmt: str) -> list[str]:
             values = [v for v in cells.get((preset, setting), []) if not math.isnan(v)]
             if not values:
                 row.append("—")
+            elif "±" in fmt and len(values) == 1:  # one seed: no spread to show
+                row.append(fmt.split(" ±")[0].format(values[0]) + " (1 seed)")
             elif "±" in fmt:
                 row.append(fmt.format(statistics.mean(values), statistics.pstdev(values)))
             else:

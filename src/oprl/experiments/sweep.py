@@ -135,7 +135,7 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
     """Run ``todo`` on ``parallel`` long-lived worker processes (``oprl.experiments.sweep_worker``)."""
     import selectors
 
-    from rich.progress import Progress
+    from oprl.progress import RunProgress
 
     threads = max(1, (os.cpu_count() or 1) // parallel)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -145,8 +145,9 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
     queue = list(todo)
     selector = selectors.DefaultSelector()
     try:
-        with Progress(transient=False) as progress:
-            task = progress.add_task("sweep", total=len(todo))
+        # Runs done of the total (a bar on a terminal, a line per finished run elsewhere), the last one named.
+        with RunProgress(len(todo), description="sweep", unit="run", interval=1) as progress:
+            done = 0
             while queue or busy:
                 while queue and idle:
                     run, worker = queue.pop(0), idle.pop()
@@ -161,10 +162,12 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
                     selector.unregister(worker.stdout)
                     run = busy.pop(worker)
                     rc = worker.result()
-                    progress.advance(task)
+                    done += 1
                     if rc != 0:
                         failures.append(run.name)
                         log(f"run {run.name} failed (exit {rc}); see {_log_path(out, run.name)}")
+                    failed = f", {len(failures)} failed" if failures else ""
+                    progress.update(done, f"last: {run.name} ({'ok' if rc == 0 else 'failed'}){failed}")
                     idle.append(worker if worker.alive() else _Worker(env))
     finally:
         for worker in [*idle, *busy]:

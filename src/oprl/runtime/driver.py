@@ -141,13 +141,14 @@ class Schedule:
 class RowLog:
     """Rows of ``metrics.jsonl`` waiting to be written: in step order, each once its evaluation is in."""
 
-    def __init__(self, expected: list[int], logger, progress):
+    def __init__(self, expected: list[int], logger, progress, health=None):
         self.expected = expected
         """Steps whose rows are still to be written, in order (row 0 = the evaluation before training)."""
-        self.logger, self.progress = logger, progress
+        self.logger, self.progress, self.health = logger, progress, health
         self.rows: dict[int, dict] = {}
         self.waiting_eval: set[int] = set()
-        self.last_reward = self.last_accuracy = 0.0
+        self.last_eval: tuple[int, float] | None = None
+        """(step, eval/accuracy) of the newest evaluation written."""
 
     def add(self, step: int, row: dict) -> None:
         self.rows[step] = row
@@ -155,10 +156,16 @@ class RowLog:
     def expect_eval(self, step: int) -> None:
         self.waiting_eval.add(step)
         self.rows.setdefault(step, {})
+        self.progress.update(self.progress_step, status=f"evaluating step {step}")
 
     def add_eval(self, step: int, result: dict) -> None:
         self.rows[step].update(result)
         self.waiting_eval.discard(step)
+
+    @property
+    def progress_step(self) -> int:
+        """Steps written so far (for the progress bar)."""
+        return max(0, self.expected[0] - 1) if self.expected else self.progress.total
 
     def flush(self) -> None:
         """Log finished rows in order (a step's row waits for its evaluation)."""
@@ -166,12 +173,33 @@ class RowLog:
             step = self.expected.pop(0)
             row = self.rows.pop(step)
             self.logger.log(step, row)
-            self.last_reward = row.get("reward/mean", self.last_reward)
-            self.last_accuracy = row.get("eval/accuracy", self.last_accuracy)
-            self.progress.update(max(step, 0), reward=self.last_reward, accuracy=self.last_accuracy)
+            if "eval/accuracy" in row:
+                self.last_eval = (step, row["eval/accuracy"])
+            if self.health is not None:
+                self.health.observe(row)
+            self.progress.update(max(step, 0), progress_text(row, self.last_eval), line="eval/accuracy" in row)
 
     def logged_through(self, step: int) -> bool:
         return not self.expected or self.expected[0] > step
+
+
+def progress_text(row: dict, last_eval: tuple[int, float] | None) -> str:
+    """What a progress bar or log line says about a row: reward, the newest eval accuracy, response length,
+    truncated share, lag, step time (the fields a row has)."""
+    parts = []
+    if "reward/mean" in row:
+        parts.append(f"reward {row['reward/mean']:.3f}")
+    if last_eval is not None:
+        parts.append(f"eval acc {last_eval[1]:.3f} (step {last_eval[0]})")
+    if "response/length_mean" in row:
+        parts.append(f"len {row['response/length_mean']:.1f}")
+    if "response/truncated_frac" in row:
+        parts.append(f"truncated {row['response/truncated_frac']:.0%}")
+    if "lag/mean" in row:
+        parts.append(f"lag {row['lag/mean']:.1f}")
+    if "perf/step_s" in row:
+        parts.append(f"{row['perf/step_s']:.2f} s/step")
+    return "  ".join(parts)
 
 
 class PerfClock:
@@ -256,6 +284,7 @@ class Driver:
         start_step: int,
         pending: list[int],
         ready: set[int],
+        health=None,
     ):
         self.cfg, self.run_dir, self.backend = config, Path(run_dir), backend
         self.trainer, self.explorers, self.buffer, self.sync = trainer, explorers, buffer, sync
@@ -269,7 +298,7 @@ class Driver:
         # Reacting: rows in step order, their perf columns, checkpoints, the first failure.
         first = 0 if start_step == 0 else start_step + 1
         expected = sorted(pending) if self.explore_only else list(range(first, self.steps + 1))
-        self.rows = RowLog(expected, logger, progress)
+        self.rows = RowLog(expected, logger, progress, health)
         self.perf = PerfClock(len(explorers))
         self.checkpoints = CheckpointWriter(config, self.run_dir, backend, logger, self.perf.started)
         self.failure: Failure | None = None

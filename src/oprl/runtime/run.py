@@ -38,6 +38,7 @@ from oprl.models.loading import quiet_transformers, resolve_device
 from oprl.models.precision import precision_line
 from oprl.progress import RunProgress
 from oprl.runtime.driver import Driver
+from oprl.runtime.health import SignalHealth
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.tasks import build_task
 from oprl.tasks.workers import LOG_NAME as WORKER_LOG
@@ -45,7 +46,7 @@ from oprl.tasks.workers import worker_log
 from oprl.trackers import start_trackers
 from oprl.trainer.ranks import ShardedTrainer, check_trainer_config
 from oprl.trainer.trainer import TrainerWorker
-from oprl.trainer.warmstart import wants_warm_start, warm_started_model
+from oprl.trainer.warmstart import length_warning, wants_warm_start, warm_started_model
 
 
 @dataclass
@@ -64,6 +65,10 @@ def check_config(config: RunConfig) -> None:
         raise OprlError("mode=offline: set buffer.path to an experience store or a run directory holding one")
     if config.resume and not config.run_name:
         raise OprlError(f"resume={str(config.resume).lower()}: set run_name to the run to continue")
+    if config.resume and config.overwrite:
+        raise OprlError(
+            f"overwrite=true and resume={str(config.resume).lower()}: choose one (overwrite replaces the run)"
+        )
     if config.resume and config.mode == "eval":
         raise OprlError(f"resume={str(config.resume).lower()}: mode=eval has nothing to resume")
     if config.sync.mode == "async" and config.sync.max_staleness < config.sync.interval - 1:
@@ -114,20 +119,42 @@ def model_path(config: RunConfig, task, log=print) -> str:
     previous = torch.get_num_threads()
     torch.set_num_threads(worker_threads(config))
     try:
-        return str(
-            warm_started_model(config.model, config.task, config.warmstart, task, log=log, progress=config.progress)
-        )
+        path = warm_started_model(config.model, config.task, config.warmstart, task, log=log, progress=config.progress)
     finally:
         torch.set_num_threads(previous)
+    warning = length_warning(path, config.rollout.max_new_tokens) if config.mode != "eval" else None
+    if warning:
+        log(warning)
+    return str(path)
 
 
 def make_run_dir(config: RunConfig) -> Path:
-    """Where the run writes: ``output_dir/run_name`` (default name: preset, schedule, seed, time)."""
-    name = config.run_name or (
-        f"{config.mode + '-' if config.mode != 'both' else ''}{config.algorithm.preset}-k{config.sync.interval}-"
-        f"m{config.sync.offset}-s{config.seed}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    )
-    return Path(config.output_dir) / name
+    """Where the run writes: ``output_dir/run_name`` (default name: ``run_label``, then the time)."""
+    return Path(config.output_dir) / (config.run_name or f"{run_label(config)}-{datetime.now():%Y%m%d-%H%M%S}")
+
+
+def run_label(config: RunConfig) -> str:
+    """The settings that set a run apart, for its default name: mode (unless both), preset, k/m, then only
+    what differs from the defaults (model, task, engine, backend, sync mode, replay, dtype, sharding), seed.
+    The default job is ``grpo-k1-m0-s0``; ``backend=ray rollout.engine=vllm`` gives ``grpo-k1-m0-vllm-ray-s0``."""
+    parts: list[str] = [config.mode] if config.mode != "both" else []
+    parts += [config.algorithm.preset or "custom", f"k{config.sync.interval}", f"m{config.sync.offset}"]
+    if config.model.path != "tiny":
+        parts.append(Path(config.model.path.rstrip("/")).name.lower())
+    if config.task.name != "arithmetic":
+        parts.append(config.task.name)
+    optional = {
+        config.rollout.engine: config.rollout.engine != "lean",
+        config.backend: config.backend != "local",
+        config.sync.mode: config.sync.mode != "scheduled",
+        f"replay{config.replay.groups_per_step}": config.replay.groups_per_step > 0,
+        {"bfloat16": "bf16", "float16": "fp16"}.get(config.model.dtype, config.model.dtype): config.model.dtype
+        != "float32",
+        config.trainer.sharding: config.trainer.sharding != "none",
+    }
+    parts += [name for name, differs in optional.items() if differs]
+    label = "-".join([*parts, f"s{config.seed}"])
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
 
 
 def run(config: RunConfig, log=print) -> RunSummary:
@@ -159,13 +186,30 @@ def _run_workers(config: RunConfig, run_dir: Path, log) -> None:
     backend = make_backend(config)
     actors: list = []
     try:
-        session = _start(config, run_dir, path, backend, actors)
-        with RunProgress(config.steps, enabled=config.progress) as progress:
-            trackers = start_trackers(config.tracking, run_dir, config.model_dump(mode="json"), log)
-            logger = MetricsLogger(run_dir, tensorboard=config.tensorboard, trackers=trackers, warn=log)
+        session = _start(config, run_dir, path, backend, actors, log)
+        progress = RunProgress(
+            config.steps,
+            enabled=config.progress,
+            description="explore" if config.mode == "explore" else "train",
+            interval=config.logging.interval,
+            interval_s=config.logging.interval_s,
+        )
+        with progress:
+            values = config.model_dump(mode="json")
+            trackers = start_trackers(config.tracking, run_dir, values, log)
+            logger = MetricsLogger(run_dir, tensorboard=config.tensorboard, trackers=trackers, warn=log, config=values)
+            health = SignalHealth(
+                config.rollout.max_new_tokens, log, warm_started=wants_warm_start(config.model, config.warmstart)
+            )
             try:
                 driver = Driver(
-                    config=config, run_dir=run_dir, backend=backend, logger=logger, progress=progress, **vars(session)
+                    config=config,
+                    run_dir=run_dir,
+                    backend=backend,
+                    logger=logger,
+                    progress=progress,
+                    health=health,
+                    **vars(session),
                 )
                 if session.start_step == 0 and config.mode != "explore":
                     driver.request_eval(0)
@@ -197,7 +241,7 @@ class Session:
     """Batches the buffer holds for later steps (restored from a checkpoint)."""
 
 
-def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -> Session:
+def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list, log=print) -> Session:
     """Start the workers of ``config.mode``, restore a checkpoint when resuming."""
     threads = worker_threads(config)
     use_trainer, use_explorers = config.mode in ("both", "offline"), config.mode in ("both", "explore")
@@ -248,6 +292,7 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list) -
     start_step, ready = 0, list[int]()
     if checkpoint is not None:
         start_step, ready = resume.restore(checkpoint, backend, trainer, buffer, sync)
+        log(f"resuming {run_dir.name} from checkpoint {checkpoint} (step {start_step} of {config.steps})")
     if config.mode == "explore":
         done = set(ExperienceStore(store_dir).batches()) if store_dir else set()
         pending = [b for b in storedir.explore_batches(config, run_dir) if b not in done]
@@ -298,23 +343,33 @@ def _finish(config: RunConfig, run_dir: Path, started: float) -> RunSummary:
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     before, after = (evals[0], evals[-1]) if evals else (math.nan, math.nan)
     if any("reward/mean" in r for r in rows):
-        plot_run(rows, run_dir / "metrics.png", title=run_dir.name)
+        subtitle = (
+            f"{config.algorithm.preset}, k={config.sync.interval} m={config.sync.offset}, lr {config.optim.lr:g}, "
+            f"group {config.rollout.group_size}, {config.task.name}, model {config.model.path}, seed {config.seed}"
+        )
+        plot_run(rows, run_dir / "metrics.png", title=f"run {run_dir.name}", subtitle=subtitle)
     seconds = time.perf_counter() - started
     _write_summary(run_dir, config, before, after, seconds)
     return RunSummary(run_dir, before, after, seconds, config)
 
 
 def _write_summary(run_dir: Path, config: RunConfig, before: float, after: float, seconds: float) -> None:
+    """``summary.json``, strict JSON (an accuracy that does not exist, as in mode=explore, is null, not NaN)."""
+
+    def number(value: float) -> float | None:
+        return None if math.isnan(value) else value
+
     atomic_write_json(
         run_dir / "summary.json",
         {
             "mode": config.mode,
-            "eval_accuracy_before": before,
-            "eval_accuracy_after": after,
+            "eval_accuracy_before": number(before),
+            "eval_accuracy_after": number(after),
             "steps": config.steps,
             "seconds": seconds,
         },
         indent=2,
+        allow_nan=False,
     )
 
 

@@ -247,7 +247,12 @@ class Trainer:
     def _batch_metrics(batch: list[Experience], adv, version: int) -> dict[str, float]:
         versions = [e.policy_version for e in batch]
         lags = [version - v for v in versions]  # how many updates the weights made since each sample
+        group_rewards: dict[int, set[float]] = defaultdict(set)
+        for e in batch:
+            group_rewards[e.group_id].add(e.reward)
         return batch_metrics(batch) | {
+            # Groups whose rewards are all equal: A = r - baseline = 0 for each of their responses.
+            "adv/zero_groups_frac": sum(len(r) == 1 for r in group_rewards.values()) / len(group_rewards),
             "lag/min": float(min(lags)),
             "lag/mean": sum(lags) / len(lags),
             "lag/max": float(max(lags)),

@@ -44,6 +44,8 @@ from oprl.rollout import LeanEngine
 from oprl.tasks.base import EpisodicTask
 
 RECIPE_VERSION = 1
+_SLACK = 4
+"""Tokens the warm start's own sampling allows beyond its longest demonstration (reply or turn)."""
 
 
 def recipe(model_cfg, task_cfg, warm_cfg) -> dict:
@@ -124,14 +126,13 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
     optimizer = torch.optim.AdamW(model.parameters(), lr=warm_cfg.lr)
     rng = random.Random(warm_cfg.seed)
     history, accuracy, step = [], 0.0, 0
-    # The bar's total is the step cap; the run usually stops earlier, when the target is reached.
+    # No ETA: the bar's total is the step cap, and the run usually stops earlier, at the target accuracy.
     bar = RunProgress(
         warm_cfg.max_steps,
         enabled=progress,
-        description="warm start",
-        fields="loss {task.fields[loss]:.3f}  val pass@1 {task.fields[accuracy]:.3f}",
-        loss=0.0,
-        accuracy=0.0,
+        description=f"warm start (to val pass@1 >= {warm_cfg.target_accuracy:g})",
+        interval=warm_cfg.check_interval,
+        eta=False,
     )
     with torch.random.fork_rng(devices=[]), bar:
         torch.manual_seed(warm_cfg.seed)
@@ -162,7 +163,7 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
                     max_episode_tokens=limits["max_episode_tokens"],
                 )["accuracy"]
                 history.append({"step": step, "loss": float(loss.detach()), "val_accuracy": accuracy})
-                bar.update(step, loss=float(loss.detach()), accuracy=accuracy)
+                bar.update(step, f"loss {float(loss.detach()):.3f}  val pass@1 {accuracy:.3f}", line=True)
                 if accuracy >= warm_cfg.target_accuracy:
                     break
     if accuracy < warm_cfg.target_accuracy:
@@ -173,8 +174,37 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     seconds = time.perf_counter() - start
-    log(f"warm start: {step} steps, validation pass@1 {accuracy:.3f}, {seconds:.1f}s")
-    return {"steps": step, "val_accuracy": accuracy, "seconds": seconds, "history": history}
+    log(
+        f"warm start: {step} steps, validation pass@1 {accuracy:.3f} (replies of up to "
+        f"{limits['max_new_tokens']} tokens), {seconds:.1f}s"
+    )
+    return {
+        "steps": step,
+        "val_accuracy": accuracy,
+        "seconds": seconds,
+        "history": history,
+        "reply_tokens": limits["max_new_tokens"] - _SLACK,
+        "max_new_tokens": limits["max_new_tokens"],
+    }
+
+
+def length_warning(model_dir: str | Path, max_new_tokens: int) -> str | None:
+    """A warning when RL's ``rollout.max_new_tokens`` cuts replies the warm start taught (its validation
+    generates up to the longest demonstration + a few tokens, whatever RL will allow); None when they fit
+    or the cached model predates the record of its reply length."""
+    recipe_file = Path(model_dir) / "oprl_recipe.json"
+    if not recipe_file.is_file():
+        return None
+    result = json.loads(recipe_file.read_text()).get("result", {})
+    needed = result.get("reply_tokens")
+    if needed is None or max_new_tokens >= needed:
+        return None
+    return (
+        f"warning: rollout.max_new_tokens={max_new_tokens} is shorter than the warm start's replies (up to "
+        f"{needed} tokens; its validation pass@1 {result.get('val_accuracy', float('nan')):.3f} was measured "
+        f"generating up to {result.get('max_new_tokens')}): RL replies will be cut; raise rollout.max_new_tokens "
+        f"to >= {needed}"
+    )
 
 
 def _demonstrable(task, problems) -> tuple[list, int]:
@@ -203,7 +233,7 @@ def _examples(tokenizer, task, problems):
     if not isinstance(task, EpisodicTask):
         answers = [[*tokenizer(_turns(task, p)[0], add_special_tokens=False).input_ids, eos] for p in problems]
         longest = max(len(a) for a in answers)
-        limits = {"max_new_tokens": longest + 4, "max_turns": 1, "max_episode_tokens": longest + 4}
+        limits = {"max_new_tokens": longest + _SLACK, "max_turns": 1, "max_episode_tokens": longest + _SLACK}
         return [encode_problem(tokenizer, p) for p in problems], answers, [[1] * len(a) for a in answers], limits
     demonstrations = [_turns(task, p) for p in problems]
     episodes = [teacher_forced(tokenizer, task, p, d) for p, d in zip(problems, demonstrations, strict=True)]
@@ -212,7 +242,7 @@ def _examples(tokenizer, task, problems):
         len(tokenizer(r, add_special_tokens=False).input_ids) for d in demonstrations[:200] for r in d
     )
     limits = {
-        "max_new_tokens": turn_length + 4,
+        "max_new_tokens": turn_length + _SLACK,
         "max_turns": max(turns) + 1,
         "max_episode_tokens": max(len(e.response_ids) for e in episodes) + 8,
     }

@@ -1,0 +1,87 @@
+"""What a new user meets in a run's first hour: log lines without a terminal, the no-signal warning, strict
+``summary.json`` in every mode, a resume that names its checkpoint, no lock left behind, ``overwrite``."""
+
+import json
+import logging
+
+import pytest
+
+import oprl
+from oprl.cli import main
+
+
+def strict_json(path):
+    """``json.loads`` that refuses NaN and Infinity (what JSON parsers other than Python's do)."""
+
+    def refuse(name):
+        raise ValueError(f"{path}: {name} is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.fixture
+def train_run(small_overrides, tmp_path, caplog):
+    """A 6-step run without a terminal, logging every 2 steps (SMALL evaluates every 2 steps too)."""
+    with caplog.at_level(logging.INFO, logger="oprl"):
+        assert main(["train", *small_overrides, "steps=6", "run_name=a", "logging.interval=2"]) == 0
+    return tmp_path / "runs" / "a", [r for r in caplog.records if r.name == "oprl"]
+
+
+def test_non_tty_run_writes_log_lines(train_run):
+    run_dir, records = train_run
+    lines = [r.getMessage() for r in records if r.getMessage().startswith("train step")]
+    # Step 0 (the evaluation before training), then every logging.interval = 2 steps up to the last.
+    assert [line.split()[2] for line in lines] == ["0/6", "2/6", "4/6", "6/6"], lines
+    assert all(r.levelno == logging.INFO for r in records)
+    for line in lines[1:]:
+        for field in ("reward ", "eval acc ", "len ", "truncated ", "lag ", " s/step", "elapsed "):
+            assert field in line, (field, line)
+    assert "eta " in lines[1] and "eta " not in lines[-1]
+    accuracy = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["eval/accuracy"]
+    assert f"eval acc {accuracy:.3f} (step 6)" in lines[-1]
+
+
+def test_a_finished_run_leaves_no_lock_and_strict_summaries(train_run, small_overrides, tmp_path, capsys):
+    run_dir, _ = train_run
+    assert not (run_dir / ".oprl.lock").exists()
+    assert strict_json(run_dir / "summary.json")["mode"] == "both"
+    # Resume: one more step from the final checkpoint, named.
+    assert main(["train", *small_overrides, "steps=7", "run_name=a", "resume=true"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming a from checkpoint {run_dir / 'checkpoints' / 'step-000006'} (step 6 of 7)" in out
+    runs = tmp_path / "runs"
+    assert main(["explore", *small_overrides, "steps=2", "run_name=x"]) == 0
+    explore = strict_json(runs / "x" / "summary.json")
+    assert explore["eval_accuracy_before"] is None and explore["eval_accuracy_after"] is None
+    assert main(["train", *small_overrides, "mode=offline", f"buffer.path={runs / 'x'}", "steps=2", "run_name=o"]) == 0
+    assert main(["eval", str(run_dir), *small_overrides[:-1], "run_name=e"]) == 0
+    for name, mode in (("o", "offline"), ("e", "eval")):
+        assert strict_json(runs / name / "summary.json")["mode"] == mode
+        assert not (runs / name / ".oprl.lock").exists()
+
+
+def test_overwrite_replaces_a_run(small_overrides, tmp_path, capsys):
+    assert main(["train", *small_overrides, "steps=2", "run_name=w", "tensorboard=false"]) == 0
+    assert main(["train", *small_overrides, "steps=1", "run_name=w", "tensorboard=false"]) == 2
+    assert "overwrite=true" in capsys.readouterr().err
+    assert main(["train", *small_overrides, "steps=1", "run_name=w", "tensorboard=false", "overwrite=true"]) == 0
+    rows = (tmp_path / "runs" / "w" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [0, 1]
+    assert main(["train", *small_overrides, "run_name=w", "overwrite=true", "resume=true"]) == 2
+
+
+def test_no_signal_warning(small_overrides):
+    """The README's SmolLM2 line (``oprl train rollout.engine=vllm model.path=smollm2-135m-instruct``) left
+    every reward 0 with every reply cut; on the tiny model, ``rollout.max_new_tokens=1`` cuts every reply."""
+    lines: list[str] = []
+    oprl.train(log=lines.append, **_as_kwargs([*small_overrides, "steps=5", "rollout.max_new_tokens=1"]))
+    warnings = [line for line in lines if "no learning signal" in line]
+    assert len(warnings) == 1, lines
+    assert "100% of responses were cut at rollout.max_new_tokens=1" in warnings[0]
+    assert "raise rollout.max_new_tokens" in warnings[0]
+
+
+def _as_kwargs(overrides: list[str]) -> dict:
+    import yaml
+
+    return {key: yaml.safe_load(value) for key, _, value in (o.partition("=") for o in overrides)}
