@@ -291,8 +291,8 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list, l
     )
     start_step, ready = 0, list[int]()
     if checkpoint is not None:
-        start_step, ready = resume.restore(checkpoint, backend, trainer, buffer, sync)
-        log(f"resuming {run_dir.name} from checkpoint {checkpoint} (step {start_step} of {config.steps})")
+        start_step, ready = resume.restore(checkpoint, backend, trainer, buffer, sync, log=log)
+        log(f"resuming {run_dir.name} from checkpoint {checkpoint.path} (step {start_step} of {config.steps})")
     if config.mode == "explore":
         done = set(ExperienceStore(store_dir).batches()) if store_dir else set()
         pending = [b for b in storedir.explore_batches(config, run_dir) if b not in done]
