@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -97,6 +98,22 @@ def commit_dir(staging: str | Path, final: str | Path, *, replace: bool = True) 
         fsync_dir(final.parent)
     except OSError as exc:
         raise _naming(exc, final) from exc
+
+
+@contextmanager
+def named(path: str | Path):
+    """An ``OSError`` inside (or a library's wrapped one: safetensors reports ``... (os error 28)``) is
+    re-raised as an ``OSError`` of the same errno naming ``path``: one line that says which file."""
+    try:
+        yield
+    except OSError as exc:
+        raise _naming(exc, Path(path)) from exc
+    except Exception as exc:
+        found = re.search(r"Os \{ code: (\d+)|os error (\d+)", str(exc))
+        if found is None:
+            raise
+        code = int(found.group(1) or found.group(2))
+        raise OSError(code, os.strerror(code), str(path)) from exc
 
 
 def _naming(exc: OSError, path: Path) -> OSError:

@@ -7,9 +7,14 @@ once ``perf/*`` is set aside.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
+import sys
 from pathlib import Path
 
+from oprl.errors import OprlError
 from oprl.io import fsync_file
 
 NONDETERMINISTIC_PREFIX = "perf/"
@@ -17,7 +22,12 @@ NONDETERMINISTIC_PREFIX = "perf/"
 
 class MetricsLogger:
     """Rows to ``metrics.jsonl`` first, then to tensorboard and the experiment ``trackers``
-    (``oprl.trackers``); a tracker that fails is dropped after one ``warn`` line, never the file."""
+    (``oprl.trackers``); a tracker that fails is dropped after one ``warn`` line, never the file.
+
+    Each row is one ``os.write`` of the whole line to a file opened ``O_APPEND``; a write that fails part
+    way (a full disk) is cut back to the last whole row, so ``metrics.jsonl`` never ends in a torn line.
+    A failed write of the file or of TensorBoard's events is an ``OSError`` naming that file (one line for
+    the driver); TensorBoard's writer thread keeps its error for the next call instead of printing it."""
 
     def __init__(
         self,
@@ -29,27 +39,32 @@ class MetricsLogger:
         config: dict | None = None,
     ):
         self.path = run_dir / "metrics.jsonl"
-        self._file = self.path.open("a")
+        with _naming(self.path):
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._trackers = list(trackers or [])
         self._warn = warn
         self._writer = None
+        self._events = run_dir / "tensorboard"
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-            if config is not None:  # the resolved config, as the TEXT tab shows it (a code block)
-                import yaml
+            _quiet_tensorboard_thread()
+            with _naming(self._events):
+                self._writer = SummaryWriter(log_dir=str(self._events))
+                if config is not None:  # the resolved config, as the TEXT tab shows it (a code block)
+                    import yaml
 
-                text = yaml.safe_dump(config, sort_keys=False)
-                self._writer.add_text("config", "    " + text.replace("\n", "\n    "), 0)
+                    text = yaml.safe_dump(config, sort_keys=False)
+                    self._writer.add_text("config", "    " + text.replace("\n", "\n    "), 0)
+            self._events = Path(self._writer.file_writer.event_writer._file_name)
 
     def log(self, step: int, row: dict[str, float]) -> None:
-        self._file.write(json.dumps({"step": step, **row}, sort_keys=True) + "\n")
-        self._file.flush()
+        self._append((json.dumps({"step": step, **row}, sort_keys=True) + "\n").encode())
         if self._writer is not None:
-            for key, value in row.items():
-                if isinstance(value, (int, float)):
-                    self._writer.add_scalar(key, value, step)
+            with _naming(self._events):
+                for key, value in row.items():
+                    if isinstance(value, (int, float)):
+                        self._writer.add_scalar(key, value, step)
         numbers = {k: float(v) for k, v in row.items() if isinstance(v, (int, float))}
         for tracker in list(self._trackers):
             try:
@@ -61,31 +76,97 @@ class MetricsLogger:
                     "dropped, metrics still go to metrics.jsonl"
                 )
 
+    def _append(self, line: bytes) -> None:
+        assert self._fd is not None, "MetricsLogger is closed"
+        size = os.fstat(self._fd).st_size
+        with _naming(self.path):
+            try:
+                written = os.write(self._fd, line)
+                if written != len(line):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, size)  # never leave half a row
+                raise
+
     def sync(self) -> None:
         """Make the rows written so far durable (before a checkpoint that counts on them is committed)."""
-        self._file.flush()
-        fsync_file(self.path)
+        with _naming(self.path):
+            fsync_file(self.path)
 
     def close(self, *, quiet: bool = False) -> None:
         """Close the file and the tensorboard writer; ``quiet`` (on a failure path) ignores errors in doing so,
         so that they cannot hide the failure being reported."""
-        closers = [self._file.close, self._writer.close if self._writer is not None else None]
         for tracker in self._trackers:
             try:
                 tracker.close()
             except Exception as exc:  # the run's files are what matter; say it and go on
                 self._warn(f"warning: tracking.backends: {tracker.name} did not close cleanly ({exc})")
-        for close in closers:
-            try:
-                if close is not None:
-                    close()
-            except Exception:
-                if not quiet:
-                    raise
+        fd, self._fd = self._fd, None
+        writer, self._writer = self._writer, None
+        try:
+            if fd is not None:
+                os.close(fd)
+            if writer is not None:
+                with _naming(self._events):
+                    writer.close()
+        except Exception:
+            if not quiet:
+                raise
 
 
-def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+@contextlib.contextmanager
+def _naming(path: Path):
+    """An error inside becomes an ``OSError`` naming ``path`` (TensorBoard's own say no file)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None and str(path) in str(exc.filename):
+            raise
+        code = exc.errno or errno.EIO
+        raise OSError(code, exc.strerror or os.strerror(code), str(path)) from exc
+    except Exception as exc:  # TensorBoard wraps some in its own types
+        raise OSError(errno.EIO, f"{type(exc).__name__}: {exc}", str(path)) from exc
+
+
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard's writer thread re-raises a failed write, which prints a traceback from that thread at
+    any moment; it also keeps the error, and the writer raises it at its next call (where ``_naming``
+    turns it into one line). Keep only the latter."""
+    from tensorboard.summary.writer import event_file_writer
+
+    thread = event_file_writer._AsyncWriterThread
+    if getattr(thread, "_oprl_quiet", False):
+        return
+    original = thread.run
+
+    def run(self) -> None:
+        with contextlib.suppress(Exception):  # kept in self.exception by the original run
+            original(self)
+
+    thread.run = run
+    thread._oprl_quiet = True
+
+
+def read_metrics(path: Path, warn=None) -> list[dict]:
+    """The rows of ``metrics.jsonl``. A torn last line (a run killed mid-write by an older oprl) is dropped
+    with one ``warn`` line (stderr by default); a bad line elsewhere is an ``OprlError`` naming it."""
+    lines = Path(path).read_text().splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise OprlError(f"{path}: line {number} is not a JSON row") from None
+            (warn or _stderr)(f"warning: {path}: dropped a torn last line ({len(line)} characters)")
+    return rows
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def deterministic_view(rows: list[dict]) -> list[dict]:

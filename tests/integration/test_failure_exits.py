@@ -43,6 +43,16 @@ safetensors.torch.save_file = faulty(safetensors.torch.save_file)
 pyarrow.parquet.write_table = faulty(pyarrow.parquet.write_table)
 # The expensive imports, once (importing starts no threads, so forking afterwards is safe).
 import torch.utils.tensorboard, transformers, oprl.cli, oprl.runtime.run, oprl.backends.local, oprl.models.tiny
+from tensorboard.summary.writer import record_writer
+
+def tensorboard_write(real):
+    def write(self, data):  # runs in TensorBoard's writer thread; its errors name no file
+        if FAULT.get("tensorboard"):
+            raise OSError(FAULT["errno"], os.strerror(FAULT["errno"]))
+        return real(self, data)
+    return write
+
+record_writer.RecordWriter.write = tensorboard_write(record_writer.RecordWriter.write)
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 def start(job):
@@ -78,23 +88,26 @@ def zygote(tmp_path_factory, cache_dir):
     root = tmp_path_factory.mktemp("failures")
     counter = iter(range(10_000))
 
-    def run(args: list[str], fault: dict | None = None, tries: int = 1) -> list[tuple[int, str, Path]]:
+    def run(
+        args: list[str], fault: dict | None = None, tries: int = 1, outputs: list[Path] | None = None
+    ) -> list[tuple[int, str, Path]]:
         names = [f"r{next(counter)}" for _ in range(tries)]
+        outputs = outputs or [root / "runs"] * tries
         jobs = [
             {
-                "args": [*args, f"output_dir={root / 'runs'}", f"run_name={name}"],
+                "args": [*args, f"output_dir={output}", f"run_name={name}"],
                 "fault": fault,
                 "log": str(root / f"{name}.log"),
             }
-            for name in names
+            for name, output in zip(names, outputs, strict=True)
         ]
         process.stdin.write(json.dumps(jobs) + "\n")
         process.stdin.flush()
         reply = process.stdout.readline()
         assert reply, "the zygote process died"
         return [
-            (code, (root / f"{name}.log").read_text(), root / "runs" / name)
-            for code, name in zip(json.loads(reply), names, strict=True)
+            (code, (root / f"{name}.log").read_text(), output / name)
+            for code, name, output in zip(json.loads(reply), names, outputs, strict=True)
         ]
 
     # Overlapped (sync.offset=1): an explorer is generating while the trainer fails, so shutdown must wait.
@@ -158,3 +171,60 @@ def test_a_model_directory_with_garbage_weights_fails_in_one_line_never_an_abort
         lines = output.strip().splitlines()
         assert len(lines) == 1 and "terminate called" not in output, output
         assert "failed to start: model.path: cannot load" in lines[0] and "SafetensorError" in lines[0], lines[0]
+
+
+def one_line_naming_a_file(code: int, output: str, run_dir: Path) -> str:
+    """The run ended in one line naming a file of its run directory, its rows whole, no temporary left."""
+    assert code in (1, 2), output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in output and "terminate called" not in output, output
+    assert str(run_dir) in lines[0], lines[0]
+    if (run_dir / "metrics.jsonl").is_file():
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            json.loads(line)  # never a torn row
+    assert not list(run_dir.glob("checkpoints/.tmp-step-*")) and not (run_dir / ".tmp-final").exists()
+    return lines[0]
+
+
+def test_tensorboard_failing_in_its_writer_thread_ends_in_one_line_naming_its_file(zygote):
+    """Issue 25, item 5: a read-only run directory made TensorBoard's thread print a 17-line traceback."""
+    run, base = zygote
+    for code, output, run_dir in run([*base, "tensorboard=true"], {"tensorboard": True, "errno": 13}, tries=TRIES):
+        line = one_line_naming_a_file(code, output, run_dir)
+        assert "Permission denied" in line and f"{run_dir}/tensorboard" in line, line
+
+
+@pytest.fixture
+def small_disks(tmp_path):
+    """TRIES tmpfs mounts of 16 MB (root only), each filled to leave a different few KB to 4 MB free."""
+    mounts = []
+    try:
+        for index in range(TRIES):
+            mount = tmp_path / f"disk{index}"
+            mount.mkdir()
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True)
+            if done.returncode != 0:
+                pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()[:80]})")
+            mounts.append(mount)
+            free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
+            keep = [20, 50, 100, 200, 400, 800, 1200, 1600, 2400, 4000][index] * 1024
+            (mount / "filler").write_bytes(b"\0" * (free - keep))
+        yield [m / "runs" for m in mounts]
+    finally:
+        for mount in mounts:
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_nearly_full_disk_ends_in_one_line_naming_the_file(zygote, small_disks):
+    """Issue 25, item 5: 50-60 KB free used to print TensorBoard's traceback, name no file, tear metrics.jsonl
+    and leave .tmp-step-N behind. Free space from 20 KB to 4 MB: each try fails at another file."""
+    run, base = zygote
+    tries = run([*base, "tensorboard=true", "checkpoint.keep=1"], None, tries=TRIES, outputs=small_disks)
+    failed = 0
+    for code, output, run_dir in tries:
+        if code == 0:  # enough room for the whole run
+            continue
+        failed += 1
+        line = one_line_naming_a_file(code, output, run_dir)
+        assert "No space left on device" in line, line
+    assert failed >= TRIES // 2, [output for _, output, _ in tries]

@@ -23,6 +23,7 @@ from pathlib import Path
 from oprl.buffer.store import ExperienceStore, read_parquet, write_parquet
 from oprl.config import RunConfig
 from oprl.errors import OprlError
+from oprl.io import named
 from oprl.messages import Experience
 
 
@@ -204,7 +205,8 @@ class ExperienceBuffer:
             "evicted": self.evicted,
             "offline_position": self.offline.position if self.offline else None,
         }
-        (root / "buffer.json").write_text(json.dumps(meta))
+        with named(root / "buffer.json"):
+            (root / "buffer.json").write_text(json.dumps(meta))
         return sorted(self.ready)
 
     def restore(self, directory: str) -> list[int]:

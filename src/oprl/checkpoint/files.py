@@ -32,7 +32,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from oprl.checkpoint import contents, manifest
 from oprl.errors import OprlError
-from oprl.io import atomic_write_text, commit_dir
+from oprl.io import atomic_write_text, commit_dir, named
 
 CHECKPOINTS = "checkpoints"
 NOTHING_DELETED = "nothing was deleted; resume=restart runs it again from step 0 (deleting its rows and experiences)"
@@ -113,8 +113,9 @@ def prune(run_dir: Path, keep: int) -> None:
 
 
 def write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    with named(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1, sort_keys=True))
 
 
 def read_json(path: Path):
@@ -122,8 +123,9 @@ def read_json(path: Path):
 
 
 def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path))
+    with named(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path))
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -140,7 +142,8 @@ def save_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
                 tensors[f"{index}/{key}"] = value.detach().contiguous().cpu()
             else:
                 scalars[f"{index}/{key}"] = value
-    save_file(tensors, str(directory / "optimizer.safetensors"))
+    with named(directory / "optimizer.safetensors"):
+        save_file(tensors, str(directory / "optimizer.safetensors"))
     write_json(directory / "optimizer.json", {"param_groups": state["param_groups"], "scalars": scalars})
 
 
@@ -162,7 +165,8 @@ def save_rng(directory: Path) -> None:
     if torch.cuda.is_available():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"torch_cuda_{i}"] = state
-    save_file(tensors, str(directory / "rng.safetensors"))
+    with named(directory / "rng.safetensors"):
+        save_file(tensors, str(directory / "rng.safetensors"))
     version, internal, gauss = random.getstate()
     write_json(directory / "rng.json", {"python": [version, list(internal), gauss]})
 
@@ -196,7 +200,8 @@ def save_trainer_state(directory: str | Path, model, optimizer: torch.optim.Opti
     """The trainer's part of a checkpoint: every weight, the optimizer, this process's RNG, the version."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(root / "model.safetensors"))
+    with named(root / "model.safetensors"):
+        save_model(model, str(root / "model.safetensors"))
     save_optimizer(optimizer, root)
     save_rng(root)
     write_json(root / "trainer.json", {"version": version})

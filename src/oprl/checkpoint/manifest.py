@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from oprl.io import named
+
 MANIFEST = "manifest.json"
 WEIGHT_FILES = ("trainer/model.safetensors", "weights/*.safetensors")
 """The files holding policy weights: refused at save and at load when any value is NaN or infinite."""
@@ -39,7 +41,8 @@ def seal(directory: Path) -> None:
     files = {}
     for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
         files[path.relative_to(directory).as_posix()] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-    (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+    with named(directory / MANIFEST):
+        (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
 
 
 def verify(directory: Path) -> str | None:

@@ -21,6 +21,7 @@ then cuts ``metrics.jsonl`` and the store back to it. So a refused resume change
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from oprl.checkpoint import manifest, rundir, storedir
 from oprl.checkpoint.manifest import CheckpointError
 from oprl.config import RunConfig, resolve_algorithm, save_config
 from oprl.errors import OprlError
+from oprl.io import commit_dir
 from oprl.metrics import read_metrics
 from oprl.runtime.synchronizer import Synchronizer
 
@@ -103,6 +105,13 @@ class CheckpointWriter:
             del self.pending[step]
 
     def _commit(self, step: int, entry: PendingCheckpoint) -> None:
+        try:
+            self._assemble(step, entry)
+        except BaseException:  # a full disk, refused weights: no half-written .tmp-step-N is left behind
+            shutil.rmtree(entry.staging, ignore_errors=True)
+            raise
+
+    def _assemble(self, step: int, entry: PendingCheckpoint) -> None:
         staging = entry.staging
         for version, snapshot in entry.snapshots.items():
             target = staging / "weights" / f"version-{version:06d}.safetensors"
@@ -134,6 +143,8 @@ class CheckpointWriter:
 
     def abandon(self) -> None:
         """The trainer or the buffer failed: its state can no longer be trusted; the last committed stands."""
+        for entry in self.pending.values():  # their parts may be half written
+            shutil.rmtree(entry.staging, ignore_errors=True)
         self.pending.clear()
         self.final_attempted = True
         self.last = ckpt.resolve_checkpoint(self.run_dir)
@@ -146,6 +157,24 @@ class CheckpointWriter:
         if self.cfg.mode == "explore" or not self.cfg.checkpoint.interval or completed == 0:
             return False
         return self.last is None or self.last.name != ckpt.step_dir(self.run_dir, completed).name
+
+
+def write_final(run_dir: Path, save, describe=str) -> None:
+    """``final/`` (the trained model, tokenizer included), written atomically: ``save(directory)`` fills a
+    staging directory, which is then synced and renamed (``oprl.io.commit_dir``), so a kill leaves the whole
+    model or none. A failure is one line naming the directory; the staging directory is removed."""
+    final = Path(run_dir) / "final"
+    staging = final.with_name(".tmp-final")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        save(str(staging))
+        commit_dir(staging, final)
+    except Exception as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        reason = " ".join(describe(exc).split())[:300]
+        raise WorkerFailure(
+            f"trainer failed writing the final model {final}: {reason}{resume_hint(ckpt.resolve_checkpoint(run_dir))}"
+        ) from exc
 
 
 def resume_hint(checkpoint: Path | None) -> str:

@@ -219,7 +219,8 @@ def _run_workers(config: RunConfig, run_dir: Path, log) -> None:
                 raise
             logger.close()
         if session.trainer is not None:
-            backend.get(session.trainer.call("save_final", str(run_dir / "final")))
+            trainer = session.trainer
+            resume.write_final(run_dir, lambda d: backend.get(trainer.call("save_final", d)), backend.describe)
     finally:
         backend.shutdown(actors)
 
