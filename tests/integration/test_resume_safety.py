@@ -247,3 +247,21 @@ def test_a_newest_checkpoint_that_does_not_load_falls_back_to_the_previous_one(w
     assert deterministic_view(read_metrics(run_dir / "metrics.jsonl")) == deterministic_view(
         read_metrics(whole / "metrics.jsonl")
     )
+
+
+def test_restart_deletes_only_the_runs_own_outputs(whole, tmp_path):
+    """resume=restart starts over without touching the user's files in the run directory (issue #25)."""
+    from oprl.checkpoint.rundir import LOCK_NAME, is_run_output
+
+    run_dir = copy_of(whole, tmp_path, "restarted")
+    assert all(is_run_output(p.name) for p in run_dir.iterdir() if p.name != LOCK_NAME), sorted(
+        p.name for p in run_dir.iterdir()
+    )  # every file a run writes is known to the restart, so none is left behind
+    (run_dir / "NOTES.md").write_text("my notes\n")
+    (run_dir / "analysis").mkdir()
+    (run_dir / "analysis" / "plot.py").write_text("print('mine')\n")
+    restart = ["train", f"output_dir={tmp_path}", "run_name=restarted", "resume=restart", "steps=1", "progress=false"]
+    assert main(restart) == 0
+    assert (run_dir / "NOTES.md").read_text() == "my notes\n"
+    assert (run_dir / "analysis" / "plot.py").read_text() == "print('mine')\n"
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1]

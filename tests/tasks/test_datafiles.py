@@ -146,3 +146,24 @@ def test_math_rows_boxed_references_and_single_line_answers(tmp_path, caplog):
 def test_read_rows_numbers_rows_from_one(tmp_path):
     path = write_jsonl(tmp_path / "x.jsonl", ["", json.dumps({"a": 1}), "[1]"])
     assert [(r.number, r.data) for r in read_rows(path, key="k")] == [(2, {"a": 1}), (3, None)]
+
+
+def test_the_malformed_rows_warning_is_said_once_per_run(tmp_path, caplog):
+    """A run builds its task in the driver, the explorer and the evaluator: one warning, not three, and a
+    child process started afterwards (runtime.workers=processes) does not repeat it."""
+    import subprocess
+    import sys
+
+    train = write_jsonl(tmp_path / "train.jsonl", [GOOD[0], "{not json", GOOD[1]])
+    test = write_jsonl(tmp_path / "test.jsonl", GOOD)
+    with caplog.at_level(logging.WARNING, logger="oprl.tasks"):
+        for _ in range(3):
+            GSM8kTask(train_file=str(train), test_file=str(test))
+    assert [r.getMessage().count("skipped 1 malformed row") for r in caplog.records] == [1]
+    build = f"from oprl.tasks import GSM8kTask; GSM8kTask(train_file={str(train)!r}, test_file={str(test)!r})"
+    child = subprocess.run(
+        [sys.executable, "-c", build],
+        capture_output=True,
+        text=True,
+    )
+    assert child.returncode == 0 and "malformed" not in child.stderr

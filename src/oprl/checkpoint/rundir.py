@@ -84,10 +84,33 @@ def open_existing(run_dir: Path) -> RunLock:
     return RunLock(run_dir).acquire()
 
 
+RUN_OUTPUTS = (
+    "config.yaml",
+    "metrics.jsonl",
+    "metrics.png",
+    "summary.json",
+    "workers.log",
+    "tensorboard",
+    "experiences",
+    "checkpoints",
+    "final",
+    "wandb",
+    "mlruns",
+)
+"""What a run writes into its directory (run.py, metrics.py, the store, checkpoints, trackers, workers).
+``resume=restart`` deletes these (and their ``.<name>...`` temporaries) and nothing else."""
+
+
+def is_run_output(name: str) -> bool:
+    """``name`` is one of ``RUN_OUTPUTS`` or a temporary of one (``.metrics.jsonl.tmp-123``, ``.final...``)."""
+    return name in RUN_OUTPUTS or any(name.startswith(f".{output}.") for output in RUN_OUTPUTS)
+
+
 def clear(run_dir: Path) -> None:
-    """Delete everything a run wrote into ``run_dir`` (``resume=restart``), keeping the held lock file."""
+    """Delete what a run wrote into ``run_dir`` (``resume=restart``): ``RUN_OUTPUTS`` only, so the user's own
+    files there (notes, analysis) stay; the held lock file stays too."""
     for entry in Path(run_dir).iterdir():
-        if entry.name == LOCK_NAME:
+        if not is_run_output(entry.name):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)

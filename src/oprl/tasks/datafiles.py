@@ -12,8 +12,10 @@ Not here: what a row means (each task converts rows to problems), downloading an
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +132,22 @@ def find_split_file(directory: str | Path, split: str, *, key: str) -> Path:
     return found[0]
 
 
+_WARNED_ENV = "OPRL_WARNED"
+
+
+def warn_once(message: str) -> None:
+    """``log.warning(message)`` unless this process or the one that started it already said it: a run
+    builds its task in the driver, each explorer and the evaluator (threads or child processes), and the
+    skipped-rows warning is one line, not three. Said messages are kept by hash in an environment variable,
+    which child processes inherit."""
+    digest = hashlib.sha256(message.encode()).hexdigest()[:12]
+    said = os.environ.get(_WARNED_ENV, "").split(",")
+    if digest in said:
+        return
+    os.environ[_WARNED_ENV] = ",".join([*said[-200:], digest]).strip(",")
+    log.warning("%s", message)
+
+
 @dataclass
 class RowReport:
     """Rows skipped while converting one split, with the reason for each (for the warning and for tests)."""
@@ -144,7 +162,7 @@ class RowReport:
     def finish(self, *, key: str) -> None:
         """Warn about skipped rows; an empty split is an error."""
         if self.skipped:
-            log.warning("%s: %s: %s", key, self.source, self.summary())
+            warn_once(f"{key}: {self.source}: {self.summary()}")
         if self.kept == 0:
             raise OprlError(f"{key}: {self.source} has no usable rows ({self.summary() or 'it is empty'})")
 
