@@ -46,7 +46,17 @@ def test_every_registered_engine_has_the_engine_methods(name):
         )
     )
     assert issubclass(engine_type, Engine)
-    assert keywords(engine_type.generate) == keywords(Engine.generate) == {"seed", "temperature", "top_p", "batch_size"}
+    assert (
+        keywords(engine_type.generate)
+        == keywords(Engine.generate)
+        == {
+            "seed",
+            "temperature",
+            "top_p",
+            "batch_size",
+            "row_seeds",
+        }
+    )
 
 
 def test_backends_offer_what_the_driver_calls():

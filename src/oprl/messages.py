@@ -48,6 +48,10 @@ class Experience:
         return len(self.response_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
+AGENT_COUNTS = ("segments", "dropped_tokens", "refused_requests", "agent_failed")
+"""Per-episode counts of agent episodes (``task.name=agent``), logged as ``episode/<name>_mean``."""
+
+
 def batch_metrics(batch: list[Experience]) -> dict[str, float]:
     """``reward/*``, ``response/*`` (and ``episode/*`` for multi-turn rows) of one batch: means over its rows
     (float32, as the trainer's tensors), reward components averaged over every row (0 where absent)."""
@@ -64,6 +68,9 @@ def batch_metrics(batch: list[Experience]) -> dict[str, float]:
     if any(e.loss_mask is not None for e in batch):
         out["response/model_tokens"] = float(sum(e.model_tokens for e in batch))
         out["episode/turns_mean"] = sum(e.extra.get("turns", 1) for e in batch) / len(batch)
+    for name in AGENT_COUNTS:  # agent episodes (oprl.explorer.agents): means per episode
+        if any(name in e.extra for e in batch):
+            out[f"episode/{name}_mean"] = sum(float(e.extra.get(name, 0.0)) for e in batch) / len(batch)
     for name in dict.fromkeys(n for e in batch for n in e.reward_components):  # truncated episodes have none
         out[f"reward/{name}"] = sum(e.reward_components.get(name, 0.0) for e in batch) / len(batch)
     return out

@@ -70,6 +70,11 @@ class LockedEngine:
     def weights_changed(self) -> None:
         self.engine.weights_changed()
 
+    def __getattr__(self, name: str):
+        """The wrapped engine's settings (``max_new_tokens``, ``temperature``, ``seeds_rows``: the agent
+        endpoint reads them)."""
+        return getattr(self.engine, name)
+
 
 def load_model(config: RunConfig, path: str, dtype: str | None = None):
     """``(model, tokenizer)`` from ``path`` in ``dtype`` (None = model.dtype); seeded and locked so every worker

@@ -143,6 +143,9 @@ class RolloutConfig(_Section):
     max_episode_tokens: int = Field(256, gt=0)
     """Multi-turn tasks: most tokens after the prompt per episode (model and environment turns together);
     an episode that reaches it is cut there, flagged truncated, and scores 0."""
+    episode_timeout: float = Field(300.0, gt=0.0)
+    """task.name=agent: seconds an agent run may take; one still running then scores 0 (counted and logged),
+    its session is closed, and the batch goes on without it."""
     engine: EngineName = "lean"
     """Sampler: ``lean`` = oprl's decode loop on the KV cache, each distinct prompt prefilled once per group
     (about 2x faster than ``hf-generate`` on CPU; the best choice for the embedded tiny model);

@@ -40,6 +40,9 @@ class Episode:
     truncated: bool = False
     turns: int = 0
     """Model turns taken."""
+    info: dict[str, float] = field(default_factory=dict)
+    """Per-episode counts stored with the experience and averaged into ``episode/*`` (agent episodes:
+    segments, dropped_tokens, refused_requests, agent_failed; ``oprl.explorer.agents``)."""
 
     @property
     def outcome(self) -> Reward:
@@ -135,12 +138,29 @@ def run_episodes(
     max_tokens: int,
     temperature: float | None = None,
     top_p: float | None = None,
+    episode_timeout: float = 300.0,
 ) -> list[Episode]:
     """One episode per entry of ``problems`` (repeat a problem K times for a group), all turns batched.
 
     Each turn samples the rows still running with ``engine.generate`` on their whole context (prompt and
-    response so far) and hands each reply to its environment.
+    response so far) and hands each reply to its environment. An agent task (``task.name=agent``) is run by
+    its agent through the endpoint instead (``oprl.explorer.agents``; ``episode_timeout`` is for it).
     """
+    if getattr(task, "name", "") == "agent":
+        from oprl.explorer.agents import run_agent_episodes  # it builds on this module
+
+        return run_agent_episodes(
+            engine,
+            tokenizer,
+            task,
+            problems,
+            seed=seed,
+            max_turns=max_turns,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            episode_timeout=episode_timeout,
+        )
     environments = [task.environment(p) for p in problems]
     episodes = [start(tokenizer, env, p) for env, p in zip(environments, problems, strict=True)]
     running = list(range(len(problems)))

@@ -31,6 +31,7 @@ def evaluate(
     top_p: float | None = None,
     max_turns: int = 1,
     max_episode_tokens: int = 256,
+    episode_timeout: float = 300.0,
 ):
     """``{"accuracy", "format", "response_length"}`` averaged over the first ``num_problems`` test problems
     (multi-turn tasks: one episode each, ``response_length`` counting every token after the prompt).
@@ -52,6 +53,7 @@ def evaluate(
                 max_tokens=max_episode_tokens,
                 temperature=temperature,
                 top_p=top_p,
+                episode_timeout=episode_timeout,
             )
         rewards, lengths = [e.outcome for e in episodes], [len(e.response_ids) for e in episodes]
     else:
@@ -82,6 +84,7 @@ def evaluation_row(config: RunConfig, engine, task, tokenizer, step: int) -> dic
         batch_size=cfg.batch_size,
         max_turns=config.rollout.max_turns,
         max_episode_tokens=config.rollout.max_episode_tokens,
+        episode_timeout=config.rollout.episode_timeout,
         seed=stream_seed(config.seed, EVAL_SEED_OFFSET + step) if cfg.seed is None else cfg.seed,
     )
     return {f"eval/{k}": v for k, v in result.items()} | {"perf/eval_s": time.perf_counter() - start}

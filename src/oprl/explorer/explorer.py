@@ -84,6 +84,7 @@ class Explorer:
         max_episode_tokens: int = 256,
         truncated_reward: float | None = None,
         shaping: Shaping | None = None,
+        episode_timeout: float = 300.0,
     ):
         self.task = task
         self.tokenizer = tokenizer
@@ -93,6 +94,7 @@ class Explorer:
         self.seed = seed
         self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
         self.shaping = shaping or Shaping(truncated_reward=truncated_reward)
+        self.episode_timeout = episode_timeout
         self.problems = task.problems("train")
         self._prompt_cache: dict[str, list[int]] = {}
 
@@ -173,6 +175,7 @@ class Explorer:
             seed=seed,
             max_turns=self.max_turns,
             max_tokens=self.max_episode_tokens,
+            episode_timeout=self.episode_timeout,
         )
         experiences = [
             Experience(
@@ -187,7 +190,7 @@ class Explorer:
                 response_text=self.tokenizer.decode(e.response_ids, skip_special_tokens=True),
                 truncated=e.truncated,
                 loss_mask=e.loss_mask,
-                extra={"turns": e.turns},
+                extra={"turns": e.turns, **e.info},
             )
             for i, e in enumerate(episodes)
         ]
@@ -221,6 +224,7 @@ class ExplorerWorker:
             max_turns=config.rollout.max_turns,
             max_episode_tokens=config.rollout.max_episode_tokens,
             shaping=Shaping.of(config.rollout),
+            episode_timeout=config.rollout.episode_timeout,
         )
 
     def ping(self) -> int:

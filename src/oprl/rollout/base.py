@@ -48,10 +48,13 @@ class Engine(Protocol):
         temperature: float | None = None,
         top_p: float | None = None,
         batch_size: int | None = None,
+        row_seeds: list[int] | None = None,
     ) -> Rollout:
         """One response per prompt row (token ids, no padding). The same ``seed`` and inputs give the same
         samples; ``temperature`` / ``top_p`` override the engine's own (evaluation samples differently);
-        ``batch_size`` bounds the rows sampled at once where the engine batches itself."""
+        ``batch_size`` bounds the rows sampled at once where the engine batches itself. ``row_seeds``: a seed
+        per row, for engines that seed rows (vLLM; the agent endpoint passes them); the torch engines draw a
+        whole call from one generator seeded ``seed`` and ignore them."""
         ...
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -107,6 +110,7 @@ class TorchEngine:
         temperature: float | None = None,
         top_p: float | None = None,
         batch_size: int | None = None,
+        row_seeds: list[int] | None = None,  # one generator per call (see Engine.generate)
     ) -> Rollout:
         temperature = self.temperature if temperature is None else temperature
         top_p = self.top_p if top_p is None else top_p

@@ -141,9 +141,11 @@ class VLLMEngine:
         temperature: float | None = None,
         top_p: float | None = None,
         batch_size: int | None = None,
+        row_seeds: list[int] | None = None,
     ) -> Rollout:
         """Sample one response per prompt row; the same ``seed`` and inputs give the same samples.
-        ``batch_size`` is ignored: vLLM schedules its own batches, and rows are seeded independently."""
+        ``batch_size`` is ignored: vLLM schedules its own batches, and rows are seeded independently
+        (``row_seeds``: each row's seed, in place of ``row_seed(seed, row)``)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -157,7 +159,7 @@ class VLLMEngine:
                 stop_token_ids=[self.tokenizer.eos_token_id],
                 logprobs=0,
                 flat_logprobs=True,
-                seed=row_seed(seed, row),
+                seed=row_seed(seed, row) if row_seeds is None else row_seeds[row],
                 detokenize=False,
             )
             for row in range(len(prompt_ids))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Discriminator, Tag
 
+from oprl.tasks.agent import AgentTask
 from oprl.tasks.arithmetic import ArithmeticTask
 from oprl.tasks.base import Problem, Reward, Task
 from oprl.tasks.bfcl import BfclTask
@@ -27,6 +28,7 @@ TASKS: dict[str, Any] = {
     "bfcl": BfclTask,
     "bfcl-multi-turn": BfclMultiTurnTask,
     "tool-arithmetic": ToolArithmeticTask,
+    "agent": AgentTask,
 }
 """Every task plug-in by its ``task.name``; ``TASKS[name].Config`` is its configuration section."""
 

@@ -330,3 +330,26 @@ def task_section(section: type[S], config: S | None, fields: dict[str, Any]) -> 
         error = exc.errors()[0]
         key = ".".join(str(part) for part in error["loc"])
         raise OprlError(f"task.{key}: {error['msg']} (got {error.get('input')!r})") from None
+
+
+class AgentTaskConfig(Section):
+    """Bring your own agent: ``rollout(client, problem)`` written against an OpenAI client, run by the explorer
+    against its endpoint (oprl.explorer.agents; docs/tasks.md#bring-your-own-agent)."""
+
+    name: Literal["agent"] = "agent"
+    """Task plug-in (see ``oprl.tasks.TASKS``)."""
+    agent: str = ""
+    """The agent: ``path/to/file.py:function`` or ``package.module:function``, a function
+    ``rollout(client: openai.OpenAI, problem: dict) -> float | dict[str, float]`` (an ``async def`` gets an
+    ``openai.AsyncOpenAI``); a dict's ``reward`` entry is the total, the others are logged components."""
+    problems: dict[str, Any] = Field(default_factory=lambda: {"name": "tool-arithmetic"})
+    """The task whose problems the agent gets (its ``task`` section: ``task.problems.name=arithmetic``,
+    ``task.problems.train_size=600``); the agent is handed each as a dict (task_id, messages, answer, tools) and
+    its own reward replaces the task's. Its demonstrations, if any, are the warm start's."""
+    host: str = "127.0.0.1"
+    """Address the endpoint listens on: loopback by default (agents run in the explorer's process)."""
+    port: int = Field(0, ge=0, le=65535)
+    """Port of the endpoint; 0 = a free port chosen by the system (one endpoint per explorer)."""
+    batch_wait_s: float = Field(0.05, ge=0.0)
+    """How long a request waits for the other running agents' requests before the engine is called without
+    them. Once every running agent has a request waiting, the call goes at once."""

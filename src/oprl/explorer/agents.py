@@ -1,0 +1,225 @@
+"""Running the user's agents (``task.name=agent``) against the explorer's endpoint, and their episodes.
+
+``run_agent_episodes`` is ``run_episodes`` for agent tasks: one agent run per entry of ``problems`` (a
+problem repeated K times is a group), each in a thread of its own with an ``openai.OpenAI`` client (an
+``async def`` agent gets an ``openai.AsyncOpenAI`` and its own event loop) pointed at its session of the
+endpoint. This thread serves them: it hands the waiting requests to the engine as one call
+(``Endpoint.take``: every running agent asked, or ``task.batch_wait_s`` passed), and returns the replies.
+
+Seeds: the request of episode ``i`` at turn ``t`` samples with the row seed of ``(seed + t, i, choice)`` on
+engines that seed rows (vLLM: a row's samples do not depend on its batch, so episodes are repeatable
+whatever the agents' timing); the torch engines draw a whole call from one generator seeded ``seed + t``
+(t of the call's first request), so their episodes repeat when the calls do. When every agent asks at each
+turn (all wait for the engine) the calls are the built-in path's: turn t over the running episodes in order,
+seeded ``seed + t``, so the same agent logic gives the same rows as ``run_episodes`` (tested).
+
+Faults, each counted and logged in one line, never stopping the run: an agent that raises, returns
+something other than a number or a dict with ``reward``, or runs past ``rollout.episode_timeout`` seconds (its
+session is closed: later requests get 404; the thread is left behind, it cannot be killed) scores 0 and keeps
+the tokens it had sampled (an agent that failed before its first request: one end-of-turn token, mask 0, so
+its row carries no gradient). Requests past the turn or token budget get a 400 and truncate the episode
+(scores 0), as the built-in episodes do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from oprl.errors import OprlError
+from oprl.explorer.endpoint import Endpoint, Pending, Sampling, reply_message
+from oprl.explorer.episodes import Episode
+from oprl.explorer.sessions import Choice, Session
+from oprl.models.chat import encode_problem
+from oprl.tasks.agent import agent_reward, problem_dict
+from oprl.tasks.base import Problem, Reward
+
+log = logging.getLogger("oprl.explorer")
+
+
+@dataclass
+class AgentRun:
+    """One agent run: its thread, its session, and how it ended."""
+
+    index: int
+    problem: Problem
+    session: Session
+    session_id: str = ""
+    started: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+    result: object = None
+    fault: str = ""
+    """Why the episode failed: raised, timeout, bad_return ("" = it did not)."""
+
+
+def endpoint_of(task, tokenizer) -> Endpoint:
+    """The task's endpoint, started on first use (one per task object, i.e. per explorer)."""
+    if task.endpoint is None:
+        c = task.config
+        task.endpoint = Endpoint(tokenizer, host=c.host, port=c.port, batch_wait_s=c.batch_wait_s)
+    return task.endpoint
+
+
+def run_agent_episodes(
+    engine,
+    tokenizer,
+    task,
+    problems,
+    *,
+    seed: int,
+    max_turns: int,
+    max_tokens: int,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    episode_timeout: float = 300.0,
+) -> list[Episode]:
+    """One episode per entry of ``problems``, written by ``task``'s agent through the endpoint."""
+    endpoint = endpoint_of(task, tokenizer)
+    endpoint.sampling = Sampling(
+        engine.temperature if temperature is None else temperature,
+        engine.top_p if top_p is None else top_p,
+        engine.max_new_tokens,
+    )
+    runs = [AgentRun(i, p, Session(i, tokenizer, max_turns, max_tokens)) for i, p in enumerate(problems)]
+    for run in runs:
+        run.session_id = endpoint.open(run.session)
+        _start(task, endpoint, run, episode_timeout)
+    calls = 0
+    while True:
+        _check_timeouts(endpoint, runs, episode_timeout)
+        running = [r for r in runs if not r.done.is_set()]
+        if not running:
+            break
+        batch = endpoint.take(len(running))
+        if batch:
+            _sample(engine, endpoint, batch, seed)
+            calls += 1
+    episodes = [_episode(endpoint, run, tokenizer) for run in runs]
+    _report(endpoint, runs, calls)
+    return episodes
+
+
+def _start(task, endpoint: Endpoint, run: AgentRun, timeout: float) -> None:
+    try:
+        import openai
+    except ImportError:
+        raise OprlError("task.name=agent needs the openai client: pip install 'oprl[agent]'") from None
+    url, problem = endpoint.base_url(run.session_id), problem_dict(run.problem)
+
+    def body() -> None:
+        try:
+            settings: dict[str, Any] = {"base_url": url, "api_key": endpoint.token, "timeout": timeout}
+            settings["max_retries"] = 0  # a refused request is the agent's to handle, never silently resent
+            if task.is_async:
+                run.result = asyncio.run(task.rollout(openai.AsyncOpenAI(**settings), problem))
+            else:
+                run.result = task.rollout(openai.OpenAI(**settings), problem)
+        except BaseException as exc:  # the agent's failure is its episode's, never the run's
+            if not run.fault:
+                run.fault, run.result = "raised", f"{type(exc).__name__}: {str(exc)[:200]}"
+        finally:
+            run.done.set()
+            with endpoint.lock:
+                endpoint.lock.notify_all()
+
+    run.started = time.monotonic()
+    threading.Thread(target=body, name=f"oprl-agent-{run.index}", daemon=True).start()
+
+
+def _check_timeouts(endpoint: Endpoint, runs: list[AgentRun], timeout: float) -> None:
+    now = time.monotonic()
+    for run in runs:
+        if not run.done.is_set() and now - run.started > timeout:
+            run.fault, run.result = "timeout", f"still running after rollout.episode_timeout={timeout:g} s"
+            run.done.set()  # the thread is abandoned; its session closes so it cannot add tokens
+            endpoint.close(run.session_id, "rollout.episode_timeout passed")
+
+
+def row_seed(seed: int, turn: int, index: int, choice: int) -> int:
+    """63 bits of a hash of (batch seed + turn, episode, choice): the seed of one sampled row."""
+    digest = hashlib.blake2b(f"{seed + turn}/{index}/{choice}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def _sample(engine, endpoint: Endpoint, batch: list[Pending], seed: int) -> None:
+    """One engine call for the waiting requests (their ``n`` rows each, in episode order); replies to each."""
+    batch.sort(key=lambda p: (p.session.turns, p.session.index))
+    rows = [(p, choice) for p in batch for choice in range(p.n)]
+    contexts = [p.context for p, _ in rows]
+    sampling, turn = endpoint.sampling, batch[0].session.turns
+    row_seeds = [row_seed(seed, p.session.turns, p.session.index, c) for p, c in rows]
+    try:
+        rollout = engine.generate(
+            contexts, seed=seed + turn, temperature=sampling.temperature, top_p=sampling.top_p, row_seeds=row_seeds
+        )
+    except BaseException as exc:
+        for p in batch:
+            p.future.set_exception(exc)
+        raise
+    choices: dict[int, list[Choice]] = {id(p): [] for p in batch}
+    for row, (p, _) in enumerate(rows):
+        ids, logprobs, ended = rollout.response_ids[row], rollout.behavior_logprobs[row], not rollout.truncated[row]
+        text = rollout.texts[row]
+        if len(ids) > p.max_tokens:  # the request's max_tokens below the engine's: the same prefix, cut
+            ids, logprobs, ended = ids[: p.max_tokens], logprobs[: p.max_tokens], False
+            text = endpoint.tokenizer.decode(ids, skip_special_tokens=True)
+        choice = Choice(ids=list(ids), logprobs=list(logprobs), text=text, ended=ended, prompt_tokens=len(p.context))
+        choice.message = reply_message(choice, p.with_tools)
+        choices[id(p)].append(choice)
+    endpoint.counts["engine_calls"] += 1
+    endpoint.counts["engine_rows"] += len(rows)
+    with endpoint.lock:
+        for p in batch:
+            p.session.record(choices[id(p)])
+    for p in batch:
+        if not p.future.done():
+            p.future.set_result(choices[id(p)])
+
+
+def _episode(endpoint: Endpoint, run: AgentRun, tokenizer) -> Episode:
+    """The stored episode of ``run`` (``oprl.explorer.sessions``: the last segment), rewarded."""
+    with endpoint.lock:
+        if run.session_id in endpoint.sessions:
+            endpoint.close(run.session_id)
+        episode = run.session.finish()
+    if episode is None:  # no request reached the engine: one end-of-turn token, no gradient
+        episode = Episode(prompt_ids=encode_problem(tokenizer, run.problem))
+        episode.add([tokenizer.eos_token_id], None)
+        if not run.fault:
+            run.fault, run.result = "no_request", "the agent returned without asking the model"
+    if not run.fault and not episode.truncated:
+        try:
+            episode.reward = agent_reward(run.result)
+        except TypeError as exc:
+            run.fault, run.result = "bad_return", str(exc)
+    if run.fault or episode.reward is None:
+        episode.reward = Reward(total=0.0, components={})
+    s = run.session
+    episode.info = {
+        "segments": float(max(s.segments, 1)),
+        "dropped_tokens": float(s.dropped_tokens),
+        "refused_requests": float(s.refused),
+        "agent_failed": float(bool(run.fault)),
+    }
+    return episode
+
+
+def _report(endpoint: Endpoint, runs: list[AgentRun], calls: int) -> None:
+    faults = Counter(r.fault for r in runs if r.fault)
+    for run in runs:
+        if run.fault:
+            log.warning("agent episode %d (%s) scores 0: %s: %s", run.index, run.problem.task_id, run.fault, run.result)
+    rewritten = sum(r.session.segments > 1 for r in runs)
+    if rewritten:
+        log.info(
+            "agent: %d of %d episodes rewrote their history (new segments); the last segment is stored",
+            rewritten,
+            len(runs),
+        )
+    log.debug("agent: %d engine calls for %d episodes; faults %s", calls, len(runs), dict(faults))

@@ -1,0 +1,122 @@
+"""``task.name=agent``: the user's own agent, an OpenAI-client loop, as a multi-turn task.
+
+The task is the problems of another task (``task.problems``, tool-arithmetic by default) plus the user's
+``rollout(client, problem)`` function, loaded from ``task.agent``. The explorer runs the agent against its
+OpenAI-compatible endpoint (``oprl.explorer.agents``, ``oprl.explorer.endpoint``) and stores the tokens the
+engine sampled; the agent's return value is the reward. This module only loads the agent and the problems:
+it knows nothing of HTTP, sessions or engines.
+
+To the runtime the task is episodic (``EpisodicTask``): ``environment`` and ``demonstration`` are the wrapped
+task's when it is episodic itself (the supervised warm start replays its demonstrations), and
+``oprl.explorer.episodes.run_episodes`` hands agent tasks to the endpoint instead of an environment loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+
+from oprl.errors import OprlError
+from oprl.tasks.base import Problem, Reward
+from oprl.tasks.config import AgentTaskConfig, task_section
+
+
+class AgentTask:
+    """Problems of ``task.problems`` solved by the agent of ``task.agent`` (see the module docstring)."""
+
+    Config = AgentTaskConfig
+
+    def __init__(self, config: AgentTaskConfig | None = None, **fields) -> None:
+        self.config = c = task_section(AgentTaskConfig, config, fields)
+        self.name = c.name
+        if not c.agent:
+            raise OprlError("task.agent: name the agent, e.g. task.agent=my_agent.py:rollout (docs/tasks.md)")
+        self.rollout = load_agent(c.agent)
+        self.is_async = inspect.iscoroutinefunction(self.rollout)
+        self.inner = _inner_task(c.problems)
+        self.endpoint = None
+        """The explorer's endpoint serving this task's agents, started on first use (``oprl.explorer.agents``)."""
+
+    def problems(self, split: str) -> Sequence[Problem]:
+        return self.inner.problems(split)
+
+    def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
+        """The wrapped task's scoring of single replies (the runtime scores agent episodes by their return)."""
+        return self.inner.score(problems, responses)
+
+    def environment(self, problem: Problem):
+        if not hasattr(self.inner, "environment"):
+            raise OprlError(f"task.problems: task {self.inner.name} has no environment; agents need none")
+        return self.inner.environment(problem)
+
+    def demonstration(self, problem: Problem) -> list[str] | None:
+        demonstration = getattr(self.inner, "demonstration", None)
+        return demonstration(problem) if demonstration is not None and hasattr(self.inner, "environment") else None
+
+
+def problem_dict(problem: Problem) -> dict:
+    """What the agent is handed: the problem as plain JSON-like data (lists, not tuples)."""
+    data = asdict(problem)
+    data["messages"], data["tools"] = [dict(m) for m in problem.messages], [dict(t) for t in problem.tools]
+    return data
+
+
+def agent_reward(value) -> Reward:
+    """The agent's return as a ``Reward``: a number is the total; a dict's ``reward`` is the total and every
+    entry a component. Anything else is the agent's error (``TypeError``, counted as a failed episode)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | dict):
+        raise TypeError(f"the agent returned {type(value).__name__}; return a float or a dict with 'reward'")
+    if isinstance(value, dict):
+        if "reward" not in value:
+            raise TypeError(f"the agent's dict has no 'reward' entry (keys: {sorted(value)[:8]})")
+        components = {str(k): float(v) for k, v in value.items()}
+        return Reward(total=components["reward"], components=components)
+    return Reward(total=float(value), components={"reward": float(value)})
+
+
+def load_agent(spec: str) -> Callable:
+    """The function named by ``spec`` (``file.py:function`` or ``module:function``), or one OprlError line."""
+    source, _, attribute = spec.rpartition(":")
+    if not source or not attribute:
+        raise OprlError(f"task.agent={spec!r}: expected path/to/file.py:function or package.module:function")
+    try:
+        if source.endswith(".py"):
+            if not os.path.isfile(source):
+                raise OprlError(f"task.agent: no file {source}")
+            name = f"oprl_agent_{abs(hash(os.path.abspath(source)))}"
+            module_spec = importlib.util.spec_from_file_location(name, source)
+            assert module_spec is not None and module_spec.loader is not None
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module  # dataclasses and pickling look the module up by name
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(source)
+    except OprlError:
+        raise
+    except Exception as exc:  # the user's module failed to import: one line naming it
+        raise OprlError(f"task.agent: importing {source} failed: {type(exc).__name__}: {exc}") from None
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise OprlError(f"task.agent: {source} has no function {attribute!r}")
+    return function
+
+
+def _inner_task(section: dict):
+    from pydantic import TypeAdapter, ValidationError
+
+    from oprl.tasks import TaskConfig, build_task  # the registry imports this module
+
+    if section.get("name", "tool-arithmetic") == "agent":
+        raise OprlError("task.problems.name: an agent task's problems come from another task, not 'agent'")
+    try:
+        config = TypeAdapter(TaskConfig).validate_python({"name": "tool-arithmetic", **section})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(part) for part in error["loc"][1:])
+        raise OprlError(f"task.problems.{key}: {error['msg']} (got {str(error.get('input'))[:200]!r})") from None
+    return build_task(config)
