@@ -161,3 +161,20 @@ def test_a_run_with_failing_references_trains_to_the_end_counting_them(small_ove
     trained = [r for r in rows if "reward/reward_error" in r]
     assert len(trained) == 6 and sum(r["reward/reward_error"] for r in trained) > 0
     assert (run_dir / "workers.log").exists()
+
+
+def test_reward_workers_ignore_sigint_and_exit_with_their_parent(rewards_file):
+    """A Ctrl-C to the process group is the run's to handle: a worker neither dies nor prints a traceback,
+    and the pool (or the parent's exit) stops it."""
+    import os
+    import signal
+
+    task = DatasetTask(train_file=str(TRAIN), train_size=2, reward=f"{rewards_file}:quiet")
+    (worker,) = task.rewards.pool._workers
+    os.kill(worker.process.pid, signal.SIGINT)
+    time.sleep(0.3)
+    problems = list(task.problems("train"))
+    assert [r.total for r in task.score(problems, [p.answer for p in problems])] == [1.0, 1.0]
+    assert worker.process.poll() is None
+    task.rewards.close()
+    assert worker.process.poll() is not None

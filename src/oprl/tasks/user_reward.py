@@ -38,7 +38,7 @@ from typing import Any
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Reward
-from oprl.tasks.workers import WorkerPool, fatal, limit_memory, serve
+from oprl.tasks.workers import WorkerPool, fatal, serve, start_worker
 
 KEY = "task.reward"
 MAX_ABS_REWARD = 1e6
@@ -256,7 +256,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _worker_main(argument: str) -> None:
-    memory_mb = limit_memory()  # before the user's module allocates anything
+    memory_mb = start_worker()  # before the user's module allocates anything
     settings = json.loads(argument)
     try:
         functions = [load_reward(spec) for spec in settings["specs"]]

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 
 from oprl.errors import OprlError
-from oprl.tasks.workers import WorkerPool, fatal, limit_memory, serve
+from oprl.tasks.workers import WorkerPool, fatal, serve, start_worker
 
 VERDICTS = ("match", "mismatch", "malformed", "timeout", "error")
 KINDS = ("math", "tool-call")
@@ -140,7 +140,7 @@ def _check_request(request: dict) -> dict:
 def _worker_main(kind: str = "math") -> None:
     import logging
 
-    memory_mb = limit_memory()
+    memory_mb = start_worker()
     logging.disable(logging.WARNING)  # math-verify warns about the disabled timeouts on every call
     if kind == "math":
         try:

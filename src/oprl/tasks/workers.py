@@ -300,10 +300,17 @@ def _streams() -> tuple[IO[bytes], IO[bytes]]:
     return _STREAMS[0]
 
 
-def limit_memory() -> int | None:
-    """Cap this worker's address space at the pool's ``memory_mb`` (call it before importing user code)."""
+def start_worker() -> int | None:
+    """Call first in a worker's main: ignore SIGINT when a pool started it (a Ctrl-C to the process group
+    is the parent's to handle; it kills its workers, and a worker whose parent is gone reads end-of-file and
+    exits), open the channel, and cap the address space at the pool's ``memory_mb`` before any user code
+    is imported. Returns that limit in MB (None = none)."""
     import resource
+    import signal
 
+    if _CHANNEL_ENV in os.environ:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _streams()
     megabytes = int(os.environ.pop(_MEMORY_ENV, "0") or 0)
     if megabytes <= 0:
         return None
@@ -321,7 +328,7 @@ def serve(handle: Callable[[dict], dict], *, memory_mb: int | None = None) -> No
     """The worker side of ``WorkerPool``: say ready, then answer each request line with ``handle(request)``
     (a JSON object) on the private channel, echoing the request's ``id``. An exception becomes
     ``{"error": "<type>: <message>"}`` (``"memory": true`` for a ``MemoryError``; ``memory_mb`` is the limit
-    ``limit_memory`` set, for its message)."""
+    ``start_worker`` set, for its message)."""
     requests, _ = _streams()
     _send({"ready": True})
     for line in requests:
