@@ -10,6 +10,7 @@ the machine's speed hits both; the ratio is taken pair by pair, then its median:
   evaluates before step 1, so this includes that evaluation; the process is killed there.
 
     python benchmarks/startup.py --before /path/to/old/checkout/src [--runs 7] [--out benchmarks/results/startup.json]
+    python benchmarks/startup.py --once first_step [--src DIR]     # one measurement (for /usr/bin/time & co)
 
 The warm start is built first if needed (not timed), in the default cache, for both trees: its recipe key
 is the same. Timings only mean something side by side on one machine: quote the ratios.
@@ -114,7 +115,12 @@ def main() -> int:
     parser.add_argument("--before", type=Path, help="the other tree's src/ directory (e.g. a checkout of 9981eb2)")
     parser.add_argument("--runs", type=int, default=7, help="timed runs per figure and tree (median reported)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--once", choices=FIGURES, help="measure this figure once for --src and print it")
+    parser.add_argument("--src", type=Path, default=HERE, help="with --once: the tree to measure")
     args = parser.parse_args()
+    if args.once:  # one measurement, for an outside timer of whole processes
+        print(f"{args.once}: {FIGURES[args.once](args.src):.3f}s")
+        return 0
     load_before = os.getloadavg()
     results = compare(HERE, args.before, args.runs)
     record = {

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from oprl.config import load_config
 
 
+def __dir__() -> list[str]:
+    """``dir(oprl)`` lists the lazily imported API too (``train``, ``evaluate``, ...)."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     """``oprl.train`` / ``oprl.evaluate`` / ``oprl.RunResult`` (docs/api.md), imported on first use so that
     ``import oprl`` stays light."""

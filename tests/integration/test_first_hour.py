@@ -85,3 +85,18 @@ def _as_kwargs(overrides: list[str]) -> dict:
     import yaml
 
     return {key: yaml.safe_load(value) for key, _, value in (o.partition("=") for o in overrides)}
+
+
+def test_default_names_show_what_differs():
+    from oprl.config import load_config
+    from oprl.runtime.run import run_label
+
+    assert run_label(load_config()) == "grpo-k1-m0-s0"
+    settings = ["backend=ray", "rollout.engine=vllm", "sync.mode=async", "model.dtype=bfloat16", "seed=3"]
+    assert run_label(load_config(None, settings)) == "grpo-k1-m0-vllm-ray-async-bf16-s3"
+    assert run_label(load_config(None, ["algorithm.preset=opmd", "sync.interval=4", "mode=explore"])) == (
+        "explore-opmd-k4-m0-s0"
+    )
+    assert run_label(load_config(None, ["replay.groups_per_step=8", "trainer.sharding=fsdp"])) == (
+        "grpo-k1-m0-replay8-fsdp-s0"
+    )

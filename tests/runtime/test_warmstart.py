@@ -97,3 +97,22 @@ def test_holding_out_every_train_problem_is_one_line(pretrained):
     config = _config(pretrained, pretrained=True, val_problems=400)
     with pytest.raises(OprlError, match=r"warmstart\.val_problems=400 holds out all 400 train problems"):
         model_path(config, build_task(config.task), log=lambda _: None)
+
+
+def test_a_reward_named_by_file_or_by_module_keys_the_same_warm_start(tmp_path, monkeypatch):
+    """``oprl.train(reward=reward)`` records ``module:function``; ``task.reward=file.py:function`` names the
+    same function: one cached warm start, not two."""
+    from oprl.config import load_config
+    from oprl.trainer.warmstart import recipe
+
+    (tmp_path / "my_reward.py").write_text("def reward(prompt, completion, reference, **row):\n    return 1.0\n")
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "reference": "2"}\n')
+    monkeypatch.chdir(tmp_path)
+
+    def key(reward):
+        config = load_config(None, ["task.name=dataset", "task.train_file=train.jsonl", f"task.reward={reward}"])
+        return recipe(config.model, config.task, config.warmstart)
+
+    by_file = key("my_reward.py:reward")
+    assert by_file == key("my_reward:reward") == key(f"{tmp_path}/my_reward.py:reward")
+    assert by_file != key("my_reward.py:other")

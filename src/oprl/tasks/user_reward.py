@@ -277,3 +277,21 @@ def _worker_main(argument: str) -> None:
 
 if __name__ == "__main__":
     _worker_main(sys.argv[1])
+
+
+def canonical_spec(spec: str) -> str:
+    """One name per reward function, for cache keys: ``file.py:function`` as the file's absolute path, and a
+    top-level ``module:function`` as the path of the file it would import (found without importing it);
+    anything else as given. A function passed as an object (``module:function``) and the same function
+    named by its file then key the same warm start."""
+    target, sep, attribute = spec.rpartition(":")
+    if not sep:
+        return spec
+    if target.endswith(".py") or "/" in target or os.sep in target:
+        return f"{Path(target).resolve()}:{attribute}"
+    if "." in target:  # finding a submodule would import its packages: only workers import user code
+        return spec
+    search = [*sys.path, os.getcwd()] if os.getcwd() not in sys.path else sys.path
+    found = importlib.machinery.PathFinder.find_spec(target, search)
+    origin = getattr(found, "origin", None)
+    return f"{Path(origin).resolve()}:{attribute}" if origin and origin.endswith(".py") else spec

@@ -42,6 +42,7 @@ from oprl.models.tiny import build_model, build_tokenizer
 from oprl.progress import RunProgress
 from oprl.rollout import LeanEngine
 from oprl.tasks.base import EpisodicTask
+from oprl.tasks.user_reward import canonical_spec
 
 RECIPE_VERSION = 1
 _SLACK = 4
@@ -51,10 +52,14 @@ _SLACK = 4
 def recipe(model_cfg, task_cfg, warm_cfg) -> dict:
     """Everything that determines the warm-started weights (and nothing else). ``warmstart.pretrained`` only
     says whether a warm start happens; the embedded model's recipe is the same either way."""
+    task = task_cfg.model_dump(mode="json", exclude={"test_size"})
+    if isinstance(task.get("reward"), (str, list)):  # one name per function, however it was given
+        rewards = task["reward"]
+        task["reward"] = canonical_spec(rewards) if isinstance(rewards, str) else [canonical_spec(r) for r in rewards]
     spec = {
         "recipe_version": RECIPE_VERSION,
         "model": model_cfg.model_dump(mode="json", exclude={"path", "dtype", "device", "lora"}),
-        "task": task_cfg.model_dump(mode="json", exclude={"test_size"}),
+        "task": task,
         "warmstart": warm_cfg.model_dump(mode="json", exclude={"pretrained"}),
     }
     if model_cfg.path != "tiny":  # the starting weights (the tiny model's architecture fields do not apply)
