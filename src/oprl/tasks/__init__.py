@@ -18,6 +18,7 @@ from oprl.tasks.bfcl_multi_turn import BfclMultiTurnTask
 from oprl.tasks.dataset import DatasetTask
 from oprl.tasks.gsm8k import GSM8kTask
 from oprl.tasks.math_problems import MathTask
+from oprl.tasks.reasoning_gym import ReasoningGymTask
 from oprl.tasks.tool_arithmetic import ToolArithmeticTask
 
 TASKS: dict[str, Any] = {
@@ -29,6 +30,7 @@ TASKS: dict[str, Any] = {
     "bfcl-multi-turn": BfclMultiTurnTask,
     "tool-arithmetic": ToolArithmeticTask,
     "agent": AgentTask,
+    "reasoning-gym": ReasoningGymTask,
 }
 """Every task plug-in by its ``task.name``; ``TASKS[name].Config`` is its configuration section."""
 

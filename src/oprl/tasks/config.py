@@ -353,3 +353,50 @@ class AgentTaskConfig(Section):
     batch_wait_s: float = Field(0.05, ge=0.0)
     """How long a request waits for the other running agents' requests before the engine is called without
     them. Once every running agent has a request waiting, the call goes at once."""
+
+
+class ReasoningGymDataset(Section):
+    """One reasoning-gym generator in ``task.datasets``: its name, sizes, seed and its own settings."""
+
+    name: str
+    """The generator (``reasoning_gym.create_dataset(name)``): basic_arithmetic, chain_sum, gsm_symbolic, ..."""
+    train_size: int = Field(500, gt=0)
+    """Training problems drawn from it."""
+    test_size: int = Field(100, gt=0)
+    """Held-out problems (items after the training ones in the same seeded sequence)."""
+    seed: int = 1234
+    """Seed of the generator; fixes both splits."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The generator's own settings (e.g. ``{min_terms: 2, max_digits: 1}`` for basic_arithmetic)."""
+
+
+class ReasoningGymTaskConfig(Section):
+    """Procedurally generated reasoning problems from reasoning-gym (100+ generators, offline), scored by each
+    generator's own ``score_answer`` in timed worker processes (``pip install 'oprl[reasoning-gym]'``)."""
+
+    name: Literal["reasoning-gym"] = "reasoning-gym"
+    """Task plug-in (see ``oprl.tasks.TASKS``)."""
+    datasets: list[ReasoningGymDataset] = Field(
+        default_factory=lambda: [ReasoningGymDataset(name="basic_arithmetic")], min_length=1
+    )
+    """The generators, mixed: a name (``[basic_arithmetic, chain_sum]``: default sizes and seed) or a section
+    each (``[{name: chain_sum, train_size: 200, seed: 3, config: {max_terms: 3}}]``)."""
+    system_prompt: str = "default"
+    """The system message: a name from ``reasoning_gym.utils.SYSTEM_PROMPTS`` (``default`` asks for the answer in
+    ``<answer>...</answer>``), any other text verbatim, or "" for none."""
+    answer_format: Literal["tag", "plain"] = "tag"
+    """Where the answer is: ``tag`` = inside ``<answer>...</answer>`` (reasoning-gym's ``extract_answer``),
+    ``plain`` = the whole reply (the tiny model's format)."""
+    verify_workers: int = Field(1, gt=0)
+    """Scoring processes."""
+    verify_timeout: float = Field(5.0, gt=0.0)
+    """Seconds one answer may take to score; past it the worker is killed and the answer scores 0."""
+
+    @field_validator("datasets", mode="before")
+    @classmethod
+    def _names_are_datasets(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value

@@ -1,0 +1,148 @@
+"""``task.name=reasoning-gym``: reasoning-gym's procedurally generated problems, scored by their own scorers.
+
+reasoning-gym (``pip install 'oprl[reasoning-gym]'``, offline) has 100+ generators, each a seeded sequence of
+``{"question", "answer", "metadata"}`` items with a ``score_answer(answer, entry)`` in [0, 1]. ``task.datasets``
+mixes several, each with its sizes, seed and settings (``oprl.tasks.config.ReasoningGymDataset``): item
+``i < train_size`` of a generator is a training problem, the next ``test_size`` items are its test split.
+
+Scoring runs in ``WorkerPool`` processes (``oprl.tasks.workers``) under a hard per-answer timeout, like every
+reward that parses model output: the worker rebuilds the generator from its settings (cached), takes the item
+by index, extracts the answer (``<answer>`` tags with reasoning-gym's ``extract_answer``, or the whole reply)
+and calls that generator's ``score_answer``. A timeout or a worker error scores 0 and is counted
+(``verdicts``). Reward: the score; components ``correct`` (score 1) and ``format`` (an answer was found).
+
+Run one worker by hand: ``python -m oprl.tasks.reasoning_gym`` reads requests on its private channel only,
+so test it through ``ReasoningGymTask(...).score``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from oprl.errors import OprlError
+from oprl.tasks.base import Problem, Reward
+from oprl.tasks.config import ReasoningGymTaskConfig, task_section
+from oprl.tasks.workers import WorkerPool, fatal, limit_memory, serve
+
+INSTALL_HINT = "pip install 'oprl[reasoning-gym]'"
+MAX_RESPONSE_CHARS = 20_000
+"""Replies are cut here before they reach a scorer (no generator needs more)."""
+WORKER_MEMORY_MB = 2048
+
+
+class ReasoningGymTask:
+    """The problems of ``task.datasets`` (see the module docstring), built from a ``ReasoningGymTaskConfig``."""
+
+    Config = ReasoningGymTaskConfig
+
+    def __init__(self, config: ReasoningGymTaskConfig | None = None, **fields) -> None:
+        self.config = c = task_section(ReasoningGymTaskConfig, config, fields)
+        self.name = c.name
+        if importlib.util.find_spec("reasoning_gym") is None:
+            raise OprlError(f"task.name=reasoning-gym needs reasoning-gym: {INSTALL_HINT}")
+        self._splits: dict[str, list[Problem]] = {"train": [], "test": []}
+        self._items: dict[str, tuple[str, int]] = {}
+        """task_id -> (the generator's settings as JSON, item index): what a worker needs to score it."""
+        system = _system_prompt(c.system_prompt)
+        for d in c.datasets:
+            spec = json.dumps({"name": d.name, "seed": d.seed, "size": d.train_size + d.test_size, "config": d.config})
+            dataset = _dataset(spec)
+            for index in range(d.train_size + d.test_size):
+                split = "train" if index < d.train_size else "test"
+                item = dataset[index]
+                system_message = ({"role": "system", "content": system},) if system else ()
+                messages = (*system_message, {"role": "user", "content": item["question"]})
+                task_id = f"{self.name}/{d.name}/{d.seed}/{split}/{index:06d}"
+                self._splits[split].append(Problem(task_id=task_id, messages=messages, answer=str(item["answer"])))
+                self._items[task_id] = (spec, index)
+        self.verdicts = {"scored": 0, "timeout": 0, "error": 0}
+        self._pool: WorkerPool | None = None
+
+    def problems(self, split: str) -> Sequence[Problem]:
+        if split not in self._splits:
+            raise OprlError(f"task {self.name}: unknown split {split!r}; valid: {sorted(self._splits)}")
+        return self._splits[split]
+
+    def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
+        """Each generator's ``score_answer`` on the extracted answers, in the worker pool (module docstring)."""
+        if self._pool is None:
+            c = self.config
+            self._pool = WorkerPool(
+                ["oprl.tasks.reasoning_gym"],
+                c.verify_workers,
+                c.verify_timeout,
+                what="reasoning-gym scorer",
+                memory_mb=WORKER_MEMORY_MB,
+            )
+        requests = [
+            {
+                "dataset": self._items[p.task_id][0],
+                "index": self._items[p.task_id][1],
+                "response": r[:MAX_RESPONSE_CHARS],
+                "format": self.config.answer_format,
+            }
+            for p, r in zip(problems, responses, strict=True)
+        ]
+        rewards = []
+        for reply in self._pool.run(requests):
+            if "score" in reply:
+                self.verdicts["scored"] += 1
+                score, found = float(reply["score"]), float(reply["found"])
+            else:
+                self.verdicts["timeout" if reply.get("verdict") == "timeout" else "error"] += 1
+                score, found = 0.0, 0.0
+            rewards.append(Reward(total=score, components={"correct": float(score >= 1.0), "format": found}))
+        return rewards
+
+
+def _system_prompt(setting: str) -> str:
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    return SYSTEM_PROMPTS.get(setting, setting)
+
+
+_DATASETS: dict[str, Any] = {}
+
+
+def _dataset(spec: str):
+    """The generator of ``spec`` (JSON: name, seed, size, config), built once per process."""
+    if spec not in _DATASETS:
+        import reasoning_gym
+
+        s = json.loads(spec)
+        try:
+            _DATASETS[spec] = reasoning_gym.create_dataset(s["name"], seed=s["seed"], size=s["size"], **s["config"])
+        except Exception as exc:  # an unknown name or setting: one line naming it
+            raise OprlError(f"task.datasets: reasoning-gym cannot build {s['name']!r}: {exc}") from None
+    return _DATASETS[spec]
+
+
+# ---------------------------------------------------------------- the worker side (a separate process)
+
+
+def _score_request(request: dict) -> dict:
+    from reasoning_gym.utils import extract_answer
+
+    dataset = _dataset(request["dataset"])
+    entry = dataset[int(request["index"])]
+    response = str(request["response"])
+    answer = extract_answer(response) if request.get("format") == "tag" else response.strip()
+    score = 0.0 if answer is None else float(dataset.score_answer(answer, entry))
+    return {"score": score, "found": answer is not None}
+
+
+def _worker_main() -> None:
+    memory_mb = limit_memory()
+    try:
+        import reasoning_gym  # noqa: F401
+    except ImportError as exc:
+        return fatal(f"reasoning-gym is not installed ({exc}): {INSTALL_HINT}")
+    serve(_score_request, memory_mb=memory_mb)
+
+
+if __name__ == "__main__":
+    _worker_main(*sys.argv[1:])
