@@ -26,7 +26,7 @@ from typing import Any
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import ReasoningGymTaskConfig, task_section
-from oprl.tasks.workers import WorkerPool, fatal, limit_memory, serve
+from oprl.tasks.workers import WorkerPool, fatal, serve, start_worker
 
 INSTALL_HINT = "pip install 'oprl[reasoning-gym]'"
 MAX_RESPONSE_CHARS = 20_000
@@ -136,7 +136,7 @@ def _score_request(request: dict) -> dict:
 
 
 def _worker_main() -> None:
-    memory_mb = limit_memory()
+    memory_mb = start_worker()
     try:
         import reasoning_gym  # noqa: F401
     except ImportError as exc:
