@@ -44,6 +44,12 @@ def test_non_tty_run_writes_log_lines(train_run):
 def test_a_finished_run_leaves_no_lock_and_strict_summaries(train_run, small_overrides, tmp_path, capsys):
     run_dir, _ = train_run
     assert not (run_dir / ".oprl.lock").exists()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    (config,) = events.Tensors("config/text_summary")  # the resolved config, in TensorBoard's TEXT tab
+    assert b"steps: 6" in config.tensor_proto.string_val[0]
     assert strict_json(run_dir / "summary.json")["mode"] == "both"
     # Resume: one more step from the final checkpoint, named.
     assert main(["train", *small_overrides, "steps=7", "run_name=a", "resume=true"]) == 0

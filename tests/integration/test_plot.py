@@ -43,7 +43,7 @@ def test_three_seeds_draw_one_band(runs):
     fig = draw_grid(records, [(*PANELS["train_reward"], 5)])
     (ax,) = fig.axes
     (line,) = ax.get_lines()
-    assert line.get_label() == "grpo (3 seeds)"
+    assert line.get_label() == "grpo (3 seeds: mean, min-max band)"
     assert len(ax.collections) == 1  # the min-max band
     rewards = [r.curve("reward/mean")[1] for r in records]
     assert list(line.get_xdata()) == [1, 2, 3, 4]

@@ -99,7 +99,7 @@ def label_curves(curves: list[Curve]) -> None:
         parts = [str(curve.settings.get("algorithm.preset") or "custom")]
         parts += [f"{_short(k)}={_value(curve.settings.get(k))}" for k in differing]
         if len(curve.records) > 1:
-            parts.append(f"({len(curve.records)} seeds)")
+            parts.append(f"({len(curve.records)} seeds: mean, min-max band)")
         elif len(seeds) > 1:
             parts.append(f"seed={curve.seeds[0]}")
         curve.label = " ".join(parts)
