@@ -41,7 +41,7 @@ def test_non_tty_run_writes_log_lines(train_run):
     assert f"eval acc {accuracy:.3f} (step 6)" in lines[-1]
 
 
-def test_a_finished_run_leaves_no_lock_and_strict_summaries(train_run, small_overrides, tmp_path, capsys):
+def test_a_finished_run_leaves_no_lock_and_strict_summaries(train_run, small_overrides, tmp_path, capsys, caplog):
     run_dir, _ = train_run
     assert not (run_dir / ".oprl.lock").exists()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -60,7 +60,9 @@ def test_a_finished_run_leaves_no_lock_and_strict_summaries(train_run, small_ove
     explore = strict_json(runs / "x" / "summary.json")
     assert explore["eval_accuracy_before"] is None and explore["eval_accuracy_after"] is None
     assert main(["train", *small_overrides, "mode=offline", f"buffer.path={runs / 'x'}", "steps=2", "run_name=o"]) == 0
-    assert main(["eval", str(run_dir), *small_overrides[:-1], "run_name=e"]) == 0
+    with caplog.at_level(logging.INFO, logger="oprl"):
+        assert main(["eval", str(run_dir), *small_overrides[:-1], "run_name=e"]) == 0
+    assert any(r.getMessage().startswith("evaluate run 1/1  eval acc ") for r in caplog.records)
     for name, mode in (("o", "offline"), ("e", "eval")):
         assert strict_json(runs / name / "summary.json")["mode"] == mode
         assert not (runs / name / ".oprl.lock").exists()

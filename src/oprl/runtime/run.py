@@ -324,10 +324,15 @@ def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, st
     path = model_path(config, build_task(config.task), log=log)
     backend = LocalBackend()
     worker = backend.start("evaluator", Evaluator, config, path, threads=worker_threads(config))
+    progress = RunProgress(1, enabled=config.progress, description="evaluate", unit="run", eta=False)
     try:
-        _wait_ready(backend, worker)
-        step = backend.get(worker.call("load_checkpoint", str(checkpoint))) if checkpoint else 0
-        row = backend.get(worker.call("evaluate", step))
+        with progress:
+            progress.update(0, status=f"{config.eval.num_problems} problems")
+            _wait_ready(backend, worker)
+            step = backend.get(worker.call("load_checkpoint", str(checkpoint))) if checkpoint else 0
+            row = backend.get(worker.call("evaluate", step))
+            problems = int(row.get("eval/num_problems", config.eval.num_problems))
+            progress.update(1, f"eval acc {row['eval/accuracy']:.3f} on {problems} problems")
     finally:
         backend.shutdown([worker])
     row["eval/checkpoint_step"] = float(step)
