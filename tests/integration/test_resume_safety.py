@@ -144,6 +144,7 @@ def _flip_a_weight_byte(path):
         (_truncate, "trainer/model.safetensors"),
         (_flip_a_weight_byte, "trainer/model.safetensors"),
         (_truncate, "state.json"),
+        (_truncate, "manifest.json"),
     ],
 )
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(whole, tmp_path, capsys, damage, file):
@@ -154,6 +155,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(whole, tmp_p
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("resume:"))
     assert f"step-000004/{file}" in line and "resuming from step-000003" in line
+    assert "is unreadable is unusable" not in line  # the phrase of 9981eb2's message for a garbled manifest
     assert deterministic_view(read_metrics(run_dir / "metrics.jsonl")) == deterministic_view(
         read_metrics(whole / "metrics.jsonl")
     )
