@@ -178,3 +178,30 @@ def test_reward_workers_ignore_sigint_and_exit_with_their_parent(rewards_file):
     assert worker.process.poll() is None
     task.rewards.close()
     assert worker.process.poll() is not None
+
+
+LYING_WORKER = """
+import json
+from oprl.tasks.workers import _send, _streams, start_worker
+
+def _worker_main():
+    start_worker()
+    requests, _ = _streams()
+    _send({"ready": True})
+    for line in requests:
+        request = json.loads(line)
+        _send({"value": 1.0, "id": request["id"] + 1000})  # a reply to some other request
+"""
+
+
+def test_a_reply_carrying_another_requests_id_is_an_error_not_a_reward(tmp_path, monkeypatch):
+    from oprl.tasks.workers import WorkerPool
+
+    (tmp_path / "lying_worker.py").write_text(LYING_WORKER)
+    monkeypatch.chdir(tmp_path)  # the worker imports it from its working directory
+    pool = WorkerPool(["lying_worker"], workers=1, timeout=5.0)
+    try:
+        replies = pool.run([{"n": 1}, {"n": 2}])
+    finally:
+        pool.close()
+    assert replies == [{"verdict": "error", "error": "worker replied to another request (killed)"}] * 2
