@@ -93,7 +93,8 @@ def load_model(config: RunConfig, path: str, dtype: str | None = None):
 def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
     """The ``rollout.engine`` sampler over ``model``, behind the sampling lock."""
     rollout = config.rollout
-    options = {"kv_cache_gb": rollout.kv_cache_gb} if rollout.engine == "vllm" else {}
+    vllm_options = {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
+    options = vllm_options if rollout.engine == "vllm" else {}
     return LockedEngine(
         ENGINES[rollout.engine](
             model,

@@ -160,6 +160,12 @@ class RolloutConfig(_Section):
     (vLLM vs FSDP in the paper's setup) as a dial of its own. ``auto`` = bfloat16 where the machine multiplies
     it natively (CUDA; a CPU with AMX-BF16 or AVX512-BF16), float32 elsewhere (oprl.models.precision; the run
     logs its choice). Evaluation samples on the trainer's copy."""
+    prefix_reuse: bool = False
+    """rollout.engine=vllm: keep vLLM's prefix cache between calls, so a multi-turn episode's next turn prefills
+    only what is new since its last full cache block (docs/performance.md has the counts). Cached entries are
+    salted by the policy version (and reset at every weight load): nothing computed by older weights is reused.
+    Off by default: a reused prefix is computed in another batch shape than a fresh prefill, so samples may
+    differ in the last float bits with it, and a batch would depend on the calls before it."""
     kv_cache_gb: float = Field(1.0, gt=0.0)
     """rollout.engine=vllm: memory of vLLM's key/value cache per engine (CPU RAM, or GPU memory on CUDA), in GiB;
     less is used when 256 full-length sequences fit in less (the tiny model: a few MiB). More lets more

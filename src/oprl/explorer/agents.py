@@ -18,7 +18,8 @@ something other than a number or a dict with ``reward``, or runs past ``rollout.
 session is closed: later requests get 404; the thread is left behind, it cannot be killed) scores 0 and keeps
 the tokens it had sampled (an agent that failed before its first request: one end-of-turn token, mask 0, so
 its row carries no gradient). Requests past the turn or token budget get a 400 and truncate the episode
-(scores 0), as the built-in episodes do.
+(scores 0, ``response/truncated_frac``), as the built-in episodes do; an agent that raises on that 400 is
+truncated, not failed.
 """
 
 from __future__ import annotations
@@ -116,10 +117,11 @@ def _start(task, endpoint: Endpoint, run: AgentRun, timeout: float) -> None:
         try:
             settings: dict[str, Any] = {"base_url": url, "api_key": endpoint.token, "timeout": timeout}
             settings["max_retries"] = 0  # a refused request is the agent's to handle, never silently resent
-            if task.is_async:
+            if task.is_async:  # an async client is bound to its event loop: one each
                 run.result = asyncio.run(task.rollout(openai.AsyncOpenAI(**settings), problem))
-            else:
-                run.result = task.rollout(openai.OpenAI(**settings), problem)
+            else:  # one connection pool for all (building a client costs ~40 ms: its SSL context)
+                client = _client(endpoint, openai).with_options(base_url=url, timeout=timeout)
+                run.result = task.rollout(client, problem)
         except BaseException as exc:  # the agent's failure is its episode's, never the run's
             if not run.fault:
                 run.fault, run.result = "raised", f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -130,6 +132,14 @@ def _start(task, endpoint: Endpoint, run: AgentRun, timeout: float) -> None:
 
     run.started = time.monotonic()
     threading.Thread(target=body, name=f"oprl-agent-{run.index}", daemon=True).start()
+
+
+def _client(endpoint: Endpoint, openai):
+    """The endpoint's shared ``openai.OpenAI`` (thread-safe); each session gets a copy with its own URL."""
+    with endpoint.lock:
+        if endpoint.client is None:
+            endpoint.client = openai.OpenAI(base_url=endpoint.base_url("-"), api_key=endpoint.token, max_retries=0)
+        return endpoint.client
 
 
 def _check_timeouts(endpoint: Endpoint, runs: list[AgentRun], timeout: float) -> None:
@@ -193,6 +203,8 @@ def _episode(endpoint: Endpoint, run: AgentRun, tokenizer) -> Episode:
         episode.add([tokenizer.eos_token_id], None)
         if not run.fault:
             run.fault, run.result = "no_request", "the agent returned without asking the model"
+    if run.fault == "raised" and episode.truncated:  # the 400 of a spent budget, re-raised: truncation, not a fault
+        run.fault = ""
     if not run.fault and not episode.truncated:
         try:
             episode.reward = agent_reward(run.result)

@@ -102,6 +102,8 @@ class Endpoint:
         self.sampling = Sampling(1.0, 1.0, 16)
         self.counts: Counter[str] = Counter()
         """Requests served, refused (by reason), and engine calls: ``oprl.explorer.agents`` logs them."""
+        self.client: Any = None
+        """The agents' shared ``openai.OpenAI`` (``oprl.explorer.agents``), built on first use."""
         self.lock = threading.Condition()
         """Guards sessions and the pending list; notified when a request arrives or a session closes."""
         sock = bind(host, port)
@@ -137,19 +139,20 @@ class Endpoint:
 
     def take(self, running: int, timeout: float = 0.05) -> list[Pending]:
         """The requests for the next engine call: all waiting ones, once ``running`` sessions have a request
-        waiting (every running agent asked) or the oldest waited ``batch_wait_s``; [] after ``timeout``."""
-        deadline = time.monotonic() + timeout
+        waiting (every running agent asked) or the oldest waited ``batch_wait_s``; [] after ``timeout`` or
+        when woken otherwise (an agent finished: the caller counts the running ones again)."""
         with self.lock:
-            while True:
+            for _ in range(2):  # check, wait once (a request, a finished agent, a deadline), check again
                 now = time.monotonic()
                 waiting = len({id(p.session) for p in self.pending})
                 if self.pending and (waiting >= running or now - self.pending[0].since >= self.batch_wait_s):
                     batch, self.pending = self.pending, []
                     return batch
-                if now >= deadline:
-                    return []
-                wake = deadline if not self.pending else min(deadline, self.pending[0].since + self.batch_wait_s)
-                self.lock.wait(max(wake - now, 0.001))
+                if not self.pending:
+                    self.lock.wait(timeout)
+                else:
+                    self.lock.wait(max(min(timeout, self.pending[0].since + self.batch_wait_s - now), 0.0))
+            return []
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -105,8 +105,14 @@ class VLLMEngine:
         dtype: str | None = None,
         kv_cache_gb: float = 1.0,
         compile: bool = False,
+        prefix_reuse: bool = False,
     ):
         self.model = model
+        self.prefix_reuse = prefix_reuse
+        """Keep vLLM's prefix cache between calls, salted by ``(engine, generation)`` (``rollout.prefix_reuse``)."""
+        self.prompt_tokens = 0
+        self.prefill_tokens = 0
+        """Prompt tokens handed to vLLM, and those it computed (the rest came from its prefix cache)."""
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
@@ -164,12 +170,18 @@ class VLLMEngine:
             )
             for row in range(len(prompt_ids))
         ]
-        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
+        # The salt names the weights: a cached key/value is only ever reused by a request on the same weights.
+        salt = f"{self.key}/{self.generation}"
+        prompts = [TokensPrompt(prompt_token_ids=list(p), cache_salt=salt) for p in prompt_ids]
         with shared.lock:
             shared.serve(self)
-            shared.llm.reset_prefix_cache()  # each call starts from an empty cache: history cannot change numbers
+            if not self.prefix_reuse:  # each call starts from an empty cache: history cannot change numbers
+                shared.llm.reset_prefix_cache()
             with _sampling_call():
                 outputs = shared.llm.generate(prompts, params, use_tqdm=False)
+        self.prompt_tokens += sum(len(p) for p in prompt_ids)
+        cached = sum(out.num_cached_tokens or 0 for out in outputs)
+        self.prefill_tokens += sum(len(p) for p in prompt_ids) - cached
         completions = [out.outputs[0] for out in outputs]
         response_ids = [list(c.token_ids) for c in completions]
         return Rollout(
