@@ -240,3 +240,65 @@ def test_a_port_in_use_is_one_line(tokenizer):
         Endpoint(tokenizer, port=taken.getsockname()[1])
     taken.close()
     assert threading.active_count() > 0
+
+
+def test_environment_tokens_of_agent_episodes_get_zero_gradient(tokenizer):
+    """Agent episodes as experiences: the trainer's loss has zero gradient at every token the agent sent
+    (tool results, headers) and non-zero gradient at every token the engine sampled."""
+    from types import SimpleNamespace
+
+    from oprl.algorithms.presets import resolve_preset
+    from oprl.messages import Experience
+    from oprl.trainer import trainer as trainer_module
+    from oprl.trainer.trainer import Trainer
+
+    task = agent_task(calculator_agent)
+    episodes = run(EndingEngine(tokenizer), tokenizer, task, task.problems("train")[:4])
+    rows = [
+        Experience(
+            e.prompt_ids,
+            e.response_ids,
+            [-1.0 if m else 0.0 for m in e.loss_mask],
+            e.outcome.total,
+            {},
+            0,
+            f"t/{i}",
+            0,
+            "",
+            loss_mask=e.loss_mask,
+        )
+        for i, e in enumerate(episodes)
+    ]
+    assert all(0 in e.loss_mask for e in episodes)  # every episode called the calculator
+    model = build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    settings = resolve_preset(
+        "grpo", weight="importance-sampling", clip_mode="none", regularizer="squared-log-ratio", regularizer_coef=0.1
+    )
+    optim = SimpleNamespace(
+        lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, epochs=1, mini_batches=1, micro_batch_size=4, grad_clip=1.0
+    )
+    trainer = Trainer(
+        model,
+        pad_id=tokenizer.pad_token_id,
+        settings=settings,
+        optim=optim,
+        sampling_temperature=1.0,
+        max_response_tokens=64,
+        entropy_coef=0.01,
+    )
+    kept = {}
+    real = trainer.policy
+
+    def keeping(*args, **kwargs):
+        logprobs, entropy, mask = real(*args, **kwargs)
+        logprobs.retain_grad()
+        kept.update(logprobs=logprobs)
+        return logprobs, entropy, mask
+
+    trainer.policy = keeping
+    loss, _ = trainer._micro_loss(rows, torch.tensor([1.0, -1.0, 0.5, -0.5]), None)
+    loss.backward()
+    model_mask = trainer_module.loss_mask_of(rows, kept["logprobs"].shape[1])
+    padding = torch.tensor([[t < len(e.response_ids) for t in range(model_mask.shape[1])] for e in rows])
+    grad = kept["logprobs"].grad
+    assert torch.all(grad[padding & ~model_mask] == 0.0) and torch.all(grad[model_mask] != 0.0)
