@@ -61,3 +61,15 @@ def test_two_step_version_runs_and_reports(name, tmp_path):
     planned = sweep.plan(spec)
     assert all((out / run.name / "summary.json").is_file() for run in planned)
     assert (report.build_report(out)).is_file()
+
+
+@pytest.mark.parametrize("name", ["smollm2-findings.yaml", "smollm2-mismatch.yaml"])
+def test_the_prepared_smollm2_studies_plan_valid_configs(name):
+    """Issue #28's real-model studies (prepared for a quiet machine): every run is a valid config on SmolLM2."""
+    spec = sweep.load_spec(SPECS / name)
+    runs = sweep.plan(spec)
+    assert len(spec["grid"]["seed"]) >= 2
+    for run in runs:
+        config = load_config(Path(spec["config"]), list(run.overrides))
+        assert config.model.path == "smollm2-135m-instruct" and config.trainer.autocast == "none"
+        assert config.algorithm.preset == run.labels["algorithm.preset"]
