@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from oprl.backends.failure import WorkerFailure
+from oprl.backends.failure import Interrupted, WorkerFailure
 from oprl.errors import OprlError
 
 USAGE = """usage: oprl COMMAND [ARGUMENTS]
@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:  # SIGTERM or SIGINT (oprl.backends.failure): its one line
+        print(f"{exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -122,3 +122,48 @@ def test_explore_resumes_from_its_store(small_overrides, tmp_path):
     names, tables = store_contents(run_dir)
     assert names == [f"batch-{b:06d}.parquet" for b in (1, 2, 3)]
     assert tables[1].equals(second.drop_columns(["extra"]))
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT to the process group"])
+def test_a_signal_stops_a_processes_run_in_one_line_and_resume_equals(uninterrupted, how):
+    """Issue 25, item 6: SIGTERM ended the run with rc -15, no line, no final checkpoint and workers alive
+    ~3 s; a Ctrl-C to the group printed 20-39 lines of worker tracebacks."""
+    root, args = uninterrupted
+    name = "sigterm" if how == "SIGTERM" else "sigint"
+    command = [sys.executable, "-m", "oprl.cli", "train", *args, "runtime.workers=processes", f"run_name={name}"]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    rows = root / "runs" / name / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while (not rows.exists() or len(rows.read_text().splitlines()) < 2) and time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read()[-500:]
+        time.sleep(0.02)
+    signum = signal.SIGTERM if how == "SIGTERM" else signal.SIGINT
+    if how == "SIGTERM":
+        os.kill(process.pid, signum)
+    else:
+        os.killpg(process.pid, signum)  # what Ctrl-C in a terminal does: every process of the group
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, err
+    lines = [line for line in err.strip().splitlines() if " INFO oprl: " not in line]  # progress log lines
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"interrupted by {signum.name} at step ") and "resume=true" in lines[0], lines[0]
+    step = int(lines[0].split(" at step ")[1].split(";")[0])
+    if step:  # the checkpoint of the last completed step was written
+        assert (root / "runs" / name / "checkpoints" / f"step-{step:06d}" / "state.json").is_file(), lines[0]
+    deadline = time.monotonic() + 2
+    while group_alive(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = subprocess.run(["ps", "-o", "pid,args", "-g", str(process.pid)], capture_output=True, text=True).stdout
+    assert not group_alive(process.pid), f"a process of the run outlived it: {left}"
+    assert main(["train", *args, "runtime.workers=processes", f"run_name={name}", "resume=true"]) == 0
+    assert_same_run(root, name)

@@ -1,6 +1,82 @@
-"""The exception a run ends with when one of its workers dies (kept import-light for the CLI)."""
+"""How a run ends early: a worker that dies (``WorkerFailure``) or a signal (``Interrupted``); kept
+import-light for the CLI.
+
+SIGTERM and SIGINT stop a run the same way. ``StopSignals`` (entered by ``oprl.runtime.run`` in the main
+thread) turns either into a request while the driver runs: the driver polls ``stop_requested`` between
+completions, stops the explorers at once, lets the trainer finish the call it is in (so it holds the state
+of a completed step), writes a checkpoint of that step and raises ``Interrupted``: one line ("interrupted by
+SIGTERM at step N; resume with ..."), exit status 128 + the signal (130, 143). Outside the driver (loading,
+warm start: nothing to save yet) a signal raises ``Interrupted`` at once; a second signal too. Worker
+processes ignore both signals (``ignore_stop_signals``): a Ctrl-C reaches the whole process group, and the
+driver, not the signal, stops them (no worker tracebacks).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
 
 
 class WorkerFailure(RuntimeError):
     """A worker (explorer, trainer, buffer) raised or died; the message is one line naming it, what it was
     doing, the cause, and the checkpoint to resume from. The original exception is chained."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by SIGTERM or SIGINT; the message is its one line. ``exit_code`` = 128 + signal."""
+
+    def __init__(self, signum: int, message: str = ""):
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(message or f"interrupted by {signal.Signals(signum).name}")
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_state: dict[str, Any] = {"requested": None, "deferred": False}
+
+
+def stop_requested() -> int | None:
+    """The signal that asked the run to stop, or None."""
+    return _state["requested"]
+
+
+class StopSignals:
+    """``with StopSignals():`` in the main thread: SIGTERM/SIGINT handled as the module docstring says (a
+    no-op in another thread, where Python cannot install handlers)."""
+
+    def __enter__(self) -> StopSignals:
+        self.previous: dict[int, object] = {}
+        _state.update(requested=None, deferred=False)
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self.previous[signum] = signal.signal(signum, _handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        _state.update(requested=None, deferred=False)
+
+
+class deferring:
+    """``with deferring():`` the driver's loop: a signal becomes a request it acts on (a clean stop)."""
+
+    def __enter__(self) -> None:
+        _state["deferred"] = True
+
+    def __exit__(self, *exc) -> None:
+        _state["deferred"] = False
+
+
+def _handle(signum: int, _frame) -> None:
+    if _state["deferred"] and _state["requested"] is None:
+        _state["requested"] = signum
+        return
+    raise Interrupted(signum)
+
+
+def ignore_stop_signals() -> None:
+    """In a worker process: SIGINT and SIGTERM are the driver's to act on (it stops this process)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)

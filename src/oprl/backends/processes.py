@@ -22,6 +22,7 @@ import traceback
 from concurrent.futures import CancelledError, Future
 
 from oprl.backends.actor import QueuedActor
+from oprl.backends.failure import ignore_stop_signals
 
 
 class RemoteError(RuntimeError):
@@ -41,6 +42,7 @@ def _error(exc: BaseException) -> tuple[str, str, str]:
 
 def _serve(conn, factory, args, threads) -> None:
     """The worker process: build the worker, then answer calls until told to stop or the pipe closes."""
+    ignore_stop_signals()  # a Ctrl-C to the process group is the driver's to act on: it stops this process
     if threads:
         import torch
 
@@ -123,7 +125,7 @@ class ProcessActor(QueuedActor):
             self._conn.send(None)
         self._process.join(timeout=10)
         if self._process.is_alive():
-            self._process.terminate()
+            self._process.kill()  # it ignores SIGTERM (ignore_stop_signals)
 
     def _receive(self) -> None:
         while True:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from oprl.backends.base import make_backend
+from oprl.backends.failure import StopSignals
 from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import make_buffer
 from oprl.buffer.store import STORE_DIRNAME, ExperienceStore
@@ -172,7 +173,8 @@ def run(config: RunConfig, log=print) -> RunSummary:
                 return _evaluate_only(config, run_dir, checkpoint, started, log)
             if not config.resume:
                 save_config(config, run_dir / "config.yaml")
-            _run_workers(config, run_dir, log)
+            with StopSignals():  # SIGTERM and SIGINT stop the run the same way (oprl.backends.failure)
+                _run_workers(config, run_dir, log)
             return _finish(config, run_dir, started)
     finally:
         lock.release()
