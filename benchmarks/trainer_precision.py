@@ -8,7 +8,7 @@ by float32's time *in the same round*, next to each setting's fastest step. The 
 shape: ``--groups`` prompts x ``--group-size`` responses of ``--response`` tokens (random ids; prompts of
 ``--prompt`` ids), behaviour log-probs from the float32 model (step 1 on-policy), GRPO, micro-batches of
 ``--micro-batch`` rows, ``--threads`` torch threads. This is the trainer half of ``benchmarks/grpo_step.py``'s
-step (docs/performance.md section 8), without the sampler, whose time on a shared machine swamps the
+step (docs/performance.md section 10), without the sampler, whose time on a shared machine swamps the
 trainer's differences.
 
     flock /tmp/oprl-bench.lock python benchmarks/trainer_precision.py --rounds 4 --json out.json
