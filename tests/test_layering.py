@@ -30,10 +30,10 @@ ALLOWED = {
     # What every worker shares: its clock, the sampling lock, loading a model and an engine.
     "worker": {"worker", "config", "models", "rollout", "messages"},
     # The roles. Each may use the layers below it; none imports the orchestration (oprl.runtime).
-    # TODO(#23): backends <-> trainer (rank placement) and checkpoint <-> trainer (DCP loading) are cut next.
-    "backends": {"backends", "config", "errors", "messages", "trainer"},
+    # Backends place workers and rank groups; they know nothing of what the workers do.
+    "backends": {"backends", "config", "errors", "messages"},
     "buffer": {"buffer", "config", "errors", "io", "messages"},
-    "checkpoint": {"checkpoint", "backends", "buffer", "config", "errors", "io", "metrics", "runtime", "trainer"},
+    "checkpoint": {"checkpoint", "backends", "buffer", "config", "errors", "io", "metrics"},
     "explorer": {"explorer", "checkpoint", "config", "errors", "messages", "models", "schedule", "tasks", "worker"},
     "trainer": {
         "trainer",
@@ -110,8 +110,53 @@ def test_algorithms_import_only_torch_and_stdlib():
 
 def test_only_cli_and_runtime_reach_into_runtime():
     for path in SRC.rglob("*.py"):
-        if layer_of(path) in ALLOWED and layer_of(path) != "checkpoint":  # TODO(#23): resume -> synchronizer
+        if layer_of(path) in ALLOWED:
             assert not any(n.startswith("oprl.runtime") for n in imports_of(path)), path
+
+
+def package_graph(root: Path = SRC) -> dict[str, set[str]]:
+    """``layer -> layers it imports`` over every module of oprl (imports inside functions included)."""
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        layer = layer_of(path) if path.parent != root or path.name != "__init__.py" else "oprl"
+        targets = {name.split(".")[1] for name in imports_of(path, root) if name.startswith("oprl.")}
+        graph.setdefault(layer, set()).update(targets - {layer})
+    return graph
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path ``[a, b, ..., a]``, or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_package_import_graph_has_no_cycle():
+    """Folders (and top-level modules) form a DAG: no role reaches back into one that imports it."""
+    graph = package_graph()
+    assert {"runtime", "trainer", "explorer", "backends", "checkpoint"} <= set(graph)
+    assert cycle_in(graph) is None, " -> ".join(cycle_in(graph) or [])
+
+
+def test_cycle_in_finds_a_cycle():
+    assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle_in({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
 def test_only_the_ray_backend_imports_ray():

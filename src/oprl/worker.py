@@ -17,6 +17,7 @@ draws from it too). Training draws only from its own seeded generator, so it run
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -31,6 +32,12 @@ if TYPE_CHECKING:
     from oprl.config import RunConfig  # annotations only: FlatWeights travels where pydantic is absent
 
 SAMPLING_LOCK = threading.RLock()
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows; all
+    cores where the platform has no affinity)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class Clock:

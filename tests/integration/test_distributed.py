@@ -18,7 +18,7 @@ import torch
 from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.trainer.ranks import SHARDS, ShardedTrainer, check_trainer_config
+from oprl.trainer.ranks import SHARDS, ShardedTrainer, check_trainer_config, rank_threads
 from oprl.trainer.trainer import TrainerWorker
 from trainer_helpers import make_batch
 
@@ -165,7 +165,10 @@ def test_ray_ranks_on_two_nodes_match_local_ranks(tiny_path):
     cluster.add_node(num_cpus=1)  # two logical nodes of one CPU each: one bundle (rank) per node
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     try:
-        trainer = ShardedTrainer(config.model_copy(update={"backend": "ray"}), tiny_path)
+        from oprl.backends.ray_backend import RayRanks
+
+        ray_config = config.model_copy(update={"backend": "ray"})
+        trainer = ShardedTrainer(ray_config, tiny_path, RayRanks(rank_threads(config)))
         try:
             nodes = ray.get([r.handle.call.remote("node") for r in trainer.ranks])
             assert len(set(nodes)) == 2
@@ -257,7 +260,7 @@ def test_sharded_checkpoint_resumes_at_another_world_size(tiny_path, tmp_path):
     finally:
         one.stop()
     # mode=eval reads the shards into an ordinary model (no process group).
-    from oprl.trainer.distributed import load_full_weights
+    from oprl.checkpoint.files import load_full_weights
     from oprl.worker import load_model
 
     model, _ = load_model(config, tiny_path)

@@ -185,22 +185,3 @@ def test_lean_engine_samples_through_a_lora_wrapper(policy):
         lean.response_ids
         == HFGenerateEngine(wrapped, tokenizer, max_new_tokens=6).generate(prompts, seed=1).response_ids
     )
-
-
-@pytest.mark.parametrize("Engine", [LeanEngine, HFGenerateEngine])  # vLLM checks lengths itself
-def test_inputs_larger_than_the_model_are_refused_before_sampling(policy, Engine):
-    """Issue 25, item 7: a 6,005-token prompt on a 128-position model ran silently with lean and hf-generate;
-    max_new_tokens=1e8 and group_size=100000 tried to allocate 16 GB and 3.7 GB before any check."""
-    from oprl.errors import OprlError
-
-    model, tokenizer = policy
-    context = model.config.max_position_embeddings
-    with pytest.raises(OprlError, match=rf"rollout.max_new_tokens=100000000 does not fit .* context of {context}"):
-        Engine(model, tokenizer, max_new_tokens=100_000_000)
-    engine = Engine(model, tokenizer, max_new_tokens=8)
-    too_long = [[5] * (context - 4)]
-    with pytest.raises(OprlError, match=rf"a prompt of {context - 4} tokens \+ rollout.max_new_tokens=8 exceeds"):
-        engine.generate(too_long, seed=0)
-    huge = [[5] * 16] * 10_000_000  # one prompt referenced 10M times: 80 MB of list; 230 GiB of cache
-    with pytest.raises(OprlError, match=r"sampling 10000000 rows .* GiB of key/value cache, more than"):
-        engine.generate(huge, seed=0)

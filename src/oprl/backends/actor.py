@@ -1,11 +1,13 @@
 """The driver's side of an actor that a queue feeds: shared by local threads and local processes.
 
 Kept apart from both implementations so neither imports the other (``local`` starts ``processes`` lazily).
+Also the one free-port helper the rank launchers of every backend use to pick a rendezvous address.
 """
 
 from __future__ import annotations
 
 import queue
+import socket
 from concurrent.futures import Future
 
 
@@ -28,3 +30,10 @@ class QueuedActor:
         """Cancel the calls not yet started; the worker ends after its running call (``join`` waits for it)."""
         self._stopping = True
         self._inbox.put(None)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for torch.distributed's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

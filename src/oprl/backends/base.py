@@ -14,6 +14,8 @@ through the driver.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
 
 from oprl.config import RunConfig
@@ -31,15 +33,46 @@ class Actor(Protocol):
         ...
 
 
+class Rank(Protocol):
+    """One rank of a group (``trainer.sharding``), as its front holds it: calls return ``concurrent.futures``."""
+
+    ready: Future
+    """Done once the rank's worker is built."""
+
+    def call(self, method: str, *args: Any) -> Future: ...
+
+    def rendezvous(self) -> Future:
+        """``host:port`` the group meets at (asked of rank 0, on its node)."""
+        ...
+
+    def kill(self) -> None: ...
+
+
+class RankLauncher(Protocol):
+    """How a backend places a group of ranks (``processes.LocalRanks``, ``ray_backend.RayRanks``)."""
+
+    def __call__(self, name: str, factory: Callable[..., Any], args_per_rank: list[tuple]) -> Sequence[Rank]:
+        """Rank ``r`` builds ``factory(*args_per_rank[r])`` in a process of its own."""
+        ...
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str
     cpu_snapshots: bool
     """Whether weights snapshots must be CPU copies (they leave the process)."""
 
-    def start(self, name: str, factory, *args: Any, threads: int | None = None, compute: bool = True) -> Actor:
+    def start(
+        self, name: str, factory, *args: Any, threads: int | None = None, compute: bool = True, gpus: float = 0.0
+    ) -> Actor:
         """Build ``factory(*args)`` in a worker of its own (with ``threads`` torch intra-op threads; ``compute``
-        false for a worker that only moves data: the buffer)."""
+        false for a worker that only moves data: the buffer; ``gpus`` the GPUs it requests where the backend
+        places by resources: Ray; local workers see every GPU)."""
+        ...
+
+    def rank_launcher(self, threads: int | None = None, gpus: float = 0.0) -> RankLauncher:
+        """How this backend places a group of ranks (``trainer.sharding``): a picklable launcher the
+        trainer's front calls where it runs (``threads`` intra-op threads, ``gpus`` GPUs per rank)."""
         ...
 
     def wait_ready(self, actor: Any) -> None:

@@ -102,6 +102,12 @@ class LocalBackend:
         future.set_result(value)
         return future
 
+    def rank_launcher(self, threads: int | None = None, gpus: float = 0.0):
+        """Trainer ranks as spawned processes of this machine (``processes.LocalRanks``)."""
+        from oprl.backends.processes import LocalRanks
+
+        return LocalRanks(threads, gpus)
+
     def describe(self, exc: BaseException) -> str:
         from oprl.backends.processes import RemoteError
 

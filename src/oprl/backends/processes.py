@@ -8,6 +8,9 @@ receiver thread sets the futures from the replies. Arguments and results are pic
 tensors through shared memory, as ``torch.multiprocessing`` arranges). Errors come back as ``RemoteError``
 with the original type name; a process that dies fails every pending call.
 
+``LocalRanks`` is the local backend's rank launcher: a group of ranks (``oprl.trainer.ranks.TrainerRank``)
+as processes of this machine that meet at a free port of 127.0.0.1 (no torchrun).
+
 Deliberately not here: more than one machine (use backend=ray).
 """
 
@@ -20,8 +23,9 @@ import queue
 import threading
 import traceback
 from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass
 
-from oprl.backends.actor import QueuedActor
+from oprl.backends.actor import QueuedActor, free_port
 from oprl.backends.failure import ignore_stop_signals
 
 
@@ -158,3 +162,34 @@ class ProcessActor(QueuedActor):
                 if not future.done():
                     future.set_exception(exc)
         self._pending.clear()
+
+
+class LocalRank:
+    """A rank in a spawned process of this machine (the ``base.Rank`` protocol)."""
+
+    def __init__(self, name: str, factory, args: tuple, threads: int | None):
+        self.actor = ProcessActor(name, factory, args, threads)
+        self.ready = self.actor.ready
+
+    def call(self, method: str, *args) -> Future:
+        return self.actor.call(method, *args)
+
+    def rendezvous(self) -> Future:
+        future: Future = Future()
+        future.set_result(f"127.0.0.1:{free_port()}")  # every rank is on this machine
+        return future
+
+    def kill(self) -> None:
+        self.actor.terminate()
+
+
+@dataclass(frozen=True)
+class LocalRanks:
+    """``backend=local``'s rank launcher (``base.RankLauncher``): one spawned process per rank, ``threads``
+    torch intra-op threads each; ``gpus`` is Ray's request (local ranks see every GPU and pick by rank)."""
+
+    threads: int | None = None
+    gpus: float = 0.0
+
+    def __call__(self, name: str, factory, args_per_rank: list[tuple]) -> list[LocalRank]:
+        return [LocalRank(f"{name}{r}", factory, args, self.threads) for r, args in enumerate(args_per_rank)]

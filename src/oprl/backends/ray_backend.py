@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 
 import ray
 
+from oprl.backends.actor import free_port
 from oprl.errors import OprlError
 
 
@@ -101,6 +103,10 @@ class RayBackend:
             return "its process died (RayActorError)"
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
+    def rank_launcher(self, threads: int | None = None, gpus: float = 0.0) -> RayRanks:
+        """Trainer ranks as Ray actors in one placement group (see ``RayRanks``)."""
+        return RayRanks(threads, gpus)
+
     def shutdown(self, actors) -> None:
         for actor in actors:
             ray.kill(actor.handle)
@@ -109,21 +115,17 @@ class RayBackend:
 
 
 class _RankHost:
-    """Actor body of one trainer rank (``oprl.trainer.ranks.TrainerRank``)."""
+    """Actor body of one rank of a group: builds ``factory(*args)`` and forwards calls to it."""
 
-    def __init__(self, config, model_path: str, rank: int, size: int):
-        from oprl.trainer.ranks import TrainerRank
-
-        if config.runtime.torch_threads:
+    def __init__(self, factory, args: tuple, threads: int | None):
+        if threads:
             import torch
 
-            torch.set_num_threads(config.runtime.torch_threads)
-        self.rank = TrainerRank(config, model_path, rank, size)
+            torch.set_num_threads(threads)
+        self.rank = factory(*args)
 
     def rendezvous(self) -> str:
         """``node-ip:port`` for the group to meet at (asked of rank 0)."""
-        from oprl.trainer.ranks import free_port
-
         return f"{ray.util.get_node_ip_address()}:{free_port()}"
 
     def call(self, method: str, *args):
@@ -133,7 +135,7 @@ class _RankHost:
 
 
 class _RayRank:
-    """A trainer rank as a Ray actor; calls come back as ``concurrent.futures`` futures."""
+    """A rank as a Ray actor (the ``base.Rank`` protocol); calls come back as ``concurrent.futures`` futures."""
 
     def __init__(self, handle, group):
         self.handle, self.group = handle, group
@@ -151,32 +153,38 @@ class _RayRank:
             ray.util.remove_placement_group(self.group)
 
 
-def trainer_ranks(config, model_path: str, size: int) -> list[_RayRank]:
-    """``size`` trainer ranks as actors in one placement group: a bundle of 1 CPU (+
-    ``runtime.gpus_per_trainer_rank`` GPUs) per rank, packed onto as few nodes as fit."""
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+@dataclass(frozen=True)
+class RayRanks:
+    """``backend=ray``'s rank launcher (``base.RankLauncher``): the ranks as actors in one placement group, a
+    bundle of 1 CPU (+ ``gpus`` GPUs) per rank, packed onto as few nodes as fit."""
 
-    gpus = config.runtime.gpus_per_trainer_rank
-    bundle = {"CPU": 1.0} | ({"GPU": gpus} if gpus > 0 else {})
-    group = placement_group([bundle] * size, strategy="PACK")
-    if not group.wait(timeout_seconds=120):
-        ray.util.remove_placement_group(group)
-        raise OprlError(
-            f"trainer.world_size={size}: the Ray cluster has no room for {size} bundles of {bundle} "
-            f"(it has {ray.cluster_resources()})"
-        )
-    host = ray.remote(_RankHost)
-    return [
-        _RayRank(
-            host.options(
-                num_cpus=1.0,
-                num_gpus=gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=rank
-                ),
-            ).remote(config, model_path, rank, size),
-            group,
-        )
-        for rank in range(size)
-    ]
+    threads: int | None = None
+    gpus: float = 0.0
+
+    def __call__(self, name: str, factory, args_per_rank: list[tuple]) -> list[_RayRank]:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        size = len(args_per_rank)
+        bundle = {"CPU": 1.0} | ({"GPU": self.gpus} if self.gpus > 0 else {})
+        group = placement_group([bundle] * size, strategy="PACK")
+        if not group.wait(timeout_seconds=120):
+            ray.util.remove_placement_group(group)
+            raise OprlError(
+                f"trainer.world_size={size}: the Ray cluster has no room for {size} bundles of {bundle} "
+                f"(it has {ray.cluster_resources()})"
+            )
+        host = ray.remote(_RankHost)
+        return [
+            _RayRank(
+                host.options(
+                    num_cpus=1.0,
+                    num_gpus=self.gpus,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=group, placement_group_bundle_index=rank
+                    ),
+                ).remote(factory, args, self.threads),
+                group,
+            )
+            for rank, args in enumerate(args_per_rank)
+        ]

@@ -4,7 +4,9 @@ A checkpoint is ``<run_dir>/checkpoints/step-NNNNNN/``, assembled under a tempor
 complete, so a ``kill -9`` leaves either a whole checkpoint or none. Inside:
 
 - ``trainer/model.safetensors`` (every weight, ``safetensors.torch.save_model``), ``trainer/optimizer.*``
-  (tensors in safetensors, the rest in JSON), ``trainer/rng.safetensors``, ``trainer/trainer.json``;
+  (tensors in safetensors, the rest in JSON), ``trainer/rng.safetensors``, ``trainer/trainer.json``; with
+  ``trainer.sharding`` ddp/fsdp the ranks' ``torch.distributed.checkpoint`` shards in ``trainer/dcp/`` in place
+  of model and optimizer (``load_full_weights`` assembles them into one unsharded model for mode=eval);
 - ``buffer/`` (``ExperienceBuffer.save``: unconsumed batches and the replay pool, parquet + JSON);
 - ``weights/version-N.safetensors``: older policy versions still needed by batches not generated yet;
 - ``state.json``: the step, the explorer position, the versions above;
@@ -35,6 +37,8 @@ from oprl.errors import OprlError
 from oprl.io import atomic_write_text, commit_dir, named
 
 CHECKPOINTS = "checkpoints"
+SHARDS = "dcp"
+"""Directory (inside a checkpoint's ``trainer/``) of the ``torch.distributed.checkpoint`` shards."""
 NOTHING_DELETED = "nothing was deleted; resume=restart runs it again from step 0 (deleting its rows and experiences)"
 _STEP_DIR = re.compile(r"step-(\d+)")
 
@@ -237,10 +241,19 @@ def loading(path: Path):
 def load_checkpoint_weights(model, checkpoint: str | Path) -> int:
     """Load a checkpoint's trainer weights into ``model`` (mode=eval); returns its step."""
     root = Path(checkpoint)
-    if (root / "trainer" / "dcp").is_dir():  # written by trainer.sharding=ddp|fsdp ranks
-        from oprl.trainer.distributed import load_full_weights
-
-        load_full_weights(model, root / "trainer" / "dcp")
+    if (root / "trainer" / SHARDS).is_dir():  # written by trainer.sharding=ddp|fsdp ranks
+        load_full_weights(model, root / "trainer" / SHARDS)
     else:
         load_model(model, str(root / "trainer" / "model.safetensors"))
     return read_json(root / "state.json")["step"]
+
+
+def load_full_weights(model: torch.nn.Module, directory: Path) -> None:
+    """The weights of a ``save_sharded`` checkpoint into an ordinary (unsharded) ``model``, in this one process
+    (mode=eval): DCP assembles every tensor from the ranks' shards, whatever their number."""
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    # Tied weights (lm_head = embed_tokens) may be saved under one name only; each storage is loaded once.
+    state = {k: v for k, v in model.state_dict().items() if f"model.{k}" in saved}
+    dcp.load({"model": state}, checkpoint_id=str(directory), no_dist=True)

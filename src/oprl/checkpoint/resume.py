@@ -9,6 +9,10 @@ staging directory (verified, synced, renamed). So a resumed run never loses or r
 failure the driver asks for one last checkpoint of the last completed step (``after_failure``), unless the
 trainer or the buffer failed (``abandon``: the last committed checkpoint stands).
 
+``run`` calls two functions of this module: ``open_run`` (lock the run directory, the config the run goes
+on with, saved for a new run, and what a resume or an evaluation will load) before any worker starts, and
+``restore`` (load that into the started workers) once they are ready.
+
 Resuming (``resume=true``): ``lock_run_dir`` holds the run directory and merges the given keys into the
 saved config (only keys that do not change what is computed may differ: ``RESUMABLE_CHANGES``), ``prepare``
 lists the checkpoints that verify and whose every file parses (``oprl.checkpoint.contents``), changing
@@ -25,11 +29,12 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import yaml
 
 from oprl.backends.failure import WorkerFailure
-from oprl.buffer.store import ExperienceStore
+from oprl.buffer.store import STORE_DIRNAME, ExperienceStore
 from oprl.checkpoint import files as ckpt
 from oprl.checkpoint import manifest, rundir, storedir
 from oprl.checkpoint.manifest import CheckpointError
@@ -37,7 +42,17 @@ from oprl.config import RunConfig, resolve_algorithm, save_config
 from oprl.errors import OprlError
 from oprl.io import commit_dir
 from oprl.metrics import read_metrics
-from oprl.runtime.synchronizer import Synchronizer
+
+
+class Versions(Protocol):
+    """What ``restore`` needs of the run's synchronizer (``oprl.runtime.synchronizer.Synchronizer``)."""
+
+    snapshots: dict[int, Any]
+
+    def publish(self, version: int, snapshot: Any) -> None: ...
+
+    def scheduled_version(self, batch: int) -> int: ...
+
 
 # Keys that may change when resuming: they do not alter what is computed (docs/runtime.md, config ``resume``).
 RESUMABLE_CHANGES = (
@@ -185,6 +200,48 @@ def resume_hint(checkpoint: Path | None) -> str:
     return f"; checkpoint of step {step} in {checkpoint} (continue with resume=true)"
 
 
+# -- opening the run directory -----------------------------------------------------------------------
+@dataclass
+class OpenRun:
+    """The run directory held for this process, and what the run starts from."""
+
+    lock: rundir.RunLock
+    run_dir: Path
+    config: RunConfig
+    """The config the run goes on with (a resumed run's saved one with the resumable keys given)."""
+    store_dir: str | None
+    """Where the experience store is (None: the run keeps none)."""
+    resumption: Resumption | None = None
+    """The checkpoints a resume may load (``restore``); None for a new run and for mode=explore."""
+    eval_checkpoint: Path | None = None
+    """mode=eval: the checkpoint whose weights are evaluated (None: ``model.path``)."""
+
+
+def store_dir(config: RunConfig, run_dir: Path) -> str | None:
+    """The run's experience store: ``buffer.path``, else ``<run_dir>/experiences`` (none in mode=offline, nor
+    in mode=both without ``buffer.persist``)."""
+    if config.mode == "offline" or (config.mode == "both" and not config.buffer.persist):
+        return None
+    return config.buffer.path or str(run_dir / STORE_DIRNAME)
+
+
+def open_run(config: RunConfig, run_dir: Path, log=print) -> OpenRun:
+    """Hold ``run_dir`` (``lock_run_dir``), save a new run's config, and find what it starts from: the
+    checkpoint ``eval.checkpoint`` names (mode=eval), the checkpoints a resume may load (``prepare``). On
+    an error the lock is released and nothing of a resumed run has changed."""
+    checkpoint = eval_checkpoint(config) if config.mode == "eval" else None
+    lock, config = lock_run_dir(config, run_dir)
+    try:
+        store = store_dir(config, run_dir)
+        if not config.resume:
+            save_config(config, run_dir / "config.yaml")
+            return OpenRun(lock, run_dir, config, store, eval_checkpoint=checkpoint)
+        return OpenRun(lock, run_dir, config, store, resumption=prepare(config, run_dir, store, log))
+    except BaseException:
+        lock.release()
+        raise
+
+
 # -- resuming ---------------------------------------------------------------------------------------------
 def lock_run_dir(config: RunConfig, run_dir: Path) -> tuple[rundir.RunLock, RunConfig]:
     """Hold ``run_dir`` for this process (see ``rundir``) and the config the run goes on with: the given one
@@ -312,7 +369,7 @@ def _save_resumed_config(config: RunConfig, run_dir: Path) -> None:
     save_config(config.model_copy(update={"resume": False}), run_dir / "config.yaml")
 
 
-def restore(plan: Resumption, backend, trainer, buffer, sync: Synchronizer, log=print) -> tuple[int, list[int]]:
+def restore(plan: Resumption, backend, trainer, buffer, sync: Versions, log=print) -> tuple[int, list[int]]:
     """Load the newest loadable checkpoint of ``plan`` into the trainer, the buffer, the synchronizer (the old
     versions still needed) and this process's RNG, and only then cut ``metrics.jsonl`` and the store back
     to it (batches generated after it are made again); returns ``(step, fresh batches the buffer holds)``:
@@ -354,7 +411,7 @@ def _cut_back(plan: Resumption, state: dict) -> None:
         store.discard([b for b in store.batches() if b > max(state["step"], 0) and b not in state["ready"]])
 
 
-def check_versions_available(checkpoint: Path, sync: Synchronizer, pending: list[int], step: int) -> None:
+def check_versions_available(checkpoint: Path, sync: Versions, pending: list[int], step: int) -> None:
     """A checkpoint holds the old versions its own run still needed; a longer run may need more."""
     missing = [b for b in pending if step > sync.scheduled_version(b) not in sync.snapshots]
     if missing:

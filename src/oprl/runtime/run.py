@@ -13,7 +13,6 @@ Run it: ``oprl train`` (CPU default), ``oprl train sync.offset=1`` (overlapped),
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,9 +25,9 @@ from oprl.backends.base import make_backend
 from oprl.backends.failure import StopSignals
 from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import make_buffer
-from oprl.buffer.store import STORE_DIRNAME, ExperienceStore
+from oprl.buffer.store import ExperienceStore
 from oprl.checkpoint import resume, rundir, storedir
-from oprl.config import RunConfig, save_config
+from oprl.config import RunConfig
 from oprl.errors import OprlError
 from oprl.explorer.evaluate import Evaluator
 from oprl.explorer.explorer import ExplorerWorker
@@ -45,9 +44,10 @@ from oprl.tasks import build_task
 from oprl.tasks.workers import LOG_NAME as WORKER_LOG
 from oprl.tasks.workers import worker_log
 from oprl.trackers import start_trackers
-from oprl.trainer.ranks import ShardedTrainer, check_trainer_config
+from oprl.trainer.ranks import ShardedTrainer, check_trainer_config, rank_threads
 from oprl.trainer.trainer import TrainerWorker
 from oprl.trainer.warmstart import length_warning, wants_warm_start, warm_started_model
+from oprl.worker import available_cores
 
 
 @dataclass
@@ -106,8 +106,7 @@ def worker_threads(config: RunConfig) -> int:
     in every mode, so that explore + train and eval reproduce a ``both`` run's numbers bit for bit."""
     if config.runtime.torch_threads:
         return config.runtime.torch_threads
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // (config.runtime.explorers + 1))
+    return max(1, available_cores() // (config.runtime.explorers + 1))
 
 
 def model_path(config: RunConfig, task, log=print) -> str:
@@ -164,23 +163,21 @@ def run(config: RunConfig, log=print) -> RunSummary:
     started = time.perf_counter()
     quiet_transformers()
     torch.manual_seed(config.seed)
-    checkpoint = resume.eval_checkpoint(config) if config.mode == "eval" else None
     run_dir = make_run_dir(config)
-    lock, config = resume.lock_run_dir(config, run_dir)
+    opened = resume.open_run(config, run_dir, log=log)
     try:
         with worker_log(run_dir / WORKER_LOG):  # reward and answer-checking workers print there
-            if config.mode == "eval":
-                return _evaluate_only(config, run_dir, checkpoint, started, log)
-            if not config.resume:
-                save_config(config, run_dir / "config.yaml")
+            if opened.config.mode == "eval":
+                return _evaluate_only(opened.config, run_dir, opened.eval_checkpoint, started, log)
             with StopSignals():  # SIGTERM and SIGINT stop the run the same way (oprl.backends.failure)
-                _run_workers(config, run_dir, log)
-            return _finish(config, run_dir, started)
+                _run_workers(opened, run_dir, log)
+            return _finish(opened.config, run_dir, started)
     finally:
-        lock.release()
+        opened.lock.release()
 
 
-def _run_workers(config: RunConfig, run_dir: Path, log) -> None:
+def _run_workers(opened: resume.OpenRun, run_dir: Path, log) -> None:
+    config = opened.config
     path = model_path(config, build_task(config.task), log=log)
     chosen = precision_line(config.trainer.autocast, config.rollout.dtype, resolve_device(config.model.device))
     if chosen:
@@ -188,7 +185,7 @@ def _run_workers(config: RunConfig, run_dir: Path, log) -> None:
     backend = make_backend(config)
     actors: list = []
     try:
-        session = _start(config, run_dir, path, backend, actors, log)
+        session = _start(opened, path, backend, actors, log)
         progress = RunProgress(
             config.steps,
             enabled=config.progress,
@@ -244,12 +241,11 @@ class Session:
     """Batches the buffer holds for later steps (restored from a checkpoint)."""
 
 
-def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list, log=print) -> Session:
+def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) -> Session:
     """Start the workers of ``config.mode``, restore a checkpoint when resuming."""
+    config, store_dir, run_dir = opened.config, opened.store_dir, opened.run_dir
     threads = worker_threads(config)
     use_trainer, use_explorers = config.mode in ("both", "offline"), config.mode in ("both", "explore")
-    store_dir = _store_dir(config, run_dir)
-    checkpoint = resume.prepare(config, run_dir, store_dir) if config.resume else None
     trainer = explorers = None
     if use_trainer:
         if config.trainer.sharding == "none":
@@ -263,7 +259,8 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list, l
                 gpus=config.runtime.gpus_per_trainer_rank,
             )
         else:  # the front only forwards calls; its rank processes compute
-            trainer = backend.start("trainer", ShardedTrainer, config, path, threads=threads, compute=False)
+            ranks = backend.rank_launcher(rank_threads(config), config.runtime.gpus_per_trainer_rank)
+            trainer = backend.start("trainer", ShardedTrainer, config, path, ranks, threads=threads, compute=False)
         actors.append(trainer)
     explorers = []
     if use_explorers:
@@ -293,9 +290,9 @@ def _start(config: RunConfig, run_dir: Path, path: str, backend, actors: list, l
         explorers=len(explorers),
     )
     start_step, ready = 0, list[int]()
-    if checkpoint is not None:
-        start_step, ready = resume.restore(checkpoint, backend, trainer, buffer, sync, log=log)
-        log(f"resuming {run_dir.name} from checkpoint {checkpoint.path} (step {start_step} of {config.steps})")
+    if opened.resumption is not None:
+        start_step, ready = resume.restore(opened.resumption, backend, trainer, buffer, sync, log=log)
+        log(f"resuming {run_dir.name} from checkpoint {opened.resumption.path} (step {start_step} of {config.steps})")
     if config.mode == "explore":
         done = set(ExperienceStore(store_dir).batches()) if store_dir else set()
         pending = [b for b in storedir.explore_batches(config, run_dir) if b not in done]
@@ -314,15 +311,8 @@ def _wait_ready(backend, actor) -> None:
         raise OprlError(f"{actor.name}: failed to start: {reason}") from exc
 
 
-def _store_dir(config: RunConfig, run_dir: Path) -> str | None:
-    if config.mode == "offline" or (config.mode == "both" and not config.buffer.persist):
-        return None
-    return config.buffer.path or str(run_dir / STORE_DIRNAME)
-
-
 def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, started: float, log) -> RunSummary:
     """mode=eval: one evaluation of model.path, or of a checkpoint's weights, in its own worker thread."""
-    save_config(config, run_dir / "config.yaml")
     path = model_path(config, build_task(config.task), log=log)
     backend = LocalBackend()
     worker = backend.start("evaluator", Evaluator, config, path, threads=worker_threads(config))

@@ -195,6 +195,12 @@ def verdict(ground_truth: str, response: str, *, think: bool = True) -> str:
     return MATCH if calls_match(calls, json.loads(ground_truth)) else MISMATCH
 
 
+def check_request(request: dict) -> dict:
+    """The verifier pool's ``tool-call`` checker (``oprl.tasks.verify.CHECKERS``): ``{"verdict": ...}`` of one
+    ``Job`` (``mode`` ``tool-call``, or ``tool-call-nothink`` without the think rules)."""
+    return {"verdict": verdict(str(request["gold"]), str(request["pred"]), think=request.get("mode") == "tool-call")}
+
+
 def reference_value(acceptable: list) -> Any:
     """One value a ground-truth argument accepts: the first of its acceptable values other than ``""``, with
     nested ``{key: [acceptable values]}`` specs (dict arguments, or elements of list ones) resolved the same

@@ -27,8 +27,14 @@ from oprl.errors import OprlError
 from oprl.tasks.workers import WorkerPool, fatal, serve, start_worker
 
 VERDICTS = ("match", "mismatch", "malformed", "timeout", "error")
-KINDS = ("math", "tool-call")
-"""Worker kinds: ``math`` imports math-verify at start-up; ``tool-call`` checks ``oprl.tasks.toolcall`` verdicts."""
+CHECKERS = {
+    "math": "oprl.tasks.verify:check_math",
+    "tool-call": "oprl.tasks.toolcall:check_request",
+}
+"""Worker kinds and the checker each answers requests with (``module:function``, request dict in, reply dict
+out), imported inside the worker process: the pool knows no checker's module, so a task adds a kind here
+without this module importing it. ``math`` also imports math-verify at start-up (missing: one fatal line)."""
+KINDS = tuple(CHECKERS)
 # The worker's address-space limit: sympy on a pathological input can allocate without bound before the
 # timeout fires; 2 GiB is far above what honest answers need (~200 MB with the imports).
 WORKER_MEMORY_MB = 2048
@@ -128,16 +134,14 @@ def _verify_pair(gold: str, pred: str, mode: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
-def _check_request(request: dict) -> dict:
+def check_math(request: dict) -> dict:
+    """The ``math`` checker: ``{"match": bool}`` for one ``Job`` (``mode`` plain or latex)."""
     gold, pred, mode = str(request["gold"]), str(request["pred"]), request.get("mode", "plain")
-    if mode.startswith("tool-call"):
-        from oprl.tasks.toolcall import verdict
-
-        return {"verdict": verdict(gold, pred, think=mode == "tool-call")}
     return {"match": _verify_pair(gold, pred, mode)}
 
 
 def _worker_main(kind: str = "math") -> None:
+    import importlib
     import logging
 
     memory_mb = start_worker()
@@ -147,7 +151,8 @@ def _worker_main(kind: str = "math") -> None:
             import math_verify  # noqa: F401
         except ImportError as exc:
             return fatal(f"math-verify is not installed ({exc})")
-    serve(_check_request, memory_mb=memory_mb)
+    module, _, name = CHECKERS[kind].partition(":")
+    serve(getattr(importlib.import_module(module), name), memory_mb=memory_mb)
 
 
 if __name__ == "__main__":

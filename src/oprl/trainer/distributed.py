@@ -318,14 +318,3 @@ def load_sharded(model: torch.nn.Module, optimizer, directory: Path) -> None:
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(directory))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-
-
-def load_full_weights(model: torch.nn.Module, directory: Path) -> None:
-    """The weights of a ``save_sharded`` checkpoint into an ordinary (unsharded) ``model``, in this one process
-    (mode=eval): DCP assembles every tensor from the ranks' shards, whatever their number."""
-    import torch.distributed.checkpoint as dcp
-
-    saved = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
-    # Tied weights (lm_head = embed_tokens) may be saved under one name only; each storage is loaded once.
-    state = {k: v for k, v in model.state_dict().items() if f"model.{k}" in saved}
-    dcp.load({"model": state}, checkpoint_id=str(directory), no_dist=True)

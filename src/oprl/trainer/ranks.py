@@ -6,8 +6,9 @@ each is a collective. Rank 0 answers (metrics, the gathered ``FlatWeights``); a 
 the others and the call raises one line naming it (``trainer rank 1 ...``), which the driver reports like any
 worker failure.
 
-Placement: ``backend=local`` spawns each rank as a process of this machine (``processes.ProcessActor``; no
-torchrun); ``backend=ray`` creates each rank as a Ray actor in one placement group (one bundle per rank,
+Placement is the backend's (``Backend.rank_launcher``, handed to the front by ``run``): ``backend=local``
+spawns each rank as a process of this machine (``processes.LocalRanks``; no torchrun); ``backend=ray``
+creates each rank as a Ray actor in one placement group (``ray_backend.RayRanks``: one bundle per rank,
 ``runtime.gpus_per_trainer_rank`` GPUs each) and meets at rank 0's node address. A Ray cluster needs the run
 directory on a filesystem every node sees: rank 0 writes ``final/``, every rank its checkpoint shard.
 
@@ -17,19 +18,18 @@ gathered weights (the same memory an explorer holds).
 
 from __future__ import annotations
 
-import socket
 from concurrent.futures import FIRST_EXCEPTION, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from oprl.checkpoint.files import load_rng, read_json, save_rng, write_json
+from oprl.checkpoint.files import SHARDS, load_rng, read_json, save_rng, write_json
 from oprl.errors import OprlError
 from oprl.trainer.distributed import DataParallel, gather_weights, init_process_group, load_sharded, save_sharded
 
-SHARDS = "dcp"
-"""Directory (inside a checkpoint's ``trainer/``) of the ``torch.distributed.checkpoint`` shards."""
+if TYPE_CHECKING:
+    from oprl.backends.base import RankLauncher
 
 
 def check_trainer_config(config, gpus: int | None = None) -> None:
@@ -73,10 +73,12 @@ def process_memory(pid: int | str = "self") -> dict[str, float]:
     return {"peak_rss_gib": fields["VmHWM"], "rss_gib": fields["VmRSS"]}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def rank_threads(config) -> int:
+    """torch intra-op threads per rank: configured, else the cores shared by the ranks and the explorers."""
+    from oprl.worker import available_cores
+
+    size = config.trainer.world_size
+    return config.runtime.torch_threads or max(1, available_cores() // (size + config.runtime.explorers))
 
 
 class TrainerRank:
@@ -202,17 +204,16 @@ class TrainerRank:
 class ShardedTrainer:
     """The trainer worker of a run with ``trainer.sharding`` ddp/fsdp: fans every call out to the ranks."""
 
-    def __init__(self, config, model_path: str, cpu_snapshots: bool = True):
+    def __init__(self, config, model_path: str, launch: RankLauncher | None = None):
+        """``launch``: the backend's rank launcher (``Backend.rank_launcher``); local processes by default."""
+        from oprl.backends.processes import LocalRanks
         from oprl.worker import Clock
 
         self.clock = Clock()
         self.version = 0
         size = config.trainer.world_size
-        if config.backend == "ray":
-            from oprl.backends.ray_backend import trainer_ranks as launch
-        else:
-            launch = _local_ranks
-        self.ranks = launch(config, model_path, size)
+        launcher: RankLauncher = launch or LocalRanks(rank_threads(config))
+        self.ranks = list(launcher("trainer-rank", TrainerRank, [(config, model_path, r, size) for r in range(size)]))
         try:
             self._all("ready", "while starting", [r.ready for r in self.ranks])
             address = self._all("rendezvous", "while starting", [self.ranks[0].rendezvous()])[0]
@@ -275,33 +276,3 @@ class ShardedTrainer:
     def memory(self) -> list[dict[str, Any]]:
         """``TrainerRank.memory`` of every rank, in rank order."""
         return self._all("memory", "while reading its memory")
-
-
-class _LocalRank:
-    """A rank in a spawned process of this machine."""
-
-    def __init__(self, config, model_path: str, rank: int, size: int, threads: int | None):
-        from oprl.backends.processes import ProcessActor
-
-        self.actor = ProcessActor(f"trainer-rank{rank}", TrainerRank, (config, model_path, rank, size), threads)
-        self.ready = self.actor.ready
-
-    def call(self, method: str, *args):
-        return self.actor.call(method, *args)
-
-    def rendezvous(self):
-        from concurrent.futures import Future
-
-        future: Future = Future()
-        future.set_result(f"127.0.0.1:{free_port()}")  # every rank is on this machine
-        return future
-
-    def kill(self) -> None:
-        self.actor.terminate()
-
-
-def _local_ranks(config, model_path: str, size: int) -> list:
-    import os
-
-    threads = config.runtime.torch_threads or max(1, (os.cpu_count() or 1) // (size + config.runtime.explorers))
-    return [_LocalRank(config, model_path, rank, size, threads) for rank in range(size)]
