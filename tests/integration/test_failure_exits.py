@@ -135,7 +135,7 @@ def test_disk_full_during_a_checkpoint_exits_1_with_the_cause_never_an_abort(zyg
     full = {"match": "step-000002", "errno": 28}  # ENOSPC while the trainer writes checkpoint 2
     for code, output, run_dir in run([*base, "tensorboard=true"], full, tries=TRIES):
         assert code == 1, output
-        lines = output.strip().splitlines()
+        lines = error_lines(output)
         assert len(lines) == 1 and "terminate called" not in output, output
         assert "failed while checkpointing step 2" in lines[0]  # the trainer's or the buffer's part
         assert "No space left on device" in lines[0] and "step-000002" in lines[0]
@@ -151,7 +151,7 @@ def test_a_read_only_run_directory_reports_the_failed_store_write_never_an_abort
     )
     for code, output, _ in tries:
         assert code == 1, output
-        lines = output.strip().splitlines()
+        lines = error_lines(output)
         assert len(lines) == 1 and "terminate called" not in output, output
         assert "buffer failed" in lines[0] and "batch 2" in lines[0], lines[0]
         assert "PermissionError" in lines[0] and "batch-000002.parquet" in lines[0], lines[0]
@@ -168,15 +168,20 @@ def test_a_model_directory_with_garbage_weights_fails_in_one_line_never_an_abort
     (model / "model.safetensors").write_bytes(os.urandom(4096))
     for code, output, _ in run([*base, "tensorboard=true", f"model.path={model}"], tries=TRIES):
         assert code == 2, output  # a bad input, reported as one
-        lines = output.strip().splitlines()
+        lines = error_lines(output)
         assert len(lines) == 1 and "terminate called" not in output, output
         assert "failed to start: model.path: cannot load" in lines[0] and "SafetensorError" in lines[0], lines[0]
+
+
+def error_lines(output: str) -> list[str]:
+    """What a run printed besides its progress log lines (``INFO oprl:``, written when stderr is not a terminal)."""
+    return [line for line in output.strip().splitlines() if " INFO oprl: " not in line]
 
 
 def one_line_naming_a_file(code: int, output: str, run_dir: Path) -> str:
     """The run ended in one line naming a file of its run directory, its rows whole, no temporary left."""
     assert code in (1, 2), output
-    lines = output.strip().splitlines()
+    lines = error_lines(output)
     assert len(lines) == 1 and "Traceback" not in output and "terminate called" not in output, output
     assert str(run_dir) in lines[0], lines[0]
     if (run_dir / "metrics.jsonl").is_file():
