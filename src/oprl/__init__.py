@@ -2,12 +2,17 @@
 
 Use it from Python: ``run = oprl.train(steps=20)``, ``oprl.evaluate(checkpoint=run.run_dir)`` (docs/api.md).
 
-Layout (imports flow one way: cli -> api -> runtime -> {rollout, models, algorithms, tasks}):
+Layout (imports flow one way, no package cycle: tests/test_layering.py):
 - ``oprl.algorithms``: pure tensor math (advantages, policy losses, presets, the consistency surrogate).
 - ``oprl.tasks``: what to learn: the Task protocol, problem generators and reward functions.
 - ``oprl.models``: Hugging Face glue: the embedded tiny model, loading, log-prob computation.
-- ``oprl.rollout``: how samples are produced (Hugging Face ``generate``) with behaviour log-probs.
-- ``oprl.runtime``: where and when: experiences, the off-policy schedule, trainer, the training loop.
+- ``oprl.rollout``: how samples are produced (engines ``lean``, ``hf`` generate, ``vllm``) with behaviour
+  log-probs.
+- the roles: ``oprl.explorer`` (episodes, evaluation), ``oprl.trainer`` (trainer, ranks), ``oprl.buffer``,
+  ``oprl.checkpoint`` (files, resume), ``oprl.backends`` (threads, processes, Ray); ``oprl.messages`` is
+  what travels between them, ``oprl.schedule`` the lag rule.
+- ``oprl.runtime``: the orchestration: ``run`` wires the workers, the driver drives them, the synchronizer
+  hands weights to the explorers.
 """
 
 from __future__ import annotations

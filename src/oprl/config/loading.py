@@ -224,7 +224,7 @@ def _closest(name: str, valid) -> str:
 
 
 def describe_fields(model: type[BaseModel] = RunConfig, prefix: str = "", note: str = "") -> list[str]:
-    """``key (default): meaning`` lines for every leaf option, for ``--help-config``; the members of a tagged
+    """``key (default): meaning`` lines for every leaf option, for ``oprl config --help``; the members of a tagged
     union (the task section) are listed one after another, each line saying which member it belongs to."""
     lines = []
     for name, field in model.model_fields.items():

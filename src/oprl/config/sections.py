@@ -198,7 +198,8 @@ class AlgorithmConfig(_Section):
     tau: float | None = None
     """Temperature of the logavgexp baseline (> 0)."""
     clip_mode: ClipMode | None = None
-    """Token mask M: none, one-side (where PPO-clip has gradient), two-side, ring."""
+    """Token mask M: none, one-side (where PPO-clip has gradient), two-side, ring, mask (rho outside
+    [mask_low, mask_high] gets no gradient)."""
     weight: Weight | None = None
     """Per-token weight (detached): none (NoIS), importance-sampling (rho), truncated-is (min(rho, is_cap)),
     clipped-is (clip(rho, 1 - eps_low, 1 + eps_high), CISPO), advantage (exp(A/T), RED-Weight)."""

@@ -48,7 +48,7 @@ def evaluate(
                 tokenizer,
                 task,
                 problems[first : first + batch_size],
-                seed=seed + 1_000_003 * chunk,
+                seed=stream_seed(chunk, seed),  # chunks apart by stream_seed's constant (one home)
                 max_turns=max_turns,
                 max_tokens=max_episode_tokens,
                 temperature=temperature,

@@ -1,7 +1,7 @@
 """One run, end to end: check the config, prepare the run directory, start the workers, drive, report.
 
 ``run(config)`` dispatches on ``config.mode``: ``both`` (explorers + buffer + trainer), ``explore`` (explorers
-+ buffer writing the store), ``train`` (buffer reading a store + trainer), ``eval`` (one evaluation). The
++ buffer writing the store), ``offline`` (buffer reading a store + trainer), ``eval`` (one evaluation). The
 run directory receives the resolved config, ``metrics.jsonl``, tensorboard events, ``metrics.png``,
 ``summary.json``, ``workers.log`` (what reward workers print), ``experiences/`` (the store), ``checkpoints/``
 and the final model (``final/``, loadable with ``from_pretrained``). ``resume=true`` continues run

@@ -41,7 +41,7 @@ class ArithmeticTaskConfig(Section):
     """Procedurally generated integer arithmetic (``"37+58-12="`` -> ``83``): the embedded default task."""
 
     name: Literal["arithmetic"] = "arithmetic"
-    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
+    """Task plug-in: a key of ``oprl.tasks.TASKS`` (``oprl config --help`` lists them)."""
     train_size: int = Field(2500, gt=0)
     """Number of training problems."""
     test_size: int = Field(500, gt=0)
@@ -60,7 +60,7 @@ class _ReasoningTaskConfig(Section):
     """Fields shared by the tasks whose answers are checked by math-verify in worker processes."""
 
     name: str
-    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
+    """Task plug-in: a key of ``oprl.tasks.TASKS`` (``oprl config --help`` lists them)."""
     source: Literal["auto", "hub", "files", "synthetic"] = "auto"
     """Where problems come from: ``hub`` (``datasets.load_dataset(hub_id)``, needs the network or the HF
     cache), ``files`` (task.train_file / task.test_file, or task.path), ``auto`` = files when any of those is
@@ -98,7 +98,7 @@ class GSM8kTaskConfig(_ReasoningTaskConfig):
     the DeepSeek-R1 system prompt (docs/paper.md#reward)."""
 
     name: Literal["gsm8k"] = "gsm8k"
-    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
+    """Task plug-in: a key of ``oprl.tasks.TASKS`` (``oprl config --help`` lists them)."""
     source: Literal["auto", "hub", "files", "synthetic"] = "auto"
     """Where problems come from: ``hub`` (openai/gsm8k through ``datasets``; needs the network or the HF
     cache), ``files`` (task.train_file / task.test_file, or task.path; rows with question/answer fields),
@@ -135,7 +135,7 @@ class MathTaskConfig(_ReasoningTaskConfig):
     1 when the last ``\\boxed{}`` of the response matches the reference under math-verify, else 0."""
 
     name: Literal["math"] = "math"
-    """Task plug-in (see ``oprl.tasks.TASKS``): arithmetic, gsm8k or math."""
+    """Task plug-in: a key of ``oprl.tasks.TASKS`` (``oprl config --help`` lists them)."""
     source: Literal["auto", "hub", "files"] = "auto"
     """Where problems come from: ``hub``, ``files`` (task.train_file / task.test_file, or task.path), or
     ``auto`` = files when any file is set, else hub."""

@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from oprl.algorithms import (
-    ADVANTAGE_KEYS,
-    LOSS_KEYS,
     aggregate,
     aggregation_count,
     group_advantages,
     kl_penalty,
     policy_loss,
     ratio_stats,
+    split_settings,
 )
 from oprl.checkpoint.files import load_trainer_state, save_trainer_state
 from oprl.messages import Experience, batch_metrics
@@ -69,8 +68,7 @@ class Trainer:
     ):
         self.model = model
         self.pad_id = pad_id
-        self.advantage_kwargs = {k: settings[k] for k in ADVANTAGE_KEYS}
-        self.loss_kwargs = {k: settings[k] for k in LOSS_KEYS}
+        self.advantage_kwargs, self.loss_kwargs = split_settings(settings)
         self.recompute_proximal = settings["recompute_proximal"]  # the loss asks for π_prox (decoupled PPO)
         if settings["loss_agg"] == "seq-mean-token-sum-norm":
             # A fixed normaliser (Dr.GRPO); the padded width varies per micro-batch and would bias it.
