@@ -3,10 +3,14 @@
 Raw rewards are stored, never advantages: advantages are recomputed per group by the trainer, so the same
 experiences can be trained with any preset. ``behavior_logprobs`` are the sampler's numbers, recorded once.
 ``batch_metrics`` summarises a batch of them (the explorer's rows of mode=explore and the trainer's rows).
+
+Also what else travels between the roles: ``ExploreResult`` (an explorer's report next to a batch, with its
+``Timing``) and ``FlatWeights`` (the trainer's weights snapshot on its way to the explorers).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -74,3 +78,82 @@ def batch_metrics(batch: list[Experience]) -> dict[str, float]:
     for name in dict.fromkeys(n for e in batch for n in e.reward_components):  # truncated episodes have none
         out[f"reward/{name}"] = sum(e.reward_components.get(name, 0.0) for e in batch) / len(batch)
     return out
+
+
+@dataclass
+class Timing:
+    """How one batch was generated (``Explorer.explore``)."""
+
+    generate_s: float
+    """Wall seconds of sampling (multi-turn: of the whole episodes, environment and scoring included)."""
+    reward_s: float
+    """Wall seconds of scoring the responses (0 for episodes: their rewards come with them)."""
+    generated_tokens: float
+    """Response tokens sampled (episodes: the tokens the policy wrote, ``sum(loss_mask)``)."""
+    shaping: dict[str, float] = field(default_factory=dict)
+    """Data-shaping counts of the batch (``dynamic/*`` under dynamic sampling; ``oprl.explorer.shaping``)."""
+
+    def __add__(self, other: Timing) -> Timing:
+        """Two sampling rounds of one batch together."""
+        return Timing(
+            self.generate_s + other.generate_s,
+            self.reward_s + other.reward_s,
+            self.generated_tokens + other.generated_tokens,
+            self.shaping | other.shaping,
+        )
+
+
+@dataclass
+class ExploreResult:
+    """What ``ExplorerWorker.explore`` reports next to a batch's experiences."""
+
+    explorer: int
+    batch: int
+    version: int
+    """The policy version the batch was sampled from."""
+    timing: Timing
+    sync_s: float
+    """Seconds spent loading the weights sent with the call (0 when none were sent)."""
+    summary: dict[str, float]
+    """``batch_metrics`` of the experiences: the ``reward/*`` and ``response/*`` columns."""
+    busy_s: float
+    idle_s: float
+    """The explorer's clock (``transport.Clock``) since it started: busy inside calls, idle between them."""
+
+
+class FlatWeights(dict):
+    """``name -> tensor``, every tensor a view of one flat buffer per dtype; pickles as those buffers plus
+    the layout. Through a process pipe that is one shared-memory segment per dtype instead of one per tensor
+    (torch hands each segment's file descriptor over with a round trip of its own: ~15 ms per snapshot of the
+    20-tensor tiny model, on the critical path of every overlapped step)."""
+
+    buffers: dict[torch.dtype, torch.Tensor]
+    layout: list[tuple[str, torch.dtype, int, tuple[int, ...]]]
+    """(name, dtype, offset into that dtype's buffer, shape) per tensor."""
+
+    @classmethod
+    def copy_of(cls, tensors: dict[str, torch.Tensor], device=None) -> FlatWeights:
+        layout: list[tuple[str, torch.dtype, int, tuple[int, ...]]] = []
+        sizes: dict[torch.dtype, int] = {}
+        for name, tensor in tensors.items():
+            layout.append((name, tensor.dtype, sizes.get(tensor.dtype, 0), tuple(tensor.shape)))
+            sizes[tensor.dtype] = sizes.get(tensor.dtype, 0) + tensor.numel()
+        first = next(iter(tensors.values()), None)
+        device = device or (first.device if first is not None else "cpu")
+        buffers = {dtype: torch.empty(size, dtype=dtype, device=device) for dtype, size in sizes.items()}
+        weights = cls.from_buffers(buffers, layout)
+        for name, tensor in tensors.items():
+            weights[name].copy_(tensor)
+        return weights
+
+    @classmethod
+    def from_buffers(cls, buffers: dict, layout: list) -> FlatWeights:
+        weights = cls(
+            (name, buffers[dtype][offset : offset + math.prod(shape)].view(shape))
+            for name, dtype, offset, shape in layout
+        )
+        weights.buffers, weights.layout = buffers, layout
+        return weights
+
+    def __reduce__(self):
+        return FlatWeights.from_buffers, (self.buffers, self.layout)

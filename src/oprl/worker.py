@@ -16,7 +16,6 @@ draws from it too). Training draws only from its own seeded generator, so it run
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from oprl.messages import FlatWeights
 from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.rollout import ENGINES, Engine, Rollout
 
@@ -118,41 +118,3 @@ def trainable_weights(model, *, to_cpu: bool) -> FlatWeights:
     """A copy of the weights that training changes (all of them, or only LoRA adapters)."""
     trainable = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     return FlatWeights.copy_of(trainable, device="cpu" if to_cpu else None)
-
-
-class FlatWeights(dict):
-    """``name -> tensor``, every tensor a view of one flat buffer per dtype; pickles as those buffers plus
-    the layout. Through a process pipe that is one shared-memory segment per dtype instead of one per tensor
-    (torch hands each segment's file descriptor over with a round trip of its own: ~15 ms per snapshot of the
-    20-tensor tiny model, on the critical path of every overlapped step)."""
-
-    buffers: dict[torch.dtype, torch.Tensor]
-    layout: list[tuple[str, torch.dtype, int, tuple[int, ...]]]
-    """(name, dtype, offset into that dtype's buffer, shape) per tensor."""
-
-    @classmethod
-    def copy_of(cls, tensors: dict[str, torch.Tensor], device=None) -> FlatWeights:
-        layout: list[tuple[str, torch.dtype, int, tuple[int, ...]]] = []
-        sizes: dict[torch.dtype, int] = {}
-        for name, tensor in tensors.items():
-            layout.append((name, tensor.dtype, sizes.get(tensor.dtype, 0), tuple(tensor.shape)))
-            sizes[tensor.dtype] = sizes.get(tensor.dtype, 0) + tensor.numel()
-        first = next(iter(tensors.values()), None)
-        device = device or (first.device if first is not None else "cpu")
-        buffers = {dtype: torch.empty(size, dtype=dtype, device=device) for dtype, size in sizes.items()}
-        weights = cls.from_buffers(buffers, layout)
-        for name, tensor in tensors.items():
-            weights[name].copy_(tensor)
-        return weights
-
-    @classmethod
-    def from_buffers(cls, buffers: dict, layout: list) -> FlatWeights:
-        weights = cls(
-            (name, buffers[dtype][offset : offset + math.prod(shape)].view(shape))
-            for name, dtype, offset, shape in layout
-        )
-        weights.buffers, weights.layout = buffers, layout
-        return weights
-
-    def __reduce__(self):
-        return FlatWeights.from_buffers, (self.buffers, self.layout)

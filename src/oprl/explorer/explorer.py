@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
 
 from oprl.config import RunConfig
 from oprl.explorer.episodes import run_episodes
 from oprl.explorer.shaping import Shaping, dynamic_batch, extra_problems, round_seed
-from oprl.messages import Experience, batch_metrics
+from oprl.messages import Experience, ExploreResult, Timing, batch_metrics
 from oprl.models.chat import encode_problem
 from oprl.models.loading import resolve_device
 from oprl.models.precision import resolve_dtype
@@ -27,47 +26,6 @@ from oprl.schedule import stream_seed
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
 from oprl.worker import Clock, load_model, make_engine
-
-
-@dataclass
-class Timing:
-    """How one batch was generated (``Explorer.explore``)."""
-
-    generate_s: float
-    """Wall seconds of sampling (multi-turn: of the whole episodes, environment and scoring included)."""
-    reward_s: float
-    """Wall seconds of scoring the responses (0 for episodes: their rewards come with them)."""
-    generated_tokens: float
-    """Response tokens sampled (episodes: the tokens the policy wrote, ``sum(loss_mask)``)."""
-    shaping: dict[str, float] = field(default_factory=dict)
-    """Data-shaping counts of the batch (``dynamic/*`` under dynamic sampling; ``oprl.explorer.shaping``)."""
-
-    def __add__(self, other: Timing) -> Timing:
-        """Two sampling rounds of one batch together."""
-        return Timing(
-            self.generate_s + other.generate_s,
-            self.reward_s + other.reward_s,
-            self.generated_tokens + other.generated_tokens,
-            self.shaping | other.shaping,
-        )
-
-
-@dataclass
-class ExploreResult:
-    """What ``ExplorerWorker.explore`` reports next to a batch's experiences."""
-
-    explorer: int
-    batch: int
-    version: int
-    """The policy version the batch was sampled from."""
-    timing: Timing
-    sync_s: float
-    """Seconds spent loading the weights sent with the call (0 when none were sent)."""
-    summary: dict[str, float]
-    """``batch_metrics`` of the experiences: the ``reward/*`` and ``response/*`` columns."""
-    busy_s: float
-    idle_s: float
-    """The explorer's clock (``transport.Clock``) since it started: busy inside calls, idle between them."""
 
 
 class Explorer:

@@ -36,7 +36,7 @@ from oprl.checkpoint.resume import CheckpointWriter, resume_hint
 from oprl.schedule import lag
 
 if TYPE_CHECKING:
-    from oprl.explorer.explorer import ExploreResult  # annotations only: the driver never builds one
+    from oprl.messages import ExploreResult  # annotations only: the driver never builds one
 
 
 @dataclass

@@ -270,7 +270,7 @@ def gather_weights(model: torch.nn.Module, dtype: torch.dtype | None, rank: int)
     only that one parameter exists unsharded at a time. Cast to ``dtype`` (the explorers' dtype) if given."""
     from torch.distributed.tensor import DTensor
 
-    from oprl.worker import FlatWeights
+    from oprl.messages import FlatWeights
 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     out = None
