@@ -27,14 +27,27 @@ ALLOWED = {
     # What travels between roles, and the schedule math: leaves above torch.
     "messages": {"messages"},
     "schedule": {"schedule"},
+    # Partial rollouts: the switch rule, per-token versions, the weights board (files), the switcher hook.
+    "partial": {"partial", "messages", "schedule", "io", "errors"},
     # What every worker shares: its clock, the sampling lock, loading a model and an engine.
     "worker": {"worker", "config", "models", "rollout", "messages"},
     # The roles. Each may use the layers below it; none imports the orchestration (oprl.runtime).
     # Backends place workers and rank groups; they know nothing of what the workers do.
     "backends": {"backends", "config", "errors", "messages"},
-    "buffer": {"buffer", "config", "errors", "io", "messages"},
+    "buffer": {"buffer", "config", "errors", "io", "messages", "partial"},
     "checkpoint": {"checkpoint", "backends", "buffer", "config", "errors", "io", "metrics"},
-    "explorer": {"explorer", "checkpoint", "config", "errors", "messages", "models", "schedule", "tasks", "worker"},
+    "explorer": {
+        "explorer",
+        "checkpoint",
+        "config",
+        "errors",
+        "messages",
+        "models",
+        "partial",
+        "schedule",
+        "tasks",
+        "worker",
+    },
     "trainer": {
         "trainer",
         "algorithms",
@@ -46,6 +59,7 @@ ALLOWED = {
         "io",
         "messages",
         "models",
+        "partial",
         "progress",
         "rollout",
         "schedule",

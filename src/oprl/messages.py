@@ -33,7 +33,8 @@ class Experience:
     task_id: str
     """Identifier of the problem in its task."""
     policy_version: int
-    """Version of the weights that generated it (0 = initial weights; s = after trainer step s)."""
+    """Version of the weights that generated it (0 = initial weights; s = after trainer step s); under partial
+    rollouts the version it started with (its oldest token)."""
     response_text: str
     """Decoded response, special tokens removed."""
     truncated: bool = False
@@ -45,6 +46,9 @@ class Experience:
     loss_mask: list[int] | None = None
     """Multi-turn episodes: per response token, 1 if the model sampled it (trained on), 0 if the environment
     wrote it (context only; its behaviour log-prob is 0). None = every token is the model's (single turn)."""
+    behavior_versions: list[int] | None = None
+    """Partial rollouts (``oprl.partial``): per response token, the policy version that sampled it (weights can
+    change between two decode steps). None = every token is ``policy_version``'s."""
 
     @property
     def model_tokens(self) -> int:

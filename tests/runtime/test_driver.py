@@ -79,6 +79,7 @@ class FakeTrainer:
         versions = [e.policy_version for e in batch]
         out = {
             "batch/version_max": float(max(versions)),
+            "batch/start_version_max": float(max(versions)),
             "lag/max": float(self.version - min(versions)),
             "reward/mean": 0.5,
             "perf/trainer_busy_total_s": 0.0,

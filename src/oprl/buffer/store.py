@@ -23,9 +23,10 @@ from oprl.errors import OprlError
 from oprl.io import atomic_path
 from oprl.messages import Experience
 
-SCHEMA_VERSION = "2"
-"""2 added ``loss_mask`` (multi-turn episodes); version-1 files (without it) still load, as all-model tokens."""
-OPTIONAL = ("loss_mask",)
+SCHEMA_VERSION = "3"
+"""2 added ``loss_mask`` (multi-turn episodes), 3 ``behavior_versions`` (partial rollouts: the policy version
+of each token). Older files still load: version 1 as all-model tokens, versions 1-2 as one policy per row."""
+OPTIONAL = ("loss_mask", "behavior_versions")
 """Columns a file may lack: those added after schema version 1."""
 STORE_DIRNAME = "experiences"
 _BATCH_FILE = re.compile(r"batch-(\d+)\.parquet")
@@ -46,6 +47,7 @@ SCHEMA = pa.schema(
         pa.field("use_count", pa.int32()),
         pa.field("extra", pa.string()),
         pa.field("loss_mask", pa.list_(pa.int8())),
+        pa.field("behavior_versions", pa.list_(pa.int64())),
     ],
     metadata={"oprl_schema": SCHEMA_VERSION},
 )
@@ -70,15 +72,18 @@ def to_table(experiences: list[Experience], batch: int | list[int]) -> pa.Table:
         "extra": [json.dumps(e.extra, sort_keys=True) for e in experiences],
         # null for single-turn rows (every token the model's): no column of ones to store.
         "loss_mask": [e.loss_mask for e in experiences],
+        # null for rows sampled by one policy (policy_version says which).
+        "behavior_versions": [e.behavior_versions for e in experiences],
     }
     return pa.Table.from_pydict(columns, schema=SCHEMA)
 
 
 def from_table(table: pa.Table) -> list[Experience]:
     """Experiences from a table with ``SCHEMA`` (extra columns are ignored; a version-1 table has no
-    ``loss_mask``: every token is the model's)."""
+    ``loss_mask``: every token is the model's; versions 1-2 no ``behavior_versions``: one policy per row)."""
     rows = table.to_pydict()
     masks = rows.get("loss_mask") or [None] * table.num_rows
+    versions = rows.get("behavior_versions") or [None] * table.num_rows
     return [
         Experience(
             prompt_ids=rows["prompt_ids"][i],
@@ -94,6 +99,7 @@ def from_table(table: pa.Table) -> list[Experience]:
             use_count=rows["use_count"][i],
             extra=json.loads(rows["extra"][i] or "{}"),
             loss_mask=masks[i],
+            behavior_versions=versions[i],
         )
         for i in range(table.num_rows)
     ]
@@ -114,7 +120,7 @@ def read_parquet(path: Path, columns: list[str] | None = None) -> list[Experienc
     unreadable or lacks oprl's columns is a one-line ``OprlError`` naming it."""
     try:
         names = pq.read_schema(path).names
-        # loss_mask is schema version 2's; version-1 files lack it and still load (every token the model's).
+        # loss_mask (version 2) and behavior_versions (version 3) may be absent: older files still load.
         missing = [name for name in SCHEMA.names if name not in names and name not in OPTIONAL]
         if missing:
             raise OprlError(

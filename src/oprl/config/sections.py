@@ -279,7 +279,22 @@ class SyncConfig(_Section):
     max_staleness: int = Field(1, ge=0)
     """sync.mode=async only: no batch is trained more than this many versions after the weights that made it
     (lag <= max_staleness). Must be >= interval - 1, since weights are published only every k steps. Default
-    1: "one-step off-policy", the usual asynchronous setting (Trinity-RFT's fully async mode bounds it too)."""
+    1: "one-step off-policy", the usual asynchronous setting (Trinity-RFT's fully async mode bounds it too).
+    Under partial rollouts it bounds a response's oldest token (the version it started with)."""
+    partial: bool = False
+    """Partial rollouts (docs/runtime.md#partial-rollouts): the explorer takes newer weights between two decode
+    steps and continues every unfinished response with them; each token records its version. mode=scheduled:
+    version v(b)+k takes over batch b at decode step ``switch_step`` when the trainer reaches it before step b
+    (deterministic); mode=async: the newest published version is taken as soon as it is posted. lean engine."""
+    switch_step: int = Field(8, gt=0)
+    """partial, mode=scheduled: the decode step of a batch (counted over its generate calls: an episode's turns
+    add up) at which the next version becomes active; the explorer waits there for it."""
+    partial_kv: Literal["keep", "recompute"] = "keep"
+    """partial: the cache of the tokens sampled before a switch: ``keep`` the stale keys/values (default, as
+    slime/prime-rl/PipelineRL; no extra compute) or ``recompute`` the prefix under the new weights (one prefill)."""
+    max_token_lag: int | None = Field(None, ge=0)
+    """Tokens sampled more than this many versions before the trainer's weights leave the loss (context only);
+    0 = on-policy tokens only (slime's --mask-offpolicy-in-partial-rollout). None = every token is trained."""
 
 
 class EvalConfig(_Section):

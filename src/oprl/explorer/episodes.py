@@ -43,6 +43,9 @@ class Episode:
     info: dict[str, float] = field(default_factory=dict)
     """Per-episode counts stored with the experience and averaged into ``episode/*`` (agent episodes:
     segments, dropped_tokens, refused_requests, agent_failed; ``oprl.explorer.agents``)."""
+    behavior_versions: list[int] = field(default_factory=list)
+    """Partial rollouts: the policy version of each response token (environment tokens: the last model token's);
+    empty when the sampler reported none (one policy)."""
 
     @property
     def outcome(self) -> Reward:
@@ -51,8 +54,13 @@ class Episode:
             raise ValueError("episode not finished: it has no reward yet")
         return self.reward
 
-    def add(self, tokens: list[int], logprobs: list[float] | None) -> None:
-        """Append tokens, from the model (with their log-probs) or from the environment (``logprobs=None``)."""
+    def add(self, tokens: list[int], logprobs: list[float] | None, versions: list[int] | None = None) -> None:
+        """Append tokens, from the model (with their log-probs and, under partial rollouts, versions) or from the
+        environment (``logprobs=None``)."""
+        if versions is not None:
+            self.behavior_versions += versions
+        elif self.behavior_versions:
+            self.behavior_versions += [self.behavior_versions[-1]] * len(tokens)
         self.response_ids += tokens
         self.loss_mask += [1 if logprobs is not None else 0] * len(tokens)
         self.behavior_logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
@@ -97,12 +105,13 @@ def advance(
     tools=(),
     max_tokens: int,
     max_turns: int,
+    versions: list[int] | None = None,
 ) -> bool:
     """Add one model turn and the environment's answer to ``episode``; returns whether the episode goes on.
 
     ``ended``: the turn stopped at EOS (else it hit the per-turn token limit: truncated).
     """
-    episode.add(reply_ids, logprobs)
+    episode.add(reply_ids, logprobs, versions)
     episode.turns += 1
     episode.messages.append({"role": "assistant", "content": reply_text})
     if not ended or len(episode.response_ids) >= max_tokens:
@@ -123,6 +132,7 @@ def advance(
 def _truncate(episode: Episode, max_tokens: int) -> bool:
     """Cut the episode to ``max_tokens`` response tokens; it scores 0 (components are the task's, absent = 0)."""
     del episode.response_ids[max_tokens:], episode.loss_mask[max_tokens:], episode.behavior_logprobs[max_tokens:]
+    del episode.behavior_versions[max_tokens:]
     episode.truncated, episode.reward = True, Reward(total=0.0, components={})
     return False
 
@@ -139,12 +149,15 @@ def run_episodes(
     temperature: float | None = None,
     top_p: float | None = None,
     episode_timeout: float = 300.0,
+    switch=None,
 ) -> list[Episode]:
     """One episode per entry of ``problems`` (repeat a problem K times for a group), all turns batched.
 
     Each turn samples the rows still running with ``engine.generate`` on their whole context (prompt and
     response so far) and hands each reply to its environment. An agent task (``task.name=agent``) is run by
     its agent through the endpoint instead (``oprl.explorer.agents``; ``episode_timeout`` is for it).
+    ``switch`` (partial rollouts) goes to every turn's call: its decode steps add up over the turns, so a
+    switch falls inside a turn or between two.
     """
     if getattr(task, "name", "") == "agent":
         from oprl.explorer.agents import run_agent_episodes  # it builds on this module
@@ -160,7 +173,9 @@ def run_episodes(
             temperature=temperature,
             top_p=top_p,
             episode_timeout=episode_timeout,
+            **({} if switch is None else {"switch": switch}),
         )
+    partial = {} if switch is None else {"switch": switch}
     environments = [task.environment(p) for p in problems]
     episodes = [start(tokenizer, env, p) for env, p in zip(environments, problems, strict=True)]
     running = list(range(len(problems)))
@@ -168,7 +183,8 @@ def run_episodes(
         if not running:
             break
         contexts = [episodes[i].prompt_ids + episodes[i].response_ids for i in running]
-        rollout = engine.generate(contexts, seed=seed + turn, temperature=temperature, top_p=top_p)
+        rollout = engine.generate(contexts, seed=seed + turn, temperature=temperature, top_p=top_p, **partial)
+        versions = rollout.behavior_versions or [None] * len(running)
         still = []
         for row, i in enumerate(running):
             if advance(
@@ -182,6 +198,7 @@ def run_episodes(
                 tools=problems[i].tools,
                 max_tokens=max_tokens,
                 max_turns=max_turns,
+                versions=versions[row],
             ):
                 still.append(i)
         running = still

@@ -22,10 +22,11 @@ from oprl.messages import Experience, ExploreResult, Timing, batch_metrics
 from oprl.models.chat import encode_problem
 from oprl.models.loading import resolve_device
 from oprl.models.precision import resolve_dtype
+from oprl.partial import PartialSettings, Switcher
 from oprl.schedule import stream_seed
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
-from oprl.worker import Clock, load_model, make_engine
+from oprl.worker import SAMPLING_LOCK, Clock, load_model, make_engine
 
 
 class Explorer:
@@ -43,8 +44,12 @@ class Explorer:
         truncated_reward: float | None = None,
         shaping: Shaping | None = None,
         episode_timeout: float = 300.0,
+        partial: PartialSettings | None = None,
     ):
         self.task = task
+        self.partial = partial
+        """Partial rollouts: each batch gets a ``Switcher`` that may load newer weights between decode steps."""
+        self._switcher: Switcher | None = None
         self.tokenizer = tokenizer
         self.engine = engine
         self.prompts_per_step = prompts_per_step
@@ -76,6 +81,9 @@ class Explorer:
     def explore(self, step: int, version: int) -> tuple[list[Experience], Timing]:
         """Experiences for trainer step ``step`` sampled from the current weights (``version``)."""
         problems = self.problems_for_step(step)
+        self._switcher = (
+            None if self.partial is None else self.partial.switcher(self.engine, step, version, SAMPLING_LOCK)
+        )
         if not self.shaping.dynamic_sampling:
             return self.sample(step, version, problems, stream_seed(self.seed, step))
         extras = extra_problems(self.problems, problems, self.seed, step, self.shaping.max_extra_prompts)
@@ -96,7 +104,7 @@ class Explorer:
         if isinstance(self.task, EpisodicTask):
             return self._explore_episodes(step, version, rows, start, seed)
         prompt_ids = [self._encode(p) for p in rows]
-        rollout = self.engine.generate(prompt_ids, seed=seed)
+        rollout = self.engine.generate(prompt_ids, seed=seed, **self._switch())
         generated = time.perf_counter()
         rewards = self.task.score(rows, rollout.texts)
         totals = [
@@ -115,6 +123,7 @@ class Explorer:
                 policy_version=version,
                 response_text=rollout.texts[i],
                 truncated=rollout.truncated[i],
+                behavior_versions=rollout.behavior_versions[i] if rollout.behavior_versions else None,
             )
             for i in range(len(rows))
         ]
@@ -134,6 +143,7 @@ class Explorer:
             max_turns=self.max_turns,
             max_tokens=self.max_episode_tokens,
             episode_timeout=self.episode_timeout,
+            **self._switch(),
         )
         experiences = [
             Experience(
@@ -149,11 +159,17 @@ class Explorer:
                 truncated=e.truncated,
                 loss_mask=e.loss_mask,
                 extra={"turns": e.turns, **e.info},
+                behavior_versions=e.behavior_versions or None,
             )
             for i, e in enumerate(episodes)
         ]
         tokens = float(sum(sum(e.loss_mask) for e in episodes))
         return experiences, Timing(time.perf_counter() - start, 0.0, tokens)  # rewards come with the episodes
+
+    def _switch(self) -> dict:
+        """``{"switch": Switcher}`` for ``engine.generate`` under partial rollouts (the batch's one switcher:
+        its decode steps add up over every call, dynamic-sampling rounds included), else nothing."""
+        return {} if self._switcher is None else {"switch": self._switcher}
 
     def _encode(self, problem) -> list[int]:
         if problem.task_id not in self._prompt_cache:
@@ -164,7 +180,7 @@ class Explorer:
 class ExplorerWorker:
     """The explorer role: its own copy of the policy, loaded with the weights the driver sends along."""
 
-    def __init__(self, config: RunConfig, model_path: str, index: int):
+    def __init__(self, config: RunConfig, model_path: str, index: int, board: str | None = None):
         self.clock = Clock()
         self.index = index
         task = build_task(config.task)
@@ -183,6 +199,7 @@ class ExplorerWorker:
             max_episode_tokens=config.rollout.max_episode_tokens,
             shaping=Shaping.of(config.rollout),
             episode_timeout=config.rollout.episode_timeout,
+            partial=PartialSettings.of(config, board) if board else None,
         )
 
     def ping(self) -> int:

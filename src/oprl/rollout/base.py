@@ -34,6 +34,8 @@ class Rollout:
     """Decoded responses without special tokens."""
     truncated: list[bool]
     """True where generation hit ``max_new_tokens`` before EOS."""
+    behavior_versions: list[list[int]] | None = None
+    """Partial rollouts (a ``switch`` given): the policy version that sampled each token; None = one policy."""
 
 
 @runtime_checkable
@@ -111,7 +113,10 @@ class TorchEngine:
         top_p: float | None = None,
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,  # one generator per call (see Engine.generate)
+        switch=None,
     ) -> Rollout:
+        """``switch``: an ``oprl.partial.Switcher`` that may load other weights between decode steps (partial
+        rollouts; samplers whose ``sample`` takes one); the rollout then records each token's version."""
         temperature = self.temperature if temperature is None else temperature
         top_p = self.top_p if top_p is None else top_p
         batch_size = batch_size or len(prompt_ids)
@@ -120,19 +125,31 @@ class TorchEngine:
         with torch.inference_mode(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for start in range(0, len(prompt_ids), batch_size):
-                parts.append(self._generate_batch(prompt_ids[start : start + batch_size], temperature, top_p))
-        return Rollout(*[[row for p in parts for row in getattr(p, f)] for f in Rollout.__dataclass_fields__])
+                chunk = prompt_ids[start : start + batch_size]
+                parts.append(self._generate_batch(chunk, temperature, top_p, switch))
+        joined = [[row for p in parts for row in (getattr(p, f) or [])] for f in Rollout.__dataclass_fields__]
+        rollout = Rollout(*joined[:4])
+        rollout.behavior_versions = joined[4] if switch is not None else None
+        return rollout
 
-    def _generate_batch(self, prompt_ids: list[list[int]], temperature: float, top_p: float) -> Rollout:
+    def _generate_batch(self, prompt_ids: list[list[int]], temperature: float, top_p: float, switch=None) -> Rollout:
         was_training = self.model.training
         self.model.eval()
+        extra = {} if switch is None else {"switch": switch, "offset": switch.start()}
         try:
             tokens, logprobs = self.sample(
-                self.model, self.tokenizer, prompt_ids, temperature, top_p, self.max_new_tokens
+                self.model, self.tokenizer, prompt_ids, temperature, top_p, self.max_new_tokens, **extra
             )  # (B, T), (B, T)
         finally:
             self.model.train(was_training)
-        return cut_at_eos(tokens, logprobs, self.tokenizer)
+        rollout = cut_at_eos(tokens, logprobs, self.tokenizer)
+        if switch is not None:  # token t of every row was drawn at global decode step offset + t
+            offset = extra["offset"]
+            rollout.behavior_versions = [
+                [switch.version_at(offset + t) for t in range(len(r))] for r in rollout.response_ids
+            ]
+            switch.finish(max(len(r) for r in rollout.response_ids))
+        return rollout
 
 
 def cut_at_eos(tokens: torch.Tensor, logprobs: torch.Tensor, tokenizer) -> Rollout:

@@ -14,6 +14,11 @@ Sampling per step, for the scaled scores ``s = logits / temperature``: tokens ou
 rule as transformers' top-p: drop the least likely tokens whose cumulative probability is <= 1 - top_p,
 always keep the most likely one) get ``-inf``; ``log_softmax(s)`` is the behaviour log-prob and the token is
 drawn with ``torch.multinomial`` from its exponential.
+
+Partial rollouts (``oprl.partial``): given a ``switch``, the loop asks it before each decode step whether
+other weights take over from there; they are loaded into the same model, so every unfinished row continues
+with them. ``kv="keep"`` leaves the cache of the earlier tokens as the old weights computed it;
+``kv="recompute"`` runs the prompt and the tokens so far through the new weights once (a fresh cache).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from oprl.lazy import lazy_import
-from oprl.models.batching import cache_kwarg, prefill_shared_prompts
+from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions, prefill_shared_prompts
 from oprl.rollout.base import TorchEngine
 
 if TYPE_CHECKING:
@@ -39,8 +44,19 @@ def LeanEngine(model, tokenizer, **settings) -> TorchEngine:  # named as the eng
     return TorchEngine(lean_sample, model, tokenizer, **settings)
 
 
-def lean_sample(model, tokenizer, prompt_ids: list[list[int]], temperature: float, top_p: float, max_new_tokens: int):
-    """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
+def lean_sample(
+    model,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    switch=None,
+    offset: int = 0,
+):
+    """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored.
+    ``switch`` (``oprl.partial.Switcher``): ``switch.before(offset + t)`` runs before the distribution of
+    token t is computed (t >= 1) and says whether new weights were loaded; ``switch.kv`` what the cache does."""
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     device = model.device
     prefill = prefill_shared_prompts(model, prompt_ids, pad_id, device, logits_to_keep=1)
@@ -64,6 +80,11 @@ def lean_sample(model, tokenizer, prompt_ids: list[list[int]], temperature: floa
             live, attention, next_position, token, done = (
                 t[keep] for t in (live, attention, next_position, token, done)
             )
+        if switch is not None and switch.before(offset + step + 1) and switch.kv == "recompute":
+            cache, attention, next_position, logits = recompute_prefix(
+                model, prompt_ids, tokens, live, step + 1, pad_id
+            )
+            continue
         attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
         out = model(
             input_ids=token[:, None],
@@ -75,6 +96,17 @@ def lean_sample(model, tokenizer, prompt_ids: list[list[int]], temperature: floa
         next_position = next_position + 1
         logits = out.logits[:, -1]
     return tokens.cpu(), logprobs.cpu()
+
+
+def recompute_prefix(
+    model, prompt_ids: list[list[int]], tokens: torch.Tensor, live: torch.Tensor, width: int, pad_id: int
+):
+    """A fresh cache for the ``live`` rows: prompt + their first ``width`` tokens through the current weights.
+    Returns ``(cache, attention (L, P + width), next_position (L,), logits of the next token (L, V))``."""
+    rows = [prompt_ids[r] + tokens[r, :width].tolist() for r in live.tolist()]
+    ids, mask = (t.to(tokens.device) for t in left_pad(rows, pad_id))  # (L, P + width)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True, logits_to_keep=1)
+    return output_cache(out), mask, mask.sum(1), out.logits[:, -1]
 
 
 def sample_token(logits: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:

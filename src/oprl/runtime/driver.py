@@ -44,7 +44,7 @@ class Call:
     """A submitted call the driver waits for, with what its handler needs."""
 
     kind: str
-    """explore, put, train, eval, weights, part (of a checkpoint)."""
+    """explore, put, train, eval, weights, post (to the weights board), part (of a checkpoint)."""
     component: str
     """The worker, as named in error messages (``explorer 0``, ``trainer``, ``buffer``)."""
     doing: str
@@ -321,6 +321,7 @@ class Driver:
     def _loop(self) -> None:
         while True:
             if self.failure is None:
+                self._track_posts()
                 if self._finished():
                     break
                 self._launch()
@@ -365,6 +366,11 @@ class Driver:
             if handler is not None:
                 handler(call, value)
 
+    def _track_posts(self) -> None:
+        """Partial rollouts: wait for the synchronizer's board posts like any call (a failure stops the run)."""
+        while self.sync.posts:
+            self._submit(self.sync.posts.pop(0), Call("post", "buffer", "while posting weights to the board"))
+
     def _finished(self) -> bool:
         return not self.rows.expected and not self.calls and not self.checkpoints.pending
 
@@ -386,7 +392,7 @@ class Driver:
             if version is None:  # held back by the lag rule
                 break
             schedule.dispatch(batch, index)
-            weights = self.sync.weights_for(index, version)
+            weights = self.sync.weights_for(index, version, batch)
             experiences, result = self.explorers[index].call("explore", batch, version, weights, num_returns=2)
             self._submit(
                 result,
@@ -431,12 +437,13 @@ class Driver:
         row.update(self.perf.step_row(row, step, with_explorers=bool(self.explorers)))
         if self.cfg.sync.mode == "scheduled" and not self.offline:
             scheduled = self.sync.scheduled_version(step)
-            if row["batch/version_max"] != scheduled:
-                raise RuntimeError(f"step {step} trained on version {row['batch/version_max']}, not {scheduled}")
+            started = row["batch/start_version_max"]  # the newest version a response started with
+            if started != scheduled:
+                raise RuntimeError(f"step {step} trained on version {started}, not {scheduled}")
             row["lag/scheduled"] = float(lag(step, self.sync.k, self.sync.m))
         self.rows.add(step, row)
         outstanding = self.schedule.outstanding()
-        if self.explorers and self.sync.wants(step, self.schedule.pending):
+        if self.explorers and self.sync.wants(step, outstanding):  # partial: in-flight batches may switch to it
             snapshot = self.trainer.call("weights")
             self._submit(snapshot, Call("weights", "trainer", f"while publishing version {step}"))
             self.sync.publish(step, snapshot)

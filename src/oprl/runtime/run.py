@@ -36,6 +36,7 @@ from oprl.io import atomic_write_json
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.models.loading import quiet_transformers, resolve_device
 from oprl.models.precision import precision_line
+from oprl.partial import BOARD_DIRNAME, check_partial, close_board
 from oprl.progress import RunProgress
 from oprl.runtime.driver import Driver
 from oprl.runtime.health import SignalHealth
@@ -94,6 +95,7 @@ def check_config(config: RunConfig) -> None:
 
         require_vllm()
     check_trainer_config(config)
+    check_partial(config)
     if config.backend == "ray":
         import importlib.util
 
@@ -221,6 +223,8 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log) -> None:
             trainer = session.trainer
             resume.write_final(run_dir, lambda d: backend.get(trainer.call("save_final", d)), backend.describe)
     finally:
+        if config.sync.partial:  # an explorer waiting for a version that will never come stops
+            close_board(run_dir / BOARD_DIRNAME)
         backend.shutdown(actors)
 
 
@@ -272,6 +276,7 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
                     config,
                     path,
                     index,
+                    str(run_dir / BOARD_DIRNAME) if config.sync.partial else None,
                     threads=threads,
                     gpus=config.runtime.gpus_per_explorer,
                 )
@@ -288,11 +293,14 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
         mode=sync_mode,
         max_staleness=config.sync.max_staleness,
         explorers=len(explorers),
+        partial=config.sync.partial,
     )
     start_step, ready = 0, list[int]()
     if opened.resumption is not None:
         start_step, ready = resume.restore(opened.resumption, backend, trainer, buffer, sync, log=log)
         log(f"resuming {run_dir.name} from checkpoint {opened.resumption.path} (step {start_step} of {config.steps})")
+    if config.sync.partial and explorers:
+        _attach_board(str(run_dir / BOARD_DIRNAME), buffer, sync, start_step)
     if config.mode == "explore":
         done = set(ExperienceStore(store_dir).batches()) if store_dir else set()
         pending = [b for b in storedir.explore_batches(config, run_dir) if b not in done]
@@ -301,6 +309,15 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
     if trainer is not None and explorers and sync.wants(start_step, pending):
         sync.publish(start_step, trainer.call("weights"))
     return Session(trainer, explorers, buffer, sync, start_step, pending, set(ready))
+
+
+def _attach_board(board: str, buffer, sync: Synchronizer, start_step: int) -> None:
+    """Partial rollouts: the weights board, cleared of a killed run's future, gets every version published
+    from now on (through the buffer, in call order) and the ones restored from a checkpoint."""
+    sync.posts.append(buffer.call("open_board", board, start_step))
+    sync.poster = lambda version, snapshot, keep_from: buffer.call("post_weights", board, version, snapshot, keep_from)
+    for version, snapshot in sorted(sync.snapshots.items()):
+        sync.posts.append(sync.poster(version, snapshot, min(sync.snapshots)))
 
 
 def _wait_ready(backend, actor) -> None:

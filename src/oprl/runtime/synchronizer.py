@@ -13,18 +13,40 @@ only with a batch whose version differs from what it holds.
 
 Fixed mode (mode=explore): every batch comes from the weights the explorers loaded (version 0).
 
+Partial rollouts (``sync.partial``, ``oprl.partial``): a batch may also need the version that takes over
+at its switch step, so that version is published, kept and checkpointed like the one it starts from; every
+published version is also posted to the weights board (``poster``), where explorers read it mid-batch.
+
 Deliberately not here: running anything (the driver calls the workers) and the weights' transport (the
 backend: shared memory for local threads, the Ray object store for actors).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from oprl.partial import switch_version
 from oprl.schedule import policy_version
 
 
 class Synchronizer:
-    def __init__(self, *, interval: int, offset: int, mode: str, max_staleness: int, explorers: int):
+    def __init__(
+        self,
+        *,
+        interval: int,
+        offset: int,
+        mode: str,
+        max_staleness: int,
+        explorers: int,
+        partial: bool = False,
+        poster: Callable[[int, object, int], object] | None = None,
+    ):
         self.k, self.m, self.mode, self.max_staleness = interval, offset, mode, max_staleness
+        self.partial = partial
+        self.poster = poster
+        """Partial rollouts: ``poster(version, snapshot, keep_from)`` posts a version to the weights board (and
+        prunes versions below ``keep_from``); returns the future of that call, queued in ``posts``."""
+        self.posts: list = []
         self.snapshots: dict[int, object] = {}
         self.loaded: list[int | None] = [0 if mode == "fixed" else None] * explorers
         self.latest: int | None = None
@@ -32,6 +54,11 @@ class Synchronizer:
     # -- which version ---------------------------------------------------------------------------------
     def scheduled_version(self, batch: int) -> int:
         return policy_version(batch, self.k, self.m)
+
+    def versions_of(self, batch: int) -> set[int]:
+        """Scheduled mode: the versions ``batch`` is sampled with (its start and, partial, its switch target)."""
+        target = switch_version(batch, self.k, self.m) if self.partial else None
+        return {self.scheduled_version(batch)} | ({target} if target is not None else set())
 
     def version_for(self, batch: int) -> int | None:
         """The version that will generate ``batch`` if it may start now, else None (not yet published)."""
@@ -47,7 +74,7 @@ class Synchronizer:
     def wants(self, version: int, pending: list[int]) -> bool:
         """Should the trainer publish ``version`` (just reached), given the batches still to generate?"""
         if self.mode == "scheduled":
-            return any(self.scheduled_version(b) == version for b in pending)
+            return any(version in self.versions_of(b) for b in pending)
         return self.mode == "async" and (version % self.k == 0 or self.latest is None)
 
     # -- snapshots -------------------------------------------------------------------------------------
@@ -57,22 +84,29 @@ class Synchronizer:
             # Only the newest is ever handed out; in-flight calls keep their own reference.
             self.snapshots = {version: snapshot}
         self.latest = version if self.latest is None else max(self.latest, version)
+        if self.poster is not None:
+            # Scheduled: older versions may still be waited for (release keeps them); async: the newest two
+            # (an explorer may be reading the previous one while this one is written).
+            keep_from = min(self.snapshots) if self.mode == "scheduled" else self.latest - self.k
+            self.posts.append(self.poster(version, snapshot, keep_from))
 
-    def weights_for(self, explorer: int, version: int):
-        """The snapshot to send with a batch on ``explorer`` (None when it already holds ``version``)."""
+    def weights_for(self, explorer: int, version: int, batch: int = 0):
+        """The snapshot to send with ``batch`` on ``explorer`` (None when it already holds ``version``)."""
         if self.loaded[explorer] == version:
             return None
         self.loaded[explorer] = version
+        if self.partial and (self.mode == "async" or switch_version(batch, self.k, self.m) is not None):
+            self.loaded[explorer] = None  # the batch may end on other weights: the next one gets its own
         return self.snapshots[version]
 
     def release(self, outstanding: list[int]) -> None:
         """Drop snapshots that no batch still to be generated (or in flight) needs."""
         if self.mode == "scheduled":
-            needed = {self.scheduled_version(b) for b in outstanding}
+            needed = {v for b in outstanding for v in self.versions_of(b)}
             self.snapshots = {v: s for v, s in self.snapshots.items() if v in needed}
 
     def needed_versions(self, outstanding: list[int]) -> list[int]:
         """Versions a resumed run must be able to hand out for ``outstanding`` batches (for checkpoints)."""
         if self.mode == "scheduled":
-            return sorted({self.scheduled_version(b) for b in outstanding} & set(self.snapshots))
+            return sorted({v for b in outstanding for v in self.versions_of(b)} & set(self.snapshots))
         return [self.latest] if self.latest is not None and self.latest in self.snapshots else []

@@ -33,6 +33,7 @@ from oprl.algorithms import (
 from oprl.checkpoint.files import load_trainer_state, save_trainer_state
 from oprl.messages import Experience, batch_metrics
 from oprl.models.batching import right_pad_values
+from oprl.partial import mask_stale_tokens, token_lag_metrics
 from oprl.schedule import stream_seed
 from oprl.trainer.distributed import SingleProcess
 from oprl.worker import Clock, load_model, make_engine, trainable_weights
@@ -65,8 +66,11 @@ class Trainer:
         parallel: SingleProcess | None = None,
         activation_checkpointing: bool = False,
         autocast: torch.dtype | None = None,
+        max_token_lag: int | None = None,
     ):
         self.model = model
+        self.max_token_lag = max_token_lag
+        """Tokens sampled more than this many versions ago leave the loss (``oprl.partial.mask_stale_tokens``)."""
         self.pad_id = pad_id
         self.advantage_kwargs, self.loss_kwargs = split_settings(settings)
         self.recompute_proximal = settings["recompute_proximal"]  # the loss asks for π_prox (decoupled PPO)
@@ -99,6 +103,9 @@ class Trainer:
         """Train on ``batch`` (whole groups); returns metrics; bumps ``version`` by one. The batch is not
         modified (use counts belong to the buffer)."""
         start = time.perf_counter()
+        sampled, masked_frac = batch, None
+        if self.max_token_lag is not None:  # data shaping before the loss; the loss itself is unchanged
+            batch, masked_frac = mask_stale_tokens(batch, self.version, self.max_token_lag)
         generator = torch.Generator().manual_seed(stream_seed(self.seed, self.version))
         rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
         group_ids = torch.tensor([e.group_id for e in batch], dtype=torch.long)  # (N,)
@@ -125,7 +132,9 @@ class Trainer:
         # Metrics are averaged over the optimizer updates of this step; seconds add up.
         out = {key: value if key.startswith("perf/") else value / max(updates, 1) for key, value in totals.items()}
         out |= extremes
-        out.update(self._batch_metrics(batch, adv, self.version))
+        out.update(self._batch_metrics(sampled, adv, self.version))
+        if masked_frac is not None:
+            out["batch/stale_token_masked_frac"] = masked_frac
         self.version += 1
         out["perf/train_s"] = time.perf_counter() - start
         out["perf/train_tokens_per_s"] = out["response/tokens"] * self.optim.epochs / out["perf/train_s"]
@@ -243,23 +252,26 @@ class Trainer:
 
     @staticmethod
     def _batch_metrics(batch: list[Experience], adv, version: int) -> dict[str, float]:
-        versions = [e.policy_version for e in batch]
+        versions = [e.policy_version for e in batch]  # each row's oldest token (the version it started with)
         lags = [version - v for v in versions]  # how many updates the weights made since each sample
         group_rewards: dict[int, set[float]] = defaultdict(set)
         for e in batch:
             group_rewards[e.group_id].add(e.reward)
-        return batch_metrics(batch) | {
-            # Groups whose rewards are all equal: A = r - baseline = 0 for each of their responses.
-            "adv/zero_groups_frac": sum(len(r) == 1 for r in group_rewards.values()) / len(group_rewards),
-            "lag/min": float(min(lags)),
-            "lag/mean": sum(lags) / len(lags),
-            "lag/max": float(max(lags)),
-            "adv/keep_frac": 1 - float(adv.dropped.float().mean()),
-            "adv/abs_mean": float(adv.advantages[~adv.dropped].abs().mean()) if not adv.dropped.all() else 0.0,
-            "batch/version_min": float(min(versions)),
-            "batch/version_max": float(max(versions)),
-            "batch/use_count_mean": sum(e.use_count for e in batch) / len(batch),
-        }
+        return (
+            batch_metrics(batch)
+            | {
+                # Groups whose rewards are all equal: A = r - baseline = 0 for each of their responses.
+                "adv/zero_groups_frac": sum(len(r) == 1 for r in group_rewards.values()) / len(group_rewards),
+                "lag/min": float(min(lags)),
+                "lag/mean": sum(lags) / len(lags),
+                "lag/max": float(max(lags)),
+                "adv/keep_frac": 1 - float(adv.dropped.float().mean()),
+                "adv/abs_mean": float(adv.advantages[~adv.dropped].abs().mean()) if not adv.dropped.all() else 0.0,
+                "batch/start_version_max": float(max(versions)),
+                "batch/use_count_mean": sum(e.use_count for e in batch) / len(batch),
+            }
+            | token_lag_metrics(batch, version)
+        )  # batch/version_min|max over tokens, lag/token_*
 
 
 def merge_metrics(sums: dict, extremes: dict, metrics: dict, weight: float = 1.0, weights: dict | None = None) -> None:
@@ -301,6 +313,7 @@ def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess
         parallel=parallel,
         activation_checkpointing=config.trainer.activation_checkpointing,
         autocast=autocast_dtype(config.trainer.autocast, resolve_device(config.model.device)),
+        max_token_lag=config.sync.max_token_lag,
     )
 
 
