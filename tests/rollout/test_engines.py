@@ -185,3 +185,39 @@ def test_lean_engine_samples_through_a_lora_wrapper(policy):
         lean.response_ids
         == HFGenerateEngine(wrapped, tokenizer, max_new_tokens=6).generate(prompts, seed=1).response_ids
     )
+
+
+@pytest.mark.parametrize("Engine", [LeanEngine, HFGenerateEngine])  # vLLM checks lengths itself
+def test_inputs_larger_than_the_model_are_refused_before_sampling(policy, Engine):
+    """Issue 25, item 7: a 6,005-token prompt on a 128-position model ran silently with lean and hf-generate;
+    max_new_tokens=1e8 and group_size=100000 tried to allocate 16 GB and 3.7 GB before any check."""
+    from oprl.errors import OprlError
+
+    model, tokenizer = policy
+    context = model.config.max_position_embeddings
+    with pytest.raises(OprlError, match=rf"rollout.max_new_tokens=100000000 does not fit .* context of {context}"):
+        Engine(model, tokenizer, max_new_tokens=100_000_000)
+    engine = Engine(model, tokenizer, max_new_tokens=8)
+    too_long = [[5] * (context - 4)]
+    with pytest.raises(OprlError, match=rf"a prompt of {context - 4} tokens \+ rollout.max_new_tokens=8 exceeds"):
+        engine.generate(too_long, seed=0)
+    huge = [[5] * 16] * 10_000_000  # one prompt referenced 10M times: 80 MB of list; 230 GiB of cache
+    with pytest.raises(OprlError, match=r"sampling 10000000 rows .* GiB \(key/value cache, .*\), more than"):
+        engine.generate(huge, seed=0)
+
+
+def test_the_sampling_estimate_counts_more_than_the_cache(monkeypatch):
+    """The issue's rollout.group_size=100000 (x 4 prompts) passed a cache-only estimate (4.6 GiB) on a 24 GiB
+    machine and grew past 11 GiB in 30 s; with activations and logits counted it is refused, while the default
+    job's 256 rows and a 32 x 8 SmolLM2-sized batch of this model are not."""
+    from oprl.errors import OprlError
+    from oprl.rollout import base
+
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer)  # the default embedded model, as in the issue's run
+    monkeypatch.setattr(base, "available_memory", lambda device: 24 * 2**30)
+    engine = LeanEngine(model, tokenizer, max_new_tokens=8)
+    prompt = [5] * 16
+    engine.check_fits([prompt] * 256, 256)
+    with pytest.raises(OprlError, match=r"sampling 400000 rows"):
+        engine.check_fits([prompt] * 400_000, 400_000)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from oprl.errors import OprlError
 from oprl.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -96,6 +97,12 @@ class TorchEngine:
         self.temperature = temperature
         self.top_p = top_p
         self.max_new_tokens = max_new_tokens
+        self.context = context_of(model)
+        if self.context is not None and max_new_tokens >= self.context:
+            raise OprlError(
+                f"rollout.max_new_tokens={max_new_tokens} does not fit the model's context of {self.context} "
+                "positions (its max_position_embeddings, prompt included); lower it"
+            )
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -120,6 +127,7 @@ class TorchEngine:
         temperature = self.temperature if temperature is None else temperature
         top_p = self.top_p if top_p is None else top_p
         batch_size = batch_size or len(prompt_ids)
+        self.check_fits(prompt_ids, batch_size)
         parts = []
         # inference_mode is cheaper than no_grad: no version counters or view tracking on any tensor.
         with torch.inference_mode(), torch.random.fork_rng(devices=[]):
@@ -131,6 +139,50 @@ class TorchEngine:
         rollout = Rollout(*joined[:4])
         rollout.behavior_versions = joined[4] if switch is not None else None
         return rollout
+
+    def check_fits(self, prompt_ids: list[list[int]], batch_size: int) -> None:
+        """Refuse, before any tensor is built, a prompt whose tokens plus ``max_new_tokens`` exceed the
+        model's context (positions past it have no embedding: the model would run on garbage, silently), and
+        a batch whose working set is larger than the memory available: per row, the key/value cache
+        ``2 x layers x (prompt + new) x kv width``, one layer's prefill activations ``prompt x (4 x hidden +
+        2 x intermediate)`` (elements of the model's size), and four float32 copies of the vocabulary's logits
+        (logits, log-softmax, probabilities, the top-p sort). The cache alone under-counts: 400,000 rows of the
+        tiny model grew past 11 GiB within 30 s of sampling."""
+        longest = max((len(p) for p in prompt_ids), default=0)
+        if self.context is not None and longest + self.max_new_tokens > self.context:
+            raise OprlError(
+                f"a prompt of {longest} tokens + rollout.max_new_tokens={self.max_new_tokens} exceeds the model's "
+                f"context of {self.context} positions: shorten the task's prompts or lower rollout.max_new_tokens"
+            )
+        config = getattr(self.model, "config", None)
+        layers = getattr(config, "num_hidden_layers", None)
+        heads = getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", None)
+        hidden, attention = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+        if not (isinstance(layers, int) and isinstance(heads, int) and isinstance(hidden, int)):
+            return
+        if not isinstance(attention, int):
+            return
+        width = heads * (getattr(config, "head_dim", None) or hidden // attention)
+        element = next(self.model.parameters()).element_size()
+        rows = min(batch_size, len(prompt_ids))
+        intermediate = getattr(config, "intermediate_size", None)
+        intermediate = intermediate if isinstance(intermediate, int) else 4 * hidden
+        vocab = getattr(config, "vocab_size", None)
+        vocab = vocab if isinstance(vocab, int) else 0
+        per_row = (
+            2 * layers * (longest + self.max_new_tokens) * width * element  # key/value cache
+            + longest * (4 * hidden + 2 * intermediate) * element  # one layer's prefill activations
+            + 4 * vocab * 4  # float32 logits and their three working copies
+        )
+        needed = rows * per_row
+        available = available_memory(next(self.model.parameters()).device)
+        if available is not None and needed > available:
+            raise OprlError(
+                f"rollout: sampling {rows} rows of up to {longest + self.max_new_tokens} positions needs "
+                f"{needed / 2**30:.1f} GiB (key/value cache, prefill activations, logits), "
+                f"more than the {available / 2**30:.1f} GiB available; "
+                "lower rollout.group_size, rollout.prompts_per_step or rollout.max_new_tokens"
+            )
 
     def _generate_batch(self, prompt_ids: list[list[int]], temperature: float, top_p: float, switch=None) -> Rollout:
         was_training = self.model.training
@@ -150,6 +202,26 @@ class TorchEngine:
             ]
             switch.finish(max(len(r) for r in rollout.response_ids))
         return rollout
+
+
+def context_of(model) -> int | None:
+    """The model's context length (``max_position_embeddings``), None when its config does not say."""
+    value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def available_memory(device) -> int | None:
+    """Bytes free for new tensors on ``device``: the GPU's free memory, or the machine's available memory."""
+    if getattr(device, "type", "cpu") == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def cut_at_eos(tokens: torch.Tensor, logprobs: torch.Tensor, tokenizer) -> Rollout:
