@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "oprl"
 # algorithms at the bottom.
 ALLOWED = {
     "algorithms": {"algorithms", "lazy"},
-    "tasks": {"tasks", "errors"},
+    "tasks": {"tasks", "errors", "plugins"},
     # Samplers run models; models know nothing of sampling (padding layouts live in models/batching.py).
     "models": {"models", "errors", "io", "lazy"},
     "rollout": {"rollout", "models", "errors", "lazy"},
@@ -72,6 +72,8 @@ ALLOWED = {
     # torch bound at first use (``oprl config`` and ``--help`` never load it).
     "lazy": {"lazy"},
     "io": {"io", "errors"},
+    # A configured name -> a class: built-in registry, entry point, import path (tasks, engines, rewards).
+    "plugins": {"plugins", "errors"},
 }
 
 # Process entry points that host the CLI in another process: they sit above everything, like cli.py.

@@ -3,13 +3,17 @@
 Each task class names its configuration section (``Config``, a ``oprl.tasks.config.Section`` whose ``name``
 field is ``Literal[<its key>]``) and is built from it: ``TASKS[section.name](section)``. The ``task`` field
 of the run's configuration (``TaskConfig``, a union tagged by ``name``) is derived from this dict, so adding
-a task is: write its section and class, add one entry here.
+a task is: write its section and class, add one entry here. A task outside oprl needs no entry: ``task.name``
+may also be an installed entry point (group ``oprl.tasks``) or an import path (``my_pkg.tasks:MyTask``,
+``path/to/file.py:MyTask``), resolved by ``oprl.plugins`` (docs/tasks.md#plug-ins).
 """
 
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
-from pydantic import Discriminator, Tag
+from pydantic import BaseModel, Discriminator, SerializeAsAny, Tag, ValidationError, WrapValidator
 
+from oprl import plugins
+from oprl.errors import OprlError
 from oprl.tasks.agent import AgentTask
 from oprl.tasks.arithmetic import ArithmeticTask
 from oprl.tasks.base import Problem, Reward, Task
@@ -37,9 +41,49 @@ TASKS: dict[str, Any] = {
 DEFAULT_TASK = "arithmetic"
 
 
+def task_class(name: str) -> Any:
+    """The task class ``name`` names: a key of ``TASKS``, an entry point of ``oprl.tasks``, or an import path
+    (``oprl.plugins.resolve``); a plug-in must carry its section as ``Config`` (a pydantic model)."""
+    found = plugins.resolve("task", name, TASKS, key="task.name")
+    config = getattr(found, "Config", None)
+    if not isinstance(found, type) or not (isinstance(config, type) and issubclass(config, BaseModel)):
+        raise OprlError(
+            f"task.name: {name!r} is not a task class with a Config section (a pydantic model, e.g. an "
+            "oprl.tasks.config.Section subclass)"
+        )
+    return found
+
+
 def build_task(section: Any) -> Task:
     """The task named by ``section.name``, built from that section."""
-    return TASKS[section.name](section)
+    return task_class(section.name)(section)
+
+
+def plugin_section(name: str, value: Any) -> Any:
+    """The section of the plug-in task ``name`` validated from ``value`` (a dict, or its section itself), with
+    ``name`` set to the plug-in's name as given: the run's config.yaml records it, so a resume finds it again."""
+    cls = task_class(name)
+    if isinstance(value, cls.Config):
+        section = value
+    else:
+        fields = {k: v for k, v in dict(value).items() if k != "name"}
+        try:
+            section = cls.Config(**fields)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            key = ".".join(str(part) for part in error["loc"])
+            raise OprlError(f"task.{key}: {error['msg']} (got {error.get('input')!r}; task {name})") from None
+    if getattr(section, "name", None) == name:
+        return section
+    return section.model_copy(update={"name": name})  # a Literal name field holds the plug-in's spec
+
+
+def _plugin_or_builtin(value: Any, handler: Any) -> Any:
+    """Built-in task names go through the tagged union; any other ``name`` is a plug-in's section."""
+    name = _task_tag(value)
+    if name in TASKS:
+        return handler(value)
+    return plugin_section(name, value)
 
 
 def _task_tag(value: Any) -> str:
@@ -53,7 +97,8 @@ if TYPE_CHECKING:  # a union built from TASKS at run time is beyond a static che
     TaskConfig = Any
 else:  # Union[...] of a tuple: the `|` form cannot be built from a sequence
     _SECTIONS = tuple(Annotated[task.Config, Tag(name)] for name, task in TASKS.items())
-    TaskConfig = Annotated[Union[_SECTIONS], Discriminator(_task_tag)]  # noqa: UP007
+    _BUILTIN = Annotated[Union[_SECTIONS], Discriminator(_task_tag)]  # noqa: UP007
+    TaskConfig = Annotated[SerializeAsAny[_BUILTIN], WrapValidator(_plugin_or_builtin)]
 """The ``task`` configuration section: one of the ``TASKS[name].Config``, chosen by ``task.name``."""
 
 __all__ = [
@@ -67,4 +112,5 @@ __all__ = [
     "Task",
     "TaskConfig",
     "build_task",
+    "task_class",
 ]

@@ -24,8 +24,7 @@ Run one worker by hand: ``echo '{"fn": 0, "prompt": "1+1=", "completion": "2", "
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import importlib.machinery
 import inspect
 import json
 import logging
@@ -36,6 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from oprl import plugins
 from oprl.errors import OprlError
 from oprl.tasks.base import Reward
 from oprl.tasks.workers import WorkerPool, fatal, serve, start_worker
@@ -48,33 +48,11 @@ log = logging.getLogger("oprl.tasks")
 
 
 def load_reward(spec: str, *, key: str = KEY) -> Callable[..., Any]:
-    """The function named by ``spec`` (``module:function`` or ``file.py:function``); one-line ``OprlError``."""
-    target, sep, attribute = spec.rpartition(":")
-    if not sep or not target or not attribute:
-        raise OprlError(f"{key}: {spec!r} must be package.module:function or path/to/file.py:function")
-    try:
-        if target.endswith(".py") or "/" in target or os.sep in target:
-            path = Path(target)
-            if not path.is_file():
-                raise OprlError(f"{key}: file {target!r} not found (from {os.getcwd()})")
-            module_spec = importlib.util.spec_from_file_location(f"_oprl_reward_{path.stem}", path)
-            if module_spec is None or module_spec.loader is None:
-                raise OprlError(f"{key}: cannot import {target!r} as a Python file")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            if os.getcwd() not in sys.path:  # as `python -m` would: modules next to the user's data import
-                sys.path.append(os.getcwd())
-            module = importlib.import_module(target)
-    except OprlError:
-        raise
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        raise OprlError(f"{key}: cannot import {target!r}: {type(exc).__name__}: {_first_line(exc)}") from None
-    function = getattr(module, attribute, None)
+    """The function named by ``spec`` (``module:function`` or ``file.py:function``); one-line ``OprlError``.
+    The import is ``oprl.plugins.load_object``, the one loader of every plug-in."""
+    function = plugins.load_object(spec, key=key, what="function")
     if not callable(function):
-        raise OprlError(f"{key}: {target!r} has no function {attribute!r}")
+        raise OprlError(f"{key}: {spec.rpartition(':')[0]!r} has no function {attribute_name(spec)!r}")
     return function
 
 
@@ -245,11 +223,6 @@ def _check_spec(spec: str) -> None:
         raise OprlError(f"{KEY}: {spec!r} must be package.module:function or path/to/file.py:function")
     if (target.endswith(".py") or "/" in target or os.sep in target) and not Path(target).is_file():
         raise OprlError(f"{KEY}: file {target!r} not found (from {os.getcwd()})")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else ""
 
 
 # ---------------------------------------------------------------- the worker side (a separate process)
