@@ -235,12 +235,36 @@ def _task_values(task: Any) -> Any:
     """The ``task`` section's values for a task name, section, dict or built task."""
     if isinstance(task, str):
         return {"name": task}
+    plugin = _plugin_name(task)
+    if isinstance(task, type) and plugin:  # a plug-in task class: its section's defaults
+        return {"name": plugin}
     section = getattr(task, "config", task)  # a built task carries its section
     if hasattr(section, "model_dump"):
-        return section.model_dump(mode="json")
+        values = section.model_dump(mode="json")
+        return {**values, "name": plugin} if plugin and not _resolvable(values.get("name")) else values
     if isinstance(section, Mapping):
         return dict(section)
     raise OprlError(f"task: expected a task name, a task section or a task, got {type(task).__name__}")
+
+
+def _plugin_name(task: Any) -> str | None:
+    """For a task class (or a built task) defined outside oprl: the import path the run records for it,
+    ``module:Class``, or ``file.py:Class`` for a class from a file oprl loaded or a script; else None."""
+    cls = task if isinstance(task, type) else type(task)
+    if cls.__module__.split(".")[0] == "oprl" or not hasattr(cls, "Config") or not hasattr(cls, "problems"):
+        return None
+    module = sys.modules.get(cls.__module__)
+    by_file = cls.__module__ == "__main__" or cls.__module__.startswith("_oprl_plugin_")
+    target = getattr(module, "__file__", None) if by_file else cls.__module__
+    return f"{target}:{cls.__qualname__}" if target else None
+
+
+def _resolvable(name: Any) -> bool:
+    """Whether a section's ``name`` finds its task again: a built-in, an import path or an entry point."""
+    from oprl.plugins import entry_point
+    from oprl.tasks import TASKS
+
+    return isinstance(name, str) and (name in TASKS or ":" in name or entry_point("task", name) is not None)
 
 
 def _as_overrides(values: Mapping[str, Any], prefix: str = "") -> list[str]:

@@ -135,3 +135,23 @@ def _env() -> dict:
     import os
 
     return dict(os.environ)
+
+
+def test_the_api_takes_a_plugin_task_class_or_object(plugin_file):
+    from oprl.api import resolve
+    from oprl.plugins import load_object
+
+    cls = load_object(f"{plugin_file}:DoublingTask", key="test")
+    assert resolve(None, task=cls).task.name == f"{plugin_file}:DoublingTask"
+    built = cls(cls.Config(scale=5))
+    config = resolve(None, task=built)
+    assert config.task.name == f"{plugin_file}:DoublingTask" and config.task.scale == 5
+
+
+def test_a_plugin_run_resumes(small_overrides, plugin_file, tmp_path):
+    """config.yaml records the plug-in's name: resume=true finds the task again and trains on."""
+    overrides = [o for o in small_overrides if not o.startswith("task.")] + ["run_name=resumed"]
+    assert main(["train", *overrides, f"task.name={plugin_file}:DoublingTask", "task.scale=4", "steps=2"]) == 0
+    assert main(["train", *overrides, "steps=3", "resume=true"]) == 0  # the task comes from config.yaml alone
+    assert _trained_steps(tmp_path / "runs" / "resumed") == 3
+    assert "scale: 4" in (tmp_path / "runs" / "resumed" / "config.yaml").read_text()
