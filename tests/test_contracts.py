@@ -55,6 +55,7 @@ def test_every_registered_engine_has_the_engine_methods(name):
             "top_p",
             "batch_size",
             "row_seeds",
+            "switch",
         }
     )
 

@@ -52,12 +52,15 @@ class Engine(Protocol):
         top_p: float | None = None,
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,
+        switch=None,
     ) -> Rollout:
         """One response per prompt row (token ids, no padding). The same ``seed`` and inputs give the same
         samples; ``temperature`` / ``top_p`` override the engine's own (evaluation samples differently);
         ``batch_size`` bounds the rows sampled at once where the engine batches itself. ``row_seeds``: a seed
         per row, for engines that seed rows (vLLM; the agent endpoint passes them); the torch engines draw a
-        whole call from one generator seeded ``seed`` and ignore them."""
+        whole call from one generator seeded ``seed`` and ignore them. ``switch``: an ``oprl.partial.Switcher``
+        that may load newer weights between decode steps (partial rollouts); the rollout then records each
+        token's version in ``behavior_versions``. Engines without a decode loop of their own refuse one."""
         ...
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:

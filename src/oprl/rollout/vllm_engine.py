@@ -148,10 +148,13 @@ class VLLMEngine:
         top_p: float | None = None,
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,
+        switch=None,
     ) -> Rollout:
         """Sample one response per prompt row; the same ``seed`` and inputs give the same samples.
         ``batch_size`` is ignored: vLLM schedules its own batches, and rows are seeded independently
         (``row_seeds``: each row's seed, in place of ``row_seed(seed, row)``)."""
+        if switch is not None:  # sync.partial with vllm is refused when the run starts; this guards direct use
+            raise OprlError("rollout.engine=vllm cannot switch weights inside a call (sync.partial needs lean)")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
