@@ -204,10 +204,10 @@ def _missing_checkpoint(path) -> str:
 def _config(args: list[str]) -> int:
     import yaml
 
-    from oprl.config import describe_fields, load_config
+    from oprl.config import help_lines, load_config
 
     if "--help" in args or "-h" in args:
-        print("\n".join(describe_fields()))
+        print("\n".join(help_lines([a for a in args if a not in ("--help", "-h")])))
         return 0
     path, overrides = _split_config_args(args)
     print(yaml.safe_dump(load_config(path, overrides).model_dump(mode="json"), sort_keys=False), end="")

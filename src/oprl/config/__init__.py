@@ -5,7 +5,7 @@
 ``loading`` (YAML, overrides, one-line errors, saving, help text). Import from ``oprl.config``.
 """
 
-from oprl.config.loading import describe_fields, load_config, save_config
+from oprl.config.loading import describe_fields, help_lines, load_config, save_config
 from oprl.config.run import RunConfig, algorithm_settings, resolve_algorithm
 from oprl.config.sections import (
     AlgorithmConfig,
@@ -50,6 +50,7 @@ __all__ = [
     "WarmStartConfig",
     "algorithm_settings",
     "describe_fields",
+    "help_lines",
     "load_config",
     "resolve_algorithm",
     "save_config",

@@ -23,7 +23,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Tag, ValidationError
 
+from oprl.algorithms.presets import PRESETS, resolve_preset
+from oprl.algorithms.registry import unknown_name_message
 from oprl.config.run import RunConfig, _refuse_renamed, resolve_algorithm
+from oprl.config.sections import AlgorithmConfig
 from oprl.errors import OprlError
 from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
     ArithmeticTaskConfig,
@@ -223,18 +226,58 @@ def _closest(name: str, valid) -> str:
     return f"; valid: {', '.join(valid)}"
 
 
-def describe_fields(model: type[BaseModel] = RunConfig, prefix: str = "", note: str = "") -> list[str]:
-    """``key (default): meaning`` lines for every leaf option, for ``oprl config --help``; the members of a tagged
-    union (the task section) are listed one after another, each line saying which member it belongs to."""
+def describe_fields(
+    model: type[BaseModel] = RunConfig, prefix: str = "", note: str = "", preset: str = "grpo"
+) -> list[str]:
+    """``key = default: meaning`` lines for every leaf option, for ``oprl config --help``; the members of a tagged
+    union (the task section) are listed one after another, each line saying which member it belongs to.
+
+    One source for every default: an algorithm setting left ``None`` shows ``preset``'s value
+    (``oprl.algorithms.resolve_preset``, the resolver a run uses), a ``default_factory`` field its built value."""
     lines = []
     for name, field in model.model_fields.items():
         section = _section_of(field)
         if isinstance(section, dict):
             for tag, member in section.items():
-                lines.extend(describe_fields(member, f"{prefix}{name}.", f" [{name}.name={tag}]"))
+                lines.extend(describe_fields(member, f"{prefix}{name}.", f" [{name}.name={tag}]", preset))
         elif section is not None:
-            lines.extend(describe_fields(section, f"{prefix}{name}.", note))
+            lines.extend(describe_fields(section, f"{prefix}{name}.", note, preset))
         else:
+            default = field.get_default(call_default_factory=True)
+            if model is AlgorithmConfig:
+                default = preset if name == "preset" else resolve_preset(preset).get(name, default)
             doc = " ".join((field.description or "").split())
-            lines.append(f"{prefix}{name} = {field.default!r}{note}: {doc}")
+            lines.append(f"{prefix}{name} = {default!r}{note}: {doc}")
     return lines
+
+
+def help_lines(selectors: Sequence[str] = ()) -> list[str]:
+    """``oprl config --help [SELECTOR ...]``: ``describe_fields`` narrowed to what the selectors name.
+
+    ``algorithm.preset=NAME`` shows that preset's values (the algorithm section); ``task.name=NAME`` that task's
+    fields; a bare key (``rollout``, ``algorithm.eps_low``) the options under it. Several selectors add up;
+    a selector that matches nothing raises ``OprlError`` naming it and the valid sections."""
+    preset, filters = "grpo", list[tuple[str, str]]()
+    for item in selectors:
+        key, _, value = item.partition("=")
+        if key == "algorithm.preset" and value:
+            if value not in PRESETS:
+                raise OprlError(f"config --help: {unknown_name_message('preset', value, list(PRESETS))}")
+            preset = value
+            filters.append(("key", "algorithm"))
+        elif key.endswith(".name") and value:
+            filters.append(("member", f" [{key}={value}]"))
+        else:
+            filters.append(("key", key))
+        if not any(_selected(line, *filters[-1]) for line in describe_fields(preset=preset)):
+            sections = ", ".join(RunConfig.model_fields)
+            raise OprlError(f"config --help: nothing matches {item!r}; sections: {sections}")
+    lines = describe_fields(preset=preset)
+    return [line for line in lines if not filters or any(_selected(line, *kept) for kept in filters)]
+
+
+def _selected(line: str, kind: str, arg: str) -> bool:
+    """Whether a help line is under key ``arg`` (kind ``key``) or belongs to union member ``arg`` (``member``)."""
+    if kind == "member":
+        return arg in line.split(":", 1)[0]
+    return line.startswith((f"{arg}.", f"{arg} ="))
