@@ -31,7 +31,8 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def engine(tokenizer):
     torch.manual_seed(0)
-    return LeanEngine(build_model(tokenizer), tokenizer, max_new_tokens=10)
+    # 256 positions: a chat prompt with a tools block is 166 tokens, past the default 128 (refused since #25)
+    return LeanEngine(build_model(tokenizer, max_positions=256), tokenizer, max_new_tokens=10)
 
 
 class EndingEngine:
