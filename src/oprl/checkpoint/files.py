@@ -112,6 +112,13 @@ def prune(run_dir: Path, keep: int) -> None:
     checkpoint was committed and verified, so the newest one is sound)."""
     for old in checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    remove_staging(run_dir)
+
+
+def remove_staging(run_dir: Path) -> None:
+    """Delete every ``.tmp-step-N`` (never a committed checkpoint). Also called once the workers have stopped:
+    a trainer still writing its part when a failure abandoned the checkpoint can recreate the directory after
+    the abandon removed it."""
     for leftover in (Path(run_dir) / CHECKPOINTS).glob(".tmp-step-*"):
         shutil.rmtree(leftover, ignore_errors=True)
 

@@ -26,6 +26,7 @@ from oprl.backends.failure import StopSignals
 from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import make_buffer
 from oprl.buffer.store import ExperienceStore
+from oprl.checkpoint import files as ckpt_files
 from oprl.checkpoint import resume, rundir, storedir
 from oprl.config import RunConfig
 from oprl.errors import OprlError
@@ -226,6 +227,7 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log) -> None:
         if config.sync.partial:  # an explorer waiting for a version that will never come stops
             close_board(run_dir / BOARD_DIRNAME)
         backend.shutdown(actors)
+        ckpt_files.remove_staging(run_dir)  # the workers have stopped: nothing writes a staging directory now
 
 
 @dataclass
