@@ -119,7 +119,7 @@ def measure(base: list[str], path: str, sharding: str, world: int, batches, args
         steps = []
         for step, batch in enumerate(batches, start=1):
             tick = time.perf_counter()
-            metrics = call("train", step, batch)
+            metrics = call("train", step, batch).metrics
             train_s = time.perf_counter() - tick
             tick = time.perf_counter()
             weights = call("weights")

@@ -1,13 +1,18 @@
-"""The plug-in contracts hold: every registered engine is an ``Engine``, both backends are ``Backend``s, both
-trainer workers are ``TrainerRole``s (same method names and keyword arguments as the protocols)."""
+"""The plug-in contracts hold: every registered engine is an ``Engine``, both backends are ``Backend``s, every
+worker class implements its role (same method names and parameters as the protocol in ``oprl.roles``), and
+every typed handle offers exactly its role's verbs and sends nothing else."""
 
 import inspect
 
 import pytest
 import torch
 
-from oprl.backends.base import Backend, TrainerRole
+from oprl import roles
+from oprl.backends.base import Backend
 from oprl.backends.local import LocalBackend
+from oprl.buffer.buffer import ExperienceBuffer
+from oprl.explorer.evaluate import Evaluator
+from oprl.explorer.explorer import ExplorerWorker
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import ENGINES, Engine, VLLMEngine
 from oprl.trainer.ranks import ShardedTrainer
@@ -68,9 +73,64 @@ def test_backends_offer_what_the_driver_calls():
     assert not missing, missing
 
 
-@pytest.mark.parametrize("worker", [TrainerWorker, ShardedTrainer])
-def test_trainer_workers_are_trainer_roles(worker):
-    assert issubclass(worker, TrainerRole)
-    for name in members(TrainerRole):
-        expected = list(inspect.signature(getattr(TrainerRole, name)).parameters)
+WORKERS = [
+    (TrainerWorker, roles.TrainerRole),
+    (ShardedTrainer, roles.TrainerRole),
+    (ExplorerWorker, roles.ExplorerRole),
+    (ExperienceBuffer, roles.BufferRole),
+    (Evaluator, roles.EvaluatorRole),
+]
+HANDLES = [roles.TrainerHandle, roles.ExplorerHandle, roles.BufferHandle, roles.EvaluatorHandle]
+
+
+def verbs(protocol) -> set[str]:
+    return {n for n, v in vars(protocol).items() if inspect.isfunction(v) and not n.startswith("_")}
+
+
+@pytest.mark.parametrize("worker, role", WORKERS, ids=lambda w: w.__name__)
+def test_workers_implement_their_roles(worker, role):
+    assert issubclass(worker, role)
+    for name in verbs(role):
+        expected = list(inspect.signature(getattr(role, name)).parameters)
         assert list(inspect.signature(getattr(worker, name)).parameters) == expected, (worker, name)
+
+
+@pytest.mark.parametrize("handle", HANDLES, ids=lambda h: h.__name__)
+def test_handles_offer_their_roles_verbs_with_the_same_parameters(handle):
+    assert verbs(handle) == verbs(handle.role)
+    for name in verbs(handle.role):
+        expected = list(inspect.signature(getattr(handle.role, name)).parameters)
+        assert list(inspect.signature(getattr(handle, name)).parameters) == expected, (handle, name)
+
+
+class Recorder:
+    name = "recorder"
+
+    def __init__(self):
+        self.sent = []
+
+    def call(self, method, *args, num_returns=1):
+        self.sent.append((method, args, num_returns))
+        return tuple(range(num_returns)) if num_returns > 1 else None
+
+
+def test_a_handle_sends_its_roles_verb_by_name_and_refuses_another_roles():
+    actor = Recorder()
+    trainer = roles.TrainerHandle(actor)
+    trainer.train(3, "batch future")
+    assert actor.sent == [("train", (3, "batch future"), 1)]
+    assert roles.BufferHandle(actor).take(2) == (0, 1) and actor.sent[-1] == ("take", (2,), 2)
+    with pytest.raises(TypeError, match=r"BufferRole\.save is not a verb of TrainerRole"):
+        trainer._call(roles.BufferRole.save, "dir")
+
+
+def test_handles_run_on_the_local_backend_in_threads_and_processes(tmp_path):
+    """The typed call reaches a real worker on both local flavours (Ray: tests/integration/test_ray.py)."""
+    for workers in ("threads", "processes"):
+        backend = LocalBackend(workers)
+        buffer = roles.BufferHandle(backend.start("buffer", ExperienceBuffer))
+        try:
+            assert backend.get(buffer.save(str(tmp_path / workers))) == []
+            assert backend.get(buffer.restore(str(tmp_path / workers))) == []
+        finally:
+            backend.shutdown([buffer.actor])

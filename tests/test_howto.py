@@ -5,9 +5,11 @@ import json
 
 import torch
 
+import recipes
 from oprl.algorithms import losses
 from oprl.cli import main
-from oprl.rollout import ENGINES, LeanEngine
+from oprl.config import algorithm_settings, load_config
+from oprl.rollout import ENGINES
 
 
 def _only_positive(ratio, advantages, params):
@@ -17,6 +19,8 @@ def _only_positive(ratio, advantages, params):
 
 def test_a_loss_variant_is_a_function_and_a_registry_entry(monkeypatch):
     monkeypatch.setitem(losses.CLIP_MODES, "only-positive", _only_positive)
+    config = load_config(None, ["algorithm.clip_mode=only-positive"])  # the config checks the live registry
+    assert algorithm_settings(config)["clip_mode"] == "only-positive"
     logprobs = torch.full((2, 3), -1.0, requires_grad=True)
     advantages = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 3)
@@ -29,26 +33,10 @@ def test_a_loss_variant_is_a_function_and_a_registry_entry(monkeypatch):
     assert full.grad is not None and torch.all(full.grad[1] != 0)  # clip_mode=none trains it
 
 
-CALLS: list[int] = []
-
-
-def counting_engine(model, tokenizer, **settings):
-    """An engine: any callable ``(model, tokenizer, temperature=, top_p=, max_new_tokens=) -> Engine``."""
-    engine = LeanEngine(model, tokenizer, **settings)
-    generate = engine.generate
-
-    def counted(*args, **kwargs):
-        CALLS.append(1)
-        return generate(*args, **kwargs)
-
-    engine.generate = counted
-    return engine
-
-
 def test_an_engine_is_one_registry_entry_and_trains(monkeypatch, small_overrides, tmp_path):
-    monkeypatch.setitem(ENGINES, "counting", counting_engine)
-    CALLS.clear()
+    monkeypatch.setitem(ENGINES, "counting", recipes.counting_engine)  # a LeanEngine counting generate calls
+    recipes.CALLS.clear()
     assert main(["train", *small_overrides, "steps=2", "run_name=howto", "rollout.engine=counting"]) == 0
     rows = (tmp_path / "runs" / "howto" / "metrics.jsonl").read_text().splitlines()
     assert len([r for r in map(json.loads, rows) if "reward/correct" in r]) == 2
-    assert CALLS  # the registered engine sampled the batches
+    assert recipes.CALLS  # the registered engine sampled the batches

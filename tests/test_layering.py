@@ -34,8 +34,10 @@ ALLOWED = {
     # The roles. Each may use the layers below it; none imports the orchestration (oprl.runtime).
     # Backends place workers and rank groups; they know nothing of what the workers do.
     "backends": {"backends", "config", "errors", "messages"},
+    # What each role answers and the typed handles the driver calls it through (above the backends).
+    "roles": {"roles", "backends", "messages"},
     "buffer": {"buffer", "config", "errors", "io", "messages", "partial"},
-    "checkpoint": {"checkpoint", "backends", "buffer", "config", "errors", "io", "metrics"},
+    "checkpoint": {"checkpoint", "backends", "buffer", "config", "errors", "io", "metrics", "roles"},
     "explorer": {
         "explorer",
         "checkpoint",

@@ -5,7 +5,9 @@ experiences can be trained with any preset. ``behavior_logprobs`` are the sample
 ``batch_metrics`` summarises a batch of them (the explorer's rows of mode=explore and the trainer's rows).
 
 Also what else travels between the roles: ``ExploreResult`` (an explorer's report next to a batch, with its
-``Timing``) and ``FlatWeights`` (the trainer's weights snapshot on its way to the explorers).
+``Timing``), ``TrainResult`` (the trainer's report of a step) and ``FlatWeights`` (the trainer's weights
+snapshot on its way to the explorers). The driver reads control values (versions, clocks) from their
+attributes; dicts of ``name -> float`` are only ever columns of ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -122,7 +124,23 @@ class ExploreResult:
     """``batch_metrics`` of the experiences: the ``reward/*`` and ``response/*`` columns."""
     busy_s: float
     idle_s: float
-    """The explorer's clock (``transport.Clock``) since it started: busy inside calls, idle between them."""
+    """The explorer's clock (``worker.Clock``) since it started: busy inside calls, idle between them."""
+
+
+@dataclass
+class TrainResult:
+    """What the trainer worker reports after a step (``TrainerRole.train``)."""
+
+    metrics: dict[str, float]
+    """The step's trainer columns of ``metrics.jsonl`` (``loss/*``, ``adv/*``, ``batch/*``, ``lag/*``, ...)."""
+    version: int
+    """The trainer's policy version after the step (= the step)."""
+    start_version: int
+    """The newest policy version a response of the batch started with (in scheduled mode the driver checks
+    it is the version the schedule assigned: ``Synchronizer.scheduled_version``)."""
+    busy_s: float
+    idle_s: float
+    """The trainer's clock (``worker.Clock``) since it started: busy inside calls, idle between them."""
 
 
 class FlatWeights(dict):

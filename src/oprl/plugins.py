@@ -2,9 +2,10 @@
 
 A name resolves, in this order, through
 
-1. the built-in registry (``oprl.tasks.TASKS``, ``oprl.rollout.ENGINES``);
-2. an installed package's entry point in the group ``oprl.<kind>`` (``oprl.tasks``, ``oprl.engines``,
-   ``oprl.rewards``), found with ``importlib.metadata.entry_points``: a package declares
+1. the built-in registry (``oprl.tasks.TASKS``, ``oprl.rollout.ENGINES``, ``oprl.algorithms.CLIP_MODES``, ...);
+2. an installed package's entry point in the group of its kind (``GROUPS``: ``oprl.tasks``, ``oprl.engines``,
+   ``oprl.rewards``, ``oprl.clip_modes``, ``oprl.weights``, ...), found with ``importlib.metadata.entry_points``:
+   a package declares
    ``[project.entry-points."oprl.tasks"] my-task = "my_pkg.tasks:MyTask"`` and ``task.name=my-task`` works;
 3. an import path: ``package.module:Name`` (imported from the current directory or the environment) or
    ``path/to/file.py:Name`` (a file, relative to the current directory).
@@ -15,18 +16,31 @@ naming the configuration key and the name. A leaf: it imports nothing of oprl bu
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from oprl.errors import OprlError
 
-GROUPS = {"task": "oprl.tasks", "engine": "oprl.engines", "reward": "oprl.rewards"}
+GROUPS = {
+    "task": "oprl.tasks",
+    "engine": "oprl.engines",
+    "reward": "oprl.rewards",
+    # the algorithm settings whose value names a function of a registry (oprl.config.choices)
+    "clip_mode": "oprl.clip_modes",
+    "weight": "oprl.weights",
+    "ratio_level": "oprl.ratio_levels",
+    "regularizer": "oprl.regularizers",
+    "loss_agg": "oprl.loss_aggregations",
+    "baseline": "oprl.baselines",
+    "drop": "oprl.drop_rules",
+}
 """The entry-point group of each kind of plug-in."""
 
 
@@ -92,21 +106,33 @@ def entry_point_names(kind: str) -> list[str]:
     return sorted({point.name for point in importlib.metadata.entry_points(group=GROUPS[kind])})
 
 
-def resolve(kind: str, name: str, builtins: Mapping[str, Any], *, key: str) -> Any:
+def resolve(kind: str, name: str, builtins: Mapping[str, Any], *, key: str, what: str = "class") -> Any:
     """What ``name`` names: ``builtins[name]``, else an installed entry point, else an import path."""
     if name in builtins:
         return builtins[name]
     value = entry_point(kind, name)
     if value is not None:
-        return load_object(value, key=f"{key} (entry point {name!r} of {GROUPS[kind]})", what="class")
+        return load_object(value, key=f"{key} (entry point {name!r} of {GROUPS[kind]})", what=what)
+    return load_object(import_path(kind, name, list(builtins), key=key, what=what), key=key, what=what)
+
+
+def import_path(kind: str, name: str, builtins: Sequence[str] = (), *, key: str, what: str = "class") -> str:
+    """``name`` as ``module:Name``: itself when it is one, else the value of its entry point in ``kind``'s
+    group (read from the installed metadata, nothing imported); else one ``OprlError`` line naming ``key``,
+    the closest known name and every known one (built-in, then installed)."""
+    value = entry_point(kind, name)
+    if value is not None:
+        return value
     if ":" not in name:
-        installed = entry_point_names(kind)
-        known = ", ".join([*builtins, *installed])
+        known = [*builtins, *entry_point_names(kind)]
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        label = kind.replace("_", " ")
         raise OprlError(
-            f"{key}: unknown {kind} {name!r}; choose from {known}, "
-            "or give package.module:Class or path/to/file.py:Class"
+            f"{key}: unknown {label} {name!r}{hint}; choose from {', '.join(known)}, "
+            f"or give package.module:{what} or path/to/file.py:{what}"
         )
-    return load_object(name, key=key, what="class")
+    return name
 
 
 def first_line(exc: BaseException) -> str:

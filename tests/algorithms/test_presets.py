@@ -6,6 +6,7 @@ per-token loop that follows the docs/paper.md#loss-table literally; two presets 
 by hand in the comments.
 """
 
+import inspect
 import math
 
 import pytest
@@ -150,6 +151,18 @@ def test_every_preset_sets_every_setting():
         assert set(settings) == set(ALGORITHM_DEFAULTS), name
         if name.endswith("-wide"):
             assert (settings["eps_low"], settings["eps_high"]) == (0.6, 2.0)
+
+
+@pytest.mark.parametrize("function, keys", [(group_advantages, ADVANTAGE_KEYS), (policy_loss, LOSS_KEYS)])
+def test_the_functions_keyword_defaults_are_algorithm_defaults(function, keys):
+    """One source: every setting the function takes defaults to ``ALGORITHM_DEFAULTS``' value, and it takes
+    every setting of its keys (a default changed in defaults.py reaches a direct call too)."""
+    parameters = inspect.signature(function).parameters
+    settings = {n: p.default for n, p in parameters.items() if n in ALGORITHM_DEFAULTS}
+    assert set(settings) == set(keys)
+    for name, default in settings.items():
+        assert default is ALGORITHM_DEFAULTS[name] or default == ALGORITHM_DEFAULTS[name], name
+        assert type(default) is type(ALGORITHM_DEFAULTS[name]), name
 
 
 def test_resolve_preset_applies_overrides_and_copies():

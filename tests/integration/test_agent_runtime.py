@@ -6,24 +6,7 @@ import pyarrow.parquet as pq
 
 from oprl.cli import main
 from oprl.metrics import read_metrics
-
-EPISODES = [  # tests/integration/test_episodes_runtime.py's recipe, the task's problems under task.problems
-    "warmstart.max_steps=60",
-    "warmstart.batch_size=64",
-    "warmstart.check_interval=30",
-    "warmstart.val_problems=32",
-    "warmstart.target_accuracy=0.99",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=10",
-    "rollout.max_turns=3",
-    "rollout.max_episode_tokens=48",
-    "eval.num_problems=32",
-    "eval.interval=2",
-    "progress=false",
-    "tensorboard=false",
-    "runtime.torch_threads=1",
-]
+from recipes import EPISODES  # tests/integration/test_episodes_runtime.py's recipe, the task's problems below
 
 
 def test_an_openai_client_agent_trains_the_tiny_model(tmp_path):

@@ -65,7 +65,7 @@ def _batches(tokenizer):
 
 
 def _run(worker, batches):
-    metrics = [worker.train(step + 1, copy.deepcopy(batch)) for step, batch in enumerate(batches)]
+    metrics = [worker.train(step + 1, copy.deepcopy(batch)).metrics for step, batch in enumerate(batches)]
     return metrics, {k: v.clone() for k, v in worker.weights().items()}
 
 
@@ -270,7 +270,9 @@ def test_sharded_checkpoint_resumes_at_another_world_size(tiny_path, tmp_path):
 
 
 def _run_from(worker, batches, first_step):
-    metrics = [worker.train(step, copy.deepcopy(batches[step - 1])) for step in range(first_step, len(batches) + 1)]
+    metrics = [
+        worker.train(step, copy.deepcopy(batches[step - 1])).metrics for step in range(first_step, len(batches) + 1)
+    ]
     return metrics, {k: v.clone() for k, v in worker.weights().items()}
 
 

@@ -14,27 +14,9 @@ import pytest
 from oprl.cli import main
 from oprl.metrics import deterministic_view, read_metrics
 from oprl.schedule import policy_version
+from recipes import EPISODES as RECIPE
 
-EPISODES = [
-    "task.name=tool-arithmetic",
-    "task.train_size=600",
-    "task.test_size=64",
-    "warmstart.max_steps=60",
-    "warmstart.batch_size=64",
-    "warmstart.check_interval=30",
-    "warmstart.val_problems=32",
-    "warmstart.target_accuracy=0.99",
-    "rollout.prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=10",
-    "rollout.max_turns=3",
-    "rollout.max_episode_tokens=48",
-    "eval.num_problems=32",
-    "eval.interval=2",
-    "progress=false",
-    "tensorboard=false",
-    "runtime.torch_threads=1",
-]
+EPISODES = ["task.name=tool-arithmetic", "task.train_size=600", "task.test_size=64", *RECIPE]
 
 
 def rows_of(root, name):

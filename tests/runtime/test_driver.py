@@ -14,7 +14,8 @@ from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import ExperienceBuffer
 from oprl.config import load_config
 from oprl.explorer.explorer import ExploreResult, Timing
-from oprl.messages import Experience
+from oprl.messages import Experience, TrainResult
+from oprl.roles import BufferHandle, ExplorerHandle, TrainerHandle
 from oprl.runtime.driver import Driver, Schedule
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.schedule import policy_version
@@ -79,14 +80,11 @@ class FakeTrainer:
         versions = [e.policy_version for e in batch]
         out = {
             "batch/version_max": float(max(versions)),
-            "batch/start_version_max": float(max(versions)),
             "lag/max": float(self.version - min(versions)),
             "reward/mean": 0.5,
-            "perf/trainer_busy_total_s": 0.0,
-            "perf/trainer_idle_total_s": 0.0,
         }
         self.version += 1
-        return out
+        return TrainResult(out, self.version, max(versions), busy_s=0.0, idle_s=0.0)
 
     def weights(self):
         return {"version": self.version}
@@ -112,8 +110,25 @@ class Rows:
         pass
 
 
+class MislabellingTrainer(FakeTrainer):
+    """Reports a start version one newer than the batch's (the driver must read the attribute, not a row)."""
+
+    def train(self, step, batch):
+        result = super().train(step, batch)
+        result.start_version += 1
+        return result
+
+
 def drive(
-    tmp_path, overrides, *, explore_delay=0.0, train_delay=0.0, explorers=1, explorer_fail=None, trainer_fail=None
+    tmp_path,
+    overrides,
+    *,
+    explore_delay=0.0,
+    train_delay=0.0,
+    explorers=1,
+    explorer_fail=None,
+    trainer_fail=None,
+    trainer_type=FakeTrainer,
 ):
     config = load_config(
         None,
@@ -127,12 +142,12 @@ def drive(
         ],
     )
     backend, timeline, rows = LocalBackend(), Timeline(), Rows()
-    trainer = backend.start("trainer", FakeTrainer, train_delay, timeline, trainer_fail)
+    trainer = TrainerHandle(backend.start("trainer", trainer_type, train_delay, timeline, trainer_fail))
     workers = [
-        backend.start(f"explorer {i}", FakeExplorer, i, explore_delay, timeline, explorer_fail)
+        ExplorerHandle(backend.start(f"explorer {i}", FakeExplorer, i, explore_delay, timeline, explorer_fail))
         for i in range(explorers)
     ]
-    buffer = backend.start("buffer", ExperienceBuffer)
+    buffer = BufferHandle(backend.start("buffer", ExperienceBuffer))
     sync = Synchronizer(
         interval=config.sync.interval,
         offset=config.sync.offset,
@@ -140,7 +155,7 @@ def drive(
         max_staleness=config.sync.max_staleness,
         explorers=explorers,
     )
-    sync.publish(0, trainer.call("weights"))
+    sync.publish(0, trainer.weights())
     driver = Driver(
         config=config,
         run_dir=tmp_path,
@@ -160,7 +175,7 @@ def drive(
     try:
         driver.run()
     finally:
-        backend.shutdown([trainer, buffer, *workers])
+        backend.shutdown([trainer.actor, buffer.actor, *(w.actor for w in workers)])
     return rows.rows, timeline.events, time.perf_counter() - start
 
 
@@ -177,6 +192,11 @@ def test_every_step_trains_on_its_scheduled_version(tmp_path, k, m, explorers):
     for step, row in rows[1:]:
         assert row["batch/version_max"] == policy_version(step, k, m)
         assert row["lag/scheduled"] == row["lag/max"]
+
+
+def test_the_driver_checks_the_trainers_start_version_against_the_schedule(tmp_path):
+    with pytest.raises(RuntimeError, match=r"step 1 trained on version 1, not 0"):
+        drive(tmp_path, ["steps=2"], trainer_type=MislabellingTrainer)
 
 
 def overlapping(events, a, b):

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -157,34 +158,12 @@ def test_a_plugin_run_resumes(small_overrides, plugin_file, tmp_path):
     assert "scale: 4" in (tmp_path / "runs" / "resumed" / "config.yaml").read_text()
 
 
-ENGINE = textwrap.dedent(
-    """
-    from oprl.rollout import LeanEngine
-
-    CALLS = []
-
-
-    def CountingEngine(model, tokenizer, **settings):  # an engine plug-in is any callable building an Engine
-        engine = LeanEngine(model, tokenizer, **settings)
-        generate = engine.generate
-
-        def counted(*args, **kwargs):
-            CALLS.append(1)
-            return generate(*args, **kwargs)
-
-        engine.generate = counted
-        return engine
-    """
-)
-
-
 def test_an_engine_by_file_path_trains_and_a_bad_one_is_one_line(small_overrides, tmp_path, capsys):
-    path = tmp_path / "counting.py"
-    path.write_text(ENGINE)
-    overrides = [*small_overrides, "steps=2", "run_name=engine", f"rollout.engine={path}:CountingEngine"]
+    path = Path(__file__).parents[1] / "recipes.py"  # counting_engine: a LeanEngine counting generate calls
+    overrides = [*small_overrides, "steps=2", "run_name=engine", f"rollout.engine={path}:counting_engine"]
     assert main(["train", *overrides]) == 0
     assert _trained_steps(tmp_path / "runs" / "engine") == 2
-    assert sys.modules["_oprl_plugin_counting"].CALLS  # the plug-in sampled
+    assert sys.modules["_oprl_plugin_recipes"].CALLS  # the plug-in (its own copy of the module) sampled
     capsys.readouterr()
     assert main(["train", "rollout.engine=warp-drive", f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()

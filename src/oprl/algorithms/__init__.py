@@ -5,6 +5,7 @@
 - ``aggregation``: the one place where (B, T) values become a scalar.
 - ``kl``: KL-to-reference estimators k1/k2/k3 (the entropy is computed with the log-probs in ``oprl.models``).
 - ``surrogate``: the consistency surrogate whose gradient is group-relative REINFORCE (docs/paper.md#derivation).
+- ``defaults``: ``ALGORITHM_DEFAULTS``, the one source of every setting's default (the functions' keywords too).
 - ``presets``: the paper's algorithms as complete settings dicts.
 
 This package imports only torch and the standard library: no config objects, logging, I/O or ``.item()``.
@@ -13,6 +14,7 @@ See docs/algorithms.md for formulas, knobs, metrics and the bandit that motivate
 
 from oprl.algorithms.advantages import BASELINES, DROP_RULES, DropRule, GroupAdvantages, group_advantages
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate, aggregation_count
+from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, LOSS_KEYS, TRAINER_KEYS
 from oprl.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from oprl.algorithms.losses import (
     CLIP_MODES,
@@ -24,14 +26,10 @@ from oprl.algorithms.losses import (
     ratio_stats,
 )
 from oprl.algorithms.presets import (
-    ADVANTAGE_KEYS,
-    ALGORITHM_DEFAULTS,
-    LOSS_KEYS,
     PRESETS,
     REGISTRIES,
     RENAMED_SETTINGS,
     RENAMED_VALUES,
-    TRAINER_KEYS,
     SettingError,
     renamed_message,
     resolve_preset,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from oprl.algorithms.defaults import ALGORITHM_DEFAULTS as D
 from oprl.algorithms.registry import lookup
 from oprl.lazy import lazy_import
 
@@ -139,12 +140,12 @@ def group_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
     *,
-    std_normalize: bool = False,
-    drop: str = "none",
-    keep_dropped: bool = False,
-    baseline_shift: float = 0.0,
-    baseline: str = "mean",
-    tau: float = 1.0,
+    std_normalize: bool = D["std_normalize"],
+    drop: str = D["drop"],
+    keep_dropped: bool = D["keep_dropped"],
+    baseline_shift: float = D["baseline_shift"],
+    baseline: str = D["baseline"],
+    tau: float = D["tau"],
     generator: torch.Generator | None = None,
 ) -> GroupAdvantages:
     """Advantages of ``rewards`` (N,) within the groups of ``group_ids`` (N,).

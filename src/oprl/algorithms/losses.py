@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from oprl.algorithms.aggregation import aggregate
+from oprl.algorithms.defaults import ALGORITHM_DEFAULTS as D
 from oprl.algorithms.registry import lookup
 from oprl.lazy import lazy_import
 
@@ -169,20 +170,20 @@ def policy_loss(
     mask: torch.Tensor,
     *,
     proximal_logprobs: torch.Tensor | None = None,
-    clip_mode: str = "none",
-    weight: str = "none",
-    ratio_level: str = "token",
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    eps_low_prime: float = 0.6,
-    eps_high_prime: float = 2.0,
-    mask_low: float = 0.5,
-    mask_high: float = 2.0,
-    is_cap: float = 2.0,
-    regularizer: str = "none",
-    regularizer_coef: float = 0.0,
-    weight_temperature: float = 1.0,
-    loss_agg: str = "token-mean",
+    clip_mode: str = D["clip_mode"],
+    weight: str = D["weight"],
+    ratio_level: str = D["ratio_level"],
+    eps_low: float = D["eps_low"],
+    eps_high: float = D["eps_high"],
+    eps_low_prime: float = D["eps_low_prime"],
+    eps_high_prime: float = D["eps_high_prime"],
+    mask_low: float = D["mask_low"],
+    mask_high: float = D["mask_high"],
+    is_cap: float = D["is_cap"],
+    regularizer: str = D["regularizer"],
+    regularizer_coef: float = D["regularizer_coef"],
+    weight_temperature: float = D["weight_temperature"],
+    loss_agg: str = D["loss_agg"],
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The REINFORCE-family loss and its diagnostics.

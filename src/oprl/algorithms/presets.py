@@ -1,10 +1,10 @@
 """Named algorithms: each preset is a complete set of keyword arguments for the two pure functions.
 
-A preset fixes every setting in ``ALGORITHM_DEFAULTS``; ``ADVANTAGE_KEYS`` go to ``group_advantages`` and
-``LOSS_KEYS`` to ``policy_loss``. Config keys are ``algorithm.<setting>``, the preset is chosen with
-``algorithm.preset=<name>`` (e.g. ``oprl train algorithm.preset=rec-oneside-nois algorithm.eps_high=2.0``).
-Sources: Yao et al. 2025, "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm" (arXiv
-2509.24203), unless an entry says otherwise.
+A preset fixes every setting in ``ALGORITHM_DEFAULTS`` (``defaults.py``: also the two functions' keyword
+defaults); ``ADVANTAGE_KEYS`` go to ``group_advantages`` and ``LOSS_KEYS`` to ``policy_loss``. Config keys
+are ``algorithm.<setting>``, the preset is chosen with ``algorithm.preset=<name>`` (e.g. ``oprl train
+algorithm.preset=rec-oneside-nois algorithm.eps_high=2.0``). Sources: Yao et al. 2025, "Group-Relative
+REINFORCE Is Secretly an Off-Policy Algorithm" (arXiv 2509.24203), unless an entry says otherwise.
 
 Not here: the formulas (``advantages.py``, ``losses.py``) or config parsing (``oprl.config``).
 """
@@ -14,43 +14,9 @@ from typing import Any
 
 from oprl.algorithms.advantages import BASELINES, DROP_RULES
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS
+from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, LOSS_KEYS
 from oprl.algorithms.losses import CLIP_MODES, RATIO_LEVELS, REGULARIZERS, WEIGHTS
 from oprl.algorithms.registry import unknown_name_message
-
-ALGORITHM_DEFAULTS: dict[str, Any] = {
-    # group_advantages
-    "std_normalize": False,  # plain r − mean, as derived; GRPO divides by the std
-    "drop": "none",  # "none" keeps every response; "balance" is RED-Drop, "probabilistic" its first version
-    "keep_dropped": False,  # dropped responses leave the batch (True: they stay with A = 0, in the denominators)
-    "baseline_shift": 0.0,  # AsymRE's δ: baseline = mean − δ
-    "baseline": "mean",  # or "logavgexp" (OPMD's soft baseline)
-    "tau": 1.0,  # temperature of the logavgexp baseline
-    # policy_loss
-    "clip_mode": "none",
-    "weight": "none",
-    "ratio_level": "token",  # or "sequence": each response's geometric-mean ratio (GSPO)
-    "eps_low": 0.2,  # PPO's ε (Schulman et al. 2017)
-    "eps_high": 0.2,
-    "eps_low_prime": 0.6,  # ring extremes: ρ ≤ 0.4 (A ≥ 0) and ρ ≥ 3.0 (A ≤ 0)
-    "eps_high_prime": 2.0,
-    "mask_low": 0.5,  # clip_mode=mask keeps 0.5 ≤ ρ ≤ 2.0 (symmetric in log ρ)
-    "mask_high": 2.0,
-    "is_cap": 2.0,  # C of truncated-is and of decoupled PPO's behaviour weight (verl's rollout_is_threshold)
-    "regularizer": "none",
-    "regularizer_coef": 0.0,
-    "weight_temperature": 1.0,  # RED-Weight's T in exp(A/T) (not the sampling temperature)
-    "loss_agg": "token-mean",  # Σ ℓ·m / Σ m over the optimizer batch
-    # the trainer
-    "recompute_proximal": False,  # decoupled PPO: the trainer recomputes π_prox before the update
-}
-
-ADVANTAGE_KEYS: tuple[str, ...] = ("std_normalize", "drop", "keep_dropped", "baseline_shift", "baseline", "tau")
-LOSS_KEYS: tuple[str, ...] = (
-    "clip_mode", "weight", "ratio_level", "eps_low", "eps_high", "eps_low_prime", "eps_high_prime",
-    "mask_low", "mask_high", "is_cap", "regularizer", "regularizer_coef", "weight_temperature", "loss_agg",
-)  # fmt: skip
-TRAINER_KEYS: tuple[str, ...] = ("recompute_proximal",)
-"""Settings the trainer reads: ``recompute_proximal`` makes it pass ``proximal_logprobs`` to ``policy_loss``."""
 
 _WIDE = {"eps_low": 0.6, "eps_high": 2.0}  # ρ ∈ [0.4, 3.0]: faster on- and near-policy (finding 3)
 _IS = {"weight": "importance-sampling"}  # w = ρ (detached)

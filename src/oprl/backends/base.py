@@ -7,19 +7,26 @@ actors) implement it; ``make_backend`` picks one from ``backend``. A call return
 passed as arguments are resolved inside the receiving worker, so data moves between workers without passing
 through the driver.
 
-``TrainerRole`` is what the driver asks of the trainer worker: ``TrainerWorker`` (one process) and
-``ShardedTrainer`` (``trainer.sharding``: torch.distributed ranks) implement it. Explorers answer
-``explore(batch, version, weights)`` and the buffer ``put`` / ``take`` / ``save`` / ``restore``.
+What each role answers, and the typed handles the driver calls it through, are ``oprl.roles``: a backend
+moves a call by its method's name and knows nothing of what the workers do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from oprl.config import RunConfig
-from oprl.messages import Experience
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Pending(Protocol[T_co]):
+    """The future of a call's result of type ``T_co``: a ``concurrent.futures.Future`` on the local backend,
+    a Ray ``ObjectRef`` on Ray. Only the backend that made it reads it (``Backend.get``), or a worker it is
+    passed to as an argument (resolved there)."""
 
 
 class Actor(Protocol):
@@ -83,7 +90,7 @@ class Backend(Protocol):
         """Block until at least one of ``futures`` is done; the done ones."""
         ...
 
-    def get(self, future) -> Any:
+    def get(self, future: Pending[T]) -> T:
         """The value of a done future (raises what the worker raised)."""
         ...
 
@@ -97,37 +104,6 @@ class Backend(Protocol):
 
     def shutdown(self, actors: Any) -> None:
         """Stop ``actors`` (and whatever the backend started itself)."""
-        ...
-
-
-@runtime_checkable
-class TrainerRole(Protocol):
-    """The trainer worker, as the driver and ``run`` call it (each method runs in the worker's process)."""
-
-    def ping(self) -> int: ...
-
-    def train(self, step: int, batch: list[Experience]) -> dict[str, float]:
-        """Train step ``step`` on ``batch`` (whole groups); the row's trainer metrics."""
-        ...
-
-    def weights(self) -> Any:
-        """A snapshot of the trainable weights (``FlatWeights``) for the explorers."""
-        ...
-
-    def evaluate(self, step: int) -> dict[str, float] | None:
-        """The ``eval/*`` metrics of the current weights."""
-        ...
-
-    def save(self, directory: str) -> int:
-        """The trainer's part of a checkpoint; returns its version."""
-        ...
-
-    def restore(self, directory: str) -> int:
-        """Inverse of ``save``; returns the version."""
-        ...
-
-    def save_final(self, directory: str) -> None:
-        """The trained model as a Hugging Face directory."""
         ...
 
 

@@ -29,7 +29,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
@@ -42,6 +42,9 @@ from oprl.config import RunConfig, resolve_algorithm, save_config
 from oprl.errors import OprlError
 from oprl.io import commit_dir
 from oprl.metrics import read_metrics
+
+if TYPE_CHECKING:
+    from oprl.roles import BufferHandle, TrainerHandle
 
 
 class Versions(Protocol):
@@ -101,11 +104,18 @@ class CheckpointWriter:
         every = self.cfg.checkpoint.interval
         return bool(every) and (step % every == 0 or step == self.cfg.steps)
 
-    def start(self, step: int, trainer, buffer, outstanding: list[int], snapshots: dict[int, object]):
+    def start(
+        self,
+        step: int,
+        trainer: TrainerHandle,
+        buffer: BufferHandle,
+        outstanding: list[int],
+        snapshots: dict[int, object],
+    ):
         """Ask the trainer and the buffer for their parts of checkpoint ``step``; returns both futures."""
         staging = ckpt.staging_dir(self.run_dir, step)
-        trainer_part = trainer.call("save", str(staging / "trainer"))
-        buffer_part = buffer.call("save", str(staging / "buffer"))
+        trainer_part = trainer.save(str(staging / "trainer"))
+        buffer_part = buffer.save(str(staging / "buffer"))
         self.pending[step] = PendingCheckpoint(staging, trainer_part, buffer_part, outstanding, snapshots)
         return trainer_part, buffer_part
 
@@ -369,7 +379,9 @@ def _save_resumed_config(config: RunConfig, run_dir: Path) -> None:
     save_config(config.model_copy(update={"resume": False}), run_dir / "config.yaml")
 
 
-def restore(plan: Resumption, backend, trainer, buffer, sync: Versions, log=print) -> tuple[int, list[int]]:
+def restore(
+    plan: Resumption, backend, trainer: TrainerHandle, buffer: BufferHandle, sync: Versions, log=print
+) -> tuple[int, list[int]]:
     """Load the newest loadable checkpoint of ``plan`` into the trainer, the buffer, the synchronizer (the old
     versions still needed) and this process's RNG, and only then cut ``metrics.jsonl`` and the store back
     to it (batches generated after it are made again); returns ``(step, fresh batches the buffer holds)``:
@@ -379,8 +391,8 @@ def restore(plan: Resumption, backend, trainer, buffer, sync: Versions, log=prin
     problems = list(plan.skipped)
     for checkpoint in plan.candidates:
         try:
-            backend.get(trainer.call("restore", str(checkpoint / "trainer")))
-            ready = backend.get(buffer.call("restore", str(checkpoint / "buffer")))
+            backend.get(trainer.restore(str(checkpoint / "trainer")))
+            ready = backend.get(buffer.restore(str(checkpoint / "buffer")))
         except Exception as exc:  # a file that does not fit this run's model: try the next older one
             reason = backend.describe(exc).removeprefix("OprlError: ")
             problems.append(reason if str(checkpoint) in reason else f"{checkpoint}: {reason}")

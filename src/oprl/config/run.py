@@ -12,6 +12,7 @@ from oprl.algorithms import (
     renamed_message,
     resolve_preset,
 )
+from oprl.config.choices import register_choices
 from oprl.config.sections import (
     AlgorithmConfig,
     BufferConfig,
@@ -112,8 +113,11 @@ def resolve_algorithm(config: RunConfig) -> RunConfig:
 
 
 def algorithm_settings(config: RunConfig) -> dict[str, Any]:
-    """The resolved algorithm settings as plain keyword arguments for ``oprl.algorithms``."""
-    return {key: getattr(config.algorithm, key) for key in ALGORITHM_DEFAULTS}
+    """The resolved algorithm settings as plain keyword arguments for ``oprl.algorithms``; plug-in functions
+    they name are added to the registries of this process first (``choices.register_choices``)."""
+    settings = {key: getattr(config.algorithm, key) for key in ALGORITHM_DEFAULTS}
+    register_choices(settings)
+    return settings
 
 
 RENAMED_MODES = {"train": "offline"}

@@ -5,15 +5,14 @@ Every field carries its default and meaning in the docstring under it (``oprl co
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
 from pydantic import AfterValidator, Field
 
 from oprl import plugins
-from oprl.algorithms import (
-    KL_ESTIMATORS,
-    REGISTRIES,
-)
+from oprl.algorithms import KL_ESTIMATORS
+from oprl.config.choices import CHOICE_SETTINGS, resolve_choice
 from oprl.errors import OprlError
 from oprl.rollout import ENGINES
 from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
@@ -86,9 +85,6 @@ class WarmStartConfig(_Section):
     """Seed of the warm start (weights init, data order, sampling); part of the cache key."""
 
 
-_CHOICE_SETTINGS = ("drop", "baseline", "clip_mode", "weight", "ratio_level", "regularizer", "loss_agg")
-
-
 def check_engine(name: str) -> str:
     """``name`` when it names an engine: a key of ``oprl.rollout.ENGINES``, an entry point of ``oprl.engines``
     or an import path (``module:Class``, ``file.py:Class``); else one ``OprlError`` line naming
@@ -109,9 +105,9 @@ if TYPE_CHECKING:  # the type checker sees strings; at run time each is the Lite
     LossAgg: TypeAlias = str
     KlEstimator: TypeAlias = str
     EngineName: TypeAlias = str
-else:  # the registries in oprl.algorithms are the one list of valid names (pydantic checks against them)
+else:  # the live registries in oprl.algorithms are the one list of valid names, plug-ins join them (choices.py)
     Drop, Baseline, ClipMode, Weight, RatioLevel, Regularizer, LossAgg = (
-        Literal[tuple(REGISTRIES[key])] for key in _CHOICE_SETTINGS
+        Annotated[str, AfterValidator(functools.partial(resolve_choice, key))] for key in CHOICE_SETTINGS
     )
     KlEstimator = Literal[tuple(KL_ESTIMATORS)]
     EngineName = Annotated[str, AfterValidator(check_engine)]  # oprl.rollout's registry or a plug-in

@@ -17,13 +17,14 @@ checkpoint (unless the trainer or the buffer is the one that failed) and raises 
 Its state is a few small objects: ``Schedule`` (which batches are pending, in flight, ready, which step is
 next), ``RowLog`` (rows waiting to be written in order), ``PerfClock`` (the ``perf/*`` columns),
 ``CheckpointWriter`` (``oprl.checkpoint.resume``), the calls in flight and at most one ``Failure``. Each
-completion goes to the handler its kind names in ``Driver.handlers``.
+completion goes to the handler its kind names in ``Driver.handlers``. Workers are called through the typed
+handles of ``oprl.roles``; the trainer's ``TrainResult`` is read by attribute, so no control value travels in
+a row of metrics (``RowLog`` and ``PerfClock`` are in ``oprl.runtime.rows``).
 """
 
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +34,12 @@ from oprl.backends import failure
 from oprl.backends.failure import WorkerFailure
 from oprl.checkpoint import files as ckpt
 from oprl.checkpoint.resume import CheckpointWriter, resume_hint
+from oprl.runtime.rows import PerfClock, RowLog
 from oprl.schedule import lag
 
-if TYPE_CHECKING:
-    from oprl.messages import ExploreResult  # annotations only: the driver never builds one
+if TYPE_CHECKING:  # annotations only: the driver never builds one
+    from oprl.messages import ExploreResult, TrainResult
+    from oprl.roles import BufferHandle, ExplorerHandle, TrainerHandle
 
 
 @dataclass
@@ -140,134 +143,6 @@ class Schedule:
         return self.pending + sorted(self.in_flight)
 
 
-class RowLog:
-    """Rows of ``metrics.jsonl`` waiting to be written: in step order, each once its evaluation is in."""
-
-    def __init__(self, expected: list[int], logger, progress, health=None):
-        self.expected = expected
-        """Steps whose rows are still to be written, in order (row 0 = the evaluation before training)."""
-        self.logger, self.progress, self.health = logger, progress, health
-        self.rows: dict[int, dict] = {}
-        self.waiting_eval: set[int] = set()
-        self.last_eval: tuple[int, float] | None = None
-        """(step, eval/accuracy) of the newest evaluation written."""
-
-    def add(self, step: int, row: dict) -> None:
-        self.rows[step] = row
-
-    def expect_eval(self, step: int) -> None:
-        self.waiting_eval.add(step)
-        self.rows.setdefault(step, {})
-        self.progress.update(self.progress_step, status=f"evaluating step {step}")
-
-    def add_eval(self, step: int, result: dict) -> None:
-        self.rows[step].update(result)
-        self.waiting_eval.discard(step)
-
-    @property
-    def progress_step(self) -> int:
-        """Steps written so far (for the progress bar)."""
-        return max(0, self.expected[0] - 1) if self.expected else self.progress.total
-
-    def flush(self) -> None:
-        """Log finished rows in order (a step's row waits for its evaluation)."""
-        while self.expected and self.expected[0] in self.rows and self.expected[0] not in self.waiting_eval:
-            step = self.expected.pop(0)
-            row = self.rows.pop(step)
-            self.logger.log(step, row)
-            if "eval/accuracy" in row:
-                self.last_eval = (step, row["eval/accuracy"])
-            if self.health is not None:
-                self.health.observe(row)
-            self.progress.update(max(step, 0), progress_text(row, self.last_eval), line="eval/accuracy" in row)
-
-    def logged_through(self, step: int) -> bool:
-        return not self.expected or self.expected[0] > step
-
-
-def progress_text(row: dict, last_eval: tuple[int, float] | None) -> str:
-    """What a progress bar or log line says about a row: reward, the newest eval accuracy, response length,
-    truncated share, lag, step time (the fields a row has)."""
-    parts = []
-    if "reward/mean" in row:
-        parts.append(f"reward {row['reward/mean']:.3f}")
-    if last_eval is not None:
-        parts.append(f"eval acc {last_eval[1]:.3f} (step {last_eval[0]})")
-    if "response/length_mean" in row:
-        parts.append(f"len {row['response/length_mean']:.1f}")
-    if "response/truncated_frac" in row:
-        parts.append(f"truncated {row['response/truncated_frac']:.0%}")
-    if "lag/mean" in row:
-        parts.append(f"lag {row['lag/mean']:.1f}")
-    if "perf/step_s" in row:
-        parts.append(f"{row['perf/step_s']:.2f} s/step")
-    return "  ".join(parts)
-
-
-class PerfClock:
-    """The ``perf/*`` columns: busy/idle seconds per role since the last row, generation timing per batch."""
-
-    def __init__(self, explorers: int):
-        self.started = self.last_step_time = time.perf_counter()
-        self.explorer_clock = [(0.0, 0.0)] * explorers
-        """Each explorer's (busy, idle) seconds since it started, as of its last result."""
-        self.last_totals = {"explorer": (0.0, 0.0), "trainer": (0.0, 0.0)}
-        self.explored_batches: dict[int, ExploreResult] = {}
-
-    def explored(self, result: ExploreResult) -> None:
-        """Record an explorer's result (its clock, the batch's timing and summary) until the batch's row."""
-        self.explorer_clock[result.explorer] = (result.busy_s, result.idle_s)
-        self.explored_batches[result.batch] = result
-
-    def explore_row(self, batch: int) -> dict[str, float]:
-        """The row of batch ``batch`` in mode=explore: its summary and generation timing."""
-        result = self.explored_batches.pop(batch)
-        return result.summary | self._generation(result) | self._explorers()
-
-    def step_row(self, row: dict, step: int, with_explorers: bool) -> dict[str, float]:
-        """The ``perf/*`` columns of trainer step ``step`` (consumes the trainer's clock totals in ``row``)."""
-        now = time.perf_counter()
-        busy, idle = row.pop("perf/trainer_busy_total_s"), row.pop("perf/trainer_idle_total_s")
-        last_busy, last_idle = self.last_totals["trainer"]
-        self.last_totals["trainer"] = (busy, idle)
-        out = {
-            "perf/trainer_busy_s": busy - last_busy,
-            "perf/trainer_idle_s": idle - last_idle,
-            "perf/trainer_utilization": busy / max(busy + idle, 1e-9),
-            "perf/step_s": now - self.last_step_time,
-        }
-        self.last_step_time = now
-        if step in self.explored_batches:
-            out.update(self._generation(self.explored_batches.pop(step)))
-        if with_explorers:
-            out.update(self._explorers())
-        else:
-            out["perf/elapsed_s"] = now - self.started
-        return out
-
-    def _explorers(self) -> dict[str, float]:
-        busy = sum(b for b, _ in self.explorer_clock)
-        idle = sum(i for _, i in self.explorer_clock)
-        last_busy, last_idle = self.last_totals["explorer"]
-        self.last_totals["explorer"] = (busy, idle)
-        return {
-            "perf/explorer_busy_s": busy - last_busy,
-            "perf/explorer_idle_s": idle - last_idle,
-            "perf/explorer_utilization": busy / max(busy + idle, 1e-9),
-            "perf/elapsed_s": time.perf_counter() - self.started,
-        }
-
-    @staticmethod
-    def _generation(result: ExploreResult) -> dict[str, float]:
-        timing = result.timing
-        return {
-            "perf/generate_s": timing.generate_s,
-            "perf/reward_s": timing.reward_s,
-            "perf/sync_s": result.sync_s,
-            "perf/generate_tokens_per_s": timing.generated_tokens / max(timing.generate_s, 1e-9),
-        } | timing.shaping
-
-
 class Driver:
     """Submits calls to the workers as the ``Schedule`` allows and reacts to each completion (module docstring)."""
 
@@ -277,9 +152,9 @@ class Driver:
         config,
         run_dir: Path,
         backend,
-        trainer,
-        explorers,
-        buffer,
+        trainer: TrainerHandle | None,
+        explorers: list[ExplorerHandle],
+        buffer: BufferHandle,
         sync,
         logger,
         progress,
@@ -393,7 +268,7 @@ class Driver:
                 break
             schedule.dispatch(batch, index)
             weights = self.sync.weights_for(index, version, batch)
-            experiences, result = self.explorers[index].call("explore", batch, version, weights, num_returns=2)
+            experiences, result = self.explorers[index].explore(batch, version, weights)
             self._submit(
                 result,
                 Call(
@@ -413,16 +288,17 @@ class Driver:
             and (self.offline or step in schedule.ready)
             and self._may_submit()
         ):
-            batch, stats = self.buffer.call("take", step, num_returns=2)
-            metrics = self.trainer.call("train", step, batch)
-            self._submit(metrics, Call("train", "trainer", f"while training step {step}", step=step, stats=stats))
+            assert self.trainer is not None, "a mode that trains has a trainer"
+            experiences, stats = self.buffer.take(step)
+            trained = self.trainer.train(step, experiences)
+            self._submit(trained, Call("train", "trainer", f"while training step {step}", step=step, stats=stats))
             schedule.take(step)
 
     # -- completions -------------------------------------------------------------------------------------
     def _on_explore(self, call: Call, result: ExploreResult) -> None:
         batch = call.batch
         self.perf.explored(result)
-        put = self.buffer.call("put", batch, call.experiences, not self.explore_only)
+        put = self.buffer.put(batch, call.experiences, not self.explore_only)
         self._submit(put, Call("put", "buffer", f"while storing batch {batch}", batch=batch))
         self.schedule.explored(batch, to_train=not self.explore_only)
 
@@ -430,21 +306,22 @@ class Driver:
         if self.explore_only:
             self.rows.add(call.batch, self.perf.explore_row(call.batch))
 
-    def _on_train(self, call: Call, metrics: dict) -> None:
+    def _on_train(self, call: Call, result: TrainResult) -> None:
         step = call.step
         self.schedule.trained(step)
-        row = metrics | self.backend.get(call.stats)
-        row.update(self.perf.step_row(row, step, with_explorers=bool(self.explorers)))
+        row = result.metrics | self.backend.get(call.stats)
+        row.update(self.perf.step_row(result, step, with_explorers=bool(self.explorers)))
         if self.cfg.sync.mode == "scheduled" and not self.offline:
             scheduled = self.sync.scheduled_version(step)
-            started = row["batch/start_version_max"]  # the newest version a response started with
+            started = result.start_version  # the newest version a response started with
             if started != scheduled:
                 raise RuntimeError(f"step {step} trained on version {started}, not {scheduled}")
             row["lag/scheduled"] = float(lag(step, self.sync.k, self.sync.m))
         self.rows.add(step, row)
         outstanding = self.schedule.outstanding()
         if self.explorers and self.sync.wants(step, outstanding):  # partial: in-flight batches may switch to it
-            snapshot = self.trainer.call("weights")
+            assert self.trainer is not None
+            snapshot = self.trainer.weights()
             self._submit(snapshot, Call("weights", "trainer", f"while publishing version {step}"))
             self.sync.publish(step, snapshot)
         self.sync.release(outstanding)
@@ -455,7 +332,8 @@ class Driver:
             self.start_checkpoint(step)
 
     def request_eval(self, step: int) -> None:
-        future = self.trainer.call("evaluate", step)
+        assert self.trainer is not None, "evaluations run in the trainer"
+        future = self.trainer.evaluate(step)
         self._submit(future, Call("eval", "trainer", f"while evaluating step {step}", step=step))
         self.rows.expect_eval(step)
 
@@ -467,6 +345,7 @@ class Driver:
         outstanding = self.schedule.outstanding()
         versions = [v for v in self.sync.needed_versions(outstanding) if v != step]
         snapshots = {v: self.sync.snapshots[v] for v in versions}
+        assert self.trainer is not None, "mode=explore writes no checkpoints (its store is its state)"
         trainer_part, buffer_part = self.checkpoints.start(step, self.trainer, self.buffer, outstanding, snapshots)
         self._submit(trainer_part, Call("part", "trainer", f"while checkpointing step {step}"))
         self._submit(buffer_part, Call("part", "buffer", f"while checkpointing step {step}"))
@@ -480,8 +359,8 @@ class Driver:
         for future in [f for f, c in self.calls.items() if c.kind == "explore"]:
             del self.calls[future]  # regenerated by a resumed run
         for explorer in self.explorers:
-            if hasattr(explorer, "terminate"):  # a worker process: mid-generation, nothing of it to keep
-                explorer.terminate()
+            if hasattr(explorer.actor, "terminate"):  # a worker process: mid-generation, nothing of it to keep
+                explorer.actor.terminate()
 
     def _interrupted_line(self) -> str:
         assert self.failure is not None

@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -39,6 +38,7 @@ from oprl.models.loading import quiet_transformers, resolve_device
 from oprl.models.precision import precision_line
 from oprl.partial import BOARD_DIRNAME, check_partial, close_board
 from oprl.progress import RunProgress
+from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, TrainerHandle
 from oprl.runtime.driver import Driver
 from oprl.runtime.health import SignalHealth
 from oprl.runtime.synchronizer import Synchronizer
@@ -222,7 +222,7 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log) -> None:
             logger.close()
         if session.trainer is not None:
             trainer = session.trainer
-            resume.write_final(run_dir, lambda d: backend.get(trainer.call("save_final", d)), backend.describe)
+            resume.write_final(run_dir, lambda d: backend.get(trainer.save_final(d)), backend.describe)
     finally:
         if config.sync.partial:  # an explorer waiting for a version that will never come stops
             close_board(run_dir / BOARD_DIRNAME)
@@ -234,10 +234,10 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log) -> None:
 class Session:
     """The started workers and where the schedule stands: the Driver's arguments."""
 
-    trainer: Any
-    """The trainer actor (a ``TrainerRole``); None in mode=explore."""
-    explorers: list
-    buffer: Any
+    trainer: TrainerHandle | None
+    """None in mode=explore."""
+    explorers: list[ExplorerHandle]
+    buffer: BufferHandle
     sync: Synchronizer
     start_step: int
     """The last trained step (0, or a checkpoint's step when resuming)."""
@@ -252,10 +252,10 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
     config, store_dir, run_dir = opened.config, opened.store_dir, opened.run_dir
     threads = worker_threads(config)
     use_trainer, use_explorers = config.mode in ("both", "offline"), config.mode in ("both", "explore")
-    trainer = explorers = None
+    trainer: TrainerHandle | None = None
     if use_trainer:
         if config.trainer.sharding == "none":
-            trainer = backend.start(
+            actor = backend.start(
                 "trainer",
                 TrainerWorker,
                 config,
@@ -266,26 +266,20 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
             )
         else:  # the front only forwards calls; its rank processes compute
             ranks = backend.rank_launcher(rank_threads(config), config.runtime.gpus_per_trainer_rank)
-            trainer = backend.start("trainer", ShardedTrainer, config, path, ranks, threads=threads, compute=False)
-        actors.append(trainer)
-    explorers = []
-    if use_explorers:
-        for index in range(config.runtime.explorers):
-            explorers.append(
-                backend.start(
-                    f"explorer {index}",
-                    ExplorerWorker,
-                    config,
-                    path,
-                    index,
-                    str(run_dir / BOARD_DIRNAME) if config.sync.partial else None,
-                    threads=threads,
-                    gpus=config.runtime.gpus_per_explorer,
-                )
-            )
-        actors.extend(explorers)
-    buffer = backend.start("buffer", make_buffer, config, store_dir, threads=1, compute=False)
-    actors.append(buffer)
+            actor = backend.start("trainer", ShardedTrainer, config, path, ranks, threads=threads, compute=False)
+        actors.append(actor)
+        trainer = TrainerHandle(actor)
+    explorers: list[ExplorerHandle] = []
+    board = str(run_dir / BOARD_DIRNAME) if config.sync.partial else None
+    for index in range(config.runtime.explorers if use_explorers else 0):
+        gpus = config.runtime.gpus_per_explorer
+        actor = backend.start(
+            f"explorer {index}", ExplorerWorker, config, path, index, board, threads=threads, gpus=gpus
+        )
+        actors.append(actor)
+        explorers.append(ExplorerHandle(actor))
+    buffer = BufferHandle(backend.start("buffer", make_buffer, config, store_dir, threads=1, compute=False))
+    actors.append(buffer.actor)
     for actor in actors:
         _wait_ready(backend, actor)
     sync_mode = "fixed" if config.mode == "explore" else config.sync.mode
@@ -299,6 +293,7 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
     )
     start_step, ready = 0, list[int]()
     if opened.resumption is not None:
+        assert trainer is not None, "mode=explore resumes from its store, without a checkpoint"
         start_step, ready = resume.restore(opened.resumption, backend, trainer, buffer, sync, log=log)
         log(f"resuming {run_dir.name} from checkpoint {opened.resumption.path} (step {start_step} of {config.steps})")
     if config.sync.partial and explorers:
@@ -309,15 +304,15 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
     else:
         pending = [b for b in range(start_step + 1, config.steps + 1) if b not in ready] if use_explorers else []
     if trainer is not None and explorers and sync.wants(start_step, pending):
-        sync.publish(start_step, trainer.call("weights"))
+        sync.publish(start_step, trainer.weights())
     return Session(trainer, explorers, buffer, sync, start_step, pending, set(ready))
 
 
-def _attach_board(board: str, buffer, sync: Synchronizer, start_step: int) -> None:
+def _attach_board(board: str, buffer: BufferHandle, sync: Synchronizer, start_step: int) -> None:
     """Partial rollouts: the weights board, cleared of a killed run's future, gets every version published
     from now on (through the buffer, in call order) and the ones restored from a checkpoint."""
-    sync.posts.append(buffer.call("open_board", board, start_step))
-    sync.poster = lambda version, snapshot, keep_from: buffer.call("post_weights", board, version, snapshot, keep_from)
+    sync.posts.append(buffer.open_board(board, start_step))
+    sync.poster = lambda version, snapshot, keep_from: buffer.post_weights(board, version, snapshot, keep_from)
     for version, snapshot in sorted(sync.snapshots.items()):
         sync.posts.append(sync.poster(version, snapshot, min(sync.snapshots)))
 
@@ -335,13 +330,14 @@ def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, st
     path = model_path(config, build_task(config.task), log=log)
     backend = LocalBackend()
     worker = backend.start("evaluator", Evaluator, config, path, threads=worker_threads(config))
+    evaluator = EvaluatorHandle(worker)
     progress = RunProgress(1, enabled=config.progress, description="evaluate", unit="run", eta=False)
     try:
         with progress:
             progress.update(0, status=f"{config.eval.num_problems} problems")
             _wait_ready(backend, worker)
-            step = backend.get(worker.call("load_checkpoint", str(checkpoint))) if checkpoint else 0
-            row = backend.get(worker.call("evaluate", step))
+            step = backend.get(evaluator.load_checkpoint(str(checkpoint))) if checkpoint else 0
+            row = backend.get(evaluator.evaluate(step))
             problems = int(row.get("eval/num_problems", config.eval.num_problems))
             progress.update(1, f"eval acc {row['eval/accuracy']:.3f} on {problems} problems")
     finally:

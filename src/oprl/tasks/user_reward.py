@@ -5,18 +5,21 @@ The contract (docs/tasks.md): ``fn(prompt, completion, reference, **row) -> floa
 ``reference`` the row's reference column (None without one) and ``row`` the row's other columns. A float is
 the reward; a dict's values are named components (logged as ``reward/<name>``) summing to the reward.
 
-A function is named ``package.module:function`` (imported from the current directory or the environment) or
-``path/to/file.py:function``. Only the reward workers (``oprl.tasks.workers``) import it: each checks the
-name and the signature at start-up, so a typo is one ``OprlError`` line naming ``task.reward`` before
-anything trains, and a module that blocks at import is one line after ``task.reward_import_timeout``. Each
-``(row, function)`` call is one request to a worker under ``task.reward_timeout`` and
-``task.reward_memory_mb``; replies come back on the workers' private channel, checked against the request
-they answer, and what the function prints goes to ``<run_dir>/workers.log``. A call that hangs is killed;
-one that raises, runs out of memory, or returns something other than a number within ±``MAX_ABS_REWARD``
-(or a dict of them) fails. **A failed call scores 0 for its row** and is counted (components
-``reward_timeout`` and ``reward_error``, logged as ``reward/...``; the first failure of each kind is one
-warning line); the run stops only when a function fails on at least ``task.reward_max_error_fraction`` of
-a batch's rows (default 1.0: every row), with one line showing one failed row.
+A function is named ``package.module:function`` (imported from the current directory or the environment),
+``path/to/file.py:function``, or by the name of an installed package's entry point in the group
+``oprl.rewards`` (``oprl.plugins``: ``[project.entry-points."oprl.rewards"] exact = "my_pkg.rewards:exact"``,
+then ``task.reward=exact``), which resolves to its ``module:function`` before anything imports it. Only the
+reward workers (``oprl.tasks.workers``) import it: each checks the name and the signature at start-up, so a
+typo is one ``OprlError`` line naming ``task.reward`` before anything trains, and a module that blocks at
+import is one line after ``task.reward_import_timeout``. Each ``(row, function)`` call is one request to a
+worker under ``task.reward_timeout`` and ``task.reward_memory_mb``; replies come back on the workers' private
+channel, checked against the request they answer, and what the function prints goes to
+``<run_dir>/workers.log``. A call that hangs is killed; one that raises, runs out of memory, or returns
+something other than a number within ±``MAX_ABS_REWARD`` (or a dict of them) fails. **A failed call scores 0
+for its row** and is counted (components ``reward_timeout`` and ``reward_error``, logged as ``reward/...``;
+the first failure of each kind is one warning line); the run stops only when a function fails on at least
+``task.reward_max_error_fraction`` of a batch's rows (default 1.0: every row), with one line showing one
+failed row.
 
 Run one worker by hand: ``echo '{"fn": 0, "prompt": "1+1=", "completion": "2", "reference": "2", "row": {}}'
 | python -m oprl.tasks.user_reward '{"specs": ["examples/arithmetic_reward.py:reward"], "columns": []}'``.
@@ -45,6 +48,12 @@ MAX_ABS_REWARD = 1e6
 """A reward (or component) beyond ±this is refused for its row like a NaN: 1e308 is finite, but a batch mean
 or an ``eval/accuracy`` over it is inf, and (r − mean)/std loses every digit of the honest rewards."""
 log = logging.getLogger("oprl.tasks")
+
+
+def reward_spec(name: str, *, key: str = KEY) -> str:
+    """``name`` as ``module:function``: itself, or the value of its entry point in ``oprl.rewards`` (read from
+    the installed metadata; nothing is imported here); one ``OprlError`` line naming ``key`` otherwise."""
+    return plugins.import_path("reward", name, key=key, what="function")
 
 
 def load_reward(spec: str, *, key: str = KEY) -> Callable[..., Any]:
@@ -112,9 +121,9 @@ class UserRewards:
         import_timeout: float = 60.0,
         max_error_fraction: float = 1.0,
     ):
-        self.specs = list(specs)
-        if not self.specs or not all(self.specs):
+        if not specs or not all(specs):
             raise OprlError(f"{KEY}: task.name=dataset needs a reward function: {KEY}=path/to/file.py:function")
+        self.specs = [reward_spec(spec) for spec in specs]
         self.weights = [1.0] * len(self.specs) if weights is None else [float(w) for w in weights]
         if len(self.weights) != len(self.specs):
             raise OprlError(f"task.reward_weights: {len(self.weights)} weights for {len(self.specs)} reward functions")
@@ -255,8 +264,10 @@ if __name__ == "__main__":
 def canonical_spec(spec: str) -> str:
     """One name per reward function, for cache keys: ``file.py:function`` as the file's absolute path, and a
     top-level ``module:function`` as the path of the file it would import (found without importing it);
-    anything else as given. A function passed as an object (``module:function``) and the same function
-    named by its file then key the same warm start."""
+    an entry point's name as the function it names; anything else as given. A function passed as an object
+    (``module:function``) and the same function named by its file then key the same warm start."""
+    if ":" not in spec:  # an entry point's name: keyed as the function it names
+        spec = plugins.entry_point("reward", spec) or spec
     target, sep, attribute = spec.rpartition(":")
     if not sep:
         return spec

@@ -30,6 +30,7 @@ from oprl.trainer.distributed import DataParallel, gather_weights, init_process_
 
 if TYPE_CHECKING:
     from oprl.backends.base import RankLauncher
+    from oprl.messages import TrainResult
 
 
 def check_trainer_config(config, gpus: int | None = None) -> None:
@@ -246,12 +247,13 @@ class ShardedTrainer:
     def ping(self) -> int:
         return self.version
 
-    def train(self, step: int, batch: list) -> dict[str, float]:
+    def train(self, step: int, batch: list) -> TrainResult:
+        from oprl.trainer.trainer import train_result
+
         with self.clock.work():
             metrics = self._all("train", f"while training step {step}", None, step, batch)[0]
         self.version = step
-        clock = self.clock.totals()
-        return metrics | {"perf/trainer_busy_total_s": clock["busy_s"], "perf/trainer_idle_total_s": clock["idle_s"]}
+        return train_result(metrics, step, batch, self.clock)
 
     def weights(self):
         with self.clock.work():

@@ -31,7 +31,7 @@ from oprl.algorithms import (
     split_settings,
 )
 from oprl.checkpoint.files import load_trainer_state, save_trainer_state
-from oprl.messages import Experience, batch_metrics
+from oprl.messages import Experience, TrainResult, batch_metrics
 from oprl.models.batching import right_pad_values
 from oprl.partial import mask_stale_tokens, token_lag_metrics
 from oprl.schedule import stream_seed
@@ -285,6 +285,14 @@ def merge_metrics(sums: dict, extremes: dict, metrics: dict, weight: float = 1.0
             sums[key] += value * (weights or {}).get(key, weight)
 
 
+def train_result(metrics: dict[str, float], version: int, batch: list[Experience], clock: Clock) -> TrainResult:
+    """The worker's report of a step: ``metrics`` (columns only), the version reached, the newest version a
+    response started with, the worker's clock totals."""
+    totals = clock.totals()
+    start_version = max(e.policy_version for e in batch)
+    return TrainResult(metrics, version, start_version, busy_s=totals["busy_s"], idle_s=totals["idle_s"])
+
+
 def loss_mask_of(rows: list[Experience], width: int) -> torch.Tensor:
     """(B, width) bool: True at the response tokens the model produced (all of them for single-turn rows)."""
     masks = [e.loss_mask if e.loss_mask is not None else [1] * len(e.response_ids) for e in rows]
@@ -334,13 +342,12 @@ class TrainerWorker:
     def ping(self) -> int:
         return self.trainer.version
 
-    def train(self, step: int, batch: list[Experience]) -> dict[str, float]:
+    def train(self, step: int, batch: list[Experience]) -> TrainResult:
         if self.trainer.version != step - 1:
             raise RuntimeError(f"trainer holds version {self.trainer.version}, asked to train step {step}")
         with self.clock.work():
             metrics = self.trainer.step(batch)
-        clock = self.clock.totals()
-        return metrics | {"perf/trainer_busy_total_s": clock["busy_s"], "perf/trainer_idle_total_s": clock["idle_s"]}
+        return train_result(metrics, self.trainer.version, batch, self.clock)
 
     def weights(self) -> dict[str, torch.Tensor]:
         with self.clock.work():

@@ -1,0 +1,179 @@
+"""The roles as the driver calls them: what each worker answers (a protocol) and a typed handle per role.
+
+The driver, ``run`` and the checkpoint writer never name a worker method by a string. A handle wraps the
+backend's ``Actor`` and has one method per verb of its role, with the role's argument types (a future may
+stand for any argument: backends resolve it inside the receiving worker) and the type of what comes back,
+``Pending[T]`` (resolve with ``Backend.get``). The verb a handle sends is the role protocol's own method,
+checked to belong to that role at the boundary (``Handle._call``) and sent by its ``__name__``: the protocol
+is the one source of the verbs, for local threads, processes and Ray alike (tests/test_contracts.py checks
+that every worker class implements its role, and every handle its role's verbs).
+
+Deliberately not here: how a call travels (``oprl.backends``) or what the workers compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from oprl.backends.base import Actor, Pending
+from oprl.messages import Experience, ExploreResult, FlatWeights, TrainResult
+
+Maybe = Any
+"""An argument given as its value or as a future of it (``Pending``), resolved in the worker."""
+
+
+@runtime_checkable
+class TrainerRole(Protocol):
+    """The trainer worker: ``TrainerWorker`` (one process) and ``ShardedTrainer`` (``trainer.sharding``)."""
+
+    def ping(self) -> int: ...
+
+    def train(self, step: int, batch: list[Experience]) -> TrainResult:
+        """Train step ``step`` on ``batch`` (whole groups): its metrics, the version reached, the clock."""
+        ...
+
+    def weights(self) -> FlatWeights:
+        """A snapshot of the trainable weights for the explorers."""
+        ...
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """The ``eval/*`` columns of the current weights."""
+        ...
+
+    def save(self, directory: str) -> int:
+        """The trainer's part of a checkpoint; returns its version."""
+        ...
+
+    def restore(self, directory: str) -> int:
+        """Inverse of ``save``; returns the version."""
+        ...
+
+    def save_final(self, directory: str) -> None:
+        """The trained model as a Hugging Face directory."""
+        ...
+
+
+@runtime_checkable
+class ExplorerRole(Protocol):
+    """An explorer worker (``ExplorerWorker``)."""
+
+    def ping(self) -> int: ...
+
+    def explore(self, batch: int, version: int, weights: dict | None = None) -> tuple[list[Experience], ExploreResult]:
+        """Batch ``batch`` sampled by version ``version`` (loading ``weights`` first when given)."""
+        ...
+
+
+@runtime_checkable
+class BufferRole(Protocol):
+    """The buffer worker (``ExperienceBuffer``): the run's data and I/O worker."""
+
+    def put(self, batch: int, experiences: list[Experience], keep: bool = True) -> int: ...
+
+    def take(self, step: int) -> tuple[list[Experience], dict[str, float]]:
+        """The batch of trainer step ``step`` and the ``buffer/*`` / ``replay/*`` columns."""
+        ...
+
+    def open_board(self, board: str, start_step: int) -> None: ...
+
+    def post_weights(self, board: str, version: int, weights: dict, keep_from: int) -> None: ...
+
+    def save(self, directory: str) -> list[int]: ...
+
+    def restore(self, directory: str) -> list[int]: ...
+
+
+@runtime_checkable
+class EvaluatorRole(Protocol):
+    """The worker of ``mode=eval`` (``Evaluator``)."""
+
+    def load_checkpoint(self, checkpoint: str) -> int: ...
+
+    def evaluate(self, step: int) -> dict[str, float]: ...
+
+
+class Handle:
+    """A started worker of one role, called by typed methods (subclasses name the role)."""
+
+    role: type
+
+    def __init__(self, actor: Actor):
+        self.actor = actor
+        self.name = actor.name
+
+    def _call(self, verb: Callable[..., Any], *args: Any, returns: int = 1) -> Any:
+        """Queue ``worker.verb(*args)``: ``verb`` is the role protocol's method, sent by its name."""
+        if getattr(self.role, verb.__name__, None) is not verb:
+            raise TypeError(f"{verb.__qualname__} is not a verb of {self.role.__name__}")
+        return self.actor.call(verb.__name__, *args, num_returns=returns)
+
+
+class TrainerHandle(Handle):
+    role = TrainerRole
+
+    def ping(self) -> Pending[int]:
+        return self._call(TrainerRole.ping)
+
+    def train(self, step: int, batch: Maybe) -> Pending[TrainResult]:
+        return self._call(TrainerRole.train, step, batch)
+
+    def weights(self) -> Pending[FlatWeights]:
+        return self._call(TrainerRole.weights)
+
+    def evaluate(self, step: int) -> Pending[dict[str, float]]:
+        return self._call(TrainerRole.evaluate, step)
+
+    def save(self, directory: str) -> Pending[int]:
+        return self._call(TrainerRole.save, directory)
+
+    def restore(self, directory: str) -> Pending[int]:
+        return self._call(TrainerRole.restore, directory)
+
+    def save_final(self, directory: str) -> Pending[None]:
+        return self._call(TrainerRole.save_final, directory)
+
+
+class ExplorerHandle(Handle):
+    role = ExplorerRole
+
+    def ping(self) -> Pending[int]:
+        return self._call(ExplorerRole.ping)
+
+    def explore(
+        self, batch: int, version: int, weights: Maybe = None
+    ) -> tuple[Pending[list[Experience]], Pending[ExploreResult]]:
+        """Two futures: the experiences (handed to the buffer unresolved) and the report (for the driver)."""
+        return self._call(ExplorerRole.explore, batch, version, weights, returns=2)
+
+
+class BufferHandle(Handle):
+    role = BufferRole
+
+    def put(self, batch: int, experiences: Maybe, keep: bool = True) -> Pending[int]:
+        return self._call(BufferRole.put, batch, experiences, keep)
+
+    def take(self, step: int) -> tuple[Pending[list[Experience]], Pending[dict[str, float]]]:
+        return self._call(BufferRole.take, step, returns=2)
+
+    def open_board(self, board: str, start_step: int) -> Pending[None]:
+        return self._call(BufferRole.open_board, board, start_step)
+
+    def post_weights(self, board: str, version: int, weights: Maybe, keep_from: int) -> Pending[None]:
+        return self._call(BufferRole.post_weights, board, version, weights, keep_from)
+
+    def save(self, directory: str) -> Pending[list[int]]:
+        return self._call(BufferRole.save, directory)
+
+    def restore(self, directory: str) -> Pending[list[int]]:
+        return self._call(BufferRole.restore, directory)
+
+
+class EvaluatorHandle(Handle):
+    role = EvaluatorRole
+
+    def load_checkpoint(self, checkpoint: str) -> Pending[int]:
+        return self._call(EvaluatorRole.load_checkpoint, checkpoint)
+
+    def evaluate(self, step: int) -> Pending[dict[str, float]]:
+        return self._call(EvaluatorRole.evaluate, step)
