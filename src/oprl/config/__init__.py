@@ -2,21 +2,19 @@
 
 ``oprl config --help`` prints every field with its default and meaning. The tree is split by concern:
 ``sections`` (one class per YAML section), ``run`` (the root ``RunConfig`` and preset resolution),
-``loading`` (YAML, overrides, one-line errors, saving, help text). Import from ``oprl.config``.
+``choices`` (loss-variant names and their plug-ins), ``loading`` (YAML, overrides, one-line errors, saving,
+help text). Import from ``oprl.config``: this module is the one list of what the package exports.
 """
 
 from oprl.config.loading import describe_fields, help_lines, load_config, save_config
 from oprl.config.run import RunConfig, algorithm_settings, resolve_algorithm
 from oprl.config.sections import (
     AlgorithmConfig,
-    ArithmeticTaskConfig,
     BufferConfig,
     CheckpointConfig,
     EvalConfig,
-    GSM8kTaskConfig,
     LoggingConfig,
     LoraConfig,
-    MathTaskConfig,
     ModelConfig,
     OptimConfig,
     ReplayConfig,
@@ -27,6 +25,7 @@ from oprl.config.sections import (
     TrainerConfig,
     WarmStartConfig,
 )
+from oprl.tasks.config import ArithmeticTaskConfig, GSM8kTaskConfig, MathTaskConfig  # the built-in tasks' sections
 
 __all__ = [
     "AlgorithmConfig",

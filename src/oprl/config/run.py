@@ -31,11 +31,7 @@ from oprl.config.sections import (
 )
 from oprl.errors import OprlError
 from oprl.tasks import TaskConfig
-from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
-    ArithmeticTaskConfig,
-    GSM8kTaskConfig,
-    MathTaskConfig,
-)
+from oprl.tasks.config import ArithmeticTaskConfig
 from oprl.tasks.config import Section as _Section
 
 

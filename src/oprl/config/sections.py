@@ -15,11 +15,6 @@ from oprl.algorithms import KL_ESTIMATORS
 from oprl.config.choices import CHOICE_SETTINGS, resolve_choice
 from oprl.errors import OprlError
 from oprl.rollout import ENGINES
-from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
-    ArithmeticTaskConfig,
-    GSM8kTaskConfig,
-    MathTaskConfig,
-)
 from oprl.tasks.config import Section as _Section
 
 

@@ -18,6 +18,7 @@ gathered weights (the same memory an explorer holds).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -216,16 +217,21 @@ class ShardedTrainer:
         launcher: RankLauncher = launch or LocalRanks(rank_threads(config))
         self.ranks = list(launcher("trainer-rank", TrainerRank, [(config, model_path, r, size) for r in range(size)]))
         try:
-            self._all("ready", "while starting", [r.ready for r in self.ranks])
-            address = self._all("rendezvous", "while starting", [self.ranks[0].rendezvous()])[0]
-            self._all("setup", "while starting", [r.call("setup", address) for r in self.ranks])
+            self._gather([r.ready for r in self.ranks], "while starting")
+            address = self._gather([self.ranks[0].rendezvous()], "while starting")[0]
+            self._all(TrainerRank.setup, "while starting", address)
         except BaseException:
             self.stop()
             raise
 
-    def _all(self, method: str, doing: str, futures=None, *args) -> list:
-        """Every rank's result of ``method(*args)`` (or of ``futures``); the first failure stops every rank."""
-        futures = futures or [r.call(method, *args) for r in self.ranks]
+    def _all(self, verb: Callable[..., Any], doing: str, *args: Any) -> list:
+        """Every rank's result of ``verb(*args)``: a method of ``TrainerRank``, sent to each rank by its name."""
+        if getattr(TrainerRank, verb.__name__, None) is not verb:
+            raise TypeError(f"{verb.__qualname__} is not a method of TrainerRank")
+        return self._gather([r.call(verb.__name__, *args) for r in self.ranks], doing)
+
+    def _gather(self, futures: list, doing: str) -> list:
+        """The results of ``futures`` (one per rank, in rank order); the first failure stops every rank."""
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_EXCEPTION)
@@ -251,30 +257,30 @@ class ShardedTrainer:
         from oprl.trainer.trainer import train_result
 
         with self.clock.work():
-            metrics = self._all("train", f"while training step {step}", None, step, batch)[0]
+            metrics = self._all(TrainerRank.train, f"while training step {step}", step, batch)[0]
         self.version = step
         return train_result(metrics, step, batch, self.clock)
 
     def weights(self):
         with self.clock.work():
-            return self._all("weights", f"while gathering version {self.version}")[0]
+            return self._all(TrainerRank.weights, f"while gathering version {self.version}")[0]
 
     def evaluate(self, step: int) -> dict[str, float]:
         with self.clock.work():
-            return self._all("evaluate", f"while evaluating step {step}", None, step)[0]
+            return self._all(TrainerRank.evaluate, f"while evaluating step {step}", step)[0]
 
     def save(self, directory: str) -> int:
         with self.clock.work():
-            return self._all("save", "while checkpointing", None, directory)[0]
+            return self._all(TrainerRank.save, "while checkpointing", directory)[0]
 
     def restore(self, directory: str) -> int:
-        self.version = self._all("restore", "while resuming", None, directory)[0]
+        self.version = self._all(TrainerRank.restore, "while resuming", directory)[0]
         return self.version
 
     def save_final(self, directory: str) -> None:
         with self.clock.work():
-            self._all("save_final", "while saving the final model", None, directory)
+            self._all(TrainerRank.save_final, "while saving the final model", directory)
 
     def memory(self) -> list[dict[str, Any]]:
         """``TrainerRank.memory`` of every rank, in rank order."""
-        return self._all("memory", "while reading its memory")
+        return self._all(TrainerRank.memory, "while reading its memory")
