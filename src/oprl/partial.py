@@ -45,6 +45,8 @@ from oprl.schedule import policy_version
 
 BOARD_DIRNAME = "weights-board"
 _CLOSED = "closed"
+FREE_CHUNK = 8
+"""Free-running with an engine that samples in segments (vLLM): decode steps between two looks at the board."""
 KV_SETTINGS = ("keep", "recompute")
 """What happens to the cache of the tokens sampled before a switch: ``keep`` the stale keys/values (the
 peers' default: no extra compute), or ``recompute`` the prefix under the new weights (one prefill)."""
@@ -62,10 +64,16 @@ def check_partial(config) -> None:
     """``sync.partial``'s cross-field rules, as one-line errors."""
     if not config.sync.partial:
         return
-    if config.rollout.engine != "lean":
+    if config.rollout.engine not in ("lean", "vllm"):
         raise OprlError(
-            f"sync.partial=true needs rollout.engine=lean (the engine that switches weights between decode steps); "
-            f"{config.rollout.engine} samples each batch with one policy"
+            "sync.partial=true needs rollout.engine=lean or vllm (the engines that switch weights between decode "
+            f"steps); {config.rollout.engine} samples each batch with one policy"
+        )
+    if config.rollout.engine == "vllm" and config.sync.partial_kv == "keep":
+        raise OprlError(
+            "sync.partial=true with rollout.engine=vllm needs sync.partial_kv=recompute: vLLM continues a response "
+            "after a switch from its prompt and tokens so far (one prefill under the new weights) and cannot keep "
+            "the old weights' keys/values; keep needs rollout.engine=lean"
         )
     if not config.runtime.overlap and config.mode == "both":
         raise OprlError(
@@ -251,6 +259,16 @@ class Switcher:
             if posted:
                 return self._load(posted[-1], wait=False, step=step)
         return False
+
+    def next_point(self, step: int) -> int | None:
+        """The first global decode step after ``step`` at which ``before`` may load other weights: the scheduled
+        switch step while its target is pending, every ``FREE_CHUNK``-th step when free-running (until
+        ``newest``), None when no switch can come. For engines that sample in segments (vLLM)."""
+        if self.target is not None and self.version != self.target and self.at_step > step:
+            return self.at_step
+        if self.free and (self.newest is None or self.version < self.newest):
+            return step + FREE_CHUNK
+        return None
 
     def version_at(self, step: int) -> int:
         """The version that sampled global decode step ``step``."""

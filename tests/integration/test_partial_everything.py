@@ -211,3 +211,20 @@ def test_evaluation_samples_with_one_version(small_overrides, tmp_path):
     keys = ("eval/accuracy", "eval/reward", "eval/format", "eval/response_length")
     in_run, checkpoint = ({k: rows_of(runs, n)[-1][k] for k in keys} for n in ("partial", "e"))
     assert in_run == checkpoint
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["rollout.engine=hf-generate"], r"^sync.partial=true needs rollout.engine=lean or vllm"),
+        (["rollout.engine=vllm"], r"^sync.partial=true with rollout.engine=vllm needs sync.partial_kv=recompute"),
+        (["runtime.overlap=false"], r"^sync.partial=true needs runtime.overlap=true"),
+    ],
+)
+def test_what_partial_rollouts_cannot_run_with_is_one_line(overrides, message):
+    from oprl.config import load_config
+    from oprl.errors import OprlError
+    from oprl.partial import check_partial
+
+    with pytest.raises(OprlError, match=message):
+        check_partial(load_config(None, ["sync.partial=true", "sync.offset=1", *overrides]))

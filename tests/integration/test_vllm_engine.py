@@ -190,6 +190,41 @@ def test_a_batch_larger_than_one_scheduler_step_samples_every_row(tokenizer):
     assert engine.generate(prompts[:3], seed=0).response_ids == rollout.response_ids[:3]
 
 
+# -- partial rollouts ----------------------------------------------------------------------------------------------
+def test_a_response_across_a_switch_continues_under_the_new_weights(tokenizer, tmp_path):
+    """Abort and resume (``VLLMEngine._switching``): the tokens before the switch are the unswitched call's,
+    the rest are sampled from the new weights with the prefix recomputed under them, versions per token; fails
+    if the switch is skipped, lands on a copy, or versions are tagged per response."""
+    from oprl.partial import Switcher, post_weights
+
+    old = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3)
+    new = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=4)
+    post_weights(tmp_path / "board", 1, new.state_dict())
+    prompts = _prompts(tokenizer, ["1+2=", "35+47-9=", "7=", "123*4-56+7="])
+    engine = VLLMEngine(copy.deepcopy(old), tokenizer, max_new_tokens=10)
+    plain = engine.generate(prompts, seed=5)
+    switch = Switcher(engine, tmp_path / "board", 0, at_step=4, target=1, kv="recompute")
+    rollout = engine.generate(prompts, seed=5, switch=switch)
+    assert max(len(r) for r in rollout.response_ids) > 5  # random weights rarely emit EOS
+    for i, response in enumerate(rollout.response_ids):
+        assert response[:4] == plain.response_ids[i][:4]
+        assert rollout.behavior_logprobs[i][:4] == pytest.approx(plain.behavior_logprobs[i][:4], abs=1e-5)
+        assert rollout.behavior_versions[i] == [0] * min(4, len(response)) + [1] * (len(response) - 4)
+    under_old, behaviour, mask = recomputed(old, prompts, rollout)
+    under_new, _, _ = recomputed(new, prompts, rollout)
+    assert (under_old - behaviour)[:, :4][mask[:, :4]].abs().max() < 1e-4
+    assert (under_new - behaviour)[:, 4:][mask[:, 4:]].abs().max() < 1e-4  # the prefix recomputed: all new
+    assert (under_old - behaviour)[:, 4:][mask[:, 4:]].abs().max() > 1e-2
+    served, wanted = engine.model.state_dict(), new.state_dict()
+    assert all(torch.equal(served[name], wanted[name]) for name in wanted)  # the engine's model, not a copy
+    with pytest.raises(OprlError, match=r"needs sync\.partial_kv=recompute"):
+        engine.generate(prompts, seed=5, switch=Switcher(engine, tmp_path / "board", 0, at_step=4, target=1))
+    with pytest.raises(OprlError, match=r"^sync.partial=true with rollout.engine=vllm needs sync.partial_kv="):
+        from oprl.runtime.run import check_config
+
+        check_config(load_config(None, ["rollout.engine=vllm", "sync.partial=true", "sync.offset=1"]))
+
+
 # -- errors --------------------------------------------------------------------------------------------------------
 def test_missing_vllm_names_the_extra(monkeypatch, small_overrides):
     import importlib.util
@@ -278,6 +313,28 @@ def test_same_seed_same_run(small_overrides, tmp_path):
     first = train(small_overrides, tmp_path, "first", "steps=3", "sync.offset=1")
     second = train(small_overrides, tmp_path, "second", "steps=3", "sync.offset=1")
     assert deterministic_view(first) == deterministic_view(second)
+
+
+def test_partial_rollouts_repeat_and_follow_the_switch_rule(small_overrides, tmp_path):
+    """sync.partial=true on vLLM: two runs give the same rows and stores; from batch 2 on (k=1, m=1) version
+    b-1 takes over at decode step 2, so every token's version is b-2 before it and b-1 after it."""
+    import pyarrow.parquet as pq
+
+    partial = ["steps=3", "sync.offset=1", "sync.partial=true", "sync.partial_kv=recompute", "sync.switch_step=2"]
+    first = train(small_overrides, tmp_path, "first", "eval.interval=0", *partial)
+    second = train(small_overrides, tmp_path, "second", "eval.interval=0", *partial)
+    assert deterministic_view(first) == deterministic_view(second)
+    assert max(r.get("batch/switched_frac", 0.0) for r in first) > 0
+    for batch in (1, 2, 3):
+        tables = [
+            pq.read_table(tmp_path / "runs" / n / "experiences" / f"batch-{batch:06d}.parquet").drop_columns(["extra"])
+            for n in ("first", "second")
+        ]
+        assert tables[0].equals(tables[1])
+        start = policy_version(batch, 1, 1)
+        target = start + 1 if batch >= 2 else start
+        for versions in tables[0].column("behavior_versions").to_pylist():
+            assert versions == [start] * min(2, len(versions)) + [target] * (len(versions) - 2)
 
 
 RESUME = ["steps=6", "sync.offset=2", "checkpoint.interval=2", "eval.interval=3"]

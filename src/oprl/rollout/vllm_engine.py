@@ -152,26 +152,41 @@ class VLLMEngine:
     ) -> Rollout:
         """Sample one response per prompt row; the same ``seed`` and inputs give the same samples.
         ``batch_size`` is ignored: vLLM schedules its own batches, and rows are seeded independently
-        (``row_seeds``: each row's seed, in place of ``row_seed(seed, row)``)."""
-        if switch is not None:  # sync.partial with vllm is refused when the run starts; this guards direct use
-            raise OprlError("rollout.engine=vllm cannot switch weights inside a call (sync.partial needs lean)")
+        (``row_seeds``: each row's seed, in place of ``row_seed(seed, row)``). ``switch`` (partial rollouts,
+        ``oprl.partial.Switcher``): sampled in segments, other weights loaded between two (``_switching``)."""
+        self._check_lengths(prompt_ids, self.shared.max_model_len)
+        seeds = [row_seed(seed, row) for row in range(len(prompt_ids))] if row_seeds is None else list(row_seeds)
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
+        if switch is not None:
+            return self._switching(prompt_ids, seeds, temperature, top_p, switch)
+        completions = self._sample(prompt_ids, seeds, temperature, top_p, self.max_new_tokens)
+        response_ids = [list(c.token_ids) for c in completions]
+        return Rollout(
+            response_ids=response_ids,
+            behavior_logprobs=[list(c.logprobs.logprobs) for c in completions],
+            texts=self.tokenizer.batch_decode(response_ids, skip_special_tokens=True),
+            truncated=[c.finish_reason == "length" for c in completions],
+        )
+
+    def _sample(self, prompt_ids: list[list[int]], seeds: list[int], temperature: float, top_p: float, limit: int):
+        """One blocking ``LLM.generate`` of up to ``limit`` tokens per row; its completions, in row order."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         shared = self.shared
-        self._check_lengths(prompt_ids, shared.max_model_len)
         params = [
             SamplingParams(
-                temperature=self.temperature if temperature is None else temperature,
-                top_p=self.top_p if top_p is None else top_p,
-                max_tokens=self.max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=limit,
                 stop_token_ids=[self.tokenizer.eos_token_id],
                 logprobs=0,
                 flat_logprobs=True,
-                seed=row_seed(seed, row) if row_seeds is None else row_seeds[row],
+                seed=row,
                 detokenize=False,
             )
-            for row in range(len(prompt_ids))
+            for row in seeds
         ]
         # The salt names the weights: a cached key/value is only ever reused by a request on the same weights.
         salt = f"{self.key}/{self.generation}"
@@ -185,13 +200,46 @@ class VLLMEngine:
         self.prompt_tokens += sum(len(p) for p in prompt_ids)
         cached = sum(out.num_cached_tokens or 0 for out in outputs)
         self.prefill_tokens += sum(len(p) for p in prompt_ids) - cached
-        completions = [out.outputs[0] for out in outputs]
-        response_ids = [list(c.token_ids) for c in completions]
+        return [out.outputs[0] for out in outputs]
+
+    def _switching(self, prompt_ids: list[list[int]], seeds: list[int], temperature: float, top_p: float, switch):
+        """Partial rollouts on vLLM: abort and resume. Every unfinished row is sampled up to the switcher's next
+        point (``Switcher.next_point``: the scheduled switch step, or every ``FREE_CHUNK`` steps free-running);
+        there ``switch.before`` may load other weights, and the unfinished rows continue from prompt + their
+        tokens so far, a fresh request (its prefix prefilled under the weights now served: the ``recompute`` KV
+        setting; vLLM keeps no other request's cache) seeded ``row_seed(seed, first step)`` so that no
+        segment replays another's random numbers. Segments run in lock-step like decode steps (an unfinished
+        row has sampled exactly the segment's length), so token t of every row was drawn at global decode step
+        ``offset + t``, as in the torch engines."""
+        if switch.kv != "recompute":  # run configs are refused at load (oprl.partial.check_partial)
+            raise OprlError("rollout.engine=vllm recomputes the prefix at a switch: it needs sync.partial_kv=recompute")
+        offset, n = switch.start(), len(prompt_ids)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        stopped = [False] * n
+        live, done = list(range(n)), 0
+        while live:
+            point = switch.next_point(offset + done)
+            left = self.max_new_tokens - done
+            limit = left if point is None else min(left, point - offset - done)
+            contexts = [prompt_ids[r] + tokens[r] for r in live]
+            segment_seeds = [seeds[r] if done == 0 else row_seed(seeds[r], done) for r in live]
+            completions = self._sample(contexts, segment_seeds, temperature, top_p, limit)
+            for r, c in zip(live, completions, strict=True):
+                tokens[r] += list(c.token_ids)
+                logprobs[r] += list(c.logprobs.logprobs)
+                stopped[r] = c.finish_reason != "length"
+            done += limit
+            live = [r for r in live if not stopped[r]] if done < self.max_new_tokens else []
+            if live:
+                switch.before(offset + done)
+        switch.finish(max((len(t) for t in tokens), default=0))
         return Rollout(
-            response_ids=response_ids,
-            behavior_logprobs=[list(c.logprobs.logprobs) for c in completions],
-            texts=self.tokenizer.batch_decode(response_ids, skip_special_tokens=True),
-            truncated=[c.finish_reason == "length" for c in completions],
+            response_ids=tokens,
+            behavior_logprobs=logprobs,
+            texts=self.tokenizer.batch_decode(tokens, skip_special_tokens=True),
+            truncated=[not s for s in stopped],
+            behavior_versions=[[switch.version_at(offset + t) for t in range(len(row))] for row in tokens],
         )
 
     def _check_lengths(self, prompt_ids: list[list[int]], max_model_len: int) -> None:
