@@ -116,15 +116,7 @@ def _initial(model_cfg, warm_cfg):
 def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dict:
     start = time.perf_counter()
     model, tokenizer = _initial(model_cfg, warm_cfg)
-    problems, skipped = _demonstrable(task, list(task.problems("train")))
-    if skipped:
-        log(f"warm start: {skipped} train problems have no demonstration and are left out")
-    validation, training = problems[: warm_cfg.val_problems], problems[warm_cfg.val_problems :]
-    if not training:
-        raise OprlError(
-            f"warmstart.val_problems={warm_cfg.val_problems} holds out all {len(problems)} train problems "
-            "that have a demonstration; lower it"
-        )
+    validation, training = _held_out(task, warm_cfg, log)
     prompts, answers, masks, limits = _examples(tokenizer, task, training)
     device = next(model.parameters()).device
     engine = LeanEngine(model, tokenizer, temperature=1.0, max_new_tokens=limits["max_new_tokens"])
@@ -150,12 +142,7 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
             ]
             # Model tokens only: an episode's environment turns are context, as in RL (all ones for one turn).
             mask = batch[3] & (right_pad_values([masks[i] for i in rows], batch[3].shape[1]).to(device) > 0)  # (B, T)
-            model.train()
-            logprobs, _ = response_logprobs(model, batch[0], batch[1], batch[2])  # (B, T)
-            loss = -(logprobs * mask).sum() / mask.sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            loss = _sft_step(model, optimizer, batch, mask)
             if step % warm_cfg.check_interval == 0:
                 accuracy = evaluate(
                     engine,
@@ -191,6 +178,34 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool) -> dic
         "reply_tokens": limits["max_new_tokens"] - _SLACK,
         "max_new_tokens": limits["max_new_tokens"],
     }
+
+
+def _held_out(task, warm_cfg, log) -> tuple[list, list]:
+    """(validation, training): the train problems that have a demonstration, the first ``val_problems`` held
+    out; one line when that leaves nothing to train on."""
+    problems, skipped = _demonstrable(task, list(task.problems("train")))
+    if skipped:
+        log(f"warm start: {skipped} train problems have no demonstration and are left out")
+    validation, training = problems[: warm_cfg.val_problems], problems[warm_cfg.val_problems :]
+    if not training:
+        raise OprlError(
+            f"warmstart.val_problems={warm_cfg.val_problems} holds out all {len(problems)} train problems "
+            "that have a demonstration; lower it"
+        )
+    return validation, training
+
+
+def _sft_step(model, optimizer, batch, mask: torch.Tensor) -> torch.Tensor:
+    """One supervised step on the demonstrations: loss = -sum(log pi * mask) / sum(mask) over the packed
+    ``batch`` (``models.logprobs.pack``: input ids, attention mask, targets, their mask); ``mask`` (B, T): the
+    model tokens."""
+    model.train()
+    logprobs, _ = response_logprobs(model, batch[0], batch[1], batch[2])  # (B, T)
+    loss = -(logprobs * mask).sum() / mask.sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss
 
 
 def length_warning(model_dir: str | Path, max_new_tokens: int) -> str | None:
