@@ -2,11 +2,12 @@
 
 The driver, ``run`` and the checkpoint writer never name a worker method by a string. A handle wraps the
 backend's ``Actor`` and has one method per verb of its role, with the role's argument types (a future may
-stand for any argument: backends resolve it inside the receiving worker) and the type of what comes back,
-``Pending[T]`` (resolve with ``Backend.get``). The verb a handle sends is the role protocol's own method,
-checked to belong to that role at the boundary (``Handle._call``) and sent by its ``__name__``: the protocol
-is the one source of the verbs, for local threads, processes and Ray alike (tests/test_contracts.py checks
-that every worker class implements its role, and every handle its role's verbs).
+stand for an argument that comes from another worker: backends resolve it inside the receiving worker) and the
+type of what comes back, ``Pending[T]`` (resolve with ``Backend.get``). The verb a handle sends is the role
+protocol's own method, checked to belong to that role at the boundary (``Handle._call``) and sent by its
+``__name__``: the protocol is the one source of the verbs, for local threads, processes and Ray alike
+(tests/test_contracts.py checks that every worker class implements its role, and every handle its role's
+verbs).
 
 Deliberately not here: how a call travels (``oprl.backends``) or what the workers compute.
 """
@@ -18,9 +19,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from oprl.backends.base import Actor, Pending
 from oprl.messages import Experience, ExploreResult, FlatWeights, TrainResult
-
-Maybe = Any
-"""An argument given as its value or as a future of it (``Pending``), resolved in the worker."""
 
 
 @runtime_checkable
@@ -115,7 +113,7 @@ class TrainerHandle(Handle):
     def ping(self) -> Pending[int]:
         return self._call(TrainerRole.ping)
 
-    def train(self, step: int, batch: Maybe) -> Pending[TrainResult]:
+    def train(self, step: int, batch: list[Experience] | Pending[list[Experience]]) -> Pending[TrainResult]:
         return self._call(TrainerRole.train, step, batch)
 
     def weights(self) -> Pending[FlatWeights]:
@@ -141,7 +139,7 @@ class ExplorerHandle(Handle):
         return self._call(ExplorerRole.ping)
 
     def explore(
-        self, batch: int, version: int, weights: Maybe = None
+        self, batch: int, version: int, weights: dict | Pending[FlatWeights] | None = None
     ) -> tuple[Pending[list[Experience]], Pending[ExploreResult]]:
         """Two futures: the experiences (handed to the buffer unresolved) and the report (for the driver)."""
         return self._call(ExplorerRole.explore, batch, version, weights, returns=2)
@@ -150,7 +148,9 @@ class ExplorerHandle(Handle):
 class BufferHandle(Handle):
     role = BufferRole
 
-    def put(self, batch: int, experiences: Maybe, keep: bool = True) -> Pending[int]:
+    def put(
+        self, batch: int, experiences: list[Experience] | Pending[list[Experience]], keep: bool = True
+    ) -> Pending[int]:
         return self._call(BufferRole.put, batch, experiences, keep)
 
     def take(self, step: int) -> tuple[Pending[list[Experience]], Pending[dict[str, float]]]:
@@ -159,7 +159,9 @@ class BufferHandle(Handle):
     def open_board(self, board: str, start_step: int) -> Pending[None]:
         return self._call(BufferRole.open_board, board, start_step)
 
-    def post_weights(self, board: str, version: int, weights: Maybe, keep_from: int) -> Pending[None]:
+    def post_weights(
+        self, board: str, version: int, weights: dict | Pending[FlatWeights], keep_from: int
+    ) -> Pending[None]:
         return self._call(BufferRole.post_weights, board, version, weights, keep_from)
 
     def save(self, directory: str) -> Pending[list[int]]:
