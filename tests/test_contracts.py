@@ -134,3 +134,27 @@ def test_handles_run_on_the_local_backend_in_threads_and_processes(tmp_path):
             assert backend.get(buffer.restore(str(tmp_path / workers))) == []
         finally:
             backend.shutdown([buffer.actor])
+
+
+def test_no_worker_method_is_called_by_a_string_outside_the_backends():
+    """Typed calls: ``x.call("train", ...)`` (a method named by a literal) appears only where a call is
+    transported (``oprl.backends``); everyone else calls a handle's method or passes a protocol's method."""
+    import ast
+    from pathlib import Path
+
+    src = Path(roles.__file__).parent
+    found = []
+    for path in src.rglob("*.py"):
+        if path.relative_to(src).parts[0] == "backends":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "call"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                found.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert not found, found
