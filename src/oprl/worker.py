@@ -101,8 +101,8 @@ def load_model(config: RunConfig, path: str, dtype: str | None = None):
 def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
     """The ``rollout.engine`` sampler over ``model``, behind the sampling lock."""
     rollout = config.rollout
-    vllm_options = {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
-    options = vllm_options if rollout.engine == "vllm" else {}
+    reuse_options = {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
+    options = reuse_options if rollout.engine in ("vllm", "lean") else {}
     return LockedEngine(
         plugins.resolve("engine", rollout.engine, ENGINES, key="rollout.engine")(
             model,

@@ -168,13 +168,18 @@ class RolloutConfig(_Section):
     it natively (CUDA; a CPU with AMX-BF16 or AVX512-BF16), float32 elsewhere (oprl.models.precision; the run
     logs its choice). Evaluation samples on the trainer's copy."""
     prefix_reuse: bool = False
-    """rollout.engine=vllm: keep vLLM's prefix cache between calls, so a multi-turn episode's next turn prefills
-    only what is new since its last full cache block (docs/performance.md has the counts). Cached entries are
-    salted by the policy version (and reset at every weight load): nothing computed by older weights is reused.
-    Off by default: a reused prefix is computed in another batch shape than a fresh prefill, so samples may
-    differ in the last float bits with it, and a batch would depend on the calls before it."""
+    """Multi-turn episodes: keep each episode's key/value cache between the engine's calls, so a turn prefills
+    only what is new since the last one. lean: each row's cache (prompt and fed reply tokens) is kept, at most
+    rollout.kv_cache_gb of them (oprl.rollout.prefixes); vllm: vLLM's prefix cache is kept, in whole blocks.
+    Nothing computed by older weights is reused: the kept caches are dropped at every weight load, a partial
+    switch, and (lean) any in-place change of the parameters; vLLM's are also salted by the policy version.
+    Off by default: a reused prefix was computed in another batch shape than a fresh prefill, so log-probs
+    differ in the last float bits (samples were equal in the tests: tests/rollout/test_prefix_reuse_lean.py),
+    and a call would depend on the calls before it (docs/performance.md has the counts)."""
     kv_cache_gb: float = Field(1.0, gt=0.0)
-    """rollout.engine=vllm: memory of vLLM's key/value cache per engine (CPU RAM, or GPU memory on CUDA), in GiB;
+    """rollout.engine=lean with prefix_reuse: most memory the caches kept between calls hold (least recently
+    used dropped first), in GiB. rollout.engine=vllm: memory of vLLM's key/value cache per engine (CPU RAM, or
+    GPU memory on CUDA), in GiB;
     less is used when 256 full-length sequences fit in less (the tiny model: a few MiB). More lets more
     sequences decode at once; the environment variable VLLM_CPU_KVCACHE_SPACE, if set, overrides it on CPU."""
 

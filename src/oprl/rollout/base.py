@@ -19,6 +19,8 @@ from oprl.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
+
+    from oprl.rollout.prefixes import PrefixStore
 else:
     torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
@@ -100,6 +102,8 @@ class TorchEngine:
         self.temperature = temperature
         self.top_p = top_p
         self.max_new_tokens = max_new_tokens
+        self.prefixes: PrefixStore | None = None
+        """The sampler's ``oprl.rollout.prefixes.PrefixStore`` (lean engine): kept caches and prefill counts."""
         self.context = context_of(model)
         if self.context is not None and max_new_tokens >= self.context:
             raise OprlError(
@@ -110,9 +114,22 @@ class TorchEngine:
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
             self.model.load_state_dict(weights, strict=False)
+        self.weights_changed()
 
     def weights_changed(self) -> None:
-        pass  # every call samples from the model itself
+        """Every call samples from the model itself; only caches kept between calls are dropped."""
+        if self.prefixes is not None:
+            self.prefixes.clear()
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Context tokens handed to the sampler so far (lean engine; 0 for the others)."""
+        return self.prefixes.prompt_tokens if self.prefixes is not None else 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Of ``prompt_tokens``, those run through the model in a prefill (lean engine; 0 for the others)."""
+        return self.prefixes.prefill_tokens if self.prefixes is not None else 0
 
     def generate(
         self,
@@ -191,6 +208,12 @@ class TorchEngine:
         was_training = self.model.training
         self.model.eval()
         extra = {} if switch is None else {"switch": switch, "offset": switch.start()}
+        if self.prefixes is not None:  # a switch loads weights mid-call: nothing kept from before or after it
+            self.prefixes.check_weights(self.model)
+            if switch is not None:
+                self.prefixes.clear()
+            else:
+                extra["prefixes"] = self.prefixes
         try:
             tokens, logprobs = self.sample(
                 self.model, self.tokenizer, prompt_ids, temperature, top_p, self.max_new_tokens, **extra

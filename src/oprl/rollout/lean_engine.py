@@ -26,8 +26,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from oprl.lazy import lazy_import
-from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions, prefill_shared_prompts
+from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions
 from oprl.rollout.base import TorchEngine
+from oprl.rollout.prefixes import PrefixStore
+from oprl.rollout.prefixes import prefill as prefill_reusing
 
 if TYPE_CHECKING:
     import torch
@@ -38,10 +40,15 @@ COMPACT_FRACTION = 0.25
 """Drop finished rows from the batch once at least this fraction of it has emitted EOS."""
 
 
-def LeanEngine(model, tokenizer, **settings) -> TorchEngine:  # named as the engine it builds
+def LeanEngine(
+    model, tokenizer, *, prefix_reuse: bool = False, kv_cache_gb: float = 1.0, **settings
+) -> TorchEngine:  # named as the engine it builds
     """Samples with a plain decode loop on the model's cache (temperature, top-p; no top-k). ``settings``: the
-    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``max_new_tokens``."""
-    return TorchEngine(lean_sample, model, tokenizer, **settings)
+    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``max_new_tokens``. ``prefix_reuse``: keep each row's
+    cache between calls, up to ``kv_cache_gb`` GiB (``oprl.rollout.prefixes``)."""
+    engine = TorchEngine(lean_sample, model, tokenizer, **settings)
+    engine.prefixes = PrefixStore(prefix_reuse, int(kv_cache_gb * 2**30))
+    return engine
 
 
 def lean_sample(
@@ -53,13 +60,16 @@ def lean_sample(
     max_new_tokens: int,
     switch=None,
     offset: int = 0,
+    prefixes: PrefixStore | None = None,
 ):
     """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored.
     ``switch`` (``oprl.partial.Switcher``): ``switch.before(offset + t)`` runs before the distribution of
-    token t is computed (t >= 1) and says whether new weights were loaded; ``switch.kv`` what the cache does."""
+    token t is computed (t >= 1) and says whether new weights were loaded; ``switch.kv`` what the cache does.
+    ``prefixes`` (``oprl.rollout.prefixes``): resume each prompt from its longest stored prefix, count the
+    prefill, and keep each row's cache (prompt and fed reply tokens) for the next call."""
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     device = model.device
-    prefill = prefill_shared_prompts(model, prompt_ids, pad_id, device, logits_to_keep=1)
+    prefill = prefill_reusing(model, prompt_ids, pad_id, device, prefixes)
     cache, cache_name = prefill.cache, cache_kwarg(model)
     logits = prefill.output.logits[:, -1][prefill.rows]  # (B, V)
     attention, next_position = prefill.attention, prefill.next_position  # (B, P) grows a column per step; (B,)
@@ -76,6 +86,8 @@ def lean_sample(
             break
         if int(done.sum()) >= max(1, COMPACT_FRACTION * len(live)):
             keep = (~done).nonzero().squeeze(-1)
+            if prefixes is not None:  # the finished rows' caches, before they leave the batch
+                _save(prefixes, cache, attention, done.nonzero().squeeze(-1), live, prompt_ids, tokens, step, eos_id)
             cache.reorder_cache(keep)
             live, attention, next_position, token, done = (
                 t[keep] for t in (live, attention, next_position, token, done)
@@ -95,7 +107,21 @@ def lean_sample(
         )
         next_position = next_position + 1
         logits = out.logits[:, -1]
+    if prefixes is not None:  # every token up to the last sampled one (never fed) is in the cache
+        _save(prefixes, cache, attention, torch.arange(len(live)), live, prompt_ids, tokens, step, eos_id)
     return tokens.cpu(), logprobs.cpu()
+
+
+def _save(prefixes: PrefixStore, cache, attention, rows, live, prompt_ids, tokens, fed: int, eos_id: int) -> None:
+    """Keep cache rows ``rows``: each its prompt and the first ``fed`` sampled tokens, cut after its EOS."""
+    contexts, replies = [], []
+    for i in rows.tolist():
+        reply = tokens[int(live[i]), :fed].tolist()
+        if eos_id in reply:
+            reply = reply[: reply.index(eos_id) + 1]
+        contexts.append(prompt_ids[int(live[i])])
+        replies.append(reply)
+    prefixes.save_rows(cache, attention, rows.tolist(), contexts, replies)
 
 
 def recompute_prefix(
