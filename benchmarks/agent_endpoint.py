@@ -18,7 +18,6 @@ import time
 
 import torch
 
-from oprl.explorer.agents import run_agent_episodes
 from oprl.explorer.episodes import run_episodes
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout.lean_engine import LeanEngine
@@ -44,7 +43,7 @@ def main() -> None:
     )
     problems = list(built_in.problems("train"))[: args.episodes]
     limits = {"max_turns": 3, "max_tokens": 48}
-    run_agent_episodes(engine, tokenizer, agent, problems, seed=0, **limits)  # starts the endpoint
+    run_episodes(engine, tokenizer, agent, problems, seed=0, **limits)  # starts the endpoint
     times: dict[str, list[float]] = {"built_in": [], "endpoint": []}
     turns = 0
     for repeat in range(args.repeats):
@@ -52,7 +51,7 @@ def main() -> None:
         episodes = run_episodes(engine, tokenizer, built_in, problems, seed=repeat, **limits)
         times["built_in"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        run_agent_episodes(engine, tokenizer, agent, problems, seed=repeat, **limits)
+        run_episodes(engine, tokenizer, agent, problems, seed=repeat, **limits)
         times["endpoint"].append(time.perf_counter() - start)
         turns += sum(e.turns for e in episodes)
     turns_per_repeat = turns / args.repeats

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from oprl.errors import OprlError
-from oprl.explorer.agents import run_agent_episodes
 from oprl.explorer.endpoint import Endpoint, bind
 from oprl.explorer.episodes import run_episodes
 from oprl.models.chat import encode_prompt
@@ -90,7 +89,7 @@ def agent_task(agent, **fields):
 
 def run(engine, tokenizer, task, problems, **kw):
     kw = {"seed": 5, "max_turns": MAX_TURNS, "max_tokens": MAX_TOKENS} | kw
-    return run_agent_episodes(engine, tokenizer, task, problems, **kw)
+    return run_episodes(engine, tokenizer, task, problems, **kw)
 
 
 def test_calculator_agent_rows_equal_the_built_in_episodic_path(engine, tokenizer):
@@ -115,6 +114,13 @@ def test_calculator_agent_rows_equal_the_built_in_episodic_path(engine, tokenize
         assert mine.truncated == theirs.truncated
         assert mine.outcome.total == theirs.outcome.total
         assert mine.info["segments"] == 1 and mine.info["agent_failed"] == 0
+
+
+def test_a_partial_switch_is_refused_in_one_line(engine, tokenizer):
+    """run_episodes hands its arguments to the agent loop whole; a switch (partial rollouts) is refused there."""
+    task = agent_task(calculator_agent)
+    with pytest.raises(OprlError, match=r"rollout\.partial"):
+        run(engine, tokenizer, task, task.problems("train")[:1], switch=object())
 
 
 def test_openai_client_chat_completion_tools_and_errors(engine, tokenizer):

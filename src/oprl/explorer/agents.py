@@ -1,10 +1,11 @@
 """Running the user's agents (``task.name=agent``) against the explorer's endpoint, and their episodes.
 
-``run_agent_episodes`` is ``run_episodes`` for agent tasks: one agent run per entry of ``problems`` (a
-problem repeated K times is a group), each in a thread of its own with an ``openai.OpenAI`` client (an
-``async def`` agent gets an ``openai.AsyncOpenAI`` and its own event loop) pointed at its session of the
-endpoint. This thread serves them: it hands the waiting requests to the engine as one call
-(``Endpoint.take``: every running agent asked, or ``task.batch_wait_s`` passed), and returns the replies.
+``run_agent_episodes`` is ``run_episodes`` for agent tasks (called by it, with its arguments as one
+``EpisodeSettings``): one agent run per entry of ``problems`` (a problem repeated K times is a group), each in a
+thread of its own with an ``openai.OpenAI`` client (an ``async def`` agent gets an ``openai.AsyncOpenAI`` and
+its own event loop) pointed at its session of the endpoint. This thread serves them: it hands the waiting
+requests to the engine as one call (``Endpoint.take``: every running agent asked, or ``task.batch_wait_s``
+passed), and returns the replies.
 
 Seeds: the request of episode ``i`` at turn ``t`` samples with the row seed of ``(seed + t, i, choice)`` on
 engines that seed rows (vLLM: a row's samples do not depend on its batch, so episodes are repeatable
@@ -35,7 +36,7 @@ from typing import Any
 
 from oprl.errors import OprlError
 from oprl.explorer.endpoint import Endpoint, Pending, Sampling, reply_message
-from oprl.explorer.episodes import Episode
+from oprl.explorer.episodes import Episode, EpisodeSettings
 from oprl.explorer.sessions import Choice, Session
 from oprl.models.chat import encode_problem
 from oprl.tasks.agent import agent_reward, problem_dict
@@ -67,39 +68,30 @@ def endpoint_of(task, tokenizer) -> Endpoint:
     return task.endpoint
 
 
-def run_agent_episodes(
-    engine,
-    tokenizer,
-    task,
-    problems,
-    *,
-    seed: int,
-    max_turns: int,
-    max_tokens: int,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    episode_timeout: float = 300.0,
-) -> list[Episode]:
-    """One episode per entry of ``problems``, written by ``task``'s agent through the endpoint."""
-    endpoint = endpoint_of(task, tokenizer)
+def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSettings) -> list[Episode]:
+    """One episode per entry of ``problems``, written by ``task``'s agent through the endpoint; ``run_episodes``
+    calls it for agent tasks with its own arguments (``settings``)."""
+    if settings.switch is not None:
+        raise OprlError("rollout.partial: agent tasks (task.name=agent) sample without switching weights; unset it")
+    endpoint, s = endpoint_of(task, tokenizer), settings
     endpoint.sampling = Sampling(
-        engine.temperature if temperature is None else temperature,
-        engine.top_p if top_p is None else top_p,
+        engine.temperature if s.temperature is None else s.temperature,
+        engine.top_p if s.top_p is None else s.top_p,
         engine.max_new_tokens,
     )
-    runs = [AgentRun(i, p, Session(i, tokenizer, max_turns, max_tokens)) for i, p in enumerate(problems)]
+    runs = [AgentRun(i, p, Session(i, tokenizer, s.max_turns, s.max_tokens)) for i, p in enumerate(problems)]
     for run in runs:
         run.session_id = endpoint.open(run.session)
-        _start(task, endpoint, run, episode_timeout)
+        _start(task, endpoint, run, s.episode_timeout)
     calls = 0
     while True:
-        _check_timeouts(endpoint, runs, episode_timeout)
+        _check_timeouts(endpoint, runs, s.episode_timeout)
         running = [r for r in runs if not r.done.is_set()]
         if not running:
             break
         batch = endpoint.take(len(running))
         if batch:
-            _sample(engine, endpoint, batch, seed)
+            _sample(engine, endpoint, batch, s.seed)
             calls += 1
     episodes = [_episode(endpoint, run, tokenizer) for run in runs]
     _report(endpoint, runs, calls)

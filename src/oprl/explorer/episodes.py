@@ -137,6 +137,19 @@ def _truncate(episode: Episode, max_tokens: int) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """What ``run_episodes`` was called with, handed on whole to the agent loop (``oprl.explorer.agents``)."""
+
+    seed: int
+    max_turns: int
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    episode_timeout: float = 300.0
+    switch: object = None
+
+
 def run_episodes(
     engine,
     tokenizer,
@@ -162,19 +175,8 @@ def run_episodes(
     if getattr(task, "name", "") == "agent":
         from oprl.explorer.agents import run_agent_episodes  # it builds on this module
 
-        return run_agent_episodes(
-            engine,
-            tokenizer,
-            task,
-            problems,
-            seed=seed,
-            max_turns=max_turns,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            episode_timeout=episode_timeout,
-            **({} if switch is None else {"switch": switch}),
-        )
+        settings = EpisodeSettings(seed, max_turns, max_tokens, temperature, top_p, episode_timeout, switch)
+        return run_agent_episodes(engine, tokenizer, task, problems, settings)
     partial = {} if switch is None else {"switch": switch}
     environments = [task.environment(p) for p in problems]
     episodes = [start(tokenizer, env, p) for env, p in zip(environments, problems, strict=True)]
