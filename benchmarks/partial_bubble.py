@@ -10,21 +10,21 @@ in rotation ``--repeats`` times (medians reported, so a noisy machine hurts all 
 - ``on-policy``: k=1, m=0, whole batches: every token is sampled by the trainer's current version, and the
   two sides alternate (the trainer waits for the whole batch, its slowest row included; the explorer waits
   for the step). The bubble partial rollouts are for.
-- ``partial``: k=1, m=1 with the deterministic switch at decode step ``--switch-step`` (``sync.partial``):
-  the first decode steps of batch b run while the trainer trains step b-1, the rest (the long tail) with
-  version b-1, which is then on-policy.
+- ``partial@J``: k=1, m=1 with the deterministic switch at decode step J (``sync.partial``, one setting per
+  ``--switch-steps`` value): the first J decode steps of batch b run while the trainer trains step b-1, the
+  rest (the long tail) with version b-1, which is then on-policy.
 - ``partial-free``: sync.mode=async, max_staleness=1, free-running switch: the newest version is taken
   between two decode steps as soon as it is posted; nothing waits at a fixed point.
 - ``one-step-off``: k=1, m=1, whole batches: overlapped and never waiting, but every token one version old.
 
-The bubble is ``perf/trainer_idle_s`` (waiting for its batch) plus ``perf/explorer_idle_s`` (waiting
-between batches) plus the time an explorer waits at a scheduled switch for its version (inside a generate
-call, so the run's clock counts it busy; measured here around ``Switcher._wait_for``), per step between the
-first and the last trainer step. ``lag/token_mean`` and ``lag/token_frac_0`` say how on-policy the trained
+The bubble is ``perf/trainer_idle_s`` (waiting for its batch) plus ``perf/explorer_idle_s`` (waiting for
+weights, between batches or, ``perf/switch_wait_s``, at a scheduled switch inside one), per step between
+the first and the last trainer step; worker threads or processes (``runtime.workers=processes``) alike.
+``lag/token_mean`` and ``lag/token_frac_0`` say how on-policy the trained
 tokens were.
 
-Run:  flock /tmp/oprl-bench.lock python benchmarks/partial_bubble.py [--steps 10] [--repeats 2]
-      [--switch-step 4] [--json FILE] [key=value ...]
+Run:  flock /tmp/oprl-bench.lock python benchmarks/partial_bubble.py [--steps 12] [--repeats 3]
+      [--switch-steps 8 16] [--json FILE] [key=value ...]
 """
 
 from __future__ import annotations
@@ -35,11 +35,8 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-import oprl.partial as partial
 from oprl.config import load_config
 from oprl.runtime.run import run
 
@@ -50,10 +47,10 @@ RECIPE = [
     "warmstart.check_interval=8",
     "warmstart.val_problems=64",
     "warmstart.target_accuracy=0.99",
-    "rollout.prompts_per_step=8",
-    "rollout.group_size=8",
-    "rollout.temperature=2.2",  # a long tail: lengths 1-48, median ~9 (measured on one batch of 64)
-    "rollout.max_new_tokens=48",
+    "rollout.prompts_per_step=2",  # few rows: training is cheap, the batch's time is its longest row's decode
+    "rollout.group_size=4",
+    "rollout.temperature=2.2",  # a long tail: lengths 1-79, mean ~16 (measured over 6 batches)
+    "rollout.max_new_tokens=96",
     "eval.interval=0",
     "progress=false",
     "tensorboard=false",
@@ -63,40 +60,15 @@ RECIPE = [
 ]
 SETTINGS = {
     "on-policy": ["sync.offset=0"],
-    "partial": ["sync.offset=1", "sync.partial=true"],
+    "partial": ["sync.offset=1", "sync.partial=true"],  # at each of --switch-steps: partial@J
     "partial-free": ["sync.mode=async", "sync.max_staleness=1", "sync.partial=true"],
     "one-step-off": ["sync.offset=1"],
 }
 
 
-class SwitchWaits:
-    """Seconds explorers spend blocked in ``Switcher._wait_for`` (waiting at a scheduled switch)."""
-
-    def __init__(self):
-        self.seconds, self._lock, self._wait = 0.0, threading.Lock(), partial.Switcher._wait_for
-
-    def __enter__(self):
-        waits, wait = self, self._wait
-
-        def timed(switcher, path):
-            start = time.perf_counter()
-            try:
-                wait(switcher, path)
-            finally:
-                with waits._lock:
-                    waits.seconds += time.perf_counter() - start
-
-        partial.Switcher._wait_for = timed  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *_):
-        partial.Switcher._wait_for = self._wait  # type: ignore[method-assign]
-
-
 def measure(name: str, overrides: list[str], out: Path, repeat: int) -> dict:
     config = load_config(None, [*RECIPE, *overrides, f"output_dir={out}", f"run_name={name}-{repeat}"])
-    with SwitchWaits() as waits:
-        summary = run(config, log=lambda *_: None)
+    summary = run(config, log=lambda *_: None)
     from oprl.metrics import read_metrics
 
     rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "reward/mean" in r]
@@ -106,14 +78,13 @@ def measure(name: str, overrides: list[str], out: Path, repeat: int) -> dict:
         return sum(r.get(key, 0.0) for r in rows[1:]) / steps
 
     trainer_idle, explorer_idle = per_step("perf/trainer_idle_s"), per_step("perf/explorer_idle_s")
-    switch_wait = waits.seconds / len(rows)  # every batch's waits (the first step's included) over its rows
     lengths = [r["response/length_mean"] for r in rows]
     return {
         "per_step_s": span / steps,
-        "bubble_s": trainer_idle + explorer_idle + switch_wait,
+        "bubble_s": trainer_idle + explorer_idle,
         "trainer_idle_s": trainer_idle,
         "explorer_idle_s": explorer_idle,
-        "switch_wait_s": switch_wait,
+        "switch_wait_s": per_step("perf/switch_wait_s"),  # part of explorer_idle_s
         "generate_s": per_step("perf/generate_s"),
         "train_s": per_step("perf/train_s"),
         "token_lag_mean": statistics.mean(r.get("lag/token_mean", 0.0) for r in rows),
@@ -126,33 +97,38 @@ def measure(name: str, overrides: list[str], out: Path, repeat: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--switch-step", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--switch-steps", type=int, nargs="+", default=[8, 16])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = parser.parse_args(argv)
     if "on-policy" not in args.settings:
         parser.error("--settings must include on-policy (the ratios are against it)")
-    extra = [f"steps={args.steps}", f"sync.switch_step={args.switch_step}", *args.overrides]
+    extra = [f"steps={args.steps}", *args.overrides]
+    runs = {}
+    for name in args.settings:
+        for j in args.switch_steps if name == "partial" else [None]:
+            label = name if j is None else f"partial@{j}"
+            runs[label] = SETTINGS[name] + ([] if j is None else [f"sync.switch_step={j}"])
     load = os.getloadavg()[0]
-    results: dict[str, list[dict]] = {name: [] for name in args.settings}
+    results: dict[str, list[dict]] = {name: [] for name in runs}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for name in args.settings:
-                results[name].append(measure(name, [*SETTINGS[name], *extra], Path(tmp), repeat))
+            for name, overrides in runs.items():
+                results[name].append(measure(name.replace("@", "-"), [*overrides, *extra], Path(tmp), repeat))
                 got = results[name][-1]
                 print(f"repeat {repeat} {name}: {got['per_step_s']:.3f} s/step bubble {got['bubble_s']:.3f} s")
     table = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for name, runs in results.items()}
     base = table["on-policy"]
     print(
         f"\nload average before/after: {load:.2f}/{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; "
-        f"{args.steps} steps, switch step {args.switch_step}, medians of {args.repeats}\n"
+        f"{args.steps} steps, medians of {args.repeats}\n"
     )
     print(
         "| setting | s/step | vs on-policy | bubble s/step | vs on-policy | trainer idle | explorer idle | "
-        "switch wait | generate s | train s | token lag | fresh tokens | rows switched | length mean/max |"
+        "of it switch wait | generate s | train s | token lag | fresh tokens | rows switched | length mean/max |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in table.items():
@@ -165,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         record = {"argv": sys.argv[1:], "load_before": load, "load_after": os.getloadavg()[0], "medians": table}
-        args.json.write_text(json.dumps(record | {"settings": SETTINGS, "runs": results}, indent=2))
+        args.json.write_text(json.dumps(record | {"settings": runs, "runs": results}, indent=2))
     return 0
 
 

@@ -7,8 +7,9 @@
 - ``vllm recompute``: abort and resume (``VLLMEngine._switching``): the call ends at the switch step, the
   weights are reloaded into vLLM, and the unfinished rows are resubmitted with their prefixes (a prefill).
 
-Both policies are the embedded tiny model's architecture with random weights (seeds 3 and 4), so responses
-run to ``--max-new-tokens`` (no EOS): the worst case for a recompute (every row is still live).
+Both policies are the embedded tiny model's architecture with random weights (seeds 3 and 4): they rarely
+emit EOS, but not never, and the new policy stops rows at other points than the old one, so the table also
+gives the time per sampled token.
 
 Run:  flock /tmp/oprl-bench.lock python benchmarks/partial_switch_cost.py [--rows 64] [--max-new-tokens 48]
       [--switch-step 8] [--repeats 5] [--engines lean vllm]
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"lean": ("none", "keep", "recompute"), "vllm": ("none", "recompute")}  # vLLM cannot keep
     cases = [(e, kv) for e in args.engines for kv in settings[e]]
     times: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
+    steps: dict[tuple[str, str], list[int]] = {case: [] for case in cases}
     with tempfile.TemporaryDirectory() as tmp:
         board = Path(tmp)
         post_weights(board, 1, new.state_dict())
@@ -75,16 +77,24 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 rollout = engine.generate(prompts, seed=repeat, switch=switch)
                 times[(name, kv)].append(time.perf_counter() - start)
+                steps[(name, kv)].append(sum(map(len, rollout.response_ids)))
                 assert switch is None or max(max(v) for v in rollout.behavior_versions) == 1
     print(
         f"load average before/after: {load:.2f}/{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {args.rows} rows x "
         f"{args.max_new_tokens} tokens, switch at step {args.switch_step}, medians of {args.repeats}\n"
     )
-    print("| engine | switch | s/call | vs no switch |")
-    print("|---|---|---|---|")
+    print("| engine | switch | s/call | vs no switch | tokens/call | ms per 1k tokens | vs no switch |")
+    print("|---|---|---|---|---|---|---|")
     for name, kv in cases:
         median, base = statistics.median(times[(name, kv)]), statistics.median(times[(name, "none")])
-        print(f"| {name} | {'none' if kv == 'none' else kv} | {median:.3f} | {median / base:.2f} |")
+        per = statistics.median(1e6 * t / n for t, n in zip(times[(name, kv)], steps[(name, kv)], strict=True))
+        per_base = statistics.median(
+            1e6 * t / n for t, n in zip(times[(name, "none")], steps[(name, "none")], strict=True)
+        )  # per token: the new weights may stop rows at other points
+        print(
+            f"| {name} | {kv} | {median:.3f} | {median / base:.2f} | {statistics.mean(steps[(name, kv)]):.0f} | "
+            f"{per:.1f} | {per / per_base:.2f} |"
+        )
     return 0
 
 

@@ -98,14 +98,19 @@ class Timing:
     """Response tokens sampled (episodes: the tokens the policy wrote, ``sum(loss_mask)``)."""
     shaping: dict[str, float] = field(default_factory=dict)
     """Data-shaping counts of the batch (``dynamic/*`` under dynamic sampling; ``oprl.explorer.shaping``)."""
+    switch_wait_s: float | None = None
+    """Partial rollouts: wall seconds the batch waited at a scheduled switch for its version (inside
+    ``generate_s``); None without ``sync.partial``."""
 
     def __add__(self, other: Timing) -> Timing:
         """Two sampling rounds of one batch together."""
+        waits = [w for w in (self.switch_wait_s, other.switch_wait_s) if w is not None]
         return Timing(
             self.generate_s + other.generate_s,
             self.reward_s + other.reward_s,
             self.generated_tokens + other.generated_tokens,
             self.shaping | other.shaping,
+            sum(waits) if waits else None,
         )
 
 

@@ -235,6 +235,8 @@ class Switcher:
         self.kv = kv
         self.lock = lock
         """The sampling lock held around generate (threads share torch's generator): released while waiting."""
+        self.waited = 0.0
+        """Wall seconds spent waiting for a scheduled version (``_wait_for``)."""
         self.changes: list[tuple[int, int]] = [(0, version)]
         """(first global decode step, version) of every policy that sampled this batch, in order."""
         self.steps = 0
@@ -290,7 +292,7 @@ class Switcher:
         put back after), so other samplers of this process (the trainer's evaluation) are not held up."""
         import torch
 
-        state = torch.random.get_rng_state()
+        state, start = torch.random.get_rng_state(), time.perf_counter()
         held = self.lock is not None and _release(self.lock)
         try:
             while not path.exists():
@@ -301,6 +303,7 @@ class Switcher:
             if held:
                 self.lock.acquire()
             torch.random.set_rng_state(state)
+            self.waited += time.perf_counter() - start
 
 
 def _release(lock) -> bool:

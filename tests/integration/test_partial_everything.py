@@ -125,7 +125,7 @@ def test_ray_repeats_the_threads_run(small_overrides, tmp_path):
 
 def test_free_running_records_every_tokens_version_exactly(small_overrides, tmp_path, monkeypatch):
     """sync.mode=async: the explorer takes each version as soon as it is posted. Decode steps are slowed (a
-    sleep per step) so versions land mid-batch; every token's version was posted before the step that sampled
+    50 ms sleep per step) so versions land mid-batch; every token's version was posted before the step that sampled
     it, never decreases along a response, stays within the staleness bound, and the logged lag metrics are
     the stored column's."""
     import oprl.buffer.buffer as buffer_module
@@ -138,8 +138,8 @@ def test_free_running_records_every_tokens_version_exactly(small_overrides, tmp_
         posted.setdefault(version, time.monotonic())  # before the file appears (atomic: whole or absent)
         post(board, version, weights, keep_from)
 
-    def slow_before(self, step):
-        time.sleep(0.02)
+    def slow_before(self, step):  # generation slower than a trainer step: batch b is in flight when b-1 posts
+        time.sleep(0.05)
         return before(self, step)
 
     def loading(self, version, *, wait, step):
@@ -207,6 +207,7 @@ def test_evaluation_samples_with_one_version(small_overrides, tmp_path):
     run = [*small_overrides, *PARTIAL, "steps=2", "eval.interval=2", "eval.seed=0", "checkpoint.interval=2"]
     assert main(["train", *run, "run_name=partial"]) == 0
     assert rows_of(runs, "partial")[2]["batch/switched_frac"] > 0
+    assert all(r["perf/switch_wait_s"] >= 0 for r in rows_of(runs, "partial")[1:])  # part of explorer idle
     assert main(["eval", str(runs / "partial"), *small_overrides[:-1], "eval.seed=0", "run_name=e"]) == 0
     keys = ("eval/accuracy", "eval/reward", "eval/format", "eval/response_length")
     in_run, checkpoint = ({k: rows_of(runs, n)[-1][k] for k in keys} for n in ("partial", "e"))

@@ -85,7 +85,7 @@ class Explorer:
             None if self.partial is None else self.partial.switcher(self.engine, step, version, SAMPLING_LOCK)
         )
         if not self.shaping.dynamic_sampling:
-            return self.sample(step, version, problems, stream_seed(self.seed, step))
+            return self._waits(*self.sample(step, version, problems, stream_seed(self.seed, step)))
         extras = extra_problems(self.problems, problems, self.seed, step, self.shaping.max_extra_prompts)
         experiences, timing, counts = dynamic_batch(
             lambda chosen, index: self.sample(step, version, chosen, round_seed(self.seed, step, index)),
@@ -95,6 +95,12 @@ class Explorer:
             first_group_id=(step - 1) * self.prompts_per_step,
         )
         timing.shaping = counts
+        return self._waits(experiences, timing)
+
+    def _waits(self, experiences: list[Experience], timing: Timing) -> tuple[list[Experience], Timing]:
+        """``timing`` with the batch's switch waits (its one switcher's, every round), under partial rollouts."""
+        if self._switcher is not None:
+            timing.switch_wait_s = self._switcher.waited
         return experiences, timing
 
     def sample(self, step: int, version: int, problems: list, seed: int) -> tuple[list[Experience], Timing]:
@@ -214,6 +220,9 @@ class ExplorerWorker:
                 self.engine.load_weights(weights)
             synced = time.perf_counter()
             experiences, timing = self.explorer.explore(batch, version)
+            if timing.switch_wait_s:  # waiting at a switch for the trainer's version is idle time, not work
+                self.clock.busy -= timing.switch_wait_s
+                self.clock.idle += timing.switch_wait_s
             for exp in experiences:
                 exp.extra["explorer"] = self.index
         summary = batch_metrics(experiences)

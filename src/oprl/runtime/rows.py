@@ -133,9 +133,14 @@ class PerfClock:
     @staticmethod
     def _generation(result: ExploreResult) -> dict[str, float]:
         timing = result.timing
-        return {
-            "perf/generate_s": timing.generate_s,
-            "perf/reward_s": timing.reward_s,
-            "perf/sync_s": result.sync_s,
-            "perf/generate_tokens_per_s": timing.generated_tokens / max(timing.generate_s, 1e-9),
-        } | timing.shaping
+        waits = {} if timing.switch_wait_s is None else {"perf/switch_wait_s": timing.switch_wait_s}
+        return (
+            {
+                "perf/generate_s": timing.generate_s,
+                "perf/reward_s": timing.reward_s,
+                "perf/sync_s": result.sync_s,
+                "perf/generate_tokens_per_s": timing.generated_tokens / max(timing.generate_s, 1e-9),
+            }
+            | timing.shaping
+            | waits
+        )
