@@ -67,3 +67,23 @@ def test_nothing_is_reused_after_the_weights_change():
     small = LeanEngine(model, tokenizer, max_new_tokens=6, prefix_reuse=True, kv_cache_gb=1e-9)
     small.generate([context], seed=0)
     assert not small.prefixes.entries  # past the memory budget: nothing kept
+
+
+def test_the_store_finds_the_longest_shared_prefix_and_orders_by_use():
+    from oprl.rollout.prefixes import Entry, PrefixStore
+
+    def entry(ids):
+        kv = torch.zeros(1, len(ids), 2)
+        return Entry(torch.tensor(ids), [(kv, kv)])
+
+    store = PrefixStore(reuse=True, budget_bytes=1 << 20)
+    short, long = entry([1, 2, 3]), entry([1, 2, 9, 9, 9])
+    store.add(short)
+    store.add(long)
+    assert store.longest([1, 2, 9, 9, 7]) == (long, 4)
+    assert store.longest([1, 2, 3, 4]) == (short, 3)
+    assert store.longest([1, 2, 3]) == (short, 2)  # the last token always runs: its logits are the first reply's
+    store.touch(short)  # entries of different lengths compare by identity
+    assert store.entries == [long, short]
+    store.add(entry([1, 2, 3, 4, 5]))  # extends short: short is dropped
+    assert [len(e.tokens) for e in store.entries] == [5, 5] and short not in store.entries

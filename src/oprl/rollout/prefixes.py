@@ -43,7 +43,7 @@ else:
     torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 
-@dataclass
+@dataclass(eq=False)  # entries are compared by identity (the store's list operations)
 class Entry:
     """The cache of one token prefix: ``tokens`` (n,) and per layer ``(keys, values)``, each (H, n, D)."""
 
@@ -114,9 +114,9 @@ class PrefixStore:
 
     def touch(self, entry: Entry) -> None:
         """Mark ``entry`` as the most recently used."""
-        if entry in self.entries:
-            self.entries.remove(entry)
-            self.entries.append(entry)
+        kept = [e for e in self.entries if e is not entry]
+        if len(kept) < len(self.entries):
+            self.entries = [*kept, entry]
 
     def save_rows(self, cache, attention: torch.Tensor, rows: list[int], contexts: list[list[int]], fed) -> None:
         """Keep cache rows ``rows`` of a call: row ``rows[j]`` holds ``contexts[j] + fed[j]`` at the columns where
