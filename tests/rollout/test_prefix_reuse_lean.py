@@ -16,7 +16,7 @@ def episodes(engine, contexts):
     observations = 0
     for turn in range(TURNS):
         rollout = engine.generate(contexts, seed=turn)
-        out.append((rollout.response_ids, rollout.behavior_logprobs))
+        out.append((rollout.response_ids, rollout.behavior_logprobs, rollout.truncated))
         added = [[12 + turn] * (3 + row) for row in range(len(contexts))]
         contexts = [c + ids + obs for c, ids, obs in zip(contexts, rollout.response_ids, added, strict=True)]
         observations += 0 if turn == TURNS - 1 else sum(map(len, added))
@@ -29,11 +29,13 @@ def test_reuse_prefills_only_new_tokens_and_samples_the_same():
     model = build_model(tokenizer, max_positions=512)
     # Two copies of each prompt (a group), prompts of different lengths (left padding of stored prefixes).
     prompts = [[4] + [10 + (i * 7 + r) % 80 for i in range(40 + 13 * r)] for r in range(4)] * 2
-    fresh = LeanEngine(model, tokenizer, max_new_tokens=12)
-    reused = LeanEngine(model, tokenizer, max_new_tokens=12, prefix_reuse=True)
+    # Temperature 2: some rows emit EOS early and leave the batch (their caches are kept before compaction).
+    fresh = LeanEngine(model, tokenizer, max_new_tokens=24, temperature=2.0)
+    reused = LeanEngine(model, tokenizer, max_new_tokens=24, temperature=2.0, prefix_reuse=True)
     without, _ = episodes(fresh, prompts)
     with_reuse, needed = episodes(reused, prompts)
-    for (ids_a, lp_a), (ids_b, lp_b) in zip(without, with_reuse, strict=True):
+    assert sum(not cut for _, _, truncated in without for cut in truncated) >= 2
+    for (ids_a, lp_a, _), (ids_b, lp_b, _) in zip(without, with_reuse, strict=True):
         assert ids_a == ids_b
         for a, b in zip(lp_a, lp_b, strict=True):
             torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
@@ -87,3 +89,15 @@ def test_the_store_finds_the_longest_shared_prefix_and_orders_by_use():
     assert store.entries == [long, short]
     store.add(entry([1, 2, 3, 4, 5]))  # extends short: short is dropped
     assert [len(e.tokens) for e in store.entries] == [5, 5] and short not in store.entries
+
+
+def test_the_setting_reaches_the_lean_engine():
+    from oprl.config import load_config
+    from oprl.worker import make_engine
+
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer)
+    for value in (False, True):
+        config = load_config(None, [f"rollout.prefix_reuse={str(value).lower()}", "rollout.kv_cache_gb=0.5"])
+        engine = make_engine(config, model, tokenizer).engine
+        assert engine.prefixes.reuse is value and engine.prefixes.budget == 2**29
