@@ -8,13 +8,18 @@ of a completed step), writes a checkpoint of that step and raises ``Interrupted`
 SIGTERM at step N; resume with ..."), exit status 128 + the signal (130, 143). Outside the driver (loading,
 warm start: nothing to save yet) a signal raises ``Interrupted`` at once; a second signal too. Worker
 processes ignore both signals (``ignore_stop_signals``): a Ctrl-C reaches the whole process group, and the
-driver, not the signal, stops them (no worker tracebacks).
+driver, not the signal, stops them (no worker tracebacks). While a run is on, a worker process that dies
+(stopped, killed) in the middle of fetching a shared tensor's file descriptor leaves the parent's
+``multiprocessing.resource_sharer`` thread with a ``ConnectionResetError``; that thread's traceback says
+nothing the run's own line does not, so ``StopSignals`` keeps it off stderr (every other thread's exception
+still prints).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import traceback
 from typing import Any
 
 
@@ -48,15 +53,31 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         self.previous: dict[int, object] = {}
         _state.update(requested=None, deferred=False)
+        self.hook = threading.excepthook
         if threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:
                 self.previous[signum] = signal.signal(signum, _handle)
+            threading.excepthook = self._thread_exception
         return self
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
+        if self.previous:
+            threading.excepthook = self.hook
         _state.update(requested=None, deferred=False)
+
+    def _thread_exception(self, args: threading.ExceptHookArgs) -> None:
+        if not is_peer_gone_in_sharer(args.exc_type, args.exc_traceback):
+            self.hook(args)
+
+
+def is_peer_gone_in_sharer(exc_type: type[BaseException], tb) -> bool:
+    """True for a connection error raised in ``multiprocessing.resource_sharer`` (a worker process that
+    died while fetching a shared file descriptor): see the module docstring."""
+    if not issubclass(exc_type, (ConnectionError, EOFError)) or tb is None:
+        return False
+    return any(frame.filename.endswith("resource_sharer.py") for frame in traceback.extract_tb(tb))
 
 
 class deferring:
