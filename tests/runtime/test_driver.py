@@ -204,9 +204,10 @@ def overlapping(events, a, b):
 
 
 def test_generation_overlaps_training_when_the_schedule_allows(tmp_path):
-    _rows, events, wall = drive(tmp_path, ["steps=8", "sync.offset=1"], explore_delay=0.05, train_delay=0.05)
+    _rows, events, _wall = drive(tmp_path, ["steps=8", "sync.offset=1"], explore_delay=0.05, train_delay=0.05)
     assert overlapping(events, "explore", "train")
-    assert wall < 0.8 * 16 * 0.05  # sequential would take 8 x (explore + train)
+    # No bound on `wall`: a timed assertion fails on a loaded 2-core machine (0.84 s against 0.64 s once);
+    # how much the overlap buys is benchmarks/overlap.py's figure (docs/performance.md section 2).
 
 
 def test_on_policy_and_overlap_false_never_overlap(tmp_path):
