@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from oprl.errors import OprlError
+from oprl.explorer.agents import task_episodes
 from oprl.explorer.endpoint import Endpoint, bind
 from oprl.explorer.episodes import run_episodes
 from oprl.models.chat import encode_prompt
@@ -89,7 +90,7 @@ def agent_task(agent, **fields):
 
 def run(engine, tokenizer, task, problems, **kw):
     kw = {"seed": 5, "max_turns": MAX_TURNS, "max_tokens": MAX_TOKENS} | kw
-    return run_episodes(engine, tokenizer, task, problems, **kw)
+    return task_episodes(engine, tokenizer, task, problems, **kw)
 
 
 def test_calculator_agent_rows_equal_the_built_in_episodic_path(engine, tokenizer):
@@ -117,7 +118,8 @@ def test_calculator_agent_rows_equal_the_built_in_episodic_path(engine, tokenize
 
 
 def test_a_partial_switch_is_refused_in_one_line(engine, tokenizer):
-    """run_episodes hands its arguments to the agent loop whole; a switch (partial rollouts) is refused there."""
+    """task_episodes hands run_episodes' arguments to the agent loop whole; a switch (partial rollouts) is
+    refused there."""
     task = agent_task(calculator_agent)
     with pytest.raises(OprlError, match=r"rollout\.partial"):
         run(engine, tokenizer, task, task.problems("train")[:1], switch=object())

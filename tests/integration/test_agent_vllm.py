@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from oprl.explorer.episodes import run_episodes
+from oprl.explorer.agents import task_episodes
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout.vllm_engine import VLLMEngine
 from oprl.tasks.agent import AgentTask
@@ -23,7 +23,7 @@ def test_vllm_agent_episodes_do_not_depend_on_batching():
             batch_wait_s=wait,
             problems={"name": "tool-arithmetic", "train_size": 16, "test_size": 4},
         )
-        episodes = run_episodes(
+        episodes = task_episodes(
             engine, tokenizer, task, list(task.problems("train"))[:8], seed=11, max_turns=3, max_tokens=96
         )
         results.append([(e.response_ids, e.loss_mask, e.behavior_logprobs, e.outcome.total) for e in episodes])

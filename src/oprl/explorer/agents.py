@@ -36,7 +36,7 @@ from typing import Any
 
 from oprl.errors import OprlError
 from oprl.explorer.endpoint import Endpoint, Pending, Sampling, reply_message
-from oprl.explorer.episodes import Episode, EpisodeSettings
+from oprl.explorer.episodes import Episode, EpisodeSettings, run_episodes
 from oprl.explorer.sessions import Choice, Session
 from oprl.models.chat import encode_problem
 from oprl.tasks.agent import agent_reward, problem_dict
@@ -66,6 +66,16 @@ def endpoint_of(task, tokenizer) -> Endpoint:
         c = task.config
         task.endpoint = Endpoint(tokenizer, host=c.host, port=c.port, batch_wait_s=c.batch_wait_s)
     return task.endpoint
+
+
+def task_episodes(engine, tokenizer, task, problems, **settings) -> list[Episode]:
+    """The episodes of any episodic task, one per entry of ``problems``: an agent task's (``task.name=agent``)
+    through its agents and the endpoint, every other task's against its environment (``run_episodes``).
+    ``settings`` are ``run_episodes``' keyword arguments (``EpisodeSettings``' fields). The one place that
+    tells the two apart, above both, so ``episodes`` never imports this module."""
+    if getattr(task, "name", "") == "agent":
+        return run_agent_episodes(engine, tokenizer, task, problems, EpisodeSettings(**settings))
+    return run_episodes(engine, tokenizer, task, problems, **settings)
 
 
 def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSettings) -> list[Episode]:

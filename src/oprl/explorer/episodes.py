@@ -139,7 +139,7 @@ def _truncate(episode: Episode, max_tokens: int) -> bool:
 
 @dataclass(frozen=True)
 class EpisodeSettings:
-    """What ``run_episodes`` was called with, handed on whole to the agent loop (``oprl.explorer.agents``)."""
+    """The keyword arguments of ``run_episodes``, handed on whole to the agent loop (``oprl.explorer.agents``)."""
 
     seed: int
     max_turns: int
@@ -167,16 +167,12 @@ def run_episodes(
     """One episode per entry of ``problems`` (repeat a problem K times for a group), all turns batched.
 
     Each turn samples the rows still running with ``engine.generate`` on their whole context (prompt and
-    response so far) and hands each reply to its environment. An agent task (``task.name=agent``) is run by
-    its agent through the endpoint instead (``oprl.explorer.agents``; ``episode_timeout`` is for it).
+    response so far) and hands each reply to its environment. An agent task (``task.name=agent``) has no
+    environment: ``oprl.explorer.agents.task_episodes`` runs it through its agents instead (``episode_timeout``
+    is for them).
     ``switch`` (partial rollouts) goes to every turn's call: its decode steps add up over the turns, so a
     switch falls inside a turn or between two.
     """
-    if getattr(task, "name", "") == "agent":
-        from oprl.explorer.agents import run_agent_episodes  # it builds on this module
-
-        settings = EpisodeSettings(seed, max_turns, max_tokens, temperature, top_p, episode_timeout, switch)
-        return run_agent_episodes(engine, tokenizer, task, problems, settings)
     partial = {} if switch is None else {"switch": switch}
     environments = [task.environment(p) for p in problems]
     episodes = [start(tokenizer, env, p) for env, p in zip(environments, problems, strict=True)]

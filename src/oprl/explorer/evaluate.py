@@ -8,7 +8,7 @@ import time
 
 from oprl.checkpoint.files import load_checkpoint_weights
 from oprl.config import RunConfig
-from oprl.explorer.episodes import run_episodes
+from oprl.explorer.agents import task_episodes
 from oprl.models.chat import encode_problem
 from oprl.schedule import stream_seed
 from oprl.tasks import build_task
@@ -43,7 +43,7 @@ def evaluate(
     if isinstance(task, EpisodicTask):
         episodes = []  # batch_size episodes at a time; each chunk seeds its turns apart from the others
         for chunk, first in enumerate(range(0, n, batch_size)):
-            episodes += run_episodes(
+            episodes += task_episodes(
                 engine,
                 tokenizer,
                 task,

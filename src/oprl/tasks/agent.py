@@ -8,7 +8,7 @@ it knows nothing of HTTP, sessions or engines.
 
 To the runtime the task is episodic (``EpisodicTask``): ``environment`` and ``demonstration`` are the wrapped
 task's when it is episodic itself (the supervised warm start replays its demonstrations), and
-``oprl.explorer.episodes.run_episodes`` hands agent tasks to the endpoint instead of an environment loop.
+``oprl.explorer.agents.task_episodes`` hands agent tasks to the endpoint instead of an environment loop.
 """
 
 from __future__ import annotations
