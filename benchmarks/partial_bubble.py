@@ -1,6 +1,6 @@
 """Partial-rollouts benchmark: the bubble (time the trainer or the explorer waits on the other, i.e. on the
 slowest response or on the next version) and the time per step, with and without in-flight weight updates, on
-a long-tail workload, all settings in one run (docs/performance.md#partial-rollouts).
+a long-tail workload, all settings in one run (docs/performance.md section 11).
 
 Workload: the embedded tiny model, barely warm-started, sampling at a high temperature with a large
 ``max_new_tokens``, so most responses end after a few tokens and a few run on for tens (the long tail a

@@ -1,6 +1,6 @@
 """What one in-flight weight switch costs each engine: a generate call that switches weights at decode step
 ``--switch-step`` against the same call without a switch, per engine and KV setting, in one run (medians of
-``--repeats`` rotated rounds). docs/performance.md#partial-rollouts has the figures.
+``--repeats`` rotated rounds). docs/performance.md section 11 has the figures.
 
 - ``lean keep``: the stale cache stays; the switch costs a weights load only.
 - ``lean recompute``: one prefill of prompt + tokens so far under the new weights.
@@ -12,7 +12,7 @@ emit EOS, but not never, and the new policy stops rows at other points than the 
 gives the time per sampled token.
 
 Run:  flock /tmp/oprl-bench.lock python benchmarks/partial_switch_cost.py [--rows 64] [--max-new-tokens 48]
-      [--switch-step 8] [--repeats 5] [--engines lean vllm]
+      [--switch-step 8] [--repeats 5] [--engines lean vllm] (one engine per run: see section 11)
 """
 
 from __future__ import annotations
