@@ -150,7 +150,16 @@ def test_free_running_records_every_tokens_version_exactly(small_overrides, tmp_
     monkeypatch.setattr(partial.Switcher, "before", slow_before)
     monkeypatch.setattr(partial.Switcher, "_load", loading)
     runs, steps = tmp_path / "runs", 6
-    args = [*small_overrides, *PARTIAL, "sync.mode=async", "sync.max_staleness=1", f"steps={steps}", "run_name=free"]
+    hot = "rollout.temperature=2.0"  # longer responses: a version that lands mid-batch lands mid-response
+    args = [
+        *small_overrides,
+        *PARTIAL,
+        "sync.mode=async",
+        "sync.max_staleness=1",
+        hot,
+        f"steps={steps}",
+        "run_name=free",
+    ]
     assert main(["train", *args]) == 0
     assert loaded and all(seen is not None and at >= seen for _, at, seen in loaded)  # posted, then loaded
     metrics = {r["step"]: r for r in rows_of(runs, "free")}

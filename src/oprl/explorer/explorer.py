@@ -126,7 +126,7 @@ class Explorer:
                 reward_components=dict(rewards[i].components),
                 group_id=(step - 1) * self.prompts_per_step + i // self.group_size,
                 task_id=rows[i].task_id,
-                policy_version=version,
+                policy_version=self._oldest(version, rollout.behavior_versions, i),
                 response_text=rollout.texts[i],
                 truncated=rollout.truncated[i],
                 behavior_versions=rollout.behavior_versions[i] if rollout.behavior_versions else None,
@@ -160,7 +160,7 @@ class Explorer:
                 reward_components=dict(e.outcome.components),
                 group_id=(step - 1) * self.prompts_per_step + i // self.group_size,
                 task_id=rows[i].task_id,
-                policy_version=version,
+                policy_version=self._oldest(version, [e.behavior_versions for e in episodes], i),
                 response_text=self.tokenizer.decode(e.response_ids, skip_special_tokens=True),
                 truncated=e.truncated,
                 loss_mask=e.loss_mask,
@@ -171,6 +171,15 @@ class Explorer:
         ]
         tokens = float(sum(sum(e.loss_mask) for e in episodes))
         return experiences, Timing(time.perf_counter() - start, 0.0, tokens)  # rewards come with the episodes
+
+    def _oldest(self, version: int, versions: list[list[int]] | None, row: int) -> int:
+        """A row's ``policy_version``: the version of its oldest token. That is the batch's ``version`` except
+        when free-running (sync.mode=async) loaded a newer one before the row's first token; the scheduled
+        rule never switches before decode step ``switch_step`` > 0, and the driver checks that its rows
+        start from the scheduled version."""
+        if self.partial is None or self.partial.mode == "scheduled" or not versions or not versions[row]:
+            return version
+        return min(versions[row])
 
     def _switch(self) -> dict:
         """``{"switch": Switcher}`` for ``engine.generate`` under partial rollouts (the batch's one switcher:
