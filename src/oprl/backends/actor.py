@@ -32,6 +32,15 @@ class QueuedActor:
         self._inbox.put(None)
 
 
+def release(worker) -> None:
+    """End of a worker's serving loop: let it free what it holds (``release()``, e.g. the sharded trainer's
+    rank processes, which would otherwise outlive the run and block the interpreter's exit: they ignore the
+    SIGTERM that multiprocessing sends its daemonic children at exit)."""
+    free = getattr(worker, "release", None)
+    if callable(free):
+        free()
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now (for torch.distributed's rendezvous)."""
     with socket.socket() as s:

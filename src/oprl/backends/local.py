@@ -23,7 +23,7 @@ import threading
 import weakref
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 
-from oprl.backends.actor import QueuedActor
+from oprl.backends.actor import QueuedActor, release
 
 
 class LocalActor(QueuedActor):
@@ -68,6 +68,7 @@ class LocalActor(QueuedActor):
             except BaseException as exc:
                 for future in futures:
                     future.set_exception(exc)
+        release(worker)
 
 
 class LocalBackend:

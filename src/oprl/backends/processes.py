@@ -25,7 +25,7 @@ import traceback
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 
-from oprl.backends.actor import QueuedActor, free_port
+from oprl.backends.actor import QueuedActor, free_port, release
 from oprl.backends.failure import ignore_stop_signals
 
 
@@ -61,9 +61,9 @@ def _serve(conn, factory, args, threads) -> None:
         try:
             message = conn.recv()
         except (EOFError, OSError):
-            return  # the driver is gone (even after kill -9): nothing left to serve
+            return release(worker)  # the driver is gone (even after kill -9): nothing left to serve
         if message is None:
-            return
+            return release(worker)
         call_id, method, call_args, returns = message
         try:
             result = getattr(worker, method)(*call_args)

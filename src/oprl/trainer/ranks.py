@@ -246,6 +246,10 @@ class ShardedTrainer:
                 raise RuntimeError(f"trainer rank {rank} failed {doing}: {text}")
         return [f.result() for f in futures]
 
+    def release(self) -> None:
+        """The run is over (the backend's serving loop ended): end the rank processes."""
+        self.stop()
+
     def stop(self) -> None:
         for rank in self.ranks:
             rank.kill()
