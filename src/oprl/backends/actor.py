@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import queue
 import socket
-from concurrent.futures import Future
+import threading
+from concurrent.futures import CancelledError, Future
 
 
 class QueuedActor:
@@ -20,16 +21,28 @@ class QueuedActor:
     _inbox: queue.Queue
     _stopping: bool
 
+    _guard = threading.Lock()
+    """Orders ``call`` against ``stop``: a call is queued before the end marker or fails at once, never
+    queued behind it where nobody would run or fail it (a caller waiting on it would hang: a sharded
+    trainer's evaluation queued while its ranks were being stopped held a run's exit forever)."""
+
     def call(self, method: str, *args, num_returns: int = 1):
-        """Queue ``worker.method(*args)``; one future, or a tuple of ``num_returns`` for a tuple result."""
+        """Queue ``worker.method(*args)``; one future, or a tuple of ``num_returns`` for a tuple result. After
+        ``stop`` the futures fail at once (``CancelledError``)."""
         futures: tuple[Future, ...] = tuple(Future() for _ in range(num_returns))
-        self._inbox.put((method, args, futures))
+        with self._guard:
+            if not getattr(self, "_stopping", False):
+                self._inbox.put((method, args, futures))
+                return futures[0] if num_returns == 1 else futures
+        for future in futures:
+            future.set_exception(CancelledError(f"{self.name}: stopped before {method} was called"))
         return futures[0] if num_returns == 1 else futures
 
     def stop(self) -> None:
         """Cancel the calls not yet started; the worker ends after its running call (``join`` waits for it)."""
-        self._stopping = True
-        self._inbox.put(None)
+        with self._guard:
+            self._stopping = True
+            self._inbox.put(None)
 
 
 def release(worker) -> None:
