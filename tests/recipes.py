@@ -1,8 +1,17 @@
-"""Recipes several test files share: the tiny model's multi-turn episode settings and a counting engine.
+"""Recipes several test files share: the tiny model's multi-turn episode settings, a counting engine, a
+run killed with SIGKILL once its first checkpoint is on disk, and a package installed with entry points.
 
 Imported by name (``from recipes import ...``; pytest puts tests/ on the path, as for trainer_helpers), or
 named by file path as a plug-in (``rollout.engine=tests/recipes.py:counting_engine``).
 """
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from oprl.rollout import LeanEngine
 
@@ -42,3 +51,30 @@ def counting_engine(model, tokenizer, **settings):
 
     engine.generate = counted
     return engine
+
+
+def kill_9_after(args: list[str], checkpoint: Path, timeout: float = 240.0) -> None:
+    """Start ``oprl train ARGS`` in its own process, SIGKILL it as soon as ``checkpoint`` exists, reap it."""
+    command = [sys.executable, "-m", "oprl.cli", "train", *args]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert process.poll() is None, f"the run ended before it could be killed: {process.stderr.read()[-500:]}"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def install_package(site: Path, package: str, source: str, entry_points: str, monkeypatch) -> Path:
+    """``package`` (its ``__init__`` is ``source``) in ``site``, with a dist-info declaring ``entry_points``
+    (the text of an entry_points.txt), put first on sys.path as an installed distribution would be."""
+    (site / package).mkdir(parents=True)
+    (site / package / "__init__.py").write_text(source)
+    info = site / f"{package}-0.1.dist-info"
+    info.mkdir()
+    name = package.replace("_", "-")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    return site

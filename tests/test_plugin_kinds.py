@@ -2,7 +2,6 @@
 the other choice settings) and rewards resolve through oprl.plugins: the live registry, an installed entry
 point, an import path; anything else is one line naming the key."""
 
-import importlib
 import json
 import textwrap
 from pathlib import Path
@@ -16,6 +15,7 @@ from oprl.config import algorithm_settings, load_config
 from oprl.errors import OprlError
 from oprl.tasks import DatasetTask
 from oprl.tasks.user_reward import canonical_spec
+from recipes import install_package
 
 ARITHMETIC_TRAIN = Path(__file__).resolve().parents[1] / "examples" / "arithmetic_train.jsonl"
 
@@ -61,18 +61,9 @@ def variants(tmp_path):
 def installed(tmp_path, monkeypatch):
     """``variants_pkg`` on sys.path (and PYTHONPATH, for the reward workers) with a dist-info declaring an entry
     point in ``oprl.weights`` and one in ``oprl.rewards``."""
-    site = tmp_path / "site"
-    (site / "variants_pkg").mkdir(parents=True)
-    (site / "variants_pkg" / "__init__.py").write_text(VARIANTS)
-    info = site / "variants_pkg-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: variants-pkg\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        "[oprl.weights]\nhalf = variants_pkg:halved\n\n[oprl.rewards]\nexact-answer = variants_pkg:exact\n"
-    )
-    monkeypatch.syspath_prepend(str(site))
+    entry = "[oprl.weights]\nhalf = variants_pkg:halved\n\n[oprl.rewards]\nexact-answer = variants_pkg:exact\n"
+    site = install_package(tmp_path / "site", "variants_pkg", VARIANTS, entry, monkeypatch)
     monkeypatch.setenv("PYTHONPATH", str(site))
-    importlib.invalidate_caches()
     return site
 
 

@@ -3,10 +3,6 @@ uninterrupted run, Ray repeats the threads run, the free-running mode records ev
 and multi-turn episodes, replay, LoRA and the sharded trainer switch as the rule says while evaluation never
 does (docs/runtime.md#partial-rollouts)."""
 
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
@@ -17,6 +13,7 @@ from oprl.cli import main
 from oprl.metrics import deterministic_view, read_metrics
 from oprl.partial import switch_version, token_lag_metrics
 from oprl.schedule import policy_version
+from recipes import kill_9_after
 
 SWITCH = 2
 PARTIAL = [
@@ -84,18 +81,7 @@ def test_kill_9_in_a_switching_batch_then_resume_equals_the_uninterrupted_run(sm
     runs = tmp_path / "runs"
     run = [*small_overrides, *PARTIAL, "steps=6", "checkpoint.interval=2"]
     assert main(["train", *run, "run_name=whole"]) == 0
-    process = subprocess.Popen(
-        [sys.executable, "-m", "oprl.cli", "train", *run, "run_name=killed"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    first = runs / "killed" / "checkpoints" / "step-000002" / "state.json"
-    deadline = time.monotonic() + 240
-    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert process.poll() is None, f"the run ended before it could be killed: {process.stderr.read()[-500:]}"
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_9_after([*run, "run_name=killed"], runs / "killed" / "checkpoints" / "step-000002" / "state.json")
     assert len(rows_of(runs, "killed")) < 7
     board = sorted(p.name for p in (runs / "killed" / "weights-board").iterdir())
     assert main(["train", *run, "run_name=killed", "resume=true"]) == 0

@@ -13,6 +13,7 @@ import pytest
 from oprl.cli import main
 from oprl.metrics import deterministic_view, read_metrics
 from oprl.tasks.arithmetic import ArithmeticTask
+from recipes import kill_9_after
 
 # Stale by one step: at every checkpoint the explorer has already generated a batch the trainer has not
 # used, so checkpoints must carry unconsumed experiences and an older weights version.
@@ -54,15 +55,7 @@ def assert_same_run(root, name):
 
 def test_kill_9_then_resume_equals_the_uninterrupted_run(uninterrupted):
     root, args = uninterrupted
-    command = [sys.executable, "-m", "oprl.cli", "train", *args, "run_name=killed"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    first = root / "runs" / "killed" / "checkpoints" / "step-000002" / "state.json"
-    deadline = time.monotonic() + 240
-    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert process.poll() is None, f"the run ended before it could be killed: {process.stderr.read()[-500:]}"
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_9_after([*args, "run_name=killed"], root / "runs" / "killed" / "checkpoints" / "step-000002" / "state.json")
     assert len(read_metrics(root / "runs" / "killed" / "metrics.jsonl")) < 7
     assert main(["train", *args, "run_name=killed", "resume=true"]) == 0
     assert_same_run(root, "killed")

@@ -13,6 +13,7 @@ from oprl.cli import main
 from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.tasks import build_task
+from recipes import install_package
 
 # A task as a user writes it: its own section (a field oprl has never heard of) and the Task protocol.
 PLUGIN = textwrap.dedent(
@@ -58,16 +59,8 @@ def plugin_file(tmp_path):
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
     """A package ``doubling_pkg`` on sys.path with a dist-info declaring the entry point ``doubling``."""
-    site = tmp_path / "site"
-    (site / "doubling_pkg").mkdir(parents=True)
-    (site / "doubling_pkg" / "__init__.py").write_text(PLUGIN)
-    info = site / "doubling_pkg-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: doubling-pkg\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[oprl.tasks]\ndoubling = doubling_pkg:DoublingTask\n")
-    monkeypatch.syspath_prepend(str(site))
-    importlib.invalidate_caches()
-    return site
+    entry = "[oprl.tasks]\ndoubling = doubling_pkg:DoublingTask\n"
+    return install_package(tmp_path / "site", "doubling_pkg", PLUGIN, entry, monkeypatch)
 
 
 def test_a_task_by_file_path_validates_its_own_section(plugin_file):
