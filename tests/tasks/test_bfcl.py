@@ -82,6 +82,10 @@ def test_reward_on_the_real_ground_truth(task):
     rewards = task.score([p, p, p], [right, wrong, "".join(calls)])
     assert [r.total for r in rewards] == [1.0, 0.0, 0.0]
     assert [r.components["format"] for r in rewards] == [1.0, 1.0, 0.0]
+    aware = BfclTask(subsets=["simple_python", "parallel"], verify_timeout=10.0, format_bonus=0.1)
+    rewards = aware.score([p, p, p], [right, wrong, "".join(calls)])
+    assert [r.total for r in rewards] == pytest.approx([1.1, 0.1, -0.1])  # task.format_bonus reaches the reward
+    assert [r.components["correct"] for r in rewards] == [1.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("think", [True, False])

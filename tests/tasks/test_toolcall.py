@@ -239,6 +239,15 @@ def test_rewards_in_timed_worker():
         assert pool.counts["malformed"] == 2 and pool.counts["match"] == 1
         no_think = tool_call_rewards(pool, [json.dumps(TRIANGLE)], [GOOD], think=False)
         assert no_think[0].total == 1.0
+        # format-aware: correct + b if well formed else - b; the components (accuracy) do not move
+        aware = tool_call_rewards(
+            pool,
+            [json.dumps(TRIANGLE)] * 3,
+            [think(GOOD), think(call("calculate_triangle_area", base=1, height=5)), GOOD],
+            format_bonus=0.2,
+        )
+        assert [r.total for r in aware] == [1.2, 0.2, -0.2]
+        assert [r.components["correct"] for r in aware] == [1.0, 0.0, 0.0]
     finally:
         pool.close()
 

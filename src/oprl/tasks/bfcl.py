@@ -153,4 +153,6 @@ class BfclTask:
         return self._pool
 
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
-        return tool_call_rewards(self.verifier, [p.answer for p in problems], list(responses), think=self.config.think)
+        c = self.config
+        answers = [p.answer for p in problems]
+        return tool_call_rewards(self.verifier, answers, list(responses), think=c.think, format_bonus=c.format_bonus)

@@ -262,6 +262,9 @@ class BfclTaskConfig(_ToolTaskConfig):
     for models that do not reason first."""
     system_prompt: str | None = None
     """System message of every prompt (None = oprl.tasks.bfcl's THINK_PROMPT or PLAIN_PROMPT, after ``think``)."""
+    format_bonus: float = Field(0.0, ge=0.0)
+    """Format-aware training reward (ToolRL's format term): +format_bonus when the response is well formed,
+    -format_bonus otherwise, added to the 0/1 correctness; 0 = the paper's reward. Accuracy stays correctness."""
 
     @field_validator("subsets")
     @classmethod

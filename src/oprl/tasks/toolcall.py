@@ -246,10 +246,16 @@ def reference_response(ground_truth: list[dict], *, think: bool = True) -> str:
     )
 
 
-def tool_call_rewards(pool, ground_truths: list[str], responses: list[str], *, think: bool = True) -> list:
+def tool_call_rewards(
+    pool, ground_truths: list[str], responses: list[str], *, think: bool = True, format_bonus: float = 0.0
+) -> list:
     """The paper's tool-call reward per response: 1 when well formed and correct, else 0 (Trinity-RFT's rule),
     with components ``format``, ``correct``, ``verify_timeout``, ``verify_error``. ``pool`` is a
-    ``VerifierPool(kind="tool-call")``: every check runs in its worker processes under its timeout."""
+    ``VerifierPool(kind="tool-call")``: every check runs in its worker processes under its timeout.
+
+    ``format_bonus`` b > 0 makes the reward format-aware (ToolRL's separate format term, Qian et al. 2025):
+    total = correct + b when well formed, correct - b otherwise, so a well-formed wrong call beats a broken one.
+    The ``correct`` component, which evaluation reports as accuracy, is unchanged."""
     from oprl.tasks.base import Reward
     from oprl.tasks.verify import Job
 
@@ -259,7 +265,7 @@ def tool_call_rewards(pool, ground_truths: list[str], responses: list[str], *, t
     )
     return [
         Reward(
-            total=float(v == MATCH),
+            total=float(v == MATCH) + (format_bonus if v in (MATCH, MISMATCH) else -format_bonus),
             components={
                 "correct": float(v == MATCH),
                 "format": float(v in (MATCH, MISMATCH)),
