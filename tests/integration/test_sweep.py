@@ -1,6 +1,7 @@
 """The experiment harness: a smoke sweep (2 presets x 2 settings x 1 seed), resumption, the report."""
 
 import csv
+from pathlib import Path
 
 import pytest
 import yaml
@@ -93,3 +94,43 @@ def test_bad_specs_fail_with_one_line(tmp_path):
         sweep.load_spec(path)
     with pytest.raises(OprlError, match="no finished runs"):
         report.build_report(tmp_path)
+
+
+def test_sigterm_to_the_sweep_stops_its_workers(tmp_path):
+    """``kill <sweep pid>`` (SIGTERM to the sweep alone, as a job scheduler sends it) stops the runs in flight
+    and their worker processes; before, the workers ran on, orphaned, to the end of their runs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec = write_spec(tmp_path, parallel=1)
+    base = yaml.safe_load(spec.read_text())
+    base["overrides"] = [o for o in base["overrides"] if not o.startswith("steps=")] + ["steps=100000"]
+    spec.write_text(yaml.safe_dump(base))
+    proc = subprocess.Popen([sys.executable, "-m", "oprl.cli", "sweep", str(spec)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        metrics = list((tmp_path / "sweep").glob("*/metrics.jsonl"))
+        while not any(m.stat().st_size for m in metrics):  # a run is training
+            assert proc.poll() is None and time.monotonic() < deadline, "the sweep's first run never trained"
+            time.sleep(0.5)
+            metrics = list((tmp_path / "sweep").glob("*/metrics.jsonl"))
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert children, "the sweep has no worker process"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert "sweep interrupted by SIGTERM" in err and "Traceback" not in err
+        for pid in children:  # gone, not orphaned
+            for _ in range(100):
+                if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(int(pid), signal.SIGKILL)
+                raise AssertionError(f"sweep worker {pid} still running after the sweep was stopped")
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -30,15 +30,21 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from oprl.backends.failure import Interrupted
 from oprl.errors import OprlError
 from oprl.experiments.results import THRESHOLD_GAIN, collect_results, write_table
+
+STOP_GRACE_S = 120.0
+"""How long an interrupted sweep waits for a run to stop at a step boundary before it kills the worker."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,10 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
     failures: list[str] = []
     queue = list(todo)
     selector = selectors.DefaultSelector()
+    # SIGTERM (``kill``, a job scheduler) reaches this process alone, not its workers: turn it into an exception
+    # so that the ``finally`` below stops them. Without it they ran on, orphaned, to the end of their runs.
+    previous = _terminate_raises()
+    finished = False
     try:
         # Runs done of the total (a bar on a terminal, a line per finished run elsewhere), the last one named.
         with RunProgress(len(todo), description="sweep", unit="run", interval=1) as progress:
@@ -169,10 +179,26 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
                     failed = f", {len(failures)} failed" if failures else ""
                     progress.update(done, f"last: {run.name} ({'ok' if rc == 0 else 'failed'}){failed}")
                     idle.append(worker if worker.alive() else _Worker(env))
+        finished = True
     finally:
-        for worker in [*idle, *busy]:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        for worker in busy:  # interrupted: each run stops as `oprl train` does on SIGTERM, then its worker exits
+            worker.close(stop=not finished)
+        for worker in idle:
             worker.close()
     return failures
+
+
+def _terminate_raises():
+    """In the main thread, make SIGTERM raise ``Interrupted``; the previous handler (None elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handle(signum, frame):
+        raise Interrupted(signum, "sweep interrupted by SIGTERM; its unfinished runs start over when it is run again")
+
+    return signal.signal(signal.SIGTERM, handle)
 
 
 def _log_path(out: Path, name: str) -> Path:
@@ -208,13 +234,19 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def close(self) -> None:
-        if self.alive():
-            self.stdin.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+    def close(self, stop: bool = False) -> None:
+        """End the worker: after its current run (``stop=False``), or now (``stop=True``: SIGTERM stops the run
+        at its next step boundary, as ``oprl train`` does; SIGKILL if that takes over STOP_GRACE_S)."""
+        if not self.alive():
+            return
+        if stop:
+            self.proc.terminate()
+        self.stdin.close()
+        try:
+            self.proc.wait(timeout=STOP_GRACE_S if stop else 10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _arguments(run: PlannedRun, spec: dict, out: Path) -> list[str]:
