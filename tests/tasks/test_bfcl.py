@@ -112,6 +112,9 @@ def test_the_smollm2_example_warm_starts_on_demonstrations():
         "path": "smollm2-135m-instruct",
         "dtype": "float32",
     }
+    # a format-aware RL reward does not change what the warm start learns: the same cached model
+    shaped = load_config(Path(__file__).parents[2] / "configs" / "examples" / "smollm2-bfcl.yaml", ["task.format_bonus=0.2"])
+    assert recipe(shaped.model, shaped.task, shaped.warmstart) == recipe(config.model, config.task, config.warmstart)
 
 
 def test_bad_subset_is_one_line_listing_the_valid_ones(capsys):
