@@ -1,5 +1,6 @@
-"""The studies' sweep specs (configs/sweeps/mismatch.yaml, red-drop.yaml, the two smollm2-*.yaml): every planned run is a valid
-config with >= 3 seeds, and (slow) a 2-step version of each whole grid runs and reports."""
+"""The studies' sweep specs (configs/sweeps/mismatch.yaml, red-drop.yaml, the two smollm2-*.yaml): every planned
+run is a valid config with >= 3 seeds (2 for SmolLM2), and (slow) a 2-step version of each whole grid runs and
+reports."""
 
 from pathlib import Path
 

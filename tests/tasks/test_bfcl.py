@@ -113,7 +113,8 @@ def test_the_smollm2_example_warm_starts_on_demonstrations():
         "dtype": "float32",
     }
     # a format-aware RL reward does not change what the warm start learns: the same cached model
-    shaped = load_config(Path(__file__).parents[2] / "configs" / "examples" / "smollm2-bfcl.yaml", ["task.format_bonus=0.2"])
+    example = Path(__file__).parents[2] / "configs" / "examples" / "smollm2-bfcl.yaml"
+    shaped = load_config(example, ["task.format_bonus=0.2"])
     assert recipe(shaped.model, shaped.task, shaped.warmstart) == recipe(config.model, config.task, config.warmstart)
 
 
