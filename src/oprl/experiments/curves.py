@@ -194,9 +194,9 @@ def draw_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], title:
                 ax.set_xlabel("trainer step")
             ax.set_ylabel(ylabel + (f"\n(moving average, {smooth} steps)" if smooth > 1 else ""), fontsize=8)
             ax.grid(alpha=0.3)
-    _legend(fig, axes)
-    if title:
+    if title:  # before the layout, which then leaves it room above the column titles
         fig.suptitle(title)
+    _legend(fig, axes)
     return fig
 
 
