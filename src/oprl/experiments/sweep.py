@@ -39,7 +39,6 @@ from pathlib import Path
 
 import yaml
 
-from oprl.backends.failure import Interrupted
 from oprl.errors import OprlError
 from oprl.experiments.results import THRESHOLD_GAIN, collect_results, write_table
 
@@ -191,12 +190,15 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
 
 
 def _terminate_raises():
-    """In the main thread, make SIGTERM raise ``Interrupted``; the previous handler (None elsewhere)."""
+    """In the main thread, make SIGTERM print one line and raise ``SystemExit(143)``; the previous handler (None
+    elsewhere). SystemExit, not ``oprl.backends.failure.Interrupted``: the commands layer does not reach into the
+    runtime's backends (tests/test_layering.py), and the exit status is the same."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
     def handle(signum, frame):
-        raise Interrupted(signum, "sweep interrupted by SIGTERM; its unfinished runs start over when it is run again")
+        print("sweep interrupted by SIGTERM; its unfinished runs start over when it is run again", file=sys.stderr)
+        raise SystemExit(128 + signum)
 
     return signal.signal(signal.SIGTERM, handle)
 
