@@ -1,6 +1,11 @@
 """The experiment harness: a smoke sweep (2 presets x 2 settings x 1 seed), resumption, the report."""
 
 import csv
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,12 +104,6 @@ def test_bad_specs_fail_with_one_line(tmp_path):
 def test_sigterm_to_the_sweep_stops_its_workers(tmp_path):
     """``kill <sweep pid>`` (SIGTERM to the sweep alone, as a job scheduler sends it) stops the runs in flight
     and their worker processes; before, the workers ran on, orphaned, to the end of their runs."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     spec = write_spec(tmp_path, parallel=1)
     base = yaml.safe_load(spec.read_text())
     base["overrides"] = [o for o in base["overrides"] if not o.startswith("steps=")] + ["steps=100000"]
