@@ -11,13 +11,15 @@ processes ignore both signals (``ignore_stop_signals``): a Ctrl-C reaches the wh
 driver, not the signal, stops them (no worker tracebacks). While a run is on, a worker process that dies
 (stopped, killed) in the middle of fetching a shared tensor's file descriptor leaves the parent's
 ``multiprocessing.resource_sharer`` thread with a ``ConnectionResetError``; that thread's traceback says
-nothing the run's own line does not, so ``StopSignals`` keeps it off stderr (every other thread's exception
-still prints).
+nothing the run's own line does not, so ``StopSignals`` keeps it off stderr (every other exception still
+prints). The sharer catches the error itself and hands it to ``sys.excepthook`` (not ``threading.excepthook``),
+so both hooks are filtered.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import traceback
 from typing import Any
@@ -54,10 +56,12 @@ class StopSignals:
         self.previous: dict[int, object] = {}
         _state.update(requested=None, deferred=False)
         self.hook = threading.excepthook
+        self.sys_hook = sys.excepthook
         if threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:
                 self.previous[signum] = signal.signal(signum, _handle)
             threading.excepthook = self._thread_exception
+            sys.excepthook = self._exception
         return self
 
     def __exit__(self, *exc) -> None:
@@ -65,11 +69,17 @@ class StopSignals:
             signal.signal(signum, handler)  # type: ignore[arg-type]
         if self.previous:
             threading.excepthook = self.hook
+            sys.excepthook = self.sys_hook
         _state.update(requested=None, deferred=False)
 
     def _thread_exception(self, args: threading.ExceptHookArgs) -> None:
         if not is_peer_gone_in_sharer(args.exc_type, args.exc_traceback):
             self.hook(args)
+
+    def _exception(self, exc_type, value, tb) -> None:
+        # the path the real error takes: resource_sharer._serve's bare ``except: sys.excepthook(...)``
+        if not is_peer_gone_in_sharer(exc_type, tb):
+            self.sys_hook(exc_type, value, tb)
 
 
 def is_peer_gone_in_sharer(exc_type: type[BaseException], tb) -> bool:
