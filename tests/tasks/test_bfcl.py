@@ -86,6 +86,12 @@ def test_reward_on_the_real_ground_truth(task):
     rewards = aware.score([p, p, p], [right, wrong, "".join(calls)])
     assert [r.total for r in rewards] == pytest.approx([1.1, 0.1, -0.1])  # task.format_bonus reaches the reward
     assert [r.components["correct"] for r in rewards] == [1.0, 0.0, 0.0]
+    graded = BfclTask(subsets=["simple_python", "parallel"], verify_timeout=10.0, partial_credit=0.5)
+    rewards = graded.score([p, p, p], [right, wrong, "".join(calls)])
+    # task.partial_credit reaches the reward: the one right call of several earns 1 / |calls| of its credit
+    n = len(calls)
+    assert [r.total for r in rewards] == pytest.approx([1.0, 0.5 / n, 0.0])
+    assert [r.components["correct"] for r in rewards] == [1.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("think", [True, False])
@@ -114,8 +120,11 @@ def test_the_smollm2_example_warm_starts_on_demonstrations():
     }
     # a format-aware RL reward does not change what the warm start learns: the same cached model
     example = Path(__file__).parents[2] / "configs" / "examples" / "smollm2-bfcl.yaml"
-    shaped = load_config(example, ["task.format_bonus=0.2"])
-    assert recipe(shaped.model, shaped.task, shaped.warmstart) == recipe(config.model, config.task, config.warmstart)
+    for override in ("task.format_bonus=0.2", "task.partial_credit=0.5"):
+        shaped = load_config(example, [override])
+        assert recipe(shaped.model, shaped.task, shaped.warmstart) == recipe(
+            config.model, config.task, config.warmstart
+        )
 
 
 def test_bad_subset_is_one_line_listing_the_valid_ones(capsys):

@@ -11,6 +11,7 @@ import pytest
 from oprl.tasks.toolcall import (
     MAX_DEPTH,
     MAX_RESPONSE_CHARS,
+    calls_credit,
     calls_match,
     check_format,
     parse_calls,
@@ -248,6 +249,104 @@ def test_rewards_in_timed_worker():
         )
         assert [r.total for r in aware] == [1.2, 0.2, -0.2]
         assert [r.components["correct"] for r in aware] == [1.0, 0.0, 0.0]
+    finally:
+        pool.close()
+
+
+# (case, ground truth, calls, credit): (1 + key score + value score) / 3 per call, over max(|calls|, |truth|)
+CREDIT = [
+    ("a match", TRIANGLE, [{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5}}], 1.0),
+    ("wrong name", TRIANGLE, [{"name": "triangle_area", "arguments": {"base": 10, "height": 5}}], 0.0),
+    # K = {base, height}: both keys known (1), one value right (1/2)
+    (
+        "one wrong value",
+        TRIANGLE,
+        [{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 6}}],
+        2.5 / 3,
+    ),
+    # K = {base, height}: one key passed (1/2), its value right (1/2)
+    ("required missing", TRIANGLE, [{"name": "calculate_triangle_area", "arguments": {"base": 10}}], 2 / 3),
+    # K = {base, height, color}: 2 of 3 keys known, 2 of 3 values right
+    (
+        "unknown argument",
+        TRIANGLE,
+        [{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5, "color": "red"}}],
+        (1 + 2 / 3 + 2 / 3) / 3,
+    ),
+    # the optional unit is a known key with an unacceptable value
+    (
+        "optional wrong",
+        TRIANGLE,
+        [{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5, "unit": "cm"}}],
+        (1 + 1 + 2 / 3) / 3,
+    ),
+    # "" is a value only where the ground truth lists it: for a required argument it is wrong
+    (
+        "empty for required",
+        TRIANGLE,
+        [{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": ""}}],
+        2.5 / 3,
+    ),
+    # an extra copy of the right call: 1 for the pair, 0 for the extra, over max(2, 1)
+    ("extra call", TRIANGLE, [{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5}}] * 2, 0.5),
+    # parallel, in reverse order: the best pairing finds both (a match)
+    (
+        "parallel reversed",
+        SPOTIFY,
+        [
+            {"name": "spotify.play", "arguments": {"artist": "Maroon 5", "duration": 15}},
+            {"name": "spotify.play", "arguments": {"artist": "Taylor Swift", "duration": 20}},
+        ],
+        1.0,
+    ),
+    # one of two parallel calls, right: half the set
+    ("one of two", SPOTIFY, [{"name": "spotify.play", "arguments": {"artist": "Maroon 5", "duration": 15}}], 0.5),
+    # both calls, one with a wrong duration: (1 + 2.5/3) / 2
+    (
+        "parallel one wrong value",
+        SPOTIFY,
+        [
+            {"name": "spotify.play", "arguments": {"artist": "Taylor Swift", "duration": 20}},
+            {"name": "spotify.play", "arguments": {"artist": "Maroon 5", "duration": 16}},
+        ],
+        (1 + 2.5 / 3) / 2,
+    ),
+]
+
+
+@pytest.mark.parametrize("case, truth, calls, credit", CREDIT, ids=[c[0] for c in CREDIT])
+def test_partial_credit_closed_form(case, truth, calls, credit):
+    assert calls_credit(calls, truth) == pytest.approx(credit)
+    assert (calls_credit(calls, truth) == 1.0) is calls_match(calls, truth)  # 1 exactly for a match
+
+
+@pytest.mark.parametrize("case, truth, response, expected", TABLE, ids=[c[0] for c in TABLE])
+def test_partial_credit_is_1_exactly_for_a_match(case, truth, response, expected):
+    calls = check_format(response)
+    if calls is not None:
+        assert 0.0 <= calls_credit(calls, truth) <= 1.0
+        assert (calls_credit(calls, truth) == 1.0) is (expected == "match"), case
+
+
+def test_partial_credit_reward_ranks_wrong_calls_and_keeps_accuracy():
+    """total = correct + format term + w * credit of a well-formed wrong call; ``correct`` (accuracy) and
+    ``format`` do not move, ``credit`` is logged; a correct call still beats every wrong one."""
+    pool = VerifierPool(workers=1, timeout=5.0, kind="tool-call")
+    try:
+        responses = [
+            think(GOOD),
+            think(call("calculate_triangle_area", base=10, height=6)),  # credit 2.5/3
+            think(call("calculate_triangle_area", base=10)),  # credit 2/3
+            think(call("triangle_area", base=10, height=5)),  # credit 0
+            GOOD,  # malformed (no think): no credit
+        ]
+        rewards = tool_call_rewards(pool, [json.dumps(TRIANGLE)] * 5, responses, format_bonus=0.1, partial_credit=0.5)
+        assert [r.total for r in rewards] == pytest.approx([1.1, 0.1 + 0.5 * 2.5 / 3, 0.1 + 0.5 * 2 / 3, 0.1, -0.1])
+        assert [r.components["correct"] for r in rewards] == [1.0, 0.0, 0.0, 0.0, 0.0]
+        assert [r.components["format"] for r in rewards] == [1.0, 1.0, 1.0, 1.0, 0.0]
+        assert [r.components["credit"] for r in rewards] == pytest.approx([1.0, 2.5 / 3, 2 / 3, 0.0, 0.0])
+        plain = tool_call_rewards(pool, [json.dumps(TRIANGLE)] * 5, responses)  # cached verdicts, w = 0
+        assert [r.total for r in plain] == [1.0, 0.0, 0.0, 0.0, 0.0]
     finally:
         pool.close()
 

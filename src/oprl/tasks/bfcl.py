@@ -155,4 +155,11 @@ class BfclTask:
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
         c = self.config
         answers = [p.answer for p in problems]
-        return tool_call_rewards(self.verifier, answers, list(responses), think=c.think, format_bonus=c.format_bonus)
+        return tool_call_rewards(
+            self.verifier,
+            answers,
+            list(responses),
+            think=c.think,
+            format_bonus=c.format_bonus,
+            partial_credit=c.partial_credit,
+        )

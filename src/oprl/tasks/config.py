@@ -265,6 +265,11 @@ class BfclTaskConfig(_ToolTaskConfig):
     format_bonus: float = Field(0.0, ge=0.0)
     """Format-aware training reward (ToolRL's format term): +format_bonus when the response is well formed,
     -format_bonus otherwise, added to the 0/1 correctness; 0 = the paper's reward. Accuracy stays correctness."""
+    partial_credit: float = Field(0.0, ge=0.0, lt=1.0)
+    """ToolRL's fine-grained correctness as a training reward: a well-formed wrong call earns partial_credit x
+    its credit in [0, 1] (right function name, argument names and values; oprl.tasks.toolcall.calls_credit),
+    so groups of only wrong calls still rank their replies; < 1 keeps every correct call above every wrong
+    one. 0 = the paper's 0/1 reward. Accuracy stays correctness."""
 
     @field_validator("subsets")
     @classmethod

@@ -153,10 +153,16 @@ def value_matches(value: Any, acceptable: Any) -> bool:
     return value == acceptable
 
 
+def value_acceptable(value: Any, options: list) -> bool:
+    """Whether a passed argument's ``value`` is one of its ground-truth ``options`` (``""`` there marks the
+    argument optional; it is a value only when the model passed ``""`` itself)."""
+    return any(value_matches(value, a) for a in options if a != "" or value == "")
+
+
 def arguments_match(arguments: dict, spec: dict[str, list]) -> bool:
     """Every passed argument is listed with an acceptable value; every argument without ``""`` is passed."""
     for key, value in arguments.items():
-        if key not in spec or not any(value_matches(value, a) for a in spec[key] if a != "" or value == ""):
+        if key not in spec or not value_acceptable(value, spec[key]):
             return False
     return all(key in arguments for key, options in spec.items() if "" not in options)
 
@@ -186,6 +192,53 @@ def calls_match(calls: list[dict], ground_truth: list[dict]) -> bool:
     return all(assign(i, set()) for i in range(len(calls)))
 
 
+def argument_credit(arguments: dict, spec: dict[str, list]) -> tuple[float, float]:
+    """(key score, value score) of one call's ``arguments`` against its ground truth ``spec``, each in [0, 1]
+    over the keys that matter, K = required keys | passed keys: key score = |passed keys the spec lists| / |K|
+    (ToolRL's parameter-name Jaccard, with BFCL's optional arguments free to omit), value score = |passed keys
+    with an acceptable value| / |K|. Both are 1 exactly when ``arguments_match`` holds."""
+    required = {key for key, options in spec.items() if "" not in options}
+    keys = required | set(arguments)
+    if not keys:
+        return 1.0, 1.0
+    known = [key for key in arguments if key in spec]
+    right = [key for key in known if value_acceptable(arguments[key], spec[key])]
+    return len(known) / len(keys), len(right) / len(keys)
+
+
+def call_credit(call: dict, truth: dict[str, dict]) -> float:
+    """ToolRL's fine-grained correctness of one call (Qian et al. 2025, name + parameter names + values),
+    scaled to [0, 1]: 0 for another function's name, else (1 + key score + value score) / 3
+    (``argument_credit``); 1 exactly when ``call_matches``."""
+    ((name, spec),) = truth.items()
+    if call["name"] != name:
+        return 0.0
+    keys, values = argument_credit(call["arguments"], spec)
+    return (1.0 + keys + values) / 3.0
+
+
+def calls_credit(calls: list[dict], ground_truth: list[dict]) -> float:
+    """Partial credit in [0, 1] of well-formed ``calls`` against ``ground_truth``: calls and ground-truth calls
+    are paired best first (greedy on ``call_credit``, ties to the earlier ones; at most ``MAX_CALLS`` squared
+    pairs), and the sum of the paired credits is divided by max(|calls|, |ground truth|), so missing and extra
+    calls both cost. 1 exactly for a matching set (``calls_match``)."""
+    if calls_match(calls, ground_truth):
+        return 1.0
+    pairs = sorted(
+        ((call_credit(call, truth), i, j) for i, call in enumerate(calls) for j, truth in enumerate(ground_truth)),
+        key=lambda pair: (-pair[0], pair[1], pair[2]),
+    )
+    used_calls: set[int] = set()
+    used_truths: set[int] = set()
+    total = 0.0
+    for credit, i, j in pairs:
+        if i not in used_calls and j not in used_truths:
+            used_calls.add(i)
+            used_truths.add(j)
+            total += credit
+    return total / max(len(calls), len(ground_truth), 1)
+
+
 def verdict(ground_truth: str, response: str, *, think: bool = True) -> str:
     """``match`` (well formed and correct), ``mismatch`` (well formed, wrong) or ``malformed``.
     ``ground_truth`` is the JSON list of BFCL ground-truth calls."""
@@ -196,9 +249,15 @@ def verdict(ground_truth: str, response: str, *, think: bool = True) -> str:
 
 
 def check_request(request: dict) -> dict:
-    """The verifier pool's ``tool-call`` checker (``oprl.tasks.verify.CHECKERS``): ``{"verdict": ...}`` of one
-    ``Job`` (``mode`` ``tool-call``, or ``tool-call-nothink`` without the think rules)."""
-    return {"verdict": verdict(str(request["gold"]), str(request["pred"]), think=request.get("mode") == "tool-call")}
+    """The verifier pool's ``tool-call`` checker (``oprl.tasks.verify.CHECKERS``): ``{"verdict": ..., "credit":
+    ...}`` of one ``Job`` (``mode`` ``tool-call``, or ``tool-call-nothink`` without the think rules); ``credit``
+    is ``calls_credit`` of a well-formed response, 0 of a malformed one."""
+    gold, response = json.loads(str(request["gold"])), str(request["pred"])
+    calls = check_format(response, think=request.get("mode") == "tool-call")
+    if calls is None:
+        return {"verdict": MALFORMED, "credit": 0.0}
+    credit = calls_credit(calls, gold)
+    return {"verdict": MATCH if calls_match(calls, gold) else MISMATCH, "credit": credit}
 
 
 def reference_value(acceptable: list) -> Any:
@@ -247,7 +306,13 @@ def reference_response(ground_truth: list[dict], *, think: bool = True) -> str:
 
 
 def tool_call_rewards(
-    pool, ground_truths: list[str], responses: list[str], *, think: bool = True, format_bonus: float = 0.0
+    pool,
+    ground_truths: list[str],
+    responses: list[str],
+    *,
+    think: bool = True,
+    format_bonus: float = 0.0,
+    partial_credit: float = 0.0,
 ) -> list:
     """The paper's tool-call reward per response: 1 when well formed and correct, else 0 (Trinity-RFT's rule),
     with components ``format``, ``correct``, ``verify_timeout``, ``verify_error``. ``pool`` is a
@@ -255,23 +320,29 @@ def tool_call_rewards(
 
     ``format_bonus`` b > 0 makes the reward format-aware (ToolRL's separate format term, Qian et al. 2025):
     total = correct + b when well formed, correct - b otherwise, so a well-formed wrong call beats a broken one.
-    The ``correct`` component, which evaluation reports as accuracy, is unchanged."""
+    ``partial_credit`` w in [0, 1) adds ToolRL's fine-grained correctness to a well-formed *wrong* call:
+    total += w * ``calls_credit`` (right function name, right argument names, right values), so a group of
+    wrong calls still ranks its replies and a correct call (1) still beats every wrong one (< w + b < 1 + b).
+    The ``correct`` component, which evaluation reports as accuracy, is unchanged; ``credit`` is logged."""
     from oprl.tasks.base import Reward
     from oprl.tasks.verify import Job
 
     mode = "tool-call" if think else "tool-call-nothink"
-    verdicts = pool.check(
+    scored = pool.check_scored(
         [Job(truth, response, mode) for truth, response in zip(ground_truths, responses, strict=True)]
     )
     return [
         Reward(
-            total=float(v == MATCH) + (format_bonus if v in (MATCH, MISMATCH) else -format_bonus),
+            total=float(v == MATCH)
+            + (format_bonus if v in (MATCH, MISMATCH) else -format_bonus)
+            + (partial_credit * credit if v == MISMATCH else 0.0),
             components={
                 "correct": float(v == MATCH),
                 "format": float(v in (MATCH, MISMATCH)),
+                "credit": credit,
                 "verify_timeout": float(v == "timeout"),
                 "verify_error": float(v == "error"),
             },
         )
-        for v in verdicts
+        for v, credit in scored
     ]

@@ -81,32 +81,38 @@ class VerifierPool(WorkerPool):
         )
         self.kind = kind
         self.counts = dict.fromkeys(VERDICTS, 0)
-        self._cache: dict[Job, str] = {}
+        self._cache: dict[Job, tuple[str, float]] = {}
 
     def check(self, jobs: list[Job]) -> list[str]:
         """Verdicts (``match``/``mismatch``/``timeout``/``error``) for ``jobs``; identical jobs are checked once."""
+        return [verdict for verdict, _ in self.check_scored(jobs)]
+
+    def check_scored(self, jobs: list[Job]) -> list[tuple[str, float]]:
+        """``(verdict, credit)`` per job: ``credit`` is the checker's partial credit in [0, 1] (``tool-call``
+        workers: ``oprl.tasks.toolcall.calls_credit``), 0.0 where it gives none (math, timeouts, errors)."""
         with self._lock:
             return self._check(jobs)
 
-    def _check(self, jobs: list[Job]) -> list[str]:
-        verdicts: list[str | None] = [self._cache.get(job) for job in jobs]
+    def _check(self, jobs: list[Job]) -> list[tuple[str, float]]:
+        results: list[tuple[str, float] | None] = [self._cache.get(job) for job in jobs]
         todo: dict[Job, list[int]] = {}
         for index, job in enumerate(jobs):
-            if verdicts[index] is None:
+            if results[index] is None:
                 todo.setdefault(job, []).append(index)
         requests = [{"gold": job.gold, "pred": job.pred, "mode": job.mode} for job in todo]
         for job, reply in zip(todo, self._run(requests), strict=True):
             verdict = _verdict(reply)
+            credit = float(reply.get("credit", 0.0)) if verdict in ("match", "mismatch", "malformed") else 0.0
             if verdict in ("match", "mismatch", "malformed"):  # a timeout may be load; never cache it
                 if len(self._cache) > 100_000:
                     self._cache.clear()
-                self._cache[job] = verdict
+                self._cache[job] = (verdict, credit)
             for index in todo[job]:
-                verdicts[index] = verdict
-        settled = [v for v in verdicts if v is not None]
-        assert len(settled) == len(verdicts)  # every job was cached or has just been checked
-        for v in settled:
-            self.counts[v] += 1
+                results[index] = (verdict, credit)
+        settled = [r for r in results if r is not None]
+        assert len(settled) == len(results)  # every job was cached or has just been checked
+        for verdict, _ in settled:
+            self.counts[verdict] += 1
         return settled
 
 

@@ -52,9 +52,9 @@ _SLACK = 4
 def recipe(model_cfg, task_cfg, warm_cfg) -> dict:
     """Everything that determines the warm-started weights (and nothing else). ``warmstart.pretrained`` only
     says whether a warm start happens; the embedded model's recipe is the same either way."""
-    # format_bonus shapes RL's training reward only: the warm start stops on accuracy (the ``correct``
-    # component), which the bonus never changes, so recipes that differ in it share one warm start.
-    task = task_cfg.model_dump(mode="json", exclude={"test_size", "format_bonus"})
+    # format_bonus and partial_credit shape RL's training reward only: the warm start stops on accuracy (the
+    # ``correct`` component), which neither changes, so recipes that differ in them share one warm start.
+    task = task_cfg.model_dump(mode="json", exclude={"test_size", "format_bonus", "partial_credit"})
     if isinstance(task.get("reward"), (str, list)):  # one name per function, however it was given
         rewards = task["reward"]
         task["reward"] = canonical_spec(rewards) if isinstance(rewards, str) else [canonical_spec(r) for r in rewards]
