@@ -34,10 +34,12 @@ def test_train_runs_the_default_job_and_evaluate_reads_its_checkpoint(small_over
     assert {"reward/mean", "eval/accuracy", "loss/total"} <= set(run.final_metrics)
     assert run.final_metrics["eval/accuracy"] == run.accuracy_after == run.summary["eval_accuracy_after"]
     assert [r["step"] for r in run.metrics() if "reward/mean" in r] == [1, 2]
-    evaluated = oprl.evaluate(checkpoint=run.run_dir, eval={"num_problems": 8})
+    evaluated = oprl.evaluate(checkpoint=run.run_dir, eval={"num_problems": 8, "samples": 3})
     assert evaluated.config.mode == "eval" and evaluated.run_dir != run.run_dir
-    assert evaluated.final_metrics["eval/checkpoint_step"] == 2.0
-    assert 0.0 <= evaluated.accuracy_after <= 1.0
+    metrics = evaluated.final_metrics
+    assert metrics["eval/checkpoint_step"] == 2.0 and metrics["eval/num_problems"] == 8.0
+    assert 0.0 <= evaluated.accuracy_after <= metrics["eval/pass_at_k"] <= 1.0  # 24 rows, 8 problems
+    assert metrics["eval/majority"] <= metrics["eval/pass_at_k"]
 
 
 def test_settings_from_a_config_a_dict_nested_and_dotted_keywords(tmp_path):

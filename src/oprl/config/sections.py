@@ -314,8 +314,13 @@ class EvalConfig(_Section):
     """Trainer steps between evaluations (0 = only before and after training)."""
     num_problems: int = Field(500, gt=0)
     """Test problems per evaluation (capped by task.test_size)."""
+    samples: int = Field(1, gt=0)
+    """Samples per test problem, k. ``eval/accuracy`` is pass@1 averaged over the k samples (the unbiased
+    pass@1 estimate, with k times fewer sampling-noise variance than one sample); k > 1 also logs
+    ``eval/pass_at_k`` (a problem solved by any sample) and ``eval/majority`` (solved by more than half of its
+    samples: what pure sharpening of the policy could reach). k = 1 samples exactly as before."""
     temperature: float = Field(1.0, gt=0.0)
-    """Sampling temperature of evaluation (pass@1 with one sample per problem)."""
+    """Sampling temperature of evaluation."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling of evaluation (the paper's MATH protocol uses 0.95 at temperature 0.1); 1.0 = off."""
     seed: int | None = None

@@ -27,22 +27,29 @@ def evaluate(
     num_problems: int,
     temperature: float,
     seed: int,
+    samples: int = 1,
     batch_size: int = 512,
     top_p: float | None = None,
     max_turns: int = 1,
     max_episode_tokens: int = 256,
     episode_timeout: float = 300.0,
 ):
-    """``{"accuracy", "format", "response_length"}`` averaged over the first ``num_problems`` test problems
-    (multi-turn tasks: one episode each, ``response_length`` counting every token after the prompt).
-    Evaluates the engine's model as it is now: the trainer's optimizer (or a checkpoint load) changed it in
-    place without telling the engine."""
+    """``{"accuracy", "reward", "format", "response_length", "num_problems"}`` averaged over ``samples`` (k)
+    samples of each of the first ``num_problems`` (n) test problems (multi-turn tasks: one episode each,
+    ``response_length`` counting every token after the prompt). With c_i of problem i's k samples correct,
+
+        accuracy = (1/n) Σ_i c_i / k     pass_at_k = (1/n) Σ_i [c_i > 0]     majority = (1/n) Σ_i [c_i > k/2]
+
+    (the last two only for k > 1). The k samples of a problem are k consecutive rows of one call, so k = 1
+    samples exactly the rows it always did. Evaluates the engine's model as it is now: the trainer's
+    optimizer (or a checkpoint load) changed it in place without telling the engine."""
     engine.weights_changed()
     problems = list(task.problems("test"))[:num_problems]
     n = len(problems)
+    problems = [p for p in problems for _ in range(samples)]
     if isinstance(task, EpisodicTask):
         episodes = []  # batch_size episodes at a time; each chunk seeds its turns apart from the others
-        for chunk, first in enumerate(range(0, n, batch_size)):
+        for chunk, first in enumerate(range(0, len(problems), batch_size)):
             episodes += task_episodes(
                 engine,
                 tokenizer,
@@ -60,13 +67,20 @@ def evaluate(
         prompts = [encode_problem(tokenizer, p) for p in problems]
         rollout = engine.generate(prompts, seed=seed, temperature=temperature, top_p=top_p, batch_size=batch_size)
         rewards, lengths = task.score(problems, rollout.texts), [len(r) for r in rollout.response_ids]
-    return {
-        "accuracy": sum(r.components.get("correct", r.total) for r in rewards) / n,
-        "reward": sum(r.total for r in rewards) / n,
-        "format": sum(r.components.get("format", 1.0) for r in rewards) / n,
-        "response_length": sum(lengths) / n,
+    rows = len(rewards)  # n * k
+    correct = [r.components.get("correct", r.total) for r in rewards]
+    result = {
+        "accuracy": sum(correct) / rows,
+        "reward": sum(r.total for r in rewards) / rows,
+        "format": sum(r.components.get("format", 1.0) for r in rewards) / rows,
+        "response_length": sum(lengths) / rows,
         "num_problems": float(n),
     }
+    if samples > 1:
+        solved = [sum(correct[i * samples : (i + 1) * samples]) for i in range(n)]  # c_i
+        result["pass_at_k"] = sum(c > 0 for c in solved) / n
+        result["majority"] = sum(c > samples / 2 for c in solved) / n
+    return result
 
 
 def evaluation_row(config: RunConfig, engine, task, tokenizer, step: int) -> dict[str, float]:
@@ -80,6 +94,7 @@ def evaluation_row(config: RunConfig, engine, task, tokenizer, step: int) -> dic
         tokenizer,
         num_problems=cfg.num_problems,
         temperature=cfg.temperature,
+        samples=cfg.samples,
         top_p=cfg.top_p,
         batch_size=cfg.batch_size,
         max_turns=config.rollout.max_turns,
