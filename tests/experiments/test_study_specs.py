@@ -82,3 +82,32 @@ def test_smollm2_studies_plan_valid_configs(name):
         assert config.sync.offset == offset
         if run.labels["setting"] == "offline":
             assert config.sync.offset + config.sync.interval > config.steps  # every batch from version 0
+
+
+def _flat(config) -> dict:
+    return {
+        f"{section}.{key}": value
+        for section, values in config.model_dump().items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+    }
+
+
+def test_bfcl_recipes_change_one_thing_of_the_example_each():
+    """Study 3's recipes (configs/sweeps/smollm2-bfcl-recipes.yaml): each setting is the BFCL example with its
+    own overrides and nothing else (a preset brings its own algorithm keys), on the same 80 test problems with
+    the same eval seed."""
+    spec = sweep.load_spec(SPECS / "smollm2-bfcl-recipes.yaml")
+    base = SPECS.parents[1] / spec["config"]
+    example = _flat(load_config(base, list(spec["overrides"])))
+    settings = spec["grid"]["setting"]
+    assert settings["example"] == {} and len(settings) >= 5
+    for run in sweep.plan(spec):
+        config = load_config(base, list(run.overrides))
+        assert config.eval.seed == 0 and config.eval.num_problems == 80 and config.task.subsets == ["simple_python"]
+        flat, setting = _flat(config), set(settings[run.labels["setting"]])
+        changed = {key for key, value in flat.items() if example[key] != value}
+        allowed = setting | (
+            {k for k in flat if k.startswith("algorithm.")} if "algorithm.preset" in setting else set()
+        )
+        assert setting <= changed <= allowed, run.labels["setting"]
