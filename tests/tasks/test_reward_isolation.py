@@ -205,3 +205,47 @@ def test_a_reply_carrying_another_requests_id_is_an_error_not_a_reward(tmp_path,
     finally:
         pool.close()
     assert replies == [{"verdict": "error", "error": "worker replied to another request (killed)"}] * 2
+
+
+SILENT_UNTIL_TOLD_WORKER = """
+import os
+import time
+from oprl.tasks.workers import fatal, start_worker
+
+def _worker_main():
+    start_worker()
+    while not os.path.exists("go"):  # the test decides when the diagnosis is written
+        time.sleep(0.01)
+    fatal("task.reward: cannot import 'x.py': ModuleNotFoundError: No module named 'x'")
+"""
+
+
+def test_a_diagnosis_written_just_before_the_worker_exits_is_read_not_lost(tmp_path, monkeypatch):
+    """The race behind a once-seen flaky run: the parent finds the pipe empty, the worker then writes its
+    one-line diagnosis and exits, and the parent's exit check must not report "exited" with the line unread."""
+    from oprl.tasks import workers
+
+    (tmp_path / "silent_until_told_worker.py").write_text(SILENT_UNTIL_TOLD_WORKER)
+    monkeypatch.chdir(tmp_path)
+    real_read = workers._Worker._read_line
+    reads = []
+
+    def read_then_let_it_speak_and_exit(self):
+        line = real_read(self)
+        if not reads:  # the first read finds nothing; the worker speaks and exits before the exit check
+            reads.append(line)
+            (tmp_path / "go").touch()
+            self.process.wait(timeout=60)
+        return line
+
+    monkeypatch.setattr(workers._Worker, "_read_line", read_then_let_it_speak_and_exit)
+    worker = workers._Worker(["silent_until_told_worker"], 60.0, "reward worker", None, None)
+    try:
+        with pytest.raises(OprlError) as error:
+            for _ in range(1000):
+                worker.poll()
+                time.sleep(0.01)
+    finally:
+        worker.kill()
+    assert reads == [None]
+    assert "reward worker failed to start: task.reward: cannot import 'x.py': ModuleNotFoundError" in str(error.value)

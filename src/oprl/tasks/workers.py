@@ -197,6 +197,10 @@ class _Worker:
 
     def poll(self) -> tuple[int, dict] | None:
         """``(job index, reply)`` once the current job is settled, else None. Start-up failure: ``OprlError``."""
+        # Exit status first, pipe second: a worker that writes its last line (a fatal diagnosis, a reply) and
+        # exits between the two checks would otherwise be seen as exited with nothing said; read in this
+        # order, whatever an exited worker wrote is already in the pipe.
+        exited = self.process.poll() is not None
         line = self._read_line()
         if line is not None:
             try:
@@ -218,7 +222,6 @@ class _Worker:
                 self.kill()
                 return index, {"verdict": "error", "error": "worker replied to another request (killed)"}
             return index, reply
-        exited = self.process.poll() is not None
         if not self.ready and (exited or time.monotonic() > self.deadline):
             self.kill()
             if exited:
