@@ -1,4 +1,4 @@
-"""The studies' sweep specs (configs/sweeps/mismatch.yaml, red-drop.yaml, the two smollm2-*.yaml): every planned
+"""The studies' sweep specs (configs/sweeps/mismatch.yaml, red-drop.yaml, the smollm2-*.yaml): every planned
 run is a valid config with >= 3 seeds (2 for SmolLM2), and (slow) a 2-step version of each whole grid runs and
 reports."""
 
@@ -111,3 +111,25 @@ def test_bfcl_recipes_change_one_thing_of_the_example_each():
             {k for k in flat if k.startswith("algorithm.")} if "algorithm.preset" in setting else set()
         )
         assert setting <= changed <= allowed, run.labels["setting"]
+
+
+def test_the_stronger_bfcl_phase_is_the_example_with_its_four_changes_on_three_seeds():
+    """configs/sweeps/smollm2-bfcl-stronger.yaml: 3 seeds of the example with 4 prompts a step, lr 4e-6, the KL
+    term and 40 steps, evaluated with 8 samples a problem on the same 80 test problems and eval seed."""
+    spec = sweep.load_spec(SPECS / "smollm2-bfcl-stronger.yaml")
+    base = SPECS.parents[1] / spec["config"]
+    example = _flat(load_config(base, ["checkpoint.interval=0"]))
+    runs = sweep.plan(spec)
+    assert sorted(run.labels["seed"] for run in runs) == ["0", "1", "2"]
+    for run in runs:
+        config = load_config(base, list(run.overrides))
+        assert config.eval.seed == 0 and config.eval.num_problems == 80 and config.eval.samples == 8
+        assert config.steps == 40
+        changed = {key for key, value in _flat(config).items() if example[key] != value} - {"seed"}
+        assert changed == {
+            "rollout.prompts_per_step",
+            "optim.lr",
+            "algorithm.kl_coef",
+            "eval.samples",
+            "eval.interval",
+        }
