@@ -93,13 +93,17 @@ def _flat(config) -> dict:
     }
 
 
-def test_bfcl_recipes_change_one_thing_of_the_example_each():
-    """Study 3's recipes (configs/sweeps/smollm2-bfcl-recipes.yaml): each setting is the BFCL example with its
-    own overrides and nothing else (a preset brings its own algorithm keys), on the same 80 test problems with
-    the same eval seed."""
+def test_bfcl_recipes_change_one_thing_of_the_first_example_each():
+    """Study 3's recipes (configs/sweeps/smollm2-bfcl-recipes.yaml): each setting is the first BFCL example (the
+    grid's overrides pin its RL settings: 2 prompts x 8, lr 2e-6, no KL term, 20 steps, one sample a problem) with
+    its own overrides and nothing else (a preset brings its own algorithm keys), on the same 80 test problems
+    with the same eval seed."""
     spec = sweep.load_spec(SPECS / "smollm2-bfcl-recipes.yaml")
     base = SPECS.parents[1] / spec["config"]
-    example = _flat(load_config(base, list(spec["overrides"])))
+    first = load_config(base, list(spec["overrides"]))
+    assert (first.steps, first.rollout.prompts_per_step, first.optim.lr) == (20, 2, 2e-6)
+    assert first.algorithm.kl_coef == 0.0 and first.eval.samples == 1 and first.algorithm.preset == "grpo"
+    example = _flat(first)
     settings = spec["grid"]["setting"]
     assert settings["example"] == {} and len(settings) >= 5
     for run in sweep.plan(spec):
@@ -113,23 +117,20 @@ def test_bfcl_recipes_change_one_thing_of_the_example_each():
         assert setting <= changed <= allowed, run.labels["setting"]
 
 
-def test_the_stronger_bfcl_phase_is_the_example_with_its_four_changes_on_three_seeds():
-    """configs/sweeps/smollm2-bfcl-stronger.yaml: 3 seeds of the example with 4 prompts a step, lr 4e-6, the KL
-    term and 40 steps, evaluated with 8 samples a problem on the same 80 test problems and eval seed."""
-    spec = sweep.load_spec(SPECS / "smollm2-bfcl-stronger.yaml")
-    base = SPECS.parents[1] / spec["config"]
+def test_the_bfcl_example_is_the_stronger_phase_and_its_spec_runs_it_on_three_seeds():
+    """configs/examples/smollm2-bfcl.yaml is the stronger RL phase: the first example with 4 prompts a step,
+    lr 4e-6, the KL term and 40 steps, evaluated with 8 samples a problem on the same 80 test problems and eval
+    seed. configs/sweeps/smollm2-bfcl-stronger.yaml pins those settings and runs exactly the example on 3 seeds."""
+    recipes = sweep.load_spec(SPECS / "smollm2-bfcl-recipes.yaml")
+    base = SPECS.parents[1] / recipes["config"]
+    first = _flat(load_config(base, list(recipes["overrides"])))
     example = _flat(load_config(base, ["checkpoint.interval=0"]))
+    changed = {key for key, value in example.items() if first[key] != value}
+    assert changed == {"rollout.prompts_per_step", "optim.lr", "algorithm.kl_coef", "eval.samples", "eval.interval"}
+    assert load_config(base).steps == 40 and example["eval.samples"] == 8 and example["eval.seed"] == 0
+    spec = sweep.load_spec(SPECS / "smollm2-bfcl-stronger.yaml")
     runs = sweep.plan(spec)
     assert sorted(run.labels["seed"] for run in runs) == ["0", "1", "2"]
     for run in runs:
         config = load_config(base, list(run.overrides))
-        assert config.eval.seed == 0 and config.eval.num_problems == 80 and config.eval.samples == 8
-        assert config.steps == 40
-        changed = {key for key, value in _flat(config).items() if example[key] != value} - {"seed"}
-        assert changed == {
-            "rollout.prompts_per_step",
-            "optim.lr",
-            "algorithm.kl_coef",
-            "eval.samples",
-            "eval.interval",
-        }
+        assert config.model_dump() == load_config(base, ["checkpoint.interval=0", f"seed={config.seed}"]).model_dump()
