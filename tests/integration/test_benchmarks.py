@@ -65,3 +65,25 @@ def test_vs_trl_oprl_side_runs_and_reports(tmp_path, monkeypatch):
     assert result["step_s"] > 0 and result["tokens_per_s"] > 0
     assert 0.0 <= result["reward_last5"] <= 1.0 and 0.0 <= result["eval_accuracy"] <= 1.0
     assert not math.isnan(result["eval_accuracy"])
+
+
+def test_vs_trl_counts_the_memory_of_worker_processes():
+    """The driver's own peak RSS misses oprl's worker processes (runtime.workers=processes); the workers' figure
+    must be zero before any child and see a joined child's memory after. (A fresh process's own peak RSS starts
+    at its parent's RSS on Linux, which is why the workers' figure is read before and after, not against it.)"""
+    import json
+    import subprocess
+
+    script = (
+        "import subprocess, sys, json\n"
+        f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+        "import vs_trl\n"
+        "before = vs_trl.peak_rss_workers_mib()\n"
+        "subprocess.run([sys.executable, '-c', 'b = bytearray(400 * 2**20); b[::4096] = b\"x\" * len(b[::4096])'],"
+        " check=True)\n"
+        "print(json.dumps({'before': before, 'after': vs_trl.peak_rss_workers_mib()}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    rss = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rss["before"] == 0
+    assert rss["after"] >= 390  # the 400 MiB child, touched page by page
