@@ -78,18 +78,15 @@ def warm_model_path(threads: int) -> str:
     return model_path(config, build_task(config.task), log=lambda *_: None)
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def peak_rss_mib(who: int = resource.RUSAGE_SELF) -> float:
+    """Peak RSS in MiB of this process (``RUSAGE_SELF``) or of its largest finished (joined) child process
+    (``RUSAGE_CHILDREN``).
 
-
-def peak_rss_workers_mib() -> float:
-    """The largest peak RSS among this process's finished (joined) child processes, in MiB.
-
-    With ``runtime.workers=processes`` oprl's trainer and explorer are worker processes, so ``peak_rss_mib`` (this
-    process alone) misses them; the kernel reports only the largest child's peak, not a sum, so a run's total
-    lies between max(driver, largest worker) and the sum of all its processes.
+    With ``runtime.workers=processes`` oprl's trainer and explorer are worker processes, which this process's own
+    peak misses; the kernel reports only the largest child's peak, not a sum, so a run's total lies between
+    max(driver, largest worker) and the sum of all its processes.
     """
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return resource.getrusage(who).ru_maxrss / 1024
 
 
 def final_eval(model, tokenizer, task, sizes: dict) -> float:
@@ -317,7 +314,12 @@ def main() -> int:
             result = child_oprl(
                 args.model, args.steps, args.seed, args.threads, args.skip, tuple(args.variant), smollm2
             )
-        print(json.dumps(result | {"peak_rss_mib": peak_rss_mib(), "peak_rss_workers_mib": peak_rss_workers_mib()}))
+        print(
+            json.dumps(
+                result
+                | {"peak_rss_mib": peak_rss_mib(), "peak_rss_workers_mib": peak_rss_mib(resource.RUSAGE_CHILDREN)}
+            )
+        )
         return 0
     path = smollm2_path() if args.model_name == "smollm2" else warm_model_path(args.threads)
     load_before = os.getloadavg()[0]

@@ -4,7 +4,9 @@ The full benchmarks need an idle machine (and TRL / SmolLM2); their figures are 
 """
 
 import importlib.util
+import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -71,17 +73,14 @@ def test_vs_trl_counts_the_memory_of_worker_processes():
     """The driver's own peak RSS misses oprl's worker processes (runtime.workers=processes); the workers' figure
     must be zero before any child and see a joined child's memory after. (A fresh process's own peak RSS starts
     at its parent's RSS on Linux, which is why the workers' figure is read before and after, not against it.)"""
-    import json
-    import subprocess
-
     script = (
-        "import subprocess, sys, json\n"
+        "import json, resource, subprocess, sys\n"
         f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
         "import vs_trl\n"
-        "before = vs_trl.peak_rss_workers_mib()\n"
+        "before = vs_trl.peak_rss_mib(resource.RUSAGE_CHILDREN)\n"
         "subprocess.run([sys.executable, '-c', 'b = bytearray(400 * 2**20); b[::4096] = b\"x\" * len(b[::4096])'],"
         " check=True)\n"
-        "print(json.dumps({'before': before, 'after': vs_trl.peak_rss_workers_mib()}))\n"
+        "print(json.dumps({'before': before, 'after': vs_trl.peak_rss_mib(resource.RUSAGE_CHILDREN)}))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     rss = json.loads(out.stdout.strip().splitlines()[-1])
