@@ -17,7 +17,9 @@ A sweep spec is YAML::
       seed: [0, 1, 2]
 
 Finished runs (a ``summary.json`` in their directory) are skipped, so an interrupted sweep is resumed by
-running the same command again; an unfinished run directory is cleared and that run starts over. Runs execute
+running the same command again; an unfinished run that committed a checkpoint (``checkpoint.interval > 0``)
+continues from it (``resume=true``: no row lost or repeated), any other unfinished run directory is cleared and
+that run starts over. Long sweeps (hours, across sessions) should therefore checkpoint every few steps. Runs execute
 ``oprl train`` on ``parallel`` long-lived worker processes (``oprl.experiments.sweep_worker``: torch and
 transformers are imported once per worker, not once per run); each run's output goes to ``logs/<run>.log``.
 Deliberately not here: scheduling across machines (use the Ray backend inside a run for that).
@@ -160,10 +162,15 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
             while queue or busy:
                 while queue and idle:
                     run, worker = queue.pop(0), idle.pop()
-                    shutil.rmtree(out / run.name, ignore_errors=True)  # unfinished leftovers start over
+                    argv = _arguments(run, spec, out)
+                    if _has_checkpoint(out / run.name):
+                        argv.append("resume=true")  # `oprl train` verifies it and cuts the rows back to it
+                        log(f"run {run.name}: continues from its last checkpoint")
+                    else:
+                        shutil.rmtree(out / run.name, ignore_errors=True)  # unfinished leftovers start over
                     # The log lives beside the run: a run refuses a directory that holds files not its own.
                     (out / "logs").mkdir(exist_ok=True)
-                    worker.start(_arguments(run, spec, out), _log_path(out, run.name))
+                    worker.start(argv, _log_path(out, run.name))
                     busy[worker] = run
                     selector.register(worker.stdout, selectors.EVENT_READ, worker)
                 for key, _ in selector.select(timeout=1.0):
@@ -197,10 +204,17 @@ def _terminate_raises():
         return None
 
     def handle(signum, frame):
-        print("sweep interrupted by SIGTERM; its unfinished runs start over when it is run again", file=sys.stderr)
+        print("sweep interrupted by SIGTERM; run it again to continue (unfinished runs resume from a checkpoint)", file=sys.stderr)
         raise SystemExit(128 + signum)
 
     return signal.signal(signal.SIGTERM, handle)
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    """Whether an unfinished run committed a checkpoint (``checkpoints/step-N``; staging ``.tmp-*`` directories
+    do not count). Which one loads, and whether any does, is ``oprl train resume=true``'s to decide."""
+    root = run_dir / "checkpoints"
+    return root.is_dir() and any(p.name.startswith("step-") for p in root.iterdir())
 
 
 def _log_path(out: Path, name: str) -> Path:
