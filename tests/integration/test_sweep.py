@@ -2,6 +2,7 @@
 
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,3 +134,27 @@ def test_sigterm_to_the_sweep_stops_its_workers(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_an_unfinished_run_with_a_checkpoint_continues_from_it(tmp_path, capsys):
+    """A sweep of hours is interrupted mid-run (a session ends): the next invocation resumes that run from its
+    last checkpoint (``resume=true``) instead of clearing it, and the rows equal an uninterrupted run's."""
+    spec = write_spec(tmp_path, parallel=1)
+    base = yaml.safe_load(spec.read_text())
+    base["overrides"] = [o for o in base["overrides"] if not o.startswith("steps=")]
+    base["overrides"] += ["steps=4", "checkpoint.interval=2", "checkpoint.keep=2"]
+    base["grid"] = {"algorithm.preset": ["grpo"], "seed": [0]}
+    spec.write_text(yaml.safe_dump(base))
+    assert sweep.main([str(spec)]) == 0
+    (run,) = sweep.plan(sweep.load_spec(spec))
+    run_dir = tmp_path / "sweep" / run.name
+    whole = deterministic_view(read_metrics(run_dir / "metrics.jsonl"))
+    # What a kill after step 3 leaves: the checkpoint of step 2, no summary, no final weights.
+    (run_dir / "summary.json").unlink()
+    shutil.rmtree(run_dir / "checkpoints" / "step-000004")
+    shutil.rmtree(run_dir / "final")
+    capsys.readouterr()
+    assert sweep.main([str(spec)]) == 0
+    assert "continues from its last checkpoint" in capsys.readouterr().out
+    assert (run_dir / "summary.json").is_file()
+    assert deterministic_view(read_metrics(run_dir / "metrics.jsonl")) == whole

@@ -204,7 +204,7 @@ def _terminate_raises():
         return None
 
     def handle(signum, frame):
-        print("sweep interrupted by SIGTERM; run it again to continue (unfinished runs resume from a checkpoint)", file=sys.stderr)
+        print("sweep interrupted by SIGTERM; run it again to continue (runs with a checkpoint resume)", file=sys.stderr)
         raise SystemExit(128 + signum)
 
     return signal.signal(signal.SIGTERM, handle)
