@@ -51,6 +51,9 @@ class Experience:
     behavior_versions: list[int] | None = None
     """Partial rollouts (``oprl.partial``): per response token, the policy version that sampled it (weights can
     change between two decode steps). None = every token is ``policy_version``'s."""
+    teacher_logprobs: list[float] | None = None
+    """Distillation (``oprl.teacher``): per response token, log pi_teacher of the sampled token under the sampling
+    temperature (as ``behavior_logprobs``). None = no teacher scored this row."""
 
     @property
     def model_tokens(self) -> int:

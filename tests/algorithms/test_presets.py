@@ -15,9 +15,11 @@ import torch
 from oprl.algorithms import (
     ADVANTAGE_KEYS,
     ALGORITHM_DEFAULTS,
+    DISTILL_KEYS,
     LOSS_KEYS,
     PRESETS,
     TRAINER_KEYS,
+    distill_advantages,
     group_advantages,
     policy_loss,
     resolve_preset,
@@ -145,7 +147,7 @@ def test_every_preset_sets_every_setting():
         for weight in ("is", "nois"):
             required |= {f"rec-{clip}-{weight}", f"rec-{clip}-{weight}-wide"}
     assert required <= set(PRESETS)
-    assert set(ADVANTAGE_KEYS) | set(LOSS_KEYS) | set(TRAINER_KEYS) == set(ALGORITHM_DEFAULTS)
+    assert set(ADVANTAGE_KEYS) | set(LOSS_KEYS) | set(DISTILL_KEYS) | set(TRAINER_KEYS) == set(ALGORITHM_DEFAULTS)
     assert not set(ADVANTAGE_KEYS) & set(LOSS_KEYS)
     for name, settings in PRESETS.items():
         assert set(settings) == set(ALGORITHM_DEFAULTS), name
@@ -153,7 +155,10 @@ def test_every_preset_sets_every_setting():
             assert (settings["eps_low"], settings["eps_high"]) == (0.6, 2.0)
 
 
-@pytest.mark.parametrize("function, keys", [(group_advantages, ADVANTAGE_KEYS), (policy_loss, LOSS_KEYS)])
+@pytest.mark.parametrize(
+    "function, keys",
+    [(group_advantages, ADVANTAGE_KEYS), (policy_loss, LOSS_KEYS), (distill_advantages, DISTILL_KEYS)],
+)
 def test_the_functions_keyword_defaults_are_algorithm_defaults(function, keys):
     """One source: every setting the function takes defaults to ``ALGORITHM_DEFAULTS``' value, and it takes
     every setting of its keys (a default changed in defaults.py reaches a direct call too)."""

@@ -3,6 +3,7 @@
 - ``advantages``: group-relative advantages (mean / soft baseline, std, AsymRE shift, RED-Drop).
 - ``losses``: the token-level policy loss ℓ = −M·w·A·logprobs + regulariser and its metrics.
 - ``aggregation``: the one place where (B, T) values become a scalar.
+- ``distill``: the teacher's per-token advantage log π_teacher − log π_b, added to or replacing the group one.
 - ``kl``: KL-to-reference estimators k1/k2/k3 (the entropy is computed with the log-probs in ``oprl.models``).
 - ``surrogate``: the consistency surrogate whose gradient is group-relative REINFORCE (docs/paper.md#derivation).
 - ``defaults``: ``ALGORITHM_DEFAULTS``, the one source of every setting's default (the functions' keywords too).
@@ -14,7 +15,8 @@ See docs/algorithms.md for formulas, knobs, metrics and the bandit that motivate
 
 from oprl.algorithms.advantages import BASELINES, DROP_RULES, DropRule, GroupAdvantages, group_advantages
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate, aggregation_count
-from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, LOSS_KEYS, TRAINER_KEYS
+from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, DISTILL_KEYS, LOSS_KEYS, TRAINER_KEYS
+from oprl.algorithms.distill import DISTILL_MIXES, distill_advantages, distill_metrics
 from oprl.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from oprl.algorithms.losses import (
     CLIP_MODES,
@@ -43,6 +45,8 @@ __all__ = [
     "ALGORITHM_DEFAULTS",
     "BASELINES",
     "CLIP_MODES",
+    "DISTILL_KEYS",
+    "DISTILL_MIXES",
     "DROP_RULES",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
@@ -62,6 +66,8 @@ __all__ = [
     "aggregate",
     "aggregation_count",
     "consistency_surrogate",
+    "distill_advantages",
+    "distill_metrics",
     "group_advantages",
     "kl_penalty",
     "policy_loss",

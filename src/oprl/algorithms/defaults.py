@@ -30,6 +30,9 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
     "regularizer_coef": 0.0,
     "weight_temperature": 1.0,  # RED-Weight's T in exp(A/T) (not the sampling temperature)
     "loss_agg": "token-mean",  # Σ ℓ·m / Σ m over the optimizer batch
+    # distill_advantages (docs/algorithms.md#distillation)
+    "distill_coef": 0.0,  # c in A_t = A_group + c·(log π_teacher − log π_b); 0 = no teacher signal
+    "distill_mix": "add",  # "add" to the group advantage, or "replace" it (pure distillation)
     # the trainer
     "recompute_proximal": False,  # decoupled PPO: the trainer recomputes π_prox before the update
 }
@@ -39,8 +42,10 @@ LOSS_KEYS: tuple[str, ...] = (
     "clip_mode", "weight", "ratio_level", "eps_low", "eps_high", "eps_low_prime", "eps_high_prime",
     "mask_low", "mask_high", "is_cap", "regularizer", "regularizer_coef", "weight_temperature", "loss_agg",
 )  # fmt: skip
+DISTILL_KEYS: tuple[str, ...] = ("distill_coef", "distill_mix")
+"""Settings of ``distill_advantages``: the trainer calls it when ``distill_coef`` > 0 (rows need teacher log-probs)."""
 TRAINER_KEYS: tuple[str, ...] = ("recompute_proximal",)
 """Settings the trainer reads: ``recompute_proximal`` makes it pass ``proximal_logprobs`` to ``policy_loss``."""
 
 
-__all__ = ["ADVANTAGE_KEYS", "ALGORITHM_DEFAULTS", "LOSS_KEYS", "TRAINER_KEYS"]
+__all__ = ["ADVANTAGE_KEYS", "ALGORITHM_DEFAULTS", "DISTILL_KEYS", "LOSS_KEYS", "TRAINER_KEYS"]

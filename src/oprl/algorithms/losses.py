@@ -189,12 +189,13 @@ def policy_loss(
     """The REINFORCE-family loss and its diagnostics.
 
     Inputs: ``logprobs`` (B, T) with grad; ``behavior_logprobs`` (B, T) recorded by the sampler;
-    ``advantages`` (B,); ``mask`` (B, T) bool or float, 0 on prompt/padding (values of every input there
+    ``advantages`` (B,), broadcast over T, or (B, T) per token (distillation, ``distill_advantages``);
+    ``mask`` (B, T) bool or float, 0 on prompt/padding (values of every input there
     are ignored, even ±inf or NaN: the loss does not depend on them and their gradient is 0);
     ``proximal_logprobs`` (B, T), optional: the trainer's log-probs under the pre-update weights
     (decoupled PPO). The anchor a is π_prox if given, else π_b. With ρ = exp(clamp(logprobs − a, ±20))
     detached (``ratio_level=sequence``: each response's geometric mean, exp(mean_t log ρ_t), on all its
-    tokens) and A broadcast over T:
+    tokens) and A broadcast over T (or given per token, A_bt):
       ℓ_bt = −M_bt·w_bt·v_bt·A_b·logprobs_bt + R_bt,   v = min(π_prox/π_b, C) with a proximal, else 1
       M (clip_mode): none 1 | one-side (A≥0 ∧ ρ≤1+ε_h) ∨ (A≤0 ∧ ρ≥1−ε_l) | two-side 1−ε_l ≤ ρ ≤ 1+ε_h |
                      ring two-side ∨ (A≥0 ∧ ρ≤1−ε'_l) ∨ (A≤0 ∧ ρ≥1+ε'_h) | mask mask_low ≤ ρ ≤ mask_high
@@ -225,7 +226,9 @@ def policy_loss(
         anchor = torch.where(valid, proximal_logprobs.to(logprobs.dtype), current)  # (B, T)
     log_ratio = level_fn((current - anchor).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), mask)  # (B, T)
     ratio = log_ratio.exp()  # (B, T)
-    token_advantages = advantages.detach().to(logprobs.dtype)[:, None].expand_as(logprobs)  # (B, T)
+    token_advantages = advantages.detach().to(logprobs.dtype)  # (B,) per response or (B, T) per token
+    if token_advantages.dim() == 1:
+        token_advantages = token_advantages[:, None].expand_as(logprobs)  # (B, T)
     token_advantages = torch.where(valid, token_advantages, torch.zeros_like(token_advantages))  # (B, T)
 
     keep = keep_fn(ratio, token_advantages, params)  # (B, T) bool

@@ -15,6 +15,7 @@ from typing import Any
 from oprl.algorithms.advantages import BASELINES, DROP_RULES
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS
 from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, LOSS_KEYS
+from oprl.algorithms.distill import DISTILL_MIXES
 from oprl.algorithms.losses import CLIP_MODES, RATIO_LEVELS, REGULARIZERS, WEIGHTS
 from oprl.algorithms.registry import unknown_name_message
 
@@ -85,6 +86,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cispo": {**ALGORITHM_DEFAULTS, **_STD, "weight": "clipped-is", "eps_low": 1.0, "eps_high": 1.0},
     # Dr. GRPO (Liu et al. 2025, arXiv 2503.20783): GRPO without std normalisation or length bias.
     "dr-grpo": {**ALGORITHM_DEFAULTS, "clip_mode": "one-side", **_IS, "loss_agg": "seq-mean-token-sum-norm"},
+    # On-policy distillation (Agarwal et al. 2024; Thinking Machines 2025, tinker-cookbook's defaults): the
+    # per-token advantage log π_teacher − log π_b replaces the reward's, w = ρ (tinker's importance_sampling
+    # loss). Needs teacher.path (docs/algorithms.md#distillation); add clip_mode=one-side for REC's clip.
+    "distill": {**ALGORITHM_DEFAULTS, **_IS, "distill_coef": 1.0, "distill_mix": "replace"},
 }
 
 REGISTRIES: dict[str, dict[str, Any]] = {
@@ -95,6 +100,7 @@ REGISTRIES: dict[str, dict[str, Any]] = {
     "ratio_level": RATIO_LEVELS,
     "regularizer": REGULARIZERS,
     "loss_agg": LOSS_AGGREGATIONS,
+    "distill_mix": DISTILL_MIXES,
 }
 """The settings whose value is a registry key: the registry is the one list of valid strings (``oprl.config``
 builds its ``Literal`` types from it)."""
@@ -108,7 +114,9 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 """Option strings of earlier versions -> the current string, per setting."""
 
 _POSITIVE = ("tau", "weight_temperature", "is_cap", "mask_high")
-_NON_NEGATIVE = ("eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "regularizer_coef", "mask_low")
+_NON_NEGATIVE = (
+    "eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "regularizer_coef", "mask_low", "distill_coef",
+)  # fmt: skip
 _BOOLEAN = ("std_normalize", "keep_dropped", "recompute_proximal")
 
 
@@ -144,6 +152,9 @@ def validate_settings(settings: dict[str, Any]) -> None:
             raise SettingError(key, f"{key} must be >= 0, got {value!r}")
         if key in _BOOLEAN and not isinstance(value, bool):
             raise SettingError(key, f"{key} must be true or false, got {value!r}")
+    if settings.get("distill_mix") == "replace" and settings.get("distill_coef") == 0:
+        message = "distill_mix=replace with distill_coef=0 sets every advantage to 0 (nothing trains): set it > 0"
+        raise SettingError("distill_coef", message)
     low, high = settings.get("mask_low", 0.0), settings.get("mask_high", math.inf)
     if not low < high:
         message = f"mask_low must be < mask_high (the band of clip_mode=mask), got {low!r} >= {high!r}"
@@ -164,6 +175,6 @@ def resolve_preset(name: str, **overrides: Any) -> dict[str, Any]:
 
 
 def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(keyword arguments for ``group_advantages``, keyword arguments for ``policy_loss``); ``TRAINER_KEYS``
-    are the caller's."""
+    """(keyword arguments for ``group_advantages``, keyword arguments for ``policy_loss``); ``DISTILL_KEYS``
+    and ``TRAINER_KEYS`` are the caller's."""
     return {key: settings[key] for key in ADVANTAGE_KEYS}, {key: settings[key] for key in LOSS_KEYS}

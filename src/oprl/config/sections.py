@@ -247,6 +247,14 @@ class AlgorithmConfig(_Section):
     """RED-Weight temperature T in w = exp(A/T) (> 0; not the sampling temperature)."""
     loss_agg: LossAgg | None = None
     """How token losses are averaged over the optimizer batch (token-mean = over all valid tokens)."""
+    distill_coef: float | None = None
+    """Distillation (docs/algorithms.md#distillation; needs teacher.path or a store scored by ``oprl
+    teacher-score``): c in the per-token advantage A_t = A_group + c*(log pi_teacher(y_t) - log pi_behaviour(y_t)),
+    the negative reverse-KL estimate of the published on-policy distillation recipes (tinker-cookbook, verl opd;
+    1.0 there). 0 = no teacher signal (the default of every preset but ``distill``)."""
+    distill_mix: Literal["add", "replace"] | None = None
+    """``add``: the teacher's term is added to the task reward's group advantage; ``replace``: it replaces it
+    (pure distillation, the ``distill`` preset: the reward is then only logged)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Coefficient of a KL penalty to the frozen initial policy (0 = off, no reference model kept)."""
     kl_estimator: KlEstimator = "k3"

@@ -22,8 +22,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from oprl.algorithms import (
+    DISTILL_KEYS,
     aggregate,
     aggregation_count,
+    distill_advantages,
+    distill_metrics,
     group_advantages,
     kl_penalty,
     policy_loss,
@@ -31,6 +34,7 @@ from oprl.algorithms import (
     split_settings,
 )
 from oprl.checkpoint.files import load_trainer_state, save_trainer_state
+from oprl.errors import OprlError
 from oprl.messages import Experience, TrainResult, batch_metrics
 from oprl.models.batching import right_pad_values
 from oprl.partial import mask_stale_tokens, token_lag_metrics
@@ -74,6 +78,8 @@ class Trainer:
         self.pad_id = pad_id
         self.advantage_kwargs, self.loss_kwargs = split_settings(settings)
         self.recompute_proximal = settings["recompute_proximal"]  # the loss asks for π_prox (decoupled PPO)
+        # Distillation: per-token advantages from the rows' teacher log-probs (oprl.algorithms.distill).
+        self.distill_kwargs = {key: settings[key] for key in DISTILL_KEYS}
         if settings["loss_agg"] == "seq-mean-token-sum-norm":
             # A fixed normaliser (Dr.GRPO); the padded width varies per micro-batch and would bias it.
             self.loss_kwargs["normalizer"] = float(max_response_tokens)
@@ -219,6 +225,8 @@ class Trainer:
             # Multi-turn episodes: environment tokens are context only; every term below sees model tokens only.
             mask = mask & loss_mask_of(rows, mask.shape[1]).to(device)
         behavior = right_pad_values([e.behavior_logprobs for e in rows], mask.shape[1]).to(device)  # (B, T)
+        advantages, distilled = self._distill(rows, advantages.to(device), behavior, mask)
+        out = {f"distill/{k}": float(v) for k, v in distilled.items()}
         proximal_kwargs: dict[str, Any] = {}  # only decoupled PPO passes π_prox
         if proximal is not None:
             proximal_kwargs["proximal_logprobs"] = right_pad_values(proximal, mask.shape[1]).to(device)  # (B, T)
@@ -226,7 +234,7 @@ class Trainer:
             logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs, **proximal_kwargs
         )
         agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
-        out = {f"loss/{k}": float(v) for k, v in metrics.items()}
+        out |= {f"loss/{k}": float(v) for k, v in metrics.items()}
         out["entropy/mean"] = float(aggregate(entropy.detach(), mask, "token-mean"))
         behavior_kl = kl_penalty(logprobs.detach(), behavior, "k3", mask)  # (B, T)
         out["kl/behavior_k3"] = float(aggregate(behavior_kl, mask, "token-mean"))
@@ -243,6 +251,24 @@ class Trainer:
             out["kl/ref"] = float(kl.detach())
         out["loss/total"] = float(loss.detach())
         return loss, out
+
+    def _distill(self, rows: list[Experience], advantages: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor):
+        """(advantages (B,) or (B, T), ``distill/*`` metrics): with ``distill_coef`` > 0 the teacher's per-token
+        term enters the advantage; rows that all carry teacher log-probs are measured whatever the coefficient."""
+        scored = all(e.teacher_logprobs is not None for e in rows)
+        if self.distill_kwargs["distill_coef"] > 0 and not scored:
+            raise OprlError(
+                "algorithm.distill_coef > 0 but the batch has rows without teacher log-probs: set teacher.path, "
+                "or score the stored experiences once with `oprl teacher-score`"
+            )
+        if not scored:
+            return advantages, {}
+        teacher = right_pad_values([e.teacher_logprobs or [] for e in rows], mask.shape[1]).to(
+            behavior.device
+        )  # (B, T)
+        if self.distill_kwargs["distill_coef"] == 0:
+            return advantages, distill_metrics(behavior, teacher, mask)
+        return distill_advantages(advantages, behavior, teacher, mask, **self.distill_kwargs)  # (B, T)
 
     def _ref_kl_due(self) -> bool:
         """Whether the step being trained (version + 1) computes the KL to the reference policy: always under
