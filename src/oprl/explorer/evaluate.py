@@ -10,6 +10,7 @@ from oprl.checkpoint.files import load_checkpoint_weights
 from oprl.config import RunConfig
 from oprl.explorer.agents import task_episodes
 from oprl.models.chat import encode_problem
+from oprl.rollout.base import WithSampling
 from oprl.schedule import stream_seed
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
@@ -44,6 +45,8 @@ def evaluate(
     samples exactly the rows it always did. Evaluates the engine's model as it is now: the trainer's
     optimizer (or a checkpoint load) changed it in place without telling the engine."""
     engine.weights_changed()
+    if getattr(engine, "top_k", 0):  # eval.temperature / eval.top_p, never the rollouts' rollout.top_k
+        engine = WithSampling(engine, top_k=0)
     problems = list(task.problems("test"))[:num_problems]
     n = len(problems)
     problems = [p for p in problems for _ in range(samples)]

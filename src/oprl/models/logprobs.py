@@ -1,10 +1,23 @@
 """Trainer-side log-probs of response tokens, computed the way the sampler computed them.
 
 Layout matches generation: ``[left-padded prompt | response | right padding]`` with position ids from the
-attention mask, and logits divided by the sampling temperature, so that on-policy the recomputed log-probs
-equal the recorded behaviour log-probs up to float error. Only the valid response tokens are projected to the
-vocabulary, in chunks of bounded size, so neither logits nor log-softmax of shape ``(batch, length, vocab)``
-ever exist: log-probs are ``logit[target] - logsumexp(logits)`` computed chunk by chunk.
+attention mask, logits divided by the sampling temperature and, when the sampler truncated (``top_k`` /
+``top_p``), renormalised over the kept set rebuilt from these logits by the sampler's own rule
+(``oprl.models.truncation``), so that on-policy the recomputed log-probs equal the recorded behaviour log-probs
+up to float error.
+
+Truncated scoring, for scaled scores ``s`` and the sampled token ``y`` (docs/runtime.md, "Top-k and top-p"):
+
+    log pi_theta(y) = s_y - logsumexp_{i in S(s) + {y}} s_i
+
+``S(s)`` is the current policy's kept set. Inside it this is the truncated, renormalised log-prob the sampler
+recorded. A token outside it (stale data: the behaviour policy kept it, the current one would not; or a
+cumulative sum within float rounding of 1 - top_p) is scored as if the kept set also held it: finite, so rho
+stays finite and the loss's clipping / weighting handles it like any other small ratio.
+
+Only the valid response tokens are projected to the vocabulary, in chunks of bounded size, so neither logits
+nor log-softmax of shape ``(batch, length, vocab)`` ever exist: log-probs are ``logit[target] -
+logsumexp(logits)`` computed chunk by chunk.
 """
 
 from __future__ import annotations
@@ -13,6 +26,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from oprl.models.batching import cache_kwarg, left_pad, positions, prefill_shared_prompts, right_pad
+from oprl.models.truncation import kept_tokens, truncates
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
@@ -35,11 +49,14 @@ def response_logprobs(
     targets: torch.Tensor,
     *,
     temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunk_bytes: int = LOGIT_CHUNK_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(target_t | prefix) under the temperature-scaled distribution, for the ``T`` response positions.
+    """log pi(target_t | prefix) under the temperature-scaled distribution, for the ``T`` response positions;
+    ``top_k`` / ``top_p`` (0 / 1 = off): renormalised over the kept set (module docstring).
 
     Returns ``(logprobs (B, T), entropy (B, T) or None)``; padded response positions (where the response part
     of ``attention_mask`` is 0) hold 0. Entropy (of the temperature-scaled distribution) is computed only when
@@ -73,7 +90,8 @@ def response_logprobs(
             use_cache=False,
         ).logits[:, :-1][mask]  # (N, V)
     chosen = targets.to(features.device)[mask.to(features.device)]  # (N,)
-    return _chunked_logprobs(head, features, chosen, mask, temperature, with_entropy, entropy_grad, chunk_bytes)
+    sampling = (temperature, top_k, top_p)
+    return _chunked_logprobs(head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes)
 
 
 def packed_response_logprobs(
@@ -96,6 +114,8 @@ def grouped_response_logprobs(
     pad_id: int,
     *,
     temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunk_bytes: int = LOGIT_CHUNK_BYTES,
@@ -119,6 +139,8 @@ def grouped_response_logprobs(
             response_ids,
             pad_id,
             temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             chunk_bytes=chunk_bytes,
@@ -140,17 +162,20 @@ def grouped_response_logprobs(
             **{cache_kwarg(decoder): prefill.cache},
         ).last_hidden_state  # (B, T-1, H): token t predicts token t+1
         hidden = torch.cat([hidden, rest], dim=1)  # (B, T, H)
+    sampling = (temperature, top_k, top_p)
     logprobs, entropy = _chunked_logprobs(
-        head, hidden[mask], targets[mask], mask, temperature, with_entropy, entropy_grad, chunk_bytes
+        head, hidden[mask], targets[mask], mask, sampling, with_entropy, entropy_grad, chunk_bytes
     )
     return logprobs, entropy, mask
 
 
-def _chunked_logprobs(head, features, chosen, mask, temperature, with_entropy, entropy_grad, chunk_bytes):
+def _chunked_logprobs(head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes):
     """Log-probs (and entropies) of ``chosen`` (N,) from ``features`` (N, H) in bounded chunks, placed at
-    ``mask`` in ``(B, T)`` tensors."""
+    ``mask`` in ``(B, T)`` tensors; ``sampling`` = ``(temperature, top_k, top_p)``."""
     vocab = head.out_features if isinstance(head, torch.nn.Linear) else features.shape[-1]
-    rows = max(1, chunk_bytes // (4 * vocab))
+    # Truncation works on copies of the chunk's logits (sorted values, int64 order, cumulative sums): ~4x.
+    copies = 4 if truncates(*sampling[1:]) else 1
+    rows = max(1, chunk_bytes // (4 * vocab * copies))
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, features.shape[0], rows):
         args = (features[start : start + rows], chosen[start : start + rows])
@@ -162,14 +187,14 @@ def _chunked_logprobs(head, features, chosen, mask, temperature, with_entropy, e
                 _token_logprobs,
                 head,
                 *args,
-                temperature,
+                sampling,
                 with_entropy,
                 entropy_grad,
                 use_reentrant=False,
                 preserve_rng_state=False,
             )
         else:
-            logprob, entropy = _token_logprobs(head, *args, temperature, with_entropy, entropy_grad)
+            logprob, entropy = _token_logprobs(head, *args, sampling, with_entropy, entropy_grad)
         logprob_chunks.append(logprob)
         entropy_chunks.append(entropy)
     logprobs = _scatter(torch.cat(logprob_chunks), mask)
@@ -177,15 +202,23 @@ def _chunked_logprobs(head, features, chosen, mask, temperature, with_entropy, e
     return logprobs, entropy
 
 
-def _token_logprobs(head, features, chosen, temperature: float, with_entropy: bool, entropy_grad: bool):
-    """(log-prob of ``chosen`` (n,), entropy (n,) or an empty tensor) for one chunk of ``n`` tokens."""
+def _token_logprobs(head, features, chosen, sampling: tuple, with_entropy: bool, entropy_grad: bool):
+    """(log-prob of ``chosen`` (n,), entropy (n,) or an empty tensor) for one chunk of ``n`` tokens, under the
+    distribution ``sampling = (temperature, top_k, top_p)`` samples from; truncated, both are over the kept set
+    plus ``chosen`` (module docstring)."""
+    temperature, top_k, top_p = sampling
     scaled = head(features).float() / temperature  # (n, V)
+    finite = scaled
+    if truncates(top_k, top_p):
+        dropped = ~kept_tokens(scaled, top_k, top_p).scatter(-1, chosen[:, None], True)  # (n, V), no gradient
+        finite = scaled.masked_fill(dropped, 0.0)  # for p * s below: 0 * -inf would be nan
+        scaled = scaled.masked_fill(dropped, float("-inf"))  # probability 0, no gradient
     normaliser = torch.logsumexp(scaled, dim=-1)  # (n,)
     logprob = scaled.gather(-1, chosen[:, None]).squeeze(-1) - normaliser
     entropy = scaled.new_empty(0)
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = normaliser - (torch.softmax(scaled, dim=-1) * scaled).sum(-1)
+            entropy = normaliser - (torch.softmax(scaled, dim=-1) * finite).sum(-1)
     return logprob, entropy
 
 

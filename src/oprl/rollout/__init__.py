@@ -15,4 +15,18 @@ ENGINES: dict[str, Callable[..., Engine]] = {"lean": LeanEngine, "hf-generate": 
 """``rollout.engine`` names: ``lean`` (own decode loop, prompts prefilled once per group), ``hf-generate``, or
 ``vllm`` (an in-process vLLM engine; vLLM is imported only when one is built)."""
 
-__all__ = ["ENGINES", "Engine", "HFGenerateEngine", "LeanEngine", "Rollout", "TorchEngine", "VLLMEngine"]
+TRUNCATING_ENGINES = frozenset(ENGINES)
+"""Engines that sample with ``rollout.top_k`` / ``rollout.top_p < 1`` by ``oprl.models.truncation``'s rule and
+record log-probs renormalised over its kept set, so the trainer can rebuild that set exactly (training with
+truncation is refused for any other engine: a plug-in's rule is unknown)."""
+
+__all__ = [
+    "ENGINES",
+    "TRUNCATING_ENGINES",
+    "Engine",
+    "HFGenerateEngine",
+    "LeanEngine",
+    "Rollout",
+    "TorchEngine",
+    "VLLMEngine",
+]

@@ -2,8 +2,9 @@
 the evaluator call, and ``TorchEngine``, what the torch samplers (``lean``, ``hf-generate``) share.
 
 An engine samples one response per prompt row from the policy it serves and reports, for each sampled token,
-its log-probability under the distribution it was drawn from (temperature and top-p applied): the behaviour
-log-prob the off-policy losses need, recorded once, never recomputed. The explorer hands an engine the
+its log-probability under the distribution it was drawn from (temperature, top-k and top-p applied: renormalised
+over the kept set of ``oprl.models.truncation``): the behaviour log-prob the off-policy losses need, recorded
+once, never recomputed. The explorer hands an engine the
 trainer's weights with ``load_weights`` and then calls ``generate``; an engine is registered by its
 ``rollout.engine`` name in ``oprl.rollout.ENGINES``. Deliberately not here: prompts, rewards, scheduling.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from oprl.errors import OprlError
 from oprl.lazy import lazy_import
@@ -55,9 +56,11 @@ class Engine(Protocol):
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,
         switch=None,
+        top_k: int | None = None,
     ) -> Rollout:
         """One response per prompt row (token ids, no padding). The same ``seed`` and inputs give the same
-        samples; ``temperature`` / ``top_p`` override the engine's own (evaluation samples differently);
+        samples; ``temperature`` / ``top_p`` / ``top_k`` override the engine's own (evaluation samples
+        differently; ``top_k=0`` is off);
         ``batch_size`` bounds the rows sampled at once where the engine batches itself. ``row_seeds``: a seed
         per row, for engines that seed rows (vLLM; the agent endpoint passes them); the torch engines draw a
         whole call from one generator seeded ``seed`` and ignore them. ``switch``: an ``oprl.partial.Switcher``
@@ -77,8 +80,8 @@ class Engine(Protocol):
 
 
 Sample = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]  # a string: torch is bound lazily
-"""``sample(model, tokenizer, prompt_ids, temperature, top_p, max_new_tokens)``: ``(tokens (B, T), behaviour
-log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
+"""``sample(model, tokenizer, prompt_ids, temperature, top_p, max_new_tokens, top_k=)``: ``(tokens (B, T),
+behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
 
 
 class TorchEngine:
@@ -94,6 +97,7 @@ class TorchEngine:
         *,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        top_k: int = 0,
         max_new_tokens: int = 16,
     ):
         self.sample = sample
@@ -101,6 +105,8 @@ class TorchEngine:
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
+        self.top_k = top_k
+        """Top-k of the training rollouts (0 = off), applied before top-p (``oprl.models.truncation``)."""
         self.max_new_tokens = max_new_tokens
         self.prefixes: PrefixStore | None = None
         """The sampler's ``oprl.rollout.prefixes.PrefixStore`` (lean engine): kept caches and prefill counts."""
@@ -141,11 +147,13 @@ class TorchEngine:
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,  # one generator per call (see Engine.generate)
         switch=None,
+        top_k: int | None = None,
     ) -> Rollout:
         """``switch``: an ``oprl.partial.Switcher`` that may load other weights between decode steps (partial
         rollouts; samplers whose ``sample`` takes one); the rollout then records each token's version."""
         temperature = self.temperature if temperature is None else temperature
         top_p = self.top_p if top_p is None else top_p
+        top_k = self.top_k if top_k is None else top_k
         batch_size = batch_size or len(prompt_ids)
         self.check_fits(prompt_ids, batch_size)
         parts = []
@@ -154,7 +162,7 @@ class TorchEngine:
             torch.manual_seed(seed)
             for start in range(0, len(prompt_ids), batch_size):
                 chunk = prompt_ids[start : start + batch_size]
-                parts.append(self._generate_batch(chunk, temperature, top_p, switch))
+                parts.append(self._generate_batch(chunk, temperature, top_p, switch, top_k))
         joined = [[row for p in parts for row in (getattr(p, f) or [])] for f in Rollout.__dataclass_fields__]
         rollout = Rollout(*joined[:4])
         rollout.behavior_versions = joined[4] if switch is not None else None
@@ -204,10 +212,14 @@ class TorchEngine:
                 "lower rollout.group_size, rollout.prompts_per_step or rollout.max_new_tokens"
             )
 
-    def _generate_batch(self, prompt_ids: list[list[int]], temperature: float, top_p: float, switch=None) -> Rollout:
+    def _generate_batch(
+        self, prompt_ids: list[list[int]], temperature: float, top_p: float, switch=None, top_k: int = 0
+    ) -> Rollout:
         was_training = self.model.training
         self.model.eval()
-        extra = {} if switch is None else {"switch": switch, "offset": switch.start()}
+        extra: dict[str, Any] = {"top_k": top_k}
+        if switch is not None:
+            extra |= {"switch": switch, "offset": switch.start()}
         if self.prefixes is not None:  # a switch loads weights mid-call: nothing kept from before or after it
             self.prefixes.check_weights(self.model)
             if switch is not None:
@@ -228,6 +240,22 @@ class TorchEngine:
             ]
             switch.finish(max(len(r) for r in rollout.response_ids))
         return rollout
+
+
+class WithSampling:
+    """``engine`` whose ``generate`` defaults to ``settings`` (e.g. ``top_k=0``) in place of the engine's own;
+    explicit arguments still win. Evaluation wraps its engine so: it samples with ``eval.*`` settings, never
+    with the training rollouts' ``rollout.top_k``. Every other attribute is the engine's."""
+
+    def __init__(self, engine: Engine, **settings):
+        self.engine, self.settings = engine, settings
+
+    def generate(self, prompt_ids: list[list[int]], **kwargs) -> Rollout:
+        return self.engine.generate(prompt_ids, **(self.settings | kwargs))
+
+    def __getattr__(self, name: str):
+        settings = self.__dict__.get("settings", {})
+        return settings[name] if name in settings else getattr(self.engine, name)
 
 
 def context_of(model) -> int | None:

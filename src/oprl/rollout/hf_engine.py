@@ -1,6 +1,6 @@
 """Rollout engine on Hugging Face ``generate``: sampled responses plus the behaviour log-prob of each token.
 
-The behaviour log-prob is read from the very scores ``generate`` sampled from (after temperature and top-p),
+The behaviour log-prob is read from the very scores ``generate`` sampled from (after temperature, top-k and top-p),
 so it is the log-probability under the true sampling distribution: the number the off-policy losses need
 (docs/paper.md#losses: it is recorded, never recomputed). Prompts are left-padded, responses stop at EOS
 (kept, so the policy also learns when to stop) or at ``max_new_tokens`` (marked truncated).
@@ -24,13 +24,19 @@ else:
 
 
 def HFGenerateEngine(model, tokenizer, **settings) -> TorchEngine:  # named as the engine it builds
-    """Samples with ``model.generate`` (multinomial, temperature, top-p; no top-k). ``settings``: the
-    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``max_new_tokens``."""
+    """Samples with ``model.generate`` (multinomial, temperature, top-k, top-p). ``settings``: the
+    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``."""
     return TorchEngine(hf_generate_sample, model, tokenizer, **settings)
 
 
 def hf_generate_sample(
-    model, tokenizer, prompt_ids: list[list[int]], temperature: float, top_p: float, max_new_tokens: int
+    model,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    top_k: int = 0,
 ):
     """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
     pad_id = tokenizer.pad_token_id
@@ -41,7 +47,7 @@ def hf_generate_sample(
         do_sample=True,
         temperature=temperature,
         top_p=top_p,
-        top_k=0,
+        top_k=top_k,  # 0 = off; transformers applies it before top-p, as vLLM and the lean engine do
         max_new_tokens=max_new_tokens,
         pad_token_id=pad_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -10,10 +10,10 @@ that matter for RL batches:
   objects, only the last position projected to the vocabulary, and rows that have emitted EOS leave the batch
   (in bulk, once a quarter of it is done, because dropping rows copies the cache).
 
-Sampling per step, for the scaled scores ``s = logits / temperature``: tokens outside the nucleus (the same
-rule as transformers' top-p: drop the least likely tokens whose cumulative probability is <= 1 - top_p,
-always keep the most likely one) get ``-inf``; ``log_softmax(s)`` is the behaviour log-prob and the token is
-drawn with ``torch.multinomial`` from its exponential.
+Sampling per step, for the scaled scores ``s = logits / temperature``: tokens outside the top-k, then the
+nucleus (``oprl.models.truncation``: transformers' and vLLM's rule, which the trainer rebuilds) get ``-inf``;
+``log_softmax(s)`` is the behaviour log-prob and the token is drawn with ``torch.multinomial`` from its
+exponential.
 
 Partial rollouts (``oprl.partial``): given a ``switch``, the loop asks it before each decode step whether
 other weights take over from there; they are loaded into the same model, so every unfinished row continues
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from oprl.lazy import lazy_import
 from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions
+from oprl.models.truncation import kept_tokens, truncates
 from oprl.rollout.base import TorchEngine
 from oprl.rollout.prefixes import PrefixStore
 from oprl.rollout.prefixes import prefill as prefill_reusing
@@ -43,9 +44,9 @@ COMPACT_FRACTION = 0.25
 def LeanEngine(
     model, tokenizer, *, prefix_reuse: bool = False, kv_cache_gb: float = 1.0, **settings
 ) -> TorchEngine:  # named as the engine it builds
-    """Samples with a plain decode loop on the model's cache (temperature, top-p; no top-k). ``settings``: the
-    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``max_new_tokens``. ``prefix_reuse``: keep each row's
-    cache between calls, up to ``kv_cache_gb`` GiB (``oprl.rollout.prefixes``)."""
+    """Samples with a plain decode loop on the model's cache (temperature, top-k, top-p). ``settings``: the
+    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``. ``prefix_reuse``: keep
+    each row's cache between calls, up to ``kv_cache_gb`` GiB (``oprl.rollout.prefixes``)."""
     engine = TorchEngine(lean_sample, model, tokenizer, **settings)
     engine.prefixes = PrefixStore(prefix_reuse, int(kv_cache_gb * 2**30))
     return engine
@@ -61,6 +62,7 @@ def lean_sample(
     switch=None,
     offset: int = 0,
     prefixes: PrefixStore | None = None,
+    top_k: int = 0,
 ):
     """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored.
     ``switch`` (``oprl.partial.Switcher``): ``switch.before(offset + t)`` runs before the distribution of
@@ -79,7 +81,7 @@ def lean_sample(
     live = torch.arange(batch, device=device)  # batch row of each cache row
     done = torch.zeros(batch, dtype=torch.bool, device=device)  # per cache row: EOS emitted
     for step in range(limit):
-        token, logprob = sample_token(logits, temperature, top_p)  # (L,), (L,)
+        token, logprob = sample_token(logits, temperature, top_p, top_k)  # (L,), (L,)
         tokens[live, step], logprobs[live, step] = token, logprob
         done |= token == eos_id
         if step == limit - 1 or bool(done.all()):
@@ -135,15 +137,15 @@ def recompute_prefix(
     return output_cache(out), mask, mask.sum(1), out.logits[:, -1]
 
 
-def sample_token(logits: torch.Tensor, temperature: float, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_token(
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of ``logits`` (L, V); returns ``(token (L,), log-prob (L,))`` under the
-    temperature-scaled, nucleus-truncated distribution the token was drawn from."""
-    scores = logits.float() / temperature
-    if top_p < 1.0:
-        ascending, order = torch.sort(scores, dim=-1)
-        outside = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p
-        outside[:, -1] = False  # the most likely token always stays
-        scores = scores.masked_fill(outside.scatter(-1, order, outside), float("-inf"))
+    temperature-scaled, top-k- then top-p-truncated distribution the token was drawn from
+    (``oprl.models.truncation``: the rule the trainer rebuilds)."""
+    scores = logits.float() / temperature  # (L, V)
+    if truncates(top_k, top_p):
+        scores = scores.masked_fill(~kept_tokens(scores, top_k, top_p), float("-inf"))
     logp = torch.log_softmax(scores, dim=-1)  # (L, V)
     token = torch.multinomial(logp.exp(), num_samples=1)  # (L, 1)
     return token.squeeze(-1), logp.gather(-1, token).squeeze(-1)

@@ -18,9 +18,10 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
   token. A peft LoRA model is served merged: ``W + (alpha/r) B A`` per adapted layer. The prefix cache is
   cleared before every call, so no key/value from older weights (or an earlier call) is reused.
 - **Behaviour log-probs under the sampling distribution.** ``logprobs_mode="processed_logprobs"`` makes vLLM
-  report ``log_softmax`` of the temperature-scaled, nucleus-truncated scores it sampled from (its top-p rule is
-  the lean engine's: drop the least likely tokens whose cumulative probability is <= 1 - top_p), so on-policy
-  the trainer's recomputation gives rho = 1 up to float error.
+  report ``log_softmax`` of the temperature-scaled, top-k- then top-p-truncated scores it sampled from (its
+  rule is ``oprl.models.truncation``'s, which the lean engine samples with and the trainer rebuilds: ties at the
+  k-th score kept, then the least likely tokens whose cumulative probability is <= 1 - top_p dropped), so
+  on-policy the trainer's recomputation gives rho = 1 up to float error.
 - **Seeds per row.** Row ``i`` of a call with ``seed`` gets its own generator seeded from ``(seed, i)``; the
   explorer's ``seed`` already encodes (run seed, batch index). A row's samples therefore do not depend on the
   other rows of its batch, and the engine never touches the process's global random state.
@@ -101,6 +102,7 @@ class VLLMEngine:
         *,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        top_k: int = 0,
         max_new_tokens: int = 16,
         dtype: str | None = None,
         kv_cache_gb: float = 1.0,
@@ -116,6 +118,7 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
+        self.top_k = top_k
         self.max_new_tokens = max_new_tokens
         # The sampler's precision is the model's (the explorers load it in rollout.dtype), unless given.
         self.dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -149,6 +152,7 @@ class VLLMEngine:
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,
         switch=None,
+        top_k: int | None = None,
     ) -> Rollout:
         """Sample one response per prompt row; the same ``seed`` and inputs give the same samples.
         ``batch_size`` is ignored: vLLM schedules its own batches, and rows are seeded independently
@@ -158,9 +162,10 @@ class VLLMEngine:
         seeds = [row_seed(seed, row) for row in range(len(prompt_ids))] if row_seeds is None else list(row_seeds)
         temperature = self.temperature if temperature is None else temperature
         top_p = self.top_p if top_p is None else top_p
+        truncation = (top_p, self.top_k if top_k is None else top_k)
         if switch is not None:
-            return self._switching(prompt_ids, seeds, temperature, top_p, switch)
-        completions = self._sample(prompt_ids, seeds, temperature, top_p, self.max_new_tokens)
+            return self._switching(prompt_ids, seeds, temperature, truncation, switch)
+        completions = self._sample(prompt_ids, seeds, temperature, truncation, self.max_new_tokens)
         response_ids = [list(c.token_ids) for c in completions]
         return Rollout(
             response_ids=response_ids,
@@ -169,8 +174,9 @@ class VLLMEngine:
             truncated=[c.finish_reason == "length" for c in completions],
         )
 
-    def _sample(self, prompt_ids: list[list[int]], seeds: list[int], temperature: float, top_p: float, limit: int):
-        """One blocking ``LLM.generate`` of up to ``limit`` tokens per row; its completions, in row order."""
+    def _sample(self, prompt_ids: list[list[int]], seeds: list[int], temperature: float, truncation: tuple, limit: int):
+        """One blocking ``LLM.generate`` of up to ``limit`` tokens per row; its completions, in row order.
+        ``truncation``: ``(top_p, top_k)``, top_k 0 = off (vLLM's own convention)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -178,7 +184,8 @@ class VLLMEngine:
         params = [
             SamplingParams(
                 temperature=temperature,
-                top_p=top_p,
+                top_p=truncation[0],
+                top_k=truncation[1],
                 max_tokens=limit,
                 stop_token_ids=[self.tokenizer.eos_token_id],
                 logprobs=0,
@@ -202,7 +209,7 @@ class VLLMEngine:
         self.prefill_tokens += sum(len(p) for p in prompt_ids) - cached
         return [out.outputs[0] for out in outputs]
 
-    def _switching(self, prompt_ids: list[list[int]], seeds: list[int], temperature: float, top_p: float, switch):
+    def _switching(self, prompt_ids: list[list[int]], seeds: list[int], temperature: float, truncation, switch):
         """Partial rollouts on vLLM: abort and resume. Every unfinished row is sampled up to the switcher's next
         point (``Switcher.next_point``: the scheduled switch step, or every ``FREE_CHUNK`` steps free-running);
         there ``switch.before`` may load other weights, and the unfinished rows continue from prompt + their
@@ -224,7 +231,7 @@ class VLLMEngine:
             limit = left if point is None else min(left, point - offset - done)
             contexts = [prompt_ids[r] + tokens[r] for r in live]
             segment_seeds = [seeds[r] if done == 0 else row_seed(seeds[r], done) for r in live]
-            completions = self._sample(contexts, segment_seeds, temperature, top_p, limit)
+            completions = self._sample(contexts, segment_seeds, temperature, truncation, limit)
             for r, c in zip(live, completions, strict=True):
                 tokens[r] += list(c.token_ids)
                 logprobs[r] += list(c.logprobs.logprobs)

@@ -71,6 +71,8 @@ class Trainer:
         activation_checkpointing: bool = False,
         autocast: torch.dtype | None = None,
         max_token_lag: int | None = None,
+        sampling_top_k: int = 0,
+        sampling_top_p: float = 1.0,
     ):
         self.model = model
         self.max_token_lag = max_token_lag
@@ -85,6 +87,9 @@ class Trainer:
             self.loss_kwargs["normalizer"] = float(max_response_tokens)
         self.optim = optim
         self.temperature = sampling_temperature
+        # Every log-prob is scored under the distribution the sampler drew from: temperature, then the top-k /
+        # top-p kept set rebuilt from the current logits (oprl.models.logprobs; rho = 1 on-policy).
+        self.sampling = {"temperature": sampling_temperature, "top_k": sampling_top_k, "top_p": sampling_top_p}
         self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
         self.seed = seed
         self.version = 0
@@ -160,7 +165,7 @@ class Trainer:
                 [e.prompt_ids for e in micro],
                 [e.response_ids for e in micro],
                 self.pad_id,
-                temperature=self.temperature,
+                **self.sampling,
             )  # (B, T), _, (B, T)
             out += [values[valid.bool()].tolist() for values, valid in zip(logprobs.cpu(), mask.cpu(), strict=True)]
         return out
@@ -216,7 +221,7 @@ class Trainer:
             prompts,
             responses,
             self.pad_id,
-            temperature=self.temperature,
+            **self.sampling,
             with_entropy=True,
             entropy_grad=self.entropy_coef > 0,
         )  # (B, T), (B, T), (B, T)
@@ -244,7 +249,7 @@ class Trainer:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, **agg)
         if self.reference is not None and self._ref_kl_due():
             with torch.no_grad():
-                ref_logprobs, _, _ = self.reference(prompts, responses, self.pad_id, temperature=self.temperature)
+                ref_logprobs, _, _ = self.reference(prompts, responses, self.pad_id, **self.sampling)
             kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator, mask), mask, **agg)
             if self.kl_coef > 0:
                 loss = loss + self.kl_coef * kl
@@ -338,6 +343,8 @@ def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess
         settings=algorithm_settings(config),
         optim=config.optim,
         sampling_temperature=config.rollout.temperature,
+        sampling_top_k=config.rollout.top_k,
+        sampling_top_p=config.rollout.top_p,
         max_response_tokens=config.rollout.max_new_tokens,
         kl_coef=algo.kl_coef,
         kl_estimator=algo.kl_estimator,
