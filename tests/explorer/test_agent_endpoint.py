@@ -138,10 +138,10 @@ def test_openai_client_chat_completion_tools_and_errors(engine, tokenizer):
         for bad in (
             {"messages": []},
             {"messages": "hi"},
-            {"stream": True},
+            {"tool_choice": "required"},
             {"temperature": 0.3},
             {"max_tokens": 500},
-            {"stop": ["\n"]},
+            {"logit_bias": {"5": 1.0}},
         ):
             body = {"model": "policy", "messages": problem["messages"]} | bad
             with pytest.raises(openai.BadRequestError) as err:
@@ -168,8 +168,8 @@ def test_openai_client_chat_completion_tools_and_errors(engine, tokenizer):
     assert seen["completion"].object == "text_completion" and seen["completion"].choices[0].finish_reason
     assert seen["tools"].choices[0].message.role == "assistant"
     errors = seen["errors"]
-    assert "messages" in errors[0] and "messages" in errors[1] and "stream" in errors[2]
-    assert "temperature" in errors[3] and "max_new_tokens" in errors[4] and "stop" in errors[5]
+    assert "messages" in errors[0] and "messages" in errors[1] and "tool_choice" in errors[2]
+    assert "temperature" in errors[3] and "max_new_tokens" in errors[4] and "logit_bias" in errors[5]
     assert seen["raw"] == (400, "the request body is not JSON")
     # Requests that did not extend the history are segments of their own; the last one is stored.
     assert episode.info["segments"] >= 3 and episode.info["dropped_tokens"] > 0

@@ -37,7 +37,7 @@ from typing import Any
 from oprl.errors import OprlError
 from oprl.explorer.endpoint import Endpoint, Pending, Sampling, reply_message
 from oprl.explorer.episodes import Episode, EpisodeSettings, run_episodes
-from oprl.explorer.sessions import Choice, Session
+from oprl.explorer.sessions import Choice, RequestRefused, Session, stop_at
 from oprl.models.chat import encode_problem
 from oprl.tasks.agent import agent_reward, problem_dict
 from oprl.tasks.base import Problem, Reward
@@ -64,7 +64,9 @@ def endpoint_of(task, tokenizer) -> Endpoint:
     """The task's endpoint, started on first use (one per task object, i.e. per explorer)."""
     if task.endpoint is None:
         c = task.config
-        task.endpoint = Endpoint(tokenizer, host=c.host, port=c.port, batch_wait_s=c.batch_wait_s)
+        task.endpoint = Endpoint(
+            tokenizer, host=c.host, port=c.port, batch_wait_s=c.batch_wait_s, max_request_bytes=c.max_request_bytes
+        )
     return task.endpoint
 
 
@@ -88,9 +90,11 @@ def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSetti
         engine.temperature if s.temperature is None else s.temperature,
         engine.top_p if s.top_p is None else s.top_p,
         engine.max_new_tokens,
+        context_length(engine),
     )
     runs = [AgentRun(i, p, Session(i, tokenizer, s.max_turns, s.max_tokens)) for i, p in enumerate(problems)]
     for run in runs:
+        run.session.token_chars = endpoint.token_chars
         run.session_id = endpoint.open(run.session)
         _start(task, endpoint, run, s.episode_timeout)
     calls = 0
@@ -104,8 +108,15 @@ def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSetti
             _sample(engine, endpoint, batch, s.seed)
             calls += 1
     episodes = [_episode(endpoint, run, tokenizer) for run in runs]
-    _report(endpoint, runs, calls)
+    _report(endpoint, runs, calls, getattr(task.config, "max_failed_batches", 0))
     return episodes
+
+
+def context_length(engine) -> int | None:
+    """The engine's context in positions (prompt and reply): the model's (torch engines) or vLLM's."""
+    shared = getattr(engine, "shared", None)
+    value = getattr(shared, "max_model_len", None) if shared is not None else getattr(engine, "context", None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _start(task, endpoint: Endpoint, run: AgentRun, timeout: float) -> None:
@@ -127,9 +138,11 @@ def _start(task, endpoint: Endpoint, run: AgentRun, timeout: float) -> None:
         except BaseException as exc:  # the agent's failure is its episode's, never the run's
             if not run.fault:
                 run.fault, run.result = "raised", f"{type(exc).__name__}: {str(exc)[:200]}"
-        finally:
-            run.done.set()
+        finally:  # the session closes with its agent: a later request is a 404 and cannot touch the row
             with endpoint.lock:
+                if run.session_id in endpoint.sessions:
+                    endpoint.close(run.session_id, "its agent returned")
+                run.done.set()
                 endpoint.lock.notify_all()
 
     run.started = time.monotonic()
@@ -170,6 +183,15 @@ def _sample(engine, endpoint: Endpoint, batch: list[Pending], seed: int) -> None
         rollout = engine.generate(
             contexts, seed=seed + turn, temperature=sampling.temperature, top_p=sampling.top_p, row_seeds=row_seeds
         )
+    except OprlError as exc:  # the engine's own checks (memory, lengths) refused the call: the requests' fault
+        log.warning("agent endpoint: the engine refused %d requests: %s", len(batch), exc)
+        with endpoint.lock:
+            for p in batch:
+                p.session.inflight = max(p.session.inflight - 1, 0)
+                p.session.refused += 1
+                if not p.future.done():
+                    p.future.set_exception(RequestRefused(400, f"the engine refused the request: {exc}"))
+        return
     except BaseException as exc:
         for p in batch:
             p.future.set_exception(exc)
@@ -181,7 +203,11 @@ def _sample(engine, endpoint: Endpoint, batch: list[Pending], seed: int) -> None
         if len(ids) > p.max_tokens:  # the request's max_tokens below the engine's: the same prefix, cut
             ids, logprobs, ended = ids[: p.max_tokens], logprobs[: p.max_tokens], False
             text = endpoint.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = stop_at(ids, endpoint.tokenizer, p.stops) if p.stops else None
+        if cut is not None:  # the tokens before the first stop sequence, their text returned (sessions.stop_at)
+            ids, logprobs, text, ended = ids[: cut[0]], logprobs[: cut[0]], cut[1], True
         choice = Choice(ids=list(ids), logprobs=list(logprobs), text=text, ended=ended, prompt_tokens=len(p.context))
+        choice.stopped = cut is not None
         choice.message = reply_message(choice, p.with_tools)
         choices[id(p)].append(choice)
     endpoint.counts["engine_calls"] += 1
@@ -203,7 +229,9 @@ def _episode(endpoint: Endpoint, run: AgentRun, tokenizer) -> Episode:
     if episode is None:  # no request reached the engine: one end-of-turn token, no gradient
         episode = Episode(prompt_ids=encode_problem(tokenizer, run.problem))
         episode.add([tokenizer.eos_token_id], None)
-        if not run.fault:
+        if run.session.overflowed:  # its only prompt was past the model's context: truncated, not a fault
+            episode.truncated, run.fault = True, ""
+        elif not run.fault:
             run.fault, run.result = "no_request", "the agent returned without asking the model"
     if run.fault == "raised" and episode.truncated:  # the 400 of a spent budget, re-raised: truncation, not a fault
         run.fault = ""
@@ -224,11 +252,27 @@ def _episode(endpoint: Endpoint, run: AgentRun, tokenizer) -> Episode:
     return episode
 
 
-def _report(endpoint: Endpoint, runs: list[AgentRun], calls: int) -> None:
+def _report(endpoint: Endpoint, runs: list[AgentRun], calls: int, stop_after: int = 0) -> None:
+    """One line per failed episode; when every episode failed, one line with the most common cause instead,
+    and an ``OprlError`` once ``stop_after`` batches in a row failed whole (0: never)."""
     faults = Counter(r.fault for r in runs if r.fault)
-    for run in runs:
-        if run.fault:
-            log.warning("agent episode %d (%s) scores 0: %s: %s", run.index, run.problem.task_id, run.fault, run.result)
+    causes = Counter(f"{r.fault}: {str(r.result)[:160]}" for r in runs if r.fault)
+    if runs and len(causes) and sum(causes.values()) == len(runs):
+        endpoint.failed_batches += 1
+        cause, count = causes.most_common(1)[0]
+        log.warning("agent: all %d episodes of this batch failed; most common cause (%d): %s", len(runs), count, cause)
+        if stop_after and endpoint.failed_batches >= stop_after:
+            raise OprlError(
+                f"task.agent: every episode of the last {stop_after} batches failed (most common cause: {cause}); "
+                "fix the agent, or set task.max_failed_batches=0 to go on"
+            )
+    else:
+        endpoint.failed_batches = 0
+        for run in runs:
+            if run.fault:
+                log.warning(
+                    "agent episode %d (%s) scores 0: %s: %s", run.index, run.problem.task_id, run.fault, run.result
+                )
     rewritten = sum(r.session.segments > 1 for r in runs)
     if rewritten:
         log.info(

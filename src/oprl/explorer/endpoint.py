@@ -6,17 +6,26 @@ their pydantic request models are the configuration's validation style; the serv
 of the explorer's process on a socket bound here (so a port in use is one ``OprlError`` line).
 
 Every agent run is a **session**: the explorer opens it, hands the agent a client whose base URL is
-``http://127.0.0.1:PORT/s/SESSION/v1``, and closes it when the agent returns, fails or times out. Requests
-need ``Authorization: Bearer TOKEN`` (a random token per endpoint; 401 otherwise). A request body that is not
-JSON or not a valid request is a 400 with the reason; so is an unsupported option:
+``http://127.0.0.1:PORT/s/SESSION/v1``, and closes it when the agent returns, fails or times out (later
+requests: 404; a reply sampled after it closed is not recorded). Requests need ``Authorization: Bearer
+TOKEN`` (a random token per endpoint; 401 otherwise).
 
-- honoured: ``messages`` / ``prompt`` (text or token ids), ``tools`` (rendered by the chat template, replies'
-  ``<tool_call>{json}</tool_call>`` blocks returned as ``tool_calls``), ``n``, ``max_tokens`` /
-  ``max_completion_tokens`` up to ``rollout.max_new_tokens`` (the reply is cut there, which is what sampling
-  with that limit gives), ``temperature`` / ``top_p`` equal to what the explorer samples with (the trainer
-  scores at ``rollout.temperature``; another value would make the behaviour log-probs wrong), ``seed`` (ignored:
-  seeds are the run's, see ``oprl.explorer.agents``);
-- refused: ``stream=true``, ``stop``, ``logprobs``, other temperatures, more tokens than the engine samples.
+Nothing a request does stops the run: a body past ``max_request_bytes`` is a 413 before it is read whole;
+every other mistake is a 400 naming the culprit, decided before the engine is called
+(``oprl.explorer.openai_api``: JSON, nesting, Unicode, message shapes, options; here: token ids outside the
+vocabulary, a context past the model's, budgets); an unexpected error is one 500 and one log line. Each
+refusal is counted in the session's ``refused`` (``episode/refused_requests_mean``).
+
+- honoured: ``messages`` / ``prompt`` (text or token ids), ``tools`` with ``tool_choice`` auto / none (none:
+  not rendered), replies' ``<tool_call>{json}</tool_call>`` blocks returned as ``tool_calls``, ``n``,
+  ``max_tokens`` / ``max_completion_tokens`` up to ``rollout.max_new_tokens`` (the reply is cut there, which is
+  what sampling with that limit gives), ``stop`` (``oprl.explorer.sessions.stop_at``), ``stream`` (Server-Sent
+  Events, sent once sampling is done) with ``stream_options.include_usage``, ``logprobs`` (the behaviour
+  log-probs recorded at sampling), ``temperature`` / ``top_p`` equal to what the explorer samples with (the
+  trainer scores at ``rollout.temperature``; another value would make the behaviour log-probs wrong);
+- refused with a 400: other temperatures, more tokens than the engine samples, ``tool_choice`` required or
+  a named function, ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``,
+  image / audio parts; ``/v1/responses`` (the Responses API) names the switch to chat completions.
 
 Requests wait in ``Endpoint.pending`` until ``take`` hands them to the explorer thread as one engine call
 (``oprl.explorer.agents``); the reply comes back through a future. Token bookkeeping is
@@ -26,43 +35,24 @@ Requests wait in ``Endpoint.pending`` until ``take`` hands them to the explorer 
 import asyncio
 import concurrent.futures
 import json
+import logging
 import secrets
 import socket
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any
 
 from oprl.errors import OprlError
+from oprl.explorer.openai_api import ChatRequest, CompletionRequest, _Request, parse, response, stream_events
 from oprl.explorer.sessions import Choice, RequestRefused, Session
 from oprl.tasks.toolcall import OPEN, parse_calls
 
+log = logging.getLogger("oprl.explorer")
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = "policy"
-    n: int = Field(1, ge=1, le=64)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
-    stream: bool = False
-    stop: str | list[str] | None = None
-    logprobs: bool | int | None = None
-    seed: int | None = None
-
-
-class ChatRequest(_Request):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    max_completion_tokens: int | None = Field(None, ge=1)
-
-
-class CompletionRequest(_Request):
-    prompt: str | list[int]
+MAX_REQUEST_BYTES = 4 * 2**20
+"""Default ``task.max_request_bytes``."""
 
 
 @dataclass
@@ -74,27 +64,48 @@ class Pending:
     n: int
     max_tokens: int
     with_tools: bool = False
+    stops: list[str] = field(default_factory=list)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     since: float = field(default_factory=time.monotonic)
 
 
 @dataclass
 class Sampling:
-    """What the explorer samples with during one batch (requests are checked against it)."""
+    """What the explorer samples with during one batch (requests are checked against it). ``context``: the
+    engine's context length in positions (None: unknown), prompt and ``max_new_tokens`` included."""
 
     temperature: float
     top_p: float
     max_new_tokens: int
+    context: int | None = None
+
+    @property
+    def room(self) -> int | None:
+        """Most prompt tokens a request may have: the context less the reply's ``max_new_tokens``."""
+        return None if self.context is None else self.context - self.max_new_tokens
 
 
 class Endpoint:
     """The HTTP server and its sessions (see the module docstring). ``host``/``port``: where it listens (port
-    0 = any free one); ``batch_wait_s``: how long ``take`` waits for the other running agents' requests."""
+    0 = any free one); ``batch_wait_s``: how long ``take`` waits for the other running agents' requests;
+    ``max_request_bytes``: the largest request body (413 past it)."""
 
-    def __init__(self, tokenizer, *, host: str = "127.0.0.1", port: int = 0, batch_wait_s: float = 0.05):
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        batch_wait_s: float = 0.05,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+    ):
         import uvicorn
 
         self.tokenizer = tokenizer
+        self.vocab = len(tokenizer)
+        self.token_chars = max((len(t) for t in tokenizer.get_vocab()), default=0)
+        """Most characters one token spells (``Session.token_chars``)."""
+        self.max_request_bytes = max_request_bytes
         self.token = secrets.token_urlsafe(24)
         self.batch_wait_s = batch_wait_s
         self.sessions: dict[str, Session] = {}
@@ -102,6 +113,8 @@ class Endpoint:
         self.sampling = Sampling(1.0, 1.0, 16)
         self.counts: Counter[str] = Counter()
         """Requests served, refused (by reason), and engine calls: ``oprl.explorer.agents`` logs them."""
+        self.failed_batches = 0
+        """Batches in a row in which every episode failed (``oprl.explorer.agents``)."""
         self.client: Any = None
         """The agents' shared ``openai.OpenAI`` (``oprl.explorer.agents``), built on first use."""
         self.lock = threading.Condition()
@@ -128,9 +141,10 @@ class Endpoint:
         return session_id
 
     def close(self, session_id: str, reason: str = "the episode is over") -> Session:
-        """End a session: its waiting requests fail (408) and later ones get 404."""
+        """End a session: its waiting requests fail (408), later ones get 404, replies are not recorded."""
         with self.lock:
             session = self.sessions.pop(session_id)
+            session.closed = True
             for request in [p for p in self.pending if p.session is session]:
                 self.pending.remove(request)
                 request.future.set_exception(RequestRefused(408, f"session closed: {reason}"))
@@ -159,7 +173,7 @@ class Endpoint:
         self.thread.join(timeout=5)
 
     # -- request handling (uvicorn's thread) -------------------------------------------------------------------
-    def submit(self, session_id: str, kind: str, body: _Request) -> Pending:
+    def submit(self, session: Session, body: _Request) -> Pending:
         """Check ``body`` against the engine, extend the session's history, queue the request."""
         limit = self.sampling.max_new_tokens
         for name, value, served in (
@@ -168,36 +182,40 @@ class Endpoint:
         ):
             if value is not None and abs(value - served) > 1e-6:
                 raise RequestRefused(400, f"{name}={value}: this endpoint samples at {name}={served} (the run's)")
-        if body.stream:
-            raise RequestRefused(400, "stream=true is not supported: the endpoint answers whole replies")
-        if body.stop:
-            raise RequestRefused(400, "stop is not supported: replies end at the model's end-of-turn token")
-        if body.logprobs:
-            raise RequestRefused(400, "logprobs are not returned: the explorer records them itself")
         max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or limit
         if max_tokens > limit:
             raise RequestRefused(
                 400,
                 f"max_tokens={max_tokens} exceeds what the engine samples per turn (rollout.max_new_tokens={limit})",
             )
+        if isinstance(body, CompletionRequest) and isinstance(body.prompt, list):
+            bad = next((k for k, t in enumerate(body.prompt) if not 0 <= t < self.vocab), None)
+            if bad is not None:
+                raise RequestRefused(400, f"prompt.{bad}: token id {body.prompt[bad]} is not in 0..{self.vocab - 1}")
+        messages = body.chat_messages() if isinstance(body, ChatRequest) else []
+        tools = body.chat_tools() if isinstance(body, ChatRequest) else []
         with self.lock:
-            session = self.sessions.get(session_id)
-            if session is None:
-                raise RequestRefused(404, f"no open session {session_id!r} (finished, timed out, or never opened)")
-            try:
-                if isinstance(body, ChatRequest):
-                    context = session.chat_context(body.messages, list(body.tools or []))
-                else:
-                    assert isinstance(body, CompletionRequest)
-                    context = session.completion_context(body.prompt)
-            except RequestRefused:
-                session.refused += 1
-                raise
-            tools = isinstance(body, ChatRequest) and bool(body.tools)
-            pending = Pending(session, context, body.n, max_tokens, with_tools=tools)
+            if session.closed:
+                raise RequestRefused(404, "the session is closed (its agent returned, failed or timed out)")
+            room = self.sampling.room
+            if isinstance(body, ChatRequest):
+                context = session.chat_context(messages, tools, room)
+            else:
+                assert isinstance(body, CompletionRequest)
+                context = session.completion_context(body.prompt, room)
+            session.inflight += 1  # its turn is reserved: concurrent requests cannot pass rollout.max_turns
+            pending = Pending(session, context, body.n, max_tokens, with_tools=bool(tools), stops=body.stops)
             self.pending.append(pending)
             self.lock.notify_all()
         return pending
+
+    def refuse(self, session: Session | None, exc: RequestRefused) -> None:
+        """Count a refusal: by reason for the run's log, in the session for ``episode/refused_requests_mean``."""
+        reason = "budget" if "episode over" in exc.message else {413: "too_large", 404: "closed"}.get(exc.status)
+        with self.lock:
+            self.counts["refused/" + (reason or "request")] += 1
+            if session is not None and exc.status != 404:
+                session.refused += 1
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -223,56 +241,68 @@ def reply_message(choice: Choice, with_tools: bool) -> dict:
         {
             "id": f"call_{k}",
             "type": "function",
-            "function": {"name": c["name"], "arguments": _json(c["arguments"])},
+            "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
         }
         for k, c in enumerate(calls)
     ]
     return {"role": "assistant", "content": content, "tool_calls": tool_calls}
 
 
-def _json(value) -> str:
-    return json.dumps(value)
-
-
-def _finish(choice: Choice, message: dict | None) -> Literal["stop", "length", "tool_calls"]:
-    if not choice.ended:
-        return "length"
-    return "tool_calls" if message is not None and message.get("tool_calls") else "stop"
+async def read_body(request, limit: int) -> bytes:
+    """The request body, or a 413 as soon as it passes ``limit`` bytes (declared or received): memory per
+    request is bounded by the limit, whatever the client sends."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise RequestRefused(413, f"the request body is {declared} bytes, past task.max_request_bytes={limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestRefused(413, f"the request body passes task.max_request_bytes={limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads the handlers' types
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
 
     app = FastAPI(title="oprl explorer endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+    kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
+    kinds[413] = kinds[400]
 
     def error(status: int, message: str) -> JSONResponse:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
-        body = {"error": {"message": message, "type": kind.get(status, "server_error"), "code": status}}
+        body = {"error": {"message": message, "type": kinds.get(status, "server_error"), "code": status}}
         return JSONResponse(body, status_code=status)
 
-    async def handle(request: Request, session_id: str, model: type[_Request]) -> JSONResponse:
-        if request.headers.get("authorization") != f"Bearer {endpoint.token}":
-            endpoint.counts["refused/unauthorized"] += 1
+    def authorized(request: Request) -> bool:
+        if request.headers.get("authorization") == f"Bearer {endpoint.token}":
+            return True
+        endpoint.counts["refused/unauthorized"] += 1
+        return False
+
+    async def handle(request: Request, session_id: str, model: type[_Request]):
+        if not authorized(request):
             return error(401, "missing or wrong API key: use the token the explorer handed the agent")
+        session = endpoint.sessions.get(session_id)
         try:
-            body = model.model_validate(await request.json())
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
-            endpoint.counts["refused/malformed"] += 1
-            return error(400, f"{where}: {first['msg']}")
-        except ValueError:
-            endpoint.counts["refused/malformed"] += 1
-            return error(400, "the request body is not JSON")
-        try:
-            pending = endpoint.submit(session_id, model.__name__, body)
+            if session is None:
+                raise RequestRefused(404, f"no open session {session_id!r} (finished, timed out, or never opened)")
+            body = parse(await read_body(request, endpoint.max_request_bytes), model)
+            pending = endpoint.submit(session, body)
             choices = await asyncio.wrap_future(pending.future)
         except RequestRefused as exc:
-            endpoint.counts["refused/" + ("budget" if "episode over" in exc.message else "request")] += 1
+            endpoint.refuse(session, exc)
             return error(exc.status, exc.message)
+        except Exception as exc:  # a bug of ours: one line, one 500, the run goes on
+            endpoint.counts["errors"] += 1
+            log.warning("agent endpoint: 500 on %s: %s: %s", request.url.path, type(exc).__name__, str(exc)[:200])
+            return error(500, f"internal error: {type(exc).__name__} (logged by the explorer)")
         endpoint.counts["served"] += 1
-        return JSONResponse(_response(body, choices))
+        if body.stream:
+            events = stream_events(body, choices, endpoint.tokenizer)
+            return StreamingResponse(iter(events), media_type="text/event-stream")
+        return JSONResponse(response(body, choices, endpoint.tokenizer))
 
     @app.post("/s/{session_id}/v1/chat/completions")
     async def chat(session_id: str, request: Request):
@@ -282,35 +312,19 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
     async def completions(session_id: str, request: Request):
         return await handle(request, session_id, CompletionRequest)
 
+    @app.post("/s/{session_id}/v1/responses")
+    async def responses(session_id: str, request: Request):
+        endpoint.refuse(endpoint.sessions.get(session_id), RequestRefused(400, "the Responses API"))
+        return error(
+            400,
+            "the Responses API (/v1/responses) is not served: use chat completions "
+            "(openai-agents: agents.set_default_openai_api('chat_completions'), or OpenAIChatCompletionsModel)",
+        )
+
     @app.get("/s/{session_id}/v1/models")
     async def models(session_id: str, request: Request):
-        if request.headers.get("authorization") != f"Bearer {endpoint.token}":
+        if not authorized(request):
             return error(401, "missing or wrong API key: use the token the explorer handed the agent")
         return JSONResponse({"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "oprl"}]})
 
     return app
-
-
-def _response(body: _Request, choices: list[Choice]) -> dict:
-    prompt_tokens = choices[0].prompt_tokens if choices else 0
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": sum(len(c.ids) for c in choices),
-        "total_tokens": prompt_tokens + sum(len(c.ids) for c in choices),
-    }
-    common = {"id": f"oprl-{secrets.token_hex(6)}", "created": int(time.time()), "model": body.model, "usage": usage}
-    if isinstance(body, ChatRequest):
-        return common | {
-            "object": "chat.completion",
-            "choices": [
-                {"index": i, "message": c.message, "finish_reason": _finish(c, c.message), "logprobs": None}
-                for i, c in enumerate(choices)
-            ],
-        }
-    return common | {
-        "object": "text_completion",
-        "choices": [
-            {"index": i, "text": c.text, "finish_reason": _finish(c, None), "logprobs": None}
-            for i, c in enumerate(choices)
-        ],
-    }

@@ -21,7 +21,18 @@ kept and the others are dropped (counted); the last call's first choice ends the
 
 Budgets are the built-in episodes': ``max_turns`` sampled turns, ``max_tokens`` tokens after the prompt, a
 reply that stops at the length limit without EOS: the episode is truncated and scores 0, whatever the agent
-returns. Deliberately not here: HTTP (``oprl.explorer.endpoint``), running agents (``oprl.explorer.agents``).
+returns. Turns are reserved when a request is accepted (``inflight``), so concurrent requests of one session
+cannot pass ``max_turns``. A context longer than ``room`` (the model's context less the engine's
+``max_new_tokens``) is refused with a 400 naming the limit, and the episode is truncated (nothing longer than
+the model's context is ever stored). A closed session (its agent returned, failed or timed out) takes no
+replies: a reply sampled for it after it closed is not recorded.
+
+Stop sequences (``stop_at``): a reply is cut before the first match; the tokens kept are the longest prefix of
+sampled tokens whose text lies wholly before it, with their behaviour log-probs, and the text returned is
+theirs, so the stored tokens are exactly the returned text. A reply cut so ends its turn: when the agent
+continues it, the tokenizer's EOS (the chat template's end of turn) follows it as a context token (mask 0).
+
+Deliberately not here: HTTP (``oprl.explorer.endpoint``), running agents (``oprl.explorer.agents``).
 """
 
 from __future__ import annotations
@@ -55,6 +66,8 @@ class Choice:
     """Chat: the assistant message returned to the agent (``{"role", "content", "tool_calls"?}``)."""
     prompt_tokens: int = 0
     """Tokens of the context it was sampled from (the response's ``usage``)."""
+    stopped: bool = False
+    """Cut at a stop sequence (``stop_at``): continuing it adds EOS as context."""
 
 
 @dataclass
@@ -81,12 +94,22 @@ class Session:
     dropped_tokens: int = 0
     requests: int = 0
     refused: int = 0
-    """Requests answered with an error (malformed, over budget)."""
+    """Requests answered with an error (malformed, refused options, over budget or context)."""
+    inflight: int = 0
+    """Requests accepted and not yet answered: their turns are reserved."""
+    closed: bool = False
+    """The agent returned, failed or timed out: replies are no longer recorded."""
+    overflowed: bool = False
+    """A request past the model's context was refused (the episode is truncated)."""
+    token_chars: int = 0
+    """Most characters one token of the tokenizer spells (0: unknown): text of c characters is at least
+    c / token_chars tokens, so a text far past the context is refused before it is tokenized (tokenizing 2 MB
+    of text takes ~0.9 GB)."""
 
     # -- prompts --------------------------------------------------------------------------------------------
-    def chat_context(self, messages: list[dict], tools: list[dict]) -> list[int]:
+    def chat_context(self, messages: list[dict], tools: list[dict], room: int | None = None) -> list[int]:
         """The token context of a chat request (``messages`` as the agent sent them), history extended or a
-        new segment started."""
+        new segment started; at most ``room`` tokens (else a 400, the episode truncated)."""
         self._check_open()
         rendered = [_rendered(m) for m in messages]
         known = len(self.sent)
@@ -95,7 +118,9 @@ class Session:
         if extends and len(rendered) > known and rendered[:known] == self.sent:
             chosen = next((c for c in self.choices if _same_reply(c.message, messages[known])), None)
         if chosen is None:
-            self._new_segment("chat", encode_prompt(self.tokenizer, rendered, tools))
+            chars = sum(len(m["content"]) for m in rendered) + len(json.dumps(tools))
+            self._check_size(chars, 0, room)
+            self._new_segment("chat", encode_prompt(self.tokenizer, rendered, tools), room)
             self.sent, self.tools = rendered, list(tools)
             return self._context()
         episode = self._continue(chosen)
@@ -103,31 +128,34 @@ class Session:
         new = rendered[known + 1 :]
         self._check_turns()
         if self._open():
-            episode.add(observation_ids(self.tokenizer, history, new, tools), None)
+            self._check_size(sum(len(m["content"]) for m in new), len(self._context()), room)
+            self._grow(observation_ids(self.tokenizer, history, new, tools), room)
             episode.messages = history + new
         self.sent = history + new
         self._check_tokens()
         return self._context()
 
-    def completion_context(self, prompt: str | list[int]) -> list[int]:
-        """The token context of a completion request (text or token ids), history extended or a new segment."""
+    def completion_context(self, prompt: str | list[int], room: int | None = None) -> list[int]:
+        """The token context of a completion request (text or token ids), history extended or a new segment;
+        at most ``room`` tokens (else a 400, the episode truncated)."""
         self._check_open()
         if isinstance(prompt, list):
             history = self._history_ids()
             if self.mode == "completion" and self.episode is not None and prompt[: len(history)] == history:
-                return self._extend_completion(prompt[len(history) :], None)
-            self._new_segment("completion", list(prompt))
+                return self._extend_completion(prompt[len(history) :], None, room)
+            self._new_segment("completion", list(prompt), room)
             self.text = self.tokenizer.decode(prompt)
             return self._context()
         if self.mode == "completion" and self.episode is not None and self.choices:
             for choice in self.choices:
                 if prompt.startswith(self.text + choice.text):
-                    return self._extend_completion(None, prompt[len(self.text + choice.text) :], choice)
-        self._new_segment("completion", self.tokenizer(prompt, add_special_tokens=False).input_ids)
+                    return self._extend_completion(None, prompt[len(self.text + choice.text) :], room, choice)
+        self._check_size(len(prompt), 0, room)
+        self._new_segment("completion", self.tokenizer(prompt, add_special_tokens=False).input_ids, room)
         self.text = prompt
         return self._context()
 
-    def _extend_completion(self, ids: list[int] | None, text: str | None, choice: Choice | None = None):
+    def _extend_completion(self, ids: list[int] | None, text: str | None, room: int | None, choice=None):
         if choice is None:  # token ids: the history includes the first choice (ids were compared to it)
             choice = self.choices[0] if self.choices else None
         if choice is not None:
@@ -135,38 +163,49 @@ class Session:
             self.text += choice.text
         self._check_turns()
         if text is not None:
+            if self._open():
+                self._check_size(len(text), len(self._context()), room)
             ids = self.tokenizer(text, add_special_tokens=False).input_ids if text else []
             self.text += text
         elif ids:
             self.text += self.tokenizer.decode(ids)
         if self._open() and ids:
-            self.episode.add(list(ids), None)  # type: ignore[union-attr]
+            self._grow(list(ids), room)
         self._check_tokens()
         return self._context()
 
     # -- replies --------------------------------------------------------------------------------------------
     def record(self, choices: list[Choice]) -> None:
-        """The engine's replies to the request just served: kept until the next request picks one."""
+        """The engine's replies to the request just served: kept until the next request picks one (not once
+        the session is closed: the stored episode is the one its agent saw)."""
+        self.inflight = max(self.inflight - 1, 0)
+        if self.closed:
+            return
         self.turns += 1
         self.choices = choices
 
     def finish(self) -> Episode | None:
         """The episode as stored: the last segment with its pending first choice (None: nothing was asked)."""
         if self.episode is not None and self.choices:
-            self._continue(self.choices[0])
+            self._continue(self.choices[0], end_turn=False)
         return self.episode
 
     # -- helpers --------------------------------------------------------------------------------------------
-    def _new_segment(self, mode: str, prompt_ids: list[int]) -> None:
+    def _new_segment(self, mode: str, prompt_ids: list[int], room: int | None = None) -> None:
+        if room is not None and len(prompt_ids) > room:  # never stored: the segment before it ends truncated
+            self.overflowed = True
+            if self._open():
+                _truncate(self.episode, self.max_tokens)  # type: ignore[arg-type]
+            raise RequestRefused(400, _overflow(len(prompt_ids), room))
         if self.episode is not None:
             self.dropped_tokens += sum(self.episode.loss_mask) + sum(len(c.ids) for c in self.choices)
         self.segments += 1
         self.mode, self.choices = mode, []
         self.episode = Episode(prompt_ids=list(prompt_ids))
-        if self.turns >= self.max_turns:
+        if self.turns + self.inflight >= self.max_turns:
             self._truncate(f"turn budget of {self.max_turns} model turns (rollout.max_turns) used up")
 
-    def _continue(self, chosen: Choice) -> Episode:
+    def _continue(self, chosen: Choice, end_turn: bool = True) -> Episode:
         """Add the reply the agent continued; the other choices are dropped. Applies the built-in episode rules:
         a reply cut at the length limit, or one that reaches ``max_tokens``, truncates the episode."""
         episode = self.episode
@@ -176,6 +215,8 @@ class Session:
         if not self._open():
             return episode
         episode.add(chosen.ids, chosen.logprobs)
+        if chosen.stopped and end_turn and self.mode == "chat":  # cut at a stop: the template's end of turn follows
+            episode.add([self.tokenizer.eos_token_id], None)
         episode.turns += 1
         if not chosen.ended or len(episode.response_ids) >= self.max_tokens:
             _truncate(episode, self.max_tokens)
@@ -184,10 +225,28 @@ class Session:
     def _check_turns(self) -> None:
         """Before an environment turn is added (the built-in order: a turn budget spent ends the episode
         without the observation)."""
-        if self._open() and self.turns >= self.max_turns:
+        if self._open() and self.turns + self.inflight >= self.max_turns:
             self._truncate(f"turn budget of {self.max_turns} model turns (rollout.max_turns) used up")
         if not self._open():
             raise RequestRefused(400, "episode over: it ran out of turns or tokens (truncated; it scores 0)")
+
+    def _check_size(self, chars: int, tokens: int, room: int | None) -> None:
+        """Refuse, before tokenizing, ``chars`` characters of text after ``tokens`` tokens that cannot fit."""
+        if room is None or not self.token_chars or tokens + chars // self.token_chars <= room:
+            return
+        self.overflowed = True
+        if self._open():
+            _truncate(self.episode, self.max_tokens)  # type: ignore[arg-type]
+        raise RequestRefused(400, _overflow(tokens + chars // self.token_chars, room, at_least=True))
+
+    def _grow(self, ids: list[int], room: int | None) -> None:
+        """Add context tokens (mask 0), or truncate the episode without them when they pass ``room``."""
+        assert self.episode is not None
+        total = len(self.episode.prompt_ids) + len(self.episode.response_ids) + len(ids)
+        if room is not None and total > room:
+            self.overflowed = True
+            self._truncate_because(_overflow(total, room))
+        self.episode.add(ids, None)
 
     def _check_tokens(self) -> None:
         episode = self.episode
@@ -196,9 +255,12 @@ class Session:
             self._truncate(f"token budget of {self.max_tokens} tokens (rollout.max_episode_tokens) used up")
 
     def _truncate(self, why: str) -> None:
+        self._truncate_because(f"episode over: {why} (truncated; it scores 0)")
+
+    def _truncate_because(self, message: str) -> None:
         assert self.episode is not None
         _truncate(self.episode, self.max_tokens)
-        raise RequestRefused(400, f"episode over: {why} (truncated; it scores 0)")
+        raise RequestRefused(400, message)
 
     def _check_open(self) -> None:
         self.requests += 1
@@ -215,6 +277,32 @@ class Session:
     def _history_ids(self) -> list[int]:
         first = self.choices[0].ids if self.choices else []
         return self._context() + first if self.episode is not None else []
+
+
+def _overflow(tokens: int, room: int, at_least: bool = False) -> str:
+    return (
+        f"the context is {'at least ' if at_least else ''}{tokens} tokens, past the {room} the model takes (its "
+        "context less rollout.max_new_tokens for the reply): the episode is over (truncated; it scores 0)"
+    )
+
+
+def stop_at(ids: list[int], tokenizer, stops: list[str]) -> tuple[int, str] | None:
+    """Where a reply is cut by its first stop sequence (module docstring): ``(k, text)``, the first ``k`` sampled
+    tokens kept and their text (the longest token prefix whose text lies wholly before the match); None when
+    no stop sequence occurs. Binary search over prefixes: O(log T) decodes."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    hits = [text.find(s) for s in stops if s in text]
+    if not hits:
+        return None
+    before = text[: min(hits)]
+    low, high = 0, len(ids)  # invariant: the first `low` tokens' text is a prefix of `before`
+    while low < high:
+        middle = (low + high + 1) // 2
+        if before.startswith(tokenizer.decode(ids[:middle], skip_special_tokens=True)):
+            low = middle
+        else:
+            high = middle - 1
+    return low, tokenizer.decode(ids[:low], skip_special_tokens=True)
 
 
 def _rendered(message: dict) -> dict:
