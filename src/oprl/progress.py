@@ -54,8 +54,13 @@ def format_seconds(seconds: float) -> str:
 class RunProgress:
     """``with RunProgress(total) as p: p.update(done, text)``: a bar, or log lines (module docstring).
 
-    ``eta=False`` leaves the time remaining out (a loop that usually stops before ``total``, like the warm
-    start, which ends at its target accuracy); ``unit`` names what is counted in log lines (step, run).
+    ``eta=False`` leaves the time remaining out; ``eta_bound=True`` marks it an upper bound (a loop that
+    usually stops before ``total``, like the warm start, which ends at its target accuracy). ``start``: the
+    count already done when this process began (a resumed run): the rate, hence the ETA, counts only what
+    this process did. ``unit`` names what is counted in log lines (step, run).
+
+    The bar fits the terminal: description, ``done/total`` and the ETA come first and always show; the
+    caller's text gets the width left, its fields (separated by two spaces) dropped from the end to fit.
     """
 
     def __init__(
@@ -67,37 +72,50 @@ class RunProgress:
         interval: int = 10,
         interval_s: float = 60.0,
         eta: bool = True,
+        eta_bound: bool = False,
+        start: int = 0,
         unit: str = "step",
+        console=None,
     ):
         self.total, self.description, self.unit, self.eta = total, description, unit, eta
+        self.eta_bound, self.start = eta_bound, start
         self.interval, self.interval_s = interval, interval_s
-        self.bar = enabled and interactive()
+        self.bar = enabled and (console is not None or interactive())
         self.lines = 0
         """Log lines written (a bar writes none)."""
         self._started = time.perf_counter()
-        self._last_line: tuple[int, float] | None = None
+        self._last_line: tuple[int, float] | None = (start, self._started) if start else None
         self._progress = None
         if self.bar:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            columns = [
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[text]}"),
-                TimeElapsedColumn(),
-            ]
-            self._progress = Progress(*columns, *([TimeRemainingColumn()] if eta else []))
-            self._task = self._progress.add_task(description, total=total, text="")
+            self._progress, self._task = self._make_bar(console)
         else:
             attach_default_handler()
+
+    def _make_bar(self, console):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.table import Column
+
+        columns = [TextColumn("[bold]{task.description}"), MofNCompleteColumn()]
+        if self.eta:
+            columns += [TextColumn("eta <=" if self.eta_bound else "eta"), TimeRemainingColumn(compact=True)]
+        columns += [
+            BarColumn(bar_width=10),
+            TextColumn("{task.fields[text]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
+        ]
+        progress = Progress(*columns, console=console)
+        return progress, progress.add_task(self.description, total=self.total, completed=self.start, text="")
+
+    def _fit(self, text: str, description: str) -> str:
+        """``text`` with its last fields dropped until the line fits the console's width."""
+        assert self._progress is not None
+        digits = len(str(self.total))
+        eta = len("eta <= " if self.eta_bound else "eta ") + len("0:00:00") + 1 if self.eta else 0
+        fixed = len(description) + 1 + 2 * digits + 1 + 1 + eta + 10 + 1  # columns and the spaces between them
+        room = self._progress.console.width - fixed
+        fields = [f for f in text.split("  ") if f]
+        while fields and len("  ".join(fields)) > room:
+            fields.pop()
+        return "  ".join(fields)
 
     def __enter__(self):
         if self._progress is not None:
@@ -109,15 +127,18 @@ class RunProgress:
             return self._progress.__exit__(*exc)
         return None
 
-    def update(self, done: int, text: str = "", *, line: bool = False, status: str | None = None) -> None:
-        """``done`` of ``total`` are finished; ``text`` describes them. ``line``: write a log line now
-        (in log mode) whatever the interval. ``status``: what is going on meanwhile (bar only: its label)."""
+    def update(self, done: int, text: str | None = None, *, line: bool = False, status: str | None = None) -> None:
+        """``done`` of ``total`` are finished; ``text`` describes them (None: keep the last). ``line``: write a
+        log line now (in log mode) whatever the interval. ``status``: what is going on meanwhile (bar only: its
+        label)."""
         if self._progress is not None:
             if status is not None:
                 self._progress.update(self._task, description=f"{self.description} ({status})")
             else:
-                self._progress.update(self._task, completed=done, text=text, description=self.description)
+                fields = {} if text is None else {"text": self._fit(text, self.description)}
+                self._progress.update(self._task, completed=done, description=self.description, **fields)
             return
+        text = self._last_text[1] if text is None else text
         now = time.perf_counter()
         last_done, last_time = self._last_line or (0, self._started)
         due = line or done >= self.total or done - last_done >= self.interval or now - last_time >= self.interval_s
@@ -126,8 +147,9 @@ class RunProgress:
         self._last_line, self._last_text = (done, now), (done, text)
         parts = [f"{self.description} {self.unit} {done}/{self.total}", text]
         elapsed = now - self._started
-        if self.eta and 0 < done < self.total:
-            parts.append(f"eta {format_seconds(elapsed / done * (self.total - done))}")
+        if self.eta and self.start < done < self.total:
+            remaining = format_seconds(elapsed / (done - self.start) * (self.total - done))
+            parts.append(f"eta {'<= ' if self.eta_bound else ''}{remaining}")
         parts.append(f"elapsed {format_seconds(elapsed)}")
         LOGGER.info("  ".join(p for p in parts if p))
         self.lines += 1

@@ -50,11 +50,16 @@ def test_a_finished_run_leaves_no_lock_and_strict_summaries(train_run, small_ove
     events.Reload()
     (config,) = events.Tensors("config/text_summary")  # the resolved config, in TensorBoard's TEXT tab
     assert b"steps: 6" in config.tensor_proto.string_val[0]
-    assert strict_json(run_dir / "summary.json")["mode"] == "both"
-    # Resume: one more step from the final checkpoint, named.
+    first = strict_json(run_dir / "summary.json")
+    assert first["mode"] == "both" and first["seconds"] == first["segment_seconds"]
+    # Resume: one more step from the final checkpoint, named; seconds count both segments (#42: only the last).
+    saved = json.loads((run_dir / "checkpoints" / "step-000006" / "state.json").read_text())["total_s"]
     assert main(["train", *small_overrides, "steps=7", "run_name=a", "resume=true"]) == 0
     out = capsys.readouterr().out
     assert f"resuming a from checkpoint {run_dir / 'checkpoints' / 'step-000006'} (step 6 of 7)" in out
+    resumed = strict_json(run_dir / "summary.json")
+    assert resumed["seconds"] == pytest.approx(saved + resumed["segment_seconds"])
+    assert saved <= first["seconds"] and resumed["segment_seconds"] < resumed["seconds"]
     runs = tmp_path / "runs"
     assert main(["explore", *small_overrides, "steps=2", "run_name=x"]) == 0
     explore = strict_json(runs / "x" / "summary.json")

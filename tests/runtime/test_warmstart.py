@@ -116,3 +116,80 @@ def test_a_reward_named_by_file_or_by_module_keys_the_same_warm_start(tmp_path, 
     by_file = key("my_reward.py:reward")
     assert by_file == key("my_reward:reward") == key(f"{tmp_path}/my_reward.py:reward")
     assert by_file != key("my_reward.py:other")
+
+
+def test_a_killed_warm_start_continues_where_it_was_saved(tmp_path, monkeypatch):
+    """A warm start killed after its first validation keeps that step's state (``SAVE_EVERY_S=0``: every
+    check); the next run continues from it and ends with the weights of an uninterrupted warm start."""
+    from oprl.trainer import warmstart
+
+    config = RunConfig.model_validate({"task": TASK, "warmstart": WARM, "progress": False})
+    task = build_task(config.task)
+    monkeypatch.setattr(warmstart, "SAVE_EVERY_S", 0.0)
+    monkeypatch.setenv("OPRL_CACHE_DIR", str(tmp_path / "whole"))
+    whole = load_file(model_path(config, task, log=lambda _: None) + "/model.safetensors")
+
+    monkeypatch.setenv("OPRL_CACHE_DIR", str(tmp_path / "killed"))
+    validate, calls = warmstart._validate, []
+
+    def killed_at_the_second_check(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(warmstart, "_validate", killed_at_the_second_check)
+    with pytest.raises(KeyboardInterrupt):
+        model_path(config, task, log=lambda _: None)
+    (partial,) = (tmp_path / "killed" / "models").glob(".partial-tiny-*")
+    assert json.loads((partial / "warm_state.json").read_text())["step"] == 10
+    monkeypatch.setattr(warmstart, "_validate", validate)
+    logs: list[str] = []
+    resumed = model_path(config, task, log=logs.append)
+    assert any("warm start: continuing from step 10" in line for line in logs), logs
+    assert not partial.exists()  # the finished model replaces its partial state
+    after = load_file(resumed + "/model.safetensors")
+    assert after.keys() == whole.keys() and all(torch.equal(after[k], whole[k]) for k in whole)
+
+
+def test_an_agent_task_warm_starts_on_its_problems_whatever_the_agent_and_endpoint(tmp_path, monkeypatch):
+    """#41: the agent file, host, port and batch wait do not key the warm start, which is its problems'
+    task's own (the same cache as ``task.name=tool-arithmetic``), never run through the agent."""
+    from oprl.config import load_config
+    from oprl.trainer.warmstart import _target, warm_task
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.py").write_text("def rollout(client, problem):\n    raise AssertionError('agent')\n")
+
+    def target(*overrides):
+        config = load_config(None, list(overrides))
+        return _target(config.model, config.task, config.warmstart, build_task(config.task))[1]
+
+    first = target("task.name=agent", "task.agent=a.py:rollout")
+    assert first == target("task.name=agent", "task.agent=b.py:rollout", "task.port=5000", "task.host=0.0.0.0")
+    assert first == target("task.name=agent", "task.agent=a.py:rollout", "task.batch_wait_s=1")
+    assert first == target("task.name=tool-arithmetic")
+    assert first != target("task.name=agent", "task.agent=a.py:rollout", "task.problems.train_size=100")
+    config = load_config(None, ["task.name=agent", "task.agent=a.py:rollout"])
+    section, learned = warm_task(config.task, build_task(config.task))
+    assert learned.name == "tool-arithmetic" and section.name == "tool-arithmetic"
+
+
+def test_a_plugin_task_by_entry_point_or_by_file_keys_one_warm_start(tmp_path, monkeypatch):
+    """The same class named by an installed entry point and by its file's path: one warm start, not two."""
+    from oprl.config import load_config
+    from oprl.trainer.warmstart import _target
+    from recipes import install_package
+    from tasks.test_plugins import PLUGIN
+
+    entry = "[oprl.tasks]\ndoubling = doubling_pkg:DoublingTask\n"
+    site = install_package(tmp_path / "site", "doubling_pkg", PLUGIN, entry, monkeypatch)
+
+    def target(name):
+        config = load_config(None, [f"task.name={name}"])
+        return _target(config.model, config.task, config.warmstart, build_task(config.task))[1]
+
+    by_entry_point = target("doubling")
+    assert by_entry_point == target(f"{site}/doubling_pkg/__init__.py:DoublingTask")
+    assert by_entry_point == target("doubling_pkg:DoublingTask")

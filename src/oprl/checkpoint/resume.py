@@ -99,6 +99,8 @@ class CheckpointWriter:
         self.last: Path | None = None
         """The newest committed checkpoint (named in the failure message)."""
         self.final_attempted = False
+        self.elapsed_before = 0.0
+        """Seconds the earlier segments of a resumed run took up to its checkpoint (``elapsed_before``)."""
 
     def due(self, step: int) -> bool:
         every = self.cfg.checkpoint.interval
@@ -153,6 +155,7 @@ class CheckpointWriter:
                 "outstanding": entry.outstanding,
                 "weights_versions": sorted(entry.snapshots),
                 "wall_s": time.perf_counter() - self.started,
+                "total_s": self.elapsed_before + time.perf_counter() - self.started,
             },
         )
         final = ckpt.step_dir(self.run_dir, step)
@@ -182,6 +185,15 @@ class CheckpointWriter:
         if self.cfg.mode == "explore" or not self.cfg.checkpoint.interval or completed == 0:
             return False
         return self.last is None or self.last.name != ckpt.step_dir(self.run_dir, completed).name
+
+
+def elapsed_before(resumption: Resumption | None) -> float:
+    """Seconds a resumed run had run when the checkpoint it continues from was written, over every earlier
+    segment (``total_s``; a checkpoint written before it was recorded has only its own segment's ``wall_s``)."""
+    if resumption is None or resumption.path is None:
+        return 0.0
+    state = ckpt.read_json(resumption.path / "state.json")
+    return float(state.get("total_s", state.get("wall_s", 0.0)))
 
 
 def write_final(run_dir: Path, save, describe=str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from oprl.algorithms import (
     ALGORITHM_DEFAULTS,
@@ -25,11 +25,13 @@ from oprl.config.sections import (
     RolloutConfig,
     RuntimeConfig,
     SyncConfig,
+    TeacherConfig,
     TrackingConfig,
     TrainerConfig,
     WarmStartConfig,
 )
 from oprl.errors import OprlError
+from oprl.models import TINY_MAX_POSITIONS
 from oprl.tasks import TaskConfig
 from oprl.tasks.config import ArithmeticTaskConfig
 from oprl.tasks.config import Section as _Section
@@ -91,6 +93,19 @@ class RunConfig(_Section):
     buffer: BufferConfig = BufferConfig()
     replay: ReplayConfig = ReplayConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    teacher: TeacherConfig = TeacherConfig()
+
+    @model_validator(mode="after")
+    def _fits_tiny_context(self) -> RunConfig:
+        """The embedded model's context is known without loading anything: a reply budget that fills it is
+        refused here (``oprl config`` too); prompts are checked before the run starts (oprl.runtime.preflight)."""
+        budget = self.rollout.max_new_tokens
+        if self.model.path == "tiny" and budget >= TINY_MAX_POSITIONS:
+            raise OprlError(
+                f"rollout.max_new_tokens={budget}: the embedded tiny model's context is {TINY_MAX_POSITIONS} "
+                f"positions, prompt included; lower it (below {TINY_MAX_POSITIONS})"
+            )
+        return self
 
 
 def resolve_algorithm(config: RunConfig) -> RunConfig:

@@ -10,13 +10,19 @@ It exists so that oprl runs end to end on a laptop CPU with no model hub: the ar
 from __future__ import annotations
 
 import string
+from typing import TYPE_CHECKING
 
-import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
+
+from oprl.models import TINY_MAX_POSITIONS
+
+if TYPE_CHECKING:
+    from transformers import LlamaForCausalLM
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+MAX_POSITIONS = TINY_MAX_POSITIONS
 
 # One token per role marker, the message, then EOS: the shortest template that still separates turns, so
 # arithmetic prompts stay ~10 tokens and generation is cheap on CPU.
@@ -54,10 +60,13 @@ def build_model(
     hidden_size: int = 128,
     num_layers: int = 2,
     num_heads: int = 4,
-    max_positions: int = 128,
+    max_positions: int = MAX_POSITIONS,
     seed: int = 0,
 ) -> LlamaForCausalLM:
     """A randomly initialised Llama sized for CPU (about 0.3-0.5 M parameters at the defaults)."""
+    import torch  # here, not at the top: the tokenizer alone (pre-start checks) needs neither
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

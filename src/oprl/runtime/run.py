@@ -38,13 +38,16 @@ from oprl.models.loading import quiet_transformers, resolve_device
 from oprl.models.precision import precision_line
 from oprl.partial import BOARD_DIRNAME, check_partial, close_board
 from oprl.progress import RunProgress
-from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, TrainerHandle
+from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, TeacherHandle, TrainerHandle
 from oprl.runtime.driver import Driver
 from oprl.runtime.health import SignalHealth
+from oprl.runtime.preflight import check_lengths
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.tasks import build_task
 from oprl.tasks.workers import LOG_NAME as WORKER_LOG
 from oprl.tasks.workers import worker_log
+from oprl.teacher.loading import check_teacher
+from oprl.teacher.teacher import TeacherWorker
 from oprl.trackers import start_trackers
 from oprl.trainer.ranks import ShardedTrainer, check_trainer_config, rank_threads
 from oprl.trainer.trainer import TrainerWorker
@@ -91,6 +94,7 @@ def check_config(config: RunConfig) -> None:
             "group), so with one response per prompt all advantages are 0 and nothing trains; use >= 2"
         )
     check_shaping(config.rollout)
+    check_teacher(config)
     if config.rollout.engine == "vllm":
         from oprl.rollout.vllm_engine import require_vllm
 
@@ -160,8 +164,9 @@ def run_label(config: RunConfig) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
 
 
-def run(config: RunConfig, log=print) -> RunSummary:
-    """Run ``config.mode``; see the module docstring."""
+def run(config: RunConfig, log=print, task=None) -> RunSummary:
+    """Run ``config.mode``; see the module docstring. ``task``: ``config.task`` already built (``oprl.train``
+    builds it for the checks it makes before the heavy imports)."""
     check_config(config)
     started = time.perf_counter()
     quiet_transformers()
@@ -169,19 +174,24 @@ def run(config: RunConfig, log=print) -> RunSummary:
     run_dir = make_run_dir(config)
     opened = resume.open_run(config, run_dir, log=log)
     try:
+        if task is None or opened.config.task != config.task:
+            task = build_task(opened.config.task)
+        check_lengths(opened.config, task, log)  # before the warm start and the workers (oprl.runtime.preflight)
         with worker_log(run_dir / WORKER_LOG):  # reward and answer-checking workers print there
             if opened.config.mode == "eval":
-                return _evaluate_only(opened.config, run_dir, opened.eval_checkpoint, started, log)
+                return _evaluate_only(opened.config, run_dir, opened.eval_checkpoint, started, log, task)
             with StopSignals():  # SIGTERM and SIGINT stop the run the same way (oprl.backends.failure)
-                _run_workers(opened, run_dir, log)
-            return _finish(opened.config, run_dir, started)
+                before = _run_workers(opened, run_dir, log, task)
+            return _finish(opened.config, run_dir, started, before)
     finally:
         opened.lock.release()
 
 
-def _run_workers(opened: resume.OpenRun, run_dir: Path, log) -> None:
+def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task) -> float:
+    """Start the workers, drive the run, write ``final/``; returns the seconds earlier segments of a resumed
+    run took (0 for a new run)."""
     config = opened.config
-    path = model_path(config, build_task(config.task), log=log)
+    path = model_path(config, task, log=log)
     chosen = precision_line(config.trainer.autocast, config.rollout.dtype, resolve_device(config.model.device))
     if chosen:
         log(chosen)
@@ -195,7 +205,9 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log) -> None:
             description="explore" if config.mode == "explore" else "train",
             interval=config.logging.interval,
             interval_s=config.logging.interval_s,
+            start=session.start_step,  # a resumed run's rate, and so its ETA, counts this segment's steps only
         )
+        before = resume.elapsed_before(opened.resumption)
         with progress:
             values = config.model_dump(mode="json")
             trackers = start_trackers(config.tracking, run_dir, values, log)
@@ -213,6 +225,7 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log) -> None:
                     health=health,
                     **vars(session),
                 )
+                driver.checkpoints.elapsed_before = before
                 if session.start_step == 0 and config.mode != "explore":
                     driver.request_eval(0)
                 driver.run()
@@ -228,6 +241,7 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log) -> None:
             close_board(run_dir / BOARD_DIRNAME)
         backend.shutdown(actors)
         ckpt_files.remove_staging(run_dir)  # the workers have stopped: nothing writes a staging directory now
+    return before
 
 
 @dataclass
@@ -245,6 +259,8 @@ class Session:
     """Batches still to generate."""
     ready: set[int]
     """Batches the buffer holds for later steps (restored from a checkpoint)."""
+    teacher: TeacherHandle | None = None
+    """Distillation: the teacher that scores every batch (``teacher.path``)."""
 
 
 def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) -> Session:
@@ -280,6 +296,11 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
         explorers.append(ExplorerHandle(actor))
     buffer = BufferHandle(backend.start("buffer", make_buffer, config, store_dir, threads=1, compute=False))
     actors.append(buffer.actor)
+    teacher: TeacherHandle | None = None
+    if config.teacher.path is not None:  # placed like an explorer: a thread, a process or a Ray actor
+        teacher_actor = backend.start("teacher", TeacherWorker, config, path, threads=threads, gpus=config.teacher.gpus)
+        actors.append(teacher_actor)
+        teacher = TeacherHandle(teacher_actor)
     for actor in actors:
         _wait_ready(backend, actor)
     sync_mode = "fixed" if config.mode == "explore" else config.sync.mode
@@ -305,7 +326,7 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
         pending = [b for b in range(start_step + 1, config.steps + 1) if b not in ready] if use_explorers else []
     if trainer is not None and explorers and sync.wants(start_step, pending):
         sync.publish(start_step, trainer.weights())
-    return Session(trainer, explorers, buffer, sync, start_step, pending, set(ready))
+    return Session(trainer, explorers, buffer, sync, start_step, pending, set(ready), teacher)
 
 
 def _attach_board(board: str, buffer: BufferHandle, sync: Synchronizer, start_step: int) -> None:
@@ -325,9 +346,9 @@ def _wait_ready(backend, actor) -> None:
         raise OprlError(f"{actor.name}: failed to start: {reason}") from exc
 
 
-def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, started: float, log) -> RunSummary:
+def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, started: float, log, task) -> RunSummary:
     """mode=eval: one evaluation of model.path, or of a checkpoint's weights, in its own worker thread."""
-    path = model_path(config, build_task(config.task), log=log)
+    path = model_path(config, task, log=log)
     backend = LocalBackend()
     worker = backend.start("evaluator", Evaluator, config, path, threads=worker_threads(config))
     evaluator = EvaluatorHandle(worker)
@@ -351,23 +372,27 @@ def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, st
     return RunSummary(run_dir, accuracy, accuracy, time.perf_counter() - started)
 
 
-def _finish(config: RunConfig, run_dir: Path, started: float) -> RunSummary:
+def _finish(config: RunConfig, run_dir: Path, started: float, before: float = 0.0) -> RunSummary:
+    """Plot the run and write ``summary.json``; ``before``: the seconds of a resumed run's earlier segments."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
-    before, after = (evals[0], evals[-1]) if evals else (math.nan, math.nan)
+    acc_before, acc_after = (evals[0], evals[-1]) if evals else (math.nan, math.nan)
     if any("reward/mean" in r for r in rows):
         subtitle = (
             f"{config.algorithm.preset}, k={config.sync.interval} m={config.sync.offset}, lr {config.optim.lr:g}, "
             f"group {config.rollout.group_size}, {config.task.name}, model {config.model.path}, seed {config.seed}"
         )
         plot_run(rows, run_dir / "metrics.png", title=f"run {run_dir.name}", subtitle=subtitle)
-    seconds = time.perf_counter() - started
-    _write_summary(run_dir, config, before, after, seconds)
-    return RunSummary(run_dir, before, after, seconds, config)
+    segment = time.perf_counter() - started
+    _write_summary(run_dir, config, acc_before, acc_after, before + segment, segment)
+    return RunSummary(run_dir, acc_before, acc_after, before + segment, config)
 
 
-def _write_summary(run_dir: Path, config: RunConfig, before: float, after: float, seconds: float) -> None:
-    """``summary.json``, strict JSON (an accuracy that does not exist, as in mode=explore, is null, not NaN)."""
+def _write_summary(
+    run_dir: Path, config: RunConfig, before: float, after: float, seconds: float, segment: float | None = None
+) -> None:
+    """``summary.json``, strict JSON (an accuracy that does not exist, as in mode=explore, is null, not NaN).
+    ``seconds``: the whole run, every segment of a resumed one; ``segment_seconds``: this process's part."""
 
     def number(value: float) -> float | None:
         return None if math.isnan(value) else value
@@ -380,6 +405,7 @@ def _write_summary(run_dir: Path, config: RunConfig, before: float, after: float
             "eval_accuracy_after": number(after),
             "steps": config.steps,
             "seconds": seconds,
+            "segment_seconds": seconds if segment is None else segment,
         },
         indent=2,
         allow_nan=False,

@@ -1,0 +1,131 @@
+"""Checks made before any work starts: every length that must fit the model's context, against the task's
+prompts, the warm start's demonstrations and RL's reply budget.
+
+A run whose prompts cannot fit would otherwise fail minutes later, in the warm start's first validation or in
+the first rollout, and name a length the user never set (the warm start's own). Here each check names the
+setting that fixes it (``rollout.max_new_tokens=N: lower it to <= M``), or the model when no setting can
+(a prompt longer than the whole context; demonstrations that need more positions than the model has).
+
+Cheap on purpose: the embedded model's tokenizer and context (``oprl.models.tiny.MAX_POSITIONS``) need
+neither torch nor the model; a pretrained model's come from its tokenizer and ``config.json``. The warm
+start's demonstrations are measured only when its cache misses (``oprl.trainer.warmstart``). Not here: the
+checks of single settings against each other without the task (``RunConfig``'s validators,
+``runtime.run.check_config``), and the memory check of a batch (``oprl.rollout.base``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from oprl.errors import OprlError
+from oprl.models.chat import encode_problem
+
+_CHECKED: set[str] = set()
+"""Configs checked in this process (``oprl.train`` checks before the heavy imports, the runtime again)."""
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    tokenizer: Any
+    context: int
+    """Positions the model has for prompt plus reply (``max_position_embeddings``)."""
+    label: str
+    """How a message names the model: ``the embedded tiny model``, ``model.path=...``."""
+
+
+def check_lengths(config, task, log=print) -> None:
+    """Refuse, with one line, a run whose lengths cannot fit the model's context (module docstring)."""
+    key = json.dumps(
+        [config.model_dump(mode="json", include={"mode", "model", "task", "rollout", "warmstart", "eval"})],
+        sort_keys=True,
+        default=str,
+    )
+    if key in _CHECKED:
+        return
+    limits = model_limits(config.model)
+    if limits is None:
+        return
+    splits = ["test"] if config.mode in ("eval", "offline") else ["train", "test"]
+    if config.mode == "explore":
+        splits = ["train"]
+    longest = {split: _longest_prompt(task, split, limits.tokenizer, config) for split in splits}
+    for split, prompt in longest.items():
+        if prompt + 1 > limits.context:
+            raise OprlError(
+                f"task {config.task.name}: a {split} prompt of {prompt} tokens does not fit {limits.label}'s "
+                f"context of {limits.context} positions (prompt and reply together): no reply length fixes "
+                "this; use a model with a longer context (model.path) or a task with shorter prompts"
+            )
+    budget = config.rollout.max_new_tokens
+    for split, prompt in longest.items():
+        if prompt + budget > limits.context:
+            what = "RL" if split == "train" else "evaluation"
+            raise OprlError(
+                f"rollout.max_new_tokens={budget}: a {split} prompt of {prompt} tokens + {budget} new tokens "
+                f"exceeds {limits.label}'s context of {limits.context} positions ({what} samples up to it); "
+                f"lower it to <= {limits.context - prompt}"
+            )
+    _check_warm_start(config, task, limits, log)
+    _CHECKED.add(key)
+
+
+def model_limits(model_cfg) -> ModelLimits | None:
+    """The tokenizer and context of ``model.path``; None when its files cannot be read here (loading the model
+    reports that, naming ``model.path``) or its config states no context."""
+    if model_cfg.path == "tiny":
+        from oprl.models.tiny import MAX_POSITIONS, build_tokenizer
+
+        return ModelLimits(build_tokenizer(), MAX_POSITIONS, "the embedded tiny model")
+    from transformers import AutoConfig, AutoTokenizer
+
+    from oprl.models.loading import dequantised_gguf, resolve_model_path
+
+    location, extra = resolve_model_path(model_cfg.path)
+    if "gguf_file" in extra:  # converted once and cached; loading the model would do it now anyway
+        from pathlib import Path
+
+        location, extra = str(dequantised_gguf(Path(location) / extra["gguf_file"])), {}
+    try:
+        context = getattr(AutoConfig.from_pretrained(location, **extra), "max_position_embeddings", None)
+        tokenizer = AutoTokenizer.from_pretrained(location, **extra)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(context, int) or context <= 0 or not tokenizer.chat_template:
+        return None
+    return ModelLimits(tokenizer, context, f"model.path={model_cfg.path}")
+
+
+def _longest_prompt(task, split: str, tokenizer, config) -> int:
+    """Tokens of the longest prompt of ``split`` that the run samples from (evaluation: the first
+    ``eval.num_problems``); a multi-turn task's first prompt (later turns grow it, under
+    ``rollout.max_episode_tokens``)."""
+    problems = list(task.problems(split))
+    if split == "test":
+        problems = problems[: config.eval.num_problems]
+    return max((len(encode_problem(tokenizer, p)) for p in problems), default=0)
+
+
+def _check_warm_start(config, task, limits: ModelLimits, log) -> None:
+    """The warm start samples up to its longest demonstration (+ a few tokens) after its longest prompt,
+    whatever RL allows: when that cannot fit, the model is the cause (demonstrations are the task's)."""
+    from oprl.trainer import warmstart
+
+    if config.mode == "eval" and config.eval.checkpoint:
+        return  # the checkpoint's weights replace the warm start's; its tokenizer is all that is read
+    if not warmstart.wants_warm_start(config.model, config.warmstart):
+        return
+    if warmstart.cached_warm_start(config.model, config.task, config.warmstart, task) is not None:
+        return
+    need = warmstart.positions_needed(limits.tokenizer, config.task, task)
+    if need["positions"] > limits.context:
+        raise OprlError(
+            f"task {config.task.name}: the warm start's demonstrations need {need['positions']} positions "
+            f"(a prompt of {need['prompt']} tokens + replies of up to {need['max_new_tokens']}), more than "
+            f"{limits.label}'s context of {limits.context}: no setting shortens them; use a model with a "
+            "longer context (model.path) or a task with shorter prompts and answers"
+        )
+
+
+__all__ = ["ModelLimits", "check_lengths", "model_limits"]
