@@ -68,7 +68,8 @@ def test_teacher_equal_to_student_gives_zero_advantage_and_zero_gradient(name):
     assert (advantages == 0).all()
     assert metrics["reverse_kl"].item() == 0.0 and metrics["agreement"].item() == 1.0
     loss, _ = policy_loss(logprobs, behavior, advantages, MASK, **loss_settings)
-    regularised = settings["regularizer"] != "none"  # a regulariser has its own gradient, teacher or not
+    # A regulariser has its own gradient, teacher or not; so has OAPL's regression (β·log(π/π_b))² at A = 0.
+    regularised = settings["regularizer"] != "none" or settings["objective"] == "advantage-regression"
     if not regularised:
         (grad,) = torch.autograd.grad(loss, logprobs)
         assert (grad == 0).all()

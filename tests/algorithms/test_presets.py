@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from arena_reference import reference_loss
 
 from oprl.algorithms import (
     ADVANTAGE_KEYS,
@@ -48,8 +49,19 @@ def _sequence_ratio(b):
     return math.exp(sum(logs) / len(logs))
 
 
+ARENA_KINDS = {"dppo-tv", "dppo-kl", "m2-mask", "m2-clip", "bapo", "flipped-is", "tapered", "soft-gate",
+               "sequence-sum", "advantage-regression"}  # fmt: skip
+
+
 def reference(settings, advantages, keep):
-    """Loss and d loss / d logprobs, one token at a time, then the aggregation of ``loss_agg``."""
+    """Loss and d loss / d logprobs, one token at a time, then the aggregation of ``loss_agg``. The methods
+    after the paper go to ``arena_reference`` (batch-level rules, OAPL's objective), written the same way."""
+    kinds = {settings[key] for key in ("clip_mode", "weight", "ratio_level", "objective")}
+    if kinds & ARENA_KINDS:
+        mask = [[bool(MASK[b][t] and keep[b]) for t in range(3)] for b in range(5)]
+        log_ratios = [[math.log(r) for r in row] for row in RATIOS]
+        loss, grad, _ = reference_loss(settings, LOGPROBS, log_ratios, advantages, mask)
+        return loss, grad
     eps_l, eps_h = settings["eps_low"], settings["eps_high"]
     eps_lp, eps_hp = settings["eps_low_prime"], settings["eps_high_prime"]
     c, cap = settings["regularizer_coef"], settings["is_cap"]

@@ -2,6 +2,7 @@
 
 - ``advantages``: group-relative advantages (mean / soft baseline, std, AsymRE shift, RED-Drop).
 - ``losses``: the token-level policy loss ℓ = −M·w·A·logprobs + regulariser and its metrics.
+- ``corrections``: the masks, weights and objective of DPPO, M2PO, BAPO, ASPO, TOPR, SAPO and OAPL.
 - ``aggregation``: the one place where (B, T) values become a scalar.
 - ``distill``: the teacher's per-token advantage log π_teacher − log π_b, added to or replacing the group one.
 - ``kl``: KL-to-reference estimators k1/k2/k3 (the entropy is computed with the log-probs in ``oprl.models``).
@@ -21,6 +22,7 @@ from oprl.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from oprl.algorithms.losses import (
     CLIP_MODES,
     MISMATCH_BAND,
+    OBJECTIVES,
     RATIO_LEVELS,
     REGULARIZERS,
     WEIGHTS,
@@ -52,6 +54,7 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "LOSS_KEYS",
     "MISMATCH_BAND",
+    "OBJECTIVES",
     "PRESETS",
     "RATIO_LEVELS",
     "REGISTRIES",

@@ -30,6 +30,14 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
     "regularizer_coef": 0.0,
     "weight_temperature": 1.0,  # RED-Weight's T in exp(A/T) (not the sampling temperature)
     "loss_agg": "token-mean",  # Σ ℓ·m / Σ m over the optimizer batch
+    "objective": "policy-gradient",  # −M·w·A·logprobs; "advantage-regression" is OAPL's squared residual
+    "m2_threshold": 0.04,  # M2PO's τ_M2 (Zheng et al. 2025: the paper's and the authors' scripts' value)
+    "tau_pos": 1.0,  # SAPO's gate temperature for A > 0 (Gao et al. 2025; verl / Trinity-RFT defaults)
+    "tau_neg": 1.05,  # SAPO's for A ≤ 0: slightly steeper, negative updates are attenuated sooner
+    "bapo_target": 0.5,  # BAPO's ρ₀: the share of the clipped update the positive tokens must reach
+    "bapo_low_max": 0.9,  # BAPO's b₋: c_low rises from 1 − eps_low up to this
+    "bapo_high_max": 3.0,  # BAPO's b₊: c_high rises from 1 + eps_high up to this
+    "regression_beta": 1e-3,  # OAPL's β (β2 in the authors' scripts) on Σ_t log(π/π_b)
     # distill_advantages (docs/algorithms.md#distillation)
     "distill_coef": 0.0,  # c in A_t = A_group + c·(log π_teacher − log π_b); 0 = no teacher signal
     "distill_mix": "add",  # "add" to the group advantage, or "replace" it (pure distillation)
@@ -41,6 +49,8 @@ ADVANTAGE_KEYS: tuple[str, ...] = ("std_normalize", "drop", "keep_dropped", "bas
 LOSS_KEYS: tuple[str, ...] = (
     "clip_mode", "weight", "ratio_level", "eps_low", "eps_high", "eps_low_prime", "eps_high_prime",
     "mask_low", "mask_high", "is_cap", "regularizer", "regularizer_coef", "weight_temperature", "loss_agg",
+    "objective", "m2_threshold", "tau_pos", "tau_neg", "bapo_target", "bapo_low_max", "bapo_high_max",
+    "regression_beta",
 )  # fmt: skip
 DISTILL_KEYS: tuple[str, ...] = ("distill_coef", "distill_mix")
 """Settings of ``distill_advantages``: the trainer calls it when ``distill_coef`` > 0 (rows need teacher log-probs)."""

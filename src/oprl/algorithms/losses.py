@@ -2,7 +2,10 @@
 
 Per token: ℓ = −M·w·A·logprobs + regulariser, aggregated over valid tokens by ``aggregate``. The mask M
 (clip_mode), the weight w, the regulariser and the aggregation are each looked up by name in a literal
-registry below; presets (``oprl.algorithms.presets``) are named combinations of them.
+registry below; presets (``oprl.algorithms.presets``) are named combinations of them. The objective is a
+registry too: ``policy-gradient`` is the line above, ``advantage-regression`` OAPL's squared residual. The
+masks, weights and objective of the methods published after the paper (DPPO, M2PO, BAPO, ASPO, TOPR, SAPO,
+OAPL) live in ``corrections.py`` and are listed here.
 
 ρ = exp(logprobs − behavior_logprobs) is computed from the *recorded* behaviour log-probs and detached, so
 ρ only selects tokens (M) and scales them (w); the gradient always flows through ``logprobs``. With w = ρ
@@ -19,6 +22,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+from oprl.algorithms import corrections
 from oprl.algorithms.aggregation import aggregate
 from oprl.algorithms.defaults import ALGORITHM_DEFAULTS as D
 from oprl.algorithms.registry import lookup
@@ -43,9 +47,11 @@ trainer and the sampler, which a bf16 sampler already produces on-policy (1.25 =
 
 
 class LossParams(NamedTuple):
-    """The numbers the masks and weights read: band [1 − eps_low, 1 + eps_high]; ring extremes 1 − eps_low_prime
-    and 1 + eps_high_prime; the rejection band [mask_low, mask_high]; the truncation cap C = is_cap; RED-Weight's
-    temperature T."""
+    """What the masks and weights read: band [1 − eps_low, 1 + eps_high] (DPPO: the divergence thresholds);
+    ring extremes 1 − eps_low_prime and 1 + eps_high_prime; the rejection band [mask_low, mask_high]; the cap
+    C = is_cap; RED-Weight's temperature T; M2PO's bound τ_M2; SAPO's gate temperatures; BAPO's target share
+    and bound maxima; OAPL's β. Then the call's tensors (B, T): ``mask``, the detached current ``logprobs`` and
+    the anchor's ``anchor_logprobs`` (rules on probabilities, DPPO, or on the whole batch, M2PO)."""
 
     eps_low: float
     eps_high: float
@@ -55,6 +61,16 @@ class LossParams(NamedTuple):
     mask_high: float
     is_cap: float
     weight_temperature: float
+    m2_threshold: float = D["m2_threshold"]
+    tau_pos: float = D["tau_pos"]
+    tau_neg: float = D["tau_neg"]
+    bapo_target: float = D["bapo_target"]
+    bapo_low_max: float = D["bapo_low_max"]
+    bapo_high_max: float = D["bapo_high_max"]
+    regression_beta: float = D["regression_beta"]
+    mask: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
+    anchor_logprobs: torch.Tensor | None = None
 
 
 def _in_band(ratio, params):
@@ -95,6 +111,12 @@ CLIP_MODES: dict[str, Callable] = {
     "two-side": _two_side,  # REC-TwoSide: only tokens inside the band (Yao et al. 2025)
     "ring": _ring,  # REC-Ring: band plus the far "corrective" regions (Yao et al. 2025)
     "mask": _reject_outside,  # masked IS / rejection: mask_low ≤ ρ ≤ mask_high (IcePop; verl's rollout_rs)
+    # DPPO (arXiv 2602.04879): the harmful side of |π − μ| (binary TV) or of the binary KL ≤ eps_low/eps_high
+    "dppo-tv": corrections._dppo_binary_tv,
+    "dppo-kl": corrections._dppo_binary_kl,
+    "m2-mask": corrections._m2_mask,  # M2PO (arXiv 2510.01161), paper: drop the largest (log ρ)² to M̂₂ < τ
+    "m2-clip": corrections._m2_clip,  # M2PO, the authors' code: one-side bounds from τ_M2 over harmful tokens
+    "bapo": corrections._bapo,  # BAPO (arXiv 2510.18927): one-side bounds widened until positives weigh ρ₀
 }
 
 
@@ -125,6 +147,9 @@ WEIGHTS: dict[str, Callable] = {
     # framework secretly brings you off-policy RL training"; verl rollout_is, TRL vllm_importance_sampling_cap)
     "clipped-is": _clipped_importance_weight,  # CISPO: w = clip(ρ, 1 − ε_low, 1 + ε_high) (MiniMax-M1, 2025)
     "advantage": _advantage_weight,  # RED-Weight: w = exp(A/T) up-weights better responses
+    "flipped-is": corrections._flipped_importance_weight,  # ASPO: min(1/ρ, C) if A > 0, min(ρ, C) else
+    "tapered": corrections._tapered_importance_weight,  # TOPR: 1 if A > 0, min(ρ, 1) else
+    "soft-gate": corrections._soft_gate_weight,  # SAPO: 4σ(1 − σ)·ρ, σ = sigmoid(τ±(ρ − 1))
 }
 
 
@@ -141,6 +166,7 @@ def _sequence_log_ratio(log_ratio, mask):
 RATIO_LEVELS: dict[str, Callable] = {
     "token": _token_log_ratio,  # ρ_t = π_θ(y_t)/π_b(y_t)
     "sequence": _sequence_log_ratio,  # ρ_i = (Π_t ρ_t)^(1/|y_i|) for every token of response i (GSPO)
+    "sequence-sum": corrections.sequence_sum_log_ratio,  # ρ_i = Π_t ρ_t, the whole response's ratio (TOPR)
 }
 
 
@@ -161,6 +187,22 @@ REGULARIZERS: dict[str, Callable] = {
     "squared-log-ratio": _squared_log_ratio,  # OPMD: + c·(logprobs − behavior_logprobs)², a pull towards π_b
     "forward-kl": _forward_kl,  # AsymRE: − c·logprobs, the same gradient as lowering the baseline by c
 }
+
+
+def _policy_gradient(logprobs, anchor_logprobs, advantages, mask, keep, weights, params):
+    return -keep.to(logprobs.dtype) * weights * advantages * logprobs, {}  # (B, T)
+
+
+def _advantage_regression(logprobs, anchor_logprobs, advantages, mask, keep, weights, params):
+    return corrections.advantage_regression(logprobs, anchor_logprobs, advantages, mask, params)
+
+
+OBJECTIVES: dict[str, Callable] = {
+    "policy-gradient": _policy_gradient,  # −M·w·A·logprobs: every method above
+    "advantage-regression": _advantage_regression,  # OAPL: (β·Σ_t log(π/π_b) − A)² per response; M, w unused
+}
+"""``(logprobs, anchor_logprobs, advantages, mask, keep, weights, params) -> ((B, T) values, metrics)``; the
+values keep the gradient of ``logprobs`` and go through ``aggregate`` like the policy-gradient tokens."""
 
 
 def policy_loss(
@@ -184,6 +226,14 @@ def policy_loss(
     regularizer_coef: float = D["regularizer_coef"],
     weight_temperature: float = D["weight_temperature"],
     loss_agg: str = D["loss_agg"],
+    objective: str = D["objective"],
+    m2_threshold: float = D["m2_threshold"],
+    tau_pos: float = D["tau_pos"],
+    tau_neg: float = D["tau_neg"],
+    bapo_target: float = D["bapo_target"],
+    bapo_low_max: float = D["bapo_low_max"],
+    bapo_high_max: float = D["bapo_high_max"],
+    regression_beta: float = D["regression_beta"],
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The REINFORCE-family loss and its diagnostics.
@@ -203,15 +253,17 @@ def policy_loss(
                      clipped-is clip(ρ, 1−ε_l, 1+ε_h) | advantage exp(A/weight_temperature)
       R (regularizer, on every valid token whatever M): none 0 | squared-log-ratio c·(logprobs − π_b)² |
                      forward-kl −c·logprobs
+    The methods after the paper (``corrections.py``, docs/algorithms.md#the-arena-methods): M dppo-tv,
+    dppo-kl, m2-mask, m2-clip, bapo; w flipped-is, tapered, soft-gate; ratio_level sequence-sum (Π_t ρ_t);
+    objective advantage-regression replaces −M·w·A·logprobs by OAPL's (β·Σ_t log(π/a) − A)² per response.
     loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor; metrics: detached 0-dim tensors,
-    averaged over valid tokens (see ``_metrics``).
+    averaged over valid tokens (see ``_metrics``), plus what a rule reports (M2PO's M̂₂, BAPO's bounds, ...).
     """
     keep_fn = lookup(CLIP_MODES, clip_mode, "clip_mode")
     weight_fn = lookup(WEIGHTS, weight, "weight")
     level_fn = lookup(RATIO_LEVELS, ratio_level, "ratio_level")
     regularizer_fn = lookup(REGULARIZERS, regularizer, "regularizer")
-    params = LossParams(eps_low, eps_high, eps_low_prime, eps_high_prime, mask_low, mask_high, is_cap,
-                        weight_temperature)  # fmt: skip
+    objective_fn = lookup(OBJECTIVES, objective, "objective")
 
     mask = mask.to(logprobs.dtype)  # (B, T)
     valid = mask > 0  # (B, T)
@@ -225,23 +277,33 @@ def policy_loss(
     if proximal_logprobs is not None:
         anchor = torch.where(valid, proximal_logprobs.to(logprobs.dtype), current)  # (B, T)
     log_ratio = level_fn((current - anchor).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), mask)  # (B, T)
-    ratio = log_ratio.exp()  # (B, T)
+    ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()  # (B, T); a sequence sum can exceed 20
     token_advantages = advantages.detach().to(logprobs.dtype)  # (B,) per response or (B, T) per token
     if token_advantages.dim() == 1:
         token_advantages = token_advantages[:, None].expand_as(logprobs)  # (B, T)
     token_advantages = torch.where(valid, token_advantages, torch.zeros_like(token_advantages))  # (B, T)
 
-    keep = keep_fn(ratio, token_advantages, params)  # (B, T) bool
-    weights = weight_fn(ratio, token_advantages, params)  # (B, T)
+    params = LossParams(eps_low, eps_high, eps_low_prime, eps_high_prime, mask_low, mask_high, is_cap,
+                        weight_temperature, m2_threshold, tau_pos, tau_neg, bapo_target, bapo_low_max,
+                        bapo_high_max, regression_beta, mask, current, anchor)  # fmt: skip
+
+    keep, keep_metrics = _with_metrics(keep_fn(ratio, token_advantages, params))  # (B, T) bool
+    weights, weight_metrics = _with_metrics(weight_fn(ratio, token_advantages, params))  # (B, T)
     if proximal_logprobs is not None:  # AReaL's behaviour weight, π_prox/π_b capped at C
         weights = weights * (anchor - behavior_logprobs).clamp(max=math.log(is_cap)).exp()
-    pg_tokens = -keep.to(logprobs.dtype) * weights * token_advantages * logprobs  # (B, T)
+    pg_tokens, objective_metrics = objective_fn(logprobs, anchor, token_advantages, mask, keep, weights, params)
     reg_tokens = regularizer_fn(logprobs, behavior_logprobs, regularizer_coef)  # (B, T)
 
     pg_loss = aggregate(pg_tokens, mask, loss_agg, normalizer)  # ()
     reg_loss = aggregate(reg_tokens, mask, loss_agg, normalizer)  # ()
     metrics = _metrics(ratio, keep, weights, mask, pg_loss, reg_loss)
-    return pg_loss + reg_loss, metrics
+    extra = {key: value.detach() for key, value in {**keep_metrics, **weight_metrics, **objective_metrics}.items()}
+    return pg_loss + reg_loss, metrics | extra
+
+
+def _with_metrics(result) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A mask or weight returns a tensor, or ``(tensor, metrics)`` saying what it masked or re-weighted."""
+    return result if isinstance(result, tuple) else (result, {})
 
 
 def _valid_extreme(ratio: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.Tensor:

@@ -16,12 +16,13 @@ from oprl.algorithms.advantages import BASELINES, DROP_RULES
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS
 from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, LOSS_KEYS
 from oprl.algorithms.distill import DISTILL_MIXES
-from oprl.algorithms.losses import CLIP_MODES, RATIO_LEVELS, REGULARIZERS, WEIGHTS
+from oprl.algorithms.losses import CLIP_MODES, OBJECTIVES, RATIO_LEVELS, REGULARIZERS, WEIGHTS
 from oprl.algorithms.registry import unknown_name_message
 
 _WIDE = {"eps_low": 0.6, "eps_high": 2.0}  # ρ ∈ [0.4, 3.0]: faster on- and near-policy (finding 3)
 _IS = {"weight": "importance-sampling"}  # w = ρ (detached)
 _STD = {"std_normalize": True}  # A = (r − mean)/(std + 1e-6)
+_DPPO = {"weight": "truncated-is", "is_cap": 20.0, "loss_agg": "seq-mean-token-sum-norm"}  # DPPO's TIS, clip_ratio_c
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Group-relative REINFORCE exactly as derived (docs/paper.md#derivation); unregularised, drifts when off-policy.
@@ -90,6 +91,54 @@ PRESETS: dict[str, dict[str, Any]] = {
     # per-token advantage log π_teacher − log π_b replaces the reward's, w = ρ (tinker's importance_sampling
     # loss). Needs teacher.path (docs/algorithms.md#distillation); add clip_mode=one-side for REC's clip.
     "distill": {**ALGORITHM_DEFAULTS, **_IS, "distill_coef": 1.0, "distill_mix": "replace"},
+    # The methods after the paper (docs/algorithms.md#the-arena-methods), with their authors' defaults.
+    # DPPO (Qi et al. 2026, arXiv 2602.04879; verl dppo_tv/dppo_kl, the authors' port): mask the tokens whose
+    # probability moved past δ in the harmful direction (eps_low/eps_high are δ here: TV 0.15, binary KL 0.05),
+    # w = min(ρ, 20), A = r − mean, each response's token sum / T (the authors' run script).
+    "dppo-tv": {**ALGORITHM_DEFAULTS, **_DPPO, "clip_mode": "dppo-tv", "eps_low": 0.15, "eps_high": 0.15},
+    "dppo-kl": {**ALGORITHM_DEFAULTS, **_DPPO, "clip_mode": "dppo-kl", "eps_low": 0.05, "eps_high": 0.05},
+    # M2PO (Zheng et al. 2025, arXiv 2510.01161; AReaL m2_threshold): the paper's mask (drop the largest
+    # (log ρ)² until M̂₂ < 0.04) with ρ-weighted GRPO advantages and no clip.
+    "m2po": {**ALGORITHM_DEFAULTS, **_STD, **_IS, "clip_mode": "m2-mask", "m2_threshold": 0.04},
+    # OAPL (Ritter et al. 2026, arXiv 2602.19362; danieldritter/OAPL): (β·Σ log(π/π_b) − (r − V̂*))² per
+    # response, V̂* = β₁·log mean exp(r/β₁) (baseline=logavgexp, tau = β₁ = 1), β = 1e-3, mean over responses.
+    "oapl": {
+        **ALGORITHM_DEFAULTS,
+        "baseline": "logavgexp",
+        "tau": 1.0,
+        "objective": "advantage-regression",
+        "regression_beta": 1e-3,
+        "loss_agg": "seq-mean-token-mean",
+    },
+    # TOPR (Le Roux et al. 2025, arXiv 2503.14286): positives as SFT, negatives with the truncated whole-response
+    # ratio min(Π_t ρ_t, 1); A = r − mean (the baseline variant; Trinity-RFT's topr uses the token ratio).
+    "topr": {**ALGORITHM_DEFAULTS, "weight": "tapered", "ratio_level": "sequence-sum"},
+    # BAPO (Xi et al. 2025, arXiv 2510.18927; WooooDyy/BAPO README): PPO's clip with c_low ∈ [0.6, 0.9] and
+    # c_high ∈ [1.2, 3.0] raised until the positive tokens carry ρ₀ = 0.5 of the update.
+    "bapo": {
+        **ALGORITHM_DEFAULTS,
+        **_STD,
+        **_IS,
+        "clip_mode": "bapo",
+        "eps_low": 0.4,
+        "eps_high": 0.2,
+        "bapo_target": 0.5,
+        "bapo_low_max": 0.9,
+        "bapo_high_max": 3.0,
+    },
+    # ASPO (Wang et al. 2025, arXiv 2510.06062; wizard-III/Archer2.0): one-side clip at 0.2, positive tokens
+    # weighted by the flipped ratio 1/ρ, both signs capped at C = 3 (soft dual clip).
+    "aspo": {**ALGORITHM_DEFAULTS, **_STD, "clip_mode": "one-side", "weight": "flipped-is", "is_cap": 3.0},
+    # SAPO (Gao et al. 2025, arXiv 2511.20347; verl / Trinity-RFT sapo): the soft gate's gradient weight
+    # 4σ(1 − σ)·ρ with τ+ = 1, τ− = 1.05, no mask, each response's token mean.
+    "sapo": {
+        **ALGORITHM_DEFAULTS,
+        **_STD,
+        "weight": "soft-gate",
+        "tau_pos": 1.0,
+        "tau_neg": 1.05,
+        "loss_agg": "seq-mean-token-mean",
+    },
 }
 
 REGISTRIES: dict[str, dict[str, Any]] = {
@@ -100,6 +149,7 @@ REGISTRIES: dict[str, dict[str, Any]] = {
     "ratio_level": RATIO_LEVELS,
     "regularizer": REGULARIZERS,
     "loss_agg": LOSS_AGGREGATIONS,
+    "objective": OBJECTIVES,
     "distill_mix": DISTILL_MIXES,
 }
 """The settings whose value is a registry key: the registry is the one list of valid strings (``oprl.config``
@@ -113,9 +163,10 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 }
 """Option strings of earlier versions -> the current string, per setting."""
 
-_POSITIVE = ("tau", "weight_temperature", "is_cap", "mask_high")
+_POSITIVE = ("tau", "weight_temperature", "is_cap", "mask_high", "tau_pos", "tau_neg", "bapo_high_max")
 _NON_NEGATIVE = (
     "eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "regularizer_coef", "mask_low", "distill_coef",
+    "m2_threshold", "bapo_low_max", "regression_beta",
 )  # fmt: skip
 _BOOLEAN = ("std_normalize", "keep_dropped", "recompute_proximal")
 
@@ -155,6 +206,8 @@ def validate_settings(settings: dict[str, Any]) -> None:
     if settings.get("distill_mix") == "replace" and settings.get("distill_coef") == 0:
         message = "distill_mix=replace with distill_coef=0 sets every advantage to 0 (nothing trains): set it > 0"
         raise SettingError("distill_coef", message)
+    if not 0 <= settings.get("bapo_target", 0.0) <= 1:
+        raise SettingError("bapo_target", f"bapo_target must be in [0, 1] (a share), got {settings['bapo_target']!r}")
     low, high = settings.get("mask_low", 0.0), settings.get("mask_high", math.inf)
     if not low < high:
         message = f"mask_low must be < mask_high (the band of clip_mode=mask), got {low!r} >= {high!r}"

@@ -217,13 +217,13 @@ class AlgorithmConfig(_Section):
     """Temperature of the logavgexp baseline (> 0)."""
     clip_mode: ClipMode | None = None
     """Token mask M: none, one-side (where PPO-clip has gradient), two-side, ring, mask (rho outside
-    [mask_low, mask_high] gets no gradient)."""
+    [mask_low, mask_high] gets no gradient); dppo-tv, dppo-kl, m2-mask, m2-clip, bapo (docs/algorithms.md)."""
     weight: Weight | None = None
     """Per-token weight (detached): none (NoIS), importance-sampling (rho), truncated-is (min(rho, is_cap)),
-    clipped-is (clip(rho, 1 - eps_low, 1 + eps_high), CISPO), advantage (exp(A/T), RED-Weight)."""
+    clipped-is (CISPO), advantage (exp(A/T), RED-Weight), flipped-is (ASPO), tapered (TOPR), soft-gate (SAPO)."""
     ratio_level: RatioLevel | None = None
     """``token``: rho per token; ``sequence``: each response's geometric-mean ratio exp(mean_t log rho_t) on all
-    its tokens, for the mask and the weight (GSPO; sequence-level TIS and masking)."""
+    its tokens, for the mask and the weight (GSPO; sequence-level TIS and masking); ``sequence-sum``: prod_t rho_t."""
     eps_low: float | None = None
     """Clip band lower edge: rho >= 1 - eps_low (>= 0)."""
     eps_high: float | None = None
@@ -253,6 +253,22 @@ class AlgorithmConfig(_Section):
     """RED-Weight temperature T in w = exp(A/T) (> 0; not the sampling temperature)."""
     loss_agg: LossAgg | None = None
     """How token losses are averaged over the optimizer batch (token-mean = over all valid tokens)."""
+    objective: Literal["policy-gradient", "advantage-regression"] | None = None
+    """policy-gradient: -M*w*A*logprobs; advantage-regression: OAPL's (regression_beta*log(pi/pi_b) - A)^2."""
+    m2_threshold: float | None = None
+    """M2PO (clip_mode=m2-mask, m2-clip): the bound tau_M2 on the batch mean of (log rho)^2."""
+    tau_pos: float | None = None
+    """SAPO (weight=soft-gate): gate temperature of tokens with A > 0."""
+    tau_neg: float | None = None
+    """SAPO (weight=soft-gate): gate temperature of tokens with A <= 0."""
+    bapo_target: float | None = None
+    """BAPO (clip_mode=bapo): the share rho_0 of the clipped update the positive tokens must reach (0..1)."""
+    bapo_low_max: float | None = None
+    """BAPO: the lower ratio bound rises from 1 - eps_low up to this."""
+    bapo_high_max: float | None = None
+    """BAPO: the upper ratio bound rises from 1 + eps_high up to this."""
+    regression_beta: float | None = None
+    """OAPL (objective=advantage-regression): beta on each response's log-ratio sum_t log(pi/pi_b)."""
     distill_coef: float | None = None
     """Distillation (docs/algorithms.md#distillation; needs teacher.path or a store scored by ``oprl
     teacher-score``): c in the per-token advantage A_t = A_group + c*(log pi_teacher(y_t) - log pi_behaviour(y_t)),
