@@ -15,6 +15,7 @@ from oprl.explorer.evaluate import Evaluator
 from oprl.explorer.explorer import ExplorerWorker
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import ENGINES, Engine, VLLMEngine
+from oprl.teacher import TeacherWorker
 from oprl.trainer.ranks import ShardedTrainer
 from oprl.trainer.trainer import TrainerWorker
 
@@ -79,8 +80,9 @@ WORKERS = [
     (ExplorerWorker, roles.ExplorerRole),
     (ExperienceBuffer, roles.BufferRole),
     (Evaluator, roles.EvaluatorRole),
+    (TeacherWorker, roles.TeacherRole),
 ]
-HANDLES = [roles.TrainerHandle, roles.ExplorerHandle, roles.BufferHandle, roles.EvaluatorHandle]
+HANDLES = [roles.TrainerHandle, roles.ExplorerHandle, roles.BufferHandle, roles.EvaluatorHandle, roles.TeacherHandle]
 
 
 def verbs(protocol) -> set[str]:

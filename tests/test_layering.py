@@ -68,6 +68,8 @@ ALLOWED = {
         "tasks",
         "worker",
     },
+    # The teacher (distillation): loads a second model, scores experiences, rewrites a store (teacher-score).
+    "teacher": {"teacher", "buffer", "checkpoint", "config", "errors", "io", "messages", "models", "worker"},
     # Leaves every layer may use.
     "errors": {"errors"},
     "progress": {"progress"},

@@ -83,6 +83,17 @@ class BufferRole(Protocol):
 
 
 @runtime_checkable
+class TeacherRole(Protocol):
+    """The teacher worker (``TeacherWorker``): scores the student's tokens with a second model (distillation)."""
+
+    def ping(self) -> int: ...
+
+    def score(self, batch: int, experiences: list[Experience]) -> list[Experience]:
+        """Batch ``batch``'s experiences with ``teacher_logprobs`` set."""
+        ...
+
+
+@runtime_checkable
 class EvaluatorRole(Protocol):
     """The worker of ``mode=eval`` (``Evaluator``)."""
 
@@ -169,6 +180,16 @@ class BufferHandle(Handle):
 
     def restore(self, directory: str) -> Pending[list[int]]:
         return self._call(BufferRole.restore, directory)
+
+
+class TeacherHandle(Handle):
+    role = TeacherRole
+
+    def ping(self) -> Pending[int]:
+        return self._call(TeacherRole.ping)
+
+    def score(self, batch: int, experiences: list[Experience] | Pending[list[Experience]]) -> Pending[list[Experience]]:
+        return self._call(TeacherRole.score, batch, experiences)
 
 
 class EvaluatorHandle(Handle):

@@ -43,7 +43,7 @@ def test_store_round_trip_is_exact_and_atomic(tmp_path):
     assert [vars(e) for e in store.read(3)] == [vars(e) for e in batch]
     table = pq.read_table(store.path_of(3))
     assert table.schema.equals(SCHEMA, check_metadata=False)
-    assert table.schema.metadata[b"oprl_schema"] == b"3"
+    assert table.schema.metadata[b"oprl_schema"] == b"4"
     assert table.column("batch").to_pylist() == [3] * 4
 
 

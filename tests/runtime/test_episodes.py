@@ -251,7 +251,7 @@ def test_store_schema_2_round_trips_masks_and_version_1_still_loads(task, tokeni
     )
     write_parquet(tmp_path / "batch-000001.parquet", [*rows, single], 1)
     table = pq.read_table(tmp_path / "batch-000001.parquet")
-    assert table.schema.metadata[b"oprl_schema"] == b"3"
+    assert table.schema.metadata[b"oprl_schema"] == b"4"
     back = read_parquet(tmp_path / "batch-000001.parquet")
     assert [e.loss_mask for e in back] == [e.loss_mask for e in rows] + [None]
     assert back[-1].model_tokens == 1 and back[0].model_tokens == sum(rows[0].loss_mask)

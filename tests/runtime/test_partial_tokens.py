@@ -34,7 +34,7 @@ def test_schema_3_round_trip(tmp_path):
     rows = [_row([2, 2, 3, 3]), _row(None, policy_version=4), _row([1, 1, 2], 1, loss_mask=[1, 0, 1])]
     write_parquet(tmp_path / "batch-000001.parquet", rows, 1)
     table = pq.read_table(tmp_path / "batch-000001.parquet")
-    assert table.schema.metadata[b"oprl_schema"] == b"3" and "behavior_versions" in SCHEMA.names
+    assert table.schema.metadata[b"oprl_schema"] == b"4" and "behavior_versions" in SCHEMA.names
     assert table.column("behavior_versions").to_pylist() == [[2, 2, 3, 3], None, [1, 1, 2]]
     back = read_parquet(tmp_path / "batch-000001.parquet")
     assert [vars(e) for e in back] == [vars(e) for e in rows]

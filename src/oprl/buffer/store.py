@@ -23,10 +23,11 @@ from oprl.errors import OprlError
 from oprl.io import atomic_path
 from oprl.messages import Experience
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 """2 added ``loss_mask`` (multi-turn episodes), 3 ``behavior_versions`` (partial rollouts: the policy version
-of each token). Older files still load: version 1 as all-model tokens, versions 1-2 as one policy per row."""
-OPTIONAL = ("loss_mask", "behavior_versions")
+of each token), 4 ``teacher_logprobs`` (distillation: the teacher's log-prob of each token). Older files still
+load: version 1 as all-model tokens, versions 1-2 as one policy per row, versions 1-3 as unscored by a teacher."""
+OPTIONAL = ("loss_mask", "behavior_versions", "teacher_logprobs")
 """Columns a file may lack: those added after schema version 1."""
 STORE_DIRNAME = "experiences"
 _BATCH_FILE = re.compile(r"batch-(\d+)\.parquet")
@@ -48,6 +49,7 @@ SCHEMA = pa.schema(
         pa.field("extra", pa.string()),
         pa.field("loss_mask", pa.list_(pa.int8())),
         pa.field("behavior_versions", pa.list_(pa.int64())),
+        pa.field("teacher_logprobs", pa.list_(pa.float32())),
     ],
     metadata={"oprl_schema": SCHEMA_VERSION},
 )
@@ -74,16 +76,20 @@ def to_table(experiences: list[Experience], batch: int | list[int]) -> pa.Table:
         "loss_mask": [e.loss_mask for e in experiences],
         # null for rows sampled by one policy (policy_version says which).
         "behavior_versions": [e.behavior_versions for e in experiences],
+        # null for rows no teacher scored; float32 like the teacher's scores, so lossless.
+        "teacher_logprobs": [e.teacher_logprobs for e in experiences],
     }
     return pa.Table.from_pydict(columns, schema=SCHEMA)
 
 
 def from_table(table: pa.Table) -> list[Experience]:
     """Experiences from a table with ``SCHEMA`` (extra columns are ignored; a version-1 table has no
-    ``loss_mask``: every token is the model's; versions 1-2 no ``behavior_versions``: one policy per row)."""
+    ``loss_mask``: every token is the model's; versions 1-2 no ``behavior_versions``: one policy per row;
+    versions 1-3 no ``teacher_logprobs``: no teacher scored them)."""
     rows = table.to_pydict()
     masks = rows.get("loss_mask") or [None] * table.num_rows
     versions = rows.get("behavior_versions") or [None] * table.num_rows
+    teacher = rows.get("teacher_logprobs") or [None] * table.num_rows
     return [
         Experience(
             prompt_ids=rows["prompt_ids"][i],
@@ -100,6 +106,7 @@ def from_table(table: pa.Table) -> list[Experience]:
             extra=json.loads(rows["extra"][i] or "{}"),
             loss_mask=masks[i],
             behavior_versions=versions[i],
+            teacher_logprobs=teacher[i],
         )
         for i in range(table.num_rows)
     ]
@@ -120,7 +127,7 @@ def read_parquet(path: Path, columns: list[str] | None = None) -> list[Experienc
     unreadable or lacks oprl's columns is a one-line ``OprlError`` naming it."""
     try:
         names = pq.read_schema(path).names
-        # loss_mask (version 2) and behavior_versions (version 3) may be absent: older files still load.
+        # loss_mask (2), behavior_versions (3) and teacher_logprobs (4) may be absent: older files still load.
         missing = [name for name in SCHEMA.names if name not in names and name not in OPTIONAL]
         if missing:
             raise OprlError(

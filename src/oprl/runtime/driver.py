@@ -39,7 +39,7 @@ from oprl.schedule import lag
 
 if TYPE_CHECKING:  # annotations only: the driver never builds one
     from oprl.messages import ExploreResult, TrainResult
-    from oprl.roles import BufferHandle, ExplorerHandle, TrainerHandle
+    from oprl.roles import BufferHandle, ExplorerHandle, TeacherHandle, TrainerHandle
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Call:
     """A submitted call the driver waits for, with what its handler needs."""
 
     kind: str
-    """explore, put, train, eval, weights, post (to the weights board), part (of a checkpoint)."""
+    """explore, put, train, eval, weights, post (to the weights board), part (of a checkpoint), score (teacher)."""
     component: str
     """The worker, as named in error messages (``explorer 0``, ``trainer``, ``buffer``)."""
     doing: str
@@ -162,9 +162,12 @@ class Driver:
         pending: list[int],
         ready: set[int],
         health=None,
+        teacher: TeacherHandle | None = None,
     ):
         self.cfg, self.run_dir, self.backend = config, Path(run_dir), backend
         self.trainer, self.explorers, self.buffer, self.sync = trainer, explorers, buffer, sync
+        self.teacher = teacher
+        """Distillation: scores each batch between the explorer and the buffer (offline: before training)."""
         self.steps = config.steps
         self.offline = config.mode == "offline"
         self.explore_only = config.mode == "explore"
@@ -290,6 +293,8 @@ class Driver:
         ):
             assert self.trainer is not None, "a mode that trains has a trainer"
             experiences, stats = self.buffer.take(step)
+            if self.offline and self.teacher is not None:  # stored rows without teacher log-probs get them now
+                experiences = self._score(step, experiences)
             trained = self.trainer.train(step, experiences)
             self._submit(trained, Call("train", "trainer", f"while training step {step}", step=step, stats=stats))
             schedule.take(step)
@@ -298,9 +303,17 @@ class Driver:
     def _on_explore(self, call: Call, result: ExploreResult) -> None:
         batch = call.batch
         self.perf.explored(result)
-        put = self.buffer.put(batch, call.experiences, not self.explore_only)
+        experiences = call.experiences if self.teacher is None else self._score(batch, call.experiences)
+        put = self.buffer.put(batch, experiences, not self.explore_only)
         self._submit(put, Call("put", "buffer", f"while storing batch {batch}", batch=batch))
         self.schedule.explored(batch, to_train=not self.explore_only)
+
+    def _score(self, batch: int, experiences):
+        """The teacher's copy of ``experiences`` (a future), waited for like any call so its failure is named."""
+        assert self.teacher is not None
+        scored = self.teacher.score(batch, experiences)
+        self._submit(scored, Call("score", "teacher", f"while scoring batch {batch}", batch=batch))
+        return scored
 
     def _on_put(self, call: Call, _size: int) -> None:
         if self.explore_only:

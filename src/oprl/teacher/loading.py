@@ -1,0 +1,106 @@
+"""Loading the teacher of ``teacher.path`` and checking that it speaks the student's tokens.
+
+``teacher.path`` may be a run directory (its ``final/`` model, else its newest checkpoint), a checkpoint
+directory (its trainer weights loaded into the architecture of the student's model: an embedded-model run's
+checkpoint is a teacher for the same embedded model), ``tiny`` (the student's own starting model), or anything
+``model.path`` accepts (a Hugging Face directory, ``smollm2-135m-instruct``, a ``.gguf`` file, a hub id).
+
+Distillation compares log-probs of the same token ids, so the teacher's vocabulary must be the student's: any
+difference is one ``OprlError`` line naming both. Not here: LoRA teachers (a run trained with adapters is a
+teacher through a merged ``final/`` only), a teacher on another tokenizer (no byte-level alignment).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from oprl.checkpoint.files import load_checkpoint_weights, resolve_checkpoint
+from oprl.errors import OprlError
+from oprl.models.loading import dequantised_gguf, load_pretrained, quiet_transformers, resolve_model_path
+from oprl.worker import SAMPLING_LOCK
+
+if TYPE_CHECKING:
+    from oprl.config import RunConfig
+
+
+def teacher_source(path: str, student_path: str) -> tuple[str, Path | None]:
+    """``(the model to load, a checkpoint whose weights replace its weights, or None)`` for ``teacher.path``."""
+    if path == "tiny":
+        return student_path, None
+    local = Path(path).expanduser()
+    if local.is_dir() and not (local / "config.json").is_file():
+        if (local / "final" / "config.json").is_file():
+            return str(local / "final"), None
+        checkpoint = resolve_checkpoint(local)
+        if checkpoint is None:
+            raise OprlError(
+                f"teacher.path: {path!r} is neither a model directory nor a run directory with final/ or "
+                "checkpoints/ (give a run, a checkpoint step-N, a model directory, 'tiny' or a hub id)"
+            )
+        return student_path, checkpoint
+    return path, None
+
+
+def load_teacher(config: RunConfig, student_path: str):
+    """``(model, tokenizer)`` of ``config.teacher.path`` on ``model.device`` in ``teacher.dtype``, frozen."""
+    path = config.teacher.path
+    assert path is not None, "a teacher worker is started only with teacher.path"
+    quiet_transformers()
+    source, checkpoint = teacher_source(path, student_path)
+    try:
+        with SAMPLING_LOCK:  # loading draws from the global generator, which sampling threads share
+            model, tokenizer = load_pretrained(
+                source, dtype=config.teacher.dtype, device=config.model.device, seed=config.seed
+            )
+    except OprlError as exc:  # load_pretrained names model.path; here the culprit is teacher.path
+        raise OprlError(str(exc).replace("model.path", "teacher.path", 1)) from None
+    if checkpoint is not None:
+        try:
+            load_checkpoint_weights(model, checkpoint)
+        except Exception as exc:  # another architecture's tensors: missing keys, other shapes
+            reason = " ".join(str(exc).split())[:200]
+            raise OprlError(
+                f"teacher.path: checkpoint {checkpoint} does not fit model.path's architecture "
+                f"({type(exc).__name__}: {reason}); give its run's final/ directory instead"
+            ) from None
+    if source != student_path:
+        check_same_tokens(tokenizer, student_tokenizer(student_path), path, config.model.path)
+    return model.eval().requires_grad_(False), tokenizer
+
+
+def student_tokenizer(student_path: str):
+    """The tokenizer at ``student_path`` (a model directory, a .gguf file, the SmolLM2 alias or a hub id)."""
+    from transformers import AutoTokenizer
+
+    location, extra = resolve_model_path(student_path)
+    if "gguf_file" in extra:
+        location, extra = str(dequantised_gguf(Path(location) / extra["gguf_file"])), {}
+    return AutoTokenizer.from_pretrained(location, **extra)
+
+
+def check_same_tokens(teacher, student, teacher_name: str, student_name: str) -> None:
+    """One ``OprlError`` line naming both vocabularies when the two tokenizers map any token to another id."""
+    teacher_vocab, student_vocab = teacher.get_vocab(), student.get_vocab()
+    if teacher_vocab == student_vocab:
+        return
+    differing = sorted(
+        t for t in teacher_vocab.keys() | student_vocab.keys() if teacher_vocab.get(t) != student_vocab.get(t)
+    )
+    token = differing[0]
+    raise OprlError(
+        f"teacher.path: {teacher_name}'s vocabulary ({len(teacher_vocab)} tokens) is not model.path "
+        f"{student_name}'s ({len(student_vocab)} tokens; {len(differing)} differ, e.g. {token!r}: id "
+        f"{teacher_vocab.get(token)} vs {student_vocab.get(token)}): distillation compares log-probs of the "
+        "same token ids, so the teacher needs the student's tokenizer"
+    )
+
+
+def check_teacher(config: RunConfig) -> None:
+    """Cross-field rules of distillation, as one-line errors (before any worker starts)."""
+    coef = config.algorithm.distill_coef or 0.0
+    if coef > 0 and config.mode == "both" and config.teacher.path is None:
+        raise OprlError(
+            f"algorithm.distill_coef={coef:g} needs a teacher: set teacher.path (a run, a checkpoint or a model "
+            "with the student's tokenizer)"
+        )

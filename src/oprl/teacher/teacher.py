@@ -1,0 +1,116 @@
+"""The teacher: a second model that scores every token the student sampled, and ``TeacherWorker``, its role.
+
+``Teacher.logprobs`` is prefill only: for each row, log π_teacher(y_t | prompt, y_<t) of the response tokens
+under the sampling temperature (the scaling of ``behavior_logprobs``, so a teacher equal to the student gives
+exactly the behaviour log-probs), in batches of whole groups. ``teacher.engine=lean`` prefills each distinct
+prompt once and shares its key/value cache with the group's responses (``grouped_response_logprobs``, the
+trainer's own computation); ``hf`` runs each row's prompt + response in one plain forward (the reference).
+
+The driver hands each explored batch to the teacher between the explorer and the buffer (``explore -> score ->
+put``), so the store, replay, checkpoints and resume carry ``teacher_logprobs`` like any column; mode=offline
+scores the batch the buffer hands out when the stored rows have none (``oprl teacher-score`` adds them to a
+store once, ``oprl.teacher.score``).
+
+Not here: sampling (the teacher never generates), top-p (its log-probs are of the full distribution; the
+student's under nucleus sampling are of the truncated one), the distillation math (``oprl.algorithms.distill``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+from oprl.messages import Experience
+from oprl.models.logprobs import grouped_response_logprobs, packed_response_logprobs
+from oprl.worker import Clock
+
+if TYPE_CHECKING:
+    from oprl.config import RunConfig
+
+ENGINES = {
+    "lean": grouped_response_logprobs,  # each distinct prompt once per micro-batch (shared key/value cache)
+    "hf": packed_response_logprobs,  # prompt + response per row, one plain forward
+}
+
+
+class Teacher:
+    """A frozen model that returns its per-token log-probs of given responses."""
+
+    def __init__(
+        self, model, pad_id: int, *, temperature: float = 1.0, engine: str = "lean", micro_batch_size: int = 64
+    ):
+        self.model = model.eval().requires_grad_(False)
+        self.pad_id = pad_id
+        self.temperature = temperature
+        self.forward = ENGINES[engine]
+        self.micro_batch_size = micro_batch_size
+
+    @torch.no_grad()
+    def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """log π_teacher of every response token, one list per row (the response's length)."""
+        out: list[list[float]] = []
+        for rows in group_chunks(prompt_ids, self.micro_batch_size):
+            values, _, mask = self.forward(
+                self.model,
+                [prompt_ids[i] for i in rows],
+                [response_ids[i] for i in rows],
+                self.pad_id,
+                temperature=self.temperature,
+            )  # (B, T), _, (B, T)
+            out += [row[valid].tolist() for row, valid in zip(values.float().cpu(), mask.cpu(), strict=True)]
+        return out
+
+    def score(self, experiences: list[Experience]) -> list[Experience]:
+        """Copies of ``experiences`` with ``teacher_logprobs`` set (the inputs are left unchanged)."""
+        values = self.logprobs([e.prompt_ids for e in experiences], [e.response_ids for e in experiences])
+        return [dataclasses.replace(e, teacher_logprobs=v) for e, v in zip(experiences, values, strict=True)]
+
+
+def group_chunks(prompt_ids: list[list[int]], size: int) -> list[list[int]]:
+    """Row indices in chunks of at most ``size`` rows that never split a run of equal consecutive prompts (a
+    group) unless the group alone exceeds ``size``: each group's prompt is prefilled once."""
+    runs: list[list[int]] = []
+    for index, prompt in enumerate(prompt_ids):
+        if runs and prompt_ids[runs[-1][0]] == prompt and len(runs[-1]) < size:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    chunks: list[list[int]] = []
+    for run in runs:
+        if chunks and len(chunks[-1]) + len(run) <= size:
+            chunks[-1] += run
+        else:
+            chunks.append(list(run))
+    return chunks
+
+
+class TeacherWorker:
+    """The teacher role: loads ``teacher.path`` (checking its tokenizer is the student's) and scores batches."""
+
+    def __init__(self, config: RunConfig, student_path: str):
+        from oprl.teacher.loading import load_teacher
+
+        self.clock = Clock()
+        model, tokenizer = load_teacher(config, student_path)
+        self.teacher = Teacher(
+            model,
+            tokenizer.pad_token_id,
+            temperature=config.rollout.temperature,
+            engine=config.teacher.engine,
+            micro_batch_size=config.teacher.micro_batch_size,
+        )
+
+    def ping(self) -> int:
+        return 0
+
+    def score(self, batch: int, experiences: list[Experience]) -> list[Experience]:
+        """Batch ``batch``'s experiences with ``teacher_logprobs`` (rows already scored keep theirs)."""
+        with self.clock.work():
+            todo = [i for i, e in enumerate(experiences) if e.teacher_logprobs is None]
+            scored = self.teacher.score([experiences[i] for i in todo])
+            out = list(experiences)
+            for i, row in zip(todo, scored, strict=True):
+                out[i] = row
+            return out

@@ -1,0 +1,83 @@
+"""Distillation end to end on the embedded model, with a teacher that is a checkpoint of a GRPO run of it: the
+``distill`` preset trains, the store holds the teacher's log-probs (equal to a fresh prefill), worker processes
+give the threads' numbers, and resume keeps the teacher log-probs of the batches a checkpoint holds."""
+
+import os
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+
+from oprl.buffer.store import read_parquet
+from oprl.cli import main
+from oprl.config import load_config
+from oprl.metrics import deterministic_view, read_metrics
+from oprl.runtime.run import model_path
+from oprl.tasks import build_task
+from oprl.teacher import Teacher
+from oprl.teacher.loading import load_teacher
+
+pytestmark = pytest.mark.integration
+
+FAST = ["tensorboard=false", "runtime.torch_threads=1", "eval.interval=0"]
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory, cache_dir):
+    """A GRPO run of 2 steps with a checkpoint: its step-2 weights are the teacher."""
+    os.environ["OPRL_CACHE_DIR"] = str(cache_dir)
+    from conftest import SMALL
+
+    root = tmp_path_factory.mktemp("distill")
+    args = [*SMALL, *FAST, f"output_dir={root / 'runs'}"]
+    assert main(["train", *args, "steps=2", "checkpoint.interval=2", "run_name=teacher"]) == 0
+    teacher = root / "runs" / "teacher" / "checkpoints" / "step-000002"
+    distill = [*args, "algorithm.preset=distill", f"teacher.path={teacher}"]
+    return root, distill
+
+
+def rows_of(root, name):
+    return read_metrics(root / "runs" / name / "metrics.jsonl")
+
+
+def test_the_distill_preset_trains_and_stores_what_a_fresh_prefill_gives(teacher_run):
+    root, distill = teacher_run
+    assert main(["train", *distill, "steps=2", "run_name=distill"]) == 0
+    rows = [r for r in rows_of(root, "distill") if "distill/reverse_kl" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["optim/grad_norm"] > 0 and 0 < r["distill/agreement"] < 1 for r in rows)
+    config = load_config(root / "runs" / "distill" / "config.yaml")
+    model, tokenizer = load_teacher(config, model_path(config, build_task(config.task)))
+    teacher = Teacher(model, tokenizer.pad_token_id, temperature=config.rollout.temperature)
+    for batch in (1, 2):
+        stored = read_parquet(root / "runs" / "distill" / "experiences" / f"batch-{batch:06d}.parquet")
+        fresh = teacher.logprobs([e.prompt_ids for e in stored], [e.response_ids for e in stored])
+        for row, values in zip(stored, fresh, strict=True):
+            assert row.teacher_logprobs == pytest.approx(values, abs=1e-5)
+            assert row.teacher_logprobs != pytest.approx(row.behavior_logprobs, abs=1e-3)  # another model
+
+
+def test_worker_processes_give_the_threads_numbers(teacher_run):
+    root, distill = teacher_run
+    common = [*distill, "steps=2", "sync.offset=1"]
+    assert main(["train", *common, "run_name=threads"]) == 0
+    assert main(["train", *common, "run_name=processes", "runtime.workers=processes"]) == 0
+    assert deterministic_view(rows_of(root, "processes")) == deterministic_view(rows_of(root, "threads"))
+
+
+def test_resume_keeps_the_teacher_logprobs_of_the_checkpointed_batches(teacher_run, capsys):
+    """Step 2's checkpoint holds batch 3 (generated ahead, sync.offset=1) with its teacher log-probs; resuming
+    from it (the step-3 checkpoint removed) trains step 3 on them and logs the uninterrupted run's numbers."""
+    root, distill = teacher_run
+    common = [*distill, "sync.offset=1", "checkpoint.interval=2", "steps=3"]
+    assert main(["train", *common, "run_name=whole"]) == 0
+    shutil.copytree(root / "runs" / "whole", root / "runs" / "cut")
+    shutil.rmtree(root / "runs" / "cut" / "checkpoints" / "step-000003")
+    ready = root / "runs" / "cut" / "checkpoints" / "step-000002" / "buffer" / "ready-000003.parquet"
+    assert pq.read_table(ready).column("teacher_logprobs").null_count == 0
+    capsys.readouterr()
+    assert main(["train", *common, "run_name=cut", "resume=true"]) == 0
+    assert "step-000002 (step 2 of 3)" in capsys.readouterr().out
+    assert deterministic_view(rows_of(root, "cut")) == deterministic_view(rows_of(root, "whole"))
+    resumed = read_parquet(root / "runs" / "cut" / "experiences" / "batch-000003.parquet")
+    assert [e.teacher_logprobs for e in resumed] == [e.teacher_logprobs for e in read_parquet(ready)]
