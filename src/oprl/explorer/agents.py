@@ -91,6 +91,7 @@ def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSetti
         engine.top_p if s.top_p is None else s.top_p,
         engine.max_new_tokens,
         context_length(engine),
+        getattr(engine, "top_k", 0) or 0,
     )
     runs = [AgentRun(i, p, Session(i, tokenizer, s.max_turns, s.max_tokens)) for i, p in enumerate(problems)]
     for run in runs:

@@ -78,6 +78,8 @@ class Sampling:
     top_p: float
     max_new_tokens: int
     context: int | None = None
+    top_k: int = 0
+    """The engine's top-k (0 = off; ``rollout.top_k``)."""
 
     @property
     def room(self) -> int | None:
@@ -182,6 +184,9 @@ class Endpoint:
         ):
             if value is not None and abs(value - served) > 1e-6:
                 raise RequestRefused(400, f"{name}={value}: this endpoint samples at {name}={served} (the run's)")
+        top_k, served_k = (body.model_extra or {}).get("top_k"), self.sampling.top_k
+        if top_k is not None and (top_k if isinstance(top_k, int) and top_k > 0 else 0) != served_k:
+            raise RequestRefused(400, f"top_k={top_k}: this endpoint samples at top_k={served_k} (the run's)")
         max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or limit
         if max_tokens > limit:
             raise RequestRefused(

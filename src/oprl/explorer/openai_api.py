@@ -210,7 +210,7 @@ def _where(path: tuple) -> str:
     return ".".join(str(p) for p in path) or "body"
 
 
-NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "top_k": -1, "min_p": 0.0}
+NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0}
 """Sampling options accepted only at the value that changes nothing (the engine samples plain softmax)."""
 
 
@@ -220,7 +220,7 @@ def check_options(body: _Request) -> None:
     extra = body.model_extra or {}
     for name, neutral in NEUTRAL.items():
         value = getattr(body, name, None) if name in type(body).model_fields else extra.get(name)
-        if value is not None and value != neutral and not (name == "top_k" and value == 0):
+        if value is not None and value != neutral:
             raise RequestRefused(400, f"{name}={value}: not supported (the engine samples without it); omit it")
     if body.logit_bias:
         raise RequestRefused(400, "logit_bias: not supported (the behaviour log-probs would not be the policy's)")

@@ -1,0 +1,184 @@
+"""The OpenAI options agent frameworks send, served exactly or refused with a 400 (issue 41): ``stop`` (matches
+across token boundaries, log-probs unchanged, stored = returned), content parts (an echo in parts extends the
+session), ``tool_choice`` none, ``logprobs``, and streaming (the real ``openai`` client and ``httpx`` line by
+line, chat and completions, tool calls and usage)."""
+
+import json
+
+import httpx
+import openai
+import pytest
+from test_agent_endpoint import agent_task, run
+
+from oprl.models.chat import render
+from oprl.models.tiny import build_tokenizer
+from oprl.rollout import Rollout
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+class ScriptEngine:
+    """Replies ``REPLY`` (a tool call when tools are in the prompt), then EOS; token k has log-prob -0.01 (k+1)."""
+
+    temperature, top_p, max_new_tokens = 1.0, 1.0, 120
+    REPLY = "12 Observation: 3 Observation: 4"
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.sampled = tokenizer, []
+
+    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None, row_seeds=None):
+        rows = []
+        for context in prompt_ids:
+            reply = CALL if "<tools>" in self.tokenizer.decode(context) else self.REPLY
+            rows.append([*self.tokenizer(reply, add_special_tokens=False).input_ids, self.tokenizer.eos_token_id])
+        self.sampled.append(rows)
+        logprobs = [[-0.01 * (k + 1) for k in range(len(r))] for r in rows]
+        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return Rollout(rows, logprobs, texts, [False] * len(rows))
+
+
+def conversation(tokenizer, episode) -> str:
+    return tokenizer.decode(episode.prompt_ids + episode.response_ids)
+
+
+def test_stop_sequences_cut_the_reply_and_the_stored_tokens_are_the_returned_ones(tokenizer):
+    seen = {}
+
+    def agent(client, problem):
+        messages = list(problem["messages"])
+        for turn in range(2):
+            reply = client.chat.completions.create(
+                model="policy", messages=messages, stop=["Observation:", "zz"], logprobs=True
+            )
+            seen.setdefault("replies", []).append(reply)
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content}]
+            messages += [{"role": "user", "content": f"Observation: {turn}"}]
+        seen["messages"] = messages[:-1]
+        seen["too_many"] = _error(client, {"messages": messages, "stop": ["a", "b", "c", "d", "e"]})
+        return 1.0
+
+    engine = ScriptEngine(tokenizer)
+    task = agent_task(agent)
+    [episode] = run(engine, tokenizer, task, task.problems("train")[:1], max_turns=5, max_tokens=200)
+    first = seen["replies"][0].choices[0]
+    assert first.message.content == "12 " and first.finish_reason == "stop"  # the match spans 12 tokens
+    assert [t.logprob for t in first.logprobs.content] == pytest.approx([-0.01, -0.02, -0.03])  # unchanged
+    assert "".join(t.token for t in first.logprobs.content) == "12 "
+    assert seen["too_many"][0] == 400 and "stop" in seen["too_many"][1]
+    # Stored: the cut replies (their sampled log-probs), the template's end of turn after each, one segment.
+    assert episode.info["segments"] == 1 and episode.info["refused_requests"] == 1
+    model = [lp for lp, m in zip(episode.behavior_logprobs, episode.loss_mask, strict=True) if m]
+    assert model == pytest.approx([-0.01, -0.02, -0.03] * 2)
+    expected = render(tokenizer, seen["messages"], generation_prompt=False)
+    assert conversation(tokenizer, episode) == expected.removesuffix(tokenizer.eos_token)  # stored = sent + returned
+
+
+def test_stop_on_completions_extends_by_text(tokenizer):
+    seen = []
+
+    def agent(client, problem):
+        prompt = "<|user|>1+1=</s><|assistant|>"
+        for _ in range(2):
+            reply = client.completions.create(model="policy", prompt=prompt, stop="Obs", logprobs=0)
+            seen.append(reply.choices[0])
+            prompt += reply.choices[0].text + "Obs: ok\n"
+        return 1.0
+
+    task = agent_task(agent)
+    [episode] = run(ScriptEngine(tokenizer), tokenizer, task, task.problems("train")[:1], max_turns=5, max_tokens=200)
+    assert [c.text for c in seen] == ["12 ", "12 "] and seen[0].logprobs.tokens == ["1", "2", " "]
+    assert seen[0].logprobs.token_logprobs == pytest.approx([-0.01, -0.02, -0.03])
+    assert episode.info["segments"] == 1
+    assert conversation(tokenizer, episode) == "<|user|>1+1=</s><|assistant|>12 Obs: ok\n12 "
+
+
+def test_content_parts_echo_extends_and_tool_choice_none_hides_the_tools(tokenizer):
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    seen = {}
+
+    def agent(client, problem):
+        messages = [{"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "1="}]}]
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=tools, tool_choice="none")
+        content = reply.choices[0].message.content
+        seen["none"] = (content, reply.choices[0].message.tool_calls)
+        messages += [{"role": "assistant", "content": [{"type": "text", "text": content}]}]
+        messages += [{"role": "user", "content": [{"type": "text", "text": "again"}]}]
+        client.chat.completions.create(model="policy", messages=messages, tools=tools, tool_choice="none")
+        return 1.0
+
+    task = agent_task(agent)
+    [episode] = run(ScriptEngine(tokenizer), tokenizer, task, task.problems("train")[:1], max_turns=5, max_tokens=200)
+    assert seen["none"] == (ScriptEngine.REPLY, None)  # no <tools> in the prompt: a plain reply
+    assert episode.info["segments"] == 1 and "<tools>" not in conversation(tokenizer, episode)
+    assert conversation(tokenizer, episode).startswith("<|user|>2+\n1=</s>")  # text parts joined by a newline
+
+
+def _error(client, body):
+    headers = {"Authorization": f"Bearer {client.api_key}"}
+    r = httpx.post(str(client.base_url) + "chat/completions", json=body, headers=headers)
+    return r.status_code, r.json()["error"]["message"]
+
+
+def test_streaming_with_the_openai_client_and_httpx(tokenizer):
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    seen = {}
+
+    def agent(client, problem):
+        messages = list(problem["messages"])
+        stream = client.chat.completions.create(
+            model="policy", messages=messages, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = list(stream)
+        seen["content"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        seen["finish"] = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        seen["usage"] = chunks[-1].usage
+        messages += [{"role": "assistant", "content": seen["content"]}, {"role": "user", "content": "go"}]
+        calls = client.chat.completions.create(model="policy", messages=messages, tools=tools, stream=True)
+        seen["calls"] = [c.choices[0].delta.tool_calls for c in calls if c.choices and c.choices[0].delta.tool_calls]
+        headers = {"Authorization": f"Bearer {client.api_key}"}
+        body = {"prompt": "<|user|>1=</s><|assistant|>", "stream": True}
+        with httpx.stream("POST", str(client.base_url) + "completions", json=body, headers=headers) as r:
+            seen["lines"] = [line for line in r.iter_lines() if line]
+            seen["type"] = r.headers["content-type"]
+        return 1.0
+
+    task = agent_task(agent)
+    [_] = run(ScriptEngine(tokenizer), tokenizer, task, task.problems("train")[:1], max_turns=5, max_tokens=400)
+    assert seen["content"] == ScriptEngine.REPLY and seen["finish"] == ["stop"]
+    assert seen["usage"].completion_tokens == len(ScriptEngine.REPLY) + 1 and seen["usage"].prompt_tokens > 0
+    [[call]] = seen["calls"]
+    assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 1, "b": 2}
+    assert seen["type"].startswith("text/event-stream") and seen["lines"][-1] == "data: [DONE]"
+    events = [json.loads(line.removeprefix("data: ")) for line in seen["lines"][:-1]]
+    assert "".join(e["choices"][0]["text"] for e in events) == ScriptEngine.REPLY
+    assert events[-1]["choices"][0]["finish_reason"] == "stop" and events[0]["object"] == "text_completion"
+
+
+def test_options_that_cannot_be_honoured_are_refused(tokenizer):
+    refusals = {}
+
+    def agent(client, problem):
+        for name, value in [
+            ("tool_choice", {"type": "function", "function": {"name": "add"}}),
+            ("response_format", {"type": "json_object"}),
+            ("presence_penalty", 0.5),
+            ("frequency_penalty", 0.1),
+            ("top_logprobs", 2),
+            ("top_k", 5),
+            ("functions", [{"name": "f"}]),
+        ]:
+            refusals[name] = _error(client, {"messages": problem["messages"], name: value})
+        with pytest.raises(openai.BadRequestError, match="chat completions"):
+            client.responses.create(model="policy", input="hi")
+        return 1.0
+
+    task = agent_task(agent)
+    [episode] = run(ScriptEngine(tokenizer), tokenizer, task, task.problems("train")[:1])
+    for name, (status, message) in refusals.items():
+        assert status == 400 and name in message, (name, message)
+    assert episode.info["refused_requests"] == len(refusals) + 1
