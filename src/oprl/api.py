@@ -128,19 +128,58 @@ def evaluate(
 
 
 def checkpoint_config(source: str | Path) -> Path:
-    """The ``config.yaml`` of the run that holds checkpoint or run directory ``source``."""
+    """The ``config.yaml`` of the run that holds checkpoint, run or ``final/`` directory ``source``."""
+    from oprl.checkpoint.rundir import final_config
+
     source = Path(source)
+    carried = final_config(source)
+    if carried is not None:
+        return carried
     run_dir = source.parent.parent if (source / "state.json").is_file() else source
     if not (run_dir / "config.yaml").is_file():
-        raise OprlError(f"{source}: not a checkpoint or run directory (no config.yaml in {run_dir})")
+        hint = ""
+        if (source / "config.json").is_file():  # a model directory without its run's config (an older final/)
+            hint = f"; a model directory: evaluate it with `oprl eval model.path={source} task.name=...`"
+        raise OprlError(f"{source}: not a checkpoint or run directory (no config.yaml in {run_dir}){hint}")
     return run_dir / "config.yaml"
 
 
 def checkpoint_overrides(source: str | Path, *, keep_run_name: bool = False) -> list[str]:
-    """Settings that evaluate checkpoint or run directory ``source`` in a new run directory (unless
-    ``keep_run_name``) over its run's config."""
-    forced = ["mode=eval", f"eval.checkpoint={source}", "resume=false"]
+    """Settings that evaluate checkpoint, run or ``final/`` directory ``source`` in a new run directory
+    (unless ``keep_run_name``) over its run's config. A ``final/`` is evaluated as ``model.path`` (no warm
+    start: it is the trained model)."""
+    from oprl.checkpoint.rundir import final_config
+
+    if final_config(source) is not None:
+        forced = ["mode=eval", f"model.path={source}", "eval.checkpoint=null", "warmstart.pretrained=false"]
+    else:
+        forced = ["mode=eval", f"eval.checkpoint={source}"]
+    forced.append("resume=false")
     return forced if keep_run_name else [*forced, "run_name=null"]
+
+
+def final_model_settings(config: RunConfig, log: Callable[[str], Any] = print) -> RunConfig:
+    """mode=eval of ``model.path=<run>/final``: the run's task and eval settings unless given (then a line
+    when the task given is not the run's), so ``model.path=runs/X/final`` scores as ``oprl eval runs/X``."""
+    from oprl.checkpoint.rundir import final_config
+
+    carried = final_config(config.model.path) if config.mode == "eval" and not config.eval.checkpoint else None
+    if carried is None:
+        return config
+    trained = load_config(carried)
+    given = config.model_fields_set
+    if "task" in given:
+        if config.task != trained.task:
+            log(
+                f"warning: model.path={config.model.path} was trained on task {trained.task.name}; evaluating "
+                f"task {config.task.name} as given"
+            )
+        return config
+    update: dict[str, Any] = {"task": trained.task}
+    if "eval" not in given:
+        update["eval"] = trained.eval
+    log(f"model.path={config.model.path}: a run's final model; evaluating its run's task {trained.task.name}")
+    return config.model_copy(update=update)
 
 
 def resolve(
@@ -176,6 +215,7 @@ def resolve(
 
 def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
     """Run a resolved config (``resolve``'s) and collect its result."""
+    config = final_model_settings(config, log)
     task = None
     if not config.resume:  # a resumed run's saved config is read by the runtime, which checks it there
         from oprl.runtime.preflight import check_lengths
@@ -292,6 +332,7 @@ __all__ = [
     "checkpoint_config",
     "checkpoint_overrides",
     "evaluate",
+    "final_model_settings",
     "resolve",
     "reward_spec",
     "run",

@@ -21,6 +21,8 @@ oprl explore [CONFIG.yaml] [key=value ...]          generate `steps` batches wit
 oprl eval [CONFIG.yaml | CHECKPOINT | RUN_DIR] [key=value ...]
                                                     evaluate model.path, a checkpoint, or a run's newest one
 oprl config [CONFIG.yaml] [key=value ...]           print the resolved config (with --help: every option)
+oprl teacher-score [RUN_DIR | CONFIG.yaml] teacher.path=T [key=value ...]
+                                                    add a teacher's log-probs to a stored experience directory
 oprl bandit [--steps N] [--out DIR] ...             the 3-armed bandit counter-example (docs/paper.md#bandit)
 oprl sweep SWEEP.yaml [--parallel N] [--dry-run]    run a grid of runs (resumable) into results.csv
 oprl plot RUN_DIR... [--out DIR]                    paper-style figures of any runs
@@ -64,11 +66,27 @@ Evaluate pass@1 on the task's test split (eval.num_problems problems) and write 
   oprl eval model.path=MODEL               a model (hub name or directory) on the default task
   oprl eval runs/RUN                       a run's newest checkpoint, with the run's own config
   oprl eval runs/RUN/checkpoints/step-N    one checkpoint (a run keeps its last checkpoint.keep of them)
-  oprl eval runs/RUN/final                 not a checkpoint: use model.path=runs/RUN/final
+  oprl eval runs/RUN/final                 the run's final model, on the run's task and eval settings
+                                           (model.path=runs/RUN/final does the same; both score exactly
+                                           as the run's last checkpoint)
 
 arguments:
   CONFIG.yaml | CHECKPOINT_DIR | RUN_DIR   optional first argument
   key=value     settings over it (run_name=NAME keeps a name; default: a new eval-... directory)
+  --debug       show the traceback of any error
+  -h, --help    this help
+
+{SETTINGS}""",
+    "teacher-score": f"""usage: oprl teacher-score [RUN_DIR | CONFIG.yaml] teacher.path=T [key=value ...] [--debug]
+
+Add the teacher's per-token log-probs (teacher_logprobs, store schema 4) to every batch file of an experience
+store, once, for off-policy distillation: `oprl train mode=offline buffer.path=... algorithm.preset=distill`
+then trains on it without loading the teacher. Rows already scored are kept (a second pass continues the
+first). A run directory as first argument brings its config (model.path, warm start) and is the store.
+
+arguments:
+  RUN_DIR | CONFIG.yaml   optional first argument (a run directory, or a YAML config with buffer.path=DIR)
+  key=value     settings over it (teacher.path is required; teacher.engine, teacher.micro_batch_size, ...)
   --debug       show the traceback of any error
   -h, --help    this help
 
@@ -108,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval": _eval,
         "config": _config,
         "bandit": _bandit,
+        "teacher-score": _teacher_score,
         "sweep": _experiment("sweep"),
         "plot": _experiment("curves"),
         "report": _experiment("report"),
@@ -211,6 +230,26 @@ def _config(args: list[str]) -> int:
         return 0
     path, overrides = _split_config_args(args)
     print(yaml.safe_dump(load_config(path, overrides).model_dump(mode="json"), sort_keys=False), end="")
+    return 0
+
+
+def _teacher_score(args: list[str]) -> int:
+    """``oprl teacher-score``: ``oprl.teacher.score.score_store`` on the student model of the config."""
+    from pathlib import Path
+
+    import torch
+
+    from oprl.config import load_config
+    from oprl.runtime.run import model_path, worker_threads
+    from oprl.tasks import build_task
+    from oprl.teacher.score import score_store
+
+    path, overrides = _split_config_args(args)
+    if path is not None and Path(path).is_dir():  # a run directory: its own config, its store
+        path, overrides = str(Path(path) / "config.yaml"), [f"buffer.path={path}", *overrides]
+    config = load_config(path, overrides)
+    torch.set_num_threads(worker_threads(config))  # a run's teacher worker's threads: the same numbers
+    score_store(config, model_path(config, build_task(config.task)))
     return 0
 
 

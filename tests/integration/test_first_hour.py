@@ -113,3 +113,25 @@ def test_default_names_show_what_differs():
     assert run_label(load_config(None, ["replay.groups_per_step=8", "trainer.sharding=fsdp"])) == (
         "grpo-k1-m0-replay8-fsdp-s0"
     )
+
+
+def test_a_final_model_evaluates_as_its_run(small_overrides, tmp_path, capsys):
+    """#42: ``final/`` carries its run's config and step, so ``oprl eval runs/X/final`` and ``oprl eval
+    model.path=runs/X/final`` evaluate the run's task with its eval settings, and score exactly what ``oprl
+    eval runs/X`` (its last checkpoint, the same weights) scores. Before: model.path took the default task and
+    500 problems, and an evaluation of step 0's random numbers (0.402 against the checkpoint's 0.392)."""
+    runs = tmp_path / "runs"
+    assert main(["train", *small_overrides, "steps=2", "run_name=f"]) == 0
+    final = runs / "f" / "final"
+    assert json.loads((final / "oprl_final.json").read_text())["step"] == 2
+    assert (final / "oprl_config.yaml").read_text() == (runs / "f" / "config.yaml").read_text()
+    common = [f"output_dir={runs}", "progress=false"]
+    assert main(["eval", str(runs / "f"), *common, "run_name=by-checkpoint"]) == 0
+    assert main(["eval", str(final), *common, "run_name=by-final"]) == 0
+    assert main(["eval", f"model.path={final}", *common, "run_name=by-path"]) == 0
+    assert "evaluating its run's task arithmetic" in capsys.readouterr().out
+    rows = {name: strict_json(runs / name / "metrics.jsonl") for name in ("by-checkpoint", "by-final", "by-path")}
+    assert {r["eval/num_problems"] for r in rows.values()} == {32.0}  # the run's eval.num_problems, not 500
+    assert {r["eval/checkpoint_step"] for r in rows.values()} == {2.0}
+    for key in ("eval/accuracy", "eval/response_length"):  # the same samples, not only the same score
+        assert len({r[key] for r in rows.values()}) == 1, rows

@@ -196,15 +196,20 @@ def elapsed_before(resumption: Resumption | None) -> float:
     return float(state.get("total_s", state.get("wall_s", 0.0)))
 
 
-def write_final(run_dir: Path, save, describe=str) -> None:
+def write_final(run_dir: Path, save, describe=str, step: int | None = None) -> None:
     """``final/`` (the trained model, tokenizer included), written atomically: ``save(directory)`` fills a
     staging directory, which is then synced and renamed (``oprl.io.commit_dir``), so a kill leaves the whole
-    model or none. A failure is one line naming the directory; the staging directory is removed."""
+    model or none. With it go the run's config (``rundir.FINAL_CONFIG``) and ``step`` (``rundir.FINAL_INFO``):
+    what ``oprl eval`` needs to evaluate it as the run's model. A failure is one line naming the directory;
+    the staging directory is removed."""
     final = Path(run_dir) / "final"
     staging = final.with_name(".tmp-final")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         save(str(staging))
+        if (Path(run_dir) / "config.yaml").is_file():
+            shutil.copyfile(Path(run_dir) / "config.yaml", staging / rundir.FINAL_CONFIG)
+        ckpt.write_json(staging / rundir.FINAL_INFO, {"step": step, "run": Path(run_dir).name})
         commit_dir(staging, final)
     except Exception as exc:
         shutil.rmtree(staging, ignore_errors=True)

@@ -28,6 +28,12 @@ from pathlib import Path
 from oprl.errors import OprlError
 
 LOCK_NAME = ".oprl.lock"
+FINAL_CONFIG = "oprl_config.yaml"
+"""In ``final/``: a copy of the run's ``config.yaml``, so that ``oprl eval runs/X/final`` (or ``model.path=``
+it in mode=eval) evaluates the run's task with the run's eval settings."""
+FINAL_INFO = "oprl_final.json"
+"""In ``final/``: ``{"step": N}``, the step whose weights it holds (an evaluation of them draws the random
+numbers an evaluation of checkpoint N draws, so both score the same)."""
 MAX_NAME_BYTES = 200
 """Longest ``run_name`` in UTF-8 bytes: file systems refuse a path component over 255 bytes, and the margin
 leaves room for names built from it (sweep suffixes, temporary names)."""
@@ -50,6 +56,20 @@ def check_run_name(name: str) -> None:
 def is_run_dir(path: Path) -> bool:
     """Written by oprl: holds a ``config.yaml`` or this module's lock file."""
     return (path / "config.yaml").is_file() or (path / LOCK_NAME).is_file()
+
+
+def final_config(model_dir: str | Path) -> Path | None:
+    """The run config a run's ``final/`` directory carries; None for any other model directory."""
+    path = Path(model_dir) / FINAL_CONFIG
+    return path if path.is_file() else None
+
+
+def final_step(model_dir: str | Path) -> int | None:
+    """The step whose weights a run's ``final/`` directory holds; None for any other model directory."""
+    import json
+
+    path = Path(model_dir) / FINAL_INFO
+    return int(json.loads(path.read_text())["step"]) if path.is_file() else None
 
 
 def open_new(run_dir: Path, *, overwrite: bool = False) -> RunLock:

@@ -235,7 +235,8 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task) -> float:
             logger.close()
         if session.trainer is not None:
             trainer = session.trainer
-            resume.write_final(run_dir, lambda d: backend.get(trainer.save_final(d)), backend.describe)
+            save = lambda d: backend.get(trainer.save_final(d))  # noqa: E731
+            resume.write_final(run_dir, save, backend.describe, step=config.steps)
     finally:
         if config.sync.partial:  # an explorer waiting for a version that will never come stops
             close_board(run_dir / BOARD_DIRNAME)
@@ -357,7 +358,8 @@ def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, st
         with progress:
             progress.update(0, status=f"{config.eval.num_problems} problems")
             _wait_ready(backend, worker)
-            step = backend.get(evaluator.load_checkpoint(str(checkpoint))) if checkpoint else 0
+            # A run's final/ evaluates with the random numbers of its last step, as its checkpoint would.
+            step = backend.get(evaluator.load_checkpoint(str(checkpoint))) if checkpoint else _final_step(path)
             row = backend.get(evaluator.evaluate(step))
             problems = int(row.get("eval/num_problems", config.eval.num_problems))
             progress.update(1, f"eval acc {row['eval/accuracy']:.3f} on {problems} problems")
@@ -370,6 +372,11 @@ def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, st
     accuracy = row["eval/accuracy"]
     _write_summary(run_dir, config, accuracy, accuracy, time.perf_counter() - started)
     return RunSummary(run_dir, accuracy, accuracy, time.perf_counter() - started)
+
+
+def _final_step(path: str) -> int:
+    """The step of a run's ``final/`` model (0 for any other model)."""
+    return (rundir.final_step(path) or 0) if Path(path).is_dir() else 0
 
 
 def _finish(config: RunConfig, run_dir: Path, started: float, before: float = 0.0) -> RunSummary:
