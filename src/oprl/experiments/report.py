@@ -2,8 +2,10 @@
 
 Tables: final eval accuracy (mean ± std over seeds), area under the eval-accuracy curve (a mean accuracy
 over training), and the first step reaching initial accuracy + ``report.threshold_gain`` (default 0.05), each
-preset × setting; then, for each of the spec's ``report.groups``, one figure (accuracy, reward, clip fraction,
-KL to the initial policy × settings) and its table. Labels are the sweep's own (its setting names).
+preset × setting; with two or more lags (``lag-N``, ``stale-N``, ``offline``), accuracy against lag and a
+table ranked at each lag (``oprl.experiments.arena``); then, for each of the spec's ``report.groups``, one
+figure (accuracy, reward, clip fraction, KL to the initial policy × settings) and its table. Labels are the
+sweep's own (its setting names).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from oprl.errors import OprlError
+from oprl.experiments.arena import arena_section
 from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
 from oprl.experiments.results import collect_results, load_run, summarize, write_table
 from oprl.experiments.sweep import plan, threshold_gain
@@ -56,6 +59,7 @@ def build_report(sweep_dir: Path) -> Path:
         ),
     ):
         lines += [f"## {title}", "", *_table(summaries, metric, fmt), ""]
+    lines += arena_section(summaries, sweep_dir / "figures")  # a lag ladder (the arena): accuracy against lag
     for index, (title, presets) in enumerate((report.get("groups") or {}).items(), start=1):
         chosen = [r for r in records if r.labels["preset"] in presets]
         missing = sorted(set(presets) - {r.labels["preset"] for r in chosen})

@@ -1,0 +1,142 @@
+"""The arena's view of a sweep (configs/sweeps/arena.yaml): accuracy against staleness, one curve per method.
+
+From per-run summaries (``results.summarize``) it draws final eval accuracy and the area under the eval-accuracy
+curve against the lag (categorical axis: 0, 1, 2, 4, ..., offline; mean over seeds with a min-max bar), and
+writes a markdown table ranking the methods at each lag, with the first lag at which each method loses more
+than ``LOSS_POINTS`` against its own lag-0 accuracy. ``oprl report`` adds both when the sweep has at least two
+lags. A setting's lag is read from its name: ``lag-N`` / ``stale-N`` is N, ``on-policy`` is 0, ``offline`` comes
+last; other settings (``lag-4-bf16``, ``sync-20``) are left out of the curves and listed in ``other_settings``.
+
+Not here: reading runs (``results``), the per-setting training curves (``curves``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+OFFLINE = math.inf
+"""The lag of ``offline``: after every finite lag."""
+
+LOSS_POINTS = 0.05
+"""A method "loses" at the first lag where its mean final accuracy is this far below its own lag-0 mean."""
+
+METRICS = {"final_accuracy": "final eval accuracy", "accuracy_auc": "eval-accuracy AUC (mean over training)"}
+
+
+def lag_of(setting: str) -> float | None:
+    """The lag a setting name stands for, or None if it is not a point of the lag ladder."""
+    if setting in ("on-policy", "lag-0"):
+        return 0.0
+    if setting == "offline":
+        return OFFLINE
+    found = re.fullmatch(r"(?:lag|stale)-(\d+)", setting)
+    return float(found.group(1)) if found else None
+
+
+def lag_label(lag: float) -> str:
+    return "offline" if lag == OFFLINE else str(int(lag))
+
+
+def by_method_and_lag(summaries, metric: str) -> dict[str, dict[float, list[float]]]:
+    """``{preset: {lag: [metric per seed]}}`` from ``(labels, numbers)`` pairs; NaN values are dropped."""
+    table: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for labels, numbers in summaries:
+        lag = lag_of(labels["setting"])
+        value = numbers.get(metric, math.nan)
+        if lag is not None and not math.isnan(value):
+            table[labels["preset"]][lag].append(value)
+    return {preset: dict(lags) for preset, lags in table.items()}
+
+
+def other_settings(summaries) -> list[str]:
+    """The settings of the runs that are not on the lag ladder (sorted)."""
+    return sorted({labels["setting"] for labels, _ in summaries if lag_of(labels["setting"]) is None})
+
+
+def first_losing_lag(lags: dict[float, list[float]], points: float = LOSS_POINTS) -> float | None:
+    """The smallest lag whose mean is more than ``points`` below the lag-0 mean (None: never, or no lag 0)."""
+    if 0.0 not in lags:
+        return None
+    base = statistics.mean(lags[0.0])
+    return next((lag for lag in sorted(lags) if lag > 0 and statistics.mean(lags[lag]) < base - points), None)
+
+
+def ranked_table(summaries, metric: str = "final_accuracy") -> list[str]:
+    """Markdown rows: a method per row (ordered by mean rank over the lags), per lag its mean and its rank there
+    (1 = best), then the first lag losing more than ``LOSS_POINTS`` of final accuracy against its lag 0."""
+    table = by_method_and_lag(summaries, metric)
+    losing = by_method_and_lag(summaries, "final_accuracy")
+    lags = sorted({lag for per_lag in table.values() for lag in per_lag})
+    means = {(p, lag): statistics.mean(v) for p, per_lag in table.items() for lag, v in per_lag.items()}
+    ranks: dict[tuple[str, float], int] = {}
+    for lag in lags:
+        at_lag = sorted((p for p in table if (p, lag) in means), key=lambda p: (-means[(p, lag)], p))
+        ranks |= {(p, lag): i for i, p in enumerate(at_lag, start=1)}
+    order = sorted(table, key=lambda p: (statistics.mean(r for (q, _), r in ranks.items() if q == p), p))
+    header = "| method | " + " | ".join(f"lag {lag_label(lag)}" for lag in lags) + f" | loses > {LOSS_POINTS:g} at |"
+    rows = [header, "|---|" + "---|" * (len(lags) + 1)]
+    for preset in order:
+        cells = [f"{means[(preset, lag)]:.3f} (#{ranks[(preset, lag)]})" if (preset, lag) in means else "—"
+                 for lag in lags]  # fmt: skip
+        lost = first_losing_lag(losing.get(preset, {}))
+        rows.append(f"| {preset} | " + " | ".join(cells) + f" | {'—' if lost is None else lag_label(lost)} |")
+    return rows
+
+
+def plot_lag_curves(summaries, out: Path) -> Path | None:
+    """Final accuracy and AUC against the lag, one curve per method (mean over seeds, min-max bars)."""
+    tables = {metric: by_method_and_lag(summaries, metric) for metric in METRICS}
+    lags = sorted({lag for table in tables.values() for per_lag in table.values() for lag in per_lag})
+    if len(lags) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    presets = sorted({p for table in tables.values() for p in table})
+    palette = plt.cm.tab10 if len(presets) <= 10 else plt.cm.tab20
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(6.5 * len(METRICS), 4.8), squeeze=False)
+    position = {lag: i for i, lag in enumerate(lags)}
+    for axis, (metric, title) in zip(axes[0], METRICS.items(), strict=True):
+        for index, preset in enumerate(presets):
+            per_lag = tables[metric].get(preset, {})
+            points = sorted(per_lag)
+            if not points:
+                continue
+            xs = [position[lag] for lag in points]
+            mean = [statistics.mean(per_lag[lag]) for lag in points]
+            low = [m - min(per_lag[lag]) for m, lag in zip(mean, points, strict=True)]
+            high = [max(per_lag[lag]) - m for m, lag in zip(mean, points, strict=True)]
+            style = "--" if index >= 10 and len(presets) > 10 else "-"
+            axis.errorbar(xs, mean, yerr=[low, high], label=preset, color=palette(index % palette.N), marker="o",
+                          markersize=3, linestyle=style, capsize=2, linewidth=1.2)  # fmt: skip
+        axis.set_xticks(range(len(lags)), [lag_label(lag) for lag in lags])
+        axis.set_xlabel("lag (policy versions between sampling and training)")
+        axis.set_ylabel(title)
+        axis.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.suptitle("Accuracy against staleness (mean over seeds, min-max bars)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def arena_section(summaries, figures_dir: Path) -> list[str]:
+    """The report's "Accuracy against lag" lines (empty if the runs span fewer than two lags)."""
+    figure = plot_lag_curves(summaries, figures_dir / "arena-lag.png")
+    if figure is None:
+        return []
+    lines = ["## Accuracy against lag", "", f"![accuracy against lag](figures/{figure.name})", ""]
+    for metric, title in METRICS.items():
+        lines += [f"Ranked at each lag: {title} (mean over seeds, #rank):", "", *ranked_table(summaries, metric), ""]
+    others = other_settings(summaries)
+    if others:
+        lines += [f"Settings not on the lag ladder (in the tables above only): {', '.join(others)}.", ""]
+    return lines
