@@ -1,6 +1,8 @@
 """Distillation end to end on the embedded model, with a teacher that is a checkpoint of a GRPO run of it: the
 ``distill`` preset trains, the store holds the teacher's log-probs (equal to a fresh prefill), worker processes
-give the threads' numbers, and resume keeps the teacher log-probs of the batches a checkpoint holds."""
+give the threads' numbers, resume keeps the teacher log-probs of the batches a checkpoint holds; off-policy:
+stale data with REC's clip, and offline from a store scored once by ``oprl teacher-score`` (equal to scoring
+on the fly, and to exploring with the teacher)."""
 
 import os
 import shutil
@@ -81,3 +83,42 @@ def test_resume_keeps_the_teacher_logprobs_of_the_checkpointed_batches(teacher_r
     assert deterministic_view(rows_of(root, "cut")) == deterministic_view(rows_of(root, "whole"))
     resumed = read_parquet(root / "runs" / "cut" / "experiences" / "batch-000003.parquet")
     assert [e.teacher_logprobs for e in resumed] == [e.teacher_logprobs for e in read_parquet(ready)]
+
+
+def test_stale_distillation_with_rec_clipping(teacher_run):
+    root, distill = teacher_run
+    args = [*distill, "steps=3", "sync.offset=2", "algorithm.clip_mode=one-side", "run_name=stale"]
+    assert main(["train", *args]) == 0
+    rows = [r for r in rows_of(root, "stale") if "distill/reverse_kl" in r]
+    assert [r["lag/max"] for r in rows] == [0.0, 1.0, 2.0]
+    assert all(r["optim/grad_norm"] > 0 and "loss/clip_frac" in r for r in rows)
+
+
+def test_offline_distillation_from_a_store_scored_once(teacher_run, capsys):
+    root, distill = teacher_run
+    runs = root / "runs"
+    student = [a for a in distill if not a.startswith("teacher.path=")]
+    teacher = next(a for a in distill if a.startswith("teacher.path="))
+    for name in ("explored", "unscored"):
+        assert main(["explore", *student, "steps=2", f"run_name={name}"]) == 0
+    assert main(["explore", *distill, "steps=2", "run_name=explored-with-teacher"]) == 0
+    offline = [*student, "mode=offline", "steps=2"]
+    capsys.readouterr()
+    assert main(["train", *offline, f"buffer.path={runs / 'explored'}", "run_name=refused"]) == 2
+    error = capsys.readouterr().err
+    assert "has no teacher log-probs; score the store once with `oprl teacher-score" in error
+    assert len(error.strip().splitlines()) == 1
+    assert main(["teacher-score", str(runs / "explored"), teacher]) == 0
+    assert "2 batch files scored, 0 already scored" in capsys.readouterr().out
+    assert main(["teacher-score", str(runs / "explored"), teacher]) == 0
+    assert "0 batch files scored, 2 already scored" in capsys.readouterr().out
+    for batch in (1, 2):
+        name = f"batch-{batch:06d}.parquet"
+        scored = read_parquet(runs / "explored" / "experiences" / name)
+        online = read_parquet(runs / "explored-with-teacher" / "experiences" / name)
+        assert [e.teacher_logprobs for e in scored] == [e.teacher_logprobs for e in online]
+    assert main(["train", *offline, f"buffer.path={runs / 'explored'}", "run_name=scored"]) == 0
+    assert main(["train", *offline, teacher, f"buffer.path={runs / 'unscored'}", "run_name=on-the-fly"]) == 0
+    rows = rows_of(root, "scored")
+    assert [r["step"] for r in rows if "distill/reverse_kl" in r] == [1, 2]
+    assert deterministic_view(rows) == deterministic_view(rows_of(root, "on-the-fly"))

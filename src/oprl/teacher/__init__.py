@@ -7,6 +7,6 @@
 See docs/runtime.md#teacher and docs/algorithms.md#distillation.
 """
 
-from oprl.teacher.teacher import Teacher, TeacherWorker, group_chunks
+from oprl.teacher.teacher import Teacher, TeacherWorker, build_teacher, group_chunks
 
-__all__ = ["Teacher", "TeacherWorker", "group_chunks"]
+__all__ = ["Teacher", "TeacherWorker", "build_teacher", "group_chunks"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from oprl.buffer.store import ExperienceStore, read_parquet
 from oprl.checkpoint.files import load_checkpoint_weights, resolve_checkpoint
 from oprl.errors import OprlError
 from oprl.models.loading import dequantised_gguf, load_pretrained, quiet_transformers, resolve_model_path
@@ -99,8 +100,27 @@ def check_same_tokens(teacher, student, teacher_name: str, student_name: str) ->
 def check_teacher(config: RunConfig) -> None:
     """Cross-field rules of distillation, as one-line errors (before any worker starts)."""
     coef = config.algorithm.distill_coef or 0.0
-    if coef > 0 and config.mode == "both" and config.teacher.path is None:
+    if coef == 0 or config.teacher.path is not None:
+        return
+    if config.mode == "both":
         raise OprlError(
             f"algorithm.distill_coef={coef:g} needs a teacher: set teacher.path (a run, a checkpoint or a model "
             "with the student's tokenizer)"
         )
+    if config.mode == "offline" and config.buffer.path:
+        store = ExperienceStore.locate(config.buffer.path)
+        first = store.path_of(store.batches()[0])
+        if not _scored(first):
+            raise OprlError(
+                f"algorithm.distill_coef={coef:g}: {first} has no teacher log-probs; score the store once with "
+                f"`oprl teacher-score {config.buffer.path} teacher.path=...`, or set teacher.path"
+            )
+
+
+def _scored(path: Path) -> bool:
+    """Whether the batch file at ``path`` carries teacher log-probs (schema 4, a scored row)."""
+    import pyarrow.parquet as pq
+
+    if "teacher_logprobs" not in pq.read_schema(path).names:
+        return False
+    return read_parquet(path, columns=["teacher_logprobs"]).column("teacher_logprobs").null_count == 0

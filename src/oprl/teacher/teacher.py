@@ -24,6 +24,7 @@ import torch
 
 from oprl.messages import Experience
 from oprl.models.logprobs import grouped_response_logprobs, packed_response_logprobs
+from oprl.teacher.loading import load_teacher
 from oprl.worker import Clock
 
 if TYPE_CHECKING:
@@ -86,21 +87,25 @@ def group_chunks(prompt_ids: list[list[int]], size: int) -> list[list[int]]:
     return chunks
 
 
+def build_teacher(config: RunConfig, student_path: str) -> Teacher:
+    """The ``Teacher`` of ``config.teacher`` (its tokenizer checked against the student's at ``student_path``),
+    scoring at the sampling temperature ``rollout.temperature``."""
+    model, tokenizer = load_teacher(config, student_path)
+    return Teacher(
+        model,
+        tokenizer.pad_token_id,
+        temperature=config.rollout.temperature,
+        engine=config.teacher.engine,
+        micro_batch_size=config.teacher.micro_batch_size,
+    )
+
+
 class TeacherWorker:
     """The teacher role: loads ``teacher.path`` (checking its tokenizer is the student's) and scores batches."""
 
     def __init__(self, config: RunConfig, student_path: str):
-        from oprl.teacher.loading import load_teacher
-
         self.clock = Clock()
-        model, tokenizer = load_teacher(config, student_path)
-        self.teacher = Teacher(
-            model,
-            tokenizer.pad_token_id,
-            temperature=config.rollout.temperature,
-            engine=config.teacher.engine,
-            micro_batch_size=config.teacher.micro_batch_size,
-        )
+        self.teacher = build_teacher(config, student_path)
 
     def ping(self) -> int:
         return 0
