@@ -85,28 +85,51 @@ def curve_groups(records: list[RunRecord]) -> list[Curve]:
     return [Curve(members) for members in groups.values()]
 
 
-def label_curves(curves: list[Curve]) -> None:
+def label_curves(curves: list[Curve]) -> dict[str, str]:
     """``curve.label``: the preset, then the settings whose values differ between ``curves`` (algorithm keys
-    only among runs of the same preset, whose other values the preset explains), then the seed of a
-    single-seed curve when the curves' seeds differ, or the number of seeds averaged."""
+    only among runs of the same preset, whose other values the preset explains; a section's other keys only
+    among runs of the same ``<section>.name``, which explains them: a dataset task's ``train_file`` is not
+    set apart from the arithmetic task's ``digits``), each under its shortest unambiguous name
+    (``short_names``), then the seed of a single-seed curve when the curves' seeds differ, or the number of
+    seeds averaged. Returns the short names used, to their full keys (the legend spells them out)."""
     keys = sorted({k for c in curves for k in c.settings})
     differing = [k for k in keys if len({repr(c.settings.get(k)) for c in curves}) > 1]
     if len({c.settings.get("algorithm.preset") for c in curves}) > 1:
         differing = [k for k in differing if not k.startswith("algorithm.")]
     differing = [k for k in differing if k != "algorithm.preset"]
+    named = [k.removesuffix("name") for k in differing if k.endswith(".name")]  # "task." for task.name
+    differing = [k for k in differing if k.endswith(".name") or not k.startswith(tuple(named))]
+    names = short_names(differing, keys)
     seeds = {s for c in curves for s in c.seeds}
     for curve in curves:
         parts = [str(curve.settings.get("algorithm.preset") or "custom")]
-        parts += [f"{_short(k)}={_value(curve.settings.get(k))}" for k in differing]
+        parts += [f"{names[k]}={_value(curve.settings.get(k))}" for k in differing]
         if len(curve.records) > 1:
             parts.append(f"({len(curve.records)} seeds: mean, min-max band)")
         elif len(seeds) > 1:
             parts.append(f"seed={curve.seeds[0]}")
         curve.label = " ".join(parts)
+    return {names[k]: k for k in differing if names[k] != k}
 
 
-def _short(key: str) -> str:
-    return SHORT_NAMES.get(key, key.split(".", 1)[-1] if key.count(".") else key)
+def short_names(keys: list[str], every: list[str]) -> dict[str, str]:
+    """Each of ``keys`` under its shortest name that no other key of ``every`` could be read as: the usual
+    abbreviation (``SHORT_NAMES``: ``lr``, ``k``, ``group``), else the shortest dotted suffix that ends no
+    other key (``eval.interval``, not ``interval``, beside ``sync.interval``)."""
+    taken = {v for k, v in SHORT_NAMES.items() if k in every}
+    names = {}
+    for key in keys:
+        if key in SHORT_NAMES:
+            names[key] = SHORT_NAMES[key]
+            continue
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-n:])
+            clash = any(o != key and (o == suffix or o.endswith(f".{suffix}")) for o in every)
+            if not clash and (suffix not in taken or n == len(parts)):
+                names[key] = suffix
+                break
+    return names
 
 
 def _value(value: Any) -> str:
@@ -171,9 +194,10 @@ def draw_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], title:
         return None
     settings = sorted({r.labels["setting"] for r in records}, key=_setting_rank)
     columns: dict[str, list[Curve]] = {}
+    abbreviations: dict[str, str] = {}
     for setting in settings:
         columns[setting] = curve_groups([r for r in records if r.labels["setting"] == setting])
-        label_curves(columns[setting])
+        abbreviations |= label_curves(columns[setting])
     labels = sorted({c.label for curves in columns.values() for c in curves})
     palette = plt.cm.tab10 if len(labels) <= 10 else plt.cm.tab20
     colors = {label: palette(i % palette.N) for i, label in enumerate(labels)}
@@ -196,7 +220,8 @@ def draw_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], title:
             ax.grid(alpha=0.3)
     if title:  # before the layout, which then leaves it room above the column titles
         fig.suptitle(title)
-    _legend(fig, axes)
+    names = "   ".join(f"{short} = {key}" for short, key in sorted(abbreviations.items()))
+    _legend(fig, axes, names or None)
     return fig
 
 
@@ -210,18 +235,31 @@ def _draw_curve(ax, curve: Curve, key: str, smooth: int, color) -> None:
         ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0, label=f"{curve.label}: min-max")
 
 
-def _legend(fig, axes) -> None:
+def _legend(fig, axes, title: str | None = None) -> None:
+    """One legend for the figure, below the panels and inside the figure: as many columns as fit its width
+    (measured, not guessed), the figure widened when even one column does not fit; the panels are laid out
+    in the height above it. ``title``: the full keys of the short names in the labels."""
     handles, labels = [], []
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             if label not in labels and not label.endswith(": min-max"):
                 handles.append(handle)
                 labels.append(label)
+    renderer = fig.canvas.get_renderer()
     ncol = max(1, min(len(labels), 4))
-    legend_rows = -(-len(labels) // ncol)
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    legend_height = (0.28 * legend_rows + 0.1) / fig.get_figheight()
-    fig.tight_layout(rect=(0, legend_height, 1, 1))
+    while True:
+        legend = fig.legend(
+            handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False, title=title, title_fontsize=8
+        )
+        width = legend.get_window_extent(renderer).width
+        if width <= 0.98 * fig.bbox.width or ncol == 1:
+            break
+        legend.remove()
+        ncol -= 1
+    if width > 0.98 * fig.bbox.width:
+        fig.set_figwidth(width / fig.dpi + 0.3)
+    height = legend.get_window_extent(renderer).height / fig.bbox.height
+    fig.tight_layout(rect=(0, min(0.6, height + 0.02), 1, 1))
 
 
 def plot_all(records: list[RunRecord], out_dir: Path) -> list[Path]:
