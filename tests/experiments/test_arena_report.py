@@ -92,6 +92,21 @@ def test_report_of_a_synthetic_arena_has_the_lag_figure_and_tables(tmp_path):
     # AUC over the two evaluations = (0.40 + final) / 2: grpo at lag 0 is 0.500.
     assert "| grpo | 0.500 (#2) | 0.490 (#1) | 0.450 (#2) | 0.350 (#2) | 4 |" in text
     assert "Settings not on the lag ladder (in the tables above only): lag-0-bf16." in text
+    # The bf16 runs repeat their float32 pair's numbers: the mismatch table shows a change of 0.
+    assert (
+        "## The bfloat16 sampler at equal staleness" in text and (tmp_path / "figures" / "arena-mismatch.png").is_file()
+    )
+    assert "| grpo | 0.600 → 0.600 (+0.000) |" in text
+
+
+def test_mismatch_pairs_match_each_bf16_setting_with_its_float32_twin():
+    data = [
+        ({"preset": "grpo", "setting": "lag-4", "seed": "0"}, {"final_accuracy": 0.5}),
+        ({"preset": "grpo", "setting": "lag-4-bf16", "seed": "0"}, {"final_accuracy": 0.4}),
+        ({"preset": "grpo", "setting": "lag-4-bf16", "seed": "1"}, {"final_accuracy": 0.3}),
+        ({"preset": "sapo", "setting": "lag-0-bf16", "seed": "0"}, {"final_accuracy": 0.3}),  # no float32 twin
+    ]
+    assert arena.mismatch_pairs(data) == {"grpo": {"lag-4": (0.5, pytest.approx(0.35))}}
 
 
 def test_fewer_than_two_lags_add_nothing(tmp_path):

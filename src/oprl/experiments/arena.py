@@ -3,9 +3,10 @@
 From per-run summaries (``results.summarize``) it draws final eval accuracy and the area under the eval-accuracy
 curve against the lag (categorical axis: 0, 1, 2, 4, ..., offline; mean over seeds with a min-max bar), and
 writes a markdown table ranking the methods at each lag, with the first lag at which each method loses more
-than ``LOSS_POINTS`` against its own lag-0 accuracy. ``oprl report`` adds both when the sweep has at least two
-lags. A setting's lag is read from its name: ``lag-N`` / ``stale-N`` is N, ``on-policy`` is 0, ``offline`` comes
-last; other settings (``lag-4-bf16``, ``sync-20``) are left out of the curves and listed in ``other_settings``.
+than ``LOSS_POINTS`` against its own lag-0 accuracy; where ``<setting>-bf16`` runs have their float32 pair, a
+figure and table of the bfloat16 sampler's effect at equal staleness. ``oprl report`` adds them when the sweep
+has at least two lags. A setting's lag is read from its name: ``lag-N`` / ``stale-N`` is N, ``on-policy`` is 0,
+``offline`` comes last; other settings (``lag-4-bf16``, ``sync-20``) are left out of the curves and listed.
 
 Not here: reading runs (``results``), the per-setting training curves (``curves``).
 """
@@ -23,6 +24,9 @@ OFFLINE = math.inf
 
 LOSS_POINTS = 0.05
 """A method "loses" at the first lag where its mean final accuracy is this far below its own lag-0 mean."""
+
+BF16 = "-bf16"
+"""A setting named ``<setting>-bf16`` is ``<setting>`` with a bfloat16 sampler (``rollout.dtype``)."""
 
 METRICS = {"final_accuracy": "final eval accuracy", "accuracy_auc": "eval-accuracy AUC (mean over training)"}
 
@@ -128,8 +132,54 @@ def plot_lag_curves(summaries, out: Path) -> Path | None:
     return out
 
 
+def mismatch_pairs(summaries, metric: str = "final_accuracy") -> dict[str, dict[str, tuple[float, float]]]:
+    """``{preset: {setting: (mean with a float32 sampler, mean with bfloat16)}}`` for each ``<setting>-bf16``
+    run setting whose ``<setting>`` also ran (the sampler-trainer mismatch axis at equal staleness)."""
+    values: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for labels, numbers in summaries:
+        if not math.isnan(numbers.get(metric, math.nan)):
+            values[(labels["preset"], labels["setting"])].append(numbers[metric])
+    pairs: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
+    for (preset, setting), bf16 in values.items():
+        base = setting.removesuffix(BF16)
+        if setting.endswith(BF16) and (preset, base) in values:
+            pairs[preset][base] = (statistics.mean(values[(preset, base)]), statistics.mean(bf16))
+    return dict(pairs)
+
+
+def plot_mismatch(summaries, out: Path) -> Path | None:
+    """Final accuracy with a bfloat16 sampler minus with float32, per method, one bar per paired setting."""
+    pairs = mismatch_pairs(summaries)
+    settings = sorted({s for per in pairs.values() for s in per}, key=lambda s: (lag_of(s) or 0.0, s))
+    if not settings:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    presets = sorted(pairs)
+    width = 0.8 / len(settings)
+    fig, axis = plt.subplots(figsize=(max(6.0, 0.5 * len(presets) + 2), 4.2))
+    for index, setting in enumerate(settings):
+        deltas = [pairs[p][setting][1] - pairs[p][setting][0] if setting in pairs[p] else math.nan for p in presets]
+        axis.bar([i + index * width for i in range(len(presets))], deltas, width, label=setting)
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xticks([i + width * (len(settings) - 1) / 2 for i in range(len(presets))], presets, rotation=60,
+                    ha="right", fontsize=8)  # fmt: skip
+    axis.set_ylabel("final accuracy: bfloat16 − float32 sampler")
+    axis.legend(fontsize=8)
+    axis.set_title("The sampler–trainer mismatch at equal staleness (means over seeds)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def arena_section(summaries, figures_dir: Path) -> list[str]:
-    """The report's "Accuracy against lag" lines (empty if the runs span fewer than two lags)."""
+    """The report's "Accuracy against lag" lines (empty if the runs span fewer than two lags), and the bfloat16
+    mismatch figure and table where ``<setting>-bf16`` runs have their float32 pair."""
     figure = plot_lag_curves(summaries, figures_dir / "arena-lag.png")
     if figure is None:
         return []
@@ -139,4 +189,16 @@ def arena_section(summaries, figures_dir: Path) -> list[str]:
     others = other_settings(summaries)
     if others:
         lines += [f"Settings not on the lag ladder (in the tables above only): {', '.join(others)}.", ""]
+    mismatch = plot_mismatch(summaries, figures_dir / "arena-mismatch.png")
+    if mismatch is not None:
+        pairs = mismatch_pairs(summaries)
+        settings = sorted({s for per in pairs.values() for s in per}, key=lambda s: (lag_of(s) or 0.0, s))
+        lines += ["## The bfloat16 sampler at equal staleness", "", f"![mismatch](figures/{mismatch.name})", "",
+                  "| method | " + " | ".join(f"{s}: float32 → bfloat16" for s in settings) + " |",
+                  "|---|" + "---|" * len(settings)]  # fmt: skip
+        for preset in sorted(pairs):
+            cells = [f"{a:.3f} → {b:.3f} ({b - a:+.3f})" if s in pairs[preset] else "—"
+                     for s in settings for a, b in [pairs[preset].get(s, (math.nan, math.nan))]]  # fmt: skip
+            lines.append(f"| {preset} | " + " | ".join(cells) + " |")
+        lines.append("")
     return lines
