@@ -57,3 +57,44 @@ def test_demonstrations_longer_than_the_context_name_the_model(tmp_path, monkeyp
     expected = "demonstrations need 162 positions (a prompt of 7 tokens + replies of up to 155)"
     assert f"error: task dataset: the warm start's {expected}" in err
     assert "the embedded tiny model's context of 128: no setting shortens them" in err
+
+
+class _SingleTurn:
+    """A task without an environment (replies of one turn)."""
+
+
+def test_partial_rollouts_that_cannot_switch_are_a_warning_before_the_run():
+    from oprl.runtime.preflight import noop_warnings
+
+    def warnings(*overrides):
+        return noop_warnings(load_config(None, ["sync.partial=true", *overrides]), _SingleTurn())
+
+    (line,) = warnings()  # the default job: k=1, m=0, the trainer waits for every batch
+    assert line.startswith("warning: sync.partial=true does nothing here: with sync.interval=1 sync.offset=0")
+    (line,) = warnings("sync.offset=1")  # a schedule that could switch, but replies of 8 end first
+    assert "sync.switch_step=8, and rollout.max_new_tokens=8 ends every reply before it" in line
+    assert warnings("sync.offset=1", "sync.switch_step=4") == []
+    assert warnings("sync.mode=async") == [] and noop_warnings(load_config(), _SingleTurn()) == []
+
+
+def test_settings_a_run_shows_did_nothing_are_a_warning_after_it():
+    from oprl.runtime.preflight import outcome_warnings
+
+    rows = [{"step": s, "lag/max": 0.0, "batch/switched_frac": 0.0, "response/length_mean": 3.0} for s in (1, 2)]
+    config = load_config(None, ["sync.mode=async", "sync.partial=true"])
+    partial, ahead = outcome_warnings(config, rows)
+    assert partial.startswith("warning: sync.partial=true made no switch in 2 steps (replies of 3.0 tokens")
+    assert ahead.startswith("warning: sync.mode=async never ran ahead: every batch of 2 steps")
+    rows[1] |= {"lag/max": 1.0, "batch/switched_frac": 0.25}
+    assert outcome_warnings(config, rows) == []
+
+
+def test_the_default_job_with_partial_rollouts_says_so(small_overrides):
+    """#42: ``sync.partial=true`` on the default job switched nothing and said nothing."""
+    import oprl
+
+    lines: list[str] = []
+    overrides = dict(item.split("=", 1) for item in [*small_overrides, "steps=2", "sync.partial=true"])
+    oprl.train(log=lines.append, **overrides)
+    assert sum("sync.partial=true does nothing here" in line for line in lines) == 1, lines
+    assert sum("sync.partial=true made no switch in 2 steps" in line for line in lines) == 1, lines

@@ -128,4 +128,53 @@ def _check_warm_start(config, task, limits: ModelLimits, log) -> None:
         )
 
 
-__all__ = ["ModelLimits", "check_lengths", "model_limits"]
+def noop_warnings(config, task) -> list[str]:
+    """Warnings for settings that would do nothing in this run, known before it starts: partial rollouts
+    (``sync.partial``) under a schedule that publishes no newer version while a batch is generated, or with
+    replies that end before the switch step. What only the run can tell (a free-running mode that never ran
+    ahead) is ``outcome_warnings``."""
+    from oprl.partial import switch_version
+
+    sync, out = config.sync, []
+    if not sync.partial or config.mode != "both" or sync.mode != "scheduled":
+        return out
+    if all(switch_version(b, sync.interval, sync.offset) is None for b in range(1, config.steps + 1)):
+        out.append(
+            f"warning: sync.partial=true does nothing here: with sync.interval={sync.interval} "
+            f"sync.offset={sync.offset} the trainer waits for every batch, so no newer version exists while one "
+            "is generated (a switch needs sync.offset >= 1, or sync.mode=async)"
+        )
+    elif not hasattr(task, "environment") and config.rollout.max_new_tokens <= sync.switch_step:
+        out.append(
+            f"warning: sync.partial=true does nothing here: a batch switches weights at decode step "
+            f"sync.switch_step={sync.switch_step}, and rollout.max_new_tokens={config.rollout.max_new_tokens} ends "
+            "every reply before it; lower sync.switch_step"
+        )
+    return out
+
+
+def outcome_warnings(config, rows: list[dict]) -> list[str]:
+    """Warnings, once a run is over, for settings its metrics show did nothing: partial rollouts in which no
+    response switched weights, a free-running mode (``sync.mode=async``) that never sampled with weights older
+    than the trainer's (lag 0 throughout: the run was on-policy)."""
+    trained = [r for r in rows if "lag/max" in r]
+    if config.mode != "both" or not trained:
+        return []
+    out = []
+    if config.sync.partial and not any(r.get("batch/switched_frac", 0.0) > 0 for r in trained):
+        lengths = [r["response/length_mean"] for r in trained if "response/length_mean" in r]
+        mean = f" (replies of {sum(lengths) / len(lengths):.1f} tokens on average)" if lengths else ""
+        out.append(
+            f"warning: sync.partial=true made no switch in {len(trained)} steps{mean}: no newer version was "
+            f"published while a batch was generated (sync.mode={config.sync.mode}, "
+            f"sync.switch_step={config.sync.switch_step})"
+        )
+    if config.sync.mode == "async" and all(r["lag/max"] == 0 for r in trained):
+        out.append(
+            f"warning: sync.mode=async never ran ahead: every batch of {len(trained)} steps was sampled with the "
+            "trainer's newest weights (lag 0), so the run was on-policy; the explorers are slower than the trainer"
+        )
+    return out
+
+
+__all__ = ["ModelLimits", "check_lengths", "model_limits", "noop_warnings", "outcome_warnings"]

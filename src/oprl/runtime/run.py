@@ -41,7 +41,7 @@ from oprl.progress import RunProgress
 from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, TeacherHandle, TrainerHandle
 from oprl.runtime.driver import Driver
 from oprl.runtime.health import SignalHealth
-from oprl.runtime.preflight import check_lengths
+from oprl.runtime.preflight import check_lengths, noop_warnings, outcome_warnings
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.tasks import build_task
 from oprl.tasks.workers import LOG_NAME as WORKER_LOG
@@ -177,12 +177,14 @@ def run(config: RunConfig, log=print, task=None) -> RunSummary:
         if task is None or opened.config.task != config.task:
             task = build_task(opened.config.task)
         check_lengths(opened.config, task, log)  # before the warm start and the workers (oprl.runtime.preflight)
+        for line in noop_warnings(opened.config, task):
+            log(line)
         with worker_log(run_dir / WORKER_LOG):  # reward and answer-checking workers print there
             if opened.config.mode == "eval":
                 return _evaluate_only(opened.config, run_dir, opened.eval_checkpoint, started, log, task)
             with StopSignals():  # SIGTERM and SIGINT stop the run the same way (oprl.backends.failure)
                 before = _run_workers(opened, run_dir, log, task)
-            return _finish(opened.config, run_dir, started, before)
+            return _finish(opened.config, run_dir, started, before, log)
     finally:
         opened.lock.release()
 
@@ -379,9 +381,12 @@ def _final_step(path: str) -> int:
     return (rundir.final_step(path) or 0) if Path(path).is_dir() else 0
 
 
-def _finish(config: RunConfig, run_dir: Path, started: float, before: float = 0.0) -> RunSummary:
-    """Plot the run and write ``summary.json``; ``before``: the seconds of a resumed run's earlier segments."""
+def _finish(config: RunConfig, run_dir: Path, started: float, before: float = 0.0, log=print) -> RunSummary:
+    """Plot the run, say which settings did nothing, write ``summary.json``; ``before``: the seconds of a
+    resumed run's earlier segments."""
     rows = read_metrics(run_dir / "metrics.jsonl")
+    for line in outcome_warnings(config, rows):
+        log(line)
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     acc_before, acc_after = (evals[0], evals[-1]) if evals else (math.nan, math.nan)
     if any("reward/mean" in r for r in rows):
