@@ -135,7 +135,7 @@ def noop_warnings(config, task) -> list[str]:
     ahead) is ``outcome_warnings``."""
     from oprl.partial import switch_version
 
-    sync, out = config.sync, []
+    sync, out = config.sync, list[str]()
     if not sync.partial or config.mode != "both" or sync.mode != "scheduled":
         return out
     if all(switch_version(b, sync.interval, sync.offset) is None for b in range(1, config.steps + 1)):
