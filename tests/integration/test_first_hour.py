@@ -135,3 +135,27 @@ def test_a_final_model_evaluates_as_its_run(small_overrides, tmp_path, capsys):
     assert {r["eval/checkpoint_step"] for r in rows.values()} == {2.0}
     for key in ("eval/accuracy", "eval/response_length"):  # the same samples, not only the same score
         assert len({r[key] for r in rows.values()}) == 1, rows
+
+
+def test_a_run_that_stopped_before_step_1_does_not_block_its_name(small_overrides, tmp_path, capsys, monkeypatch):
+    """#42: a run that died in its warm start left config.yaml; the rerun was refused ("resume=true to continue
+    it") and resume=true then failed (no checkpoint)."""
+    import oprl.runtime.run
+
+    def dies_in_the_warm_start(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    run_dir = tmp_path / "runs" / "b"
+    with monkeypatch.context() as patched:
+        patched.setattr(oprl.runtime.run, "model_path", dies_in_the_warm_start)
+        assert main(["train", *small_overrides, "steps=1", "run_name=b"]) == 130
+    assert "stopped before step 1: KeyboardInterrupt" in (run_dir / "INCOMPLETE").read_text()
+    capsys.readouterr()
+    assert main(["train", *small_overrides, "steps=1", "run_name=b", "resume=true"]) == 2
+    err = capsys.readouterr().err
+    assert "stopped before step 1 (no checkpoint, no trained step)" in err and "without resume=true" in err
+    assert main(["train", *small_overrides, "steps=1", "run_name=b"]) == 0
+    assert "holds a run that stopped before step 1 (nothing to continue); replacing it" in capsys.readouterr().out
+    assert not (run_dir / "INCOMPLETE").exists() and (run_dir / "final").is_dir()
+    assert main(["train", *small_overrides, "steps=1", "run_name=b"]) == 2  # a finished run still blocks it
+    assert "already holds a run" in capsys.readouterr().err

@@ -257,7 +257,7 @@ def open_run(config: RunConfig, run_dir: Path, log=print) -> OpenRun:
     checkpoint ``eval.checkpoint`` names (mode=eval), the checkpoints a resume may load (``prepare``). On
     an error the lock is released and nothing of a resumed run has changed."""
     checkpoint = eval_checkpoint(config) if config.mode == "eval" else None
-    lock, config = lock_run_dir(config, run_dir)
+    lock, config = lock_run_dir(config, run_dir, log)
     try:
         store = store_dir(config, run_dir)
         if not config.resume:
@@ -270,13 +270,13 @@ def open_run(config: RunConfig, run_dir: Path, log=print) -> OpenRun:
 
 
 # -- resuming ---------------------------------------------------------------------------------------------
-def lock_run_dir(config: RunConfig, run_dir: Path) -> tuple[rundir.RunLock, RunConfig]:
+def lock_run_dir(config: RunConfig, run_dir: Path, log=print) -> tuple[rundir.RunLock, RunConfig]:
     """Hold ``run_dir`` for this process (see ``rundir``) and the config the run goes on with: the given one
     for a new run; for ``resume=true`` the saved one with the resumable keys given; for ``resume=restart``
     the saved one with any key given, after the run's outputs are deleted."""
     restart = config.resume == "restart"
     if not config.resume or (restart and not rundir.is_run_dir(run_dir)):
-        lock = rundir.open_new(run_dir, overwrite=config.overwrite)
+        lock = rundir.open_new(run_dir, overwrite=config.overwrite, log=log)
         config = config.model_copy(update={"resume": False})
     else:
         lock = rundir.open_existing(run_dir)
@@ -380,6 +380,11 @@ def prepare(config: RunConfig, run_dir: Path, store_dir: str | None, log=print) 
         present = set(store.batches())
         ckpt.truncate_metrics(metrics, lambda step: step in present)
         return None
+    if rundir.never_started(run_dir):
+        raise OprlError(
+            f"resume: {run_dir} stopped before step 1 (no checkpoint, no trained step): there is nothing to "
+            "continue; run it again without resume=true, which replaces it"
+        )
     candidates, skipped = ckpt.usable_checkpoints(run_dir)
     newest = candidates[0]
     step = ckpt.read_json(newest / "state.json")["step"]

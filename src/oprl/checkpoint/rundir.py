@@ -72,9 +72,43 @@ def final_step(model_dir: str | Path) -> int | None:
     return int(json.loads(path.read_text())["step"]) if path.is_file() else None
 
 
-def open_new(run_dir: Path, *, overwrite: bool = False) -> RunLock:
+INCOMPLETE = "INCOMPLETE"
+"""Written into a run directory whose run stopped before step 1 (what stopped it): a rerun replaces it."""
+
+
+def never_started(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run that left nothing to continue: no trained step (a ``metrics.jsonl`` row
+    of step >= 1), no checkpoint, no stored batch, no ``final/`` or ``summary.json`` (a bad import, a context
+    error, a kill during the warm start). Such a run does not block its name."""
+    import json
+
+    run_dir = Path(run_dir)
+    if not is_run_dir(run_dir) or (run_dir / "summary.json").exists() or (run_dir / "final").exists():
+        return False
+    if any((run_dir / "checkpoints").glob("step-*")) or any((run_dir / "experiences").glob("batch-*")):
+        return False
+    metrics = run_dir / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
+        try:
+            if json.loads(line).get("step", 0) >= 1:
+                return False
+        except (ValueError, AttributeError):  # a torn last line
+            continue
+    return True
+
+
+def mark_incomplete(run_dir: Path, reason: str) -> None:
+    """Leave ``INCOMPLETE`` in a run directory whose run stopped before step 1 (``never_started``)."""
+    if never_started(run_dir):
+        (Path(run_dir) / INCOMPLETE).write_text(
+            f"This run stopped before step 1: {reason}\nRunning it again with the same run_name replaces it.\n"
+        )
+
+
+def open_new(run_dir: Path, *, overwrite: bool = False, log=print) -> RunLock:
     """Lock ``run_dir`` for a new run (creating it); refuse one that is not oprl's, and one that holds a run
-    unless ``overwrite`` (then its outputs are deleted, under the lock)."""
+    unless ``overwrite`` (then its outputs are deleted, under the lock) or that run never reached step 1
+    (``never_started``: replaced, with a line saying so)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise OprlError(f"run_name: {run_dir} exists and is not a directory")
     others = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
@@ -87,6 +121,10 @@ def open_new(run_dir: Path, *, overwrite: bool = False) -> RunLock:
     lock = RunLock(run_dir).acquire()
     if (run_dir / "metrics.jsonl").exists() or (run_dir / "config.yaml").exists():  # checked under the lock
         if overwrite:
+            clear(run_dir)
+            return lock
+        if never_started(run_dir):
+            log(f"run_name: {run_dir} holds a run that stopped before step 1 (nothing to continue); replacing it")
             clear(run_dir)
             return lock
         lock.release()
@@ -106,6 +144,7 @@ def open_existing(run_dir: Path) -> RunLock:
 
 RUN_OUTPUTS = (
     "config.yaml",
+    INCOMPLETE,
     "metrics.jsonl",
     "metrics.png",
     "summary.json",

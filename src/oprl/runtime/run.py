@@ -185,6 +185,9 @@ def run(config: RunConfig, log=print, task=None) -> RunSummary:
             with StopSignals():  # SIGTERM and SIGINT stop the run the same way (oprl.backends.failure)
                 before = _run_workers(opened, run_dir, log, task)
             return _finish(opened.config, run_dir, started, before, log)
+    except BaseException as exc:  # a run that stopped before step 1 does not block its name (rundir)
+        rundir.mark_incomplete(run_dir, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        raise
     finally:
         opened.lock.release()
 
