@@ -281,3 +281,26 @@ def test_each_preset_trains_two_steps(preset):
                 "aspo": "loss/weight_capped_frac"}  # fmt: skip
     if preset in expected:
         assert expected[preset] in metrics
+
+
+def _train_default_job(small_overrides, tmp_path, preset):
+    from oprl.cli import main
+    from oprl.metrics import read_metrics
+
+    args = [*small_overrides, "steps=2", "eval.interval=0", "tensorboard=false", f"algorithm.preset={preset}"]
+    assert main(["train", *args, f"run_name={preset}"]) == 0
+    rows = [r for r in read_metrics(tmp_path / "runs" / preset / "metrics.jsonl") if "loss/total" in r]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss/total"]) for r in rows)
+    return rows
+
+
+def test_bapo_trains_the_default_job_through_the_config(small_overrides, tmp_path):
+    """``oprl train algorithm.preset=bapo``: the new settings go config -> trainer -> loss, its bounds are logged."""
+    rows = _train_default_job(small_overrides, tmp_path, "bapo")
+    assert all(0.6 <= r["loss/bapo_clip_low"] <= 0.9 and 1.2 <= r["loss/bapo_clip_high"] <= 3.0 for r in rows)
+
+
+@pytest.mark.parametrize("preset", [p for p in ARENA_PRESETS if p != "bapo"])
+def test_each_preset_trains_the_default_job(small_overrides, tmp_path, preset):
+    """About 1 s each once the session's warm start is cached."""
+    _train_default_job(small_overrides, tmp_path, preset)
