@@ -160,8 +160,12 @@ def test_dppo_with_an_infinite_threshold_is_the_unclipped_loss(preset):
     b = torch_loss(unclipped, logprobs, log_ratios, mask, advantages)
     assert a[0].item() == pytest.approx(b[0].item()) and torch.equal(a[1], b[1])
     assert a[2]["clip_frac"].item() == 0
+    # δ = 0 masks exactly the tokens that moved in their harmful direction (A > 0 and π > μ, A ≤ 0 and π < μ).
     tight = torch_loss(resolve_preset(preset, eps_low=0.0, eps_high=0.0), logprobs, log_ratios, mask, advantages)
-    assert tight[2]["clip_frac"].item() > 0.3  # δ = 0 masks every token moved in its harmful direction
+    adv = advantages[:, None].expand_as(mask)
+    harmful = ((adv > 0) & (log_ratios > 0)) | ((adv <= 0) & (log_ratios < 0))
+    expected = (harmful & mask).sum().item() / mask.sum().item()
+    assert tight[2]["clip_frac"].item() == pytest.approx(expected) and expected > 0.3
 
 
 @pytest.mark.parametrize("clip_mode", ["m2-mask", "m2-clip"])
