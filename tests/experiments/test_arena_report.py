@@ -52,6 +52,12 @@ def test_ranked_table_ranks_each_lag_and_names_the_first_losing_lag():
     assert [row.split(" | ")[0] for row in rows[2:]] == ["| grpo", "| m2po", "| reinforce"]
 
 
+def test_equal_means_share_a_rank():
+    data = [({"preset": p, "setting": "lag-0", "seed": "0"}, {"final_accuracy": v}) for p, v in
+            (("a", 0.5), ("b", 0.5), ("c", 0.4))]  # fmt: skip
+    assert [row.split(" | ")[1] for row in arena.ranked_table(data)[2:]] == ["0.500 (#1)", "0.500 (#1)", "0.400 (#3)"]
+
+
 def test_first_losing_lag_needs_a_lag_zero():
     assert arena.first_losing_lag({1.0: [0.5], 4.0: [0.1]}) is None
     assert arena.first_losing_lag({0.0: [0.5], 1.0: [0.46], 4.0: [0.44]}) == 4.0

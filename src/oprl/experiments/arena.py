@@ -71,15 +71,16 @@ def first_losing_lag(lags: dict[float, list[float]], points: float = LOSS_POINTS
 
 def ranked_table(summaries, metric: str = "final_accuracy") -> list[str]:
     """Markdown rows: a method per row (ordered by mean rank over the lags), per lag its mean and its rank there
-    (1 = best), then the first lag losing more than ``LOSS_POINTS`` of final accuracy against its lag 0."""
+    (1 = best; ties share a rank), then the first lag losing more than ``LOSS_POINTS`` of final accuracy
+    against its lag 0."""
     table = by_method_and_lag(summaries, metric)
     losing = by_method_and_lag(summaries, "final_accuracy")
     lags = sorted({lag for per_lag in table.values() for lag in per_lag})
     means = {(p, lag): statistics.mean(v) for p, per_lag in table.items() for lag, v in per_lag.items()}
     ranks: dict[tuple[str, float], int] = {}
-    for lag in lags:
-        at_lag = sorted((p for p in table if (p, lag) in means), key=lambda p: (-means[(p, lag)], p))
-        ranks |= {(p, lag): i for i, p in enumerate(at_lag, start=1)}
+    for lag in lags:  # competition ranking: equal means share a rank (1, 1, 3)
+        at_lag = [means[(p, lag)] for p in table if (p, lag) in means]
+        ranks |= {(p, lag): 1 + sum(m > means[(p, lag)] for m in at_lag) for p in table if (p, lag) in means}
     order = sorted(table, key=lambda p: (statistics.mean(r for (q, _), r in ranks.items() if q == p), p))
     header = "| method | " + " | ".join(f"lag {lag_label(lag)}" for lag in lags) + f" | loses > {LOSS_POINTS:g} at |"
     rows = [header, "|---|" + "---|" * (len(lags) + 1)]
