@@ -170,7 +170,7 @@ def plot_mismatch(summaries, out: Path) -> Path | None:
                     ha="right", fontsize=8)  # fmt: skip
     axis.set_ylabel("final accuracy: bfloat16 − float32 sampler")
     axis.legend(fontsize=8)
-    axis.set_title("The sampler–trainer mismatch at equal staleness (means over seeds)")
+    axis.set_title("bfloat16 sampler at equal staleness (means over seeds)", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
