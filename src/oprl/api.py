@@ -11,13 +11,15 @@ a reward spec string, a function defined in a ``.py`` file or module, or a list 
     >>> run = oprl.train(steps=20, algorithm={"preset": "rec-oneside-nois"})
     >>> run.final_metrics["eval/accuracy"], run.run_dir
 
-A reward function travels to the worker processes by name (``module:function`` or ``file.py:function``) and
-is recorded that way in the run's ``config.yaml``, so the run can be resumed and repeated; a function
-defined in a notebook cell or a lambda has no such name: put it in a ``.py`` file.
+A reward function travels to the worker processes by name (``module:function`` when a fresh process finds the
+module, else ``/path/file.py:function``) and is recorded that way in the run's ``config.yaml``, so the run can
+be resumed and repeated; a function defined in a notebook cell or a lambda has no such name: put it in a
+``.py`` file. An agent function (``task={"name": "agent", "agent": rollout}``) goes the same way.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import sys
@@ -255,27 +257,68 @@ def reward_spec(reward: Any) -> str | list[str]:
     return _one_spec(reward)
 
 
-def _one_spec(function: Any) -> str:
+def _one_spec(function: Any, key: str = "task.reward") -> str:
+    """The name a function travels by to the processes that run it (module docstring): ``module:function``
+    when a fresh worker process imports that module too (installed, on ``PYTHONPATH`` or in the current
+    directory), else its file's ``path/file.py:function`` (a module imported through a ``sys.path`` entry
+    added at run time, the notebook pattern); a function of such a package module is one line giving the
+    exact string to pass instead."""
     if isinstance(function, str):
         return function
+    what = "reward" if key == "task.reward" else "agent"
     if not callable(function):
-        raise OprlError(f"task.reward: expected a function or 'file.py:function', got {type(function).__name__}")
+        raise OprlError(f"{key}: expected a function or 'file.py:function', got {type(function).__name__}")
     name = getattr(function, "__qualname__", "")
     module = getattr(function, "__module__", None)
     if not name or "<" in name or "." in name or module is None:
         raise OprlError(
-            f"task.reward: {name or function!r} is not a module-level function; rewards run in worker processes "
+            f"{key}: {name or function!r} is not a module-level function; {what}s run in worker processes "
             "that import them by name: define it at the top level of a .py file"
         )
+    source = inspect.getsourcefile(function)
     if module != "__main__":
-        return f"{module}:{name}"
+        if _importable_in_workers(module) or source is None:
+            return f"{module}:{name}"
+        by_file = f"{Path(source).resolve()}:{name}"
+        if "." not in module:  # a top-level module: its file names the same function for the workers
+            return by_file
+        raise OprlError(
+            f"{key}: {module}:{name} cannot be imported by the worker processes ({module.split('.')[0]!r} is on "
+            f"this process's sys.path only); pass {by_file!r} instead, or make the package importable "
+            "(pip install -e, PYTHONPATH)"
+        )
     main_file = getattr(sys.modules["__main__"], "__file__", None)
     if main_file is None:
         raise OprlError(
-            f"task.reward: {name} is defined in a notebook or an interactive session; rewards run in worker "
+            f"{key}: {name} is defined in a notebook or an interactive session; {what}s run in worker "
             "processes that import them by name: put it in a .py file and pass 'file.py:function' (docs/api.md)"
         )
     return f"{Path(inspect.getfile(function)).resolve()}:{name}"
+
+
+def _importable_in_workers(module: str) -> bool:
+    """Whether a fresh Python process started here (as reward workers are: the current directory, the
+    environment's ``PYTHONPATH``, site-packages) finds ``module``'s top-level package."""
+    import importlib.machinery
+
+    top = module.split(".")[0]
+    if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+        return True
+    import os
+
+    search = _worker_sys_path(os.getcwd(), os.environ.get("PYTHONPATH", ""))
+    return importlib.machinery.PathFinder.find_spec(top, list(search)) is not None
+
+
+@functools.cache
+def _worker_sys_path(cwd: str, pythonpath: str) -> tuple[str, ...]:
+    """``sys.path`` of a fresh interpreter started in ``cwd`` with this environment (``PYTHONPATH`` keys the
+    cache with ``cwd``)."""
+    import subprocess
+
+    code = "import json, sys; print(json.dumps(sys.path))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=cwd)
+    return tuple(entry or cwd for entry in json.loads(result.stdout))
 
 
 def _task_values(task: Any) -> Any:
@@ -290,7 +333,12 @@ def _task_values(task: Any) -> Any:
         values = section.model_dump(mode="json")
         return {**values, "name": plugin} if plugin and not _resolvable(values.get("name")) else values
     if isinstance(section, Mapping):
-        return dict(section)
+        values = dict(section)
+        if callable(values.get("agent")):  # task={"name": "agent", "agent": rollout}: by name, like a reward
+            values["agent"] = _one_spec(values["agent"], key="task.agent")
+        if values.get("reward") is not None and not isinstance(values["reward"], str):
+            values["reward"] = reward_spec(values["reward"])
+        return values
     raise OprlError(f"task: expected a task name, a task section or a task, got {type(task).__name__}")
 
 

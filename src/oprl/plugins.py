@@ -67,7 +67,10 @@ def load_object(spec: str, *, key: str, what: str = "object") -> Any:
         raise OprlError(f"{key}: cannot import {target!r}: {type(exc).__name__}: {first_line(exc)}") from None
     found = getattr(module, attribute, None)
     if found is None:
-        raise OprlError(f"{key}: {target!r} has no {what} {attribute!r}")
+        names = [name for name in vars(module) if not name.startswith("_")]
+        close = difflib.get_close_matches(attribute, names, n=1, cutoff=0.6)
+        hint = f" (did you mean {target}:{close[0]}?)" if close else ""
+        raise OprlError(f"{key}: {target!r} has no {what} {attribute!r}{hint}")
     return found
 
 

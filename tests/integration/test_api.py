@@ -59,12 +59,13 @@ def test_task_and_reward_as_python_objects():
     section = DatasetTaskConfig(train_file=TRAIN, train_size=8)
     config = resolve(task=section, reward=module_level_reward)
     assert config.task.name == "dataset" and config.task.train_size == 8
-    assert config.task.reward == f"{__name__}:module_level_reward"
+    # This module is imported through pytest's sys.path entry, which worker processes do not have: its file.
+    assert config.task.reward == f"{Path(__file__).resolve()}:module_level_reward"
     config = resolve({"task": {"name": "gsm8k", "source": "synthetic"}}, task="arithmetic")  # replaces the section
     assert config.task.name == "arithmetic"
     built = DatasetTask(train_file=TRAIN, train_size=8, reward="examples/arithmetic_reward.py:reward")
     assert resolve(task=built).task == built.config
-    assert reward_spec([module_level_reward, "x.py:f"]) == [f"{__name__}:module_level_reward", "x.py:f"]
+    assert reward_spec([module_level_reward, "x.py:f"]) == [f"{Path(__file__).resolve()}:module_level_reward", "x.py:f"]
     with pytest.raises(OprlError, match=r"task\.reward: .*lambda.*not a module-level function"):
         resolve(task=section, reward=lambda prompt, completion, reference: 1.0)
 
@@ -73,3 +74,35 @@ def test_task_and_reward_as_python_objects():
 
     with pytest.raises(OprlError, match="module-level"):
         reward_spec(nested)
+
+
+def test_a_reward_imported_through_sys_path_reaches_the_workers(tmp_path, monkeypatch, small_overrides):
+    """#42, the notebook pattern: ``sys.path.append(dir); from rev import rev_reward; oprl.train(reward=rev_reward)``
+    failed in the reward workers ("cannot import 'rev'"). A top-level module travels by its file; a package
+    module the workers cannot import is one line with the exact string to pass."""
+    import importlib
+    import json
+    import sys
+
+    (tmp_path / "rev.py").write_text(
+        "def rev_reward(prompt, completion, reference, **row):\n    return float(completion.strip() == reference)\n"
+    )
+    (tmp_path / "revpkg").mkdir()
+    (tmp_path / "revpkg" / "__init__.py").write_text("")
+    (tmp_path / "revpkg" / "rewards.py").write_text((tmp_path / "rev.py").read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rev, rewards = importlib.import_module("rev"), importlib.import_module("revpkg.rewards")
+    assert reward_spec(rev.rev_reward) == f"{tmp_path / 'rev.py'}:rev_reward"
+    with pytest.raises(OprlError) as error:
+        reward_spec(rewards.rev_reward)
+    assert f"pass '{tmp_path / 'revpkg' / 'rewards.py'}:rev_reward' instead" in str(error.value)
+    assert reward_spec(json.dumps) == "json:dumps"  # importable everywhere: by its module
+    agent = resolve(task={"name": "agent", "agent": rev.rev_reward}).task.agent  # an agent given as an object
+    assert agent == f"{tmp_path / 'rev.py'}:rev_reward"
+    values = as_values([*small_overrides, "steps=1", "warmstart.max_steps=20", "warmstart.val_problems=16"])
+    values.pop("task.train_size"), values.pop("task.test_size")
+    section = DatasetTaskConfig(train_file=TRAIN, train_size=64)
+    run = oprl.train(task=section, reward=rev.rev_reward, log=lambda _: None, **values)
+    assert run.config.task.reward == f"{tmp_path / 'rev.py'}:rev_reward" and run.final_model is not None
+    assert "reward/mean" in run.final_metrics
+    sys.modules.pop("rev", None)

@@ -161,3 +161,18 @@ def test_an_engine_by_file_path_trains_and_a_bad_one_is_one_line(small_overrides
     assert main(["train", "rollout.engine=warp-drive", f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "rollout.engine: unknown engine 'warp-drive'; choose from lean" in err, err
+
+
+def test_a_misspelt_function_name_gets_the_close_one(tmp_path):
+    """#42: ``task.reward=rewards.py:exact_mach`` said only "has no function"."""
+    from oprl.plugins import load_object
+
+    path = tmp_path / "rewards.py"
+    path.write_text("def exact_match(prompt, completion, reference):\n    return 1.0\n")
+    with pytest.raises(OprlError) as error:
+        load_object(f"{path}:exact_mach", key="task.reward", what="function")
+    assert str(error.value) == (
+        f"task.reward: {str(path)!r} has no function 'exact_mach' (did you mean {path}:exact_match?)"
+    )
+    with pytest.raises(OprlError, match=r"has no function 'zzz'$"):
+        load_object(f"{path}:zzz", key="task.reward", what="function")
