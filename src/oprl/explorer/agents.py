@@ -208,7 +208,7 @@ def _sample(engine, endpoint: Endpoint, batch: list[Pending], seed: int) -> None
         if cut is not None:  # the tokens before the first stop sequence, their text returned (sessions.stop_at)
             ids, logprobs, text, ended = ids[: cut[0]], logprobs[: cut[0]], cut[1], True
         choice = Choice(ids=list(ids), logprobs=list(logprobs), text=text, ended=ended, prompt_tokens=len(p.context))
-        choice.stopped = cut is not None
+        choice.stop = cut[2] if cut is not None else ""
         choice.message = reply_message(choice, p.with_tools)
         choices[id(p)].append(choice)
     endpoint.counts["engine_calls"] += 1

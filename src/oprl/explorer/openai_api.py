@@ -19,7 +19,7 @@ import secrets
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from oprl.explorer.sessions import Choice, RequestRefused
 
@@ -72,6 +72,8 @@ class StreamOptions(_Strict):
 
 
 class _Request(_Strict):
+    _raw: dict = PrivateAttr(default_factory=dict)
+    """The body as sent (tools are rendered from it, key order kept)."""
     model: str = "policy"
     n: int = Field(1, ge=1, le=64)
     max_tokens: int | None = Field(None, ge=1)
@@ -130,7 +132,7 @@ class ChatRequest(_Request):
         """The tools to render: none under ``tool_choice="none"``."""
         if self.tool_choice == "none":
             return []
-        return [t.model_dump(exclude_none=True) for t in self.tools or []]
+        return list(self._raw.get("tools") or [])
 
 
 class CompletionRequest(_Request):
@@ -179,6 +181,7 @@ def parse(raw: bytes, model: type[_Request]) -> _Request:
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise RequestRefused(400, f"{where}: {first['msg']}") from None
     check_options(body)
+    body._raw = data
     return body
 
 

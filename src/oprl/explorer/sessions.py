@@ -30,7 +30,9 @@ replies: a reply sampled for it after it closed is not recorded.
 Stop sequences (``stop_at``): a reply is cut before the first match; the tokens kept are the longest prefix of
 sampled tokens whose text lies wholly before it, with their behaviour log-probs, and the text returned is
 theirs, so the stored tokens are exactly the returned text. A reply cut so ends its turn: when the agent
-continues it, the tokenizer's EOS (the chat template's end of turn) follows it as a context token (mask 0).
+continues it, the tokenizer's EOS (the chat template's end of turn) follows it as a context token (mask 0). An
+echo of the reply with the matched stop sequence appended (smolagents' CodeAgent closes its code block so)
+extends the session too: the stop sequence's tokens are then context (mask 0) before the EOS.
 
 Deliberately not here: HTTP (``oprl.explorer.endpoint``), running agents (``oprl.explorer.agents``).
 """
@@ -66,8 +68,8 @@ class Choice:
     """Chat: the assistant message returned to the agent (``{"role", "content", "tool_calls"?}``)."""
     prompt_tokens: int = 0
     """Tokens of the context it was sampled from (the response's ``usage``)."""
-    stopped: bool = False
-    """Cut at a stop sequence (``stop_at``): continuing it adds EOS as context."""
+    stop: str = ""
+    """The stop sequence the reply was cut at (``stop_at``; "" = none): continuing it adds EOS as context."""
 
 
 @dataclass
@@ -116,15 +118,17 @@ class Session:
         chosen = None
         extends = self.mode == "chat" and self.episode is not None and tools == self.tools
         if extends and len(rendered) > known and rendered[:known] == self.sent:
-            chosen = next((c for c in self.choices if _same_reply(c.message, messages[known])), None)
+            chosen = next((c for c in self.choices if _same_reply(c.message, messages[known], c.stop)), None)
         if chosen is None:
             chars = sum(len(m["content"]) for m in rendered) + len(json.dumps(tools))
             self._check_size(chars, 0, room)
             self._new_segment("chat", encode_prompt(self.tokenizer, rendered, tools), room)
             self.sent, self.tools = rendered, list(tools)
             return self._context()
-        episode = self._continue(chosen)
-        history = [*self.sent, {"role": "assistant", "content": chosen.text}]
+        echoed, returned = messages[known].get("content") or "", chosen.message.get("content") or ""
+        suffix = chosen.stop if chosen.stop and echoed == returned + chosen.stop else ""
+        episode = self._continue(chosen, suffix=suffix)
+        history = [*self.sent, {"role": "assistant", "content": chosen.text + suffix}]
         new = rendered[known + 1 :]
         self._check_turns()
         if self._open():
@@ -205,7 +209,7 @@ class Session:
         if self.turns + self.inflight >= self.max_turns:
             self._truncate(f"turn budget of {self.max_turns} model turns (rollout.max_turns) used up")
 
-    def _continue(self, chosen: Choice, end_turn: bool = True) -> Episode:
+    def _continue(self, chosen: Choice, end_turn: bool = True, suffix: str = "") -> Episode:
         """Add the reply the agent continued; the other choices are dropped. Applies the built-in episode rules:
         a reply cut at the length limit, or one that reaches ``max_tokens``, truncates the episode."""
         episode = self.episode
@@ -215,8 +219,9 @@ class Session:
         if not self._open():
             return episode
         episode.add(chosen.ids, chosen.logprobs)
-        if chosen.stopped and end_turn and self.mode == "chat":  # cut at a stop: the template's end of turn follows
-            episode.add([self.tokenizer.eos_token_id], None)
+        if chosen.stop and end_turn and self.mode == "chat":  # cut at a stop: the template's end of turn follows
+            ids = self.tokenizer(suffix, add_special_tokens=False).input_ids if suffix else []
+            episode.add([*ids, self.tokenizer.eos_token_id], None)
         episode.turns += 1
         if not chosen.ended or len(episode.response_ids) >= self.max_tokens:
             _truncate(episode, self.max_tokens)
@@ -286,15 +291,15 @@ def _overflow(tokens: int, room: int, at_least: bool = False) -> str:
     )
 
 
-def stop_at(ids: list[int], tokenizer, stops: list[str]) -> tuple[int, str] | None:
-    """Where a reply is cut by its first stop sequence (module docstring): ``(k, text)``, the first ``k`` sampled
-    tokens kept and their text (the longest token prefix whose text lies wholly before the match); None when
-    no stop sequence occurs. Binary search over prefixes: O(log T) decodes."""
+def stop_at(ids: list[int], tokenizer, stops: list[str]) -> tuple[int, str, str] | None:
+    """Where a reply is cut by its first stop sequence (module docstring): ``(k, text, stop)``, the first ``k``
+    sampled tokens kept, their text (the longest token prefix whose text lies wholly before the match) and the
+    stop sequence matched; None when none occurs. Binary search over prefixes: O(log T) decodes."""
     text = tokenizer.decode(ids, skip_special_tokens=True)
-    hits = [text.find(s) for s in stops if s in text]
+    hits = sorted((text.find(s), -len(s), s) for s in stops if s in text)
     if not hits:
         return None
-    before = text[: min(hits)]
+    before, stop = text[: hits[0][0]], hits[0][2]
     low, high = 0, len(ids)  # invariant: the first `low` tokens' text is a prefix of `before`
     while low < high:
         middle = (low + high + 1) // 2
@@ -302,7 +307,7 @@ def stop_at(ids: list[int], tokenizer, stops: list[str]) -> tuple[int, str] | No
             low = middle
         else:
             high = middle - 1
-    return low, tokenizer.decode(ids[:low], skip_special_tokens=True)
+    return low, tokenizer.decode(ids[:low], skip_special_tokens=True), stop
 
 
 def _rendered(message: dict) -> dict:
@@ -318,9 +323,11 @@ def _rendered(message: dict) -> dict:
     return out
 
 
-def _same_reply(returned: dict, sent: dict) -> bool:
-    """Whether the agent's assistant message ``sent`` is the one the endpoint returned."""
-    if sent.get("role") != "assistant" or (sent.get("content") or "") != (returned.get("content") or ""):
+def _same_reply(returned: dict, sent: dict, stop: str = "") -> bool:
+    """Whether the agent's assistant message ``sent`` is the one the endpoint returned (or, for a reply cut at
+    ``stop``, that reply with ``stop`` appended)."""
+    content, echoed = returned.get("content") or "", sent.get("content") or ""
+    if sent.get("role") != "assistant" or not (echoed == content or (stop and echoed == content + stop)):
         return False
     return _calls(sent) == _calls(returned)
 

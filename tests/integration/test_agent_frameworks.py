@@ -1,0 +1,252 @@
+"""Agent frameworks through the endpoint (issue 41): LangChain, openai-agents, pydantic-ai and smolagents, each in
+its sync, async and streaming modes (``examples/agents/``), finish their episodes, and every stored episode's
+tokens decode to exactly what the framework sent and received (captured at the HTTP client, ``httpx``).
+
+Two layers: a scripted policy (call the calculator, then answer with its result, in the ``<tool_call>`` format
+the endpoint parses) runs every framework x mode in process, so tool calls, tool results, stop sequences and
+echoes are all exercised (one segment per episode, reward 1); and one ``oprl train`` run trains the tiny model
+(a long-context copy: the frameworks' tool prompts pass its 128 positions) 2 steps with every framework at once.
+"""
+
+import asyncio
+import itertools
+import json
+import re
+from collections import defaultdict
+
+import httpx
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from oprl.cli import main
+from oprl.explorer.agents import task_episodes
+from oprl.models.chat import render
+from oprl.models.tiny import build_model, build_tokenizer
+from oprl.rollout import Rollout
+from oprl.tasks.agent import AgentTask, load_agent
+
+EXAMPLES = "examples/agents"
+MODES = [
+    ("langchain", "rollout"),
+    ("langchain", "rollout_stream"),
+    ("openai_agents", "rollout"),
+    ("openai_agents", "rollout_async"),
+    ("openai_agents", "rollout_stream"),
+    ("pydantic_ai", "rollout"),
+    ("pydantic_ai", "rollout_stream"),
+    ("smolagents", "rollout"),
+    ("smolagents", "rollout_stream"),
+    ("smolagents", "rollout_code"),
+]
+
+REWRITES = {("smolagents", "rollout"): 2, ("smolagents", "rollout_stream"): 2, ("smolagents", "rollout_code"): 2}
+"""Segments per episode where the framework rewrites its history: smolagents' agents send each earlier step
+back with text the model never wrote (``Calling tools: [{...}]`` after the reply or in its place): each step is
+a new segment, and the last one (the final answer) is stored."""
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+class Capture:
+    """Every exchange of the agents' HTTP clients with a session: the request body and the reply message (JSON
+    or the Server-Sent Events put together), per session id."""
+
+    def __init__(self, monkeypatch):
+        self.exchanges: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
+        for module in (httpx, pytest.importorskip("httpx2") if _has_httpx2() else None):  # openai 3 uses httpx2
+            if module is not None:
+                self.wrap(module, monkeypatch)
+
+    def wrap(self, module, monkeypatch) -> None:
+        send, asend = module.Client.send, module.AsyncClient.send
+
+        def sync(client, request, **kw):
+            response = send(client, request, **kw)
+            response.read()
+            self.record(request, response)
+            return response
+
+        async def asynchronous(client, request, **kw):
+            response = await asend(client, request, **kw)
+            await response.aread()
+            self.record(request, response)
+            return response
+
+        monkeypatch.setattr(module.Client, "send", sync)
+        monkeypatch.setattr(module.AsyncClient, "send", asynchronous)
+
+    def record(self, request, response) -> None:
+        parts = request.url.path.split("/")
+        if len(parts) < 3 or parts[1] != "s" or response.status_code != 200 or request.method != "POST":
+            return
+        body = json.loads(request.content)
+        if response.headers["content-type"].startswith("text/event-stream"):
+            message: dict = {"content": "", "tool_calls": []}
+            for line in response.text.splitlines():
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        delta = choice.get("delta", {})
+                        message["content"] += delta.get("content") or ""
+                        message["tool_calls"] += delta.get("tool_calls") or []
+        else:
+            message = response.json()["choices"][0]["message"]
+        self.exchanges[parts[2]].append((body, message))
+
+    def conversations(self, tokenizer) -> list[str]:
+        """Each session's last request and the reply it got, as the chat template renders them."""
+        out = []
+        for exchanges in self.exchanges.values():
+            body, reply = exchanges[-1]
+            messages = [_normalised(m) for m in body["messages"]]
+            tools = [] if body.get("tool_choice") == "none" else body.get("tools") or []
+            text = render(tokenizer, messages, tools) + raw_text(reply)
+            out.append(text.removesuffix(tokenizer.eos_token))
+        return out
+
+
+def _has_httpx2() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("httpx2") is not None
+
+
+def _normalised(message: dict) -> dict:
+    """A message as a chat template takes it: text parts joined by a newline, a tool-call echo as the text the
+    model wrote, ``developer`` as ``system``."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n".join(p["text"] for p in content)
+    role = "system" if message["role"] == "developer" else message["role"]
+    if role == "assistant" and message.get("tool_calls"):
+        return {"role": role, "content": raw_text(message)}
+    return {"role": role, "content": content or ""}
+
+
+def raw_text(message: dict) -> str:
+    """The text the scripted policy wrote for a reply (its tool calls in the ``<tool_call>`` format)."""
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return message.get("content") or ""
+    blocks = []
+    for call in calls:
+        function = call["function"]
+        blocks.append(tool_call(function["name"], json.loads(function["arguments"] or "{}")))
+    return "".join(blocks)
+
+
+def tool_call(name: str, arguments: dict) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+class ScriptedPolicy:
+    """Calls the calculator on the question, then answers with the tool's result (smolagents' ToolCallingAgent:
+    through its ``final_answer`` tool; CodeAgent: one code block); each reply ends with EOS."""
+
+    temperature, top_p, max_new_tokens, context = 1.0, 1.0, 200, 32768
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None, row_seeds=None):
+        replies = [self.reply(self.tokenizer.decode(c)) for c in prompt_ids]
+        rows = [[*self.tokenizer(r, add_special_tokens=False).input_ids, self.tokenizer.eos_token_id] for r in replies]
+        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return Rollout(rows, [[-0.5] * len(r) for r in rows], texts, [False] * len(rows))
+
+    @staticmethod
+    def reply(context: str) -> str:
+        messages = re.findall(r"<\|(\w+)\|>(.*?)</s>", context, re.S)
+        expression = re.search(r"<\|user\|>(?:New task:\s*)?(\d[\d+\-*]*)=", context).group(1)
+        last = messages[-1][1]
+        asked = last.strip().endswith(f"{expression}=")
+        if "<code>" in messages[0][1]:  # CodeAgent: its system prompt asks for code blocks; a stop cuts "</code>"
+            value = re.findall(r"-?\d+", last)[-1]
+            code = f'print(calculator("{expression}"))' if asked else f'final_answer("{value}")'
+            return f"Thought: calculate.\n<code>\n{code}\n</code>"
+        block = context.split("<tools>", 1)[-1].split("</tools>", 1)[0] if "<tools>" in context else ""
+        names = [n for n in re.findall(r'"name": "(\w+)"', block) if n != "final_answer"]
+        if not asked:  # a tool result (smolagents: an observation as a user turn)
+            value = re.findall(r"-?\d+", last)[-1]
+            return tool_call("final_answer", {"answer": value}) if '"final_answer"' in block else value
+        return tool_call(names[0], {"expression": expression}) if names else str(eval(expression))
+
+
+def agent_task(spec: str) -> AgentTask:
+    return AgentTask(agent=spec, problems={"name": "tool-arithmetic", "train_size": 16, "test_size": 4})
+
+
+@pytest.mark.parametrize(("framework", "mode"), MODES, ids=[f"{f}-{m}" for f, m in MODES])
+def test_framework_episodes_store_what_the_framework_sent_and_received(framework, mode, tokenizer, monkeypatch):
+    capture = Capture(monkeypatch)
+    task = agent_task(f"{EXAMPLES}/{framework}_agent.py:{mode}")
+    problems = task.problems("train")[:2]
+    episodes = task_episodes(
+        ScriptedPolicy(tokenizer), tokenizer, task, problems, seed=0, max_turns=4, max_tokens=600, episode_timeout=60
+    )
+    segments = REWRITES.get((framework, mode), 1)
+    for episode in episodes:
+        assert episode.info["agent_failed"] == 0 and episode.info["segments"] == segments, episode.info
+        assert episode.outcome.total == 1.0 and not episode.truncated and episode.info["refused_requests"] == 0
+        assert segments > 1 or 0 in episode.loss_mask  # one segment: the tool result is context in the response
+    stored = sorted(tokenizer.decode(e.prompt_ids + e.response_ids).removesuffix(tokenizer.eos_token) for e in episodes)
+    assert stored == sorted(capture.conversations(tokenizer))
+
+
+@pytest.mark.slow  # ~30 s: a whole run with every framework imported
+def test_every_framework_trains_the_tiny_model_through_the_endpoint(tmp_path, tokenizer, monkeypatch):
+    """``oprl train`` 2 steps, each episode through the next framework x mode (one agent file dispatching to
+    ``examples/agents/``): the run finishes and every stored row is what its framework sent and received."""
+    capture = Capture(monkeypatch)
+    torch.manual_seed(0)
+    model = tmp_path / "tiny-long"
+    build_model(tokenizer, max_positions=2048).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    args = [
+        "task.name=agent",
+        "task.agent=tests/integration/test_agent_frameworks.py:each_framework",
+        "task.problems.train_size=64",
+        "task.problems.test_size=4",
+        f"model.path={model}",
+        "rollout.prompts_per_step=5",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=12",
+        "rollout.max_turns=3",
+        "rollout.max_episode_tokens=64",
+        "eval.num_problems=4",
+        "progress=false",
+        "tensorboard=false",
+        "runtime.torch_threads=1",
+        f"output_dir={tmp_path / 'runs'}",
+        "run_name=frameworks",
+        "steps=2",
+    ]
+    assert main(["train", *args]) == 0
+    conversations, compared = set(capture.conversations(tokenizer)), 0
+    for step in (1, 2):
+        table = pq.read_table(tmp_path / "runs" / "frameworks" / "experiences" / f"batch-{step:06d}.parquet")
+        assert table.num_rows == 10
+        hidden = set(tokenizer.all_special_ids) - {tokenizer.eos_token_id}  # sampled and stored, never returned
+        rows = zip(*(table.column(c).to_pylist() for c in ("prompt_ids", "response_ids", "loss_mask")), strict=True)
+        for prompt, response, mask in rows:
+            if not any(mask):  # smolagents' system prompts (4k-9k characters) pass 2048 positions: refused
+                continue
+            compared += 1
+            seen = [t for t, m in zip(response, mask, strict=True) if not (m and t in hidden)]
+            text = tokenizer.decode(prompt + seen).removesuffix(tokenizer.eos_token)
+            assert text in conversations or any(c.startswith(text) for c in conversations), text[-200:]
+    assert compared >= 10  # of 20 rows: all but smolagents' (in process above, with a longer context)
+
+
+_NEXT = itertools.count()
+
+
+def each_framework(client, problem: dict):
+    """The next framework x mode of ``MODES`` (async ones in an event loop of their own)."""
+    framework, mode = MODES[next(_NEXT) % len(MODES)]
+    rollout = load_agent(f"{EXAMPLES}/{framework}_agent.py:{mode}")
+    result = rollout(client, problem)
+    return asyncio.run(result) if asyncio.iscoroutine(result) else result
