@@ -182,3 +182,26 @@ def test_options_that_cannot_be_honoured_are_refused(tokenizer):
     for name, (status, message) in refusals.items():
         assert status == 400 and name in message, (name, message)
     assert episode.info["refused_requests"] == len(refusals) + 1
+
+
+def test_an_echo_with_the_matched_stop_appended_extends(tokenizer):
+    """An agent that closes a cut reply with the stop sequence it was cut at (as smolagents' CodeAgent does with
+    ``</code>``) continues its session: the stop sequence's tokens are context (mask 0), stored = sent."""
+    seen = {}
+
+    def agent(client, problem):
+        messages = list(problem["messages"])
+        reply = client.chat.completions.create(model="policy", messages=messages, stop=["Observation:"])
+        content = reply.choices[0].message.content + "Observation:"
+        messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "3"}]
+        last = client.chat.completions.create(model="policy", messages=messages, stop=["Observation:"])
+        seen["messages"] = [*messages, {"role": "assistant", "content": last.choices[0].message.content}]
+        return 1.0
+
+    task = agent_task(agent)
+    [episode] = run(ScriptEngine(tokenizer), tokenizer, task, task.problems("train")[:1], max_turns=5, max_tokens=200)
+    assert episode.info["segments"] == 1
+    expected = render(tokenizer, seen["messages"], generation_prompt=False).removesuffix(tokenizer.eos_token)
+    assert conversation(tokenizer, episode) == expected
+    context = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask, strict=True) if not m])
+    assert context.startswith("Observation:</s>")  # the agent's stop sequence, then the end of turn

@@ -257,7 +257,7 @@ def _report(endpoint: Endpoint, runs: list[AgentRun], calls: int, stop_after: in
     """One line per failed episode; when every episode failed, one line with the most common cause instead,
     and an ``OprlError`` once ``stop_after`` batches in a row failed whole (0: never)."""
     faults = Counter(r.fault for r in runs if r.fault)
-    causes = Counter(f"{r.fault}: {str(r.result)[:160]}" for r in runs if r.fault)
+    causes = Counter(f"{r.fault}: {str(r.result)[:240]}" for r in runs if r.fault)
     if runs and len(causes) and sum(causes.values()) == len(runs):
         endpoint.failed_batches += 1
         cause, count = causes.most_common(1)[0]
