@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,28 @@ def test_eval_of_a_missing_checkpoint_says_checkpoint(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "runs" / "r" / "checkpoints" / "step-000050")]) == 2
     err = capsys.readouterr().err
     assert "checkpoint" in err and "config file" not in err and "checkpoint.keep" in err
+
+
+def test_help_into_a_closed_pipe_exits_0_quietly():
+    """#42: ``oprl config --help | head`` ended in BrokenPipeError and exit 1 (the reader closes its end before
+    the 40 KB of help are written)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "oprl.cli", "config", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdout.close()  # before the interpreter has even started: every write hits a closed pipe
+    assert process.wait(timeout=60) == 0
+    assert process.stderr.read() == b""
+
+
+def test_sweep_dry_run_writes_nothing(tmp_path, capsys):
+    """#42: ``oprl sweep --dry-run`` wrote the output directory and its sweep.yaml."""
+    import yaml
+
+    from oprl.experiments import sweep
+
+    spec = sweep.load_spec(Path("configs/sweeps/smoke.yaml")) | {"output_dir": str(tmp_path / "out")}
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    assert "oprl train" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke.yaml"]

@@ -218,6 +218,7 @@ def resolve(
 def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
     """Run a resolved config (``resolve``'s) and collect its result."""
     config = final_model_settings(config, log)
+    log(_start_line(config))  # within a second: the checks, the imports and the warm start take longer
     task = None
     if not config.resume:  # a resumed run's saved config is read by the runtime, which checks it there
         from oprl.runtime.preflight import check_lengths
@@ -245,6 +246,18 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
         accuracy_after=done.accuracy_after,
         seconds=done.seconds,
     )
+
+
+def _start_line(config: RunConfig) -> str:
+    """What is starting, in one line: mode, task, model, the schedule and the length (or the run resumed)."""
+    if config.resume:
+        return f"oprl: resuming run {config.run_name} (resume={str(config.resume).lower()})"
+    model = "the embedded tiny model" if config.model.path == "tiny" else config.model.path
+    what = f"task {config.task.name}, {model}"
+    if config.mode == "eval":
+        return f"oprl: eval of {what} ({config.eval.num_problems} problems at most)"
+    schedule = f"{config.algorithm.preset}, k={config.sync.interval} m={config.sync.offset}, {config.steps} steps"
+    return f"oprl: {'train' if config.mode == 'both' else config.mode} on {what} ({schedule})"
 
 
 def reward_spec(reward: Any) -> str | list[str]:

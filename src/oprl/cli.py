@@ -110,6 +110,14 @@ import). sweep, plot and report print their own parsers' help (those modules imp
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `oprl config --help | head`: the reader has what it wanted
+        _silence_stdout()
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
@@ -136,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return handlers[command](rest)
+    except BrokenPipeError:
+        raise  # main's: not a failure
     except SystemExit as exc:  # argparse's --help and usage errors (sweep, plot, report)
         return exc.code if isinstance(exc.code, int) else 2
     except OprlError as exc:
@@ -159,6 +169,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not raise again (Python's
+    documented recipe for SIGPIPE)."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:

@@ -132,8 +132,13 @@ class TrackioTracker:
         self.run.log(row, step=step)
 
     def close(self) -> None:
+        from trackio import context_vars
+
         with contextlib.redirect_stdout(io.StringIO()):
             self.run.finish()
+        # trackio's exit hook finishes the "current" run again, printing to the terminal: it is finished.
+        if context_vars.current_run.get() is self.run:
+            context_vars.current_run.set(None)
 
 
 TRACKERS: dict[str, Callable[..., Tracker]] = {

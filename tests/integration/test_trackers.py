@@ -97,7 +97,12 @@ def test_mlflow_file_store_receives_the_metrics_and_the_config(tracked_run, monk
 
 
 def test_trackio_receives_the_metrics_and_the_config(tracked_run):
+    from trackio import context_vars
     from trackio.sqlite_storage import SQLiteStorage
+
+    # Finished for trackio too: its exit hook finished the current run again and printed "Run finished.
+    # Uploading logs to Trackio" at the end of the test suite (#42).
+    assert context_vars.current_run.get() is None
 
     _, rows, _ = tracked_run
     logs = SQLiteStorage.get_logs("oprl-test", "tracked")

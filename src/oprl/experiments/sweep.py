@@ -111,17 +111,17 @@ def run_sweep(spec_path: Path, *, parallel: int | None = None, dry_run: bool = F
     out = Path(spec.get("output_dir") or f"runs/sweep-{spec_path.stem}")
     runs = plan(spec)
     parallel = max(1, parallel or int(spec.get("parallel") or 1))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     todo = [r for r in runs if not (out / r.name / "summary.json").is_file()]
     log(
         f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run, "
         f"{parallel} at a time"
     )
-    if dry_run:
+    if dry_run:  # prints, writes nothing
         for r in todo:
             log("  oprl " + " ".join(_arguments(r, spec, out)))
         return out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     failures = _execute(todo, spec, out, parallel, log)
     table = collect_results(out, runs, threshold_gain=threshold_gain(spec))
     write_table(table, out / "results.csv")
