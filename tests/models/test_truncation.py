@@ -115,3 +115,19 @@ def _logits(model, prompts, responses, pad_id):
 
     logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions(attention)).logits
     return logits[:, -targets.shape[1] - 1 : -1][mask].float()
+
+
+def test_the_partial_sort_paths_equal_sorting_the_whole_vocabulary():
+    """Rows of mixed entropy over 3000 tokens: a nucleus inside the first 16 candidates, inside the next 200,
+    or past both (sorted whole); top-k rows with and without ties past the k-th score."""
+    from oprl.models.truncation import _kept_sorting_all
+
+    generator = torch.Generator().manual_seed(2)
+    spread = torch.tensor([12.0, 4.0, 0.5]).repeat_interleave(20)[:, None]  # peaked, middling, flat rows
+    scores = torch.randn(60, 3000, generator=generator) * spread
+    scores[:5, :40] = scores[:5, :40].round()  # integer scores: ties at the k-th value in some rows
+    for top_k, top_p in [(0, 0.9), (0, 0.5), (20, 0.9), (100, 0.95), (30, 1.0)]:
+        whole = _kept_sorting_all(scores, top_k, top_p)
+        assert torch.equal(kept_tokens(scores, top_k, top_p, candidates=(16, 200)), whole), (top_k, top_p)
+    sizes = kept_tokens(scores, 0, 0.9).sum(-1)
+    assert (sizes <= 16).any() and ((sizes > 16) & (sizes <= 200)).any() and (sizes > 200).any()

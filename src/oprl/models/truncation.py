@@ -31,7 +31,15 @@ def truncates(top_k: int, top_p: float) -> bool:
     return top_k > 0 or top_p < 1.0
 
 
-def kept_tokens(scores: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+CANDIDATES = (64, 1024)
+"""top_p alone: each row's nucleus is looked for among its 64, then its 1024 most likely tokens (partial sorts:
+0.15 s and 0.7 s against 5.4 s for sorting 512 rows of a 49k vocabulary on 2 cores); rows whose nucleus may reach
+past them are sorted whole."""
+
+
+def kept_tokens(
+    scores: torch.Tensor, top_k: int = 0, top_p: float = 1.0, candidates: tuple[int, ...] = CANDIDATES
+) -> torch.Tensor:
     """(..., V) bool: True where a token of ``scores`` (..., V), temperature-scaled logits, survives top-k then
     top-p (see the module docstring). ``top_k = 0`` and ``top_p = 1`` keep everything. No gradient: the set is
     a step function of the scores."""
@@ -42,9 +50,24 @@ def kept_tokens(scores: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> tor
         if not top_k:
             return torch.ones_like(scores, dtype=torch.bool)
         return scores >= scores.topk(top_k, dim=-1).values[..., -1:]  # (..., V): no sort needed
-    # vLLM's order of operations: one ascending sort, top-k then top-p in sorted space. Only where scores tie
-    # at the top-p boundary does the order of equal values matter; transformers re-sorts after top-k and may
-    # break such a tie the other way.
+    rows = scores.reshape(-1, vocab)  # (R, V)
+    kept = torch.zeros_like(rows, dtype=torch.bool)
+    left = torch.arange(len(rows), device=rows.device)  # rows not settled yet
+    for width in [w for w in ((top_k,) if top_k else candidates) if w < vocab]:
+        found, unsure = _kept_among_largest(rows[left], width, bool(top_k), top_p)  # (L, V), (L,)
+        kept[left[~unsure]] = found[~unsure]
+        left = left[unsure]  # ties past the k-th score, or a nucleus that may reach past the candidates
+        if len(left) == 0:
+            return kept.reshape(scores.shape)
+    kept[left] = _kept_sorting_all(rows[left], top_k, top_p)
+    return kept.reshape(scores.shape)
+
+
+def _kept_sorting_all(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``kept_tokens`` as vLLM's ``apply_top_k_top_p`` computes it: one ascending sort of the whole vocabulary,
+    top-k then top-p in sorted order. Only where scores tie at the top-p boundary does the order of equal values
+    matter; transformers re-sorts after top-k and may break such a tie the other way."""
+    vocab = scores.shape[-1]
     ascending, order = scores.sort(dim=-1)  # (..., V)
     if top_k:
         ascending = ascending.masked_fill(ascending < ascending[..., vocab - top_k, None], float("-inf"))
@@ -52,3 +75,27 @@ def kept_tokens(scores: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> tor
     outside[..., -1] = False  # the most likely token always stays
     kept = ascending.isfinite() & ~outside  # (..., V), in sorted order
     return torch.empty_like(kept).scatter_(-1, order, kept)
+
+
+def _kept_among_largest(rows: torch.Tensor, width: int, is_top_k: bool, top_p: float):
+    """``(kept (R, V), rows to sort whole (R,))`` from the ``width`` largest scores of each row only: the top-k
+    survivors (``is_top_k``; a row with more than k scores tied at the k-th needs the whole sort), or the
+    candidates of a nucleus (a row whose candidates hold less than top_p of the mass needs the whole sort), and
+    rows with tied candidates need it too. The cumulative sum runs over the same ascending values as the whole
+    sort, from the mass below the candidates."""
+    values, indices = rows.topk(width, dim=-1)  # (R, W), descending
+    ascending = values.flip(-1)  # (R, W)
+    # Equal candidates: which of them a cumulative sum reaches first is the whole sort's order, not topk's.
+    tied = (values[:, 1:] == values[:, :-1]).any(dim=-1)  # (R,)
+    if is_top_k:
+        whole = tied | ((rows >= values[:, -1:]).sum(-1) != width)
+        probs = ascending.softmax(dim=-1)  # renormalised over the survivors: nothing below them
+        below = torch.zeros_like(values[:, :1])  # (R, 1)
+    else:
+        probs = (ascending - rows.logsumexp(dim=-1, keepdim=True)).exp()  # (R, W) full-softmax probabilities
+        below = (1.0 - probs.sum(dim=-1, keepdim=True)).clamp(min=0.0)  # (R, 1) the mass of the other tokens
+        whole = tied | (below.squeeze(-1) > 1.0 - top_p)  # or some token below the candidates might be kept
+    outside = below + probs.cumsum(dim=-1) <= 1.0 - top_p  # (R, W)
+    outside[:, -1] = False  # the most likely token always stays
+    kept = torch.zeros_like(rows, dtype=torch.bool)
+    return kept.scatter_(-1, indices, ~outside.flip(-1)), whole
