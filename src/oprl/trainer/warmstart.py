@@ -199,13 +199,8 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool, partia
                 state["step"] += 1
                 step = state["step"]
                 rows = rng.sample(range(len(training)), min(warm_cfg.batch_size, len(training)))
-                batch = [
-                    t.to(device)
-                    for t in pack([prompts[i] for i in rows], [answers[i] for i in rows], tokenizer.pad_token_id)
-                ]
-                # Model tokens only: an episode's environment turns are context, as in RL (all ones for one turn).
-                pad = right_pad_values([masks[i] for i in rows], batch[3].shape[1]).to(device)
-                loss = _sft_step(model, optimizer, batch, batch[3] & (pad > 0))  # mask (B, T)
+                batch, mask = _batch(rows, prompts, answers, masks, tokenizer.pad_token_id, device)
+                loss = _sft_step(model, optimizer, batch, mask)
                 if step % warm_cfg.check_interval:
                     bar.update(step)
                     continue
@@ -236,14 +231,19 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool, partia
         f"warm start: {step} steps, validation pass@1 {accuracy:.3f} (replies of up to "
         f"{limits['max_new_tokens']} tokens), {seconds:.1f}s"
     )
-    return {
-        "steps": step,
-        "val_accuracy": accuracy,
-        "seconds": seconds,
-        "history": state["history"],
-        "reply_tokens": limits["max_new_tokens"] - _SLACK,
-        "max_new_tokens": limits["max_new_tokens"],
+    budget = limits["max_new_tokens"]
+    return {"steps": step, "val_accuracy": accuracy, "seconds": seconds, "history": state["history"]} | {
+        "reply_tokens": budget - _SLACK,
+        "max_new_tokens": budget,
     }
+
+
+def _batch(rows: list[int], prompts, answers, masks, pad_id: int, device) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The packed supervised batch of examples ``rows`` (``models.logprobs.pack``) and its loss mask (B, T):
+    model tokens only (an episode's environment turns are context, as in RL; all ones for one turn)."""
+    batch = [t.to(device) for t in pack([prompts[i] for i in rows], [answers[i] for i in rows], pad_id)]
+    pad = right_pad_values([masks[i] for i in rows], batch[3].shape[1]).to(device)
+    return batch, batch[3] & (pad > 0)  # (B, T)
 
 
 def _validate(engine, task, validation, tokenizer, seed: int, limits: dict) -> float:
