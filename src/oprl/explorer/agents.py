@@ -14,13 +14,16 @@ whatever the agents' timing); the torch engines draw a whole call from one gener
 turn (all wait for the engine) the calls are the built-in path's: turn t over the running episodes in order,
 seeded ``seed + t``, so the same agent logic gives the same rows as ``run_episodes`` (tested).
 
-Faults, each counted and logged in one line, never stopping the run: an agent that raises, returns
-something other than a number or a dict with ``reward``, or runs past ``rollout.episode_timeout`` seconds (its
-session is closed: later requests get 404; the thread is left behind, it cannot be killed) scores 0 and keeps
-the tokens it had sampled (an agent that failed before its first request: one end-of-turn token, mask 0, so
-its row carries no gradient). Requests past the turn or token budget get a 400 and truncate the episode
-(scores 0, ``response/truncated_frac``), as the built-in episodes do; an agent that raises on that 400 is
-truncated, not failed.
+A session closes when its agent returns, raises or times out (later requests get 404; a reply sampled for it
+after that is not recorded), so the stored row is the conversation the agent saw. Faults, each counted and
+logged in one line, never stopping the run: an agent that raises, returns something other than a number or a
+dict with ``reward``, or runs past ``rollout.episode_timeout`` seconds (the thread is left behind, it cannot be
+killed) scores 0 and keeps the tokens it had sampled (an agent that failed before its first request: one
+end-of-turn token, mask 0, so its row carries no gradient). Requests past the turn or token budget or the
+model's context get a 400 and truncate the episode (scores 0, ``response/truncated_frac``), as the built-in
+episodes do; an agent that raises on that 400 is truncated, not failed. A batch in which every episode failed
+is one warning line with the most common cause; ``task.max_failed_batches`` of them in a row stop the run
+(``OprlError``). An engine call refused by the engine's own checks fails its requests with a 400.
 """
 
 from __future__ import annotations
