@@ -62,6 +62,7 @@ def test_every_registered_engine_has_the_engine_methods(name):
             "batch_size",
             "row_seeds",
             "switch",
+            "top_k",
         }
     )
 
