@@ -4,13 +4,23 @@
     oprl train task.name=agent task.agent=examples/agents/openai_agents_agent.py:rollout_async    # Runner.run
     oprl train task.name=agent task.agent=examples/agents/openai_agents_agent.py:rollout_stream   # Runner.run_streamed
 
-The SDK's default model speaks the Responses API, which the endpoint refuses (docs/tasks.md): the agent uses
-``OpenAIChatCompletionsModel`` with an ``AsyncOpenAI`` client on the session's URL.
+    oprl train task.name=agent task.agent=examples/agents/openai_agents_agent.py:rollout_responses  # /v1/responses
+    oprl train task.name=agent task.agent=examples/agents/openai_agents_agent.py:rollout_responses_stream
+
+The model is the SDK's ``OpenAIChatCompletionsModel`` or its default ``OpenAIResponsesModel`` (``/v1/responses``,
+translated to chat by the endpoint), each with an ``AsyncOpenAI`` client on the session's URL.
 """
 
 import re
 
-from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+from agents import (
+    Agent,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 from openai import AsyncOpenAI
 
 set_tracing_disabled(True)  # no trace export: nothing leaves the machine
@@ -22,9 +32,10 @@ def calculator(expression: str) -> str:
     return calculate(expression)
 
 
-def agent(client) -> Agent:
+def agent(client, responses: bool = False) -> Agent:
     async_client = AsyncOpenAI(base_url=str(client.base_url), api_key=client.api_key, max_retries=0)
-    model = OpenAIChatCompletionsModel(model="policy", openai_client=async_client)
+    kind = OpenAIResponsesModel if responses else OpenAIChatCompletionsModel
+    model = kind(model="policy", openai_client=async_client)
     return Agent(name="calculator", instructions="Answer with a number.", tools=[calculator], model=model)
 
 
@@ -38,11 +49,20 @@ async def rollout_async(client, problem: dict) -> dict:
     )
 
 
-async def rollout_stream(client, problem: dict) -> dict:
-    result = Runner.run_streamed(agent(client), problem["messages"][-1]["content"], max_turns=3)
+async def rollout_stream(client, problem: dict, responses: bool = False) -> dict:
+    result = Runner.run_streamed(agent(client, responses), problem["messages"][-1]["content"], max_turns=3)
     async for _ in result.stream_events():
         pass
     return reward(result.final_output, problem)
+
+
+def rollout_responses(client, problem: dict) -> dict:
+    result = Runner.run_sync(agent(client, responses=True), problem["messages"][-1]["content"], max_turns=3)
+    return reward(result.final_output, problem)
+
+
+async def rollout_responses_stream(client, problem: dict) -> dict:
+    return await rollout_stream(client, problem, responses=True)
 
 
 def calculate(expression: str) -> str:

@@ -173,8 +173,8 @@ def test_options_that_cannot_be_honoured_are_refused(tokenizer):
             ("functions", [{"name": "f"}]),
         ]:
             refusals[name] = _error(client, {"messages": problem["messages"], name: value})
-        with pytest.raises(openai.BadRequestError, match="chat completions"):
-            client.responses.create(model="policy", input="hi")
+        with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+            client.responses.create(model="policy", input="hi", previous_response_id="resp_1")
         return 1.0
 
     task = agent_task(agent)

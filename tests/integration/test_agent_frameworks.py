@@ -33,6 +33,8 @@ MODES = [
     ("openai_agents", "rollout"),
     ("openai_agents", "rollout_async"),
     ("openai_agents", "rollout_stream"),
+    ("openai_agents", "rollout_responses"),
+    ("openai_agents", "rollout_responses_stream"),
     ("pydantic_ai", "rollout"),
     ("pydantic_ai", "rollout_stream"),
     ("smolagents", "rollout"),
@@ -84,6 +86,9 @@ class Capture:
         if len(parts) < 3 or parts[1] != "s" or response.status_code != 200 or request.method != "POST":
             return
         body = json.loads(request.content)
+        if parts[-1] == "responses":
+            self.exchanges[parts[2]].append(_from_responses(body, response))
+            return
         if response.headers["content-type"].startswith("text/event-stream"):
             message: dict = {"content": "", "tool_calls": []}
             for line in response.text.splitlines():
@@ -106,6 +111,43 @@ class Capture:
             text = render(tokenizer, messages, tools) + raw_text(reply)
             out.append(text.removesuffix(tokenizer.eos_token))
         return out
+
+
+def _from_responses(body: dict, response) -> tuple[dict, dict]:
+    """A Responses exchange as chat: instructions + input items as messages, function tools as chat tools,
+    the output items (``response.completed`` when streamed) as the reply message."""
+    messages = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
+    items = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item["content"]
+            text = content if isinstance(content, str) else "\n".join(p["text"] for p in content)
+            messages.append({"role": item["role"], "content": text})
+        elif kind == "function_call":
+            call = {"function": {"name": item["name"], "arguments": item["arguments"]}}
+            if messages[-1]["role"] != "assistant":
+                messages.append({"role": "assistant", "content": ""})
+            messages[-1].setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "tool", "content": item["output"]})
+    keys = ("name", "description", "parameters")
+    tools = [
+        {"type": "function", "function": {k: t[k] for k in keys if t.get(k) is not None}}
+        for t in body.get("tools") or []
+    ]
+    if response.headers["content-type"].startswith("text/event-stream"):
+        events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+        output = next(e for e in events if e["type"] == "response.completed")["response"]["output"]
+    else:
+        output = response.json()["output"]
+    reply: dict = {"content": "", "tool_calls": []}
+    for item in output:
+        if item["type"] == "message":
+            reply["content"] += "".join(p["text"] for p in item["content"])
+        else:
+            reply["tool_calls"].append({"function": {"name": item["name"], "arguments": item["arguments"]}})
+    return {"messages": messages, "tools": tools}, reply
 
 
 def _has_httpx2() -> bool:

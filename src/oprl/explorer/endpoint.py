@@ -25,7 +25,9 @@ refusal is counted in the session's ``refused`` (``episode/refused_requests_mean
   trainer scores at ``rollout.temperature``; another value would make the behaviour log-probs wrong);
 - refused with a 400: other temperatures, more tokens than the engine samples, ``tool_choice`` required or
   a named function, ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``,
-  image / audio parts; ``/v1/responses`` (the Responses API) names the switch to chat completions.
+  image / audio parts.
+
+``/v1/responses`` (the Responses API) is translated to a chat request and back (``oprl.explorer.responses_api``).
 
 Requests wait in ``Endpoint.pending`` until ``take`` hands them to the explorer thread as one engine call
 (``oprl.explorer.agents``); the reply comes back through a future. Token bookkeeping is
@@ -45,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oprl.errors import OprlError
+from oprl.explorer import responses_api
 from oprl.explorer.openai_api import ChatRequest, CompletionRequest, _Request, parse, response, stream_events
 from oprl.explorer.sessions import Choice, RequestRefused, Session
 from oprl.tasks.toolcall import OPEN, parse_calls
@@ -286,14 +289,16 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
         endpoint.counts["refused/unauthorized"] += 1
         return False
 
-    async def handle(request: Request, session_id: str, model: type[_Request]):
+    async def handle(request: Request, session_id: str, model: type[_Request] | None):
+        """``model``: the request's format (None: the Responses API, translated to chat)."""
         if not authorized(request):
             return error(401, "missing or wrong API key: use the token the explorer handed the agent")
         session = endpoint.sessions.get(session_id)
         try:
             if session is None:
                 raise RequestRefused(404, f"no open session {session_id!r} (finished, timed out, or never opened)")
-            body = parse(await read_body(request, endpoint.max_request_bytes), model)
+            raw = await read_body(request, endpoint.max_request_bytes)
+            body, data = responses_api.chat_request(raw) if model is None else (parse(raw, model), {})
             pending = endpoint.submit(session, body)
             choices = await asyncio.wrap_future(pending.future)
         except RequestRefused as exc:
@@ -304,6 +309,11 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
             log.warning("agent endpoint: 500 on %s: %s: %s", request.url.path, type(exc).__name__, str(exc)[:200])
             return error(500, f"internal error: {type(exc).__name__} (logged by the explorer)")
         endpoint.counts["served"] += 1
+        if model is None:
+            if data.get("stream"):
+                events = responses_api.stream_events(data, choices[0])
+                return StreamingResponse(iter(events), media_type="text/event-stream")
+            return JSONResponse(responses_api.response(data, choices[0]))
         if body.stream:
             events = stream_events(body, choices, endpoint.tokenizer)
             return StreamingResponse(iter(events), media_type="text/event-stream")
@@ -319,12 +329,7 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
 
     @app.post("/s/{session_id}/v1/responses")
     async def responses(session_id: str, request: Request):
-        endpoint.refuse(endpoint.sessions.get(session_id), RequestRefused(400, "the Responses API"))
-        return error(
-            400,
-            "the Responses API (/v1/responses) is not served: use chat completions "
-            "(openai-agents: agents.set_default_openai_api('chat_completions'), or OpenAIChatCompletionsModel)",
-        )
+        return await handle(request, session_id, None)
 
     @app.get("/s/{session_id}/v1/models")
     async def models(session_id: str, request: Request):
