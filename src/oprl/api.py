@@ -226,6 +226,7 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
 
         task = build_task(config.task)
         check_lengths(config, task, log)  # before torch and the runtime are imported: seconds, not minutes
+        task = _hand_over(task)
     from oprl.metrics import read_metrics
     from oprl.runtime.run import run as run_config
 
@@ -246,6 +247,17 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
         accuracy_after=done.accuracy_after,
         seconds=done.seconds,
     )
+
+
+def _hand_over(task: Any) -> Any:
+    """The checked task for the runtime, unless it started worker processes (a dataset task's user rewards
+    start at once, to report a bad import at once): those must start inside the run's worker log
+    (``<run_dir>/workers.log``, which does not exist yet), so they stop here and the runtime builds its own."""
+    rewards = getattr(task, "rewards", None)
+    if rewards is None or not callable(getattr(rewards, "close", None)):
+        return task
+    rewards.close()
+    return None
 
 
 def _start_line(config: RunConfig) -> str:

@@ -76,7 +76,7 @@ def test_task_and_reward_as_python_objects():
         reward_spec(nested)
 
 
-def test_a_reward_imported_through_sys_path_reaches_the_workers(tmp_path, monkeypatch, small_overrides):
+def test_a_reward_imported_through_sys_path_reaches_the_workers(tmp_path, monkeypatch, small_overrides, capfd):
     """#42, the notebook pattern: ``sys.path.append(dir); from rev import rev_reward; oprl.train(reward=rev_reward)``
     failed in the reward workers ("cannot import 'rev'"). A top-level module travels by its file; a package
     module the workers cannot import is one line with the exact string to pass."""
@@ -85,7 +85,9 @@ def test_a_reward_imported_through_sys_path_reaches_the_workers(tmp_path, monkey
     import sys
 
     (tmp_path / "rev.py").write_text(
-        "def rev_reward(prompt, completion, reference, **row):\n    return float(completion.strip() == reference)\n"
+        "def rev_reward(prompt, completion, reference, **row):\n"
+        "    print('rev_reward was called')\n"
+        "    return float(completion.strip() == reference)\n"
     )
     (tmp_path / "revpkg").mkdir()
     (tmp_path / "revpkg" / "__init__.py").write_text("")
@@ -105,4 +107,8 @@ def test_a_reward_imported_through_sys_path_reaches_the_workers(tmp_path, monkey
     run = oprl.train(task=section, reward=rev.rev_reward, log=lambda _: None, **values)
     assert run.config.task.reward == f"{tmp_path / 'rev.py'}:rev_reward" and run.final_model is not None
     assert "reward/mean" in run.final_metrics
+    # Its prints, the warm start's validation included (checked before the run directory existed), are in
+    # workers.log, not on the terminal.
+    assert "rev_reward was called" in (run.run_dir / "workers.log").read_text()
+    assert "rev_reward was called" not in capfd.readouterr().err
     sys.modules.pop("rev", None)

@@ -174,12 +174,12 @@ def run(config: RunConfig, log=print, task=None) -> RunSummary:
     run_dir = make_run_dir(config)
     opened = resume.open_run(config, run_dir, log=log)
     try:
-        if task is None or opened.config.task != config.task:
-            task = build_task(opened.config.task)
-        check_lengths(opened.config, task, log)  # before the warm start and the workers (oprl.runtime.preflight)
-        for line in noop_warnings(opened.config, task):
-            log(line)
         with worker_log(run_dir / WORKER_LOG):  # reward and answer-checking workers print there
+            if task is None or opened.config.task != config.task:
+                task = build_task(opened.config.task)
+            check_lengths(opened.config, task, log)  # before the warm start and the workers (runtime.preflight)
+            for line in noop_warnings(opened.config, task):
+                log(line)
             if opened.config.mode == "eval":
                 return _evaluate_only(opened.config, run_dir, opened.eval_checkpoint, started, log, task)
             with StopSignals():  # SIGTERM and SIGINT stop the run the same way (oprl.backends.failure)
