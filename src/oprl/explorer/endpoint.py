@@ -273,7 +273,7 @@ async def read_body(request, limit: int) -> bytes:
 
 def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads the handlers' types
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse
 
     app = FastAPI(title="oprl explorer endpoint", docs_url=None, redoc_url=None, openapi_url=None)
     kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
@@ -309,15 +309,7 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
             log.warning("agent endpoint: 500 on %s: %s: %s", request.url.path, type(exc).__name__, str(exc)[:200])
             return error(500, f"internal error: {type(exc).__name__} (logged by the explorer)")
         endpoint.counts["served"] += 1
-        if model is None:
-            if data.get("stream"):
-                events = responses_api.stream_events(data, choices[0])
-                return StreamingResponse(iter(events), media_type="text/event-stream")
-            return JSONResponse(responses_api.response(data, choices[0]))
-        if body.stream:
-            events = stream_events(body, choices, endpoint.tokenizer)
-            return StreamingResponse(iter(events), media_type="text/event-stream")
-        return JSONResponse(response(body, choices, endpoint.tokenizer))
+        return _reply(body, data, choices, endpoint.tokenizer, responses=model is None)
 
     @app.post("/s/{session_id}/v1/chat/completions")
     async def chat(session_id: str, request: Request):
@@ -338,3 +330,18 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
         return JSONResponse({"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "oprl"}]})
 
     return app
+
+
+def _reply(body: _Request, data: dict, choices: list[Choice], tokenizer, *, responses: bool):
+    """The HTTP reply to a served request: one JSON object, or Server-Sent Events when it asked for a stream
+    (``responses``: in the Responses API's format, ``data`` its body)."""
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    sse = "text/event-stream"
+    if responses:
+        if data.get("stream"):
+            return StreamingResponse(iter(responses_api.stream_events(data, choices[0])), media_type=sse)
+        return JSONResponse(responses_api.response(data, choices[0]))
+    if body.stream:
+        return StreamingResponse(iter(stream_events(body, choices, tokenizer)), media_type=sse)
+    return JSONResponse(response(body, choices, tokenizer))
