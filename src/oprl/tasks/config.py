@@ -362,8 +362,8 @@ class AgentTaskConfig(Section):
     """How long a request waits for the other running agents' requests before the engine is called without
     them. Once every running agent has a request waiting, the call goes at once."""
     max_request_bytes: int = Field(4 * 2**20, gt=0)
-    """Largest request body the endpoint reads (bytes); a larger one is a 413 before it is read whole, so no
-    request can take more memory than this (a long conversation of a 32k-token model is ~150 KB)."""
+    """Largest request body the endpoint reads (bytes); a larger one is a 413 before it is read whole, which
+    bounds the memory one request can take (a long conversation of a 32k-token model is ~150 KB)."""
     max_failed_batches: int = Field(5, ge=0)
     """Stop the run (one line) when every episode of this many batches in a row failed (the agent raised,
     timed out or returned no number); 0 = never. A batch in which all failed is one warning line."""
