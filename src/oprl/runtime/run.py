@@ -183,7 +183,7 @@ def run(config: RunConfig, log=print, task=None) -> RunSummary:
             if opened.config.mode == "eval":
                 return _evaluate_only(opened.config, run_dir, opened.eval_checkpoint, started, log, task)
             with StopSignals():  # SIGTERM and SIGINT stop the run the same way (oprl.backends.failure)
-                before = _run_workers(opened, run_dir, log, task)
+                before = _run_workers(opened, run_dir, log, task, started)
             return _finish(opened.config, run_dir, started, before, log)
     except BaseException as exc:  # a run that stopped before step 1 does not block its name (rundir)
         rundir.mark_incomplete(run_dir, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -192,9 +192,9 @@ def run(config: RunConfig, log=print, task=None) -> RunSummary:
         opened.lock.release()
 
 
-def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task) -> float:
+def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: float) -> float:
     """Start the workers, drive the run, write ``final/``; returns the seconds earlier segments of a resumed
-    run took (0 for a new run)."""
+    run took (0 for a new run). ``started``: when this segment began (``time.perf_counter``)."""
     config = opened.config
     path = model_path(config, task, log=log)
     chosen = precision_line(config.trainer.autocast, config.rollout.dtype, resolve_device(config.model.device))
@@ -230,7 +230,9 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task) -> float:
                     health=health,
                     **vars(session),
                 )
-                driver.checkpoints.elapsed_before = before
+                # A checkpoint's total_s counts from this segment's start (start-up and warm start included),
+                # as summary.json's seconds do, not from the driver's.
+                driver.checkpoints.elapsed_before = before + driver.checkpoints.started - started
                 if session.start_step == 0 and config.mode != "explore":
                     driver.request_eval(0)
                 driver.run()
