@@ -4,9 +4,11 @@ The same tool-arithmetic episodes, the same lean engine and seed, side by side i
 ``run_episodes`` loop, and ``examples/calculator_agent.py`` (an openai-client loop, one thread per episode)
 through the endpoint. Every agent asks every turn, so both make the same engine calls (the rows are equal:
 tests/explorer/test_agent_endpoint.py); the difference is HTTP, JSON, the agents' threads and the batching
-barrier. Also counts vLLM prefill tokens with and without ``rollout.prefix_reuse`` (``--vllm``).
+barrier. ``--engine instant`` replaces the model by a scripted engine that answers at once (a calculator call,
+then the tool's answer: two turns per episode), so what is left is the endpoint's own cost per turn. Also
+counts vLLM prefill tokens with and without ``rollout.prefix_reuse`` (``--vllm``).
 
-    flock /tmp/oprl-bench.lock python benchmarks/agent_endpoint.py --episodes 16 --repeats 5 [--vllm]
+    flock /tmp/oprl-bench.lock python benchmarks/agent_endpoint.py --episodes 16 --repeats 5 [--engine instant] [--vllm]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 
 import torch
 
+from oprl.explorer.agents import task_episodes  # run_episodes itself runs an agent task's inner environment
 from oprl.explorer.episodes import run_episodes
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout.lean_engine import LeanEngine
@@ -30,11 +33,13 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--vllm", action="store_true")
+    parser.add_argument("--engine", choices=["lean", "instant"], default="lean")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
-    engine = LeanEngine(build_model(tokenizer), tokenizer, max_new_tokens=10)
+    lean = args.engine == "lean"
+    engine = LeanEngine(build_model(tokenizer), tokenizer, max_new_tokens=10) if lean else InstantEngine(tokenizer)
     built_in = ToolArithmeticTask(train_size=64, test_size=8)
     agent = AgentTask(
         agent="examples/calculator_agent.py:rollout",
@@ -43,7 +48,7 @@ def main() -> None:
     )
     problems = list(built_in.problems("train"))[: args.episodes]
     limits = {"max_turns": 3, "max_tokens": 48}
-    run_episodes(engine, tokenizer, agent, problems, seed=0, **limits)  # starts the endpoint
+    task_episodes(engine, tokenizer, agent, problems, seed=0, **limits)  # starts the endpoint
     times: dict[str, list[float]] = {"built_in": [], "endpoint": []}
     turns = 0
     for repeat in range(args.repeats):
@@ -51,12 +56,14 @@ def main() -> None:
         episodes = run_episodes(engine, tokenizer, built_in, problems, seed=repeat, **limits)
         times["built_in"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        run_episodes(engine, tokenizer, agent, problems, seed=repeat, **limits)
+        served = task_episodes(engine, tokenizer, agent, problems, seed=repeat, **limits)
         times["endpoint"].append(time.perf_counter() - start)
         turns += sum(e.turns for e in episodes)
+        assert [e.response_ids for e in served] == [e.response_ids for e in episodes], "the endpoint's rows differ"
     turns_per_repeat = turns / args.repeats
     built, served = (sorted(times[k])[len(times[k]) // 2] for k in ("built_in", "endpoint"))
     result = {
+        "engine": args.engine,
         "episodes": args.episodes,
         "turns_per_batch": turns_per_repeat,
         "built_in_s": built,
@@ -68,6 +75,26 @@ def main() -> None:
     if args.vllm:
         result |= prefill_counts(tokenizer)
     print(json.dumps(result, indent=1))
+
+
+class InstantEngine:
+    """Replies ``[2*3]`` to a question and the tool's answer to a tool turn, each ended by EOS, at once."""
+
+    temperature, top_p, max_new_tokens = 1.0, 1.0, 10
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None, row_seeds=None):
+        from oprl.rollout import Rollout
+
+        rows = []
+        for context in prompt_ids:
+            text = self.tokenizer.decode(context)
+            reply = text.split("<|tool|>")[-1].split("</s>")[0] if "<|tool|>" in text else "[2*3]"
+            rows.append([*self.tokenizer(reply, add_special_tokens=False).input_ids, self.tokenizer.eos_token_id])
+        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return Rollout(rows, [[-0.25] * len(r) for r in rows], texts, [False] * len(rows))
 
 
 def prefill_counts(tokenizer) -> dict:
