@@ -131,20 +131,21 @@ def _start(task, endpoint: Endpoint, run: AgentRun, timeout: float) -> None:
     url, problem = endpoint.base_url(run.session_id), problem_dict(run.problem)
 
     def body() -> None:
+        fault, result = "", None
         try:
             settings: dict[str, Any] = {"base_url": url, "api_key": endpoint.token, "timeout": timeout}
             settings["max_retries"] = 0  # a refused request is the agent's to handle, never silently resent
             if task.is_async:  # an async client is bound to its event loop: one each
-                run.result = asyncio.run(task.rollout(openai.AsyncOpenAI(**settings), problem))
+                result = asyncio.run(task.rollout(openai.AsyncOpenAI(**settings), problem))
             else:  # one connection pool for all (building a client costs ~40 ms: its SSL context)
                 client = _client(endpoint, openai).with_options(base_url=url, timeout=timeout)
-                run.result = task.rollout(client, problem)
+                result = task.rollout(client, problem)
         except BaseException as exc:  # the agent's failure is its episode's, never the run's
-            if not run.fault:
-                run.fault, run.result = "raised", f"{type(exc).__name__}: {str(exc)[:200]}"
+            fault, result = "raised", f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:  # the session closes with its agent: a later request is a 404 and cannot touch the row
             with endpoint.lock:
-                if run.session_id in endpoint.sessions:
+                if not run.done.is_set():  # else it timed out: that verdict stands
+                    run.fault, run.result = fault, result
                     endpoint.close(run.session_id, "its agent returned")
                 run.done.set()
                 endpoint.lock.notify_all()
@@ -164,10 +165,13 @@ def _client(endpoint: Endpoint, openai):
 def _check_timeouts(endpoint: Endpoint, runs: list[AgentRun], timeout: float) -> None:
     now = time.monotonic()
     for run in runs:
-        if not run.done.is_set() and now - run.started > timeout:
-            run.fault, run.result = "timeout", f"still running after rollout.episode_timeout={timeout:g} s"
-            run.done.set()  # the thread is abandoned; its session closes so it cannot add tokens
-            endpoint.close(run.session_id, "rollout.episode_timeout passed")
+        if run.done.is_set() or now - run.started <= timeout:
+            continue
+        with endpoint.lock:  # the agent's own ending sets `done` under the lock: one of the two wins
+            if not run.done.is_set():
+                run.fault, run.result = "timeout", f"still running after rollout.episode_timeout={timeout:g} s"
+                run.done.set()  # the thread is abandoned; its session closes so it cannot add tokens
+                endpoint.close(run.session_id, "rollout.episode_timeout passed")
 
 
 def row_seed(seed: int, turn: int, index: int, choice: int) -> int:

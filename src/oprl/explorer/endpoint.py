@@ -145,10 +145,13 @@ class Endpoint:
             self.sessions[session_id] = session
         return session_id
 
-    def close(self, session_id: str, reason: str = "the episode is over") -> Session:
-        """End a session: its waiting requests fail (408), later ones get 404, replies are not recorded."""
+    def close(self, session_id: str, reason: str = "the episode is over") -> Session | None:
+        """End a session: its waiting requests fail (408), later ones get 404, replies are not recorded. Closing
+        a closed session does nothing (its agent returning and its timeout can race)."""
         with self.lock:
-            session = self.sessions.pop(session_id)
+            session = self.sessions.pop(session_id, None)
+            if session is None:
+                return None
             session.closed = True
             for request in [p for p in self.pending if p.session is session]:
                 self.pending.remove(request)
@@ -301,6 +304,7 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
             body, data = responses_api.chat_request(raw) if model is None else (parse(raw, model), {})
             pending = endpoint.submit(session, body)
             choices = await asyncio.wrap_future(pending.future)
+            reply = _reply(body, data, choices, endpoint.tokenizer, responses=model is None)  # whole, before sending
         except RequestRefused as exc:
             endpoint.refuse(session, exc)
             return error(exc.status, exc.message)
@@ -309,7 +313,7 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
             log.warning("agent endpoint: 500 on %s: %s: %s", request.url.path, type(exc).__name__, str(exc)[:200])
             return error(500, f"internal error: {type(exc).__name__} (logged by the explorer)")
         endpoint.counts["served"] += 1
-        return _reply(body, data, choices, endpoint.tokenizer, responses=model is None)
+        return reply
 
     @app.post("/s/{session_id}/v1/chat/completions")
     async def chat(session_id: str, request: Request):
