@@ -268,3 +268,17 @@ def test_an_unexpected_error_is_one_500_and_one_log_line(tokenizer, caplog, capf
     lines = [r.getMessage() for r in caplog.records if "500 on" in r.getMessage()]
     assert len(lines) == 1 and lines[0].endswith("/v1/chat/completions: KeyError: 'boom'")
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_closing_a_session_twice_does_nothing(tokenizer):
+    """An agent returning just as its timeout passes closes its session twice: the second is a no-op, never a
+    KeyError in the explorer thread."""
+    from oprl.explorer.endpoint import Endpoint
+    from oprl.explorer.sessions import Session
+
+    endpoint = Endpoint(tokenizer)
+    try:
+        session_id = endpoint.open(Session(0, tokenizer, 3, 48))
+        assert endpoint.close(session_id) is not None and endpoint.close(session_id) is None
+    finally:
+        endpoint.stop()
