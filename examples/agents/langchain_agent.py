@@ -1,6 +1,7 @@
 """A LangChain agent (``create_agent`` with a calculator tool) trained through the endpoint.
 
     oprl train task.name=agent task.agent=examples/agents/langchain_agent.py:rollout          # .invoke
+    oprl train task.name=agent task.agent=examples/agents/langchain_agent.py:rollout_async    # .ainvoke
     oprl train task.name=agent task.agent=examples/agents/langchain_agent.py:rollout_stream   # .stream
 
 ``ChatOpenAI`` points at the session's URL with the session's key; everything else is plain LangChain.
@@ -28,6 +29,11 @@ def agent(client, stream: bool = False):
 
 def rollout(client, problem: dict) -> dict:
     state = agent(client).invoke({"messages": [{"role": "user", "content": problem["messages"][-1]["content"]}]})
+    return reward(state["messages"][-1].content, problem)
+
+
+async def rollout_async(client, problem: dict) -> dict:
+    state = await agent(client).ainvoke({"messages": [{"role": "user", "content": problem["messages"][-1]["content"]}]})
     return reward(state["messages"][-1].content, problem)
 
 

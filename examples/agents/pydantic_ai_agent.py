@@ -1,6 +1,7 @@
 """A pydantic-ai agent with a calculator tool.
 
 oprl train task.name=agent task.agent=examples/agents/pydantic_ai_agent.py:rollout          # run_sync
+oprl train task.name=agent task.agent=examples/agents/pydantic_ai_agent.py:rollout_async    # await run
 oprl train task.name=agent task.agent=examples/agents/pydantic_ai_agent.py:rollout_stream   # run_stream
 """
 
@@ -27,6 +28,10 @@ def agent(client) -> Agent:
 
 def rollout(client, problem: dict) -> dict:
     return reward(agent(client).run_sync(problem["messages"][-1]["content"]).output, problem)
+
+
+async def rollout_async(client, problem: dict) -> dict:
+    return reward((await agent(client).run(problem["messages"][-1]["content"])).output, problem)
 
 
 async def rollout_stream(client, problem: dict) -> dict:

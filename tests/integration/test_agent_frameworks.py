@@ -29,6 +29,7 @@ from oprl.tasks.agent import AgentTask, load_agent
 EXAMPLES = "examples/agents"
 MODES = [
     ("langchain", "rollout"),
+    ("langchain", "rollout_async"),
     ("langchain", "rollout_stream"),
     ("openai_agents", "rollout"),
     ("openai_agents", "rollout_async"),
@@ -36,6 +37,7 @@ MODES = [
     ("openai_agents", "rollout_responses"),
     ("openai_agents", "rollout_responses_stream"),
     ("pydantic_ai", "rollout"),
+    ("pydantic_ai", "rollout_async"),
     ("pydantic_ai", "rollout_stream"),
     ("smolagents", "rollout"),
     ("smolagents", "rollout_stream"),
