@@ -46,6 +46,7 @@ ALLOWED = {
         "messages",
         "models",
         "partial",
+        "rollout",  # evaluation samples with eval.* settings (rollout.base.WithSampling), below the roles
         "schedule",
         "tasks",
         "worker",
