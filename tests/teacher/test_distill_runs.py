@@ -122,3 +122,18 @@ def test_offline_distillation_from_a_store_scored_once(teacher_run, capsys):
     rows = rows_of(root, "scored")
     assert [r["step"] for r in rows if "distill/reverse_kl" in r] == [1, 2]
     assert deterministic_view(rows) == deterministic_view(rows_of(root, "on-the-fly"))
+
+
+def test_ray_places_the_teacher_as_an_actor_with_the_local_numbers(teacher_run):
+    ray = pytest.importorskip("ray")
+    root, distill = teacher_run
+    common = [*distill, "steps=2"]
+    assert main(["train", *common, "run_name=ray-local"]) == 0
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert main(["train", *common, "run_name=ray", "backend=ray"]) == 0
+    finally:
+        ray.shutdown()
+    assert deterministic_view(rows_of(root, "ray")) == deterministic_view(rows_of(root, "ray-local"))
+    stored = read_parquet(root / "runs" / "ray" / "experiences" / "batch-000002.parquet")
+    assert all(e.teacher_logprobs is not None for e in stored)

@@ -112,7 +112,7 @@ def make_backend(config: RunConfig) -> Backend:
     if config.backend == "ray":
         from oprl.backends.ray_backend import RayBackend
 
-        workers = config.runtime.explorers + 1
+        workers = config.runtime.explorers + 1 + (config.teacher.path is not None)  # the teacher is one too
         return RayBackend(address=config.runtime.ray_address, num_cpus=config.runtime.ray_num_cpus, workers=workers)
     from oprl.backends.local import LocalBackend
 
