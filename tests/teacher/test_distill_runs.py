@@ -59,6 +59,7 @@ def test_the_distill_preset_trains_and_stores_what_a_fresh_prefill_gives(teacher
             assert row.teacher_logprobs != pytest.approx(row.behavior_logprobs, abs=1e-3)  # another model
 
 
+@pytest.mark.slow  # ~50 s on 2 cores: two runs, one with spawned worker processes
 def test_worker_processes_give_the_threads_numbers(teacher_run):
     root, distill = teacher_run
     common = [*distill, "steps=2", "sync.offset=1"]
@@ -94,6 +95,16 @@ def test_stale_distillation_with_rec_clipping(teacher_run):
     assert all(r["optim/grad_norm"] > 0 and "loss/clip_frac" in r for r in rows)
 
 
+def test_replayed_groups_keep_their_teacher_logprobs(teacher_run):
+    """Replay hands the trainer groups of earlier batches: they carry the teacher log-probs stored with them
+    (a row without them would stop the distilling trainer)."""
+    root, distill = teacher_run
+    assert main(["train", *distill, "steps=3", "replay.groups_per_step=2", "run_name=replay"]) == 0
+    rows = [r for r in rows_of(root, "replay") if "distill/reverse_kl" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["batch/use_count_mean"] > 0 for r in rows] == [False, True, True]
+
+
 def test_offline_distillation_from_a_store_scored_once(teacher_run, capsys):
     root, distill = teacher_run
     runs = root / "runs"
@@ -124,6 +135,7 @@ def test_offline_distillation_from_a_store_scored_once(teacher_run, capsys):
     assert deterministic_view(rows) == deterministic_view(rows_of(root, "on-the-fly"))
 
 
+@pytest.mark.slow  # ~40 s: a local Ray instance and two runs
 def test_ray_places_the_teacher_as_an_actor_with_the_local_numbers(teacher_run):
     ray = pytest.importorskip("ray")
     root, distill = teacher_run
