@@ -174,8 +174,10 @@ def test_a_model_directory_with_garbage_weights_fails_in_one_line_never_an_abort
 
 
 def error_lines(output: str) -> list[str]:
-    """What a run printed besides its progress log lines (``INFO oprl:``, written when stderr is not a terminal)."""
-    return [line for line in output.strip().splitlines() if " INFO oprl: " not in line]
+    """What a run printed besides its progress log lines (``INFO oprl:``, written when stderr is not a terminal)
+    and its first line (``oprl: train on ...``, what starts)."""
+    lines = output.strip().splitlines()
+    return [line for line in lines if " INFO oprl: " not in line and not line.startswith("oprl: ")]
 
 
 def one_line_naming_a_file(code: int, output: str, run_dir: Path) -> str:

@@ -98,11 +98,16 @@ def never_started(run_dir: Path) -> bool:
 
 
 def mark_incomplete(run_dir: Path, reason: str) -> None:
-    """Leave ``INCOMPLETE`` in a run directory whose run stopped before step 1 (``never_started``)."""
-    if never_started(run_dir):
-        (Path(run_dir) / INCOMPLETE).write_text(
-            f"This run stopped before step 1: {reason}\nRunning it again with the same run_name replaces it.\n"
-        )
+    """Leave ``INCOMPLETE`` in a run directory whose run stopped before step 1 (``never_started``). Best effort:
+    it is written while another error propagates (a full disk, a read-only directory), which must stay the one
+    reported; a rerun finds such a run by its contents anyway."""
+    try:
+        if never_started(run_dir):
+            (Path(run_dir) / INCOMPLETE).write_text(
+                f"This run stopped before step 1: {reason}\nRunning it again with the same run_name replaces it.\n"
+            )
+    except OSError:
+        pass
 
 
 def open_new(run_dir: Path, *, overwrite: bool = False, log=print) -> RunLock:
