@@ -62,5 +62,6 @@ def test_final_is_written_whole_or_not_at_all(tmp_path):
         for name in ("model.safetensors", "tokenizer.json"):
             (tmp_path / ".tmp-final" / name).write_text(name)
 
-    write_final(tmp_path, whole)
-    assert sorted(p.name for p in (tmp_path / "final").iterdir()) == ["model.safetensors", "tokenizer.json"]
+    write_final(tmp_path, whole, step=3)
+    written = sorted(p.name for p in (tmp_path / "final").iterdir())
+    assert written == ["model.safetensors", "oprl_final.json", "tokenizer.json"]  # with the step it holds (#42)
