@@ -30,5 +30,5 @@ def test_an_openai_client_agent_trains_the_tiny_model(tmp_path):
             assert abs(row["rho/behavior_max"] - 1) < 1e-4 and abs(row["rho/behavior_min"] - 1) < 1e-4
     assert "eval/accuracy" in rows[2]
     table = pq.read_table(tmp_path / "runs" / "agent" / "experiences" / "batch-000003.parquet")
-    assert table.schema.metadata[b"oprl_schema"] == b"3" and table.num_rows == 16
+    assert table.schema.metadata[b"oprl_schema"] == b"4" and table.num_rows == 16
     assert any(0 in mask for mask in table.column("loss_mask").to_pylist())

@@ -38,7 +38,7 @@ def test_every_schedule_trains_on_episodes(args, tmp_path, k, m):
         assert 1.0 <= row["episode/turns_mean"] <= 3.0
     assert "eval/accuracy" in rows[2] and "reward/tool_calls" in rows[1]
     table = pq.read_table(tmp_path / "runs" / "s" / "experiences" / "batch-000004.parquet")
-    assert table.schema.metadata[b"oprl_schema"] == b"3" and table.num_rows == 16
+    assert table.schema.metadata[b"oprl_schema"] == b"4" and table.num_rows == 16
     masks = table.column("loss_mask").to_pylist()
     assert all(len(mask) == len(ids) for mask, ids in zip(masks, table.column("response_ids").to_pylist(), strict=True))
     assert any(0 in mask for mask in masks)  # some episodes called the calculator
