@@ -21,11 +21,11 @@ from oprl.config.sections import (
     RolloutConfig,
     RuntimeConfig,
     SyncConfig,
-    TeacherConfig,
     TrackingConfig,
     TrainerConfig,
     WarmStartConfig,
 )
+from oprl.config.teacher import TeacherConfig
 from oprl.tasks.config import ArithmeticTaskConfig, GSM8kTaskConfig, MathTaskConfig  # the built-in tasks' sections
 
 __all__ = [

@@ -25,11 +25,11 @@ from oprl.config.sections import (
     RolloutConfig,
     RuntimeConfig,
     SyncConfig,
-    TeacherConfig,
     TrackingConfig,
     TrainerConfig,
     WarmStartConfig,
 )
+from oprl.config.teacher import TeacherConfig
 from oprl.errors import OprlError
 from oprl.models import TINY_MAX_POSITIONS
 from oprl.tasks import TaskConfig

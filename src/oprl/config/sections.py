@@ -289,28 +289,6 @@ class AlgorithmConfig(_Section):
     """Entropy bonus coefficient (0 = off)."""
 
 
-class TeacherConfig(_Section):
-    """A second model in the run that scores every sampled token (docs/runtime.md#teacher,
-    docs/algorithms.md#distillation): its log-prob of each token of the student's responses, stored with the
-    experience (``teacher_logprobs``) and used by ``algorithm.distill_coef``. Prefill only, no sampling."""
-
-    path: str | None = None
-    """The teacher: a run directory (its ``final/`` model, else its newest checkpoint), a checkpoint directory
-    (``<run>/checkpoints/step-N``: its weights in model.path's architecture), a Hugging Face model directory,
-    ``tiny`` (the student's own starting model), ``smollm2-135m-instruct``, a ``.gguf`` file or a hub id. Its
-    tokenizer must be the student's. None = no teacher."""
-    engine: Literal["lean", "hf"] = "lean"
-    """``lean``: each distinct prompt is prefilled once per group and its key/value cache shared by the group's
-    responses; ``hf``: every row's prompt + response in one plain forward (the reference; K times the prompt's
-    cost). Both give the same log-probs up to float rounding."""
-    micro_batch_size: int = Field(64, gt=0)
-    """Rows per teacher forward (whole groups are kept together when they fit); only trades memory for speed."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """The teacher's parameter dtype (bfloat16 halves its memory; its log-probs then carry bfloat16 rounding)."""
-    gpus: float = Field(0.0, ge=0.0)
-    """backend=ray: GPUs the teacher actor requests (0 = CPU). It runs on model.device."""
-
-
 class OptimConfig(_Section):
     lr: float = Field(3e-4, gt=0.0)
     """AdamW learning rate (constant). 3e-4 suits the embedded tiny model; the paper used 1e-6 for 1.5B models."""
