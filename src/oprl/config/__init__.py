@@ -1,15 +1,16 @@
 """The one typed configuration tree of a run, loaded from YAML plus dotted ``key=value`` overrides.
 
 ``oprl config --help`` prints every field with its default and meaning. The tree is split by concern:
-``sections`` (one class per YAML section), ``run`` (the root ``RunConfig`` and preset resolution),
-``choices`` (loss-variant names and their plug-ins), ``loading`` (YAML, overrides, one-line errors, saving,
-help text). Import from ``oprl.config``: this module is the one list of what the package exports.
+``sections`` (one class per YAML section; ``algorithm`` and ``teacher`` in modules of their own), ``run``
+(the root ``RunConfig`` and preset resolution), ``choices`` (loss-variant names and their plug-ins),
+``loading`` (YAML, overrides, one-line errors, saving, help text). Import from ``oprl.config``: this module is
+the one list of what the package exports.
 """
 
+from oprl.config.algorithm import AlgorithmConfig
 from oprl.config.loading import describe_fields, help_lines, load_config, save_config
 from oprl.config.run import RunConfig, algorithm_settings, resolve_algorithm
 from oprl.config.sections import (
-    AlgorithmConfig,
     BufferConfig,
     CheckpointConfig,
     EvalConfig,

@@ -25,8 +25,8 @@ from pydantic import BaseModel, Tag, ValidationError
 
 from oprl.algorithms.presets import PRESETS, resolve_preset
 from oprl.algorithms.registry import unknown_name_message
+from oprl.config.algorithm import AlgorithmConfig
 from oprl.config.run import RunConfig, _refuse_renamed, resolve_algorithm
-from oprl.config.sections import AlgorithmConfig
 from oprl.errors import OprlError
 from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
     ArithmeticTaskConfig,

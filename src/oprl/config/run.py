@@ -12,9 +12,9 @@ from oprl.algorithms import (
     renamed_message,
     resolve_preset,
 )
+from oprl.config.algorithm import AlgorithmConfig
 from oprl.config.choices import register_choices
 from oprl.config.sections import (
-    AlgorithmConfig,
     BufferConfig,
     CheckpointConfig,
     EvalConfig,

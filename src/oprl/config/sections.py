@@ -1,18 +1,16 @@
-"""The sections of the run config (model, rollout, algorithm, optim, sync, ...): one class per key of the YAML.
+"""The sections of the run config (model, rollout, optim, sync, ...): one class per key of the YAML; the
+algorithm section, the longest, has its own module (``oprl.config.algorithm``).
 
 Every field carries its default and meaning in the docstring under it (``oprl config --help`` prints them).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
 from pydantic import AfterValidator, Field
 
 from oprl import plugins
-from oprl.algorithms import KL_ESTIMATORS
-from oprl.config.choices import CHOICE_SETTINGS, resolve_choice
 from oprl.errors import OprlError
 from oprl.rollout import ENGINES
 from oprl.tasks.config import Section as _Section
@@ -90,21 +88,9 @@ def check_engine(name: str) -> str:
     return name
 
 
-if TYPE_CHECKING:  # the type checker sees strings; at run time each is the Literal of a registry's keys
-    Drop: TypeAlias = str
-    Baseline: TypeAlias = str
-    ClipMode: TypeAlias = str
-    Weight: TypeAlias = str
-    RatioLevel: TypeAlias = str
-    Regularizer: TypeAlias = str
-    LossAgg: TypeAlias = str
-    KlEstimator: TypeAlias = str
+if TYPE_CHECKING:  # the type checker sees a string; at run time a registry's key or a plug-in
     EngineName: TypeAlias = str
-else:  # the live registries in oprl.algorithms are the one list of valid names, plug-ins join them (choices.py)
-    Drop, Baseline, ClipMode, Weight, RatioLevel, Regularizer, LossAgg = (
-        Annotated[str, AfterValidator(functools.partial(resolve_choice, key))] for key in CHOICE_SETTINGS
-    )
-    KlEstimator = Literal[tuple(KL_ESTIMATORS)]
+else:
     EngineName = Annotated[str, AfterValidator(check_engine)]  # oprl.rollout's registry or a plug-in
 
 
@@ -188,105 +174,6 @@ class RolloutConfig(_Section):
     GPU memory on CUDA), in GiB;
     less is used when 256 full-length sequences fit in less (the tiny model: a few MiB). More lets more
     sequences decode at once; the environment variable VLLM_CPU_KVCACHE_SPACE, if set, overrides it on CPU."""
-
-
-class AlgorithmConfig(_Section):
-    """A named preset (docs/paper.md#presets, docs/algorithms.md) plus optional per-setting overrides; ``None`` =
-    the preset's value.
-
-    The valid strings come from the registries in ``oprl.algorithms`` and every value is checked by
-    ``oprl.algorithms.validate_settings`` (ranges included) when the preset is resolved."""
-
-    preset: str = "grpo"
-    """Algorithm preset: reinforce, grpo, rec-oneside-is, rec-oneside-nois, rec-twoside-*, rec-ring-*, the
-    ``-wide`` variants, opmd, asymre, red-drop, red-weight, ... (``oprl.algorithms.PRESETS``, docs/algorithms.md)."""
-    std_normalize: bool | None = None
-    """Divide advantages by the group's population std + 1e-6 (GRPO)."""
-    drop: Drop | None = None
-    """``balance`` = RED-Drop: drop surplus negatives so each group has as many negatives as positives, baseline
-    over the kept ones; ``probabilistic`` = Trinity-RFT's first RED-Drop: drop each negative with probability
-    1 - #pos/#neg, baseline over the whole group; ``none`` keeps every response."""
-    keep_dropped: bool | None = None
-    """RED-Drop: keep dropped responses in the batch with advantage 0, so they count in the loss denominators
-    (Trinity-RFT's final version); false removes them (the batch then equals one without them)."""
-    baseline_shift: float | None = None
-    """AsymRE: baseline = group mean - baseline_shift."""
-    baseline: Baseline | None = None
-    """Group baseline: mean, or the OPMD soft baseline tau*log(mean(exp(r/tau)))."""
-    tau: float | None = None
-    """Temperature of the logavgexp baseline (> 0)."""
-    clip_mode: ClipMode | None = None
-    """Token mask M: none, one-side (where PPO-clip has gradient), two-side, ring, mask (rho outside
-    [mask_low, mask_high] gets no gradient); dppo-tv, dppo-kl, m2-mask, m2-clip, bapo (docs/algorithms.md)."""
-    weight: Weight | None = None
-    """Per-token weight (detached): none (NoIS), importance-sampling (rho), truncated-is (min(rho, is_cap)),
-    clipped-is (CISPO), advantage (exp(A/T), RED-Weight), flipped-is (ASPO), tapered (TOPR), soft-gate (SAPO)."""
-    ratio_level: RatioLevel | None = None
-    """``token``: rho per token; ``sequence``: each response's geometric-mean ratio exp(mean_t log rho_t) on all
-    its tokens, for the mask and the weight (GSPO; sequence-level TIS and masking); ``sequence-sum``: prod_t rho_t."""
-    eps_low: float | None = None
-    """Clip band lower edge: rho >= 1 - eps_low (>= 0)."""
-    eps_high: float | None = None
-    """Clip band upper edge: rho <= 1 + eps_high (>= 0)."""
-    eps_low_prime: float | None = None
-    """Ring clipping: positive-advantage tokens are also kept where rho <= 1 - eps_low_prime."""
-    eps_high_prime: float | None = None
-    """Ring clipping: negative-advantage tokens are also kept where rho >= 1 + eps_high_prime."""
-    mask_low: float | None = None
-    """clip_mode=mask: tokens (responses, with ratio_level=sequence) with rho < mask_low get no gradient
-    (masked IS / IcePop); must be < mask_high."""
-    mask_high: float | None = None
-    """clip_mode=mask: tokens with rho > mask_high get no gradient."""
-    is_cap: float | None = None
-    """C (> 0): truncated-is uses min(rho, C); decoupled PPO caps its behaviour weight pi_prox/pi_behaviour at C.
-    2.0 by default (verl's rollout_is_threshold); larger C = less bias, more variance."""
-    recompute_proximal: bool | None = None
-    """Decoupled PPO (AReaL): before each step's update the trainer recomputes the log-probs of the batch with
-    its pre-update weights (pi_prox, one no-grad forward); the clip and the weight then use pi/pi_prox, times
-    min(pi_prox/pi_behaviour, is_cap). Costs one extra forward per step."""
-    regularizer: Regularizer | None = None
-    """Regulariser on every valid token: squared-log-ratio c*(logprobs - behavior_logprobs)^2 (OPMD) or
-    forward-kl -c*logprobs (AsymRE)."""
-    regularizer_coef: float | None = None
-    """Coefficient c of the regulariser (>= 0)."""
-    weight_temperature: float | None = None
-    """RED-Weight temperature T in w = exp(A/T) (> 0; not the sampling temperature)."""
-    loss_agg: LossAgg | None = None
-    """How token losses are averaged over the optimizer batch (token-mean = over all valid tokens)."""
-    objective: Literal["policy-gradient", "advantage-regression"] | None = None
-    """policy-gradient: -M*w*A*logprobs; advantage-regression: OAPL's (regression_beta*log(pi/pi_b) - A)^2."""
-    m2_threshold: float | None = None
-    """M2PO (clip_mode=m2-mask, m2-clip): the bound tau_M2 on the batch mean of (log rho)^2."""
-    tau_pos: float | None = None
-    """SAPO (weight=soft-gate): gate temperature of tokens with A > 0."""
-    tau_neg: float | None = None
-    """SAPO (weight=soft-gate): gate temperature of tokens with A <= 0."""
-    bapo_target: float | None = None
-    """BAPO (clip_mode=bapo): the share rho_0 of the clipped update the positive tokens must reach (0..1)."""
-    bapo_low_max: float | None = None
-    """BAPO: the lower ratio bound rises from 1 - eps_low up to this."""
-    bapo_high_max: float | None = None
-    """BAPO: the upper ratio bound rises from 1 + eps_high up to this."""
-    regression_beta: float | None = None
-    """OAPL (objective=advantage-regression): beta on each response's log-ratio sum_t log(pi/pi_b)."""
-    distill_coef: float | None = None
-    """Distillation (docs/algorithms.md#distillation; needs teacher.path or a store scored by ``oprl
-    teacher-score``): c in the per-token advantage A_t = A_group + c*(log pi_teacher(y_t) - log pi_behaviour(y_t)),
-    the negative reverse-KL estimate of the published on-policy distillation recipes (tinker-cookbook, verl opd;
-    1.0 there). 0 = no teacher signal (the default of every preset but ``distill``)."""
-    distill_mix: Literal["add", "replace"] | None = None
-    """``add``: the teacher's term is added to the task reward's group advantage; ``replace``: it replaces it
-    (pure distillation, the ``distill`` preset: the reward is then only logged)."""
-    kl_coef: float = Field(0.0, ge=0.0)
-    """Coefficient of a KL penalty to the frozen initial policy (0 = off, no reference model kept)."""
-    kl_estimator: KlEstimator = "k3"
-    """Per-token KL estimator of the reference penalty (Schulman's k1/k2/k3)."""
-    log_ref_kl_every: int = Field(0, ge=0)
-    """Log ``kl/ref`` (the estimator above, current vs initial policy, token mean) every N trainer steps even
-    when kl_coef is 0; 0 = never. Keeps a frozen copy of the initial model and costs one extra no-grad forward
-    on the steps that log it (with kl_coef > 0 it is computed and logged every step anyway)."""
-    entropy_coef: float = Field(0.0, ge=0.0)
-    """Entropy bonus coefficient (0 = off)."""
 
 
 class OptimConfig(_Section):
