@@ -58,6 +58,12 @@ def test_the_tiny_model_trains_on_two_generators(small_overrides, tmp_path):
         " min_digits: 1, max_digits: 1}}, {name: chain_sum, train_size: 300, test_size: 32, config: {min_terms: 2,"
         " max_terms: 2, min_digits: 1, max_digits: 1}}]",
         "steps=3",
+        # This task's warm start is its own (not the session's cached one): 10 steps build the model the
+        # assertions need (rows written, rewards scored, an evaluation), 40 cost ~20 s more.
+        "warmstart.max_steps=10",
+        "warmstart.check_interval=10",
+        "warmstart.val_problems=16",
+        "eval.num_problems=16",
         "run_name=rg",
     ]
     assert main(["train", *args]) == 0
