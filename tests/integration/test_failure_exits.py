@@ -53,6 +53,12 @@ def tensorboard_write(real):
     return write
 
 record_writer.RecordWriter.write = tensorboard_write(record_writer.RecordWriter.write)
+# The imported heap so far into the permanent generation: a child's exit then does not walk it (copying it page
+# by page from this parent), ~0.5 s a child. What the child's run creates (its threads, models, torch state) is
+# collected as in any exit, which is where the abort happened. Before the model classes: they import triton, whose
+# objects, frozen, would never be freed and nanobind would print its leak report at every exit.
+import gc
+gc.freeze()
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 def start(job):
