@@ -43,6 +43,7 @@ ALLOWED = {
         "checkpoint",
         "config",
         "errors",
+        "judge",  # judge.path: the explorer's task scores through a judge model (oprl.judge.judged)
         "messages",
         "models",
         "partial",
@@ -71,6 +72,8 @@ ALLOWED = {
     },
     # The teacher (distillation): loads a second model, scores experiences, rewrites a store (teacher-score).
     "teacher": {"teacher", "buffer", "checkpoint", "config", "errors", "io", "messages", "models", "worker"},
+    # A model as the judge: a second model (loaded as the teacher is) whose verdict joins a task's reward.
+    "judge": {"judge", "checkpoint", "config", "errors", "models", "tasks", "teacher", "worker"},
     # Leaves every layer may use.
     "errors": {"errors"},
     "progress": {"progress"},

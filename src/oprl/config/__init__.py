@@ -8,6 +8,7 @@ the one list of what the package exports.
 """
 
 from oprl.config.algorithm import AlgorithmConfig
+from oprl.config.judge import JudgeConfig
 from oprl.config.loading import describe_fields, help_lines, load_config, save_config
 from oprl.config.run import RunConfig, algorithm_settings, resolve_algorithm
 from oprl.config.sections import (
@@ -36,6 +37,7 @@ __all__ = [
     "CheckpointConfig",
     "EvalConfig",
     "GSM8kTaskConfig",
+    "JudgeConfig",
     "LoggingConfig",
     "LoraConfig",
     "MathTaskConfig",

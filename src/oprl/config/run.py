@@ -14,6 +14,7 @@ from oprl.algorithms import (
 )
 from oprl.config.algorithm import AlgorithmConfig
 from oprl.config.choices import register_choices
+from oprl.config.judge import JudgeConfig
 from oprl.config.sections import (
     BufferConfig,
     CheckpointConfig,
@@ -94,6 +95,7 @@ class RunConfig(_Section):
     replay: ReplayConfig = ReplayConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     teacher: TeacherConfig = TeacherConfig()
+    judge: JudgeConfig = JudgeConfig()
 
     @model_validator(mode="after")
     def _fits_tiny_context(self) -> RunConfig:

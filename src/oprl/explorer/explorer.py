@@ -18,6 +18,7 @@ import time
 from oprl.config import RunConfig
 from oprl.explorer.agents import task_episodes
 from oprl.explorer.shaping import Shaping, dynamic_batch, extra_problems, round_seed
+from oprl.judge import judged
 from oprl.messages import Experience, ExploreResult, Timing, batch_metrics
 from oprl.models.chat import encode_problem
 from oprl.models.loading import resolve_device
@@ -198,7 +199,7 @@ class ExplorerWorker:
     def __init__(self, config: RunConfig, model_path: str, index: int, board: str | None = None):
         self.clock = Clock()
         self.index = index
-        task = build_task(config.task)
+        task = judged(build_task(config.task), config, model_path)  # judge.path: a model adds its verdict
         # The sampler's precision; ``auto`` resolves on the machine this explorer runs on.
         dtype = resolve_dtype(config.rollout.dtype, resolve_device(config.model.device))
         self.model, tokenizer = load_model(config, model_path, dtype=dtype)
