@@ -64,6 +64,12 @@ class JudgeConfig(_Section):
                 raise ValueError(f"unknown placeholder {{{name}}}; use {{prompt}}, {{completion}}, {{reference}}")
         return value
 
+    @field_validator("yes", "no", mode="before")
+    @classmethod
+    def _digits_are_text(cls, value: object) -> object:
+        """``judge.yes=1`` on the command line is YAML's number 1: the verdict text "1"."""
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
