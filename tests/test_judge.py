@@ -35,7 +35,7 @@ def test_an_unknown_placeholder_is_one_line_naming_the_key():
 
 def test_the_yes_no_score_is_the_log_ratio_of_the_next_token(tiny):
     model, tokenizer = tiny
-    judge = Judge(model, tokenizer, JudgeConfig(path="tiny", yes="1", no="0", micro_batch_size=2))
+    judge = Judge(model, tokenizer, JudgeConfig(path="tiny", yes_text="1", no_text="0", micro_batch_size=2))
     texts = ["2+3=5 ok?", "12+7=19 right or wrong, say:", "1="]  # different lengths: padding is exercised
     got = judge.verdicts(texts)
     for text, value in zip(texts, got, strict=True):
@@ -78,7 +78,9 @@ def test_verdicts_do_not_depend_on_the_random_state(tiny):
     model, tokenizer = tiny
     texts = ["3+4=7 score:", "9-2=1 score:", "5+5=10 score:"]
     for parser in ("number", "yes-no"):
-        judge = Judge(model, tokenizer, JudgeConfig(path="tiny", parser=parser, yes="1", no="0", max_new_tokens=4))
+        judge = Judge(
+            model, tokenizer, JudgeConfig(path="tiny", parser=parser, yes_text="1", no_text="0", max_new_tokens=4)
+        )
         torch.manual_seed(1)
         first = judge.verdicts(texts)
         torch.manual_seed(2)

@@ -5,7 +5,7 @@ Each reply of a batch is rendered into ``judge.template`` (``{prompt}`` = the pr
 all rows of the batch together (right-padded, ``judge.micro_batch_size`` rows per forward). Its score s is:
 
 - ``yes-no``: s = log p(yes | text) - log p(no | text), the log-ratio of the judge's next-token probabilities of
-  the first tokens of ``judge.yes`` and ``judge.no`` (one prefill, no sampling, never unparsable);
+  the first tokens of ``judge.yes_text`` and ``judge.no_text`` (one prefill, no sampling, never unparsable);
 - ``number`` / ``regex``: the judge continues the text greedily (argmax, ``judge.max_new_tokens`` tokens) and s
   is the first number (``regex``: ``judge.pattern``'s first group) of the continuation. None found: s = 0 and
   the row is counted as unparsed.
@@ -75,9 +75,15 @@ class Judge:
         self.settings = settings
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         if settings.parser == "yes-no":
-            self.yes, self.no = self._first_token(settings.yes, "yes"), self._first_token(settings.no, "no")
+            self.yes, self.no = (
+                self._first_token(settings.yes_text, "yes_text"),
+                self._first_token(settings.no_text, "no_text"),
+            )
             if self.yes == self.no:
-                raise OprlError(f"judge.yes {settings.yes!r} and judge.no {settings.no!r} start with the same token")
+                raise OprlError(
+                    f"judge.yes_text {settings.yes_text!r} and judge.no_text {settings.no_text!r} start with the "
+                    "same token of the judge's tokenizer"
+                )
 
     def _first_token(self, text: str, key: str) -> int:
         ids = self.tokenizer.encode(text, add_special_tokens=False)

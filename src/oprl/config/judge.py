@@ -37,9 +37,9 @@ class JudgeConfig(_Section):
     read as a number. A continuation without one scores 0 and is counted (``reward/<name>_unparsed``)."""
     pattern: str = r"(-?\d+(?:\.\d+)?)"
     """parser=regex: the regular expression (Python ``re``) searched in the judge's continuation."""
-    yes: str = "yes"
-    """parser=yes-no: the text whose first token is the "yes" verdict."""
-    no: str = "no"
+    yes_text: str = "yes"
+    """parser=yes-no: the text whose first token is the "yes" verdict (not ``yes``: YAML reads that key as true)."""
+    no_text: str = "no"
     """parser=yes-no: the text whose first token is the "no" verdict (must start with another token than yes)."""
     max_new_tokens: int = Field(8, gt=0)
     """parser=number/regex: tokens the judge continues the template with (greedy: no randomness)."""
@@ -64,10 +64,10 @@ class JudgeConfig(_Section):
                 raise ValueError(f"unknown placeholder {{{name}}}; use {{prompt}}, {{completion}}, {{reference}}")
         return value
 
-    @field_validator("yes", "no", mode="before")
+    @field_validator("yes_text", "no_text", mode="before")
     @classmethod
     def _digits_are_text(cls, value: object) -> object:
-        """``judge.yes=1`` on the command line is YAML's number 1: the verdict text "1"."""
+        """``judge.yes_text=1`` on the command line is YAML's number 1: the verdict text "1"."""
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @field_validator("pattern")
@@ -83,6 +83,6 @@ class JudgeConfig(_Section):
 
     @model_validator(mode="after")
     def _different_verdicts(self) -> JudgeConfig:
-        if self.parser == "yes-no" and self.yes == self.no:
-            raise ValueError(f"judge.yes and judge.no are both {self.yes!r}")
+        if self.parser == "yes-no" and self.yes_text == self.no_text:
+            raise ValueError(f"judge.yes_text and judge.no_text are both {self.yes_text!r}")
         return self
