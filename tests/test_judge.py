@@ -94,3 +94,11 @@ def test_a_multi_turn_task_is_refused_in_one_line(tiny):
     model, tokenizer = tiny
     with pytest.raises(OprlError, match=r"judge\.path: task 'tool-arithmetic' is multi-turn"):
         JudgedTask(ToolArithmeticTask(train_size=4, test_size=2), Judge(model, tokenizer, JudgeConfig(path="tiny")))
+
+
+def test_a_judge_path_that_does_not_load_is_one_line_naming_judge_path():
+    from oprl.judge import build_judge
+
+    with pytest.raises(OprlError) as error:
+        build_judge(load_config(overrides=["judge.path=/nonexistent/judge"]), "unused")
+    assert str(error.value).startswith("judge.path: '/nonexistent/judge' not found") and "\n" not in str(error.value)
