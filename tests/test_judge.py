@@ -47,17 +47,21 @@ def test_the_yes_no_score_is_the_log_ratio_of_the_next_token(tiny):
         assert value == pytest.approx(float(logp[yes] - logp[no]), abs=1e-5)
 
 
-def test_a_judge_that_parses_nothing_scores_zero_and_is_counted(tiny):
+def test_a_judge_that_parses_nothing_scores_zero_and_is_counted(tiny, caplog):
     model, tokenizer = tiny
     settings = JudgeConfig(path="tiny", parser="regex", pattern=r"NEVER(\d+)", max_new_tokens=3, weight=2.0)
     task = ArithmeticTask(train_size=8, test_size=4)
     problems = list(task.problems("train"))[:4]
     responses = [p.answer for p in problems[:2]] + ["x", "y"]
     rules = task.score(problems, responses)
-    judged = JudgedTask(task, Judge(model, tokenizer, settings)).score(problems, responses)
+    judged_task = JudgedTask(task, Judge(model, tokenizer, settings))
+    judged = judged_task.score(problems, responses)
+    assert judged_task.score(problems, responses) == judged  # a second batch: the same, and no second warning
     for rule, reward in zip(rules, judged, strict=True):
         assert reward.total == rule.total
         assert reward.components == {**rule.components, "judge": 0.0, "judge_unparsed": 1.0}
+    warnings = [r.getMessage() for r in caplog.records if r.name == "oprl.tasks"]
+    assert len(warnings) == 1 and "4 of 4 verdicts" in warnings[0] and "reward/judge_unparsed" in warnings[0]
 
 
 def test_a_parsed_number_is_weighted_into_the_total(tiny):

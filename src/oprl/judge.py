@@ -23,6 +23,7 @@ is placed wherever the explorer is. Not here: multi-turn tasks (their environmen
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from oprl.config import JudgeConfig, RunConfig
 
 _NUMBER = r"(-?\d+(?:\.\d+)?)"
+log = logging.getLogger("oprl.tasks")
 
 
 def render(template: str, prompt: str, completion: str, reference: str | None) -> str:
@@ -170,6 +172,7 @@ class JudgedTask:
             )
         self.task, self.judge = task, judge
         self.name = task.name
+        self._warned = False
 
     def problems(self, split: str) -> Sequence[Problem]:
         return self.task.problems(split)
@@ -180,14 +183,31 @@ class JudgedTask:
         texts = [
             render(settings.template, prompt_text(p), r, p.answer) for p, r in zip(problems, responses, strict=True)
         ]
+        verdicts = self.judge.verdicts(texts)
+        self._warn_unparsed(problems, verdicts)
         out = []
-        for rule, verdict in zip(rules, self.judge.verdicts(texts), strict=True):
+        for rule, verdict in zip(rules, verdicts, strict=True):
             if settings.name in rule.components or f"{settings.name}_unparsed" in rule.components:
                 raise OprlError(f"judge.name: the task already has a reward component {settings.name!r}; rename it")
             score = 0.0 if verdict is None else verdict
             components = {**rule.components, settings.name: score, f"{settings.name}_unparsed": float(verdict is None)}
             out.append(Reward(total=rule.total + settings.weight * score, components=components))
         return out
+
+    def _warn_unparsed(self, problems: Sequence[Problem], verdicts: list[float | None]) -> None:
+        """One warning line the first time a batch has unparsed verdicts (each scores 0 and is counted)."""
+        unparsed = [p.task_id for p, v in zip(problems, verdicts, strict=True) if v is None]
+        if unparsed and not self._warned:
+            self._warned = True
+            name = self.judge.settings.name
+            log.warning(
+                "judge.parser: %d of %d verdicts of a batch had no number (each scores 0, counted in "
+                "reward/%s_unparsed; said once); e.g. %s",
+                len(unparsed),
+                len(verdicts),
+                name,
+                unparsed[0],
+            )
 
     def __getattr__(self, name: str):  # the task's other attributes (demonstrations, tools, ...) stay reachable
         if name == "task":  # not set yet (a copy being built): no recursion
