@@ -106,3 +106,17 @@ def test_a_judge_path_that_does_not_load_is_one_line_naming_judge_path():
     with pytest.raises(OprlError) as error:
         build_judge(load_config(overrides=["judge.path=/nonexistent/judge"]), "unused")
     assert str(error.value).startswith("judge.path: '/nonexistent/judge' not found") and "\n" not in str(error.value)
+
+
+def test_a_text_longer_than_the_judges_context_is_judged_on_its_end(tiny):
+    model, tokenizer = tiny
+    context = model.config.max_position_embeddings
+    long = "9" * (2 * context) + " ok?"
+    for parser, room in (("yes-no", context), ("number", context - 4)):
+        judge = Judge(
+            model, tokenizer, JudgeConfig(path="tiny", parser=parser, yes_text="1", no_text="0", max_new_tokens=4)
+        )
+        assert judge.encode(long) == tokenizer.encode(long, add_special_tokens=False)[-room:]
+        assert len(judge.verdicts([long, "1+1=2 ok?"])) == 2  # no position past the context
+    short = Judge(model, tokenizer, JudgeConfig(path="tiny", yes_text="1", no_text="0"))
+    assert short.verdicts([long[-context:]]) == pytest.approx(short.verdicts([long]), abs=1e-6)

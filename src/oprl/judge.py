@@ -94,7 +94,14 @@ class Judge:
         return ids[0]
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """The text's tokens; past the judge's context (less the continuation) only its last tokens, which hold
+        the template's question: a long reply is judged on its end rather than crashing the batch."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if context is None:
+            return ids
+        room = context - (0 if self.settings.parser == "yes-no" else self.settings.max_new_tokens)
+        return ids[-max(room, 1) :]
 
     @torch.no_grad()
     def next_logprobs(self, rows: Sequence[list[int]]) -> torch.Tensor:
