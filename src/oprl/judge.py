@@ -32,10 +32,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from oprl.errors import OprlError
-from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.tasks.base import EpisodicTask, Problem, Reward, Task
-from oprl.teacher.loading import teacher_source
-from oprl.worker import SAMPLING_LOCK
+from oprl.teacher.loading import load_frozen
 
 if TYPE_CHECKING:
     from oprl.config import JudgeConfig, RunConfig
@@ -148,24 +146,7 @@ def build_judge(config: RunConfig, student_path: str) -> Judge:
     """The ``Judge`` of ``config.judge`` (``judge.path`` resolved as ``teacher.path`` is), frozen, on model.device."""
     path = config.judge.path
     assert path is not None, "a judge is built only with judge.path"
-    quiet_transformers()
-    source, checkpoint = teacher_source(path, student_path)
-    try:
-        with SAMPLING_LOCK:  # loading draws from the global generator, which sampling threads share
-            model, tokenizer = load_pretrained(
-                source, dtype=config.judge.dtype, device=config.model.device, seed=config.seed
-            )
-    except OprlError as exc:
-        raise OprlError(str(exc).replace("model.path", "judge.path", 1)) from None
-    if checkpoint is not None:
-        from oprl.checkpoint.files import load_checkpoint_weights
-
-        try:
-            load_checkpoint_weights(model, checkpoint)
-        except Exception as exc:  # another architecture's tensors
-            raise OprlError(
-                f"judge.path: checkpoint {checkpoint} does not fit model.path's architecture ({exc})"[:300]
-            ) from None
+    model, tokenizer, _ = load_frozen(path, "judge.path", config.judge.dtype, config, student_path)
     return Judge(model, tokenizer, config.judge)
 
 
