@@ -219,18 +219,18 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
     """Run a resolved config (``resolve``'s) and collect its result."""
     config = final_model_settings(config, log)
     log(_start_line(config))  # within a second: the checks, the imports and the warm start take longer
-    task = None
+    task, checked = None, False
     if not config.resume:  # a resumed run's saved config is read by the runtime, which checks it there
         from oprl.runtime.preflight import check_lengths
         from oprl.tasks import build_task
 
         task = build_task(config.task)
         check_lengths(config, task, log)  # before torch and the runtime are imported: seconds, not minutes
-        task = _hand_over(task)
+        task, checked = _hand_over(task), True
     from oprl.metrics import read_metrics
     from oprl.runtime.run import run as run_config
 
-    done = run_config(config, log=log, task=task)
+    done = run_config(config, log=log, task=task, checked=checked)
     summary_path = done.run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     rows = read_metrics(done.run_dir / "metrics.jsonl") if (done.run_dir / "metrics.jsonl").is_file() else []

@@ -15,15 +15,11 @@ checks of single settings against each other without the task (``RunConfig``'s v
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from oprl.errors import OprlError
 from oprl.models.chat import encode_problem
-
-_CHECKED: set[str] = set()
-"""Configs checked in this process (``oprl.train`` checks before the heavy imports, the runtime again)."""
 
 
 @dataclass(frozen=True)
@@ -37,13 +33,6 @@ class ModelLimits:
 
 def check_lengths(config, task, log=print) -> None:
     """Refuse, with one line, a run whose lengths cannot fit the model's context (module docstring)."""
-    key = json.dumps(
-        [config.model_dump(mode="json", include={"mode", "model", "task", "rollout", "warmstart", "eval"})],
-        sort_keys=True,
-        default=str,
-    )
-    if key in _CHECKED:
-        return
     limits = model_limits(config.model)
     if limits is None:
         return
@@ -68,7 +57,6 @@ def check_lengths(config, task, log=print) -> None:
                 f"lower it to <= {limits.context - prompt}"
             )
     _check_warm_start(config, task, limits, log)
-    _CHECKED.add(key)
 
 
 def model_limits(model_cfg) -> ModelLimits | None:

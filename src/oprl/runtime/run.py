@@ -164,9 +164,9 @@ def run_label(config: RunConfig) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
 
 
-def run(config: RunConfig, log=print, task=None) -> RunSummary:
-    """Run ``config.mode``; see the module docstring. ``task``: ``config.task`` already built (``oprl.train``
-    builds it for the checks it makes before the heavy imports)."""
+def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSummary:
+    """Run ``config.mode``; see the module docstring. ``task``: ``config.task`` already built; ``checked``: its
+    lengths already passed ``check_lengths`` (``oprl.train`` makes the checks before the heavy imports)."""
     check_config(config)
     started = time.perf_counter()
     quiet_transformers()
@@ -177,7 +177,8 @@ def run(config: RunConfig, log=print, task=None) -> RunSummary:
         with worker_log(run_dir / WORKER_LOG):  # reward and answer-checking workers print there
             if task is None or opened.config.task != config.task:
                 task = build_task(opened.config.task)
-            check_lengths(opened.config, task, log)  # before the warm start and the workers (runtime.preflight)
+            if not (checked and opened.config == config):  # before the warm start and the workers
+                check_lengths(opened.config, task, log)
             for line in noop_warnings(opened.config, task):
                 log(line)
             if opened.config.mode == "eval":
