@@ -7,6 +7,7 @@ import json
 import pytest
 
 import oprl.models.tiny
+import oprl.trainer.warmstart  # imported before `no_model` patches: it binds build_model when imported
 from oprl.cli import main
 from oprl.config import load_config
 from oprl.errors import OprlError
