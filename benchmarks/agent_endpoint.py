@@ -3,7 +3,7 @@
 The same tool-arithmetic episodes, the same lean engine and seed, side by side in one process: the built-in
 ``run_episodes`` loop, and ``examples/calculator_agent.py`` (an openai-client loop, one thread per episode)
 through the endpoint. Every agent asks every turn, so both make the same engine calls (the rows are equal:
-tests/explorer/test_agent_endpoint.py); the difference is HTTP, JSON, the agents' threads and the batching
+tests/episodes/test_agent_endpoint.py); the difference is HTTP, JSON, the agents' threads and the batching
 barrier. ``--engine instant`` replaces the model by a scripted engine that answers at once (a calculator call,
 then the tool's answer: two turns per episode), so what is left is the endpoint's own cost per turn. Also
 counts vLLM prefill tokens with and without ``rollout.prefix_reuse`` (``--vllm``).
@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from oprl.explorer.agents import task_episodes  # run_episodes itself runs an agent task's inner environment
-from oprl.explorer.episodes import run_episodes
+from oprl.episodes.agents import task_episodes  # run_episodes itself runs an agent task's inner environment
+from oprl.episodes.episode import run_episodes
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout.lean_engine import LeanEngine
 from oprl.tasks.agent import AgentTask

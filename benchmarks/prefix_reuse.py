@@ -21,11 +21,11 @@ import os
 
 import torch
 
-from oprl.explorer.episodes import teacher_forced
+from oprl.episodes.episode import teacher_forced
 from oprl.models.loading import load_pretrained
 from oprl.models.tiny import build_model
 from oprl.rollout.lean_engine import LeanEngine
-from oprl.tasks.bfcl_multi_turn import BfclMultiTurnTask
+from oprl.tasks.bfcl.multi_turn import BfclMultiTurnTask
 
 
 def turn_contexts(episode) -> list[list[int]]:

@@ -90,7 +90,7 @@ def peak_rss_mib(who: int = resource.RUSAGE_SELF) -> float:
 
 
 def final_eval(model, tokenizer, task, sizes: dict) -> float:
-    from oprl.explorer.evaluate import evaluate
+    from oprl.episodes.evaluation import evaluate
     from oprl.rollout import HFGenerateEngine
 
     engine = HFGenerateEngine(model, tokenizer, temperature=1.0, max_new_tokens=sizes["max_new"])

@@ -76,5 +76,7 @@ def install_package(site: Path, package: str, source: str, entry_points: str, mo
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(entry_points)
     monkeypatch.syspath_prepend(str(site))
+    # A package of this name installed by an earlier test stays in sys.modules and would be found first.
+    monkeypatch.delitem(sys.modules, package, raising=False)
     importlib.invalidate_caches()
     return site

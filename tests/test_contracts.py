@@ -11,7 +11,7 @@ from oprl import roles
 from oprl.backends.base import Backend
 from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import ExperienceBuffer
-from oprl.explorer.evaluate import Evaluator
+from oprl.evaluator.evaluator import Evaluator
 from oprl.explorer.explorer import ExplorerWorker
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import ENGINES, Engine, VLLMEngine

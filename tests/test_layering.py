@@ -29,25 +29,31 @@ ALLOWED = {
     "schedule": {"schedule"},
     # Partial rollouts: the switch rule, per-token versions, the weights board (files), the switcher hook.
     "partial": {"partial", "messages", "schedule", "io", "errors"},
-    # What every worker shares: its clock, the sampling lock, loading a model and an engine.
-    "worker": {"worker", "config", "models", "rollout", "messages", "plugins"},
-    # The roles. Each may use the layers below it; none imports the orchestration (oprl.runtime).
+    # What every worker shares: its clock, the sampling lock, loading a model and an engine, and loading a
+    # frozen second model (the teacher's, the judge's: ``load_frozen``).
+    "worker": {"worker", "checkpoint", "config", "errors", "models", "rollout", "messages", "plugins"},
     # Backends place workers and rank groups; they know nothing of what the workers do.
     "backends": {"backends", "config", "errors", "messages"},
     # What each role answers and the typed handles the driver calls it through (above the backends).
     "roles": {"roles", "backends", "messages"},
-    "buffer": {"buffer", "config", "errors", "io", "messages", "partial"},
-    "checkpoint": {"checkpoint", "backends", "buffer", "config", "errors", "io", "metrics", "roles"},
+    # On disk: run directories, checkpoints, the experience store and its directories (below every role).
+    "checkpoint": {"checkpoint", "config", "errors", "io", "messages", "metrics"},
+    # Running a task's episodes: the layer the roles share (episode loops, the agent endpoint, evaluation).
+    "episodes": {"episodes", "config", "errors", "models", "rollout", "schedule", "tasks"},
+    # A model as the judge: a second model (loaded as the teacher is) whose verdict joins a task's reward.
+    "judge": {"judge", "config", "errors", "models", "tasks", "worker"},
+    # The roles, peers over the layers above: none imports another (ROLES below), none the runtime.
+    "buffer": {"buffer", "checkpoint", "config", "errors", "io", "messages", "partial"},
     "explorer": {
         "explorer",
-        "checkpoint",
         "config",
+        "episodes",
         "errors",
         "judge",  # judge.path: the explorer's task scores through a judge model (oprl.judge.judged)
         "messages",
         "models",
         "partial",
-        "rollout",  # evaluation samples with eval.* settings (rollout.base.WithSampling), below the roles
+        "rollout",
         "schedule",
         "tasks",
         "worker",
@@ -58,8 +64,8 @@ ALLOWED = {
         "backends",
         "checkpoint",
         "config",
+        "episodes",
         "errors",
-        "explorer",
         "io",
         "messages",
         "models",
@@ -70,10 +76,9 @@ ALLOWED = {
         "tasks",
         "worker",
     },
+    "evaluator": {"evaluator", "checkpoint", "config", "episodes", "errors", "tasks", "worker"},
     # The teacher (distillation): loads a second model, scores experiences, rewrites a store (teacher-score).
-    "teacher": {"teacher", "buffer", "checkpoint", "config", "errors", "io", "messages", "models", "worker"},
-    # A model as the judge: a second model (loaded as the teacher is) whose verdict joins a task's reward.
-    "judge": {"judge", "checkpoint", "config", "errors", "models", "tasks", "teacher", "worker"},
+    "teacher": {"teacher", "checkpoint", "config", "errors", "io", "messages", "models", "worker"},
     # Leaves every layer may use.
     "errors": {"errors"},
     "progress": {"progress"},
@@ -83,6 +88,10 @@ ALLOWED = {
     # A configured name -> a class: built-in registry, entry point, import path (tasks, engines, rewards).
     "plugins": {"plugins", "errors"},
 }
+
+ROLES = {"buffer", "evaluator", "explorer", "teacher", "trainer"}
+"""The role folders: each is a worker a backend hosts; they talk through the driver (oprl.runtime), never
+through each other's modules."""
 
 # Process entry points that host the CLI in another process: they sit above everything, like cli.py.
 ENTRY_POINTS = {"experiments/sweep_worker.py"}
@@ -122,6 +131,13 @@ def test_layer_imports_only_what_it_may(layer):
         for name in imports_of(path):
             if name.startswith("oprl."):
                 assert name.split(".")[1] in ALLOWED[layer], f"{path.relative_to(SRC)} imports {name}"
+
+
+def test_no_role_imports_another_role():
+    for role in sorted(ROLES):
+        for path in files_of(role):
+            others = {name.split(".")[1] for name in imports_of(path) if name.startswith("oprl.")} & ROLES
+            assert others <= {role}, f"{path.relative_to(SRC)} imports the role(s) {sorted(others - {role})}"
 
 
 def test_algorithms_import_only_torch_and_stdlib():

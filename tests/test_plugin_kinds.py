@@ -14,7 +14,7 @@ from oprl.cli import main
 from oprl.config import algorithm_settings, load_config
 from oprl.errors import OprlError
 from oprl.tasks import DatasetTask
-from oprl.tasks.user_reward import canonical_spec
+from oprl.tasks.rewards.user import canonical_spec
 from recipes import install_package
 
 ARITHMETIC_TRAIN = Path(__file__).resolve().parents[1] / "examples" / "arithmetic_train.jsonl"

@@ -16,7 +16,7 @@ place the verdict joins the rule reward: total = rule total + ``judge.weight`` *
 ``<name>`` (s) and ``<name>_unparsed`` (0/1) beside the task's own, logged as ``reward/<name>`` and
 ``reward/<name>_unparsed`` (the batch's share of unparsed verdicts).
 
-The judge lives in each explorer's process (loaded with the teacher's loader, ``oprl.teacher.loading``), so it
+The judge lives in each explorer's process (loaded as the teacher is, ``oprl.worker.load_frozen``), so it
 is placed wherever the explorer is. Not here: multi-turn tasks (their environments reward), judging evaluation
 (``eval/*`` stays the task's rule), sampling the judge at a temperature.
 """
@@ -33,7 +33,7 @@ import torch
 
 from oprl.errors import OprlError
 from oprl.tasks.base import EpisodicTask, Problem, Reward, Task
-from oprl.teacher.loading import load_frozen
+from oprl.worker import load_frozen
 
 if TYPE_CHECKING:
     from oprl.config import JudgeConfig, RunConfig

@@ -81,7 +81,7 @@ def batch_metrics(batch: list[Experience]) -> dict[str, float]:
     if any(e.loss_mask is not None for e in batch):
         out["response/model_tokens"] = float(sum(e.model_tokens for e in batch))
         out["episode/turns_mean"] = sum(e.extra.get("turns", 1) for e in batch) / len(batch)
-    for name in AGENT_COUNTS:  # agent episodes (oprl.explorer.agents): means per episode
+    for name in AGENT_COUNTS:  # agent episodes (oprl.episodes.agents): means per episode
         if any(name in e.extra for e in batch):
             out[f"episode/{name}_mean"] = sum(float(e.extra.get(name, 0.0)) for e in batch) / len(batch)
     for name in dict.fromkeys(n for e in batch for n in e.reward_components):  # truncated episodes have none

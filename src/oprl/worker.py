@@ -20,11 +20,13 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from oprl import plugins
+from oprl.errors import OprlError
 from oprl.messages import FlatWeights
 from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.rollout import ENGINES, Engine, Rollout
@@ -121,3 +123,49 @@ def trainable_weights(model, *, to_cpu: bool) -> FlatWeights:
     """A copy of the weights that training changes (all of them, or only LoRA adapters)."""
     trainable = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     return FlatWeights.copy_of(trainable, device="cpu" if to_cpu else None)
+
+
+def frozen_source(path: str, student_path: str, key: str = "teacher.path") -> tuple[str, Path | None]:
+    """``(the model to load, a checkpoint whose weights replace its weights, or None)`` for ``path``, the
+    setting ``key`` (``teacher.path``, ``judge.path``: the name its errors give)."""
+    from oprl.checkpoint.files import resolve_checkpoint  # pyarrow and friends: only where a second model loads
+
+    if path == "tiny":
+        return student_path, None
+    local = Path(path).expanduser()
+    if local.is_dir() and not (local / "config.json").is_file():
+        if (local / "final" / "config.json").is_file():
+            return str(local / "final"), None
+        checkpoint = resolve_checkpoint(local)
+        if checkpoint is None:
+            raise OprlError(
+                f"{key}: {path!r} is neither a model directory nor a run directory with final/ or "
+                "checkpoints/ (give a run, a checkpoint step-N, a model directory, 'tiny' or a hub id)"
+            )
+        return student_path, checkpoint
+    return path, None
+
+
+def load_frozen(path: str, key: str, dtype: str, config: RunConfig, student_path: str):
+    """``(model, tokenizer, source)``: the second model of setting ``key`` (the teacher, the judge) resolved by
+    ``frozen_source`` (a run, a checkpoint, ``tiny`` or anything ``model.path`` takes), on ``model.device``
+    in ``dtype``, frozen; every error is one line naming ``key``."""
+    from oprl.checkpoint.files import load_checkpoint_weights
+
+    quiet_transformers()
+    source, checkpoint = frozen_source(path, student_path, key)
+    try:
+        with SAMPLING_LOCK:  # loading draws from the global generator, which sampling threads share
+            model, tokenizer = load_pretrained(source, dtype=dtype, device=config.model.device, seed=config.seed)
+    except OprlError as exc:  # load_pretrained names model.path; here the culprit is ``key``
+        raise OprlError(str(exc).replace("model.path", key, 1)) from None
+    if checkpoint is not None:
+        try:
+            load_checkpoint_weights(model, checkpoint)
+        except Exception as exc:  # another architecture's tensors: missing keys, other shapes
+            reason = " ".join(str(exc).split())[:200]
+            raise OprlError(
+                f"{key}: checkpoint {checkpoint} does not fit model.path's architecture "
+                f"({type(exc).__name__}: {reason}); give its run's final/ directory instead"
+            ) from None
+    return model.eval().requires_grad_(False), tokenizer, source

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from oprl.cli import main
-from oprl.explorer.agents import task_episodes
+from oprl.episodes.agents import task_episodes
 from oprl.models.chat import render
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import Rollout

@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from oprl.explorer.agents import task_episodes
+from oprl.episodes.agents import task_episodes
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout.vllm_engine import VLLMEngine
 from oprl.tasks.agent import AgentTask

@@ -8,7 +8,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from oprl.buffer.store import from_table
+from oprl.checkpoint.store import from_table
 from oprl.cli import main
 from oprl.metrics import deterministic_view, read_metrics
 from oprl.partial import switch_version, token_lag_metrics

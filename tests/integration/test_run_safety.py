@@ -122,7 +122,7 @@ def test_group_size_one_is_refused_for_group_relative_presets(capsys):
     ],
 )
 def test_reward_text_scanning_is_linear(text):
-    from oprl.tasks.rewards import answer_tag, has_r1_format, last_boxed, last_number
+    from oprl.tasks.rewards.builtin import answer_tag, has_r1_format, last_boxed, last_number
 
     assert len(text) >= 100_000
     for scan in (last_boxed, answer_tag, has_r1_format, last_number):
@@ -137,7 +137,7 @@ def _seconds(function, argument) -> float:
 
 
 def test_last_boxed_keeps_its_meaning():
-    from oprl.tasks.rewards import last_boxed
+    from oprl.tasks.rewards.builtin import last_boxed
 
     assert last_boxed(r"a \boxed{x{y}} b \boxed{z") == "x{y}"  # the last one never closes
     assert last_boxed(r"\boxed{1} } \boxed{ {2} }") == "{2}"

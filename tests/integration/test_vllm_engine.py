@@ -129,7 +129,7 @@ def test_weights_are_reloaded_only_when_what_vllm_serves_is_not_the_models(token
 def test_evaluation_serves_the_trainers_current_weights(tokenizer):
     # The trainer's optimizer steps the model it evaluates without telling the engine (and a fused AdamW step
     # does not even bump the tensors' version counters): evaluate() must serve the stepped weights.
-    from oprl.explorer.evaluate import evaluate
+    from oprl.episodes.evaluation import evaluate
     from oprl.tasks import build_task
 
     task = build_task(load_config(None, []).task)

@@ -96,7 +96,7 @@ def test_an_engine_whose_rule_is_unknown_is_refused_naming_the_key(overrides, ke
 def test_evaluation_samples_without_the_rollouts_top_k(policy):
     """evaluate() wraps an engine that has a top_k in WithSampling(top_k=0): eval.temperature and eval.top_p
     decide, as before top-k existed."""
-    from oprl.explorer.evaluate import evaluate
+    from oprl.episodes.evaluation import evaluate
     from oprl.tasks import build_task
     from oprl.tasks.config import ArithmeticTaskConfig
 

@@ -10,7 +10,7 @@ pytest.importorskip("math_verify")
 from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.tasks import GSM8kTask, Task, build_task
-from oprl.tasks.rewards import gsm8k_reference
+from oprl.tasks.rewards.builtin import gsm8k_reference
 from oprl.tasks.word_problems import generate_rows
 
 STEP = re.compile(r"(\d+)([+\-*/])(\d+) = <<\1\2\3=(\d+)>>\4")
@@ -113,7 +113,7 @@ def test_last_number_reward_is_linear_on_20k_character_replies(reply):
 
 
 def test_ends_with_number_matches_the_documented_format():
-    from oprl.tasks.rewards import ends_with_number
+    from oprl.tasks.rewards.builtin import ends_with_number
 
     cases = {"42": True, "42.": True, "42 . \n": True, "x ٤٢": True, "42..": False, "42a": False, "": False}
     assert {text: ends_with_number(text) for text in cases} == cases

@@ -10,7 +10,7 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from oprl.buffer.store import read_parquet
+from oprl.checkpoint.store import read_parquet
 from oprl.cli import main
 from oprl.config import load_config
 from oprl.metrics import deterministic_view, read_metrics

@@ -6,13 +6,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from oprl.buffer.store import SCHEMA_VERSION, read_parquet, write_parquet
+from oprl.checkpoint.store import SCHEMA_VERSION, read_parquet, write_parquet
 from oprl.errors import OprlError
 from oprl.messages import Experience
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import ENGINES
 from oprl.teacher import Teacher, group_chunks
-from oprl.teacher.loading import check_same_tokens, teacher_source
+from oprl.teacher.loading import check_same_tokens
+from oprl.worker import frozen_source
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +57,20 @@ def test_group_chunks_keep_groups_whole():
     assert group_chunks(prompts, 2) == [[0, 1], [2], [3, 4], [5], [6, 7]]  # a group larger than the size splits
 
 
-def test_teacher_source_resolves_runs_checkpoints_and_models(tmp_path):
+def test_frozen_source_resolves_runs_checkpoints_and_models(tmp_path):
     student = str(tmp_path / "student")
     run = tmp_path / "run"
     (run / "checkpoints" / "step-000002").mkdir(parents=True)
     (run / "checkpoints" / "step-000002" / "state.json").write_text("{}")
-    assert teacher_source("tiny", student) == (student, None)
-    assert teacher_source(str(run), student) == (student, run / "checkpoints" / "step-000002")
-    assert teacher_source(str(run / "checkpoints" / "step-000002"), student)[1] == run / "checkpoints" / "step-000002"
+    assert frozen_source("tiny", student) == (student, None)
+    assert frozen_source(str(run), student) == (student, run / "checkpoints" / "step-000002")
+    assert frozen_source(str(run / "checkpoints" / "step-000002"), student)[1] == run / "checkpoints" / "step-000002"
     (run / "final").mkdir()
     (run / "final" / "config.json").write_text("{}")
-    assert teacher_source(str(run), student) == (str(run / "final"), None)
-    assert teacher_source("Org/model", student) == ("Org/model", None)
+    assert frozen_source(str(run), student) == (str(run / "final"), None)
+    assert frozen_source("Org/model", student) == ("Org/model", None)
     with pytest.raises(OprlError, match="neither a model directory nor a run directory"):
-        teacher_source(str(tmp_path), student)
+        frozen_source(str(tmp_path), student)
 
 
 def test_a_tokenizer_mismatch_is_one_line_naming_both_vocabularies():

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from oprl.buffer.store import ExperienceStore, read_parquet, write_parquet
+from oprl.checkpoint.store import ExperienceStore, read_parquet, write_parquet
 from oprl.config import RunConfig
 from oprl.errors import OprlError
 from oprl.io import named

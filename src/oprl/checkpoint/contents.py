@@ -7,7 +7,7 @@ and every parquet file is an oprl experience table. ``problem(checkpoint)`` retu
 one phrase naming the file, or None. A manifest recomputed over a hand-edited file (``optimizer.json``
 holding ``[1, 2]``) verifies, and is caught here, in the driver, before the workers load anything; what only
 the model can tell (a tensor missing from ``model.safetensors``) is caught when the trainer loads it, which
-``oprl.checkpoint.resume.restore`` also does before any file of the run changes.
+``oprl.runtime.resume.restore`` also does before any file of the run changes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from oprl.buffer.store import read_parquet
+from oprl.checkpoint.store import read_parquet
 from oprl.errors import OprlError
 
 

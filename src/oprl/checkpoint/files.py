@@ -17,7 +17,7 @@ Resume takes the newest checkpoint that verifies against its manifest and parses
 checkpoints are pruned only after a newer one has been committed and verified.
 
 Deliberately not here: pickle (``torch.save``) for anything, and deciding *when* to checkpoint or what to
-restore (``oprl.checkpoint.resume``).
+restore (``oprl.runtime.resume``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ run directory is locked and the config is resolved, for a run that writes a stor
 - ``resume=restart`` deletes the batches the run itself wrote there earlier (another run's stay).
 
 ``explore_batches`` are the batch indices an explore run writes: ``first .. first + steps - 1``.
-Not here: the store's files (``oprl.buffer.store``), the run directory's lock (``rundir``).
+Not here: the store's files (``oprl.checkpoint.store``), the run directory's lock (``rundir``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from oprl.buffer.store import ExperienceStore
 from oprl.checkpoint import rundir
+from oprl.checkpoint.store import ExperienceStore
 from oprl.config import RunConfig
 from oprl.errors import OprlError
 from oprl.io import atomic_write_json

@@ -122,7 +122,7 @@ class RolloutConfig(_Section):
     overlong_buffer: int = Field(0, ge=0)
     """DAPO's overlong soft penalty (Yu et al. 2025, arXiv 2503.14476): over the last overlong_buffer tokens
     before max_new_tokens, a single-turn reply's training reward falls linearly, by up to overlong_penalty at the
-    limit (oprl.tasks.rewards.overlong_penalty); 0 = off. DAPO used 4096 of 20480. An alternative to
+    limit (oprl.tasks.rewards.builtin.overlong_penalty); 0 = off. DAPO used 4096 of 20480. An alternative to
     truncated_reward (set one): it also tells a reply that nearly ran out from a short one."""
     overlong_penalty: float = Field(1.0, gt=0.0)
     """Largest overlong penalty (at max_new_tokens), in reward units; DAPO's is 1 for a 0/1 accuracy reward."""

@@ -16,7 +16,7 @@ import random
 import time
 
 from oprl.config import RunConfig
-from oprl.explorer.agents import task_episodes
+from oprl.episodes.agents import task_episodes
 from oprl.explorer.shaping import Shaping, dynamic_batch, extra_problems, round_seed
 from oprl.judge import judged
 from oprl.messages import Experience, ExploreResult, Timing, batch_metrics
@@ -140,7 +140,7 @@ class Explorer:
     def _explore_episodes(
         self, step: int, version: int, rows, start: float, seed: int
     ) -> tuple[list[Experience], Timing]:
-        """Multi-turn: K episodes per problem against the task's environment (``oprl.explorer.episodes``)."""
+        """Multi-turn: K episodes per problem against the task's environment (``oprl.episodes.episode``)."""
         episodes = task_episodes(
             self.engine,
             self.tokenizer,

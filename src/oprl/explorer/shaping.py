@@ -23,7 +23,7 @@ sampled, every round), ``dynamic/degenerate_kept`` (left in the batch because th
 single-turn reply of L tokens, with limit L_max = max_new_tokens and buffer B, adds
 ``-penalty * clip(L - (L_max - B), 0, B) / B``: 0 up to L_max - B tokens, linear down to -penalty at the
 limit (a cut reply). An alternative to ``rollout.truncated_reward``, which replaces the score of a cut reply
-only. The formula is ``oprl.tasks.rewards.overlong_penalty``.
+only. The formula is ``oprl.tasks.rewards.builtin.overlong_penalty``.
 
 Not here: sampling itself (``Explorer.sample``), advantages and the trainer's drop rules (RED-Drop).
 """
@@ -38,7 +38,7 @@ from typing import Any
 from oprl.errors import OprlError
 from oprl.messages import Experience
 from oprl.schedule import stream_seed
-from oprl.tasks.rewards import overlong_penalty
+from oprl.tasks.rewards.builtin import overlong_penalty
 
 ROUND_STRIDE = 1 << 32
 """Seed distance between dynamic-sampling rounds of a step: no extra round reuses any step's first-round seed."""

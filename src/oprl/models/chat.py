@@ -10,7 +10,7 @@ to the first system message (or as a new one)::
     {"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}}
     </tools>
 
-How to call them is the task's instruction (e.g. ``<tool_call>{json}</tool_call>``, ``oprl.tasks.toolcall``).
+How to call them is the task's instruction (e.g. ``<tool_call>{json}</tool_call>``, ``oprl.tasks.bfcl.toolcall``).
 """
 
 from __future__ import annotations

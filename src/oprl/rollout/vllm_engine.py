@@ -11,7 +11,7 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
   weights, so the engine reloads the model's weights into it (in place, through
   ``worker.model_runner.reload_weights``, under their Hugging Face checkpoint names) when what vLLM serves is
   not the model's current weights: after ``load_weights`` (the explorer's sync), after ``weights_changed()``
-  (whoever edits the model in place otherwise says so: ``oprl.explorer.evaluate.evaluate`` does before every
+  (whoever edits the model in place otherwise says so: ``oprl.episodes.evaluation.evaluate`` does before every
   evaluation, because the trainer's optimizer steps the model it evaluates), and when another engine of the
   process used the shared ``LLM`` last. Whether a model changed cannot be read from its tensors cheaply and
   safely (a fused AdamW step does not bump their version counters: measured), hence the explicit generation

@@ -16,7 +16,7 @@ checkpoint (unless the trainer or the buffer is the one that failed) and raises 
 
 Its state is a few small objects: ``Schedule`` (which batches are pending, in flight, ready, which step is
 next), ``RowLog`` (rows waiting to be written in order), ``PerfClock`` (the ``perf/*`` columns),
-``CheckpointWriter`` (``oprl.checkpoint.resume``), the calls in flight and at most one ``Failure``. Each
+``CheckpointWriter`` (``oprl.runtime.resume``), the calls in flight and at most one ``Failure``. Each
 completion goes to the handler its kind names in ``Driver.handlers``. Workers are called through the typed
 handles of ``oprl.roles``; the trainer's ``TrainResult`` is read by attribute, so no control value travels in
 a row of metrics (``RowLog`` and ``PerfClock`` are in ``oprl.runtime.rows``).
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from oprl.backends import failure
 from oprl.backends.failure import WorkerFailure
 from oprl.checkpoint import files as ckpt
-from oprl.checkpoint.resume import CheckpointWriter, resume_hint
+from oprl.runtime.resume import CheckpointWriter, resume_hint
 from oprl.runtime.rows import PerfClock, RowLog
 from oprl.schedule import lag
 
@@ -353,7 +353,7 @@ class Driver:
     def _on_eval(self, call: Call, result: dict) -> None:
         self.rows.add_eval(call.step, result)
 
-    # -- checkpoints (written by oprl.checkpoint.resume) ------------------------------------------------------
+    # -- checkpoints (written by oprl.runtime.resume) ------------------------------------------------------
     def start_checkpoint(self, step: int) -> None:
         outstanding = self.schedule.outstanding()
         versions = [v for v in self.sync.needed_versions(outstanding) if v != step]

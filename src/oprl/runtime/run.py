@@ -24,12 +24,12 @@ from oprl.backends.base import make_backend
 from oprl.backends.failure import StopSignals
 from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import make_buffer
-from oprl.buffer.store import ExperienceStore
 from oprl.checkpoint import files as ckpt_files
-from oprl.checkpoint import resume, rundir, storedir
+from oprl.checkpoint import rundir, storedir
+from oprl.checkpoint.store import ExperienceStore
 from oprl.config import RunConfig
 from oprl.errors import OprlError
-from oprl.explorer.evaluate import Evaluator
+from oprl.evaluator.evaluator import Evaluator
 from oprl.explorer.explorer import ExplorerWorker
 from oprl.explorer.shaping import check_shaping
 from oprl.io import atomic_write_json
@@ -39,13 +39,14 @@ from oprl.models.precision import precision_line
 from oprl.partial import BOARD_DIRNAME, check_partial, close_board
 from oprl.progress import RunProgress
 from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, TeacherHandle, TrainerHandle
+from oprl.runtime import resume
 from oprl.runtime.driver import Driver
 from oprl.runtime.health import SignalHealth
 from oprl.runtime.preflight import check_lengths, noop_warnings, outcome_warnings
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.tasks import build_task
-from oprl.tasks.workers import LOG_NAME as WORKER_LOG
-from oprl.tasks.workers import worker_log
+from oprl.tasks.rewards.workers import LOG_NAME as WORKER_LOG
+from oprl.tasks.rewards.workers import worker_log
 from oprl.teacher.loading import check_teacher
 from oprl.teacher.teacher import TeacherWorker
 from oprl.trackers import start_trackers

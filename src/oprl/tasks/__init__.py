@@ -17,9 +17,9 @@ from oprl.errors import OprlError
 from oprl.tasks.agent import AgentTask
 from oprl.tasks.arithmetic import ArithmeticTask
 from oprl.tasks.base import Problem, Reward, Task
-from oprl.tasks.bfcl import BfclTask
-from oprl.tasks.bfcl_multi_turn import BfclMultiTurnTask
-from oprl.tasks.dataset import DatasetTask
+from oprl.tasks.bfcl.multi_turn import BfclMultiTurnTask
+from oprl.tasks.bfcl.single_turn import BfclTask
+from oprl.tasks.data.dataset import DatasetTask
 from oprl.tasks.gsm8k import GSM8kTask
 from oprl.tasks.math_problems import MathTask
 from oprl.tasks.reasoning_gym import ReasoningGymTask

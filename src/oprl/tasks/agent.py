@@ -2,13 +2,13 @@
 
 The task is the problems of another task (``task.problems``, tool-arithmetic by default) plus the user's
 ``rollout(client, problem)`` function, loaded from ``task.agent``. The explorer runs the agent against its
-OpenAI-compatible endpoint (``oprl.explorer.agents``, ``oprl.explorer.endpoint``) and stores the tokens the
+OpenAI-compatible endpoint (``oprl.episodes.agents``, ``oprl.episodes.endpoint``) and stores the tokens the
 engine sampled; the agent's return value is the reward. This module only loads the agent and the problems:
 it knows nothing of HTTP, sessions or engines.
 
 To the runtime the task is episodic (``EpisodicTask``): ``environment`` and ``demonstration`` are the wrapped
 task's when it is episodic itself (the supervised warm start replays its demonstrations), and
-``oprl.explorer.agents.task_episodes`` hands agent tasks to the endpoint instead of an environment loop.
+``oprl.episodes.agents.task_episodes`` hands agent tasks to the endpoint instead of an environment loop.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class AgentTask:
         self.is_async = inspect.iscoroutinefunction(self.rollout)
         self.inner = _inner_task(c.problems)
         self.endpoint = None
-        """The explorer's endpoint serving this task's agents, started on first use (``oprl.explorer.agents``)."""
+        """The explorer's endpoint serving this task's agents, started on first use (``oprl.episodes.agents``)."""
 
     def problems(self, split: str) -> Sequence[Problem]:
         return self.inner.problems(split)

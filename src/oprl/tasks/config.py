@@ -261,13 +261,14 @@ class BfclTaskConfig(_ToolTaskConfig):
     """Require the paper's think rules (one ``<think>...</think>`` before the calls); False = calls only,
     for models that do not reason first."""
     system_prompt: str | None = None
-    """System message of every prompt (None = oprl.tasks.bfcl's THINK_PROMPT or PLAIN_PROMPT, after ``think``)."""
+    """System message of every prompt (None = oprl.tasks.bfcl.single_turn's THINK_PROMPT or PLAIN_PROMPT,
+    after ``think``)."""
     format_bonus: float = Field(0.0, ge=0.0)
     """Format-aware training reward (ToolRL's format term): +format_bonus when the response is well formed,
     -format_bonus otherwise, added to the 0/1 correctness; 0 = the paper's reward. Accuracy stays correctness."""
     partial_credit: float = Field(0.0, ge=0.0, lt=1.0)
     """ToolRL's fine-grained correctness as a training reward: a well-formed wrong call earns partial_credit x
-    its credit in [0, 1] (right function name, argument names and values; oprl.tasks.toolcall.calls_credit),
+    its credit in [0, 1] (right function name, argument names and values; oprl.tasks.bfcl.toolcall.calls_credit),
     so groups of only wrong calls still rank their replies; < 1 keeps every correct call above every wrong
     one. 0 = the paper's 0/1 reward. Accuracy stays correctness."""
 
@@ -284,7 +285,7 @@ BFCL_MULTI_TURN_SUBSETS = ("multi_turn_base", "multi_turn_long_context")
 class BfclMultiTurnTaskConfig(_ToolTaskConfig):
     """BFCL multi-turn (data from the ``bfcl-eval`` wheel) on oprl's simulated file system and math API: the
     model calls tools over several user turns; reward 1 when the final API state and every turn's call results
-    match the ground truth's (oprl.tasks.bfcl_multi_turn). Set rollout.max_turns (about 20) and
+    match the ground truth's (oprl.tasks.bfcl.multi_turn). Set rollout.max_turns (about 20) and
     rollout.max_episode_tokens (a few thousand) to fit its conversations."""
 
     name: Literal["bfcl-multi-turn"] = "bfcl-multi-turn"
@@ -292,7 +293,7 @@ class BfclMultiTurnTaskConfig(_ToolTaskConfig):
     subsets: list[str] = ["multi_turn_base"]
     """BFCL multi-turn subsets: multi_turn_base, multi_turn_long_context (the rows on simulated APIs)."""
     system_prompt: str | None = None
-    """System message of every prompt (None = oprl.tasks.bfcl's PLAIN_PROMPT)."""
+    """System message of every prompt (None = oprl.tasks.bfcl.single_turn's PLAIN_PROMPT)."""
 
     @field_validator("subsets")
     @classmethod
@@ -342,7 +343,7 @@ def task_section(section: type[S], config: S | None, fields: dict[str, Any]) -> 
 
 class AgentTaskConfig(Section):
     """Bring your own agent: ``rollout(client, problem)`` written against an OpenAI client, run by the explorer
-    against its endpoint (oprl.explorer.agents; docs/tasks.md#bring-your-own-agent)."""
+    against its endpoint (oprl.episodes.agents; docs/tasks.md#bring-your-own-agent)."""
 
     name: Literal["agent"] = "agent"
     """Task plug-in (see ``oprl.tasks.TASKS``)."""

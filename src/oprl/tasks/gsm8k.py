@@ -7,7 +7,7 @@ source, rows go through the same conversion: the reference is the number after t
 answer field; rows without one (or without a question) are skipped, counted in ``skipped`` and reported in
 one warning naming the file and row numbers. A split left with no usable row is an ``OprlError``.
 
-Each prompt is the DeepSeek-R1 system message plus the question; the reward is ``oprl.tasks.rewards``'s R1
+Each prompt is the DeepSeek-R1 system message plus the question; the reward is ``oprl.tasks.rewards.builtin``'s R1
 reward, checked by math-verify in worker processes with a hard timeout. ``reward="last-number"`` swaps in
 a plain prompt and the last-number reward, for models too small to follow the R1 format.
 
@@ -21,16 +21,16 @@ from collections.abc import Sequence
 
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import GSM8kTaskConfig, task_section
-from oprl.tasks.datafiles import Row
-from oprl.tasks.rewards import (
+from oprl.tasks.data.files import Row
+from oprl.tasks.data.verified import VerifiedDataTask
+from oprl.tasks.rewards.builtin import (
     NUMBER_SYSTEM_PROMPT,
     R1_SYSTEM_PROMPT,
     gsm8k_reference,
     last_number_rewards,
     r1_rewards,
 )
-from oprl.tasks.verified import VerifiedDataTask
-from oprl.tasks.verify import require_math_verify
+from oprl.tasks.rewards.verify import require_math_verify
 from oprl.tasks.word_problems import generate_rows
 
 SYNTHETIC_SIZES = {"train": 2000, "test": 500}

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import MathTaskConfig, task_section
-from oprl.tasks.datafiles import Row
-from oprl.tasks.rewards import boxed_rewards, last_boxed
-from oprl.tasks.verified import VerifiedDataTask
-from oprl.tasks.verify import require_math_verify
+from oprl.tasks.data.files import Row
+from oprl.tasks.data.verified import VerifiedDataTask
+from oprl.tasks.rewards.builtin import boxed_rewards, last_boxed
+from oprl.tasks.rewards.verify import require_math_verify
 
 
 class MathTask(VerifiedDataTask):

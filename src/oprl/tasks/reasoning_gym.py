@@ -5,7 +5,7 @@ reasoning-gym (``pip install 'oprl[reasoning-gym]'``, offline) has 100+ generato
 mixes several, each with its sizes, seed and settings (``oprl.tasks.config.ReasoningGymDataset``): item
 ``i < train_size`` of a generator is a training problem, the next ``test_size`` items are its test split.
 
-Scoring runs in ``WorkerPool`` processes (``oprl.tasks.workers``) under a hard per-answer timeout, like every
+Scoring runs in ``WorkerPool`` processes (``oprl.tasks.rewards.workers``) under a hard per-answer timeout, like every
 reward that parses model output: the worker rebuilds the generator from its settings (cached), takes the item
 by index, extracts the answer (``<answer>`` tags with reasoning-gym's ``extract_answer``, or the whole reply)
 and calls that generator's ``score_answer``. A timeout or a worker error scores 0 and is counted
@@ -26,7 +26,7 @@ from typing import Any
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import ReasoningGymTaskConfig, task_section
-from oprl.tasks.workers import WorkerPool, fatal, serve, start_worker
+from oprl.tasks.rewards.workers import WorkerPool, fatal, serve, start_worker
 
 INSTALL_HINT = "pip install 'oprl[reasoning-gym]'"
 MAX_RESPONSE_CHARS = 20_000

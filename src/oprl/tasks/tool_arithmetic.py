@@ -14,7 +14,7 @@ exactly without ``eval``; anything else in square brackets gets the observation 
 ends the episode. Reward: 1 when the final reply is the problem's value, else 0; components ``correct``,
 ``format`` (the episode called the calculator, then answered with an integer) and ``tool_calls``. An
 episode that runs out of turns or tokens is truncated and scores 0 (``rollout.max_turns``,
-``rollout.max_episode_tokens``). This is the tool-call pattern of ``oprl.tasks.toolcall`` in miniature: real
+``rollout.max_episode_tokens``). This is the tool-call pattern of ``oprl.tasks.bfcl.toolcall`` in miniature: real
 models use ``<tool_call>{json}</tool_call>`` (``task.name=bfcl``), the tiny model a two-character call.
 """
 

@@ -15,33 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from oprl.buffer.store import ExperienceStore, read_parquet
-from oprl.checkpoint.files import load_checkpoint_weights, resolve_checkpoint
+from oprl.checkpoint.store import ExperienceStore, read_parquet
 from oprl.errors import OprlError
-from oprl.models.loading import dequantised_gguf, load_pretrained, quiet_transformers, resolve_model_path
-from oprl.worker import SAMPLING_LOCK
+from oprl.models.loading import dequantised_gguf, resolve_model_path
+from oprl.worker import load_frozen
 
 if TYPE_CHECKING:
     from oprl.config import RunConfig
-
-
-def teacher_source(path: str, student_path: str, key: str = "teacher.path") -> tuple[str, Path | None]:
-    """``(the model to load, a checkpoint whose weights replace its weights, or None)`` for ``path``, the
-    setting ``key`` (``teacher.path``, ``judge.path``: the name its errors give)."""
-    if path == "tiny":
-        return student_path, None
-    local = Path(path).expanduser()
-    if local.is_dir() and not (local / "config.json").is_file():
-        if (local / "final" / "config.json").is_file():
-            return str(local / "final"), None
-        checkpoint = resolve_checkpoint(local)
-        if checkpoint is None:
-            raise OprlError(
-                f"{key}: {path!r} is neither a model directory nor a run directory with final/ or "
-                "checkpoints/ (give a run, a checkpoint step-N, a model directory, 'tiny' or a hub id)"
-            )
-        return student_path, checkpoint
-    return path, None
 
 
 def load_teacher(config: RunConfig, student_path: str):
@@ -52,28 +32,6 @@ def load_teacher(config: RunConfig, student_path: str):
     if source != student_path:
         check_same_tokens(tokenizer, student_tokenizer(student_path), path, config.model.path)
     return model, tokenizer
-
-
-def load_frozen(path: str, key: str, dtype: str, config: RunConfig, student_path: str):
-    """``(model, tokenizer, source)``: the second model of setting ``key`` (the teacher, the judge) resolved by
-    ``teacher_source``, on ``model.device`` in ``dtype``, frozen; every error is one line naming ``key``."""
-    quiet_transformers()
-    source, checkpoint = teacher_source(path, student_path, key)
-    try:
-        with SAMPLING_LOCK:  # loading draws from the global generator, which sampling threads share
-            model, tokenizer = load_pretrained(source, dtype=dtype, device=config.model.device, seed=config.seed)
-    except OprlError as exc:  # load_pretrained names model.path; here the culprit is ``key``
-        raise OprlError(str(exc).replace("model.path", key, 1)) from None
-    if checkpoint is not None:
-        try:
-            load_checkpoint_weights(model, checkpoint)
-        except Exception as exc:  # another architecture's tensors: missing keys, other shapes
-            reason = " ".join(str(exc).split())[:200]
-            raise OprlError(
-                f"{key}: checkpoint {checkpoint} does not fit model.path's architecture "
-                f"({type(exc).__name__}: {reason}); give its run's final/ directory instead"
-            ) from None
-    return model.eval().requires_grad_(False), tokenizer, source
 
 
 def student_tokenizer(student_path: str):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from oprl.buffer.store import ExperienceStore
+from oprl.checkpoint.store import ExperienceStore
 from oprl.errors import OprlError
 from oprl.teacher.teacher import build_teacher
 

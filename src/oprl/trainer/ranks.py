@@ -161,7 +161,7 @@ class TrainerRank:
         return self.replica
 
     def evaluate(self, step: int) -> dict[str, float] | None:
-        from oprl.explorer.evaluate import evaluation_row
+        from oprl.episodes.evaluation import evaluation_row
 
         replica = self._full_replica()
         if replica is None:

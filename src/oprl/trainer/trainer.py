@@ -388,7 +388,7 @@ class TrainerWorker:
 
     def evaluate(self, step: int) -> dict[str, float]:
         with self.clock.work():
-            from oprl.explorer.evaluate import evaluation_row
+            from oprl.episodes.evaluation import evaluation_row
 
             return evaluation_row(self.config, self.engine, self.task, self.tokenizer, step)
 

@@ -42,9 +42,9 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from oprl.checkpoint.files import load_optimizer, save_optimizer
+from oprl.episodes.episode import teacher_forced
+from oprl.episodes.evaluation import evaluate
 from oprl.errors import OprlError
-from oprl.explorer.episodes import teacher_forced
-from oprl.explorer.evaluate import evaluate
 from oprl.io import commit_dir
 from oprl.models.batching import right_pad_values
 from oprl.models.chat import encode_problem
@@ -54,7 +54,7 @@ from oprl.models.tiny import build_model, build_tokenizer
 from oprl.progress import RunProgress
 from oprl.rollout import LeanEngine
 from oprl.tasks.base import EpisodicTask
-from oprl.tasks.user_reward import canonical_spec
+from oprl.tasks.rewards.user import canonical_spec
 
 RECIPE_VERSION = 1
 _SLACK = 4

@@ -1,0 +1,291 @@
+"""Running the user's agents (``task.name=agent``) against the explorer's endpoint, and their episodes.
+
+``run_agent_episodes`` is ``run_episodes`` for agent tasks (called by it, with its arguments as one
+``EpisodeSettings``): one agent run per entry of ``problems`` (a problem repeated K times is a group), each in a
+thread of its own with an ``openai.OpenAI`` client (an ``async def`` agent gets an ``openai.AsyncOpenAI`` and
+its own event loop) pointed at its session of the endpoint. This thread serves them: it hands the waiting
+requests to the engine as one call (``Endpoint.take``: every running agent asked, or ``task.batch_wait_s``
+passed), and returns the replies.
+
+Seeds: the request of episode ``i`` at turn ``t`` samples with the row seed of ``(seed + t, i, choice)`` on
+engines that seed rows (vLLM: a row's samples do not depend on its batch, so episodes are repeatable
+whatever the agents' timing); the torch engines draw a whole call from one generator seeded ``seed + t``
+(t of the call's first request), so their episodes repeat when the calls do. When every agent asks at each
+turn (all wait for the engine) the calls are the built-in path's: turn t over the running episodes in order,
+seeded ``seed + t``, so the same agent logic gives the same rows as ``run_episodes`` (tested).
+
+A session closes when its agent returns, raises or times out (later requests get 404; a reply sampled for it
+after that is not recorded), so the stored row is the conversation the agent saw. Faults, each counted and
+logged in one line, never stopping the run: an agent that raises, returns something other than a number or a
+dict with ``reward``, or runs past ``rollout.episode_timeout`` seconds (the thread is left behind, it cannot be
+killed) scores 0 and keeps the tokens it had sampled (an agent that failed before its first request: one
+end-of-turn token, mask 0, so its row carries no gradient). Requests past the turn or token budget or the
+model's context get a 400 and truncate the episode (scores 0, ``response/truncated_frac``), as the built-in
+episodes do; an agent that raises on that 400 is truncated, not failed. A batch in which every episode failed
+is one warning line with the most common cause; ``task.max_failed_batches`` of them in a row stop the run
+(``OprlError``). An engine call refused by the engine's own checks fails its requests with a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from oprl.episodes.endpoint import Endpoint, Pending, Sampling, reply_message
+from oprl.episodes.episode import Episode, EpisodeSettings, run_episodes
+from oprl.episodes.sessions import Choice, RequestRefused, Session, stop_at
+from oprl.errors import OprlError
+from oprl.models.chat import encode_problem
+from oprl.tasks.agent import agent_reward, problem_dict
+from oprl.tasks.base import Problem, Reward
+
+log = logging.getLogger("oprl.explorer")
+
+
+@dataclass
+class AgentRun:
+    """One agent run: its thread, its session, and how it ended."""
+
+    index: int
+    problem: Problem
+    session: Session
+    session_id: str = ""
+    started: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+    result: object = None
+    fault: str = ""
+    """Why the episode failed: raised, timeout, bad_return ("" = it did not)."""
+
+
+def endpoint_of(task, tokenizer) -> Endpoint:
+    """The task's endpoint, started on first use (one per task object, i.e. per explorer)."""
+    if task.endpoint is None:
+        c = task.config
+        task.endpoint = Endpoint(
+            tokenizer, host=c.host, port=c.port, batch_wait_s=c.batch_wait_s, max_request_bytes=c.max_request_bytes
+        )
+    return task.endpoint
+
+
+def task_episodes(engine, tokenizer, task, problems, **settings) -> list[Episode]:
+    """The episodes of any episodic task, one per entry of ``problems``: an agent task's (``task.name=agent``)
+    through its agents and the endpoint, every other task's against its environment (``run_episodes``).
+    ``settings`` are ``run_episodes``' keyword arguments (``EpisodeSettings``' fields). The one place that
+    tells the two apart, above both, so ``episodes`` never imports this module."""
+    if getattr(task, "name", "") == "agent":
+        return run_agent_episodes(engine, tokenizer, task, problems, EpisodeSettings(**settings))
+    return run_episodes(engine, tokenizer, task, problems, **settings)
+
+
+def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSettings) -> list[Episode]:
+    """One episode per entry of ``problems``, written by ``task``'s agent through the endpoint; ``run_episodes``
+    calls it for agent tasks with its own arguments (``settings``)."""
+    if settings.switch is not None:
+        raise OprlError("rollout.partial: agent tasks (task.name=agent) sample without switching weights; unset it")
+    endpoint, s = endpoint_of(task, tokenizer), settings
+    endpoint.sampling = Sampling(
+        engine.temperature if s.temperature is None else s.temperature,
+        engine.top_p if s.top_p is None else s.top_p,
+        engine.max_new_tokens,
+        context_length(engine),
+        getattr(engine, "top_k", 0) or 0,
+    )
+    runs = [AgentRun(i, p, Session(i, tokenizer, s.max_turns, s.max_tokens)) for i, p in enumerate(problems)]
+    for run in runs:
+        run.session.token_chars = endpoint.token_chars
+        run.session_id = endpoint.open(run.session)
+        _start(task, endpoint, run, s.episode_timeout)
+    calls = 0
+    while True:
+        _check_timeouts(endpoint, runs, s.episode_timeout)
+        running = [r for r in runs if not r.done.is_set()]
+        if not running:
+            break
+        batch = endpoint.take(len(running))
+        if batch:
+            _sample(engine, endpoint, batch, s.seed)
+            calls += 1
+    episodes = [_episode(endpoint, run, tokenizer) for run in runs]
+    _report(endpoint, runs, calls, getattr(task.config, "max_failed_batches", 0))
+    return episodes
+
+
+def context_length(engine) -> int | None:
+    """The engine's context in positions (prompt and reply): the model's (torch engines) or vLLM's."""
+    shared = getattr(engine, "shared", None)
+    value = getattr(shared, "max_model_len", None) if shared is not None else getattr(engine, "context", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _start(task, endpoint: Endpoint, run: AgentRun, timeout: float) -> None:
+    try:
+        import openai
+    except ImportError:
+        raise OprlError("task.name=agent needs the openai client: pip install 'oprl[agent]'") from None
+    url, problem = endpoint.base_url(run.session_id), problem_dict(run.problem)
+
+    def body() -> None:
+        fault, result = "", None
+        try:
+            settings: dict[str, Any] = {"base_url": url, "api_key": endpoint.token, "timeout": timeout}
+            settings["max_retries"] = 0  # a refused request is the agent's to handle, never silently resent
+            if task.is_async:  # an async client is bound to its event loop: one each
+                result = asyncio.run(task.rollout(openai.AsyncOpenAI(**settings), problem))
+            else:  # one connection pool for all (building a client costs ~40 ms: its SSL context)
+                client = _client(endpoint, openai).with_options(base_url=url, timeout=timeout)
+                result = task.rollout(client, problem)
+        except BaseException as exc:  # the agent's failure is its episode's, never the run's
+            fault, result = "raised", f"{type(exc).__name__}: {str(exc)[:200]}"
+        finally:  # the session closes with its agent: a later request is a 404 and cannot touch the row
+            with endpoint.lock:
+                if not run.done.is_set():  # else it timed out: that verdict stands
+                    run.fault, run.result = fault, result
+                    endpoint.close(run.session_id, "its agent returned")
+                run.done.set()
+                endpoint.lock.notify_all()
+
+    run.started = time.monotonic()
+    threading.Thread(target=body, name=f"oprl-agent-{run.index}", daemon=True).start()
+
+
+def _client(endpoint: Endpoint, openai):
+    """The endpoint's shared ``openai.OpenAI`` (thread-safe); each session gets a copy with its own URL."""
+    with endpoint.lock:
+        if endpoint.client is None:
+            endpoint.client = openai.OpenAI(base_url=endpoint.base_url("-"), api_key=endpoint.token, max_retries=0)
+        return endpoint.client
+
+
+def _check_timeouts(endpoint: Endpoint, runs: list[AgentRun], timeout: float) -> None:
+    now = time.monotonic()
+    for run in runs:
+        if run.done.is_set() or now - run.started <= timeout:
+            continue
+        with endpoint.lock:  # the agent's own ending sets `done` under the lock: one of the two wins
+            if not run.done.is_set():
+                run.fault, run.result = "timeout", f"still running after rollout.episode_timeout={timeout:g} s"
+                run.done.set()  # the thread is abandoned; its session closes so it cannot add tokens
+                endpoint.close(run.session_id, "rollout.episode_timeout passed")
+
+
+def row_seed(seed: int, turn: int, index: int, choice: int) -> int:
+    """63 bits of a hash of (batch seed + turn, episode, choice): the seed of one sampled row."""
+    digest = hashlib.blake2b(f"{seed + turn}/{index}/{choice}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def _sample(engine, endpoint: Endpoint, batch: list[Pending], seed: int) -> None:
+    """One engine call for the waiting requests (their ``n`` rows each, in episode order); replies to each."""
+    batch.sort(key=lambda p: (p.session.turns, p.session.index))
+    rows = [(p, choice) for p in batch for choice in range(p.n)]
+    contexts = [p.context for p, _ in rows]
+    sampling, turn = endpoint.sampling, batch[0].session.turns
+    row_seeds = [row_seed(seed, p.session.turns, p.session.index, c) for p, c in rows]
+    try:
+        rollout = engine.generate(
+            contexts, seed=seed + turn, temperature=sampling.temperature, top_p=sampling.top_p, row_seeds=row_seeds
+        )
+    except OprlError as exc:  # the engine's own checks (memory, lengths) refused the call: the requests' fault
+        log.warning("agent endpoint: the engine refused %d requests: %s", len(batch), exc)
+        with endpoint.lock:
+            for p in batch:
+                p.session.inflight = max(p.session.inflight - 1, 0)
+                p.session.refused += 1
+                if not p.future.done():
+                    p.future.set_exception(RequestRefused(400, f"the engine refused the request: {exc}"))
+        return
+    except BaseException as exc:
+        for p in batch:
+            p.future.set_exception(exc)
+        raise
+    choices: dict[int, list[Choice]] = {id(p): [] for p in batch}
+    for row, (p, _) in enumerate(rows):
+        ids, logprobs, ended = rollout.response_ids[row], rollout.behavior_logprobs[row], not rollout.truncated[row]
+        text = rollout.texts[row]
+        if len(ids) > p.max_tokens:  # the request's max_tokens below the engine's: the same prefix, cut
+            ids, logprobs, ended = ids[: p.max_tokens], logprobs[: p.max_tokens], False
+            text = endpoint.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = stop_at(ids, endpoint.tokenizer, p.stops) if p.stops else None
+        if cut is not None:  # the tokens before the first stop sequence, their text returned (sessions.stop_at)
+            ids, logprobs, text, ended = ids[: cut[0]], logprobs[: cut[0]], cut[1], True
+        choice = Choice(ids=list(ids), logprobs=list(logprobs), text=text, ended=ended, prompt_tokens=len(p.context))
+        choice.stop = cut[2] if cut is not None else ""
+        choice.message = reply_message(choice, p.with_tools)
+        choices[id(p)].append(choice)
+    endpoint.counts["engine_calls"] += 1
+    endpoint.counts["engine_rows"] += len(rows)
+    with endpoint.lock:
+        for p in batch:
+            p.session.record(choices[id(p)])
+    for p in batch:
+        if not p.future.done():
+            p.future.set_result(choices[id(p)])
+
+
+def _episode(endpoint: Endpoint, run: AgentRun, tokenizer) -> Episode:
+    """The stored episode of ``run`` (``oprl.episodes.sessions``: the last segment), rewarded."""
+    with endpoint.lock:
+        if run.session_id in endpoint.sessions:
+            endpoint.close(run.session_id)
+        episode = run.session.finish()
+    if episode is None:  # no request reached the engine: one end-of-turn token, no gradient
+        episode = Episode(prompt_ids=encode_problem(tokenizer, run.problem))
+        episode.add([tokenizer.eos_token_id], None)
+        if run.session.overflowed:  # its only prompt was past the model's context: truncated, not a fault
+            episode.truncated, run.fault = True, ""
+        elif not run.fault:
+            run.fault, run.result = "no_request", "the agent returned without asking the model"
+    if run.fault == "raised" and episode.truncated:  # the 400 of a spent budget, re-raised: truncation, not a fault
+        run.fault = ""
+    if not run.fault and not episode.truncated:
+        try:
+            episode.reward = agent_reward(run.result)
+        except TypeError as exc:
+            run.fault, run.result = "bad_return", str(exc)
+    if run.fault or episode.reward is None:
+        episode.reward = Reward(total=0.0, components={})
+    s = run.session
+    episode.info = {
+        "segments": float(max(s.segments, 1)),
+        "dropped_tokens": float(s.dropped_tokens),
+        "refused_requests": float(s.refused),
+        "agent_failed": float(bool(run.fault)),
+    }
+    return episode
+
+
+def _report(endpoint: Endpoint, runs: list[AgentRun], calls: int, stop_after: int = 0) -> None:
+    """One line per failed episode; when every episode failed, one line with the most common cause instead,
+    and an ``OprlError`` once ``stop_after`` batches in a row failed whole (0: never)."""
+    faults = Counter(r.fault for r in runs if r.fault)
+    causes = Counter(f"{r.fault}: {str(r.result)[:240]}" for r in runs if r.fault)
+    if runs and len(causes) and sum(causes.values()) == len(runs):
+        endpoint.failed_batches += 1
+        cause, count = causes.most_common(1)[0]
+        log.warning("agent: all %d episodes of this batch failed; most common cause (%d): %s", len(runs), count, cause)
+        if stop_after and endpoint.failed_batches >= stop_after:
+            raise OprlError(
+                f"task.agent: every episode of the last {stop_after} batches failed (most common cause: {cause}); "
+                "fix the agent, or set task.max_failed_batches=0 to go on"
+            )
+    else:
+        endpoint.failed_batches = 0
+        for run in runs:
+            if run.fault:
+                log.warning(
+                    "agent episode %d (%s) scores 0: %s: %s", run.index, run.problem.task_id, run.fault, run.result
+                )
+    rewritten = sum(r.session.segments > 1 for r in runs)
+    if rewritten:
+        log.info(
+            "agent: %d of %d episodes rewrote their history (new segments); the last segment is stored",
+            rewritten,
+            len(runs),
+        )
+    log.debug("agent: %d engine calls for %d episodes; faults %s", calls, len(runs), dict(faults))

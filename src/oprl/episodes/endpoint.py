@@ -1,0 +1,351 @@
+"""The explorer's OpenAI-compatible endpoint: ``/v1/chat/completions`` and ``/v1/completions`` over HTTP on
+127.0.0.1, served by the explorer's own engine at the current policy version.
+
+FastAPI + uvicorn, because vLLM's own OpenAI server is built on them (installed with every vLLM extra), and
+their pydantic request models are the configuration's validation style; the server runs in a daemon thread
+of the explorer's process on a socket bound here (so a port in use is one ``OprlError`` line).
+
+Every agent run is a **session**: the explorer opens it, hands the agent a client whose base URL is
+``http://127.0.0.1:PORT/s/SESSION/v1``, and closes it when the agent returns, fails or times out (later
+requests: 404; a reply sampled after it closed is not recorded). Requests need ``Authorization: Bearer
+TOKEN`` (a random token per endpoint; 401 otherwise).
+
+Nothing a request does stops the run: a body past ``max_request_bytes`` is a 413 before it is read whole;
+every other mistake is a 400 naming the culprit, decided before the engine is called
+(``oprl.episodes.openai_api``: JSON, nesting, Unicode, message shapes, options; here: token ids outside the
+vocabulary, a context past the model's, budgets); an unexpected error is one 500 and one log line. Each
+refusal is counted in the session's ``refused`` (``episode/refused_requests_mean``).
+
+- honoured: ``messages`` / ``prompt`` (text or token ids), ``tools`` with ``tool_choice`` auto / none (none:
+  not rendered), replies' ``<tool_call>{json}</tool_call>`` blocks returned as ``tool_calls``, ``n``,
+  ``max_tokens`` / ``max_completion_tokens`` up to ``rollout.max_new_tokens`` (the reply is cut there, which is
+  what sampling with that limit gives), ``stop`` (``oprl.episodes.sessions.stop_at``), ``stream`` (Server-Sent
+  Events, sent once sampling is done) with ``stream_options.include_usage``, ``logprobs`` (the behaviour
+  log-probs recorded at sampling), ``temperature`` / ``top_p`` equal to what the explorer samples with (the
+  trainer scores at ``rollout.temperature``; another value would make the behaviour log-probs wrong);
+- refused with a 400: other temperatures, more tokens than the engine samples, ``tool_choice`` required or
+  a named function, ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``,
+  image / audio parts.
+
+``/v1/responses`` (the Responses API) is translated to a chat request and back (``oprl.episodes.responses_api``).
+
+Requests wait in ``Endpoint.pending`` until ``take`` hands them to the explorer thread as one engine call
+(``oprl.episodes.agents``); the reply comes back through a future. Token bookkeeping is
+``oprl.episodes.sessions``.
+"""
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from oprl.episodes import responses_api
+from oprl.episodes.openai_api import ChatRequest, CompletionRequest, _Request, parse, response, stream_events
+from oprl.episodes.sessions import Choice, RequestRefused, Session
+from oprl.errors import OprlError
+from oprl.tasks.bfcl.toolcall import OPEN, parse_calls
+
+log = logging.getLogger("oprl.explorer")
+
+MAX_REQUEST_BYTES = 4 * 2**20
+"""Default ``task.max_request_bytes``."""
+
+
+@dataclass
+class Pending:
+    """A request waiting for the engine: its session, its token context, and where the replies go."""
+
+    session: Session
+    context: list[int]
+    n: int
+    max_tokens: int
+    with_tools: bool = False
+    stops: list[str] = field(default_factory=list)
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Sampling:
+    """What the explorer samples with during one batch (requests are checked against it). ``context``: the
+    engine's context length in positions (None: unknown), prompt and ``max_new_tokens`` included."""
+
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    context: int | None = None
+    top_k: int = 0
+    """The engine's top-k (0 = off; ``rollout.top_k``)."""
+
+    @property
+    def room(self) -> int | None:
+        """Most prompt tokens a request may have: the context less the reply's ``max_new_tokens``."""
+        return None if self.context is None else self.context - self.max_new_tokens
+
+
+class Endpoint:
+    """The HTTP server and its sessions (see the module docstring). ``host``/``port``: where it listens (port
+    0 = any free one); ``batch_wait_s``: how long ``take`` waits for the other running agents' requests;
+    ``max_request_bytes``: the largest request body (413 past it)."""
+
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        batch_wait_s: float = 0.05,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+    ):
+        import uvicorn
+
+        self.tokenizer = tokenizer
+        self.vocab = len(tokenizer)
+        self.token_chars = max((len(t) for t in tokenizer.get_vocab()), default=0)
+        """Most characters one token spells (``Session.token_chars``)."""
+        self.max_request_bytes = max_request_bytes
+        self.token = secrets.token_urlsafe(24)
+        self.batch_wait_s = batch_wait_s
+        self.sessions: dict[str, Session] = {}
+        self.pending: list[Pending] = []
+        self.sampling = Sampling(1.0, 1.0, 16)
+        self.counts: Counter[str] = Counter()
+        """Requests served, refused (by reason), and engine calls: ``oprl.episodes.agents`` logs them."""
+        self.failed_batches = 0
+        """Batches in a row in which every episode failed (``oprl.episodes.agents``)."""
+        self.client: Any = None
+        """The agents' shared ``openai.OpenAI`` (``oprl.episodes.agents``), built on first use."""
+        self.lock = threading.Condition()
+        """Guards sessions and the pending list; notified when a request arrives or a session closes."""
+        sock = bind(host, port)
+        self.host, self.port = host, sock.getsockname()[1]
+        config = uvicorn.Config(_app(self), log_level="error", access_log=False, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self.server.started:
+            raise OprlError(f"task: the agent endpoint on {host}:{self.port} did not start")
+
+    def base_url(self, session_id: str) -> str:
+        return f"http://{self.host}:{self.port}/s/{session_id}/v1"
+
+    def open(self, session: Session) -> str:
+        session_id = secrets.token_hex(8)
+        with self.lock:
+            self.sessions[session_id] = session
+        return session_id
+
+    def close(self, session_id: str, reason: str = "the episode is over") -> Session | None:
+        """End a session: its waiting requests fail (408), later ones get 404, replies are not recorded. Closing
+        a closed session does nothing (its agent returning and its timeout can race)."""
+        with self.lock:
+            session = self.sessions.pop(session_id, None)
+            if session is None:
+                return None
+            session.closed = True
+            for request in [p for p in self.pending if p.session is session]:
+                self.pending.remove(request)
+                request.future.set_exception(RequestRefused(408, f"session closed: {reason}"))
+            self.lock.notify_all()
+        return session
+
+    def take(self, running: int, timeout: float = 0.05) -> list[Pending]:
+        """The requests for the next engine call: all waiting ones, once ``running`` sessions have a request
+        waiting (every running agent asked) or the oldest waited ``batch_wait_s``; [] after ``timeout`` or
+        when woken otherwise (an agent finished: the caller counts the running ones again)."""
+        with self.lock:
+            for _ in range(2):  # check, wait once (a request, a finished agent, a deadline), check again
+                now = time.monotonic()
+                waiting = len({id(p.session) for p in self.pending})
+                if self.pending and (waiting >= running or now - self.pending[0].since >= self.batch_wait_s):
+                    batch, self.pending = self.pending, []
+                    return batch
+                if not self.pending:
+                    self.lock.wait(timeout)
+                else:
+                    self.lock.wait(max(min(timeout, self.pending[0].since + self.batch_wait_s - now), 0.0))
+            return []
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+
+    # -- request handling (uvicorn's thread) -------------------------------------------------------------------
+    def submit(self, session: Session, body: _Request) -> Pending:
+        """Check ``body`` against the engine, extend the session's history, queue the request."""
+        limit = self.sampling.max_new_tokens
+        for name, value, served in (
+            ("temperature", body.temperature, self.sampling.temperature),
+            ("top_p", body.top_p, self.sampling.top_p),
+        ):
+            if value is not None and abs(value - served) > 1e-6:
+                raise RequestRefused(400, f"{name}={value}: this endpoint samples at {name}={served} (the run's)")
+        top_k, served_k = (body.model_extra or {}).get("top_k"), self.sampling.top_k
+        if top_k is not None and (top_k if isinstance(top_k, int) and top_k > 0 else 0) != served_k:
+            raise RequestRefused(400, f"top_k={top_k}: this endpoint samples at top_k={served_k} (the run's)")
+        max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or limit
+        if max_tokens > limit:
+            raise RequestRefused(
+                400,
+                f"max_tokens={max_tokens} exceeds what the engine samples per turn (rollout.max_new_tokens={limit})",
+            )
+        if isinstance(body, CompletionRequest) and isinstance(body.prompt, list):
+            bad = next((k for k, t in enumerate(body.prompt) if not 0 <= t < self.vocab), None)
+            if bad is not None:
+                raise RequestRefused(400, f"prompt.{bad}: token id {body.prompt[bad]} is not in 0..{self.vocab - 1}")
+        messages = body.chat_messages() if isinstance(body, ChatRequest) else []
+        tools = body.chat_tools() if isinstance(body, ChatRequest) else []
+        with self.lock:
+            if session.closed:
+                raise RequestRefused(404, "the session is closed (its agent returned, failed or timed out)")
+            room = self.sampling.room
+            if isinstance(body, ChatRequest):
+                context = session.chat_context(messages, tools, room)
+            else:
+                assert isinstance(body, CompletionRequest)
+                context = session.completion_context(body.prompt, room)
+            session.inflight += 1  # its turn is reserved: concurrent requests cannot pass rollout.max_turns
+            pending = Pending(session, context, body.n, max_tokens, with_tools=bool(tools), stops=body.stops)
+            self.pending.append(pending)
+            self.lock.notify_all()
+        return pending
+
+    def refuse(self, session: Session | None, exc: RequestRefused) -> None:
+        """Count a refusal: by reason for the run's log, in the session for ``episode/refused_requests_mean``."""
+        reason = "budget" if "episode over" in exc.message else {413: "too_large", 404: "closed"}.get(exc.status)
+        with self.lock:
+            self.counts["refused/" + (reason or "request")] += 1
+            if session is not None and exc.status != 404:
+                session.refused += 1
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, or one OprlError line saying why not."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        raise OprlError(f"task.port: the agent endpoint cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def reply_message(choice: Choice, with_tools: bool) -> dict:
+    """The assistant message of a reply: ``<tool_call>`` blocks as ``tool_calls`` when the request had tools."""
+    calls = parse_calls(choice.text) if with_tools else None
+    if not calls:
+        return {"role": "assistant", "content": choice.text}
+    content = choice.text.split(OPEN, 1)[0].strip() or None
+    tool_calls = [
+        {
+            "id": f"call_{k}",
+            "type": "function",
+            "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
+        }
+        for k, c in enumerate(calls)
+    ]
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls}
+
+
+async def read_body(request, limit: int) -> bytes:
+    """The request body, or a 413 as soon as it passes ``limit`` bytes (declared or received): memory per
+    request is bounded by the limit, whatever the client sends."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise RequestRefused(413, f"the request body is {declared} bytes, past task.max_request_bytes={limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestRefused(413, f"the request body passes task.max_request_bytes={limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads the handlers' types
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI(title="oprl explorer endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+    kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
+    kinds[413] = kinds[400]
+
+    def error(status: int, message: str) -> JSONResponse:
+        body = {"error": {"message": message, "type": kinds.get(status, "server_error"), "code": status}}
+        return JSONResponse(body, status_code=status)
+
+    def authorized(request: Request) -> bool:
+        if request.headers.get("authorization") == f"Bearer {endpoint.token}":
+            return True
+        endpoint.counts["refused/unauthorized"] += 1
+        return False
+
+    async def handle(request: Request, session_id: str, model: type[_Request] | None):
+        """``model``: the request's format (None: the Responses API, translated to chat)."""
+        if not authorized(request):
+            return error(401, "missing or wrong API key: use the token the explorer handed the agent")
+        session = endpoint.sessions.get(session_id)
+        try:
+            if session is None:
+                raise RequestRefused(404, f"no open session {session_id!r} (finished, timed out, or never opened)")
+            raw = await read_body(request, endpoint.max_request_bytes)
+            body, data = responses_api.chat_request(raw) if model is None else (parse(raw, model), {})
+            pending = endpoint.submit(session, body)
+            choices = await asyncio.wrap_future(pending.future)
+            reply = _reply(body, data, choices, endpoint.tokenizer, responses=model is None)  # whole, before sending
+        except RequestRefused as exc:
+            endpoint.refuse(session, exc)
+            return error(exc.status, exc.message)
+        except Exception as exc:  # a bug of ours: one line, one 500, the run goes on
+            endpoint.counts["errors"] += 1
+            log.warning("agent endpoint: 500 on %s: %s: %s", request.url.path, type(exc).__name__, str(exc)[:200])
+            return error(500, f"internal error: {type(exc).__name__} (logged by the explorer)")
+        endpoint.counts["served"] += 1
+        return reply
+
+    @app.post("/s/{session_id}/v1/chat/completions")
+    async def chat(session_id: str, request: Request):
+        return await handle(request, session_id, ChatRequest)
+
+    @app.post("/s/{session_id}/v1/completions")
+    async def completions(session_id: str, request: Request):
+        return await handle(request, session_id, CompletionRequest)
+
+    @app.post("/s/{session_id}/v1/responses")
+    async def responses(session_id: str, request: Request):
+        return await handle(request, session_id, None)
+
+    @app.get("/s/{session_id}/v1/models")
+    async def models(session_id: str, request: Request):
+        if not authorized(request):
+            return error(401, "missing or wrong API key: use the token the explorer handed the agent")
+        return JSONResponse({"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "oprl"}]})
+
+    return app
+
+
+def _reply(body: _Request, data: dict, choices: list[Choice], tokenizer, *, responses: bool):
+    """The HTTP reply to a served request: one JSON object, or Server-Sent Events when it asked for a stream
+    (``responses``: in the Responses API's format, ``data`` its body)."""
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    sse = "text/event-stream"
+    if responses:
+        if data.get("stream"):
+            return StreamingResponse(iter(responses_api.stream_events(data, choices[0])), media_type=sse)
+        return JSONResponse(responses_api.response(data, choices[0]))
+    if body.stream:
+        return StreamingResponse(iter(stream_events(body, choices, tokenizer)), media_type=sse)
+    return JSONResponse(response(body, choices, tokenizer))

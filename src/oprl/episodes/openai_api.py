@@ -1,0 +1,341 @@
+"""The OpenAI wire format of the agent endpoint: requests parsed and checked before anything is tokenized,
+and replies as JSON or as Server-Sent Events.
+
+Every request is refused with one 4xx line naming the culprit before it can reach the engine: a body that is
+not a JSON object, nests deeper than ``MAX_DEPTH`` levels, or holds text that is not valid Unicode (a lone
+surrogate: the tokenizer cannot encode it); a message without a known ``role``, with malformed ``tool_calls``,
+or with image / audio / file content parts (text only); and every option whose effect the endpoint cannot
+give (``OPTIONS``: honoured, or refused with the value that is accepted). Text content parts are joined with
+``"\\n"`` (vLLM's rule), so an assistant reply echoed back in parts is the reply the endpoint returned.
+
+Deliberately not here: sessions and tokens (``oprl.episodes.sessions``), HTTP and the engine
+(``oprl.episodes.endpoint``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from oprl.episodes.sessions import Choice, RequestRefused
+
+MAX_DEPTH = 64
+"""Deepest nesting of a request body (JSON objects and arrays); a tool schema rarely passes 10."""
+MAX_STOP = 4
+"""Stop sequences per request, as OpenAI allows."""
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""Message roles; ``developer`` is rendered as ``system`` (chat templates know no developer)."""
+IGNORED = "user, metadata, store, service_tier, seed, parallel_tool_calls, prompt_cache_key, safety_identifier"
+"""Options accepted and ignored because they do not change what is sampled (docs/tasks.md)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class Function(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"] = "function"
+    function: Function
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Request(_Strict):
+    _raw: dict = PrivateAttr(default_factory=dict)
+    """The body as sent (tools are rendered from it, key order kept)."""
+    model: str = "policy"
+    n: int = Field(1, ge=1, le=64)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else value
+        if stops is not None and (len(stops) > MAX_STOP or any(not s for s in stops)):
+            raise ValueError(f"up to {MAX_STOP} non-empty strings")
+        return value
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def wants_logprobs(self) -> bool:
+        """Whether the reply carries the tokens' log-probs (chat: ``logprobs=true``; completions: any int)."""
+        return False
+
+
+class ChatRequest(_Request):
+    messages: list[Message] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
+    def chat_messages(self) -> list[dict]:
+        """The messages as the session takes them: text content (parts joined), roles the template knows."""
+        out = []
+        for i, m in enumerate(self.messages):
+            message = m.model_dump(exclude_none=True, exclude={"content"})
+            message["role"] = "system" if m.role == "developer" else m.role
+            message["content"] = _text(m.content, f"messages.{i}.content")
+            if m.tool_calls:
+                message["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+            out.append(message)
+        return out
+
+    def chat_tools(self) -> list[dict]:
+        """The tools to render: none under ``tool_choice="none"``."""
+        if self.tool_choice == "none":
+            return []
+        return list(self._raw.get("tools") or [])
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int]
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+
+def _text(content, where: str) -> str:
+    """Message content as text: a string, or its text parts joined with a newline (vLLM's rule)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for k, part in enumerate(content):
+        kind = part.get("type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("image_url", "input_image", "image", "input_audio", "audio", "file", "input_file"):
+            raise RequestRefused(400, f"{where}.{k}: {kind} parts are not supported: the endpoint serves text only")
+        else:
+            raise RequestRefused(400, f"{where}.{k}: expected a text part {{'type': 'text', 'text': ...}}")
+    return "\n".join(texts)
+
+
+# -- parsing ----------------------------------------------------------------------------------------------------
+def parse(raw: bytes, model: type[_Request]) -> _Request:
+    """The request in ``raw``, checked (see the module docstring), or ``RequestRefused`` naming the culprit."""
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise RequestRefused(400, f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError:
+        raise RequestRefused(400, "the request body is not JSON") from None
+    if not isinstance(data, dict):
+        raise RequestRefused(400, "the request body is not a JSON object")
+    check_tree(data)
+    try:
+        body = model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise RequestRefused(400, f"{where}: {first['msg']}") from None
+    check_options(body)
+    body._raw = data
+    return body
+
+
+def check_tree(data) -> None:
+    """Refuse nesting past ``MAX_DEPTH`` and strings the tokenizer cannot encode (iterative: no recursion)."""
+    stack: list[tuple[Any, tuple, int]] = [(data, (), 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise RequestRefused(400, f"{_where(path)}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _encodable(key, path)
+                stack.append((item, (*path, key), depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, (*path, k), depth + 1) for k, item in enumerate(value))
+        elif isinstance(value, str):
+            _encodable(value, path)
+
+
+def _encodable(text: str, path: tuple) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestRefused(400, f"{_where(path)}: not valid Unicode text (a lone surrogate)") from None
+
+
+def _where(path: tuple) -> str:
+    return ".".join(str(p) for p in path) or "body"
+
+
+NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0}
+"""Sampling options accepted only at the value that changes nothing (the engine samples plain softmax)."""
+
+
+def check_options(body: _Request) -> None:
+    """Refuse every option whose effect the endpoint cannot give (module docstring); ``stream``, ``stop``,
+    ``tool_choice`` auto/none and ``logprobs`` (the recorded behaviour log-probs) are served."""
+    extra = body.model_extra or {}
+    for name, neutral in NEUTRAL.items():
+        value = getattr(body, name, None) if name in type(body).model_fields else extra.get(name)
+        if value is not None and value != neutral:
+            raise RequestRefused(400, f"{name}={value}: not supported (the engine samples without it); omit it")
+    if body.logit_bias:
+        raise RequestRefused(400, "logit_bias: not supported (the behaviour log-probs would not be the policy's)")
+    for name in ("functions", "function_call", "audio", "prediction"):
+        if extra.get(name) is not None:
+            raise RequestRefused(400, f"{name}: not supported; use tools / tool_choice (text replies only)")
+    if extra.get("modalities") not in (None, ["text"]):
+        raise RequestRefused(400, "modalities: only ['text'] is served")
+    if isinstance(body, ChatRequest):
+        _check_chat(body)
+    elif isinstance(body, CompletionRequest):
+        if body.logprobs:
+            raise RequestRefused(400, f"logprobs={body.logprobs}: top alternatives are not recorded; use logprobs=0")
+        if body.echo or (body.best_of or 1) > 1 or body.suffix:
+            raise RequestRefused(400, "echo, best_of and suffix are not supported")
+
+
+def _check_chat(body: ChatRequest) -> None:
+    choice = body.tool_choice
+    if choice == "required" or isinstance(choice, dict):
+        shown = json.dumps(choice) if isinstance(choice, dict) else repr(choice)
+        raise RequestRefused(
+            400,
+            f"tool_choice={shown}: sampling is not constrained to a call here; send tool_choice='auto' "
+            "(smolagents: OpenAIModel(..., tool_choice='auto')) and let the reward teach the calls",
+        )
+    if body.top_logprobs:
+        raise RequestRefused(400, f"top_logprobs={body.top_logprobs}: the engine records no alternatives; use 0")
+    kind = (body.response_format or {}).get("type", "text")
+    if kind != "text":
+        raise RequestRefused(400, f"response_format={kind}: output is not constrained here; ask in the prompt")
+
+
+# -- replies ----------------------------------------------------------------------------------------------------
+def usage(choices: list[Choice]) -> dict:
+    prompt_tokens = choices[0].prompt_tokens if choices else 0
+    completion = sum(len(c.ids) for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def finish_reason(choice: Choice, chat: bool) -> Literal["stop", "length", "tool_calls"]:
+    if not choice.ended:
+        return "length"
+    return "tool_calls" if chat and choice.message.get("tool_calls") else "stop"
+
+
+def logprobs_of(choice: Choice, tokenizer, chat: bool) -> dict:
+    """The behaviour log-probs of the returned tokens (recorded when they were sampled), OpenAI's shape."""
+    pieces = [tokenizer.decode([t]) for t in choice.ids]
+    values = [float(v) for v in choice.logprobs]
+    if chat:
+        return {
+            "content": [
+                {"token": p, "logprob": v, "bytes": list(p.encode("utf-8", "replace")), "top_logprobs": []}
+                for p, v in zip(pieces, values, strict=True)
+            ]
+        }
+    offsets, at = [], 0
+    for p in pieces:
+        offsets.append(at)
+        at += len(p)
+    return {"tokens": pieces, "token_logprobs": values, "top_logprobs": None, "text_offset": offsets}
+
+
+def response(body: _Request, choices: list[Choice], tokenizer) -> dict:
+    """The whole reply as one JSON object."""
+    chat = isinstance(body, ChatRequest)
+    rows = []
+    for i, c in enumerate(choices):
+        row: dict[str, Any] = {"index": i, "finish_reason": finish_reason(c, chat), "logprobs": None}
+        row |= {"message": c.message} if chat else {"text": c.text}
+        if body.wants_logprobs():
+            row["logprobs"] = logprobs_of(c, tokenizer, chat)
+        rows.append(row)
+    kind = "chat.completion" if chat else "text_completion"
+    return _common(body, kind) | {"choices": rows, "usage": usage(choices)}
+
+
+def _common(body: _Request, kind: str) -> dict:
+    return {"id": f"oprl-{secrets.token_hex(6)}", "object": kind, "created": int(time.time()), "model": body.model}
+
+
+def stream_events(body: _Request, choices: list[Choice], tokenizer) -> list[str]:
+    """The whole reply as Server-Sent Events in OpenAI's chunk format (sampling is done: each choice is one
+    content chunk, its tool calls one chunk, then its finish reason), ``[DONE]`` last."""
+    chat = isinstance(body, ChatRequest)
+    common = _common(body, "chat.completion.chunk" if chat else "text_completion")
+    events = []
+    for i, c in enumerate(choices):
+        logprobs = logprobs_of(c, tokenizer, chat) if body.wants_logprobs() else None
+        if chat:
+            deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+            if c.message.get("content"):
+                deltas.append({"content": c.message["content"]})
+            if c.message.get("tool_calls"):
+                calls = [{"index": k} | call for k, call in enumerate(c.message["tool_calls"])]
+                deltas.append({"tool_calls": calls})
+            rows: list[dict[str, Any]] = [
+                {"index": i, "delta": d, "finish_reason": None, "logprobs": None} for d in deltas
+            ]
+            rows[-1]["logprobs"] = logprobs
+            rows.append({"index": i, "delta": {}, "finish_reason": finish_reason(c, True), "logprobs": None})
+        else:
+            rows = [
+                {"index": i, "text": c.text, "finish_reason": None, "logprobs": logprobs},
+                {"index": i, "text": "", "finish_reason": finish_reason(c, False), "logprobs": None},
+            ]
+        events += [_event(common | {"choices": [row]}) for row in rows]
+    if body.stream_options is not None and body.stream_options.include_usage:
+        events.append(_event(common | {"choices": [], "usage": usage(choices)}))
+    return [*events, "data: [DONE]\n\n"]
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data)}\n\n"

@@ -1,0 +1,188 @@
+"""The Responses API (``POST /v1/responses``, the openai-agents SDK's default model) on the agent endpoint, as a
+translation to and from chat completions: the same sessions, the same token-in-token-out rule.
+
+A request's ``instructions`` become a system message and its ``input`` items chat messages: a message (text or
+``input_text`` / ``output_text`` parts), ``function_call`` items as the assistant's ``tool_calls`` (joined
+with the assistant message before them, as the endpoint returned them), ``function_call_output`` items as
+``tool`` messages; function tools (``{"type": "function", "name", "parameters"}``) as chat tools. The reply is
+a ``response`` object whose ``output`` is the assistant message (``output_text``) and one ``function_call``
+item per tool call; ``stream=true`` sends ``response.created``, the text as one ``response.output_text.delta``,
+each output item's ``response.output_item.done`` and ``response.completed`` with the whole response.
+
+Refused with a 400 naming the field: other item types (reasoning, built-in tools' calls, images), tools that are
+not functions, ``previous_response_id`` / ``conversation`` (the endpoint stores nothing: send the whole input),
+``text.format`` other than text, ``reasoning.effort`` (the model is what it is). The chat checks then apply
+(``oprl.episodes.openai_api``). Deliberately not here: sessions, HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from oprl.episodes.openai_api import ChatRequest, _Request, finish_reason, parse, usage
+from oprl.episodes.sessions import Choice, RequestRefused
+
+
+def chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
+    """The chat request a Responses body asks for, and the body (for the reply), or ``RequestRefused``."""
+    body = parse(raw, _Body)  # JSON, nesting and Unicode checks; a dict with ``input``
+    data = body._raw
+    for name in ("previous_response_id", "conversation", "prompt"):
+        if data.get(name):
+            raise RequestRefused(400, f"{name}: the endpoint keeps no state; send the whole conversation in input")
+    if (data.get("text") or {}).get("format", {}).get("type", "text") != "text":
+        raise RequestRefused(400, "text.format: output is not constrained here; ask in the prompt")
+    if (data.get("reasoning") or {}).get("effort"):
+        raise RequestRefused(400, "reasoning.effort: not supported (the policy is what it is); omit it")
+    chat: dict[str, Any] = {"messages": _messages(data), "stream": False}
+    for name in ("model", "temperature", "top_p", "tool_choice"):
+        if data.get(name) is not None:
+            chat[name] = data[name]
+    if data.get("max_output_tokens") is not None:
+        chat["max_tokens"] = data["max_output_tokens"]
+    if data.get("tools"):
+        chat["tools"] = [_tool(t, k) for k, t in enumerate(data["tools"])]
+    if isinstance(chat.get("tool_choice"), dict):  # {"type": "function", "name": ...}: refused as the chat one is
+        chat["tool_choice"] = {"type": "function", "function": {"name": chat["tool_choice"].get("name")}}
+    return parse(json.dumps(chat).encode(), ChatRequest), data  # type: ignore[return-value]
+
+
+class _Body(_Request):
+    """The checks ``parse`` makes on any request (JSON, nesting, Unicode, options); the rest is read raw."""
+
+    input: str | list[Any]
+
+
+def _messages(data: dict) -> list[dict]:
+    messages: list[dict] = []
+    if data.get("instructions"):
+        messages.append({"role": "system", "content": str(data["instructions"])})
+    items = data.get("input")
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise RequestRefused(400, "input: expected text or a non-empty list of items")
+    for k, item in enumerate(items):
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message":
+            messages.append({"role": item.get("role"), "content": _text(item.get("content"), f"input.{k}.content")})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function"}
+            call["function"] = {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}
+            if not (messages and messages[-1]["role"] == "assistant"):  # else: the calls of that reply
+                messages.append({"role": "assistant", "content": ""})
+            messages[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, f"input.{k}.output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        else:
+            raise RequestRefused(400, f"input.{k}: {kind!r} items are not supported (messages and function calls)")
+    return messages
+
+
+def _text(content, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise RequestRefused(400, f"{where}: expected text or a list of text parts")
+    texts = []
+    for k, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text"):
+            texts.append(str(part.get("text", "")))
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise RequestRefused(400, f"{where}.{k}: {kind} parts are not supported: the endpoint serves text only")
+    return "\n".join(texts)
+
+
+def _tool(tool, k: int) -> dict:
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else tool
+        raise RequestRefused(400, f"tools.{k}: {kind!r} tools are not supported: function tools only")
+    function = {"name": tool.get("name")}
+    for key in ("description", "parameters"):
+        if tool.get(key) is not None:
+            function[key] = tool[key]
+    return {"type": "function", "function": function}
+
+
+# -- replies ----------------------------------------------------------------------------------------------------
+def response(data: dict, choice: Choice, status: str = "completed") -> dict:
+    """The ``response`` object of one sampled reply (``n`` is 1 in the Responses API)."""
+    message = choice.message
+    output: list[dict] = []
+    if message.get("content") or not message.get("tool_calls"):
+        text: dict[str, Any] = {
+            "type": "output_text",
+            "text": message.get("content") or "",
+            "annotations": [],
+            "logprobs": [],
+        }
+        item = {"id": f"msg_{secrets.token_hex(6)}", "type": "message", "role": "assistant", "status": "completed"}
+        output.append(item | {"content": [text]})
+    for call in message.get("tool_calls") or []:
+        function = call["function"]
+        output.append(
+            {
+                "id": f"fc_{secrets.token_hex(6)}",
+                "type": "function_call",
+                "call_id": call["id"],
+                "name": function["name"],
+                "arguments": function["arguments"],
+                "status": "completed",
+            }
+        )
+    counts = usage([choice])
+    cut = finish_reason(choice, True) == "length"
+    return {
+        "id": f"resp_{secrets.token_hex(8)}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": data.get("model", "policy"),
+        "status": "incomplete" if cut and status == "completed" else status,
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "error": None,
+        "instructions": data.get("instructions"),
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": data.get("tool_choice", "auto"),
+        "tools": data.get("tools") or [],
+        "temperature": data.get("temperature"),
+        "top_p": data.get("top_p"),
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "metadata": {},
+        "usage": {
+            "input_tokens": counts["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": counts["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": counts["total_tokens"],
+        },
+    }
+
+
+def stream_events(data: dict, choice: Choice) -> list[str]:
+    """The reply as Responses Server-Sent Events (sampling is done: the text is one delta)."""
+    whole = response(data, choice)
+    events: list[dict] = [{"type": "response.created", "response": whole | {"status": "in_progress", "output": []}}]
+    for index, item in enumerate(whole["output"]):
+        events.append({"type": "response.output_item.added", "output_index": index, "item": item})
+        if item["type"] == "message" and item["content"][0]["text"]:
+            events.append(
+                {
+                    "type": "response.output_text.delta",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "delta": item["content"][0]["text"],
+                    "logprobs": [],
+                }
+            )
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    events.append({"type": "response.completed", "response": whole})
+    return [f"event: {e['type']}\ndata: {json.dumps(e | {'sequence_number': k})}\n\n" for k, e in enumerate(events)]

@@ -1,0 +1,344 @@
+"""One agent episode's tokens, built from what the agent sends and what the engine samples (token in, token out).
+
+A ``Session`` is the endpoint's record of one agent run. Each request's prompt is matched against the
+session's history; the sampled tokens are kept as sampled, never decoded and re-encoded:
+
+- **Chat** (``/v1/chat/completions``): the request extends the history when its messages start with every
+  message of the previous request, then the assistant message the endpoint returned (content and tool calls
+  compared, ids and extra fields ignored). Only the new messages after it (tool results, user turns) are
+  tokenized: the chat template's text for them plus the next assistant header (``episodes.observation_ids``,
+  the rule the built-in multi-turn tasks use), with loss mask 0.
+- **Completions** (``/v1/completions``): a prompt of token ids extends the history when it starts with the
+  history's tokens; a text prompt when it starts with the history's text (prompts and returned completions
+  concatenated; a sampled EOS stays in the tokens though the returned text omits it). The rest is tokenized
+  alone, loss mask 0.
+
+A request that does not extend the history (the agent rewrote or dropped earlier turns) starts a new
+**segment**: a fresh prompt, the earlier segment's tokens set aside. The stored episode is the last segment,
+the one the agent's return value scores (one row per episode, so groups keep K rows); ``segments`` and
+``dropped_tokens`` count what was set aside. With ``n > 1`` choices, the one the next request continues is
+kept and the others are dropped (counted); the last call's first choice ends the episode.
+
+Budgets are the built-in episodes': ``max_turns`` sampled turns, ``max_tokens`` tokens after the prompt, a
+reply that stops at the length limit without EOS: the episode is truncated and scores 0, whatever the agent
+returns. Turns are reserved when a request is accepted (``inflight``), so concurrent requests of one session
+cannot pass ``max_turns``. A context longer than ``room`` (the model's context less the engine's
+``max_new_tokens``) is refused with a 400 naming the limit, and the episode is truncated (nothing longer than
+the model's context is ever stored). A closed session (its agent returned, failed or timed out) takes no
+replies: a reply sampled for it after it closed is not recorded.
+
+Stop sequences (``stop_at``): a reply is cut before the first match; the tokens kept are the longest prefix of
+sampled tokens whose text lies wholly before it, with their behaviour log-probs, and the text returned is
+theirs, so the stored tokens are exactly the returned text. A reply cut so ends its turn: when the agent
+continues it, the tokenizer's EOS (the chat template's end of turn) follows it as a context token (mask 0). An
+echo of the reply with the matched stop sequence appended (smolagents' CodeAgent closes its code block so)
+extends the session too: the stop sequence's tokens are then context (mask 0) before the EOS.
+
+Deliberately not here: HTTP (``oprl.episodes.endpoint``), running agents (``oprl.episodes.agents``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from oprl.episodes.episode import Episode, _truncate, observation_ids
+from oprl.models.chat import encode_prompt
+
+
+class RequestRefused(Exception):
+    """A request the session cannot serve: the HTTP status and the message the agent gets."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass
+class Choice:
+    """One sampled reply waiting to be continued (or to end the episode)."""
+
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    ended: bool
+    """Stopped at EOS (else at the length limit: the episode is truncated)."""
+    message: dict = field(default_factory=dict)
+    """Chat: the assistant message returned to the agent (``{"role", "content", "tool_calls"?}``)."""
+    prompt_tokens: int = 0
+    """Tokens of the context it was sampled from (the response's ``usage``)."""
+    stop: str = ""
+    """The stop sequence the reply was cut at (``stop_at``; "" = none): continuing it adds EOS as context."""
+
+
+@dataclass
+class Session:
+    """The tokens of one agent episode (see the module docstring). ``index``: its row in the batch."""
+
+    index: int
+    tokenizer: Any
+    max_turns: int
+    max_tokens: int
+    episode: Episode | None = None
+    """The current segment."""
+    mode: str = ""
+    """``chat`` or ``completion``: how the current segment was started."""
+    sent: list[dict] = field(default_factory=list)
+    """Chat: the messages of the last request (their content as the template rendered them)."""
+    tools: list[dict] = field(default_factory=list)
+    text: str = ""
+    """Completions: the history as text (prompts and returned completions)."""
+    choices: list[Choice] = field(default_factory=list)
+    """The last call's replies, not yet continued."""
+    turns: int = 0
+    segments: int = 0
+    dropped_tokens: int = 0
+    requests: int = 0
+    refused: int = 0
+    """Requests answered with an error (malformed, refused options, over budget or context)."""
+    inflight: int = 0
+    """Requests accepted and not yet answered: their turns are reserved."""
+    closed: bool = False
+    """The agent returned, failed or timed out: replies are no longer recorded."""
+    overflowed: bool = False
+    """A request past the model's context was refused (the episode is truncated)."""
+    token_chars: int = 0
+    """Most characters one token of the tokenizer spells (0: unknown): text of c characters is at least
+    c / token_chars tokens, so a text far past the context is refused before it is tokenized (tokenizing 2 MB
+    of text takes ~0.9 GB)."""
+
+    # -- prompts --------------------------------------------------------------------------------------------
+    def chat_context(self, messages: list[dict], tools: list[dict], room: int | None = None) -> list[int]:
+        """The token context of a chat request (``messages`` as the agent sent them), history extended or a
+        new segment started; at most ``room`` tokens (else a 400, the episode truncated)."""
+        self._check_open()
+        rendered = [_rendered(m) for m in messages]
+        known = len(self.sent)
+        chosen = None
+        extends = self.mode == "chat" and self.episode is not None and tools == self.tools
+        if extends and len(rendered) > known and rendered[:known] == self.sent:
+            chosen = next((c for c in self.choices if _same_reply(c.message, messages[known], c.stop)), None)
+        if chosen is None:
+            chars = sum(len(m["content"]) for m in rendered) + len(json.dumps(tools))
+            self._check_size(chars, 0, room)
+            self._new_segment("chat", encode_prompt(self.tokenizer, rendered, tools), room)
+            self.sent, self.tools = rendered, list(tools)
+            return self._context()
+        echoed, returned = messages[known].get("content") or "", chosen.message.get("content") or ""
+        suffix = chosen.stop if chosen.stop and echoed == returned + chosen.stop else ""
+        episode = self._continue(chosen, suffix=suffix)
+        history = [*self.sent, {"role": "assistant", "content": chosen.text + suffix}]
+        new = rendered[known + 1 :]
+        self._check_turns()
+        if self._open():
+            self._check_size(sum(len(m["content"]) for m in new), len(self._context()), room)
+            self._grow(observation_ids(self.tokenizer, history, new, tools), room)
+            episode.messages = history + new
+        self.sent = history + new
+        self._check_tokens()
+        return self._context()
+
+    def completion_context(self, prompt: str | list[int], room: int | None = None) -> list[int]:
+        """The token context of a completion request (text or token ids), history extended or a new segment;
+        at most ``room`` tokens (else a 400, the episode truncated)."""
+        self._check_open()
+        if isinstance(prompt, list):
+            history = self._history_ids()
+            if self.mode == "completion" and self.episode is not None and prompt[: len(history)] == history:
+                return self._extend_completion(prompt[len(history) :], None, room)
+            self._new_segment("completion", list(prompt), room)
+            self.text = self.tokenizer.decode(prompt)
+            return self._context()
+        if self.mode == "completion" and self.episode is not None and self.choices:
+            for choice in self.choices:
+                if prompt.startswith(self.text + choice.text):
+                    return self._extend_completion(None, prompt[len(self.text + choice.text) :], room, choice)
+        self._check_size(len(prompt), 0, room)
+        self._new_segment("completion", self.tokenizer(prompt, add_special_tokens=False).input_ids, room)
+        self.text = prompt
+        return self._context()
+
+    def _extend_completion(self, ids: list[int] | None, text: str | None, room: int | None, choice=None):
+        if choice is None:  # token ids: the history includes the first choice (ids were compared to it)
+            choice = self.choices[0] if self.choices else None
+        if choice is not None:
+            self._continue(choice)
+            self.text += choice.text
+        self._check_turns()
+        if text is not None:
+            if self._open():
+                self._check_size(len(text), len(self._context()), room)
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids if text else []
+            self.text += text
+        elif ids:
+            self.text += self.tokenizer.decode(ids)
+        if self._open() and ids:
+            self._grow(list(ids), room)
+        self._check_tokens()
+        return self._context()
+
+    # -- replies --------------------------------------------------------------------------------------------
+    def record(self, choices: list[Choice]) -> None:
+        """The engine's replies to the request just served: kept until the next request picks one (not once
+        the session is closed: the stored episode is the one its agent saw)."""
+        self.inflight = max(self.inflight - 1, 0)
+        if self.closed:
+            return
+        self.turns += 1
+        self.choices = choices
+
+    def finish(self) -> Episode | None:
+        """The episode as stored: the last segment with its pending first choice (None: nothing was asked)."""
+        if self.episode is not None and self.choices:
+            self._continue(self.choices[0], end_turn=False)
+        return self.episode
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    def _new_segment(self, mode: str, prompt_ids: list[int], room: int | None = None) -> None:
+        if room is not None and len(prompt_ids) > room:  # never stored: the segment before it ends truncated
+            self.overflowed = True
+            if self._open():
+                _truncate(self.episode, self.max_tokens)  # type: ignore[arg-type]
+            raise RequestRefused(400, _overflow(len(prompt_ids), room))
+        if self.episode is not None:
+            self.dropped_tokens += sum(self.episode.loss_mask) + sum(len(c.ids) for c in self.choices)
+        self.segments += 1
+        self.mode, self.choices = mode, []
+        self.episode = Episode(prompt_ids=list(prompt_ids))
+        if self.turns + self.inflight >= self.max_turns:
+            self._truncate(f"turn budget of {self.max_turns} model turns (rollout.max_turns) used up")
+
+    def _continue(self, chosen: Choice, end_turn: bool = True, suffix: str = "") -> Episode:
+        """Add the reply the agent continued; the other choices are dropped. Applies the built-in episode rules:
+        a reply cut at the length limit, or one that reaches ``max_tokens``, truncates the episode."""
+        episode = self.episode
+        assert episode is not None
+        self.dropped_tokens += sum(len(c.ids) for c in self.choices if c is not chosen)
+        self.choices = []
+        if not self._open():
+            return episode
+        episode.add(chosen.ids, chosen.logprobs)
+        if chosen.stop and end_turn and self.mode == "chat":  # cut at a stop: the template's end of turn follows
+            ids = self.tokenizer(suffix, add_special_tokens=False).input_ids if suffix else []
+            episode.add([*ids, self.tokenizer.eos_token_id], None)
+        episode.turns += 1
+        if not chosen.ended or len(episode.response_ids) >= self.max_tokens:
+            _truncate(episode, self.max_tokens)
+        return episode
+
+    def _check_turns(self) -> None:
+        """Before an environment turn is added (the built-in order: a turn budget spent ends the episode
+        without the observation)."""
+        if self._open() and self.turns + self.inflight >= self.max_turns:
+            self._truncate(f"turn budget of {self.max_turns} model turns (rollout.max_turns) used up")
+        if not self._open():
+            raise RequestRefused(400, "episode over: it ran out of turns or tokens (truncated; it scores 0)")
+
+    def _check_size(self, chars: int, tokens: int, room: int | None) -> None:
+        """Refuse, before tokenizing, ``chars`` characters of text after ``tokens`` tokens that cannot fit."""
+        if room is None or not self.token_chars or tokens + chars // self.token_chars <= room:
+            return
+        self.overflowed = True
+        if self._open():
+            _truncate(self.episode, self.max_tokens)  # type: ignore[arg-type]
+        raise RequestRefused(400, _overflow(tokens + chars // self.token_chars, room, at_least=True))
+
+    def _grow(self, ids: list[int], room: int | None) -> None:
+        """Add context tokens (mask 0), or truncate the episode without them when they pass ``room``."""
+        assert self.episode is not None
+        total = len(self.episode.prompt_ids) + len(self.episode.response_ids) + len(ids)
+        if room is not None and total > room:
+            self.overflowed = True
+            self._truncate_because(_overflow(total, room))
+        self.episode.add(ids, None)
+
+    def _check_tokens(self) -> None:
+        episode = self.episode
+        assert episode is not None
+        if self._open() and len(episode.response_ids) >= self.max_tokens:
+            self._truncate(f"token budget of {self.max_tokens} tokens (rollout.max_episode_tokens) used up")
+
+    def _truncate(self, why: str) -> None:
+        self._truncate_because(f"episode over: {why} (truncated; it scores 0)")
+
+    def _truncate_because(self, message: str) -> None:
+        assert self.episode is not None
+        _truncate(self.episode, self.max_tokens)
+        raise RequestRefused(400, message)
+
+    def _check_open(self) -> None:
+        self.requests += 1
+        if self.episode is not None and not self._open():
+            raise RequestRefused(400, "episode over: it ran out of turns or tokens (truncated; it scores 0)")
+
+    def _open(self) -> bool:
+        return self.episode is not None and not self.episode.truncated
+
+    def _context(self) -> list[int]:
+        assert self.episode is not None
+        return self.episode.prompt_ids + self.episode.response_ids
+
+    def _history_ids(self) -> list[int]:
+        first = self.choices[0].ids if self.choices else []
+        return self._context() + first if self.episode is not None else []
+
+
+def _overflow(tokens: int, room: int, at_least: bool = False) -> str:
+    return (
+        f"the context is {'at least ' if at_least else ''}{tokens} tokens, past the {room} the model takes (its "
+        "context less rollout.max_new_tokens for the reply): the episode is over (truncated; it scores 0)"
+    )
+
+
+def stop_at(ids: list[int], tokenizer, stops: list[str]) -> tuple[int, str, str] | None:
+    """Where a reply is cut by its first stop sequence (module docstring): ``(k, text, stop)``, the first ``k``
+    sampled tokens kept, their text (the longest token prefix whose text lies wholly before the match) and the
+    stop sequence matched; None when none occurs. Binary search over prefixes: O(log T) decodes."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    hits = sorted((text.find(s), -len(s), s) for s in stops if s in text)
+    if not hits:
+        return None
+    before, stop = text[: hits[0][0]], hits[0][2]
+    low, high = 0, len(ids)  # invariant: the first `low` tokens' text is a prefix of `before`
+    while low < high:
+        middle = (low + high + 1) // 2
+        if before.startswith(tokenizer.decode(ids[:middle], skip_special_tokens=True)):
+            low = middle
+        else:
+            high = middle - 1
+    return low, tokenizer.decode(ids[:low], skip_special_tokens=True), stop
+
+
+def _rendered(message: dict) -> dict:
+    """A request message as the chat template gets it: role and text content (tool calls the agent echoes
+    back are the model's own text, rendered from the history, not from this dict)."""
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI content parts: the text ones, joined
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    out = {"role": message["role"], "content": content or ""}
+    for key in ("name", "tool_call_id"):
+        if message.get(key) is not None:
+            out[key] = message[key]
+    return out
+
+
+def _same_reply(returned: dict, sent: dict, stop: str = "") -> bool:
+    """Whether the agent's assistant message ``sent`` is the one the endpoint returned (or, for a reply cut at
+    ``stop``, that reply with ``stop`` appended)."""
+    content, echoed = returned.get("content") or "", sent.get("content") or ""
+    if sent.get("role") != "assistant" or not (echoed == content or (stop and echoed == content + stop)):
+        return False
+    return _calls(sent) == _calls(returned)
+
+
+def _calls(message: dict) -> list[tuple[Any, Any]]:
+    out = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except (TypeError, ValueError):
+            arguments = function.get("arguments")
+        out.append((function.get("name"), arguments))
+    return out

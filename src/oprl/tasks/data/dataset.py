@@ -1,0 +1,133 @@
+"""``task.name=dataset``: your prompts (a file or a ``datasets`` dataset), your reward function(s).
+
+Rows come from ``task.train_file`` / ``task.test_file`` (JSONL, JSON, parquet, CSV) or ``task.hf_name`` (a
+``datasets`` hub name, ``save_to_disk`` directory or directory of data files) with ``task.train_split`` /
+``task.test_split``. Each row gives one problem: ``task.prompt_column`` is a string (one user message, after
+``task.system_prompt`` if set) or a list of ``{"role", "content"}`` messages; ``task.reference_column`` (if
+set) is handed to the reward as ``reference`` and is the warm-start target of the embedded tiny model.
+Rows missing either are skipped and reported in one warning with their row numbers; a column that no row
+has is an ``OprlError`` naming the setting and the columns there are.
+
+Scoring calls the user's functions (``oprl.tasks.rewards.user``) in timed worker processes with the row's
+prompt, the completion, the reference and the row's other columns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from oprl.errors import OprlError
+from oprl.tasks.base import Problem, Reward
+from oprl.tasks.config import DatasetTaskConfig, task_section
+from oprl.tasks.data.files import Row, convert_rows, datasets_rows, read_rows
+from oprl.tasks.rewards.user import UserRewards
+
+RESERVED = ("prompt", "completion", "reference")
+"""Argument names of the reward; columns of these names reach it only through them."""
+
+
+class DatasetTask:
+    """Problems from a dataset's rows, scored by ``task.reward``; built from a ``DatasetTaskConfig``."""
+
+    Config = DatasetTaskConfig
+
+    def __init__(self, config: DatasetTaskConfig | None = None, **fields) -> None:
+        self.config = c = task_section(DatasetTaskConfig, config, fields)
+        self.name = c.name
+        if bool(c.train_file) == bool(c.hf_name):
+            raise OprlError("task.train_file: task.name=dataset needs exactly one of task.train_file, task.hf_name")
+        self.skipped: dict[str, dict[int, str]] = {}
+        self._rows: dict[str, dict[str, Any]] = {}  # task_id -> the reward's arguments
+        self._splits = {split: self._load(split) for split in ("train", "test")}
+        train = [(p.messages, p.answer) for p in self._splits["train"]]
+        self.data_fingerprint = hashlib.sha256(json.dumps(train).encode()).hexdigest()[:16]
+        """Hash of the training problems: the tiny model's warm-start cache is keyed by the data, not the path."""
+        specs = [c.reward] if isinstance(c.reward, str) else list(c.reward)
+        extra = {column for row in self._rows.values() for column in row["row"]}
+        self.rewards = UserRewards(
+            specs,
+            c.reward_weights,
+            timeout=c.reward_timeout,
+            workers=c.reward_workers,
+            extra_columns=sorted(extra),
+            memory_mb=c.reward_memory_mb,
+            import_timeout=c.reward_import_timeout,
+            max_error_fraction=c.reward_max_error_fraction,
+        )
+
+    def _source(self, split: str) -> tuple[list[Row], str, str]:
+        """``(rows, where they came from, the setting to blame)``; the test split falls back to train."""
+        c = self.config
+        if c.hf_name:
+            wanted = c.train_split if split == "train" else (c.test_split or c.train_split)
+            rows = datasets_rows(c.hf_name, c.hf_config, wanted, key="task.hf_name")
+            if rows is None and split == "test":
+                wanted, rows = c.train_split, datasets_rows(c.hf_name, c.hf_config, c.train_split, key="task.hf_name")
+            if rows is None:
+                raise OprlError(f"task.{split}_split: {c.hf_name!r} has no split {wanted!r}")
+            return rows, f"{c.hf_name} split {wanted!r}", "task.hf_name"
+        file, key = c.train_file or "", "task.train_file"
+        if split == "test" and c.test_file:
+            file, key = c.test_file, "task.test_file"
+        return read_rows(file, key=key), file, key
+
+    def _load(self, split: str) -> list[Problem]:
+        c = self.config
+        rows, where, key = self._source(split)
+        columns = {name for row in rows if row.data for name in row.data}
+        for setting, column in (("prompt_column", c.prompt_column), ("reference_column", c.reference_column)):
+            if column is not None and columns and column not in columns:
+                raise OprlError(
+                    f"task.{setting}: no column {column!r} in {where} (columns: {', '.join(sorted(columns))})"
+                )
+        limit = c.train_size if split == "train" else c.test_size
+        problems, self.skipped[split] = convert_rows(split, rows, self._problem, limit=limit, where=where, key=key)
+        return problems
+
+    def _problem(self, split: str, row: Row) -> tuple[Problem | None, str]:
+        c = self.config
+        if row.data is None:
+            return None, "not a JSON object"
+        prompt = row.data.get(c.prompt_column)
+        messages, reason = _messages(prompt, c.system_prompt)
+        if messages is None:
+            return None, f"{c.prompt_column!r} {reason}"
+        reference = None
+        if c.reference_column is not None:
+            reference = row.data.get(c.reference_column)
+            if reference is None:
+                return None, f"no {c.reference_column!r} value"
+        task_id = f"{self.name}/{split}/{row.number:06d}"
+        extra = {k: v for k, v in row.data.items() if k not in (c.prompt_column, c.reference_column, *RESERVED)}
+        arguments = {"prompt": prompt, "reference": reference, "row": extra}
+        self._rows[task_id] = json.loads(json.dumps(arguments, default=str))  # what reaches the worker, as JSON
+        answer = reference if isinstance(reference, str) else json.dumps(reference, default=str)
+        return Problem(task_id=task_id, messages=messages, answer=answer), ""
+
+    def problems(self, split: str) -> Sequence[Problem]:
+        if split not in self._splits:
+            raise OprlError(f"task {self.name}: unknown split {split!r}; valid: {sorted(self._splits)}")
+        return self._splits[split]
+
+    def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
+        rows = [dict(self._rows[p.task_id], completion=r) for p, r in zip(problems, responses, strict=True)]
+        return self.rewards.score(rows, [p.task_id for p in problems])
+
+
+def _messages(prompt: Any, system_prompt: str | None) -> tuple[tuple[dict, ...] | None, str]:
+    """Chat messages of a prompt value, or ``(None, why it is not a prompt)``."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            return None, "is empty"
+        user = ({"role": "user", "content": prompt},)
+        return (({"role": "system", "content": system_prompt}, *user) if system_prompt else user), ""
+    if isinstance(prompt, (list, tuple)) and prompt:
+        if all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        ):
+            return tuple({"role": m["role"], "content": m["content"]} for m in prompt), ""
+        return None, "is a list but not of {'role': str, 'content': str} messages"
+    return None, "is missing" if prompt is None else f"is a {type(prompt).__name__}, not a string or message list"

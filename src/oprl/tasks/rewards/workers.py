@@ -1,0 +1,354 @@
+"""Worker processes for code that may hang, crash, print or allocate: a pool under a hard per-request timeout.
+
+``WorkerPool`` runs ``workers`` processes calling ``MODULE._worker_main(*args)``, which calls ``serve(handler)``; each
+request (a JSON object) goes to a free worker and comes back as one JSON reply. The answer checkers of
+``oprl.tasks.rewards.verify`` (math-verify, tool calls) and the user rewards of ``oprl.tasks.rewards.user`` run here.
+
+What a worker cannot do to the run:
+- **hang it**: a request that outlives ``timeout`` seconds (counted from the moment it is sent) gets
+  ``{"verdict": "timeout"}`` and its worker is killed (SIGKILL) and replaced; a worker that does not start
+  within ``startup_timeout`` (a module that blocks at import) is one ``OprlError`` line;
+- **attach a reply to the wrong request**: requests and replies travel on a pipe pair of their own, not
+  on fds 0/1/2, which the handler's children (``subprocess.run``) and C code that prints inherit. The
+  worker's stdin is ``/dev/null`` and its stdout and stderr go to ``log_path`` (default: the file named by
+  the environment variable ``OPRL_WORKER_LOG``, which a run sets to ``<run_dir>/workers.log``; without
+  one, the parent's stderr), so a user's prints are kept. Each request carries an ``id`` that its reply
+  must echo; a reply with another id kills the worker and the request is an ``error``;
+- **exhaust memory**: the worker's address space is capped at ``memory_mb`` (``resource.setrlimit``,
+  before the worker imports anything of its own); an allocation past it raises ``MemoryError``, which the
+  reply reports as ``{"error": "MemoryError: ...", "memory": true}``.
+
+Not here: what a request means (``oprl.tasks.rewards.verify``, ``oprl.tasks.rewards.user``), any notion of reward.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import json
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from oprl.errors import OprlError
+
+LOG_ENV = "OPRL_WORKER_LOG"
+"""Environment variable naming the file workers append their stdout and stderr to (a run sets it)."""
+LOG_NAME = "workers.log"
+"""That file's name in a run directory."""
+_CHANNEL_ENV = "OPRL_WORKER_CHANNEL"  # "<request fd>,<reply fd>" in the worker
+_MEMORY_ENV = "OPRL_WORKER_MEMORY_MB"
+_ENTRY = "import sys; from {module} import _worker_main; _worker_main(*sys.argv[1:])"
+_SRC_DIR = Path(__file__).resolve().parents[2]  # so the worker imports this very copy of oprl
+
+
+@contextlib.contextmanager
+def worker_log(path: Path) -> Iterator[None]:
+    """Workers started inside the block (in this process or its children) log to ``path``."""
+    previous = os.environ.get(LOG_ENV)
+    os.environ[LOG_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(LOG_ENV, None)
+        else:
+            os.environ[LOG_ENV] = previous
+
+
+class WorkerPool:
+    """``workers`` processes running ``command[0]._worker_main(*command[1:])`` under a hard per-request timeout.
+
+    ``run(requests)`` returns one reply object per request, in order; ``start()`` starts every worker and
+    waits until each is ready (else ``OprlError``; ``run`` starts them on first use otherwise). Workers are
+    killed by ``close()``, at garbage collection or at interpreter exit. ``what`` names them in errors.
+    """
+
+    def __init__(
+        self,
+        command: list[str],
+        workers: int = 1,
+        timeout: float = 5.0,
+        startup_timeout: float = 120.0,
+        what: str = "worker",
+        *,
+        memory_mb: int | None = None,
+        log_path: str | Path | None = None,
+    ):
+        if workers < 1 or timeout <= 0:
+            raise ValueError("a worker pool needs workers >= 1 and timeout > 0")
+        self.command = list(command)
+        self.num_workers = workers
+        self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self.what = what
+        self.memory_mb = memory_mb
+        self.log_path = log_path
+        self._ids = itertools.count()
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()  # one batch at a time: callers may share a task across threads
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+
+    def run(self, requests: list[dict]) -> list[dict]:
+        """One reply per request, in order (see the class docstring for timeouts and crashes)."""
+        with self._lock:
+            return self._run(requests)
+
+    def start(self) -> None:
+        """Start every worker and wait until all are ready; ``OprlError`` naming why one is not."""
+        with self._lock:
+            self._fill()
+            while not all(w.ready for w in self._workers):
+                self._wait([w for w in self._workers if not w.ready])
+                for worker in self._workers:
+                    worker.poll()
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def _fill(self) -> None:
+        log = self.log_path or os.environ.get(LOG_ENV)
+        self._workers[:] = [w for w in self._workers if w.alive]
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker(self.command, self.startup_timeout, self.what, self.memory_mb, log))
+
+    def _run(self, requests: list[dict]) -> list[dict]:
+        results: list[dict | None] = [None] * len(requests)
+        queue = list(range(len(requests)))[::-1]
+        self._fill()
+        while queue or any(w.job is not None for w in self._workers):
+            for worker in self._workers:
+                if worker.ready and worker.job is None and queue:
+                    index = queue.pop()
+                    worker.send(index, next(self._ids), requests[index], self.timeout)
+            self._wait([w for w in self._workers if not w.ready or w.job is not None])
+            for worker in self._workers:
+                settled = worker.poll()
+                if settled is not None:
+                    results[settled[0]] = settled[1]
+            self._fill()  # replace the workers that were killed or died
+        return [r if r is not None else {"verdict": "error", "error": "no reply"} for r in results]
+
+    @staticmethod
+    def _wait(busy: list[_Worker]) -> None:
+        """Block until one of ``busy`` has output or the earliest deadline passes."""
+        if not busy or any(b"\n" in w.buffer for w in busy):
+            return
+        with selectors.DefaultSelector() as selector:
+            for worker in busy:
+                selector.register(worker.replies, selectors.EVENT_READ)
+            selector.select(max(min(w.deadline for w in busy) - time.monotonic(), 0.0))
+
+
+class _Worker:
+    """One child process and the parent's view of it (ready?, current job and its id, deadline, partial reply)."""
+
+    def __init__(self, command: list[str], startup_timeout: float, what: str, memory_mb: int | None, log):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SRC_DIR), env.get("PYTHONPATH")]))
+        requests_read, requests_write = os.pipe()
+        replies_read, replies_write = os.pipe()
+        env[_CHANNEL_ENV] = f"{requests_read},{replies_write}"
+        if memory_mb:
+            env[_MEMORY_ENV] = str(memory_mb)
+        self.what = what
+        output: IO[bytes] | None = open(log, "ab") if log else None  # noqa: SIM115 (closed right after Popen)
+        try:
+            self.process = subprocess.Popen(
+                # `-c`, not `-m MODULE`: the worker modules are imported by the oprl.tasks package, and
+                # running one as __main__ after that makes runpy warn on every start.
+                [sys.executable, "-c", _ENTRY.format(module=command[0]), *command[1:]],
+                stdin=subprocess.DEVNULL,
+                stdout=output if output is not None else 2,  # fd 2 itself: sys.stderr may be a capture object
+                stderr=output,
+                pass_fds=(requests_read, replies_write),
+                env=env,
+            )
+        finally:
+            os.close(requests_read)
+            os.close(replies_write)
+            if output is not None:
+                output.close()
+        self.requests = os.fdopen(requests_write, "wb", buffering=0)
+        self.replies = os.fdopen(replies_read, "rb", buffering=0)
+        os.set_blocking(replies_read, False)
+        self.buffer = b""
+        self.ready = False
+        self.alive = True
+        self.job: int | None = None
+        self.job_id: int | None = None
+        self.deadline = time.monotonic() + startup_timeout
+        self.startup_timeout = startup_timeout
+        _LIVE.add(self)
+
+    def send(self, index: int, job_id: int, request: dict, timeout: float) -> None:
+        self.job, self.job_id = index, job_id
+        self.deadline = time.monotonic() + timeout
+        with contextlib.suppress(OSError):  # the worker is gone; poll() reports it
+            self.requests.write((json.dumps({**request, "id": job_id}) + "\n").encode())
+
+    def poll(self) -> tuple[int, dict] | None:
+        """``(job index, reply)`` once the current job is settled, else None. Start-up failure: ``OprlError``."""
+        # Exit status first, pipe second: a worker that writes its last line (a fatal diagnosis, a reply) and
+        # exits between the two checks would otherwise be seen as exited with nothing said; read in this
+        # order, whatever an exited worker wrote is already in the pipe.
+        exited = self.process.poll() is not None
+        line = self._read_line()
+        if line is not None:
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                reply = {"error": "unreadable reply"}
+            if not isinstance(reply, dict):
+                reply = {"error": "unreadable reply"}
+            if not self.ready:
+                if "ready" not in reply:
+                    self.kill()
+                    raise OprlError(f"{self.what} failed to start: {str(reply.get('fatal', reply))[:300]}")
+                self.ready = True
+                return None
+            index, self.job = self.job, None
+            if index is None:
+                return None
+            if reply.pop("id", None) != self.job_id:  # the channel is private: never expected, but never trusted
+                self.kill()
+                return index, {"verdict": "error", "error": "worker replied to another request (killed)"}
+            return index, reply
+        if not self.ready and (exited or time.monotonic() > self.deadline):
+            self.kill()
+            if exited:
+                raise OprlError(f"{self.what} exited while starting (its output is in the workers' log)")
+            raise OprlError(
+                f"{self.what} did not start within {self.startup_timeout:g}s (does the module block at import?)"
+            )
+        if self.job is not None and (exited or time.monotonic() > self.deadline):
+            index, self.job = self.job, None
+            self.kill()
+            return index, {"verdict": "error", "error": "worker exited"} if exited else {"verdict": "timeout"}
+        return None
+
+    def _read_line(self) -> bytes | None:
+        while b"\n" not in self.buffer:
+            try:
+                chunk = os.read(self.replies.fileno(), 65536)
+            except BlockingIOError:
+                return None
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+    def kill(self) -> None:
+        self.alive, self.ready = False, False
+        _stop(self)
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _stop(worker: _Worker) -> None:
+    if worker.process.poll() is None:
+        worker.process.kill()
+    worker.process.wait()
+    for stream in (worker.requests, worker.replies):
+        with contextlib.suppress(OSError):
+            stream.close()
+    _LIVE.discard(worker)
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    for worker in workers:
+        _stop(worker)
+    workers.clear()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for worker in list(_LIVE):
+        _stop(worker)
+
+
+# ---------------------------------------------------------------- the worker side (a separate process)
+
+
+def _channel() -> tuple[IO[bytes], IO[bytes]]:
+    """The worker's ``(requests, replies)`` streams: the private pipes, kept from the worker's own children.
+    Started by hand (no channel in the environment), stdin and stdout."""
+    fds = os.environ.pop(_CHANNEL_ENV, None)
+    if fds is None:
+        return sys.stdin.buffer, sys.stdout.buffer
+    read, write = (int(fd) for fd in fds.split(","))
+    os.set_inheritable(read, False)
+    os.set_inheritable(write, False)
+    return os.fdopen(read, "rb"), os.fdopen(write, "wb", buffering=0)
+
+
+_STREAMS: list[tuple[IO[bytes], IO[bytes]]] = []
+
+
+def _streams() -> tuple[IO[bytes], IO[bytes]]:
+    if not _STREAMS:
+        _STREAMS.append(_channel())
+    return _STREAMS[0]
+
+
+def start_worker() -> int | None:
+    """Call first in a worker's main: ignore SIGINT when a pool started it (a Ctrl-C to the process group
+    is the parent's to handle; it kills its workers, and a worker whose parent is gone reads end-of-file and
+    exits), open the channel, and cap the address space at the pool's ``memory_mb`` before any user code
+    is imported. Returns that limit in MB (None = none)."""
+    import resource
+    import signal
+
+    if _CHANNEL_ENV in os.environ:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _streams()
+    megabytes = int(os.environ.pop(_MEMORY_ENV, "0") or 0)
+    if megabytes <= 0:
+        return None
+    limit = megabytes * 1024**2
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return megabytes
+
+
+def _send(message: dict[str, Any]) -> None:
+    _streams()[1].write((json.dumps(message) + "\n").encode())
+
+
+def serve(handle: Callable[[dict], dict], *, memory_mb: int | None = None) -> None:
+    """The worker side of ``WorkerPool``: say ready, then answer each request line with ``handle(request)``
+    (a JSON object) on the private channel, echoing the request's ``id``. An exception becomes
+    ``{"error": "<type>: <message>"}`` (``"memory": true`` for a ``MemoryError``; ``memory_mb`` is the limit
+    ``start_worker`` set, for its message)."""
+    requests, _ = _streams()
+    _send({"ready": True})
+    for line in requests:
+        request = json.loads(line)
+        try:
+            reply = handle(request)
+        except MemoryError:
+            limit = f" of {memory_mb} MB" if memory_mb else ""
+            reply = {"error": f"MemoryError: ran past the worker's memory limit{limit}", "memory": True}
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            reply = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        sys.stdout.flush()  # the handler's prints reach the log in order with the replies
+        _send({**reply, "id": request.get("id")})
+
+
+def fatal(message: str) -> None:
+    """Report a start-up failure to the parent (the worker then exits)."""
+    _send({"fatal": message})

@@ -1,0 +1,134 @@
+"""The experience store (parquet schema, atomic files) and the buffer (fresh batches, replay, checkpoints)."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from oprl.buffer.buffer import ExperienceBuffer
+from oprl.checkpoint.store import SCHEMA, ExperienceStore, read_parquet, write_parquet
+from oprl.errors import OprlError
+from oprl.messages import Experience
+
+F32 = float(torch.tensor(-0.1234567, dtype=torch.float32))  # the sampler's log-probs are float32 values
+
+
+def make_batch(batch, version, groups=2, k=2):
+    return [
+        Experience(
+            prompt_ids=[5, 6, batch],
+            response_ids=[7, 8, i],
+            behavior_logprobs=[F32, -2.5, -0.0078125],
+            reward=float(i % 2) + 0.1,
+            reward_components={"correct": float(i % 2), "format": 0.1},
+            group_id=(batch - 1) * groups + i // k,
+            task_id=f"task/{batch}/{i // k}",
+            policy_version=version,
+            response_text=f"resp {i}",
+            truncated=i == 0,
+            extra={"explorer": 1},
+        )
+        for i in range(groups * k)
+    ]
+
+
+def test_store_round_trip_is_exact_and_atomic(tmp_path):
+    store = ExperienceStore(tmp_path / "exp")
+    batch = make_batch(3, version=2)
+    store.write(3, batch)
+    assert store.batches() == [3]
+    assert [p.name for p in (tmp_path / "exp").iterdir()] == ["batch-000003.parquet"]  # no temporary left
+    # float32 storage of log-probs is lossless for the sampler's (float32) numbers.
+    assert [vars(e) for e in store.read(3)] == [vars(e) for e in batch]
+    table = pq.read_table(store.path_of(3))
+    assert table.schema.equals(SCHEMA, check_metadata=False)
+    assert table.schema.metadata[b"oprl_schema"] == b"4"
+    assert table.column("batch").to_pylist() == [3] * 4
+
+
+def test_store_is_readable_without_oprl(tmp_path):
+    write_parquet(tmp_path / "batch-000001.parquet", make_batch(1, 0), 1)
+    rows = pq.read_table(tmp_path / "batch-000001.parquet").to_pylist()
+    assert rows[1]["reward"] == pytest.approx(1.1) and dict(rows[1]["reward_components"])["correct"] == 1.0
+    assert json.loads(rows[0]["extra"]) == {"explorer": 1}
+
+
+def test_locate_and_bad_files(tmp_path):
+    with pytest.raises(OprlError, match="not a directory"):
+        ExperienceStore.locate(tmp_path / "missing")
+    (tmp_path / "run" / "experiences").mkdir(parents=True)
+    with pytest.raises(OprlError, match="no batch"):
+        ExperienceStore.locate(tmp_path / "run")
+    (tmp_path / "run" / "experiences" / "batch-000001.parquet").write_text("not parquet")
+    with pytest.raises(OprlError, match="unreadable"):
+        read_parquet(tmp_path / "run" / "experiences" / "batch-000001.parquet")
+
+
+def test_take_returns_the_steps_batch_with_use_counts_owned_by_the_buffer():
+    buffer = ExperienceBuffer()
+    buffer.put(2, make_batch(2, 1))
+    buffer.put(1, make_batch(1, 0))
+    batch, stats = buffer.take(1)
+    assert {e.task_id.split("/")[1] for e in batch} == {"1"} and all(e.use_count == 0 for e in batch)
+    assert stats["replay/groups"] == 0 and stats["perf/buffer_batches_ready"] == 1
+    with pytest.raises(RuntimeError, match="never put"):
+        buffer.take(3)
+
+
+def test_replay_priority_use_limit_and_capacity():
+    buffer = ExperienceBuffer(replay_groups=1, max_uses=3, decay=1.0, capacity=3)
+    for step in range(1, 6):
+        buffer.put(step, make_batch(step, version=step - 1))
+    picked = []
+    for step in range(1, 6):
+        batch, stats = buffer.take(step)
+        replayed = batch[4:]
+        picked.append([(e.group_id, e.use_count) for e in replayed[::2]])
+        assert len(batch) == 4 + (2 if step > 1 else 0)
+    # Step 2 replays the newest used group (batch 1, group 1; ties go to the lower id... of the newer batch).
+    # priority = version - uses: at step 2 both groups of batch 1 have 0 - 1 = -1 -> lower group id first.
+    assert picked[0] == [] and picked[1] == [(0, 1)]
+    # Step 3: batch 2's groups (1 - 1 = 0) beat batch 1's (-1, -2).
+    assert picked[2] == [(2, 1)]
+    assert stats["buffer/replay_pool_groups"] <= 3 and stats["buffer/evicted_groups"] > 0
+    assert stats["replay/age_mean"] >= 1 and stats["replay/use_count_mean"] >= 1
+
+
+def test_groups_leave_after_max_uses():
+    buffer = ExperienceBuffer(replay_groups=4, max_uses=2)
+    buffer.put(1, make_batch(1, 0))
+    buffer.put(2, make_batch(2, 1))
+    buffer.put(3, make_batch(3, 2))
+    buffer.take(1)
+    batch, _ = buffer.take(2)
+    assert {e.group_id for e in batch[4:]} == {0, 1}  # batch 1 replayed once: its second and last use
+    batch, _ = buffer.take(3)
+    assert {e.group_id for e in batch[4:]} == {2, 3}  # only batch 2 left to replay
+
+
+def test_save_restore_round_trip(tmp_path):
+    buffer = ExperienceBuffer(replay_groups=1, max_uses=3)
+    for step in (1, 2, 3):
+        buffer.put(step, make_batch(step, step - 1))
+    buffer.take(1)
+    assert buffer.save(str(tmp_path / "ckpt")) == [2, 3]
+    other = ExperienceBuffer(replay_groups=1, max_uses=3)
+    assert other.restore(str(tmp_path / "ckpt")) == [2, 3]
+    a, b = buffer.take(2), other.take(2)
+    assert [vars(e) for e in a[0]] == [vars(e) for e in b[0]] and a[1] == b[1]
+
+
+def test_offline_source_reads_groups_in_order_with_passes(tmp_path):
+    store = ExperienceStore(tmp_path)
+    store.write(1, make_batch(1, 0, groups=3))
+    store.write(2, make_batch(2, 0, groups=3))
+    buffer = ExperienceBuffer(offline_dir=str(tmp_path), passes=2, prompts_per_step=4)
+    seen = []
+    for step in (1, 2, 3):
+        batch, _ = buffer.take(step)
+        seen.append([(e.group_id, e.use_count) for e in batch[::2]])
+    assert seen[0] == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    assert seen[1] == [(4, 0), (5, 0), (0, 1), (1, 1)]  # second pass: one earlier use
+    with pytest.raises(OprlError, match=r"raise buffer\.passes"):
+        buffer.take(4)
