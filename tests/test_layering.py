@@ -14,7 +14,7 @@ ALLOWED = {
     "tasks": {"tasks", "errors", "plugins"},
     # Samplers run models; models know nothing of sampling (padding layouts live in models/batching.py).
     "models": {"models", "errors", "io", "lazy"},
-    "rollout": {"rollout", "models", "errors", "lazy"},
+    "rollout": {"rollout", "models", "errors", "lazy", "plugins"},  # plugins: capabilities(name) of a plug-in
     # The config tree reads the plug-ins' registries for its option lists; it never sees the runtime or the
     # entry points that consume it.
     "config": {"config", "algorithms", "tasks", "rollout", "models", "errors", "io", "plugins"},
@@ -28,7 +28,7 @@ ALLOWED = {
     "messages": {"messages"},
     "schedule": {"schedule"},
     # Partial rollouts: the switch rule, per-token versions, the weights board (files), the switcher hook.
-    "partial": {"partial", "messages", "schedule", "io", "errors"},
+    "partial": {"partial", "messages", "schedule", "io", "errors", "rollout"},  # rollout: engine capabilities
     # What every worker shares: its clock, the sampling lock, loading a model and an engine, and loading a
     # frozen second model (the teacher's, the judge's: ``load_frozen``).
     "worker": {"worker", "checkpoint", "config", "errors", "models", "rollout", "messages", "plugins"},

@@ -41,6 +41,7 @@ from pathlib import Path
 from oprl.errors import OprlError
 from oprl.io import atomic_path
 from oprl.messages import Experience
+from oprl.rollout import capabilities, engines_with
 from oprl.schedule import policy_version
 
 BOARD_DIRNAME = "weights-board"
@@ -64,16 +65,19 @@ def check_partial(config) -> None:
     """``sync.partial``'s cross-field rules, as one-line errors."""
     if not config.sync.partial:
         return
-    if config.rollout.engine not in ("lean", "vllm"):
+    engine, kv = config.rollout.engine, config.sync.partial_kv
+    modes = capabilities(engine).partial_kv
+    if not modes:
         raise OprlError(
-            "sync.partial=true needs rollout.engine=lean or vllm (the engines that switch weights between decode "
-            f"steps); {config.rollout.engine} samples each batch with one policy"
+            f"sync.partial=true needs rollout.engine={' or '.join(engines_with(lambda c: c.partial))} (the engines "
+            "that switch weights between decode steps; a plug-in declares capabilities.partial_kv); "
+            f"{engine} samples each batch with one policy"
         )
-    if config.rollout.engine == "vllm" and config.sync.partial_kv == "keep":
+    if kv not in modes:
         raise OprlError(
-            "sync.partial=true with rollout.engine=vllm needs sync.partial_kv=recompute: vLLM continues a response "
-            "after a switch from its prompt and tokens so far (one prefill under the new weights) and cannot keep "
-            "the old weights' keys/values; keep needs rollout.engine=lean"
+            f"sync.partial=true with rollout.engine={engine} needs sync.partial_kv={' or '.join(modes)}: it "
+            f"supports only that at a switch; {kv} needs rollout.engine="
+            + " or ".join(engines_with(lambda c: kv in c.partial_kv))
         )
     if not config.runtime.overlap and config.mode == "both":
         raise OprlError(

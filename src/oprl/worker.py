@@ -30,6 +30,7 @@ from oprl.errors import OprlError
 from oprl.messages import FlatWeights
 from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.rollout import ENGINES, Engine, Rollout
+from oprl.rollout.base import capabilities_of
 
 if TYPE_CHECKING:
     from oprl.config import RunConfig  # annotations only: FlatWeights travels where pydantic is absent
@@ -81,7 +82,7 @@ class LockedEngine:
         self.engine.weights_changed()
 
     def __getattr__(self, name: str):
-        """The wrapped engine's settings (``max_new_tokens``, ``temperature``, ``seeds_rows``: the agent
+        """The wrapped engine's settings and ``capabilities`` (``max_new_tokens``, ``temperature``: the agent
         endpoint reads them)."""
         return getattr(self.engine, name)
 
@@ -101,14 +102,17 @@ def load_model(config: RunConfig, path: str, dtype: str | None = None):
 
 
 def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
-    """The ``rollout.engine`` sampler over ``model``, behind the sampling lock."""
+    """The ``rollout.engine`` sampler over ``model``, behind the sampling lock. ``prefix_reuse=`` and
+    ``kv_cache_gb=`` go to engines that declare ``capabilities.prefix_reuse`` (``oprl.rollout.EngineCapabilities``)."""
     rollout = config.rollout
-    reuse_options = {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
-    options = reuse_options if rollout.engine in ("vllm", "lean") else {}
+    engine = plugins.resolve("engine", rollout.engine, ENGINES, key="rollout.engine")
+    options: dict[str, object] = {}
+    if capabilities_of(engine).prefix_reuse:
+        options |= {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
     if rollout.top_k > 0:  # only then: a plug-in engine built like the built-ins need not take top_k
         options["top_k"] = rollout.top_k
     return LockedEngine(
-        plugins.resolve("engine", rollout.engine, ENGINES, key="rollout.engine")(
+        engine(
             model,
             tokenizer,
             temperature=rollout.temperature,

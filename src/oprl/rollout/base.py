@@ -6,7 +6,11 @@ its log-probability under the distribution it was drawn from (temperature, top-k
 over the kept set of ``oprl.models.truncation``): the behaviour log-prob the off-policy losses need, recorded
 once, never recomputed. The explorer hands an engine the
 trainer's weights with ``load_weights`` and then calls ``generate``; an engine is registered by its
-``rollout.engine`` name in ``oprl.rollout.ENGINES``. Deliberately not here: prompts, rewards, scheduling.
+``rollout.engine`` name in ``oprl.rollout.ENGINES``. What an engine can do beyond that contract (partial
+rollouts, prefix reuse, row seeds, exact truncation) it declares as the class attribute ``capabilities``
+(``EngineCapabilities``), which the config checks and ``oprl.worker.make_engine`` read, never its name.
+``Switch`` is what an engine may call on the partial-rollout switcher between decode steps.
+Deliberately not here: prompts, rewards, scheduling.
 """
 
 from __future__ import annotations
@@ -42,6 +46,98 @@ class Rollout:
     """Partial rollouts (a ``switch`` given): the policy version that sampled each token; None = one policy."""
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine class can do beyond the ``Engine`` contract, declared as its class attribute
+    ``capabilities`` (the default, ``EngineCapabilities()``: none of it). Read from the class, before anything
+    is built: by the config checks (``oprl.rollout.capabilities(name)``) and by ``oprl.worker.make_engine``."""
+
+    partial_kv: tuple[str, ...] = ()
+    """The ``sync.partial_kv`` modes (``oprl.partial.KV_SETTINGS``: ``keep``, ``recompute``) the engine supports
+    when a ``switch`` loads other weights between two decode steps of a ``generate`` call; empty = no partial
+    rollouts (``sync.partial=true`` is refused, and so is a ``switch``)."""
+    prefix_reuse: bool = False
+    """The engine is built with ``prefix_reuse=`` and ``kv_cache_gb=`` (``rollout.prefix_reuse``,
+    ``rollout.kv_cache_gb``) and keeps prompt caches between calls when asked; other engines get neither."""
+    row_seeds: bool = False
+    """``generate`` seeds each row with its entry of ``row_seeds`` (a row's sample does not depend on the other
+    rows of its call); without it one generator seeded ``seed`` samples the whole call."""
+    exact_truncation: bool = False
+    """With ``top_k`` / ``top_p < 1`` the engine samples from ``oprl.models.truncation``'s kept set and records
+    log-probs renormalised over it, so the trainer rebuilds the behaviour distribution exactly (training with
+    truncation is refused for an engine that does not declare it)."""
+
+    @property
+    def partial(self) -> bool:
+        """Whether the engine offers partial rollouts at all."""
+        return bool(self.partial_kv)
+
+
+NO_CAPABILITIES = EngineCapabilities()
+
+
+def capabilities_of(engine: object) -> EngineCapabilities:
+    """The ``capabilities`` an engine class (or factory, or instance) declares; ``NO_CAPABILITIES`` when it
+    declares none. Anything else under that name is one ``OprlError`` line naming ``rollout.engine``."""
+    declared = getattr(engine, "capabilities", NO_CAPABILITIES)
+    if not isinstance(declared, EngineCapabilities):
+        name = getattr(engine, "__name__", type(engine).__name__)
+        raise OprlError(
+            f"rollout.engine: {name}.capabilities is a {type(declared).__name__}, not an "
+            "oprl.rollout.EngineCapabilities"
+        )
+    return declared
+
+
+@runtime_checkable
+class Switch(Protocol):
+    """The in-flight weight update of one batch (``oprl.partial.Switcher``), as an engine sees it: it counts
+    decode steps over the batch's ``generate`` calls and may load other weights into the engine between two.
+    Token t of a call was drawn at global decode step ``start() + t``."""
+
+    kv: str
+    """What the cache of the tokens sampled before a switch does: ``keep`` or ``recompute`` (``sync.partial_kv``)."""
+
+    def start(self) -> int:
+        """A ``generate`` call begins: the global step of its token 0 (a switch due there happens now)."""
+        ...
+
+    def before(self, step: int) -> bool:
+        """Before the distribution of global decode step ``step`` is computed: True when other weights were
+        just loaded into the engine."""
+        ...
+
+    def next_point(self, step: int) -> int | None:
+        """The first global step after ``step`` at which ``before`` may switch, None when none can come (for
+        engines that sample in segments)."""
+        ...
+
+    def version_at(self, step: int) -> int:
+        """The policy version that sampled global decode step ``step``."""
+        ...
+
+    def finish(self, steps: int) -> None:
+        """The call ran ``steps`` decode steps (its longest row)."""
+        ...
+
+
+def check_switch(engine: object, switch: Switch) -> None:
+    """Refuse a ``switch`` that ``engine`` cannot follow, in one line: it declares no partial rollouts, or not
+    the switch's ``kv`` mode (the config checks refuse such runs first; this guards direct calls)."""
+    modes = capabilities_of(engine).partial_kv
+    name = type(engine).__name__
+    if not modes:
+        raise OprlError(
+            f"rollout.engine: {name} declares no partial rollouts (its capabilities.partial_kv is empty), so it "
+            "cannot switch weights between decode steps: sync.partial=true needs an engine that declares them"
+        )
+    if switch.kv not in modes:
+        raise OprlError(
+            f"sync.partial_kv={switch.kv}: {name} supports {' or '.join(modes)} at a switch: it needs "
+            f"sync.partial_kv={' or '.join(modes)}"
+        )
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A sampler serving one policy: what ``rollout.engine`` names (lean, hf-generate, vllm)."""
@@ -55,7 +151,7 @@ class Engine(Protocol):
         top_p: float | None = None,
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,
-        switch=None,
+        switch: Switch | None = None,
         top_k: int | None = None,
     ) -> Rollout:
         """One response per prompt row (token ids, no padding). The same ``seed`` and inputs give the same
@@ -63,9 +159,10 @@ class Engine(Protocol):
         differently; ``top_k=0`` is off);
         ``batch_size`` bounds the rows sampled at once where the engine batches itself. ``row_seeds``: a seed
         per row, for engines that seed rows (vLLM; the agent endpoint passes them); the torch engines draw a
-        whole call from one generator seeded ``seed`` and ignore them. ``switch``: an ``oprl.partial.Switcher``
-        that may load newer weights between decode steps (partial rollouts); the rollout then records each
-        token's version in ``behavior_versions``. Engines without a decode loop of their own refuse one."""
+        whole call from one generator seeded ``seed`` and ignore them (``EngineCapabilities.row_seeds``).
+        ``switch``: a ``Switch`` (``oprl.partial.Switcher``) that may load newer weights between decode steps
+        (partial rollouts); the rollout then records each token's version in ``behavior_versions``. Engines
+        that declare no ``capabilities.partial_kv`` refuse one (``check_switch``)."""
         ...
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -87,7 +184,11 @@ behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ig
 class TorchEngine:
     """An ``Engine`` over a torch model in this process, given its decoding strategy ``sample``: seeds torch's
     global generator per call (restored after), samples in batches of ``batch_size`` rows in eval mode, cuts
-    each row after its first EOS (kept, so the policy also learns when to stop) and decodes it."""
+    each row after its first EOS (kept, so the policy also learns when to stop) and decodes it. A subclass
+    declares its ``capabilities``; a ``switch`` reaches ``sample`` (as ``switch=``, ``offset=``) only when they
+    include partial rollouts."""
+
+    capabilities = NO_CAPABILITIES
 
     def __init__(
         self,
@@ -146,11 +247,14 @@ class TorchEngine:
         top_p: float | None = None,
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,  # one generator per call (see Engine.generate)
-        switch=None,
+        switch: Switch | None = None,
         top_k: int | None = None,
     ) -> Rollout:
-        """``switch``: an ``oprl.partial.Switcher`` that may load other weights between decode steps (partial
-        rollouts; samplers whose ``sample`` takes one); the rollout then records each token's version."""
+        """``switch``: a ``Switch`` that may load other weights between decode steps (partial rollouts; only
+        for a class that declares them, whose ``sample`` takes one); the rollout then records each token's
+        version."""
+        if switch is not None:
+            check_switch(self, switch)
         temperature = self.temperature if temperature is None else temperature
         top_p = self.top_p if top_p is None else top_p
         top_k = self.top_k if top_k is None else top_k
@@ -213,7 +317,7 @@ class TorchEngine:
             )
 
     def _generate_batch(
-        self, prompt_ids: list[list[int]], temperature: float, top_p: float, switch=None, top_k: int = 0
+        self, prompt_ids: list[list[int]], temperature: float, top_p: float, switch: Switch | None, top_k: int = 0
     ) -> Rollout:
         was_training = self.model.training
         self.model.eval()

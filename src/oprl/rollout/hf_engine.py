@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from oprl.lazy import lazy_import
 from oprl.models.batching import left_pad
-from oprl.rollout.base import TorchEngine
+from oprl.rollout.base import EngineCapabilities, TorchEngine
 
 if TYPE_CHECKING:
     import torch
@@ -23,10 +23,15 @@ else:
     torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 
-def HFGenerateEngine(model, tokenizer, **settings) -> TorchEngine:  # named as the engine it builds
+class HFGenerateEngine(TorchEngine):
     """Samples with ``model.generate`` (multinomial, temperature, top-k, top-p). ``settings``: the
-    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``."""
-    return TorchEngine(hf_generate_sample, model, tokenizer, **settings)
+    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``. One policy per call
+    (``generate`` has no hook between decode steps: no partial rollouts), no caches kept between calls."""
+
+    capabilities = EngineCapabilities(exact_truncation=True)  # transformers' top-k/top-p = oprl.models.truncation
+
+    def __init__(self, model, tokenizer, **settings):
+        super().__init__(hf_generate_sample, model, tokenizer, **settings)
 
 
 def hf_generate_sample(

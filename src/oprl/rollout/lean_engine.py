@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from oprl.lazy import lazy_import
 from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions
 from oprl.models.truncation import kept_tokens, truncates
-from oprl.rollout.base import TorchEngine
+from oprl.rollout.base import EngineCapabilities, Switch, TorchEngine
 from oprl.rollout.prefixes import PrefixStore
 from oprl.rollout.prefixes import prefill as prefill_reusing
 
@@ -41,15 +41,21 @@ COMPACT_FRACTION = 0.25
 """Drop finished rows from the batch once at least this fraction of it has emitted EOS."""
 
 
-def LeanEngine(
-    model, tokenizer, *, prefix_reuse: bool = False, kv_cache_gb: float = 1.0, **settings
-) -> TorchEngine:  # named as the engine it builds
+class LeanEngine(TorchEngine):
     """Samples with a plain decode loop on the model's cache (temperature, top-k, top-p). ``settings``: the
     ``TorchEngine`` defaults ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``. ``prefix_reuse``: keep
     each row's cache between calls, up to ``kv_cache_gb`` GiB (``oprl.rollout.prefixes``)."""
-    engine = TorchEngine(lean_sample, model, tokenizer, **settings)
-    engine.prefixes = PrefixStore(prefix_reuse, int(kv_cache_gb * 2**30))
-    return engine
+
+    capabilities = EngineCapabilities(
+        partial_kv=("keep", "recompute"),  # the loop asks the switch before every step (lean_sample)
+        prefix_reuse=True,
+        row_seeds=False,  # one generator per call
+        exact_truncation=True,  # sample_token: oprl.models.truncation's kept set
+    )
+
+    def __init__(self, model, tokenizer, *, prefix_reuse: bool = False, kv_cache_gb: float = 1.0, **settings):
+        super().__init__(lean_sample, model, tokenizer, **settings)
+        self.prefixes = PrefixStore(prefix_reuse, int(kv_cache_gb * 2**30))
 
 
 def lean_sample(
@@ -59,13 +65,13 @@ def lean_sample(
     temperature: float,
     top_p: float,
     max_new_tokens: int,
-    switch=None,
+    switch: Switch | None = None,
     offset: int = 0,
     prefixes: PrefixStore | None = None,
     top_k: int = 0,
 ):
     """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored.
-    ``switch`` (``oprl.partial.Switcher``): ``switch.before(offset + t)`` runs before the distribution of
+    ``switch`` (``oprl.rollout.base.Switch``): ``switch.before(offset + t)`` runs before the distribution of
     token t is computed (t >= 1) and says whether new weights were loaded; ``switch.kv`` what the cache does.
     ``prefixes`` (``oprl.rollout.prefixes``): resume each prompt from its longest stored prefix, count the
     prefill, and keep each row's cache (prompt and fed reply tokens) for the next call."""

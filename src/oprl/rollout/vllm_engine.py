@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from oprl.errors import OprlError
 from oprl.lazy import lazy_import
-from oprl.rollout.base import Rollout
+from oprl.rollout.base import EngineCapabilities, Rollout, Switch, check_switch
 
 if TYPE_CHECKING:
     import torch
@@ -94,6 +94,13 @@ def _import_vllm():
 
 class VLLMEngine:
     """Samples with an in-process ``vllm.LLM`` that serves ``model``'s current weights (see the module docstring)."""
+
+    capabilities = EngineCapabilities(
+        partial_kv=("recompute",),  # abort and resume (_switching): vLLM keeps no other request's cache
+        prefix_reuse=True,  # vLLM's prefix cache, salted by the weights
+        row_seeds=True,  # one generator per request
+        exact_truncation=True,  # logprobs_mode="processed_logprobs" over vLLM's apply_top_k_top_p
+    )
 
     def __init__(
         self,
@@ -151,13 +158,13 @@ class VLLMEngine:
         top_p: float | None = None,
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,
-        switch=None,
+        switch: Switch | None = None,
         top_k: int | None = None,
     ) -> Rollout:
         """Sample one response per prompt row; the same ``seed`` and inputs give the same samples.
         ``batch_size`` is ignored: vLLM schedules its own batches, and rows are seeded independently
         (``row_seeds``: each row's seed, in place of ``row_seed(seed, row)``). ``switch`` (partial rollouts,
-        ``oprl.partial.Switcher``): sampled in segments, other weights loaded between two (``_switching``)."""
+        ``oprl.rollout.base.Switch``): sampled in segments, other weights loaded between two (``_switching``)."""
         self._check_lengths(prompt_ids, self.shared.max_model_len)
         seeds = [row_seed(seed, row) for row in range(len(prompt_ids))] if row_seeds is None else list(row_seeds)
         temperature = self.temperature if temperature is None else temperature
@@ -209,7 +216,7 @@ class VLLMEngine:
         self.prefill_tokens += sum(len(p) for p in prompt_ids) - cached
         return [out.outputs[0] for out in outputs]
 
-    def _switching(self, prompt_ids: list[list[int]], seeds: list[int], temperature: float, truncation, switch):
+    def _switching(self, prompt_ids: list[list[int]], seeds: list[int], temperature: float, truncation, switch: Switch):
         """Partial rollouts on vLLM: abort and resume. Every unfinished row is sampled up to the switcher's next
         point (``Switcher.next_point``: the scheduled switch step, or every ``FREE_CHUNK`` steps free-running);
         there ``switch.before`` may load other weights, and the unfinished rows continue from prompt + their
@@ -218,8 +225,7 @@ class VLLMEngine:
         segment replays another's random numbers. Segments run in lock-step like decode steps (an unfinished
         row has sampled exactly the segment's length), so token t of every row was drawn at global decode step
         ``offset + t``, as in the torch engines."""
-        if switch.kv != "recompute":  # run configs are refused at load (oprl.partial.check_partial)
-            raise OprlError("rollout.engine=vllm recomputes the prefix at a switch: it needs sync.partial_kv=recompute")
+        check_switch(self, switch)  # recompute only (capabilities); run configs are refused before they start
         offset, n = switch.start(), len(prompt_ids)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
