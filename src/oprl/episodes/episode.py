@@ -19,9 +19,13 @@ function of (seed, problems, weights), like a single-turn batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from oprl.models.chat import encode_problem, render
 from oprl.tasks.base import Reward
+
+if TYPE_CHECKING:
+    from oprl.rollout.base import Switch
 
 
 @dataclass
@@ -147,7 +151,7 @@ class EpisodeSettings:
     temperature: float | None = None
     top_p: float | None = None
     episode_timeout: float = 300.0
-    switch: object = None
+    switch: Switch | None = None
 
 
 def run_episodes(
@@ -162,7 +166,7 @@ def run_episodes(
     temperature: float | None = None,
     top_p: float | None = None,
     episode_timeout: float = 300.0,
-    switch=None,
+    switch: Switch | None = None,
 ) -> list[Episode]:
     """One episode per entry of ``problems`` (repeat a problem K times for a group), all turns batched.
 
