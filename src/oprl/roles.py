@@ -73,10 +73,6 @@ class BufferRole(Protocol):
         """The batch of trainer step ``step`` and the ``buffer/*`` / ``replay/*`` columns."""
         ...
 
-    def open_board(self, board: str, start_step: int) -> None: ...
-
-    def post_weights(self, board: str, version: int, weights: dict, keep_from: int) -> None: ...
-
     def save(self, directory: str) -> list[int]: ...
 
     def restore(self, directory: str) -> list[int]: ...
@@ -166,14 +162,6 @@ class BufferHandle(Handle):
 
     def take(self, step: int) -> tuple[Pending[list[Experience]], Pending[dict[str, float]]]:
         return self._call(BufferRole.take, step, returns=2)
-
-    def open_board(self, board: str, start_step: int) -> Pending[None]:
-        return self._call(BufferRole.open_board, board, start_step)
-
-    def post_weights(
-        self, board: str, version: int, weights: dict | Pending[FlatWeights], keep_from: int
-    ) -> Pending[None]:
-        return self._call(BufferRole.post_weights, board, version, weights, keep_from)
 
     def save(self, directory: str) -> Pending[list[int]]:
         return self._call(BufferRole.save, directory)

@@ -115,11 +115,11 @@ def test_free_running_records_every_tokens_version_exactly(small_overrides, tmp_
     whatever the machine's timing; every token's version was posted before the step that sampled
     it, never decreases along a response, stays within the staleness bound, and the logged lag metrics are
     the stored column's."""
-    import oprl.buffer.buffer as buffer_module
     import oprl.partial as partial
+    import oprl.runtime.synchronizer as synchronizer
 
     posted, loaded = {}, []
-    post, before, load = buffer_module.post_weights, partial.Switcher.before, partial.Switcher._load
+    post, before, load = synchronizer.post_weights, partial.Switcher.before, partial.Switcher._load
 
     def posting(board, version, weights, keep_from=None):
         posted.setdefault(version, time.monotonic())  # before the file appears (atomic: whole or absent)
@@ -137,7 +137,7 @@ def test_free_running_records_every_tokens_version_exactly(small_overrides, tmp_
         loaded.append((version, time.monotonic(), posted.get(version)))
         return load(self, version, wait=wait, step=step)
 
-    monkeypatch.setattr(buffer_module, "post_weights", posting)
+    monkeypatch.setattr(synchronizer, "post_weights", posting)
     monkeypatch.setattr(partial.Switcher, "before", slow_before)
     monkeypatch.setattr(partial.Switcher, "_load", loading)
     runs, steps = tmp_path / "runs", 6

@@ -4,10 +4,12 @@ Fake workers sleep instead of computing, so these tests check *when* things run,
 (threads), the real buffer and synchronizer, in well under a second each.
 """
 
+import os
 import threading
 import time
 
 import pytest
+import torch
 
 from oprl.backends.failure import WorkerFailure
 from oprl.backends.local import LocalBackend
@@ -15,7 +17,8 @@ from oprl.buffer.buffer import ExperienceBuffer
 from oprl.config import load_config
 from oprl.explorer.explorer import ExploreResult, Timing
 from oprl.messages import Experience, TrainResult
-from oprl.roles import BufferHandle, ExplorerHandle, TrainerHandle
+from oprl.partial import board_file, posted_versions
+from oprl.roles import BufferHandle, BufferRole, ExplorerHandle, TrainerHandle
 from oprl.runtime.driver import Driver, Schedule
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.schedule import policy_version
@@ -41,7 +44,7 @@ class FakeExplorer:
 
     def explore(self, batch, version, weights=None):
         if weights is not None:
-            self.version = weights["version"]
+            self.version = int(weights["version"])
         assert self.version == version, "explorer asked for a version it was never sent"
         if batch == self.fail_at:
             raise ValueError("reward function crashed")
@@ -110,6 +113,13 @@ class Rows:
         pass
 
 
+class TensorTrainer(FakeTrainer):
+    """Weights the board can hold (a tensor per name)."""
+
+    def weights(self):
+        return {"version": torch.tensor(self.version)}
+
+
 class MislabellingTrainer(FakeTrainer):
     """Reports a start version one newer than the batch's (the driver must read the attribute, not a row)."""
 
@@ -129,6 +139,7 @@ def drive(
     explorer_fail=None,
     trainer_fail=None,
     trainer_type=FakeTrainer,
+    board=None,
 ):
     config = load_config(
         None,
@@ -155,6 +166,8 @@ def drive(
         max_staleness=config.sync.max_staleness,
         explorers=explorers,
     )
+    if board is not None:  # partial rollouts: the synchronizer posts every published version (as run._start)
+        sync.open_board(board, 0, backend.get)
     sync.publish(0, trainer.weights())
     driver = Driver(
         config=config,
@@ -176,6 +189,7 @@ def drive(
         driver.run()
     finally:
         backend.shutdown([trainer.actor, buffer.actor, *(w.actor for w in workers)])
+        sync.close()
     return rows.rows, timeline.events, time.perf_counter() - start
 
 
@@ -275,3 +289,33 @@ def test_schedule_keeps_explorers_within_max_ready_of_the_trainer():
     assert not schedule.in_reach(2) and schedule.in_reach(3) and schedule.in_reach(None)
     with pytest.raises(AssertionError, match="in order"):
         schedule.dispatch(6, 0)
+
+
+def test_the_synchronizer_posts_every_published_version_to_the_board(tmp_path, monkeypatch):
+    import oprl.runtime.synchronizer as synchronizer
+
+    board, posts, post = tmp_path / "weights-board", [], synchronizer.post_weights
+
+    def posting(root, version, weights, keep_from):
+        posts.append((threading.current_thread().name, version, int(weights["version"]), keep_from))
+        post(root, version, weights, keep_from)
+
+    monkeypatch.setattr(synchronizer, "post_weights", posting)
+    drive(tmp_path, ["steps=6", "sync.interval=2"], trainer_type=TensorTrainer, board=board)
+    # k=2: batches 1..6 need versions 0, 0, 2, 2, 4, 4; each is posted in order, off the driver's thread,
+    # and each post prunes what no batch still needs.
+    assert [(v, w, keep) for _, v, w, keep in posts] == [(0, 0, 0), (2, 2, 2), (4, 4, 4)]
+    assert all(name.startswith("oprl-board") for name, *_ in posts)
+    assert posted_versions(board) == [4]
+    assert not any(hasattr(BufferRole, verb) for verb in ("open_board", "post_weights"))  # not the buffer's job
+
+
+def test_a_failed_board_post_stops_the_run_with_one_line_naming_the_file(tmp_path):
+    board = tmp_path / "weights-board"
+    # A directory where version 2's temporary file must go: the write fails (also for root, unlike chmod).
+    (board / f".{board_file(board, 2).name}.tmp-{os.getpid()}").mkdir(parents=True)
+    with pytest.raises(WorkerFailure) as failed:
+        drive(tmp_path, ["steps=6", "sync.interval=2"], trainer_type=TensorTrainer, board=board)
+    line = str(failed.value)
+    assert "\n" not in line
+    assert line.startswith(f"synchronizer failed while posting version 2 to {board_file(board, 2)}: "), line

@@ -87,11 +87,13 @@ class Backend(Protocol):
         ...
 
     def wait_any(self, futures, timeout: float | None = None) -> list:
-        """Block until at least one of ``futures`` is done; the done ones."""
+        """Block until at least one of ``futures`` is done; the done ones. ``futures`` may also hold
+        ``concurrent.futures.Future``s of the driver's own process (the synchronizer's weights board writes)."""
         ...
 
     def get(self, future: Pending[T]) -> T:
-        """The value of a done future (raises what the worker raised)."""
+        """The value of a future (raises what the worker raised; waits for one not done yet: the
+        synchronizer's board writer resolves weights snapshots this way, off the driver's thread)."""
         ...
 
     def put(self, value) -> Any:

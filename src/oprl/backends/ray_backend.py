@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
 import ray
@@ -87,11 +88,19 @@ class RayBackend:
         ray.get(actor.handle.ready.remote())
 
     def wait_any(self, futures, timeout: float | None = None) -> list:
-        done, _ = ray.wait(list(futures), num_returns=1, timeout=timeout)
-        return done
+        """Object refs, and the driver's own ``concurrent.futures.Future``s (the synchronizer's board writes),
+        which are polled: one that finishes while Ray waits is seen at the next call."""
+        refs = [f for f in futures if not isinstance(f, Future)]
+        own = [f for f in futures if isinstance(f, Future)]
+        done = [f for f in own if f.done()]
+        if done or not refs:
+            return done or list(wait(own, timeout=timeout, return_when=FIRST_COMPLETED)[0])
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        return ready
 
     def get(self, future):
-        return ray.get(future)
+        """The value of a done future (waits for one that is not done yet)."""
+        return future.result() if isinstance(future, Future) else ray.get(future)
 
     def put(self, value):
         return ray.put(value)

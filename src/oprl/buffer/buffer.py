@@ -25,7 +25,6 @@ from oprl.config import RunConfig
 from oprl.errors import OprlError
 from oprl.io import named
 from oprl.messages import Experience
-from oprl.partial import open_board, post_weights
 
 
 @dataclass
@@ -184,15 +183,6 @@ class ExperienceBuffer:
             stats["replay/age_max"] = float(max((step - 1) - g.version for g in replayed))
             stats["replay/use_count_mean"] = sum(g.uses for g in replayed) / len(replayed)
         return stats
-
-    def open_board(self, board: str, start_step: int) -> None:
-        """Partial rollouts: clear the weights board of versions newer than ``start_step`` (``oprl.partial``)."""
-        open_board(board, start_step)
-
-    def post_weights(self, board: str, version: int, weights: dict, keep_from: int) -> None:
-        """Partial rollouts: write version ``version`` to the weights board explorers read mid-batch (the
-        buffer is the run's I/O worker; ``weights`` arrives resolved, from the trainer)."""
-        post_weights(board, version, weights, keep_from)
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def save(self, directory: str) -> list[int]:

@@ -49,7 +49,8 @@ class Call:
     kind: str
     """explore, put, train, eval, weights, post (to the weights board), part (of a checkpoint), score (teacher)."""
     component: str
-    """The worker, as named in error messages (``explorer 0``, ``trainer``, ``buffer``)."""
+    """The worker, as named in error messages (``explorer 0``, ``trainer``, ``buffer``; ``synchronizer`` for
+    the weights board writes it makes in the driver's process)."""
     doing: str
     """What it was doing, for error messages."""
     step: int = 0
@@ -245,9 +246,11 @@ class Driver:
                 handler(call, value)
 
     def _track_posts(self) -> None:
-        """Partial rollouts: wait for the synchronizer's board posts like any call (a failure stops the run)."""
+        """Partial rollouts: wait for the synchronizer's weights board writes like any call (a failure stops the
+        run with a line naming the board file)."""
         while self.sync.posts:
-            self._submit(self.sync.posts.pop(0), Call("post", "buffer", "while posting weights to the board"))
+            post = self.sync.posts.pop(0)
+            self._submit(post.future, Call("post", "synchronizer", post.doing))
 
     def _finished(self) -> bool:
         return not self.rows.expected and not self.calls and not self.checkpoints.pending

@@ -204,6 +204,7 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
         log(chosen)
     backend = make_backend(config)
     actors: list = []
+    session: Session | None = None
     try:
         session = _start(opened, path, backend, actors, log)
         progress = RunProgress(
@@ -250,6 +251,8 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
         if config.sync.partial:  # an explorer waiting for a version that will never come stops
             close_board(run_dir / BOARD_DIRNAME)
         backend.shutdown(actors)
+        if session is not None:
+            session.sync.close()  # after the workers: a board write waiting for the trainer's weights ends now
         ckpt_files.remove_staging(run_dir)  # the workers have stopped: nothing writes a staging directory now
     return before
 
@@ -327,8 +330,8 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
         assert trainer is not None, "mode=explore resumes from its store, without a checkpoint"
         start_step, ready = resume.restore(opened.resumption, backend, trainer, buffer, sync, log=log)
         log(f"resuming {run_dir.name} from checkpoint {opened.resumption.path} (step {start_step} of {config.steps})")
-    if config.sync.partial and explorers:
-        _attach_board(str(run_dir / BOARD_DIRNAME), buffer, sync, start_step)
+    if config.sync.partial and explorers:  # the synchronizer posts every version from now on (and the restored)
+        sync.open_board(run_dir / BOARD_DIRNAME, start_step, backend.get)
     if config.mode == "explore":
         done = set(ExperienceStore(store_dir).batches()) if store_dir else set()
         pending = [b for b in storedir.explore_batches(config, run_dir) if b not in done]
@@ -337,15 +340,6 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
     if trainer is not None and explorers and sync.wants(start_step, pending):
         sync.publish(start_step, trainer.weights())
     return Session(trainer, explorers, buffer, sync, start_step, pending, set(ready), teacher)
-
-
-def _attach_board(board: str, buffer: BufferHandle, sync: Synchronizer, start_step: int) -> None:
-    """Partial rollouts: the weights board, cleared of a killed run's future, gets every version published
-    from now on (through the buffer, in call order) and the ones restored from a checkpoint."""
-    sync.posts.append(buffer.open_board(board, start_step))
-    sync.poster = lambda version, snapshot, keep_from: buffer.post_weights(board, version, snapshot, keep_from)
-    for version, snapshot in sorted(sync.snapshots.items()):
-        sync.posts.append(sync.poster(version, snapshot, min(sync.snapshots)))
 
 
 def _wait_ready(backend, actor) -> None:

@@ -14,19 +14,64 @@ only with a batch whose version differs from what it holds.
 Fixed mode (mode=explore): every batch comes from the weights the explorers loaded (version 0).
 
 Partial rollouts (``sync.partial``, ``oprl.partial``): a batch may also need the version that takes over
-at its switch step, so that version is published, kept and checkpointed like the one it starts from; every
-published version is also posted to the weights board (``poster``), where explorers read it mid-batch.
+at its switch step, so that version is published, kept and checkpointed like the one it starts from. The
+synchronizer owns the weights board explorers read mid-batch (``open_board``): it clears a killed run's
+future from it, then posts every published version there, in publication order, and prunes the versions no
+batch can need any more. A ``BoardWriter`` does the writing on one thread of its own, so the driver never
+waits for weights to be written; each write's future goes to ``posts``, which the driver waits for like any
+worker call (a failed write stops the run with one line naming the board file). The writer resolves the
+snapshot future in the driver's process (``Backend.get``): with worker processes or Ray actors the weights
+are copied into the driver's process once per published version.
 
-Deliberately not here: running anything (the driver calls the workers) and the weights' transport (the
-backend: shared memory for local threads, the Ray object store for actors).
+Deliberately not here: running the workers (the driver calls them) and the weights' transport between
+workers (the backend: shared memory for local threads, the Ray object store for actors).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, NamedTuple
 
-from oprl.partial import switch_version
+from oprl.partial import board_file, open_board, post_weights, switch_version
 from oprl.schedule import policy_version
+
+
+class Post(NamedTuple):
+    """A write to the weights board the driver waits for: its future and what it does (for error lines)."""
+
+    future: Future
+    doing: str
+
+
+class BoardWriter:
+    """Writes the weights board on one thread of its own, in call order (``oprl.partial`` holds the format).
+
+    ``resolve(snapshot)`` turns a published snapshot (a future of ``TrainerWorker.weights()``) into its
+    name -> tensor dict, waiting for it: the backend's ``get``.
+    """
+
+    def __init__(self, board: str | Path, resolve: Callable[[Any], dict]):
+        self.board, self.resolve = Path(board), resolve
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oprl-board")
+
+    def open(self, start_step: int) -> Post:
+        """Clear versions newer than ``start_step`` (a killed run's future) and the ``closed`` mark."""
+        return Post(self._thread.submit(open_board, self.board, start_step), f"while opening {self.board}")
+
+    def post(self, version: int, snapshot, keep_from: int) -> Post:
+        """Write ``version``, then remove the versions below ``keep_from``."""
+        future = self._thread.submit(self._write, version, snapshot, keep_from)
+        return Post(future, f"while posting version {version} to {board_file(self.board, version)}")
+
+    def _write(self, version: int, snapshot, keep_from: int) -> None:
+        post_weights(self.board, version, self.resolve(snapshot), keep_from)
+
+    def close(self) -> None:
+        """Drop writes not yet started, wait for the running one (call after the workers stopped: a write
+        waiting for the trainer's weights then ends with them)."""
+        self._thread.shutdown(wait=True, cancel_futures=True)
 
 
 class Synchronizer:
@@ -39,14 +84,13 @@ class Synchronizer:
         max_staleness: int,
         explorers: int,
         partial: bool = False,
-        poster: Callable[[int, object, int], object] | None = None,
     ):
         self.k, self.m, self.mode, self.max_staleness = interval, offset, mode, max_staleness
         self.partial = partial
-        self.poster = poster
-        """Partial rollouts: ``poster(version, snapshot, keep_from)`` posts a version to the weights board (and
-        prunes versions below ``keep_from``); returns the future of that call, queued in ``posts``."""
-        self.posts: list = []
+        self.board: BoardWriter | None = None
+        """Partial rollouts: the weights board's writer (``open_board``)."""
+        self.posts: list[Post] = []
+        """Board writes not yet handed to the driver (which waits for them like any call)."""
         self.snapshots: dict[int, object] = {}
         self.loaded: list[int | None] = [0 if mode == "fixed" else None] * explorers
         self.latest: int | None = None
@@ -84,11 +128,26 @@ class Synchronizer:
             # Only the newest is ever handed out; in-flight calls keep their own reference.
             self.snapshots = {version: snapshot}
         self.latest = version if self.latest is None else max(self.latest, version)
-        if self.poster is not None:
+        if self.board is not None:
             # Scheduled: older versions may still be waited for (release keeps them); async: the newest two
             # (an explorer may be reading the previous one while this one is written).
             keep_from = min(self.snapshots) if self.mode == "scheduled" else self.latest - self.k
-            self.posts.append(self.poster(version, snapshot, keep_from))
+            self.posts.append(self.board.post(version, snapshot, keep_from))
+
+    # -- the weights board (partial rollouts) -----------------------------------------------------------
+    def open_board(self, board: str | Path, start_step: int, resolve: Callable[[Any], dict]) -> None:
+        """Own the weights board ``board`` of a run starting after step ``start_step``: clear it of a killed
+        run's future, post the versions restored from a checkpoint, then every version published from now on
+        (``resolve``: the backend's ``get``, see ``BoardWriter``)."""
+        self.board = BoardWriter(board, resolve)
+        self.posts.append(self.board.open(start_step))
+        for version, snapshot in sorted(self.snapshots.items()):
+            self.posts.append(self.board.post(version, snapshot, min(self.snapshots)))
+
+    def close(self) -> None:
+        """Stop the board's writer thread (``BoardWriter.close``); nothing to do without a board."""
+        if self.board is not None:
+            self.board.close()
 
     def weights_for(self, explorer: int, version: int, batch: int = 0):
         """The snapshot to send with ``batch`` on ``explorer`` (None when it already holds ``version``)."""
