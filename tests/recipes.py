@@ -1,5 +1,6 @@
-"""Recipes several test files share: the tiny model's multi-turn episode settings, a counting engine, a
-run killed with SIGKILL once its first checkpoint is on disk, and a package installed with entry points.
+"""Recipes several test files share: the tiny model's multi-turn episode settings, a counting engine, a plug-in
+engine that gains partial rollouts by declaring them, a run killed with SIGKILL once its first checkpoint is on
+disk, and a package installed with entry points.
 
 Imported by name (``from recipes import ...``; pytest puts tests/ on the path, as for trainer_helpers), or
 named by file path as a plug-in (``rollout.engine=tests/recipes.py:counting_engine``).
@@ -13,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from oprl.rollout import LeanEngine
+from oprl.rollout import EngineCapabilities, LeanEngine, TorchEngine
+from oprl.rollout.lean_engine import lean_sample
 
 EPISODES = [
     "warmstart.max_steps=60",
@@ -51,6 +53,22 @@ def counting_engine(model, tokenizer, **settings):
 
     engine.generate = counted
     return engine
+
+
+class OwnLoop(TorchEngine):
+    """A plug-in engine (``rollout.engine=tests/recipes.py:OwnLoop``): a ``TorchEngine`` over a decode loop of its
+    own (here the lean engine's, ``lean_sample``, which asks a switch before every decode step). It declares no
+    ``capabilities``, so oprl treats it as sampling each batch with one policy: ``sync.partial=true`` is refused."""
+
+    def __init__(self, model, tokenizer, **settings):
+        super().__init__(lean_sample, model, tokenizer, **settings)
+
+
+class SwitchingLoop(OwnLoop):
+    """The same engine declaring what its loop does: partial rollouts with either KV mode. Declaring is all it
+    takes for ``sync.partial=true`` to run with it (docs/architecture.md, "How to add an engine")."""
+
+    capabilities = EngineCapabilities(partial_kv=("keep", "recompute"))
 
 
 def kill_9_after(args: list[str], checkpoint: Path, timeout: float = 240.0) -> None:

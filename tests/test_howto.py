@@ -1,7 +1,9 @@
-"""The two recipes of docs/architecture.md, done exactly as the page says: a loss variant is one function plus one
-registry entry in ``oprl.algorithms``; an engine is a callable building an ``Engine``, one entry in ``ENGINES``."""
+"""The recipes of docs/architecture.md, done exactly as the page says: a loss variant is one function plus one
+registry entry in ``oprl.algorithms``; an engine is a callable building an ``Engine``, one entry in ``ENGINES``;
+a plug-in engine gains partial rollouts by declaring them in its ``capabilities``."""
 
 import json
+from pathlib import Path
 
 import torch
 
@@ -40,3 +42,21 @@ def test_an_engine_is_one_registry_entry_and_trains(monkeypatch, small_overrides
     rows = (tmp_path / "runs" / "howto" / "metrics.jsonl").read_text().splitlines()
     assert len([r for r in map(json.loads, rows) if "reward/correct" in r]) == 2
     assert recipes.CALLS  # the registered engine sampled the batches
+
+
+def test_a_plug_in_engine_gains_partial_rollouts_by_declaring_them(small_overrides, tmp_path, capsys):
+    """recipes.SwitchingLoop declares ``capabilities = EngineCapabilities(partial_kv=("keep", "recompute"))``
+    and runs 2 switching steps by import path; recipes.OwnLoop, the same engine without it, is refused in one line."""
+    path = Path(recipes.__file__)
+    partial = [*small_overrides, "steps=2", "sync.offset=1", "sync.partial=true", "sync.switch_step=2"]
+    partial += ["eval.interval=0", "tensorboard=false"]
+    assert main(["train", *partial, "run_name=declared", f"rollout.engine={path}:SwitchingLoop"]) == 0
+    rows = [json.loads(r) for r in (tmp_path / "runs" / "declared" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/correct" in r]
+    assert len(steps) == 2
+    assert steps[1]["batch/switched_frac"] > 0  # batch 2 switched to version 1 at decode step 2
+    capsys.readouterr()
+    assert main(["train", *partial, "run_name=undeclared", f"rollout.engine={path}:OwnLoop"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sync.partial=true" in err and "rollout.engine" in err, err
+    assert not (tmp_path / "runs" / "undeclared").exists()  # refused before anything started
