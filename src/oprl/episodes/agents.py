@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from oprl.episodes.endpoint import Endpoint, Pending, Sampling, reply_message
+from oprl.episodes.endpoint import Endpoint, PendingReply, Sampling, reply_message
 from oprl.episodes.episode import Episode, EpisodeSettings, run_episodes
 from oprl.episodes.sessions import Choice, RequestRefused, Session, stop_at
 from oprl.errors import OprlError
@@ -174,19 +174,20 @@ def _check_timeouts(endpoint: Endpoint, runs: list[AgentRun], timeout: float) ->
                 endpoint.close(run.session_id, "rollout.episode_timeout passed")
 
 
-def row_seed(seed: int, turn: int, index: int, choice: int) -> int:
-    """63 bits of a hash of (batch seed + turn, episode, choice): the seed of one sampled row."""
+def choice_seed(seed: int, turn: int, index: int, choice: int) -> int:
+    """63 bits of a hash of (batch seed + turn, episode, choice): the seed of one sampled row, one choice of
+    one request (passed to ``Engine.generate`` as ``row_seeds``; not vLLM's ``row_seed(seed, row)``)."""
     digest = hashlib.blake2b(f"{seed + turn}/{index}/{choice}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
 
 
-def _sample(engine, endpoint: Endpoint, batch: list[Pending], seed: int) -> None:
+def _sample(engine, endpoint: Endpoint, batch: list[PendingReply], seed: int) -> None:
     """One engine call for the waiting requests (their ``n`` rows each, in episode order); replies to each."""
     batch.sort(key=lambda p: (p.session.turns, p.session.index))
     rows = [(p, choice) for p in batch for choice in range(p.n)]
     contexts = [p.context for p, _ in rows]
     sampling, turn = endpoint.sampling, batch[0].session.turns
-    row_seeds = [row_seed(seed, p.session.turns, p.session.index, c) for p, c in rows]
+    row_seeds = [choice_seed(seed, p.session.turns, p.session.index, c) for p, c in rows]
     try:
         rollout = engine.generate(
             contexts, seed=seed + turn, temperature=sampling.temperature, top_p=sampling.top_p, row_seeds=row_seeds

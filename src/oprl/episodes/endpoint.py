@@ -59,8 +59,9 @@ MAX_REQUEST_BYTES = 4 * 2**20
 
 
 @dataclass
-class Pending:
-    """A request waiting for the engine: its session, its token context, and where the replies go."""
+class PendingReply:
+    """A request waiting for the engine: its session, its token context, and where the replies go (a plain
+    ``concurrent.futures.Future``; not a backend's ``Pending`` call result)."""
 
     session: Session
     context: list[int]
@@ -114,7 +115,7 @@ class Endpoint:
         self.token = secrets.token_urlsafe(24)
         self.batch_wait_s = batch_wait_s
         self.sessions: dict[str, Session] = {}
-        self.pending: list[Pending] = []
+        self.pending: list[PendingReply] = []
         self.sampling = Sampling(1.0, 1.0, 16)
         self.counts: Counter[str] = Counter()
         """Requests served, refused (by reason), and engine calls: ``oprl.episodes.agents`` logs them."""
@@ -159,7 +160,7 @@ class Endpoint:
             self.lock.notify_all()
         return session
 
-    def take(self, running: int, timeout: float = 0.05) -> list[Pending]:
+    def take(self, running: int, timeout: float = 0.05) -> list[PendingReply]:
         """The requests for the next engine call: all waiting ones, once ``running`` sessions have a request
         waiting (every running agent asked) or the oldest waited ``batch_wait_s``; [] after ``timeout`` or
         when woken otherwise (an agent finished: the caller counts the running ones again)."""
@@ -181,7 +182,7 @@ class Endpoint:
         self.thread.join(timeout=5)
 
     # -- request handling (uvicorn's thread) -------------------------------------------------------------------
-    def submit(self, session: Session, body: _Request) -> Pending:
+    def submit(self, session: Session, body: _Request) -> PendingReply:
         """Check ``body`` against the engine, extend the session's history, queue the request."""
         limit = self.sampling.max_new_tokens
         for name, value, served in (
@@ -215,7 +216,7 @@ class Endpoint:
                 assert isinstance(body, CompletionRequest)
                 context = session.completion_context(body.prompt, room)
             session.inflight += 1  # its turn is reserved: concurrent requests cannot pass rollout.max_turns
-            pending = Pending(session, context, body.n, max_tokens, with_tools=bool(tools), stops=body.stops)
+            pending = PendingReply(session, context, body.n, max_tokens, with_tools=bool(tools), stops=body.stops)
             self.pending.append(pending)
             self.lock.notify_all()
         return pending
