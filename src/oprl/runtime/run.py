@@ -204,16 +204,16 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
         log(chosen)
     backend = make_backend(config)
     actors: list = []
-    session: Session | None = None
+    parts: RunParts | None = None
     try:
-        session = _start(opened, path, backend, actors, log)
+        parts = _start(opened, path, backend, actors, log)
         progress = RunProgress(
             config.steps,
             enabled=config.progress,
             description="explore" if config.mode == "explore" else "train",
             interval=config.logging.interval,
             interval_s=config.logging.interval_s,
-            start=session.start_step,  # a resumed run's rate, and so its ETA, counts this segment's steps only
+            start=parts.start_step,  # a resumed run's rate, and so its ETA, counts this segment's steps only
         )
         before = resume.elapsed_before(opened.resumption)
         with progress:
@@ -231,34 +231,34 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
                     logger=logger,
                     progress=progress,
                     health=health,
-                    **vars(session),
+                    **vars(parts),
                 )
                 # A checkpoint's total_s counts from this segment's start (start-up and warm start included),
                 # as summary.json's seconds do, not from the driver's.
                 driver.checkpoints.elapsed_before = before + driver.checkpoints.started - started
-                if session.start_step == 0 and config.mode != "explore":
+                if parts.start_step == 0 and config.mode != "explore":
                     driver.request_eval(0)
                 driver.run()
             except BaseException:
                 logger.close(quiet=True)
                 raise
             logger.close()
-        if session.trainer is not None:
-            trainer = session.trainer
+        if parts.trainer is not None:
+            trainer = parts.trainer
             save = lambda d: backend.get(trainer.save_final(d))  # noqa: E731
             resume.write_final(run_dir, save, backend.describe, step=config.steps)
     finally:
         if config.sync.partial:  # an explorer waiting for a version that will never come stops
             close_board(run_dir / BOARD_DIRNAME)
         backend.shutdown(actors)
-        if session is not None:
-            session.sync.close()  # after the workers: a board write waiting for the trainer's weights ends now
+        if parts is not None:
+            parts.sync.close()  # after the workers: a board write waiting for the trainer's weights ends now
         ckpt_files.remove_staging(run_dir)  # the workers have stopped: nothing writes a staging directory now
     return before
 
 
 @dataclass
-class Session:
+class RunParts:
     """The started workers and where the schedule stands: the Driver's arguments."""
 
     trainer: TrainerHandle | None
@@ -276,7 +276,7 @@ class Session:
     """Distillation: the teacher that scores every batch (``teacher.path``)."""
 
 
-def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) -> Session:
+def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) -> RunParts:
     """Start the workers of ``config.mode``, restore a checkpoint when resuming."""
     config, store_dir, run_dir = opened.config, opened.store_dir, opened.run_dir
     threads = worker_threads(config)
@@ -339,7 +339,7 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
         pending = [b for b in range(start_step + 1, config.steps + 1) if b not in ready] if use_explorers else []
     if trainer is not None and explorers and sync.wants(start_step, pending):
         sync.publish(start_step, trainer.weights())
-    return Session(trainer, explorers, buffer, sync, start_step, pending, set(ready), teacher)
+    return RunParts(trainer, explorers, buffer, sync, start_step, pending, set(ready), teacher)
 
 
 def _wait_ready(backend, actor) -> None:
