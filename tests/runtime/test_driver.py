@@ -19,7 +19,7 @@ from oprl.explorer.explorer import ExploreResult, Timing
 from oprl.messages import Experience, TrainResult
 from oprl.partial import board_file, posted_versions
 from oprl.roles import BufferHandle, BufferRole, ExplorerHandle, TrainerHandle
-from oprl.runtime.driver import Driver, Schedule
+from oprl.runtime.driver import BatchTracker, Driver
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.schedule import policy_version
 
@@ -262,33 +262,33 @@ def test_a_dying_trainer_stops_the_run_naming_it(tmp_path):
         drive(tmp_path, ["steps=8", "checkpoint.interval=100"], trainer_fail=3)
 
 
-def test_schedule_moves_batches_forward_and_fills_idle_explorers_first():
-    schedule = Schedule([3, 1, 2, 4], ready=set(), completed=0, explorers=2, capacity=2)
-    assert schedule.pending == [1, 2, 3, 4]
+def test_batch_tracker_moves_batches_forward_and_fills_idle_explorers_first():
+    batches = BatchTracker([3, 1, 2, 4], ready=set(), completed=0, explorers=2, capacity=2)
+    assert batches.pending == [1, 2, 3, 4]
     placed = []
-    while (index := schedule.explorer_with_room()) is not None:
-        batch = schedule.pending[0]
-        schedule.dispatch(batch, index)
+    while (index := batches.explorer_with_room()) is not None:
+        batch = batches.pending[0]
+        batches.dispatch(batch, index)
         placed.append((batch, index))
     assert placed == [(1, 0), (2, 1), (3, 0), (4, 1)]  # each explorer gets one before either gets a second
-    assert schedule.outstanding() == [1, 2, 3, 4] and not schedule.pending
-    assert schedule.in_reach(None)
-    schedule.explored(2, to_train=True)
-    assert schedule.ready == {2} and schedule.held(1) == 1 and schedule.explorer_with_room() == 1
-    schedule.explored(1, to_train=True)
-    schedule.take(1)
-    assert schedule.training and schedule.ready == {2}
-    schedule.trained(1)
-    assert (schedule.completed, schedule.training, schedule.outstanding()) == (1, False, [3, 4])
-    schedule.explored(3, to_train=False)  # mode=explore: nothing becomes ready
-    assert schedule.ready == {2}
+    assert batches.outstanding() == [1, 2, 3, 4] and not batches.pending
+    assert batches.in_reach(None)
+    batches.explored(2, to_train=True)
+    assert batches.ready == {2} and batches.held(1) == 1 and batches.explorer_with_room() == 1
+    batches.explored(1, to_train=True)
+    batches.take(1)
+    assert batches.training and batches.ready == {2}
+    batches.trained(1)
+    assert (batches.completed, batches.training, batches.outstanding()) == (1, False, [3, 4])
+    batches.explored(3, to_train=False)  # mode=explore: nothing becomes ready
+    assert batches.ready == {2}
 
 
-def test_schedule_keeps_explorers_within_max_ready_of_the_trainer():
-    schedule = Schedule([5, 6], ready=set(), completed=2, explorers=1, capacity=1)
-    assert not schedule.in_reach(2) and schedule.in_reach(3) and schedule.in_reach(None)
+def test_batch_tracker_keeps_explorers_within_max_ready_of_the_trainer():
+    batches = BatchTracker([5, 6], ready=set(), completed=2, explorers=1, capacity=1)
+    assert not batches.in_reach(2) and batches.in_reach(3) and batches.in_reach(None)
     with pytest.raises(AssertionError, match="in order"):
-        schedule.dispatch(6, 0)
+        batches.dispatch(6, 0)
 
 
 def test_the_synchronizer_posts_every_published_version_to_the_board(tmp_path, monkeypatch):

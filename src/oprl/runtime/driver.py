@@ -14,7 +14,7 @@ schedule (not timing) decides every number in scheduled mode, so both settings g
 On a worker failure the driver stops submitting work, lets the trainer finish what it holds, writes a final
 checkpoint (unless the trainer or the buffer is the one that failed) and raises ``WorkerFailure``.
 
-Its state is a few small objects: ``Schedule`` (which batches are pending, in flight, ready, which step is
+Its state is a few small objects: ``BatchTracker`` (which batches are pending, in flight, ready, which step is
 next), ``RowLog`` (rows waiting to be written in order), ``PerfClock`` (the ``perf/*`` columns),
 ``CheckpointWriter`` (``oprl.runtime.resume``), the calls in flight and at most one ``Failure``. Each
 completion goes to the handler its kind names in ``Driver.handlers``. Workers are called through the typed
@@ -73,8 +73,9 @@ class Failure:
     cause: BaseException
 
 
-class Schedule:
-    """Where every batch is, and which trainer step is next: the driver's scheduling state.
+class BatchTracker:
+    """Where every batch is, and which trainer step is next: the driver's scheduling state (which version
+    generates a batch is ``oprl.schedule``'s and the synchronizer's, not this tracker's).
 
     Batch b is the one trainer step b consumes. Invariants:
 
@@ -145,7 +146,7 @@ class Schedule:
 
 
 class Driver:
-    """Submits calls to the workers as the ``Schedule`` allows and reacts to each completion (module docstring)."""
+    """Submits calls to the workers as the ``BatchTracker`` allows and reacts to each completion (module docstring)."""
 
     def __init__(
         self,
@@ -174,7 +175,7 @@ class Driver:
         self.explore_only = config.mode == "explore"
         # Scheduling: where every batch is, and the calls in flight.
         capacity = 2 if (config.runtime.overlap and config.sync.mode == "scheduled") else 1
-        self.schedule = Schedule(pending, ready, start_step, len(explorers), capacity)
+        self.batches = BatchTracker(pending, ready, start_step, len(explorers), capacity)
         self.calls: dict[Any, Call] = {}
         # Reacting: rows in step order, their perf columns, checkpoints, the first failure.
         first = 0 if start_step == 0 else start_step + 1
@@ -207,8 +208,8 @@ class Driver:
             elif not self.calls:
                 if self.checkpoints.final_attempted:
                     break
-                if self.checkpoints.after_failure(self.schedule.completed):
-                    self.start_checkpoint(self.schedule.completed)
+                if self.checkpoints.after_failure(self.batches.completed):
+                    self.start_checkpoint(self.batches.completed)
                 continue
             if not self.calls:
                 raise RuntimeError("driver: nothing in flight but the run is not finished (a scheduling bug)")
@@ -262,17 +263,17 @@ class Driver:
         return self.cfg.runtime.overlap or not self.calls
 
     def _launch(self) -> None:
-        schedule = self.schedule
+        batches = self.batches
         max_ready = None if self.explore_only else self.cfg.buffer.max_ready
-        while schedule.pending and self._may_submit() and schedule.in_reach(max_ready):
-            index = schedule.explorer_with_room()
+        while batches.pending and self._may_submit() and batches.in_reach(max_ready):
+            index = batches.explorer_with_room()
             if index is None:
                 break
-            batch = schedule.pending[0]
+            batch = batches.pending[0]
             version = self.sync.version_for(batch)
             if version is None:  # held back by the lag rule
                 break
-            schedule.dispatch(batch, index)
+            batches.dispatch(batch, index)
             weights = self.sync.weights_for(index, version, batch)
             experiences, result = self.explorers[index].explore(batch, version, weights)
             self._submit(
@@ -286,12 +287,12 @@ class Driver:
                     experiences=experiences,
                 ),
             )
-        step = schedule.completed + 1
+        step = batches.completed + 1
         if (
             not self.explore_only
-            and not schedule.training
+            and not batches.training
             and step <= self.steps
-            and (self.offline or step in schedule.ready)
+            and (self.offline or step in batches.ready)
             and self._may_submit()
         ):
             assert self.trainer is not None, "a mode that trains has a trainer"
@@ -300,7 +301,7 @@ class Driver:
                 experiences = self._score(step, experiences)
             trained = self.trainer.train(step, experiences)
             self._submit(trained, Call("train", "trainer", f"while training step {step}", step=step, stats=stats))
-            schedule.take(step)
+            batches.take(step)
 
     # -- completions -------------------------------------------------------------------------------------
     def _on_explore(self, call: Call, result: ExploreResult) -> None:
@@ -309,7 +310,7 @@ class Driver:
         experiences = call.experiences if self.teacher is None else self._score(batch, call.experiences)
         put = self.buffer.put(batch, experiences, not self.explore_only)
         self._submit(put, Call("put", "buffer", f"while storing batch {batch}", batch=batch))
-        self.schedule.explored(batch, to_train=not self.explore_only)
+        self.batches.explored(batch, to_train=not self.explore_only)
 
     def _score(self, batch: int, experiences):
         """The teacher's copy of ``experiences`` (a future), waited for like any call so its failure is named."""
@@ -324,7 +325,7 @@ class Driver:
 
     def _on_train(self, call: Call, result: TrainResult) -> None:
         step = call.step
-        self.schedule.trained(step)
+        self.batches.trained(step)
         row = result.metrics | self.backend.get(call.stats)
         row.update(self.perf.step_row(result, step, with_explorers=bool(self.explorers)))
         if self.cfg.sync.mode == "scheduled" and not self.offline:
@@ -334,7 +335,7 @@ class Driver:
                 raise RuntimeError(f"step {step} trained on version {started}, not {scheduled}")
             row["lag/scheduled"] = float(lag(step, self.sync.k, self.sync.m))
         self.rows.add(step, row)
-        outstanding = self.schedule.outstanding()
+        outstanding = self.batches.outstanding()
         if self.explorers and self.sync.wants(step, outstanding):  # partial: in-flight batches may switch to it
             assert self.trainer is not None
             snapshot = self.trainer.weights()
@@ -358,7 +359,7 @@ class Driver:
 
     # -- checkpoints (written by oprl.runtime.resume) ------------------------------------------------------
     def start_checkpoint(self, step: int) -> None:
-        outstanding = self.schedule.outstanding()
+        outstanding = self.batches.outstanding()
         versions = [v for v in self.sync.needed_versions(outstanding) if v != step]
         snapshots = {v: self.sync.snapshots[v] for v in versions}
         assert self.trainer is not None, "mode=explore writes no checkpoints (its store is its state)"
@@ -381,7 +382,7 @@ class Driver:
     def _interrupted_line(self) -> str:
         assert self.failure is not None
         last = self.checkpoints.last
-        where = f"at step {self.schedule.completed}"
+        where = f"at step {self.batches.completed}"
         if self.explore_only:
             where = f"after {self.steps - len(self.rows.expected)} of {self.steps} batches"
         how = f"output_dir={self.run_dir.parent} run_name={self.run_dir.name} resume=true"
