@@ -205,3 +205,12 @@ def test_an_echo_with_the_matched_stop_appended_extends(tokenizer):
     assert conversation(tokenizer, episode) == expected
     context = tokenizer.decode([t for t, m in zip(episode.response_ids, episode.loss_mask, strict=True) if not m])
     assert context.startswith("Observation:</s>")  # the agent's stop sequence, then the end of turn
+
+
+def test_an_agent_task_refuses_a_weight_switch_naming_the_key():
+    from oprl.episodes.agents import run_agent_episodes
+    from oprl.episodes.episode import EpisodeSettings
+    from oprl.errors import OprlError
+
+    with pytest.raises(OprlError, match=r"^sync\.partial=true: agent tasks .* set sync\.partial=false$"):
+        run_agent_episodes(None, None, None, [], EpisodeSettings(seed=0, max_turns=1, max_tokens=8, switch=object()))

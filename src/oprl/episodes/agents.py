@@ -87,7 +87,9 @@ def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSetti
     """One episode per entry of ``problems``, written by ``task``'s agent through the endpoint; ``run_episodes``
     calls it for agent tasks with its own arguments (``settings``)."""
     if settings.switch is not None:
-        raise OprlError("rollout.partial: agent tasks (task.name=agent) sample without switching weights; unset it")
+        raise OprlError(
+            "sync.partial=true: agent tasks (task.name=agent) sample without switching weights; set sync.partial=false"
+        )
     endpoint, s = endpoint_of(task, tokenizer), settings
     endpoint.sampling = Sampling(
         engine.temperature if s.temperature is None else s.temperature,
