@@ -13,7 +13,7 @@ from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import grouped_response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.models.truncation import kept_tokens
-from oprl.rollout import ENGINES, LeanEngine
+from oprl.rollout import ENGINES, LeanEngine, engines_with
 from oprl.rollout.base import WithSampling
 
 SETTINGS = [(1.0, 0, 0.9), (1.0, 20, 1.0), (1.0, 20, 0.9), (0.7, 5, 0.8)]
@@ -31,7 +31,7 @@ def _prompts(tokenizer):
     return [encode_prompt(tokenizer, [{"role": "user", "content": t}]) for t in texts]
 
 
-@pytest.mark.parametrize("engine", ["lean", "vllm", "hf-generate"])
+@pytest.mark.parametrize("engine", engines_with(lambda c: c.exact_truncation))  # what they declare, checked
 def test_on_policy_rho_is_one_under_top_k_and_top_p(policy, engine):
     if engine == "vllm":
         pytest.importorskip("vllm")
