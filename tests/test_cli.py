@@ -36,9 +36,9 @@ CASES = {
         ["train", "algorithm.mask_low=2", "algorithm.mask_high=1"],
         "algorithm.mask_low: mask_low must be < mask_high",
     ),
-    "top_p training, plug-in engine": (
-        ["train", "rollout.top_p=0.9", "rollout.engine=oprl.rollout.lean_engine:LeanEngine"],
-        "rollout.top_p=0.9: rollout.engine=oprl.rollout.lean_engine:LeanEngine samples by its own truncation rule",
+    "top_p training, plug-in engine": (  # recipes.OwnLoop declares no capabilities (exact_truncation)
+        ["train", "rollout.top_p=0.9", f"rollout.engine={Path(__file__).parent / 'recipes.py'}:OwnLoop"],
+        f"rollout.top_p=0.9: rollout.engine={Path(__file__).parent / 'recipes.py'}:OwnLoop samples by its own",
     ),
     "unknown key": (["train", "rollout.gruop_size=4"], "did you mean group_size"),
     "unknown section": (["train", "optimizer.lr=1"], "unknown key 'optimizer'"),

@@ -4,6 +4,8 @@ for the built-in engines and refuses it, in one line, where the rule is unknown;
 
 The vLLM case uses the model shape of tests/rollout/test_engines.py, so one vLLM engine serves both files."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from oprl.models.truncation import kept_tokens
 from oprl.rollout import ENGINES, LeanEngine, engines_with
 from oprl.rollout.base import WithSampling
 
+RECIPES = Path(__file__).parents[1] / "recipes.py"
 SETTINGS = [(1.0, 0, 0.9), (1.0, 20, 1.0), (1.0, 20, 0.9), (0.7, 5, 0.8)]
 """(temperature, top_k, top_p): the issue's two settings, both at once, and a colder, tighter one."""
 
@@ -83,7 +86,7 @@ def test_the_config_trains_with_top_k_and_top_p_on_built_in_engines():
     "overrides, key", [(["rollout.top_k=20"], "rollout.top_k=20"), (["rollout.top_p=0.9"], "rollout.top_p=0.9")]
 )
 def test_an_engine_whose_rule_is_unknown_is_refused_naming_the_key(overrides, key):
-    plug_in = "rollout.engine=oprl.rollout.lean_engine:LeanEngine"  # an import path: a plug-in, rule unknown
+    plug_in = f"rollout.engine={RECIPES}:OwnLoop"  # a plug-in declaring no exact_truncation: rule unknown
     with pytest.raises(OprlError, match=rf"^{key}: rollout.engine=.* cannot rebuild") as error:
         load_config(None, [*overrides, plug_in])
     assert "\n" not in str(error.value)
