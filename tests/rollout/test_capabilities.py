@@ -28,6 +28,7 @@ from oprl.rollout import (
     engines_with,
 )
 from oprl.worker import make_engine
+from recipes import install_package
 
 RECIPES = Path(__file__).parents[1] / "recipes.py"
 SWITCH, LIMIT = 3, 8
@@ -79,6 +80,15 @@ def test_capabilities_of_a_plug_in_by_import_path_and_what_is_refused(tmp_path):
         capabilities(f"{tmp_path / 'engines.py'}:Boasting")
     with pytest.raises(OprlError, match=r"^rollout.engine: unknown engine 'warp-drive'"):
         capabilities("warp-drive")
+
+
+def test_capabilities_of_a_plug_in_by_entry_point(tmp_path, monkeypatch):
+    source = (
+        "from oprl.rollout import EngineCapabilities, TorchEngine\n\n"
+        "class Declared(TorchEngine):\n    capabilities = EngineCapabilities(partial_kv=('keep',), row_seeds=True)\n"
+    )
+    install_package(tmp_path, "caps_engine", source, "[oprl.engines]\ndeclared = caps_engine:Declared\n", monkeypatch)
+    assert capabilities("declared") == EngineCapabilities(partial_kv=("keep",), row_seeds=True)
 
 
 @pytest.mark.parametrize("kv", KV_SETTINGS)
