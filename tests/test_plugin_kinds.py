@@ -59,7 +59,7 @@ def variants(tmp_path):
 
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
-    """``variants_pkg`` on sys.path (and PYTHONPATH, for the reward workers) with a dist-info declaring an entry
+    """``variants_pkg`` on sys.path (and PYTHONPATH, for the reward processes) with a dist-info declaring an entry
     point in ``oprl.weights`` and one in ``oprl.rewards``."""
     entry = "[oprl.weights]\nhalf = variants_pkg:halved\n\n[oprl.rewards]\nexact-answer = variants_pkg:exact\n"
     site = install_package(tmp_path / "site", "variants_pkg", VARIANTS, entry, monkeypatch)

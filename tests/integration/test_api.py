@@ -78,7 +78,7 @@ def test_task_and_reward_as_python_objects():
 
 def test_a_reward_imported_through_sys_path_reaches_the_workers(tmp_path, monkeypatch, small_overrides, capfd):
     """#42, the notebook pattern: ``sys.path.append(dir); from rev import rev_reward; oprl.train(reward=rev_reward)``
-    failed in the reward workers ("cannot import 'rev'"). A top-level module travels by its file; a package
+    failed in the reward processes ("cannot import 'rev'"). A top-level module travels by its file; a package
     module the workers cannot import is one line with the exact string to pass."""
     import importlib
     import json

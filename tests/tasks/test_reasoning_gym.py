@@ -1,5 +1,5 @@
 """task.name=reasoning-gym: two generators load with their sizes and seeds, score with their own scorers in
-the worker pool (right, wrong, tagged, untagged), a bad generator is one line, and the tiny model trains."""
+the reward pool (right, wrong, tagged, untagged), a bad generator is one line, and the tiny model trains."""
 
 import pytest
 

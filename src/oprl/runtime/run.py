@@ -3,7 +3,7 @@
 ``run(config)`` dispatches on ``config.mode``: ``both`` (explorers + buffer + trainer), ``explore`` (explorers
 + buffer writing the store), ``offline`` (buffer reading a store + trainer), ``eval`` (one evaluation). The
 run directory receives the resolved config, ``metrics.jsonl``, tensorboard events, ``metrics.png``,
-``summary.json``, ``workers.log`` (what reward workers print), ``experiences/`` (the store), ``checkpoints/``
+``summary.json``, ``workers.log`` (what reward processes print), ``experiences/`` (the store), ``checkpoints/``
 and the final model (``final/``, loadable with ``from_pretrained``). ``resume=true`` continues run
 ``run_name`` from its newest checkpoint.
 
@@ -45,8 +45,8 @@ from oprl.runtime.health import SignalHealth
 from oprl.runtime.preflight import check_lengths, noop_warnings, outcome_warnings
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.tasks import build_task
-from oprl.tasks.rewards.workers import LOG_NAME as WORKER_LOG
-from oprl.tasks.rewards.workers import worker_log
+from oprl.tasks.rewards.processes import LOG_NAME as REWARD_LOG
+from oprl.tasks.rewards.processes import reward_log
 from oprl.teacher.loading import check_teacher
 from oprl.teacher.teacher import TeacherWorker
 from oprl.trackers import start_trackers
@@ -175,7 +175,7 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
     run_dir = make_run_dir(config)
     opened = resume.open_run(config, run_dir, log=log)
     try:
-        with worker_log(run_dir / WORKER_LOG):  # reward and answer-checking workers print there
+        with reward_log(run_dir / REWARD_LOG):  # reward processes print there
             if task is None or opened.config.task != config.task:
                 task = build_task(opened.config.task)
             if not (checked and opened.config == config):  # before the warm start and the workers

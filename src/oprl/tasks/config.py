@@ -57,7 +57,7 @@ class ArithmeticTaskConfig(Section):
 
 
 class _ReasoningTaskConfig(Section):
-    """Fields shared by the tasks whose answers are checked by math-verify in worker processes."""
+    """Fields shared by the tasks whose answers are checked by math-verify in reward processes."""
 
     name: str
     """Task plug-in: a key of ``oprl.tasks.TASKS`` (``oprl config --help`` lists them)."""
@@ -179,7 +179,7 @@ class DatasetTaskConfig(Section):
     reward: str | list[str] = ""
     """Your reward function(s): ``package.module:function`` (importable from the current directory or the
     environment) or ``path/to/file.py:function``, or a list of them. Called as
-    ``fn(prompt, completion, reference, **row) -> float | dict[str, float]`` in worker processes; a dict's
+    ``fn(prompt, completion, reference, **row) -> float | dict[str, float]`` in reward processes; a dict's
     values are named components (logged as ``reward/<name>``) and its reward is their sum."""
     reward_weights: list[float] | None = None
     """Weight of each reward function in the total (None = 1.0 each), as TRL's ``reward_weights``."""
@@ -189,10 +189,10 @@ class DatasetTaskConfig(Section):
     reward_workers: int = Field(1, gt=0)
     """Reward worker processes (each imports your reward module once)."""
     reward_memory_mb: int = Field(4096, ge=0)
-    """Address-space limit of each reward worker in MB (``resource.setrlimit``; 0 = none). A call that
+    """Address-space limit of each reward process in MB (``resource.setrlimit``; 0 = none). A call that
     allocates past it fails with a ``MemoryError`` and scores 0. Importing torch and transformers takes ~700."""
     reward_import_timeout: float = Field(60.0, gt=0.0)
-    """Seconds a reward worker may take to start (import your module); past that the run stops with one line."""
+    """Seconds a reward process may take to start (import your module); past that the run stops with one line."""
     reward_max_error_fraction: float = Field(1.0, gt=0.0, le=1.0)
     """The run stops when a reward function fails (raises, times out, returns a non-number) on at least this
     share of a batch's rows; below it, failed rows score 0 and are counted (``reward/reward_error``,
@@ -387,7 +387,7 @@ class ReasoningGymDataset(Section):
 
 class ReasoningGymTaskConfig(Section):
     """Procedurally generated reasoning problems from reasoning-gym (100+ generators, offline), scored by each
-    generator's own ``score_answer`` in timed worker processes (``pip install 'oprl[reasoning-gym]'``)."""
+    generator's own ``score_answer`` in timed reward processes (``pip install 'oprl[reasoning-gym]'``)."""
 
     name: Literal["reasoning-gym"] = "reasoning-gym"
     """Task plug-in (see ``oprl.tasks.TASKS``)."""

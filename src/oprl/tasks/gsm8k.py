@@ -8,7 +8,7 @@ answer field; rows without one (or without a question) are skipped, counted in `
 one warning naming the file and row numbers. A split left with no usable row is an ``OprlError``.
 
 Each prompt is the DeepSeek-R1 system message plus the question; the reward is ``oprl.tasks.rewards.builtin``'s R1
-reward, checked by math-verify in worker processes with a hard timeout. ``reward="last-number"`` swaps in
+reward, checked by math-verify in reward processes with a hard timeout. ``reward="last-number"`` swaps in
 a plain prompt and the last-number reward, for models too small to follow the R1 format.
 
 Run offline: ``oprl train task.name=gsm8k task.source=synthetic model.path=smollm2-135m-instruct ...``

@@ -8,7 +8,7 @@ skipped, counted in ``skipped`` and reported with their row numbers; an empty sp
 
 The prompt is the problem followed by ``task.instruction`` (ask for a boxed answer); there is no system
 message unless ``task.system_prompt`` sets one. The reward is 1 when the response's last ``\\boxed{}``
-matches the reference under math-verify (in worker processes, with a hard timeout), else 0.
+matches the reference under math-verify (in reward processes, with a hard timeout), else 0.
 
 Not here: MATH's level / subject metadata (kept out of the problem; filter the files to select them).
 """

@@ -5,13 +5,13 @@ reasoning-gym (``pip install 'oprl[reasoning-gym]'``, offline) has 100+ generato
 mixes several, each with its sizes, seed and settings (``oprl.tasks.config.ReasoningGymDataset``): item
 ``i < train_size`` of a generator is a training problem, the next ``test_size`` items are its test split.
 
-Scoring runs in ``WorkerPool`` processes (``oprl.tasks.rewards.workers``) under a hard per-answer timeout, like every
-reward that parses model output: the worker rebuilds the generator from its settings (cached), takes the item
+Scoring runs in ``RewardPool`` processes (``oprl.tasks.rewards.processes``) under a hard per-answer timeout, like every
+reward that parses model output: the reward process rebuilds the generator from its settings (cached), takes the item
 by index, extracts the answer (``<answer>`` tags with reasoning-gym's ``extract_answer``, or the whole reply)
-and calls that generator's ``score_answer``. A timeout or a worker error scores 0 and is counted
+and calls that generator's ``score_answer``. A timeout or a reward process's error scores 0 and is counted
 (``verdicts``). Reward: the score; components ``correct`` (score 1) and ``format`` (an answer was found).
 
-Run one worker by hand: ``python -m oprl.tasks.reasoning_gym`` reads requests on its private channel only,
+Run one reward process by hand: ``python -m oprl.tasks.reasoning_gym`` reads requests on its private channel only,
 so test it through ``ReasoningGymTask(...).score``.
 """
 
@@ -26,12 +26,12 @@ from typing import Any
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.config import ReasoningGymTaskConfig, task_section
-from oprl.tasks.rewards.workers import WorkerPool, fatal, serve, start_worker
+from oprl.tasks.rewards.processes import RewardPool, fatal, serve, start_reward_process
 
 INSTALL_HINT = "pip install 'oprl[reasoning-gym]'"
 MAX_RESPONSE_CHARS = 20_000
 """Replies are cut here before they reach a scorer (no generator needs more)."""
-WORKER_MEMORY_MB = 2048
+PROCESS_MEMORY_MB = 2048
 
 
 class ReasoningGymTask:
@@ -46,7 +46,7 @@ class ReasoningGymTask:
             raise OprlError(f"task.name=reasoning-gym needs reasoning-gym: {INSTALL_HINT}")
         self._splits: dict[str, list[Problem]] = {"train": [], "test": []}
         self._items: dict[str, tuple[str, int]] = {}
-        """task_id -> (the generator's settings as JSON, item index): what a worker needs to score it."""
+        """task_id -> (the generator's settings as JSON, item index): what a reward process needs to score it."""
         system = _system_prompt(c.system_prompt)
         for d in c.datasets:
             spec = json.dumps({"name": d.name, "seed": d.seed, "size": d.train_size + d.test_size, "config": d.config})
@@ -60,7 +60,7 @@ class ReasoningGymTask:
                 self._splits[split].append(Problem(task_id=task_id, messages=messages, answer=str(item["answer"])))
                 self._items[task_id] = (spec, index)
         self.verdicts = {"scored": 0, "timeout": 0, "error": 0}
-        self._pool: WorkerPool | None = None
+        self._pool: RewardPool | None = None
 
     def problems(self, split: str) -> Sequence[Problem]:
         if split not in self._splits:
@@ -68,15 +68,15 @@ class ReasoningGymTask:
         return self._splits[split]
 
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
-        """Each generator's ``score_answer`` on the extracted answers, in the worker pool (module docstring)."""
+        """Each generator's ``score_answer`` on the extracted answers, in the reward pool (module docstring)."""
         if self._pool is None:
             c = self.config
-            self._pool = WorkerPool(
+            self._pool = RewardPool(
                 ["oprl.tasks.reasoning_gym"],
                 c.verify_workers,
                 c.verify_timeout,
                 what="reasoning-gym scorer",
-                memory_mb=WORKER_MEMORY_MB,
+                memory_mb=PROCESS_MEMORY_MB,
             )
         requests = [
             {
@@ -121,7 +121,7 @@ def _dataset(spec: str):
     return _DATASETS[spec]
 
 
-# ---------------------------------------------------------------- the worker side (a separate process)
+# ---------------------------------------------------------------- the reward process's side
 
 
 def _score_request(request: dict) -> dict:
@@ -135,8 +135,8 @@ def _score_request(request: dict) -> dict:
     return {"score": score, "found": answer is not None}
 
 
-def _worker_main() -> None:
-    memory_mb = start_worker()
+def _process_main() -> None:
+    memory_mb = start_reward_process()
     try:
         import reasoning_gym  # noqa: F401
     except ImportError as exc:
@@ -145,4 +145,4 @@ def _worker_main() -> None:
 
 
 if __name__ == "__main__":
-    _worker_main(*sys.argv[1:])
+    _process_main(*sys.argv[1:])

@@ -1,5 +1,5 @@
 """The tool-call reward on hand-written cases: every format rule, BFCL's acceptable-value lists, parallel calls
-in any order, and hostile outputs scored 0 inside the timed worker."""
+in any order, and hostile outputs scored 0 inside the timed reward process."""
 
 import json
 import os
@@ -226,7 +226,7 @@ def test_hostile_outputs_are_malformed_quickly():
 
 
 def test_rewards_in_timed_worker():
-    pool = VerifierPool(workers=1, timeout=5.0, kind="tool-call")
+    pool = VerifierPool(processes=1, timeout=5.0, kind="tool-call")
     try:
         deep = "<think>a</think><tool_call>" + "[" * 1_000_000 + "</tool_call>"
         rewards = tool_call_rewards(
@@ -331,7 +331,7 @@ def test_partial_credit_is_1_exactly_for_a_match(case, truth, response, expected
 def test_partial_credit_reward_ranks_wrong_calls_and_keeps_accuracy():
     """total = correct + format term + w * credit of a well-formed wrong call; ``correct`` (accuracy) and
     ``format`` do not move, ``credit`` is logged; a correct call still beats every wrong one."""
-    pool = VerifierPool(workers=1, timeout=5.0, kind="tool-call")
+    pool = VerifierPool(processes=1, timeout=5.0, kind="tool-call")
     try:
         responses = [
             think(GOOD),
@@ -355,11 +355,11 @@ def test_worker_timeout_scores_zero():
     """A worker that does not answer within the timeout is killed and replaced; the answer scores 0, flagged.
     The worker is stopped (SIGSTOP) so that it cannot answer however loaded the machine is; a tiny timeout
     alone races with a fast worker whose reply is already waiting when the parent wakes up."""
-    pool = VerifierPool(workers=1, timeout=5.0, kind="tool-call")
+    pool = VerifierPool(processes=1, timeout=5.0, kind="tool-call")
     try:
         (warm,) = tool_call_rewards(pool, [json.dumps(TRIANGLE)], [think(GOOD)])  # the worker is up
         assert warm.total == 1.0
-        (worker,) = pool._workers
+        (worker,) = pool._processes
         os.kill(worker.process.pid, signal.SIGSTOP)
         pool.timeout = 0.5
         rewards = tool_call_rewards(pool, [json.dumps(TRIANGLE)], [think(call("calculate_triangle_area", base=10))])
@@ -367,6 +367,6 @@ def test_worker_timeout_scores_zero():
         assert pool.counts["timeout"] == 1
         pool.timeout = 5.0
         (after,) = tool_call_rewards(pool, [json.dumps(TRIANGLE)], [think(GOOD)])  # a fresh worker answers
-        assert after.total == 1.0 and pool._workers[0] is not worker
+        assert after.total == 1.0 and pool._processes[0] is not worker
     finally:
         pool.close()

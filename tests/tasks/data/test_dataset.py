@@ -1,5 +1,5 @@
-"""task.name=dataset: rows from JSONL / parquet / CSV / ``datasets`` directories, user rewards in timed workers,
-and one-line errors naming the setting for every user mistake."""
+"""task.name=dataset: rows from JSONL / parquet / CSV / ``datasets`` directories, user rewards in timed reward
+processes, and one-line errors naming the setting for every user mistake."""
 
 import json
 import time

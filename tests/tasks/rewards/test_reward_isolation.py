@@ -1,5 +1,5 @@
 """User rewards that print, start subprocesses, fail on some rows, allocate or block at import (issue #25):
-every reply lands on its own row, prints reach the workers' log, a failed row scores 0 and is counted, and
+every reply lands on its own row, prints reach the reward processes' log, a failed row scores 0 and is counted, and
 the rest are one line."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 from oprl.cli import main
 from oprl.errors import OprlError
 from oprl.tasks import DatasetTask
-from oprl.tasks.rewards.workers import worker_log
+from oprl.tasks.rewards.processes import reward_log
 
 ROOT = Path(__file__).resolve().parents[3]
 TRAIN = ROOT / "examples" / "arithmetic_train.jsonl"
@@ -65,7 +65,7 @@ def test_a_reward_that_prints_and_starts_subprocesses_scores_every_row_correctly
     """The issue's reward: with replies on fd 1, 42 of 96 rows carried another row's reward. Here every row
     gets the same reward as without the prints, and the prints are kept in the log."""
     log = tmp_path / "workers.log"
-    with worker_log(log):
+    with reward_log(log):
         noisy = DatasetTask(train_file=str(TRAIN), train_size=24, reward=f"{rewards_file}:noisy", reward_workers=2)
     quiet = DatasetTask(train_file=str(TRAIN), train_size=24, reward=f"{rewards_file}:quiet", reward_workers=2)
     problems = list(noisy.problems("train"))
@@ -170,7 +170,7 @@ def test_reward_workers_ignore_sigint_and_exit_with_their_parent(rewards_file):
     import signal
 
     task = DatasetTask(train_file=str(TRAIN), train_size=2, reward=f"{rewards_file}:quiet")
-    (worker,) = task.rewards.pool._workers
+    (worker,) = task.rewards.pool._processes
     os.kill(worker.process.pid, signal.SIGINT)
     time.sleep(0.3)
     problems = list(task.problems("train"))
@@ -182,10 +182,10 @@ def test_reward_workers_ignore_sigint_and_exit_with_their_parent(rewards_file):
 
 LYING_WORKER = """
 import json
-from oprl.tasks.rewards.workers import _send, _streams, start_worker
+from oprl.tasks.rewards.processes import _send, _streams, start_reward_process
 
-def _worker_main():
-    start_worker()
+def _process_main():
+    start_reward_process()
     requests, _ = _streams()
     _send({"ready": True})
     for line in requests:
@@ -195,25 +195,25 @@ def _worker_main():
 
 
 def test_a_reply_carrying_another_requests_id_is_an_error_not_a_reward(tmp_path, monkeypatch):
-    from oprl.tasks.rewards.workers import WorkerPool
+    from oprl.tasks.rewards.processes import RewardPool
 
     (tmp_path / "lying_worker.py").write_text(LYING_WORKER)
     monkeypatch.chdir(tmp_path)  # the worker imports it from its working directory
-    pool = WorkerPool(["lying_worker"], workers=1, timeout=5.0)
+    pool = RewardPool(["lying_worker"], processes=1, timeout=5.0)
     try:
         replies = pool.run([{"n": 1}, {"n": 2}])
     finally:
         pool.close()
-    assert replies == [{"verdict": "error", "error": "worker replied to another request (killed)"}] * 2
+    assert replies == [{"verdict": "error", "error": "reward process replied to another request (killed)"}] * 2
 
 
 SILENT_UNTIL_TOLD_WORKER = """
 import os
 import time
-from oprl.tasks.rewards.workers import fatal, start_worker
+from oprl.tasks.rewards.processes import fatal, start_reward_process
 
-def _worker_main():
-    start_worker()
+def _process_main():
+    start_reward_process()
     while not os.path.exists("go"):  # the test decides when the diagnosis is written
         time.sleep(0.01)
     fatal("task.reward: cannot import 'x.py': ModuleNotFoundError: No module named 'x'")
@@ -223,11 +223,11 @@ def _worker_main():
 def test_a_diagnosis_written_just_before_the_worker_exits_is_read_not_lost(tmp_path, monkeypatch):
     """The race behind a once-seen flaky run: the parent finds the pipe empty, the worker then writes its
     one-line diagnosis and exits, and the parent's exit check must not report "exited" with the line unread."""
-    from oprl.tasks.rewards import workers
+    from oprl.tasks.rewards import processes
 
     (tmp_path / "silent_until_told_worker.py").write_text(SILENT_UNTIL_TOLD_WORKER)
     monkeypatch.chdir(tmp_path)
-    real_read = workers._Worker._read_line
+    real_read = processes._RewardProcess._read_line
     reads = []
 
     def read_then_let_it_speak_and_exit(self):
@@ -238,8 +238,8 @@ def test_a_diagnosis_written_just_before_the_worker_exits_is_read_not_lost(tmp_p
             self.process.wait(timeout=60)
         return line
 
-    monkeypatch.setattr(workers._Worker, "_read_line", read_then_let_it_speak_and_exit)
-    worker = workers._Worker(["silent_until_told_worker"], 60.0, "reward worker", None, None)
+    monkeypatch.setattr(processes._RewardProcess, "_read_line", read_then_let_it_speak_and_exit)
+    worker = processes._RewardProcess(["silent_until_told_worker"], 60.0, "reward process", None, None)
     try:
         with pytest.raises(OprlError) as error:
             for _ in range(1000):
@@ -248,4 +248,4 @@ def test_a_diagnosis_written_just_before_the_worker_exits_is_read_not_lost(tmp_p
     finally:
         worker.kill()
     assert reads == [None]
-    assert "reward worker failed to start: task.reward: cannot import 'x.py': ModuleNotFoundError" in str(error.value)
+    assert "reward process failed to start: task.reward: cannot import 'x.py': ModuleNotFoundError" in str(error.value)

@@ -26,7 +26,7 @@ SLOW = "9^9^9^9"  # sympy computes 9^387420489 (370 million digits) when compari
 
 @pytest.fixture(scope="module")
 def pool():
-    pool = VerifierPool(workers=1, timeout=TIMEOUT)
+    pool = VerifierPool(processes=1, timeout=TIMEOUT)
     yield pool
     pool.close()
 
@@ -147,13 +147,13 @@ def test_extractors():
 
 
 def test_identical_jobs_are_checked_once_and_verdicts_keep_order():
-    pool = VerifierPool(workers=2, timeout=TIMEOUT)
+    pool = VerifierPool(processes=2, timeout=TIMEOUT)
     try:
         jobs = [Job("1", str(i % 3)) for i in range(9)]
         verdicts = pool.check(jobs)
         assert verdicts == ["match" if i % 3 == 1 else "mismatch" for i in range(9)]
         assert sum(pool.counts.values()) == 9
-        processes = [w.process for w in pool._workers]
+        processes = [w.process for w in pool._processes]
     finally:
         pool.close()
     assert all(p.poll() is not None for p in processes)  # close() leaves no worker behind

@@ -10,7 +10,7 @@ The rows of the chosen ``task.subsets`` are shuffled with ``task.seed`` and the 
 them form the test split (fixed for a seed, whatever ``train_size``). Each problem's tools travel in
 ``Problem.tools`` (OpenAI function schemas) and are rendered by the chat template (``tools=``) when it has a
 tools section, else by ``oprl.models.chat``'s documented system-prompt format. The reward is
-``oprl.tasks.bfcl.toolcall``'s, checked in timed worker processes: 1 when the response follows the format rules
+``oprl.tasks.bfcl.toolcall``'s, checked in timed reward processes: 1 when the response follows the format rules
 (``task.think``) and its calls match the ground truth, else 0; components ``format`` and ``correct``.
 """
 

@@ -23,7 +23,7 @@ match when there is a one-to-one pairing of calls to ground-truth calls, in any 
 
 **Hostile outputs.** Responses longer than ``MAX_RESPONSE_CHARS``, with brackets nested deeper than
 ``MAX_DEPTH`` or with more than ``MAX_CALLS`` calls are malformed before any JSON parser sees them, so every
-check here is linear in the response; the reward still runs in a timed worker process
+check here is linear in the response; the reward still runs in a timed reward process
 (``oprl.tasks.rewards.verify``, ``mode="tool-call"``) like the math rewards, as a second line of defence.
 """
 
@@ -316,7 +316,7 @@ def tool_call_rewards(
 ) -> list:
     """The paper's tool-call reward per response: 1 when well formed and correct, else 0 (Trinity-RFT's rule),
     with components ``format``, ``correct``, ``verify_timeout``, ``verify_error``. ``pool`` is a
-    ``VerifierPool(kind="tool-call")``: every check runs in its worker processes under its timeout.
+    ``VerifierPool(kind="tool-call")``: every check runs in its reward processes under its timeout.
 
     ``format_bonus`` b > 0 makes the reward format-aware (ToolRL's separate format term, Qian et al. 2025):
     total = correct + b when well formed, correct - b otherwise, so a well-formed wrong call beats a broken one.

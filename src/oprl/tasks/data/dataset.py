@@ -8,7 +8,7 @@ set) is handed to the reward as ``reference`` and is the warm-start target of th
 Rows missing either are skipped and reported in one warning with their row numbers; a column that no row
 has is an ``OprlError`` naming the setting and the columns there are.
 
-Scoring calls the user's functions (``oprl.tasks.rewards.user``) in timed worker processes with the row's
+Scoring calls the user's functions (``oprl.tasks.rewards.user``) in timed reward processes with the row's
 prompt, the completion, the reference and the row's other columns.
 """
 
@@ -51,7 +51,7 @@ class DatasetTask:
             specs,
             c.reward_weights,
             timeout=c.reward_timeout,
-            workers=c.reward_workers,
+            processes=c.reward_workers,
             extra_columns=sorted(extra),
             memory_mb=c.reward_memory_mb,
             import_timeout=c.reward_import_timeout,
@@ -103,7 +103,7 @@ class DatasetTask:
         task_id = f"{self.name}/{split}/{row.number:06d}"
         extra = {k: v for k, v in row.data.items() if k not in (c.prompt_column, c.reference_column, *RESERVED)}
         arguments = {"prompt": prompt, "reference": reference, "row": extra}
-        self._rows[task_id] = json.loads(json.dumps(arguments, default=str))  # what reaches the worker, as JSON
+        self._rows[task_id] = json.loads(json.dumps(arguments, default=str))  # what reaches the reward process, as JSON
         answer = reference if isinstance(reference, str) else json.dumps(reference, default=str)
         return Problem(task_id=task_id, messages=messages, answer=answer), ""
 

@@ -1,2 +1,2 @@
 """Reward machinery of the tasks: the built-in reward functions (``builtin``), answer checking with math-verify
-(``verify``), the timed worker-process pool both run in (``workers``) and users' reward functions (``user``)."""
+(``verify``), the timed reward-process pool both run in (``processes``) and users' reward functions (``user``)."""

@@ -1,4 +1,5 @@
-"""User reward functions: named by ``task.reward``, run in the timed worker pool of ``oprl.tasks.rewards.workers``.
+"""User reward functions: named by ``task.reward``, run in the timed reward processes of
+``oprl.tasks.rewards.processes``.
 
 The contract (docs/tasks.md): ``fn(prompt, completion, reference, **row) -> float | dict[str, float]`` where
 ``prompt`` is the row's prompt (a string or a list of chat messages), ``completion`` the model's response,
@@ -9,10 +10,10 @@ A function is named ``package.module:function`` (imported from the current direc
 ``path/to/file.py:function``, or by the name of an installed package's entry point in the group
 ``oprl.rewards`` (``oprl.plugins``: ``[project.entry-points."oprl.rewards"] exact = "my_pkg.rewards:exact"``,
 then ``task.reward=exact``), which resolves to its ``module:function`` before anything imports it. Only the
-reward workers (``oprl.tasks.rewards.workers``) import it: each checks the name and the signature at start-up, so a
+reward processes (``oprl.tasks.rewards.processes``) import it: each checks the name and the signature at start-up, so a
 typo is one ``OprlError`` line naming ``task.reward`` before anything trains, and a module that blocks at
 import is one line after ``task.reward_import_timeout``. Each ``(row, function)`` call is one request to a
-worker under ``task.reward_timeout`` and ``task.reward_memory_mb``; replies come back on the workers' private
+reward process under ``task.reward_timeout`` and ``task.reward_memory_mb``; replies come back on the processes' private
 channel, checked against the request they answer, and what the function prints goes to
 ``<run_dir>/workers.log``. A call that hangs is killed; one that raises, runs out of memory, or returns
 something other than a number within ±``MAX_ABS_REWARD`` (or a dict of them) fails. **A failed call scores 0
@@ -21,7 +22,7 @@ the first failure of each kind is one warning line); the run stops only when a f
 ``task.reward_max_error_fraction`` of a batch's rows (default 1.0: every row), with one line showing one
 failed row.
 
-Run one worker by hand: ``echo '{"fn": 0, "prompt": "1+1=", "completion": "2", "reference": "2", "row": {}}'
+Run one reward process by hand: ``echo '{"fn": 0, "prompt": "1+1=", "completion": "2", "reference": "2", "row": {}}'
 | python -m oprl.tasks.rewards.user '{"specs": ["examples/arithmetic_reward.py:reward"], "columns": []}'``.
 """
 
@@ -41,7 +42,7 @@ from typing import Any
 from oprl import plugins
 from oprl.errors import OprlError
 from oprl.tasks.base import Reward
-from oprl.tasks.rewards.workers import WorkerPool, fatal, serve, start_worker
+from oprl.tasks.rewards.processes import RewardPool, fatal, serve, start_reward_process
 
 KEY = "task.reward"
 MAX_ABS_REWARD = 1e6
@@ -103,9 +104,9 @@ def reward_value(value: Any) -> dict[str, float] | float:
 
 
 class UserRewards:
-    """The reward functions of ``specs`` weighted by ``weights``, scored in ``workers`` timed processes.
+    """The reward functions of ``specs`` weighted by ``weights``, scored in ``processes`` timed reward processes.
 
-    The workers start here and import the functions there (never in this process, so a module that blocks,
+    The processes start here and import the functions there (never in this process, so a module that blocks,
     crashes or prints at import cannot touch the run): a typo or a wrong signature is one ``OprlError`` line
     before anything trains, and so is a module that does not import within ``import_timeout`` seconds."""
 
@@ -115,7 +116,7 @@ class UserRewards:
         weights: Sequence[float] | None,
         *,
         timeout: float,
-        workers: int,
+        processes: int,
         extra_columns: Sequence[str] = (),
         memory_mb: int = 0,
         import_timeout: float = 60.0,
@@ -132,12 +133,12 @@ class UserRewards:
         self.names = [attribute_name(spec) for spec in self.specs]
         self.memory_mb = memory_mb
         self.max_error_fraction = max_error_fraction
-        self.pool = WorkerPool(
+        self.pool = RewardPool(
             ["oprl.tasks.rewards.user", json.dumps({"specs": self.specs, "columns": list(extra_columns)})],
-            workers,
+            processes,
             timeout,
             startup_timeout=import_timeout,
-            what=f"{KEY}: the reward worker for {','.join(self.specs)}",
+            what=f"{KEY}: the reward process for {','.join(self.specs)}",
             memory_mb=memory_mb or None,
         )
         try:
@@ -146,7 +147,7 @@ class UserRewards:
             self.pool.close()
             message = str(exc)
             fatal_message = message.partition(" failed to start: ")[2]
-            if fatal_message.startswith(KEY):  # the worker's own one-line diagnosis (import, name, signature)
+            if fatal_message.startswith(KEY):  # the reward process's own one-line diagnosis (import, name, signature)
                 raise OprlError(fatal_message) from None
             if "did not start within" in message:
                 message += f" (task.reward_import_timeout={import_timeout:g})"
@@ -234,11 +235,11 @@ def _check_spec(spec: str) -> None:
         raise OprlError(f"{KEY}: file {target!r} not found (from {os.getcwd()})")
 
 
-# ---------------------------------------------------------------- the worker side (a separate process)
+# ---------------------------------------------------------------- the reward process's side
 
 
-def _worker_main(argument: str) -> None:
-    memory_mb = start_worker()  # before the user's module allocates anything
+def _process_main(argument: str) -> None:
+    memory_mb = start_reward_process()  # before the user's module allocates anything
     settings = json.loads(argument)
     try:
         functions = [load_reward(spec) for spec in settings["specs"]]
@@ -258,7 +259,7 @@ def _worker_main(argument: str) -> None:
 
 
 if __name__ == "__main__":
-    _worker_main(sys.argv[1])
+    _process_main(sys.argv[1])
 
 
 def canonical_spec(spec: str) -> str:
@@ -273,7 +274,7 @@ def canonical_spec(spec: str) -> str:
         return spec
     if target.endswith(".py") or "/" in target or os.sep in target:
         return f"{Path(target).resolve()}:{attribute}"
-    if "." in target:  # finding a submodule would import its packages: only workers import user code
+    if "." in target:  # finding a submodule would import its packages: only reward processes import user code
         return spec
     search = [*sys.path, os.getcwd()] if os.getcwd() not in sys.path else sys.path
     found = importlib.machinery.PathFinder.find_spec(target, search)

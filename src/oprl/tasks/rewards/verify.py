@@ -1,20 +1,20 @@
-"""Answer checking with math-verify in worker processes, under a hard per-answer wall-clock timeout.
+"""Answer checking with math-verify in reward processes, under a hard per-answer wall-clock timeout.
 
 A reward function hands ``(reference, candidate)`` string pairs to a ``VerifierPool``; each pair is checked
 by math-verify (``parse`` then ``verify``, i.e. sympy) inside a separate Python process. The parent waits at
-most ``timeout`` seconds for each answer; when that passes, the worker is killed (SIGKILL) and replaced,
-and the answer gets the verdict ``"timeout"``. A worker that dies or raises gives ``"error"``. Both score 0
+most ``timeout`` seconds for each answer; when that passes, the reward process is killed (SIGKILL) and replaced,
+and the answer gets the verdict ``"timeout"``. A process that dies or raises gives ``"error"``. Both score 0
 upstream and are counted, so a hostile or merely unlucky model output (``9^9^9^9`` makes sympy compute a
 number with 370 million digits) can neither hang training nor crash it.
 
 Why a process: math-verify's own timeout uses ``signal.alarm``, which only works in the main thread and
 cannot interrupt C code, and a thread cannot be killed at all. A process can. The transport is
-``oprl.tasks.rewards.workers.WorkerPool``: JSON lines (no pickle) on a private pipe pair, each reply checked against
-its request's id, the worker under a memory limit (``WORKER_MEMORY_MB``); model text is only ever handed
+``oprl.tasks.rewards.processes.RewardPool``: JSON lines (no pickle) on a private pipe pair, each reply checked against
+its request's id, the process under a memory limit (``PROCESS_MEMORY_MB``); model text is only ever handed
 to math-verify's parsers as a string: nothing is evaluated as code.
 
 Not here: extracting the answer from a response (``oprl.tasks.rewards.builtin``), any notion of reward.
-Run one worker by hand (it then reads stdin and writes stdout): ``echo '{"gold": "72", "pred": "72"}' |
+Run one reward process by hand (it then reads stdin and writes stdout): ``echo '{"gold": "72", "pred": "72"}' |
 python -m oprl.tasks.rewards.verify``.
 """
 
@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 
 from oprl.errors import OprlError
-from oprl.tasks.rewards.workers import WorkerPool, fatal, serve, start_worker
+from oprl.tasks.rewards.processes import RewardPool, fatal, serve, start_reward_process
 
 VERDICTS = ("match", "mismatch", "malformed", "timeout", "error")
 CHECKERS = {
@@ -32,16 +32,16 @@ CHECKERS = {
     "tool-call": "oprl.tasks.bfcl.toolcall:check_request",
 }
 """Worker kinds and the checker each answers requests with (``module:function``, request dict in, reply dict
-out), imported inside the worker process: the pool knows no checker's module, so a task adds a kind here
+out), imported inside the reward process: the pool knows no checker's module, so a task adds a kind here
 without this module importing it. ``math`` also imports math-verify at start-up (missing: one fatal line)."""
 KINDS = tuple(CHECKERS)
-# The worker's address-space limit: sympy on a pathological input can allocate without bound before the
+# The reward process's address-space limit: sympy on a pathological input can allocate without bound before the
 # timeout fires; 2 GiB is far above what honest answers need (~200 MB with the imports).
-WORKER_MEMORY_MB = 2048
+PROCESS_MEMORY_MB = 2048
 
 
 def require_math_verify(task: str) -> None:
-    """One-line ``OprlError`` when math-verify is missing (checked up front, not in a worker)."""
+    """One-line ``OprlError`` when math-verify is missing (checked up front, not in a reward process)."""
     import importlib.util
 
     if importlib.util.find_spec("math_verify") is None:
@@ -54,7 +54,7 @@ class Job:
 
     ``mode`` says how to read them: ``plain`` (free text such as ``72``, ``$1,000`` or ``\\frac{1}{2}``,
     the GSM8k reward) or ``latex`` (the content of a ``\\boxed{}``, the MATH reward), both for ``math``
-    workers; ``tool-call`` / ``tool-call-nothink`` for ``tool-call`` workers: ``gold`` is the JSON ground
+    processes; ``tool-call`` / ``tool-call-nothink`` for ``tool-call`` processes: ``gold`` is the JSON ground
     truth, ``pred`` the whole response, the verdict ``oprl.tasks.bfcl.toolcall.verdict``'s (with / without the
     think-tag rules).
     """
@@ -64,20 +64,20 @@ class Job:
     mode: str = "plain"
 
 
-class VerifierPool(WorkerPool):
-    """``workers`` answer-checking processes of ``kind`` (math-verify or tool-call); ``check(jobs)`` returns
+class VerifierPool(RewardPool):
+    """``processes`` answer-checking reward processes of ``kind`` (math-verify or tool-call); ``check(jobs)`` returns
     one verdict per job, in order. ``counts`` accumulates verdicts over the pool's life."""
 
-    def __init__(self, workers: int = 1, timeout: float = 5.0, startup_timeout: float = 120.0, kind: str = "math"):
+    def __init__(self, processes: int = 1, timeout: float = 5.0, startup_timeout: float = 120.0, kind: str = "math"):
         if kind not in KINDS:
             raise ValueError(f"VerifierPool needs kind in {KINDS}")
         super().__init__(
             ["oprl.tasks.rewards.verify", kind],
-            workers,
+            processes,
             timeout,
             startup_timeout,
-            "answer-checking worker",
-            memory_mb=WORKER_MEMORY_MB,
+            "answer-checking process",
+            memory_mb=PROCESS_MEMORY_MB,
         )
         self.kind = kind
         self.counts = dict.fromkeys(VERDICTS, 0)
@@ -89,7 +89,7 @@ class VerifierPool(WorkerPool):
 
     def check_scored(self, jobs: list[Job]) -> list[tuple[str, float]]:
         """``(verdict, credit)`` per job: ``credit`` is the checker's partial credit in [0, 1] (``tool-call``
-        workers: ``oprl.tasks.bfcl.toolcall.calls_credit``), 0.0 where it gives none (math, timeouts, errors)."""
+        processes: ``oprl.tasks.bfcl.toolcall.calls_credit``), 0.0 where it gives none (math, timeouts, errors)."""
         with self._lock:
             return self._check(jobs)
 
@@ -122,7 +122,7 @@ def _verdict(reply: dict) -> str:
     return "error" if "error" in reply else ("match" if reply.get("match") else "mismatch")
 
 
-# ---------------------------------------------------------------- the worker side (a separate process)
+# ---------------------------------------------------------------- the reward process's side
 
 
 def _verify_pair(gold: str, pred: str, mode: str) -> bool:
@@ -146,11 +146,11 @@ def check_math(request: dict) -> dict:
     return {"match": _verify_pair(gold, pred, mode)}
 
 
-def _worker_main(kind: str = "math") -> None:
+def _process_main(kind: str = "math") -> None:
     import importlib
     import logging
 
-    memory_mb = start_worker()
+    memory_mb = start_reward_process()
     logging.disable(logging.WARNING)  # math-verify warns about the disabled timeouts on every call
     if kind == "math":
         try:
@@ -162,4 +162,4 @@ def _worker_main(kind: str = "math") -> None:
 
 
 if __name__ == "__main__":
-    _worker_main(sys.argv[1] if len(sys.argv) > 1 else "math")
+    _process_main(sys.argv[1] if len(sys.argv) > 1 else "math")
