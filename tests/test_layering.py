@@ -94,7 +94,7 @@ ROLES = {"buffer", "evaluator", "explorer", "teacher", "trainer"}
 through each other's modules."""
 
 # Process entry points that host the CLI in another process: they sit above everything, like cli.py.
-ENTRY_POINTS = {"experiments/sweep_worker.py"}
+ENTRY_POINTS = {"experiments/sweep_runner.py"}
 
 
 def files_of(layer: str) -> list[Path]:

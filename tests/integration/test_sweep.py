@@ -102,9 +102,9 @@ def test_bad_specs_fail_with_one_line(tmp_path):
         report.build_report(tmp_path)
 
 
-def test_sigterm_to_the_sweep_stops_its_workers(tmp_path):
+def test_sigterm_to_the_sweep_stops_its_runners(tmp_path):
     """``kill <sweep pid>`` (SIGTERM to the sweep alone, as a job scheduler sends it) stops the runs in flight
-    and their worker processes; before, the workers ran on, orphaned, to the end of their runs."""
+    and their runner processes; before, the runners ran on, orphaned, to the end of their runs."""
     spec = write_spec(tmp_path, parallel=1)
     base = yaml.safe_load(spec.read_text())
     base["overrides"] = [o for o in base["overrides"] if not o.startswith("steps=")] + ["steps=100000"]
@@ -118,7 +118,7 @@ def test_sigterm_to_the_sweep_stops_its_workers(tmp_path):
             time.sleep(0.5)
             metrics = list((tmp_path / "sweep").glob("*/metrics.jsonl"))
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        assert children, "the sweep has no worker process"
+        assert children, "the sweep has no runner process"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=180)
         assert proc.returncode == 128 + signal.SIGTERM
@@ -130,7 +130,7 @@ def test_sigterm_to_the_sweep_stops_its_workers(tmp_path):
                 time.sleep(0.1)
             else:
                 os.kill(int(pid), signal.SIGKILL)
-                raise AssertionError(f"sweep worker {pid} still running after the sweep was stopped")
+                raise AssertionError(f"sweep runner {pid} still running after the sweep was stopped")
     finally:
         if proc.poll() is None:
             proc.kill()

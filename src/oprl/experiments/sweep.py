@@ -20,8 +20,8 @@ Finished runs (a ``summary.json`` in their directory) are skipped, so an interru
 running the same command again; an unfinished run that committed a checkpoint (``checkpoint.interval > 0``)
 continues from it (``resume=true``: no row lost or repeated), any other unfinished run directory is cleared and
 that run starts over. Long sweeps (hours, across sessions) should therefore checkpoint every few steps. Runs execute
-``oprl train`` on ``parallel`` long-lived worker processes (``oprl.experiments.sweep_worker``: torch and
-transformers are imported once per worker, not once per run); each run's output goes to ``logs/<run>.log``.
+``oprl train`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_runner``: torch and
+transformers are imported once per runner, not once per run); each run's output goes to ``logs/<run>.log``.
 Deliberately not here: scheduling across machines (use the Ray backend inside a run for that).
 """
 
@@ -45,7 +45,7 @@ from oprl.errors import OprlError
 from oprl.experiments.results import THRESHOLD_GAIN, collect_results, write_table
 
 STOP_GRACE_S = 120.0
-"""How long an interrupted sweep waits for a run to stop at a step boundary before it kills the worker."""
+"""How long an interrupted sweep waits for a run to stop at a step boundary before it kills the runner."""
 
 
 @dataclass(frozen=True)
@@ -139,19 +139,19 @@ def threshold_gain(spec: dict) -> float:
 
 
 def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) -> list[str]:
-    """Run ``todo`` on ``parallel`` long-lived worker processes (``oprl.experiments.sweep_worker``)."""
+    """Run ``todo`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_runner``)."""
     import selectors
 
     from oprl.progress import RunProgress
 
     threads = max(1, (os.cpu_count() or 1) // parallel)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    idle = [_Worker(env) for _ in range(min(parallel, len(todo)))]
-    busy: dict[_Worker, PlannedRun] = {}
+    idle = [_Runner(env) for _ in range(min(parallel, len(todo)))]
+    busy: dict[_Runner, PlannedRun] = {}
     failures: list[str] = []
     queue = list(todo)
     selector = selectors.DefaultSelector()
-    # SIGTERM (``kill``, a job scheduler) reaches this process alone, not its workers: turn it into an exception
+    # SIGTERM (``kill``, a job scheduler) reaches this process alone, not its runners: turn it into an exception
     # so that the ``finally`` below stops them. Without it they ran on, orphaned, to the end of their runs.
     previous = _terminate_raises()
     finished = False
@@ -161,7 +161,7 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
             done = 0
             while queue or busy:
                 while queue and idle:
-                    run, worker = queue.pop(0), idle.pop()
+                    run, runner = queue.pop(0), idle.pop()
                     argv = _arguments(run, spec, out)
                     if _has_checkpoint(out / run.name):
                         argv.append("resume=true")  # `oprl train` verifies it and cuts the rows back to it
@@ -170,29 +170,29 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
                         shutil.rmtree(out / run.name, ignore_errors=True)  # unfinished leftovers start over
                     # The log lives beside the run: a run refuses a directory that holds files not its own.
                     (out / "logs").mkdir(exist_ok=True)
-                    worker.start(argv, _log_path(out, run.name))
-                    busy[worker] = run
-                    selector.register(worker.stdout, selectors.EVENT_READ, worker)
+                    runner.start(argv, _log_path(out, run.name))
+                    busy[runner] = run
+                    selector.register(runner.stdout, selectors.EVENT_READ, runner)
                 for key, _ in selector.select(timeout=1.0):
-                    worker = key.data
-                    selector.unregister(worker.stdout)
-                    run = busy.pop(worker)
-                    rc = worker.result()
+                    runner = key.data
+                    selector.unregister(runner.stdout)
+                    run = busy.pop(runner)
+                    rc = runner.result()
                     done += 1
                     if rc != 0:
                         failures.append(run.name)
                         log(f"run {run.name} failed (exit {rc}); see {_log_path(out, run.name)}")
                     failed = f", {len(failures)} failed" if failures else ""
                     progress.update(done, f"last: {run.name} ({'ok' if rc == 0 else 'failed'}){failed}")
-                    idle.append(worker if worker.alive() else _Worker(env))
+                    idle.append(runner if runner.alive() else _Runner(env))
         finished = True
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        for worker in busy:  # interrupted: each run stops as `oprl train` does on SIGTERM, then its worker exits
-            worker.close(stop=not finished)
-        for worker in idle:
-            worker.close()
+        for runner in busy:  # interrupted: each run stops as `oprl train` does on SIGTERM, then its runner exits
+            runner.close(stop=not finished)
+        for runner in idle:
+            runner.close()
     return failures
 
 
@@ -221,12 +221,12 @@ def _log_path(out: Path, name: str) -> Path:
     return out / "logs" / f"{name}.log"
 
 
-class _Worker:
-    """One ``python -m oprl.experiments.sweep_worker`` process; runs one planned run at a time."""
+class _Runner:
+    """One ``python -m oprl.experiments.sweep_runner`` process; runs one planned run at a time."""
 
     def __init__(self, env: dict):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "oprl.experiments.sweep_worker"],
+            [sys.executable, "-m", "oprl.experiments.sweep_runner"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -251,7 +251,7 @@ class _Worker:
         return self.proc.poll() is None
 
     def close(self, stop: bool = False) -> None:
-        """End the worker: after its current run (``stop=False``), or now (``stop=True``: SIGTERM stops the run
+        """End the runner: after its current run (``stop=False``), or now (``stop=True``: SIGTERM stops the run
         at its next step boundary, as ``oprl train`` does; SIGKILL if that takes over STOP_GRACE_S)."""
         if not self.alive():
             return

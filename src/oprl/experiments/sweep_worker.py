@@ -1,46 +1,14 @@
-"""A long-lived sweep worker: runs ``oprl train`` argument lists one after another in this process.
+"""The old name of ``oprl.experiments.sweep_runner`` (#43 renamed it: "worker" means a role worker only).
 
-``oprl sweep`` keeps ``parallel`` of these alive, so each run skips the seconds of importing torch and
-transformers (about 10% of a 40-second reproduction run). Protocol, one JSON object per line: the sweep writes
-``{"argv": [...], "log": "<sweep>/logs/<run>.log"}`` to stdin; the worker runs it with stdout/stderr (file descriptors
-1 and 2, so native libraries' output too) sent to the log, then answers ``{"rc": exit code}`` on the original
-stdout. Runs are independent: each seeds everything it uses, which the sweep test checks against a fresh run.
+Kept only so that an ``oprl sweep`` started before the rename, whose loaded code still starts runners as
+``python -m oprl.experiments.sweep_worker``, can replace one that died. Delete it once no such sweep runs.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
-
-def main() -> int:
-    answers = os.fdopen(os.dup(1), "w", buffering=1)  # the sweep reads results here, not the runs' output
-    from oprl.cli import main as cli_main  # import once: this is the point of the worker
-
-    for line in sys.stdin:
-        job = json.loads(line)
-        saved = os.dup(1), os.dup(2)
-        with open(job["log"], "ab", buffering=0) as log:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            try:
-                rc = cli_main(job["argv"])
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else 1
-            except BaseException as exc:
-                print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-                rc = 1
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os.dup2(saved[0], 1)
-                os.dup2(saved[1], 2)
-                os.close(saved[0])
-                os.close(saved[1])
-        answers.write(json.dumps({"rc": int(rc or 0)}) + "\n")
-    return 0
-
+from oprl.experiments.sweep_runner import main
 
 if __name__ == "__main__":
     sys.exit(main())
