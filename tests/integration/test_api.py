@@ -11,7 +11,7 @@ from oprl.api import RunResult, resolve, reward_spec
 from oprl.config import RunConfig
 from oprl.errors import OprlError
 from oprl.tasks import DatasetTask
-from oprl.tasks.config import DatasetTaskConfig
+from oprl.tasks.data.dataset import DatasetTaskConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = str(ROOT / "examples" / "arithmetic_train.jsonl")

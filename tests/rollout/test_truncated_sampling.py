@@ -101,7 +101,7 @@ def test_evaluation_samples_without_the_rollouts_top_k(policy):
     decide, as before top-k existed."""
     from oprl.episodes.evaluation import evaluate
     from oprl.tasks import build_task
-    from oprl.tasks.config import ArithmeticTaskConfig
+    from oprl.tasks.arithmetic import ArithmeticTaskConfig
 
     model, tokenizer = policy
     calls = []

@@ -28,7 +28,9 @@ from oprl.config.sections import (
     WarmStartConfig,
 )
 from oprl.config.teacher import TeacherConfig
-from oprl.tasks.config import ArithmeticTaskConfig, GSM8kTaskConfig, MathTaskConfig  # the built-in tasks' sections
+from oprl.tasks.arithmetic import ArithmeticTaskConfig  # the built-in tasks' sections, each beside its task
+from oprl.tasks.gsm8k import GSM8kTaskConfig
+from oprl.tasks.math_problems import MathTaskConfig
 
 __all__ = [
     "AlgorithmConfig",

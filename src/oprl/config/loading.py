@@ -28,11 +28,9 @@ from oprl.algorithms.registry import unknown_name_message
 from oprl.config.algorithm import AlgorithmConfig
 from oprl.config.run import RunConfig, _refuse_renamed, resolve_algorithm
 from oprl.errors import OprlError
-from oprl.tasks.config import (  # noqa: F401  (task sections are re-exported: oprl.config is the one entry point)
-    ArithmeticTaskConfig,
-    GSM8kTaskConfig,
-    MathTaskConfig,
-)
+from oprl.tasks.arithmetic import ArithmeticTaskConfig  # noqa: F401  (re-exported: oprl.config is the one entry point)
+from oprl.tasks.gsm8k import GSM8kTaskConfig  # noqa: F401
+from oprl.tasks.math_problems import MathTaskConfig  # noqa: F401
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:

@@ -34,7 +34,7 @@ from oprl.config.teacher import TeacherConfig
 from oprl.errors import OprlError
 from oprl.models import TINY_MAX_POSITIONS
 from oprl.tasks import TaskConfig
-from oprl.tasks.config import ArithmeticTaskConfig
+from oprl.tasks.arithmetic import ArithmeticTaskConfig
 from oprl.tasks.config import Section as _Section
 
 

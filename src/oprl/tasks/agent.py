@@ -20,10 +20,41 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from typing import Any, Literal
+
+from pydantic import Field
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import AgentTaskConfig, task_section
+from oprl.tasks.config import TaskSection, task_section
+
+
+class AgentTaskConfig(TaskSection):
+    """Bring your own agent: ``rollout(client, problem)`` written against an OpenAI client, run by the explorer
+    against its endpoint (oprl.episodes.agents; docs/tasks.md#bring-your-own-agent)."""
+
+    name: Literal["agent"] = "agent"
+    agent: str = ""
+    """The agent: ``path/to/file.py:function`` or ``package.module:function``, a function
+    ``rollout(client: openai.OpenAI, problem: dict) -> float | dict[str, float]`` (an ``async def`` gets an
+    ``openai.AsyncOpenAI``); a dict's ``reward`` entry is the total, the others are logged components."""
+    problems: dict[str, Any] = Field(default_factory=lambda: {"name": "tool-arithmetic"})
+    """The task whose problems the agent gets (its ``task`` section: ``task.problems.name=arithmetic``,
+    ``task.problems.train_size=600``); the agent is handed each as a dict (task_id, messages, answer, tools) and
+    its own reward replaces the task's. Its demonstrations, if any, are the warm start's."""
+    host: str = "127.0.0.1"
+    """Address the endpoint listens on: loopback by default (agents run in the explorer's process)."""
+    port: int = Field(0, ge=0, le=65535)
+    """Port of the endpoint; 0 = a free port chosen by the system (one endpoint per explorer)."""
+    batch_wait_s: float = Field(0.05, ge=0.0)
+    """How long a request waits for the other running agents' requests before the engine is called without
+    them. Once every running agent has a request waiting, the call goes at once."""
+    max_request_bytes: int = Field(4 * 2**20, gt=0)
+    """Largest request body the endpoint reads (bytes); a larger one is a 413 before it is read whole, which
+    bounds the memory one request can take (a long conversation of a 32k-token model is ~150 KB)."""
+    max_failed_batches: int = Field(5, ge=0)
+    """Stop the run (one line) when every episode of this many batches in a row failed (the agent raised,
+    timed out or returned no number); 0 = never. A batch in which all failed is one warning line."""
 
 
 class AgentTask:

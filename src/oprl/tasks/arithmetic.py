@@ -13,15 +13,22 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
+from typing import Literal
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import ArithmeticTaskConfig, task_section
+from oprl.tasks.config import ExpressionTaskSection, task_section
 
 _INTEGER = re.compile(r"-?\d+")
 MAX_ANSWER_DIGITS = 100
 """A reply with more digits than this is an integer but wrong, without ``int()``: no reference is that long,
 and ``int()`` raises past Python's 4,300-digit limit (a model can emit a 20,000-digit reply)."""
+
+
+class ArithmeticTaskConfig(ExpressionTaskSection):
+    """Procedurally generated integer arithmetic (``"37+58-12="`` -> ``83``): the embedded default task."""
+
+    name: Literal["arithmetic"] = "arithmetic"
 
 
 class ArithmeticTask:

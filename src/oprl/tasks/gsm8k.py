@@ -18,9 +18,12 @@ Run offline: ``oprl train task.name=gsm8k task.source=synthetic model.path=smoll
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field
 
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import GSM8kTaskConfig, task_section
+from oprl.tasks.config import ReasoningTaskSection, task_section
 from oprl.tasks.data.files import Row
 from oprl.tasks.data.verified import VerifiedDataTask
 from oprl.tasks.rewards.builtin import (
@@ -35,6 +38,41 @@ from oprl.tasks.word_problems import generate_rows
 
 SYNTHETIC_SIZES = {"train": 2000, "test": 500}
 SYSTEM_PROMPTS = {"r1": R1_SYSTEM_PROMPT, "last-number": NUMBER_SYSTEM_PROMPT}
+
+
+class GSM8kTaskConfig(ReasoningTaskSection):
+    """GSM8k (Cobbe et al. 2021, arXiv 2110.14168) with the paper's reward: math-verify accuracy of the
+    ``<answer>`` content plus +-format_bonus for the ``<think>...</think> <answer>...</answer>`` form, under
+    the DeepSeek-R1 system prompt (docs/paper.md#reward)."""
+
+    name: Literal["gsm8k"] = "gsm8k"
+    source: Literal["auto", "hub", "files", "synthetic"] = "auto"
+    """Where problems come from: ``hub`` (openai/gsm8k through ``datasets``; needs the network or the HF
+    cache), ``files`` (task.train_file / task.test_file, or task.path; rows with question/answer fields),
+    ``synthetic`` (seeded GSM8k-format word problems, offline), ``auto`` = files when any file is set, else hub."""
+    hub_id: str = "openai/gsm8k"
+    hub_config: str | None = "main"
+    question_field: str = "question"
+    """Row field holding the question."""
+    answer_field: str = "answer"
+    """Row field holding the worked answer; the reference is the number after its last ``####``."""
+    reward: Literal["r1", "last-number"] = "r1"
+    """``r1`` = the paper's reward under the DeepSeek-R1 system prompt; ``last-number`` = the same shape for
+    models too small to follow the R1 format (SmolLM2-135M never does): correct when the response's last
+    number is the reference, and the format term rewards ending the response with a number."""
+    format_bonus: float = Field(0.1, ge=0.0)
+    """+format_bonus when the response has the reward's format, -format_bonus otherwise (paper: 0.1)."""
+    synthetic_min_steps: int = Field(2, gt=0)
+    """source=synthetic: fewest changes to the count after the opening sentence."""
+    synthetic_max_steps: int = Field(3, gt=0)
+    """source=synthetic: most changes to the count (1 = easy one-step problems)."""
+    synthetic_max_value: int = Field(20, ge=2)
+    """source=synthetic: largest number drawn for a quantity."""
+    synthetic_operations: str = "+-*/"
+    """source=synthetic: kinds of change to draw from: + (buy more), - (give away), * (k times as many, and
+    the "packs of" opening), / (split into equal piles); must contain + or *."""
+    seed: int = 1234
+    """source=synthetic: seed of problem generation; fixes both splits."""
 
 
 class GSM8kTask(VerifiedDataTask):

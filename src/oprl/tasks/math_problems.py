@@ -16,13 +16,33 @@ Not here: MATH's level / subject metadata (kept out of the problem; filter the f
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import MathTaskConfig, task_section
+from oprl.tasks.config import ReasoningTaskSection, task_section
 from oprl.tasks.data.files import Row
 from oprl.tasks.data.verified import VerifiedDataTask
 from oprl.tasks.rewards.builtin import boxed_rewards, last_boxed
 from oprl.tasks.rewards.verify import require_math_verify
+
+
+class MathTaskConfig(ReasoningTaskSection):
+    """MATH competition problems (Hendrycks et al. 2021, arXiv 2103.03874) with the boxed-answer reward:
+    1 when the last ``\\boxed{}`` of the response matches the reference under math-verify, else 0."""
+
+    name: Literal["math"] = "math"
+    source: Literal["auto", "hub", "files"] = "auto"
+    """Where problems come from: ``hub``, ``files`` (task.train_file / task.test_file, or task.path), or
+    ``auto`` = files when any file is set, else hub."""
+    hub_id: str = "DigitalLearningGmbH/MATH-lighteval"
+    """Hugging Face dataset id for source=hub (the 7,500 / 5,000 split of MATH)."""
+    problem_field: str = "problem"
+    """Row field holding the problem statement."""
+    answer_field: str = "solution"
+    """Row field holding the reference: the content of its last ``\\boxed{}``; a single-line field without
+    one is taken whole (MATH-500's ``answer`` column)."""
+    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
+    """Appended to every problem, on its own line."""
 
 
 class MathTask(VerifiedDataTask):

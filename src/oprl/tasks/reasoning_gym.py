@@ -2,7 +2,7 @@
 
 reasoning-gym (``pip install 'oprl[reasoning-gym]'``, offline) has 100+ generators, each a seeded sequence of
 ``{"question", "answer", "metadata"}`` items with a ``score_answer(answer, entry)`` in [0, 1]. ``task.datasets``
-mixes several, each with its sizes, seed and settings (``oprl.tasks.config.ReasoningGymDataset``): item
+mixes several, each with its sizes, seed and settings (``ReasoningGymDataset`` below): item
 ``i < train_size`` of a generator is a training problem, the next ``test_size`` items are its test split.
 
 Scoring runs in ``RewardPool`` processes (``oprl.tasks.rewards.processes``) under a hard per-answer timeout, like every
@@ -21,17 +21,65 @@ import importlib.util
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import ReasoningGymTaskConfig, task_section
+from oprl.tasks.config import Section, TaskSection, task_section
 from oprl.tasks.rewards.processes import RewardPool, fatal, serve, start_reward_process
 
 INSTALL_HINT = "pip install 'oprl[reasoning-gym]'"
 MAX_RESPONSE_CHARS = 20_000
 """Replies are cut here before they reach a scorer (no generator needs more)."""
 PROCESS_MEMORY_MB = 2048
+
+
+class ReasoningGymDataset(Section):
+    """One reasoning-gym generator in ``task.datasets``: its name, sizes, seed and its own settings."""
+
+    name: str
+    """The generator (``reasoning_gym.create_dataset(name)``): basic_arithmetic, chain_sum, gsm_symbolic, ..."""
+    train_size: int = Field(500, gt=0)
+    """Training problems drawn from it."""
+    test_size: int = Field(100, gt=0)
+    """Held-out problems (items after the training ones in the same seeded sequence)."""
+    seed: int = 1234
+    """Seed of the generator; fixes both splits."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """The generator's own settings (e.g. ``{min_terms: 2, max_digits: 1}`` for basic_arithmetic)."""
+
+
+class ReasoningGymTaskConfig(TaskSection):
+    """Procedurally generated reasoning problems from reasoning-gym (100+ generators, offline), scored by each
+    generator's own ``score_answer`` in timed reward processes (``pip install 'oprl[reasoning-gym]'``)."""
+
+    name: Literal["reasoning-gym"] = "reasoning-gym"
+    datasets: list[ReasoningGymDataset] = Field(
+        default_factory=lambda: [ReasoningGymDataset(name="basic_arithmetic")], min_length=1
+    )
+    """The generators, mixed: a name (``[basic_arithmetic, chain_sum]``: default sizes and seed) or a section
+    each (``[{name: chain_sum, train_size: 200, seed: 3, config: {max_terms: 3}}]``)."""
+    system_prompt: str = "default"
+    """The system message: a name from ``reasoning_gym.utils.SYSTEM_PROMPTS`` (``default`` asks for the answer in
+    ``<answer>...</answer>``), any other text verbatim, or "" for none."""
+    answer_format: Literal["tag", "plain"] = "tag"
+    """Where the answer is: ``tag`` = inside ``<answer>...</answer>`` (reasoning-gym's ``extract_answer``),
+    ``plain`` = the whole reply (the tiny model's format)."""
+    verify_workers: int = Field(1, gt=0)
+    """Scoring processes."""
+    verify_timeout: float = Field(5.0, gt=0.0)
+    """Seconds one answer may take to score; past it the worker is killed and the answer scores 0."""
+
+    @field_validator("datasets", mode="before")
+    @classmethod
+    def _names_are_datasets(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
 
 
 class ReasoningGymTask:

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field
 
 from oprl.errors import OprlError
 from oprl.tasks.arithmetic import _evaluate, equals_integer, expression_task_splits
 from oprl.tasks.base import Problem, Reward, Step
-from oprl.tasks.config import ToolArithmeticTaskConfig, task_section
+from oprl.tasks.config import ExpressionTaskSection, task_section
 
 MAX_EXPRESSION_CHARS = 40
 _CALL = re.compile(rf"\[([0-9+\-*]{{1,{MAX_EXPRESSION_CHARS}}})\]")
@@ -66,6 +69,18 @@ class CalculatorEnvironment:
                 "tool_calls": float(self.calls),
             },
         )
+
+
+class ToolArithmeticTaskConfig(ExpressionTaskSection):
+    """Arithmetic through a calculator tool, multi-turn (call, tool answer, final answer): the embedded tiny
+    model's agent task (oprl.tasks.tool_arithmetic documents the compact format)."""
+
+    name: Literal["tool-arithmetic"] = "tool-arithmetic"
+    max_value: int = Field(99, gt=0)
+    num_operands: int = Field(2, ge=2)
+    operators: str = "+-*"
+    min_value: int = Field(10, ge=0)
+    """Smallest operand (two-digit operands by default: beyond the tiny model's mental arithmetic)."""
 
 
 class ToolArithmeticTask:

@@ -12,9 +12,8 @@ from oprl.errors import OprlError
 from oprl.models.chat import TOOLS_PROMPT, encode_problem, render
 from oprl.models.tiny import build_tokenizer
 from oprl.tasks import TASKS
-from oprl.tasks.bfcl.single_turn import BfclTask, data_file, read_lines, tool_schema
+from oprl.tasks.bfcl.single_turn import BFCL_SUBSETS, BfclTask, data_file, read_lines, tool_schema
 from oprl.tasks.bfcl.toolcall import verdict
-from oprl.tasks.config import BFCL_SUBSETS
 from oprl.trainer.warmstart import recipe, wants_warm_start
 
 pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval (make test does)")

@@ -24,13 +24,16 @@ import json
 import random
 from collections import Counter
 from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field, field_validator
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward, Step
 from oprl.tasks.bfcl.apis import APIS, execute, functions_of
 from oprl.tasks.bfcl.single_turn import PLAIN_PROMPT, data_file, read_lines, tool_schema, with_system
 from oprl.tasks.bfcl.toolcall import CLOSE, OPEN, parse_calls
-from oprl.tasks.config import BfclMultiTurnTaskConfig, task_section
+from oprl.tasks.config import ToolTaskSection, task_section
 
 DOCS = {"GorillaFileSystem": "gorilla_file_system.json", "MathAPI": "math_api.json"}
 
@@ -108,6 +111,28 @@ class BfclEnvironment:
                 "tool_calls": float(sum(len(r) for r in self.results)),
             },
         )
+
+
+BFCL_MULTI_TURN_SUBSETS = ("multi_turn_base", "multi_turn_long_context")
+"""The BFCL multi-turn subsets oprl can simulate (rows on the file system and math APIs only)."""
+
+
+class BfclMultiTurnTaskConfig(ToolTaskSection):
+    """BFCL multi-turn (data from the ``bfcl-eval`` wheel) on oprl's simulated file system and math API: the
+    model calls tools over several user turns; reward 1 when the final API state and every turn's call results
+    match the ground truth's (oprl.tasks.bfcl.multi_turn). Set rollout.max_turns (about 20) and
+    rollout.max_episode_tokens (a few thousand) to fit its conversations."""
+
+    name: Literal["bfcl-multi-turn"] = "bfcl-multi-turn"
+    subsets: list[str] = Field(default_factory=lambda: ["multi_turn_base"])
+    """BFCL multi-turn subsets: multi_turn_base, multi_turn_long_context (the rows on simulated APIs)."""
+    system_prompt: str | None = None
+    """System message of every prompt (None = oprl.tasks.bfcl.single_turn's PLAIN_PROMPT)."""
+
+    @field_validator("subsets")
+    @classmethod
+    def _subsets(cls, value: list[str]) -> list[str]:
+        return cls._check_subsets(value, BFCL_MULTI_TURN_SUBSETS)
 
 
 class BfclMultiTurnTask:

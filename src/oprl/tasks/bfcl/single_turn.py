@@ -21,11 +21,14 @@ import random
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.bfcl.toolcall import reference_response, tool_call_rewards
-from oprl.tasks.config import BfclTaskConfig, task_section
+from oprl.tasks.config import ToolTaskSection, task_section
 from oprl.tasks.rewards.verify import VerifierPool
 
 DISTRIBUTION = "bfcl-eval"
@@ -97,6 +100,51 @@ def split_rows(rows: list, *, seed: int, test_fraction: float, train_size, test_
     if not train:
         raise OprlError(f"task.test_fraction: {test_fraction} leaves no training problem out of {len(rows)}")
     return {"train": train[:train_size], "test": test[:test_size]}
+
+
+BFCL_SUBSETS = (
+    "simple_python",
+    "simple_java",
+    "simple_javascript",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
+)
+"""The single-turn BFCL subsets that ship ground truth (``irrelevance`` and friends have none)."""
+
+
+class BfclTaskConfig(ToolTaskSection):
+    """BFCL single-turn function calling (Patil et al., ICML 2025; data from the ``bfcl-eval`` wheel) with the
+    paper's tool-call reward (Trinity-RFT's rules): 1 when the response has the format and its calls match
+    the ground truth, else 0."""
+
+    name: Literal["bfcl"] = "bfcl"
+    subsets: list[str] = Field(default_factory=lambda: ["simple_python"])
+    """BFCL subsets to draw problems from: simple_python, simple_java, simple_javascript, multiple,
+    parallel, parallel_multiple, live_simple, live_multiple, live_parallel, live_parallel_multiple."""
+    think: bool = True
+    """Require the paper's think rules (one ``<think>...</think>`` before the calls); False = calls only,
+    for models that do not reason first."""
+    system_prompt: str | None = None
+    """System message of every prompt (None = oprl.tasks.bfcl.single_turn's THINK_PROMPT or PLAIN_PROMPT,
+    after ``think``)."""
+    format_bonus: float = Field(0.0, ge=0.0)
+    """Format-aware training reward (ToolRL's format term): +format_bonus when the response is well formed,
+    -format_bonus otherwise, added to the 0/1 correctness; 0 = the paper's reward. Accuracy stays correctness."""
+    partial_credit: float = Field(0.0, ge=0.0, lt=1.0)
+    """ToolRL's fine-grained correctness as a training reward: a well-formed wrong call earns partial_credit x
+    its credit in [0, 1] (right function name, argument names and values; oprl.tasks.bfcl.toolcall.calls_credit),
+    so groups of only wrong calls still rank their replies; < 1 keeps every correct call above every wrong
+    one. 0 = the paper's 0/1 reward. Accuracy stays correctness."""
+
+    @field_validator("subsets")
+    @classmethod
+    def _subsets(cls, value: list[str]) -> list[str]:
+        return cls._check_subsets(value, BFCL_SUBSETS)
 
 
 class BfclTask:

@@ -17,16 +17,70 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import DatasetTaskConfig, task_section
+from oprl.tasks.config import TaskSection, task_section
 from oprl.tasks.data.files import Row, convert_rows, datasets_rows, read_rows
 from oprl.tasks.rewards.user import UserRewards
 
 RESERVED = ("prompt", "completion", "reference")
 """Argument names of the reward; columns of these names reach it only through them."""
+
+
+class DatasetTaskConfig(TaskSection):
+    """Your data, your reward: prompts from a JSONL / JSON / parquet / CSV file or a Hugging Face ``datasets``
+    name or directory, scored by your own Python function(s) (see docs/tasks.md for the reward contract)."""
+
+    name: Literal["dataset"] = "dataset"
+    train_file: str | None = None
+    """Training split file: .jsonl, .json (a list of objects), .parquet or .csv. Or set task.hf_name."""
+    test_file: str | None = None
+    """Test split file (evaluation); None = the training file (evaluation then measures training prompts)."""
+    hf_name: str | None = None
+    """Instead of files: a ``datasets`` dataset: a hub name (needs the network or the HF cache), a local
+    directory written by ``Dataset(Dict).save_to_disk``, or a local directory of data files."""
+    hf_config: str | None = None
+    """hf_name's configuration name (None = its default)."""
+    train_split: str = "train"
+    """hf_name's split used for training."""
+    test_split: str | None = "test"
+    """hf_name's split used for evaluation; None (or a split the dataset lacks) = the training split."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt: a string (sent as one user message) or a list of chat messages
+    ``[{"role": ..., "content": ...}, ...]``."""
+    reference_column: str | None = "reference"
+    """Column handed to the reward as ``reference`` (None = no reference column; the reward gets None)."""
+    system_prompt: str | None = None
+    """System message put before string prompts (None = none)."""
+    reward: str | list[str] = ""
+    """Your reward function(s): ``package.module:function`` (importable from the current directory or the
+    environment) or ``path/to/file.py:function``, or a list of them. Called as
+    ``fn(prompt, completion, reference, **row) -> float | dict[str, float]`` in reward processes; a dict's
+    values are named components (logged as ``reward/<name>``) and its reward is their sum."""
+    reward_weights: list[float] | None = None
+    """Weight of each reward function in the total (None = 1.0 each), as TRL's ``reward_weights``."""
+    reward_timeout: float = Field(5.0, gt=0.0)
+    """Seconds one reward call may take; past that its worker is killed, the call scores 0 and
+    ``reward/reward_timeout`` counts it."""
+    reward_workers: int = Field(1, gt=0)
+    """Reward worker processes (each imports your reward module once)."""
+    reward_memory_mb: int = Field(4096, ge=0)
+    """Address-space limit of each reward process in MB (``resource.setrlimit``; 0 = none). A call that
+    allocates past it fails with a ``MemoryError`` and scores 0. Importing torch and transformers takes ~700."""
+    reward_import_timeout: float = Field(60.0, gt=0.0)
+    """Seconds a reward process may take to start (import your module); past that the run stops with one line."""
+    reward_max_error_fraction: float = Field(1.0, gt=0.0, le=1.0)
+    """The run stops when a reward function fails (raises, times out, returns a non-number) on at least this
+    share of a batch's rows; below it, failed rows score 0 and are counted (``reward/reward_error``,
+    ``reward/reward_timeout``). 1.0 = stop only when every row of a batch fails."""
+    train_size: int | None = Field(None, gt=0)
+    """Use only the first train_size usable training rows (None = all)."""
+    test_size: int | None = Field(None, gt=0)
+    """Use only the first test_size usable test rows (None = all)."""
 
 
 class DatasetTask:

@@ -3,9 +3,9 @@ through ``load_problems``, serving them, and the lazily started answer-checking 
 
 A mixin of methods only; each task keeps its own section, ``_problem`` row converter (built on
 ``_row_problem``: a question field, an answer field holding the reference) and ``score``. It needs
-``self.config`` (a section with the fields of ``_ReasoningTaskConfig``: source, hub_id, hub_config, path,
-train_file, test_file, train_size, test_size, verify_workers, verify_timeout, answer_field) and the attributes ``name``,
-``skipped``, ``_splits``, ``_pool``.
+``self.config`` (a ``oprl.tasks.config.ReasoningTaskSection``: source, hub_id, hub_config, path, train_file,
+test_file, train_size, test_size, verify_workers, verify_timeout; plus the task's answer_field) and the attributes
+``name``, ``skipped``, ``_splits``, ``_pool``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from oprl.tasks.rewards.verify import VerifierPool
 
 
 class VerifiedDataTask:
-    config: Any  # the task's section, with the fields of _ReasoningTaskConfig
+    config: Any  # the task's section, with the fields of ReasoningTaskSection (and answer_field)
     name: str
     skipped: dict[str, dict[int, str]]
     _splits: dict[str, list[Problem]]
