@@ -21,10 +21,10 @@ PLUGIN = textwrap.dedent(
     from typing import Literal
 
     from oprl.tasks import ArithmeticTask
-    from oprl.tasks.config import Section
+    from oprl.tasks.config import TaskSection
 
 
-    class DoublingConfig(Section):
+    class DoublingConfig(TaskSection):
         name: Literal["doubling"] = "doubling"
         train_size: int = 600
         test_size: int = 64
