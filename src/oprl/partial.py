@@ -38,10 +38,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from oprl.errors import OprlError
 from oprl.io import atomic_path
 from oprl.messages import Experience
-from oprl.rollout import capabilities, engines_with
 from oprl.schedule import policy_version
 
 BOARD_DIRNAME = "weights-board"
@@ -59,31 +57,6 @@ def switch_version(batch: int, interval: int, offset: int) -> int | None:
     none: ``v(b) + k`` if ``v(b) + k <= b - 1`` (the trainer reaches it before step b), else None."""
     target = policy_version(batch, interval, offset) + interval
     return target if target <= batch - 1 else None
-
-
-def check_partial(config) -> None:
-    """``sync.partial``'s cross-field rules, as one-line errors."""
-    if not config.sync.partial:
-        return
-    engine, kv = config.rollout.engine, config.sync.partial_kv
-    modes = capabilities(engine).partial_kv
-    if not modes:
-        raise OprlError(
-            f"sync.partial=true needs rollout.engine={' or '.join(engines_with(lambda c: c.partial))} (the engines "
-            "that switch weights between decode steps; a plug-in declares capabilities.partial_kv); "
-            f"{engine} samples each batch with one policy"
-        )
-    if kv not in modes:
-        raise OprlError(
-            f"sync.partial=true with rollout.engine={engine} needs sync.partial_kv={' or '.join(modes)}: it "
-            f"supports only that at a switch; {kv} needs rollout.engine="
-            + " or ".join(engines_with(lambda c: kv in c.partial_kv))
-        )
-    if not config.runtime.overlap and config.mode == "both":
-        raise OprlError(
-            "sync.partial=true needs runtime.overlap=true: a batch waits mid-generation for a trainer step, which "
-            "the strictly sequential mode only starts after it"
-        )
 
 
 # -- per-token versions --------------------------------------------------------------------------------------

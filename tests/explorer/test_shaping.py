@@ -10,7 +10,6 @@ from oprl.explorer.explorer import Explorer, Timing
 from oprl.explorer.shaping import (
     ROUND_STRIDE,
     Shaping,
-    check_shaping,
     dynamic_batch,
     extra_problems,
     is_degenerate,
@@ -119,7 +118,7 @@ def test_shaping_reward_adds_the_penalty_or_replaces_a_cut_score():
 )
 def test_shaping_errors_are_one_line(overrides, message):
     with pytest.raises(OprlError, match=message) as error:
-        check_shaping(load_config(overrides=overrides).rollout)
+        load_config(overrides=overrides)  # a validator of the rollout section: refused at load
     assert "\n" not in str(error.value)
     with pytest.raises(OprlError, match=r"rollout.dynamic_max_extra_prompts"):
         load_config(overrides=["rollout.dynamic_max_extra_prompts=0"])

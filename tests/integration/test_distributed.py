@@ -18,7 +18,7 @@ import torch
 from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.trainer.ranks import SHARDS, ShardedTrainer, check_trainer_config, rank_threads
+from oprl.trainer.ranks import SHARDS, ShardedTrainer, check_trainer_machine, rank_threads
 from oprl.trainer.trainer import TrainerWorker
 from trainer_helpers import make_batch
 
@@ -137,16 +137,17 @@ def test_fsdp_ranks_with_lora_and_a_reference_model_equal_one_process(tiny_path)
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"trainer.world_size": 2}, "needs trainer.sharding=ddp or fsdp"),
-        ({"trainer.world_size": 4, "trainer.sharding": "fsdp"}, "exceeds the groups per step"),
-        ({"trainer.dist_backend": "nccl", "trainer.sharding": "ddp"}, "needs CUDA tensors"),
         ({"model.device": "cuda", "trainer.world_size": 2, "trainer.sharding": "fsdp"}, "needs 2 GPUs"),
+        ({"model.device": "auto", "trainer.dist_backend": "nccl", "trainer.sharding": "ddp"}, "needs CUDA tensors"),
     ],
 )
-def test_bad_trainer_config_is_one_line(overrides, message):
+def test_what_the_machine_cannot_train_is_one_line(overrides, message, monkeypatch):
+    """The machine's part of the trainer's rules (the rest are config validators, tests/config/test_validators.py):
+    GPUs to count, and model.device=auto resolved on a machine without CUDA."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     config = load_config(None, ["rollout.prompts_per_step=3"] + [f"{k}={v}" for k, v in overrides.items()])
     with pytest.raises(OprlError, match=message) as info:
-        check_trainer_config(config, gpus=0)
+        check_trainer_machine(config, gpus=0)
     assert "\n" not in str(info.value)
 
 

@@ -236,7 +236,6 @@ def test_evaluation_samples_with_one_version(small_overrides, tmp_path):
 def test_what_partial_rollouts_cannot_run_with_is_one_line(overrides, message):
     from oprl.config import load_config
     from oprl.errors import OprlError
-    from oprl.partial import check_partial
 
-    with pytest.raises(OprlError, match=message):
-        check_partial(load_config(None, ["sync.partial=true", "sync.offset=1", *overrides]))
+    with pytest.raises(OprlError, match=message):  # RunConfig's validators: refused at load
+        load_config(None, ["sync.partial=true", "sync.offset=1", *overrides])

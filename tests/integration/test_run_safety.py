@@ -99,14 +99,12 @@ def test_an_existing_directory_that_is_not_a_run_is_refused(small_overrides, tmp
 
 
 def test_group_size_one_is_refused_for_group_relative_presets(capsys):
-    from oprl.runtime.run import check_config
-
     for preset in ("grpo", "reinforce", "opmd", "red-drop"):
-        with pytest.raises(OprlError, match="all advantages are 0"):
-            check_config(load_config(None, [f"algorithm.preset={preset}", "rollout.group_size=1"]))
-    check_config(load_config(None, ["rollout.group_size=2"]))
+        with pytest.raises(OprlError, match="all advantages are 0"):  # RunConfig's validator: at load
+            load_config(None, [f"algorithm.preset={preset}", "rollout.group_size=1"])
+    load_config(None, ["rollout.group_size=2"])
     # A shifted baseline (AsymRE's delta) is not relative to the group alone: A = delta, which trains.
-    check_config(load_config(None, ["rollout.group_size=1", "algorithm.baseline_shift=0.1"]))
+    load_config(None, ["rollout.group_size=1", "algorithm.baseline_shift=0.1"])
     assert main(["train", "rollout.group_size=1", "progress=false"]) == 2
     assert "rollout.group_size=1" in one_line_error(capsys)
 

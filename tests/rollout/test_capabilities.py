@@ -17,7 +17,7 @@ from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.chat import encode_prompt
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.partial import KV_SETTINGS, Switcher, check_partial, post_weights
+from oprl.partial import KV_SETTINGS, Switcher, post_weights
 from oprl.rollout import (
     ENGINES,
     NO_CAPABILITIES,
@@ -163,9 +163,9 @@ def test_make_engine_and_the_partial_check_read_capabilities_not_names(policy, t
     )
     assert own.prefixes is None  # not declared: built without it (its constructor would refuse the keyword)
     partial = ["sync.partial=true", "sync.offset=1"]
-    check_partial(load_config(None, [*partial, f"rollout.engine={RECIPES}:SwitchingLoop"]))  # declared: accepted
+    load_config(None, [*partial, f"rollout.engine={RECIPES}:SwitchingLoop"])  # declared: accepted at load
     with pytest.raises(OprlError, match=r"^sync.partial=true needs rollout.engine=lean or vllm .*OwnLoop"):
-        check_partial(load_config(None, [*partial, f"rollout.engine={RECIPES}:OwnLoop"]))
+        load_config(None, [*partial, f"rollout.engine={RECIPES}:OwnLoop"])
     (tmp_path / "engines.py").write_text(
         "from recipes import SwitchingLoop\nfrom oprl.rollout import EngineCapabilities\n\n"
         "class RecomputeOnly(SwitchingLoop):\n    capabilities = EngineCapabilities(partial_kv=('recompute',))\n"
@@ -173,4 +173,4 @@ def test_make_engine_and_the_partial_check_read_capabilities_not_names(policy, t
     with pytest.raises(
         OprlError, match=r"RecomputeOnly needs sync.partial_kv=recompute: .* keep needs rollout.engine=lean$"
     ):
-        check_partial(load_config(None, [*partial, f"rollout.engine={tmp_path / 'engines.py'}:RecomputeOnly"]))
+        load_config(None, [*partial, f"rollout.engine={tmp_path / 'engines.py'}:RecomputeOnly"])

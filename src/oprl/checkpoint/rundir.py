@@ -1,7 +1,5 @@
 """The run directory: where it is, whether it may be written, and one writer at a time.
 
-- ``check_run_name``: ``run_name`` is one path component under ``output_dir`` (no ``/``, no ``..``, not
-  absolute), so a run never writes outside ``output_dir``;
 - ``RunLock``: an exclusive ``fcntl.flock`` on ``<run_dir>/.oprl.lock``, taken before anything is written and
   held until the run ends (train, explore, resume; with ``backend=ray`` the driver process holds it, and it
   is the driver that decides what is written). The file records the holder's PID, host and start time, so
@@ -12,7 +10,8 @@
   holding another run is refused unless ``overwrite``, anything that is not an oprl run always is) or for
   a resumed one (it must hold a run).
 
-Not here: what a run writes (``run.py``), checkpoints (``checkpoint.py``).
+Not here: what a run writes (``run.py``), checkpoints (``checkpoint.py``), the rule that ``run_name`` is one
+path component under ``output_dir`` (a validator of ``oprl.config.RunConfig``, checked at load).
 """
 
 from __future__ import annotations
@@ -34,23 +33,6 @@ it in mode=eval) evaluates the run's task with the run's eval settings."""
 FINAL_INFO = "oprl_final.json"
 """In ``final/``: ``{"step": N}``, the step whose weights it holds (an evaluation of them draws the random
 numbers an evaluation of checkpoint N draws, so both score the same)."""
-MAX_NAME_BYTES = 200
-"""Longest ``run_name`` in UTF-8 bytes: file systems refuse a path component over 255 bytes, and the margin
-leaves room for names built from it (sweep suffixes, temporary names)."""
-
-
-def check_run_name(name: str) -> None:
-    """One line unless ``name`` is a single, ordinary path component."""
-    if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name or Path(name).is_absolute():
-        raise OprlError(
-            f"run_name: {name!r} must be a single directory name (no '/', not '.' or '..'); "
-            "choose the parent directory with output_dir"
-        )
-    if len(name.encode()) > MAX_NAME_BYTES:
-        raise OprlError(
-            f"run_name: {name[:40]!r}... is {len(name.encode())} bytes long; at most {MAX_NAME_BYTES} "
-            "(file systems refuse longer directory names)"
-        )
 
 
 def is_run_dir(path: Path) -> bool:

@@ -45,26 +45,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise OprlError(_describe(exc)) from None
-    _check_truncation(config)
     return resolve_algorithm(config)
-
-
-def _check_truncation(config: RunConfig) -> None:
-    """Training with rollout.top_k / rollout.top_p < 1 needs an engine whose truncation rule the trainer
-    rebuilds (``oprl.rollout.TRUNCATING_ENGINES``); a plug-in's rule is unknown, so its rho would be off."""
-    from oprl.models.truncation import truncates
-    from oprl.rollout import TRUNCATING_ENGINES
-
-    rollout = config.rollout
-    if config.mode == "eval" or not truncates(rollout.top_k, rollout.top_p):
-        return
-    if rollout.engine not in TRUNCATING_ENGINES:
-        key = "rollout.top_k" if rollout.top_k > 0 else "rollout.top_p"
-        value = rollout.top_k if rollout.top_k > 0 else rollout.top_p
-        raise OprlError(
-            f"{key}={value}: rollout.engine={rollout.engine} samples by its own truncation rule, which the trainer "
-            f"cannot rebuild (rho != 1 on-policy); use one of {', '.join(sorted(TRUNCATING_ENGINES))}, or unset it"
-        )
 
 
 def save_config(config: RunConfig, path: Path) -> None:

@@ -1,10 +1,13 @@
-"""``RunConfig``: the root of the tree (mode, backend, resume, seed, steps, the sections), and preset resolution."""
+"""``RunConfig``: the root of the tree (mode, backend, resume, seed, steps, the sections), its rules across
+sections (validators: ``oprl config`` refuses what a run would, with the same line), and preset resolution."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from oprl.algorithms import (
     ALGORITHM_DEFAULTS,
@@ -29,13 +32,19 @@ from oprl.config.sections import (
     TrackingConfig,
     TrainerConfig,
     WarmStartConfig,
+    check_trainer_device,
 )
 from oprl.config.teacher import TeacherConfig
 from oprl.errors import OprlError
 from oprl.models import TINY_MAX_POSITIONS
+from oprl.rollout import capabilities, engines_with
 from oprl.tasks import TaskConfig
 from oprl.tasks.arithmetic import ArithmeticTaskConfig
 from oprl.tasks.config import Section as _Section
+
+MAX_NAME_BYTES = 200
+"""Longest ``run_name`` in UTF-8 bytes: file systems refuse a path component over 255 bytes, and the margin
+leaves room for names built from it (sweep suffixes, temporary names)."""
 
 
 def _resume_value(value):
@@ -109,6 +118,143 @@ class RunConfig(_Section):
             )
         return self
 
+    @field_validator("run_name")
+    @classmethod
+    def _one_directory(cls, name: str | None) -> str | None:
+        """``run_name`` is one ordinary path component under ``output_dir``, so a run never writes outside it."""
+        if name is None:
+            return name
+        if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name or Path(name).is_absolute():
+            raise OprlError(
+                f"run_name: {name!r} must be a single directory name (no '/', not '.' or '..'); "
+                "choose the parent directory with output_dir"
+            )
+        if len(name.encode()) > MAX_NAME_BYTES:
+            raise OprlError(
+                f"run_name: {name[:40]!r}... is {len(name.encode())} bytes long; at most {MAX_NAME_BYTES} "
+                "(file systems refuse longer directory names)"
+            )
+        return name
+
+    @model_validator(mode="after")
+    def _modes_fit(self) -> RunConfig:
+        """mode, resume, overwrite, buffer.path and eval.checkpoint agree."""
+        resume = str(self.resume).lower()
+        if self.mode == "offline" and not self.buffer.path:
+            raise OprlError("mode=offline: set buffer.path to an experience store or a run directory holding one")
+        if self.resume and not self.run_name:
+            raise OprlError(f"resume={resume}: set run_name to the run to continue")
+        if self.resume and self.overwrite:
+            raise OprlError(f"overwrite=true and resume={resume}: choose one (overwrite replaces the run)")
+        if self.resume and self.mode == "eval":
+            raise OprlError(f"resume={resume}: mode=eval has nothing to resume")
+        if self.eval.checkpoint and self.mode != "eval":
+            raise OprlError("eval.checkpoint is read only with mode=eval")
+        return self
+
+    @model_validator(mode="after")
+    def _groups_compare(self) -> RunConfig:
+        """Group-relative advantages need two responses per group, unless the baseline is shifted (AsymRE)."""
+        if self.mode == "both" and self.rollout.group_size == 1 and not self._setting("baseline_shift"):
+            raise OprlError(
+                "rollout.group_size=1: every advantage is relative to its group (r - baseline of the "
+                "group), so with one response per prompt all advantages are 0 and nothing trains; use >= 2"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _teacher_given(self) -> RunConfig:
+        """Distillation while sampling needs a teacher; mode=offline may read a store scored by one instead
+        (whether it is, the runtime sees in the store: ``oprl.teacher.loading.check_teacher_store``)."""
+        coef = self._setting("distill_coef") or 0.0
+        if coef != 0 and self.teacher.path is None and self.mode == "both":
+            raise OprlError(
+                f"algorithm.distill_coef={coef:g} needs a teacher: set teacher.path (a run, a checkpoint or a "
+                "model with the student's tokenizer)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ranks_fit(self) -> RunConfig:
+        """The trainer's ranks, precision and device agree with the model and the batch; with model.device=auto
+        the device rules wait for the machine (``oprl.trainer.ranks.check_trainer_machine``)."""
+        t, groups = self.trainer, self.rollout.prompts_per_step
+        if t.world_size > groups:
+            raise OprlError(
+                f"trainer.world_size={t.world_size} exceeds the groups per step "
+                f"(rollout.prompts_per_step={groups}): every rank trains on whole groups"
+            )
+        if t.autocast != "none" and self.model.dtype != "float32":
+            raise OprlError(
+                f"trainer.autocast={t.autocast} needs model.dtype=float32 (the master weights autocast computes "
+                f"from), got model.dtype={self.model.dtype}"
+            )
+        if self.model.device != "auto":
+            check_trainer_device(self, cuda=self.model.device.startswith("cuda"))
+        return self
+
+    @model_validator(mode="after")
+    def _truncation_rebuilt(self) -> RunConfig:
+        """Training with rollout.top_k / rollout.top_p < 1 needs an engine that declares ``exact_truncation``
+        (``oprl.rollout.capabilities``): the trainer rebuilds the kept set by that rule; another's is unknown,
+        so its rho would be off."""
+        from oprl.models.truncation import truncates
+
+        rollout = self.rollout
+        if self.mode == "eval" or not truncates(rollout.top_k, rollout.top_p):
+            return self
+        if not capabilities(rollout.engine).exact_truncation:
+            key = "rollout.top_k" if rollout.top_k > 0 else "rollout.top_p"
+            value = rollout.top_k if rollout.top_k > 0 else rollout.top_p
+            engines = ", ".join(sorted(engines_with(lambda c: c.exact_truncation)))
+            raise OprlError(
+                f"{key}={value}: rollout.engine={rollout.engine} samples by its own truncation rule, which the "
+                f"trainer cannot rebuild (rho != 1 on-policy); use one of {engines}, or unset it"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _partial_fits(self) -> RunConfig:
+        """``sync.partial`` needs an engine that declares the ``sync.partial_kv`` mode (``oprl.rollout.capabilities``,
+        read without building it) and overlapped workers (docs/runtime.md#partial-rollouts)."""
+        if not self.sync.partial:
+            return self
+        engine, kv = self.rollout.engine, self.sync.partial_kv
+        modes = capabilities(engine).partial_kv
+        if not modes:
+            raise OprlError(
+                f"sync.partial=true needs rollout.engine={' or '.join(engines_with(lambda c: c.partial))} (the "
+                "engines that switch weights between decode steps; a plug-in declares capabilities.partial_kv); "
+                f"{engine} samples each batch with one policy"
+            )
+        if kv not in modes:
+            raise OprlError(
+                f"sync.partial=true with rollout.engine={engine} needs sync.partial_kv={' or '.join(modes)}: it "
+                f"supports only that at a switch; {kv} needs rollout.engine="
+                + " or ".join(engines_with(lambda c: kv in c.partial_kv))
+            )
+        if not self.runtime.overlap and self.mode == "both":
+            raise OprlError(
+                "sync.partial=true needs runtime.overlap=true: a batch waits mid-generation for a trainer step, "
+                "which the strictly sequential mode only starts after it"
+            )
+        return self
+
+    def _setting(self, key: str) -> Any:
+        """Algorithm setting ``key`` as the run will use it: the value given, else the preset's
+        (``resolve_algorithm`` fills the section only after validation)."""
+        value = getattr(self.algorithm, key)
+        if value is None:
+            try:
+                value = resolve_preset(self.algorithm.preset)[key]
+            except SettingError as exc:
+                raise OprlError(_setting_line(exc)) from None
+        return value
+
+
+def _setting_line(exc: SettingError) -> str:
+    return f"config: algorithm.{exc.key}: {exc}"
+
 
 def resolve_algorithm(config: RunConfig) -> RunConfig:
     """Fill every unset algorithm field from the named preset through ``oprl.algorithms.resolve_preset`` (the
@@ -118,7 +264,7 @@ def resolve_algorithm(config: RunConfig) -> RunConfig:
     try:
         settings = resolve_preset(section.preset, **overrides)
     except SettingError as exc:
-        raise OprlError(f"config: algorithm.{exc.key}: {exc}") from None
+        raise OprlError(_setting_line(exc)) from None
     config.algorithm = section.model_copy(update=settings)
     # The keys the user set, not those the preset filled: a resumed run applies only what was given.
     config.algorithm.__pydantic_fields_set__ = set(section.model_fields_set)

@@ -2,18 +2,25 @@
 algorithm section, the longest, has its own module (``oprl.config.algorithm``).
 
 Every field carries its default and meaning in the docstring under it (``oprl config --help`` prints them).
+Rules between fields are validators next to them: a section's own rules on the section, rules across sections
+on ``RunConfig`` (``oprl.config.run``), so ``oprl config`` refuses what a run would. They raise ``OprlError``
+with the line the user sees: pydantic passes an exception that is not a ``ValueError`` through unchanged
+(no "Value error," prefix, no key prepended).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from oprl import plugins
 from oprl.errors import OprlError
 from oprl.rollout import ENGINES
 from oprl.tasks.config import Section as _Section
+
+if TYPE_CHECKING:
+    from oprl.config.run import RunConfig
 
 
 class LoraConfig(_Section):
@@ -175,6 +182,21 @@ class RolloutConfig(_Section):
     less is used when 256 full-length sequences fit in less (the tiny model: a few MiB). More lets more
     sequences decode at once; the environment variable VLLM_CPU_KVCACHE_SPACE, if set, overrides it on CPU."""
 
+    @model_validator(mode="after")
+    def _shaping_fits(self) -> RolloutConfig:
+        """The reward-shaping fields agree (oprl.explorer.shaping applies them)."""
+        if self.overlong_buffer > self.max_new_tokens:
+            raise OprlError(
+                f"rollout.overlong_buffer={self.overlong_buffer} exceeds rollout.max_new_tokens="
+                f"{self.max_new_tokens}: the penalty ramps over the last overlong_buffer tokens before the limit"
+            )
+        if self.overlong_buffer and self.truncated_reward is not None:
+            raise OprlError(
+                "rollout.overlong_buffer and rollout.truncated_reward are alternatives (both score cut replies): "
+                "set one"
+            )
+        return self
+
 
 class OptimConfig(_Section):
     lr: float = Field(3e-4, gt=0.0)
@@ -224,6 +246,15 @@ class SyncConfig(_Section):
     max_token_lag: int | None = Field(None, ge=0)
     """Tokens sampled more than this many versions before the trainer's weights leave the loss (context only);
     0 = on-policy tokens only (slime's --mask-offpolicy-in-partial-rollout). None = every token is trained."""
+
+    @model_validator(mode="after")
+    def _staleness_covers_interval(self) -> SyncConfig:
+        if self.mode == "async" and self.max_staleness < self.interval - 1:
+            raise OprlError(
+                f"sync.max_staleness={self.max_staleness} must be >= sync.interval - 1 = {self.interval - 1}: "
+                f"weights are published only every {self.interval} steps"
+            )
+        return self
 
 
 class EvalConfig(_Section):
@@ -280,6 +311,23 @@ class TrainerConfig(_Section):
     Needs model.dtype=float32."""
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend of the ranks: ``auto`` = nccl when model.device is CUDA, else gloo."""
+
+    @model_validator(mode="after")
+    def _ranks_shard(self) -> TrainerConfig:
+        if self.world_size > 1 and self.sharding == "none":
+            raise OprlError(f"trainer.world_size={self.world_size} needs trainer.sharding=ddp or fsdp")
+        return self
+
+
+def check_trainer_device(config: RunConfig, cuda: bool) -> None:
+    """The trainer's rules that depend on whether model.device is CUDA (``cuda``): the root config's validator
+    applies them to an explicit device, the runtime to ``auto`` once it knows the machine
+    (``oprl.trainer.ranks.check_trainer_machine``)."""
+    t, device = config.trainer, config.model.device
+    if t.dist_backend == "nccl" and not cuda:
+        raise OprlError(f"trainer.dist_backend=nccl needs CUDA tensors, model.device={device}; use gloo")
+    if cuda and t.sharding != "none" and config.backend == "ray" and config.runtime.gpus_per_trainer_rank <= 0:
+        raise OprlError("backend=ray with model.device=cuda: set runtime.gpus_per_trainer_rank (e.g. 1)")
 
 
 class RuntimeConfig(_Section):
@@ -343,6 +391,12 @@ class ReplayConfig(_Section):
     """Priority = policy_version - decay * use_count; ties go to the newer batch, then the lower group id."""
     capacity: int = Field(1024, gt=0)
     """Most groups kept for replay; the lowest-priority ones are evicted first."""
+
+    @model_validator(mode="after")
+    def _replay_reuses(self) -> ReplayConfig:
+        if self.groups_per_step and self.max_uses < 2:
+            raise OprlError("replay.max_uses must be >= 2 when replay.groups_per_step > 0 (1 = no reuse)")
+        return self
 
 
 class CheckpointConfig(_Section):

@@ -35,7 +35,6 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from oprl.errors import OprlError
 from oprl.messages import Experience
 from oprl.schedule import stream_seed
 from oprl.tasks.rewards.builtin import overlong_penalty
@@ -73,19 +72,6 @@ class Shaping:
         if cut and self.truncated_reward is not None:
             return self.truncated_reward
         return task_reward + overlong_penalty(length, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
-
-
-def check_shaping(rollout) -> None:
-    """The shaping settings' cross-field rules, as one-line errors."""
-    if rollout.overlong_buffer > rollout.max_new_tokens:
-        raise OprlError(
-            f"rollout.overlong_buffer={rollout.overlong_buffer} exceeds rollout.max_new_tokens="
-            f"{rollout.max_new_tokens}: the penalty ramps over the last overlong_buffer tokens before the limit"
-        )
-    if rollout.overlong_buffer and rollout.truncated_reward is not None:
-        raise OprlError(
-            "rollout.overlong_buffer and rollout.truncated_reward are alternatives (both score cut replies): set one"
-        )
 
 
 def round_seed(seed: int, step: int, round_index: int) -> int:

@@ -9,8 +9,8 @@ setting that fixes it (``rollout.max_new_tokens=N: lower it to <= M``), or the m
 Cheap on purpose: the embedded model's tokenizer and context (``oprl.models.tiny.MAX_POSITIONS``) need
 neither torch nor the model; a pretrained model's come from its tokenizer and ``config.json``. The warm
 start's demonstrations are measured only when its cache misses (``oprl.trainer.warmstart``). Not here: the
-checks of single settings against each other without the task (``RunConfig``'s validators,
-``runtime.run.check_config``), and the memory check of a batch (``oprl.rollout.base``).
+checks of single settings against each other without the task (``RunConfig``'s validators, at load), and
+the memory check of a batch (``oprl.rollout.base``).
 """
 
 from __future__ import annotations

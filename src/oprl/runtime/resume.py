@@ -322,7 +322,10 @@ def resumed_config(config: RunConfig, run_dir: Path, *, any_key: bool = False) -
         for section in sections:
             node = node.setdefault(section, {})
         node[leaf] = flat_given[key]
-    data.update(resume=config.resume, run_name=config.run_name, output_dir=config.output_dir)
+    # overwrite is the given run's too: a saved overwrite=true (how the run began) is not a resume's choice.
+    data.update(
+        resume=config.resume, run_name=config.run_name, output_dir=config.output_dir, overwrite=config.overwrite
+    )
     return resolve_algorithm(RunConfig.model_validate(data))
 
 

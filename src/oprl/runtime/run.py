@@ -1,4 +1,4 @@
-"""One run, end to end: check the config, prepare the run directory, start the workers, drive, report.
+"""One run, end to end: check the machine, prepare the run directory, start the workers, drive, report.
 
 ``run(config)`` dispatches on ``config.mode``: ``both`` (explorers + buffer + trainer), ``explore`` (explorers
 + buffer writing the store), ``offline`` (buffer reading a store + trainer), ``eval`` (one evaluation). The
@@ -31,12 +31,11 @@ from oprl.config import RunConfig
 from oprl.errors import OprlError
 from oprl.evaluator.evaluator import Evaluator
 from oprl.explorer.explorer import ExplorerWorker
-from oprl.explorer.shaping import check_shaping
 from oprl.io import atomic_write_json
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.models.loading import quiet_transformers, resolve_device
 from oprl.models.precision import precision_line
-from oprl.partial import BOARD_DIRNAME, check_partial, close_board
+from oprl.partial import BOARD_DIRNAME, close_board
 from oprl.progress import RunProgress
 from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, TeacherHandle, TrainerHandle
 from oprl.runtime import resume
@@ -47,10 +46,10 @@ from oprl.runtime.synchronizer import Synchronizer
 from oprl.tasks import build_task
 from oprl.tasks.rewards.processes import LOG_NAME as REWARD_LOG
 from oprl.tasks.rewards.processes import reward_log
-from oprl.teacher.loading import check_teacher
+from oprl.teacher.loading import check_teacher_store
 from oprl.teacher.teacher import TeacherWorker
 from oprl.trackers import start_trackers
-from oprl.trainer.ranks import ShardedTrainer, check_trainer_config, rank_threads
+from oprl.trainer.ranks import ShardedTrainer, check_trainer_machine, rank_threads
 from oprl.trainer.trainer import TrainerWorker
 from oprl.trainer.warmstart import length_warning, wants_warm_start, warm_started_model
 from oprl.worker import available_cores
@@ -66,42 +65,16 @@ class RunSummary:
     """The config the run went on with (a resumed run's saved settings, not only the keys given)."""
 
 
-def check_config(config: RunConfig) -> None:
-    """Cross-field rules, as one-line errors."""
-    if config.mode == "offline" and not config.buffer.path:
-        raise OprlError("mode=offline: set buffer.path to an experience store or a run directory holding one")
-    if config.resume and not config.run_name:
-        raise OprlError(f"resume={str(config.resume).lower()}: set run_name to the run to continue")
-    if config.resume and config.overwrite:
-        raise OprlError(
-            f"overwrite=true and resume={str(config.resume).lower()}: choose one (overwrite replaces the run)"
-        )
-    if config.resume and config.mode == "eval":
-        raise OprlError(f"resume={str(config.resume).lower()}: mode=eval has nothing to resume")
-    if config.sync.mode == "async" and config.sync.max_staleness < config.sync.interval - 1:
-        raise OprlError(
-            f"sync.max_staleness={config.sync.max_staleness} must be >= sync.interval - 1 = "
-            f"{config.sync.interval - 1}: weights are published only every {config.sync.interval} steps"
-        )
-    if config.replay.groups_per_step and config.replay.max_uses < 2:
-        raise OprlError("replay.max_uses must be >= 2 when replay.groups_per_step > 0 (1 = no reuse)")
-    if config.eval.checkpoint and config.mode != "eval":
-        raise OprlError("eval.checkpoint is read only with mode=eval")
-    if config.run_name is not None:
-        rundir.check_run_name(config.run_name)
-    if config.mode == "both" and config.rollout.group_size == 1 and not config.algorithm.baseline_shift:
-        raise OprlError(
-            "rollout.group_size=1: every advantage is relative to its group (r - baseline of the "
-            "group), so with one response per prompt all advantages are 0 and nothing trains; use >= 2"
-        )
-    check_shaping(config.rollout)
-    check_teacher(config)
+def check_machine(config: RunConfig) -> None:
+    """What the config cannot say alone, as one-line errors: installed packages, the GPUs of this machine, the
+    store a distillation reads. Every rule between fields is a validator of the config (``oprl.config``), so it
+    was checked when the config was loaded."""
+    check_teacher_store(config)
     if config.rollout.engine == "vllm":
         from oprl.rollout.vllm_engine import require_vllm
 
         require_vllm()
-    check_trainer_config(config)
-    check_partial(config)
+    check_trainer_machine(config)
     if config.backend == "ray":
         import importlib.util
 
@@ -168,7 +141,7 @@ def run_label(config: RunConfig) -> str:
 def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSummary:
     """Run ``config.mode``; see the module docstring. ``task``: ``config.task`` already built; ``checked``: its
     lengths already passed ``check_lengths`` (``oprl.train`` makes the checks before the heavy imports)."""
-    check_config(config)
+    check_machine(config)
     started = time.perf_counter()
     quiet_transformers()
     torch.manual_seed(config.seed)
@@ -425,4 +398,4 @@ def _write_summary(
     )
 
 
-__all__ = ["RunSummary", "check_config", "run", "worker_threads"]
+__all__ = ["RunSummary", "check_machine", "run", "worker_threads"]

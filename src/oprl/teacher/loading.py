@@ -61,24 +61,20 @@ def check_same_tokens(teacher, student, teacher_name: str, student_name: str) ->
     )
 
 
-def check_teacher(config: RunConfig) -> None:
-    """Cross-field rules of distillation, as one-line errors (before any worker starts)."""
+def check_teacher_store(config: RunConfig) -> None:
+    """Distillation in mode=offline without a teacher reads the store's teacher log-probs: one line unless its
+    first batch file carries them (a file read, so the runtime's check; the rules without one are validators
+    of ``RunConfig``)."""
     coef = config.algorithm.distill_coef or 0.0
-    if coef == 0 or config.teacher.path is not None:
+    if coef == 0 or config.teacher.path is not None or config.mode != "offline" or not config.buffer.path:
         return
-    if config.mode == "both":
+    store = ExperienceStore.locate(config.buffer.path)
+    first = store.path_of(store.batches()[0])
+    if not _scored(first):
         raise OprlError(
-            f"algorithm.distill_coef={coef:g} needs a teacher: set teacher.path (a run, a checkpoint or a model "
-            "with the student's tokenizer)"
+            f"algorithm.distill_coef={coef:g}: {first} has no teacher log-probs; score the store once with "
+            f"`oprl teacher-score {config.buffer.path} teacher.path=...`, or set teacher.path"
         )
-    if config.mode == "offline" and config.buffer.path:
-        store = ExperienceStore.locate(config.buffer.path)
-        first = store.path_of(store.batches()[0])
-        if not _scored(first):
-            raise OprlError(
-                f"algorithm.distill_coef={coef:g}: {first} has no teacher log-probs; score the store once with "
-                f"`oprl teacher-score {config.buffer.path} teacher.path=...`, or set teacher.path"
-            )
 
 
 def _scored(path: Path) -> bool:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from oprl.checkpoint.files import SHARDS, load_rng, read_json, save_rng, write_json
+from oprl.config.sections import check_trainer_device
 from oprl.errors import OprlError
 from oprl.trainer.distributed import DataParallel, gather_weights, init_process_group, load_sharded, save_sharded
 
@@ -34,25 +35,14 @@ if TYPE_CHECKING:
     from oprl.messages import TrainResult
 
 
-def check_trainer_config(config, gpus: int | None = None) -> None:
-    """The ``trainer`` section's cross-field rules, as one-line errors (``gpus``: visible CUDA devices)."""
+def check_trainer_machine(config, gpus: int | None = None) -> None:
+    """The trainer's rules that need this machine, as one-line errors (``gpus``: visible CUDA devices): the
+    CUDA rules of model.device=auto, and enough GPUs for the ranks. Those the config decides alone are
+    validators of ``RunConfig`` (``oprl.config``)."""
     t, device = config.trainer, config.model.device
-    if t.world_size > 1 and t.sharding == "none":
-        raise OprlError(f"trainer.world_size={t.world_size} needs trainer.sharding=ddp or fsdp")
-    groups = config.rollout.prompts_per_step
-    if t.world_size > groups:
-        raise OprlError(
-            f"trainer.world_size={t.world_size} exceeds the groups per step "
-            f"(rollout.prompts_per_step={groups}): every rank trains on whole groups"
-        )
-    if t.autocast != "none" and config.model.dtype != "float32":
-        raise OprlError(
-            f"trainer.autocast={t.autocast} needs model.dtype=float32 (the master weights autocast computes "
-            f"from), got model.dtype={config.model.dtype}"
-        )
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if t.dist_backend == "nccl" and not cuda:
-        raise OprlError(f"trainer.dist_backend=nccl needs CUDA tensors, model.device={device}; use gloo")
+    if device == "auto":
+        check_trainer_device(config, cuda)
     if cuda and t.sharding != "none" and config.backend == "local":
         gpus = torch.cuda.device_count() if gpus is None else gpus
         if gpus < t.world_size:
@@ -60,8 +50,6 @@ def check_trainer_config(config, gpus: int | None = None) -> None:
                 f"trainer.world_size={t.world_size} on model.device={device} needs "
                 f"{t.world_size} GPUs; this machine has {gpus}"
             )
-    if cuda and t.sharding != "none" and config.backend == "ray" and config.runtime.gpus_per_trainer_rank <= 0:
-        raise OprlError("backend=ray with model.device=cuda: set runtime.gpus_per_trainer_rank (e.g. 1)")
 
 
 def process_memory(pid: int | str = "self") -> dict[str, float]:
