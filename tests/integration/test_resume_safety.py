@@ -199,7 +199,8 @@ def test_resume_takes_true_false_or_restart():
     from oprl.config import load_config
     from oprl.errors import OprlError
 
-    assert [load_config(None, [f"resume={v}"]).resume for v in ("true", "false", "restart")] == [True, False, "restart"]
+    values = [load_config(None, [f"resume={v}", "run_name=x"]).resume for v in ("true", "false", "restart")]
+    assert values == [True, False, "restart"]
     with pytest.raises(OprlError, match=r"resume: .*expected true, false or restart"):
         load_config(None, ["resume=maybe"])
 
