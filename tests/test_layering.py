@@ -28,7 +28,7 @@ ALLOWED = {
     "messages": {"messages"},
     "schedule": {"schedule"},
     # Partial rollouts: the switch rule, per-token versions, the weights board (files), the switcher hook.
-    "partial": {"partial", "messages", "schedule", "io", "errors", "rollout"},  # rollout: engine capabilities
+    "partial": {"partial", "messages", "schedule", "io", "errors"},  # its config rules are RunConfig validators
     # What every worker shares: its clock, the sampling lock, loading a model and an engine, and loading a
     # frozen second model (the teacher's, the judge's: ``load_frozen``).
     "worker": {"worker", "checkpoint", "config", "errors", "models", "rollout", "messages", "plugins"},
