@@ -79,7 +79,8 @@ class RunConfig(_Section):
     """Parent directory of run directories."""
     run_name: str | None = None
     """Run directory name under output_dir (default: <preset>-k<interval>-m<offset>[-<what differs from the
-    defaults: model, task, engine, backend, sync mode, replay, dtype, sharding>]-s<seed>-<timestamp>)."""
+    defaults: model, task, engine, backend, sync mode, replay, dtype, sharding>]-s<seed>-<timestamp>). One
+    directory name (no ``/``, not ``.`` or ``..``), at most 200 UTF-8 bytes; required with ``resume``."""
     overwrite: bool = False
     """``true``: a new run may replace the run already in ``output_dir/run_name`` (its outputs are deleted
     first, as TRL's ``overwrite_output_dir``); ``false`` refuses it. Not with ``resume``."""

@@ -129,8 +129,8 @@ class RolloutConfig(_Section):
     overlong_buffer: int = Field(0, ge=0)
     """DAPO's overlong soft penalty (Yu et al. 2025, arXiv 2503.14476): over the last overlong_buffer tokens
     before max_new_tokens, a single-turn reply's training reward falls linearly, by up to overlong_penalty at the
-    limit (oprl.tasks.rewards.builtin.overlong_penalty); 0 = off. DAPO used 4096 of 20480. An alternative to
-    truncated_reward (set one): it also tells a reply that nearly ran out from a short one."""
+    limit (oprl.tasks.rewards.builtin.overlong_penalty); 0 = off, at most max_new_tokens. DAPO used 4096 of 20480.
+    An alternative to truncated_reward (set one): it also tells a reply that nearly ran out from a short one."""
     overlong_penalty: float = Field(1.0, gt=0.0)
     """Largest overlong penalty (at max_new_tokens), in reward units; DAPO's is 1 for a 0/1 accuracy reward."""
     dynamic_sampling: bool = False
@@ -236,7 +236,9 @@ class SyncConfig(_Section):
     """Partial rollouts (docs/runtime.md#partial-rollouts): the explorer takes newer weights between two decode
     steps and continues every unfinished response with them; each token records its version. mode=scheduled:
     version v(b)+k takes over batch b at decode step ``switch_step`` when the trainer reaches it before step b
-    (deterministic); mode=async: the newest published version is taken as soon as it is posted. lean engine."""
+    (deterministic); mode=async: the newest published version is taken as soon as it is posted. Needs an engine
+    that declares the ``partial_kv`` mode (lean: keep or recompute; vllm: recompute; a plug-in: its
+    ``capabilities``) and runtime.overlap=true."""
     switch_step: int = Field(8, gt=0)
     """partial, mode=scheduled: the decode step of a batch (counted over its generate calls: an episode's turns
     add up) at which the next version becomes active; the explorer waits there for it."""
