@@ -121,7 +121,7 @@ def test_a_partial_switch_is_refused_in_one_line(engine, tokenizer):
     """task_episodes hands run_episodes' arguments to the agent loop whole; a switch (partial rollouts) is
     refused there."""
     task = agent_task(calculator_agent)
-    with pytest.raises(OprlError, match=r"rollout\.partial"):
+    with pytest.raises(OprlError, match=r"sync\.partial=true"):
         run(engine, tokenizer, task, task.problems("train")[:1], switch=object())
 
 
