@@ -5,9 +5,10 @@ experiences can be trained with any preset. ``behavior_logprobs`` are the sample
 ``batch_metrics`` summarises a batch of them (the explorer's rows of mode=explore and the trainer's rows).
 
 Also what else travels between the roles: ``ExploreResult`` (an explorer's report next to a batch, with its
-``Timing``), ``TrainResult`` (the trainer's report of a step) and ``FlatWeights`` (the trainer's weights
-snapshot on its way to the explorers). The driver reads control values (versions, clocks) from their
-attributes; dicts of ``name -> float`` are only ever columns of ``metrics.jsonl``.
+``Timing``), ``ScoreResult`` (the teacher's report next to a scored batch), ``TrainResult`` (the trainer's
+report of a step) and ``FlatWeights`` (the trainer's weights snapshot on its way to the explorers). The driver
+reads control values (versions, clocks) from their attributes; dicts of ``name -> float`` are only ever
+columns of ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -133,6 +134,18 @@ class ExploreResult:
     busy_s: float
     idle_s: float
     """The explorer's clock (``worker.Clock``) since it started: busy inside calls, idle between them."""
+
+
+@dataclass
+class ScoreResult:
+    """What ``TeacherWorker.score`` reports next to a scored batch."""
+
+    batch: int
+    score_s: float
+    """Seconds of this call's prefill (0 when every row already had its teacher log-probs)."""
+    busy_s: float
+    idle_s: float
+    """The teacher's clock (``worker.Clock``) since it started: busy inside calls, idle between them."""
 
 
 @dataclass

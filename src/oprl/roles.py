@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from oprl.backends.base import Actor, Pending
-from oprl.messages import Experience, ExploreResult, FlatWeights, TrainResult
+from oprl.messages import Experience, ExploreResult, FlatWeights, ScoreResult, TrainResult
 
 
 @runtime_checkable
@@ -84,8 +84,8 @@ class TeacherRole(Protocol):
 
     def ping(self) -> int: ...
 
-    def score(self, batch: int, experiences: list[Experience]) -> list[Experience]:
-        """Batch ``batch``'s experiences with ``teacher_logprobs`` set."""
+    def score(self, batch: int, experiences: list[Experience]) -> tuple[list[Experience], ScoreResult]:
+        """Batch ``batch``'s experiences with ``teacher_logprobs`` set, and the teacher's report (its clock)."""
         ...
 
 
@@ -176,8 +176,11 @@ class TeacherHandle(Handle):
     def ping(self) -> Pending[int]:
         return self._call(TeacherRole.ping)
 
-    def score(self, batch: int, experiences: list[Experience] | Pending[list[Experience]]) -> Pending[list[Experience]]:
-        return self._call(TeacherRole.score, batch, experiences)
+    def score(
+        self, batch: int, experiences: list[Experience] | Pending[list[Experience]]
+    ) -> tuple[Pending[list[Experience]], Pending[ScoreResult]]:
+        """Two futures: the scored experiences (handed on unresolved) and the report (for the driver)."""
+        return self._call(TeacherRole.score, batch, experiences, returns=2)
 
 
 class EvaluatorHandle(Handle):

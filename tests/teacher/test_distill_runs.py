@@ -38,13 +38,20 @@ def teacher_run(tmp_path_factory, cache_dir):
     return root, distill
 
 
+@pytest.fixture(scope="module")
+def distill_run(teacher_run):
+    """The ``distill`` preset's run of 2 steps (threads), named ``distill``."""
+    root, distill = teacher_run
+    assert main(["train", *distill, "steps=2", "run_name=distill"]) == 0
+    return root
+
+
 def rows_of(root, name):
     return read_metrics(root / "runs" / name / "metrics.jsonl")
 
 
-def test_the_distill_preset_trains_and_stores_what_a_fresh_prefill_gives(teacher_run):
-    root, distill = teacher_run
-    assert main(["train", *distill, "steps=2", "run_name=distill"]) == 0
+def test_the_distill_preset_trains_and_stores_what_a_fresh_prefill_gives(distill_run):
+    root = distill_run
     rows = [r for r in rows_of(root, "distill") if "distill/reverse_kl" in r]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["optim/grad_norm"] > 0 and 0 < r["distill/agreement"] < 1 for r in rows)
@@ -57,6 +64,20 @@ def test_the_distill_preset_trains_and_stores_what_a_fresh_prefill_gives(teacher
         for row, values in zip(stored, fresh, strict=True):
             assert row.teacher_logprobs == pytest.approx(values, abs=1e-5)
             assert row.teacher_logprobs != pytest.approx(row.behavior_logprobs, abs=1e-3)  # another model
+
+
+def test_the_teachers_cost_is_logged_only_in_runs_with_a_teacher(teacher_run, distill_run):
+    """Each step's row has the teacher's clock and its batch's prefill seconds; the teacher's own run (GRPO, no
+    ``teacher.path``) has no ``perf/teacher_*`` column at all."""
+    root = distill_run
+    steps = [r for r in rows_of(root, "distill") if "perf/step_s" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for row in steps:  # on-policy: between two rows the teacher scored exactly the step's batch
+        assert 0 < row["perf/teacher_s"] <= row["perf/teacher_busy_s"] < row["perf/step_s"]
+        assert row["perf/teacher_idle_s"] >= 0 and 0 < row["perf/teacher_utilization"] < 1
+    without = rows_of(root, "teacher")
+    assert [r["step"] for r in without if "perf/step_s" in r] == [1, 2]
+    assert not [k for r in without for k in r if k.startswith("perf/teacher")]
 
 
 @pytest.mark.slow  # ~50 s on 2 cores: two runs, one with spawned worker processes

@@ -38,7 +38,7 @@ from oprl.runtime.rows import PerfClock, RowLog
 from oprl.schedule import lag
 
 if TYPE_CHECKING:  # annotations only: the driver never builds one
-    from oprl.messages import ExploreResult, TrainResult
+    from oprl.messages import ExploreResult, ScoreResult, TrainResult
     from oprl.roles import BufferHandle, ExplorerHandle, TeacherHandle, TrainerHandle
 
 
@@ -191,6 +191,7 @@ class Driver:
             "put": self._on_put,
             "train": self._on_train,
             "eval": self._on_eval,
+            "score": self._on_score,
         }
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -313,19 +314,30 @@ class Driver:
         self.batches.explored(batch, to_train=not self.explore_only)
 
     def _score(self, batch: int, experiences):
-        """The teacher's copy of ``experiences`` (a future), waited for like any call so its failure is named."""
+        """The teacher's copy of ``experiences`` (a future, handed on unresolved); its report is waited for like
+        any call, so a failure is named and the clock reaches the row."""
         assert self.teacher is not None
-        scored = self.teacher.score(batch, experiences)
-        self._submit(scored, Call("score", "teacher", f"while scoring batch {batch}", batch=batch))
+        scored, result = self.teacher.score(batch, experiences)
+        self._submit(result, Call("score", "teacher", f"while scoring batch {batch}", batch=batch))
         return scored
+
+    def _on_score(self, _call: Call, result: ScoreResult) -> None:
+        self.perf.scored(result)
+
+    def _take_score(self, batch: int) -> None:
+        """React now to the teacher's report of batch ``batch`` if it is still in flight: it is done (the batch's
+        put or training needed its experiences) but a backend may report it after the call that needed it."""
+        self._react({f for f, c in self.calls.items() if c.kind == "score" and c.batch == batch})
 
     def _on_put(self, call: Call, _size: int) -> None:
         if self.explore_only:
+            self._take_score(call.batch)
             self.rows.add(call.batch, self.perf.explore_row(call.batch))
 
     def _on_train(self, call: Call, result: TrainResult) -> None:
         step = call.step
         self.batches.trained(step)
+        self._take_score(step)
         row = result.metrics | self.backend.get(call.stats)
         row.update(self.perf.step_row(result, step, with_explorers=bool(self.explorers)))
         if self.cfg.sync.mode == "scheduled" and not self.offline:

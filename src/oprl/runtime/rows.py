@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from oprl.messages import ExploreResult, TrainResult
+from oprl.messages import ExploreResult, ScoreResult, TrainResult
 
 
 class RowLog:
@@ -78,24 +78,34 @@ def progress_text(row: dict, last_eval: tuple[int, float] | None) -> str:
 
 
 class PerfClock:
-    """The ``perf/*`` columns: busy/idle seconds per role since the last row, generation timing per batch."""
+    """The ``perf/*`` columns: busy/idle seconds per role since the last row, generation timing per batch, the
+    teacher's prefill per batch (distillation: columns only once a teacher reported)."""
 
     def __init__(self, explorers: int):
         self.started = self.last_step_time = time.perf_counter()
         self.explorer_clock = [(0.0, 0.0)] * explorers
         """Each explorer's (busy, idle) seconds since it started, as of its last result."""
-        self.last_totals = {"explorer": (0.0, 0.0), "trainer": (0.0, 0.0)}
+        self.last_totals = {"explorer": (0.0, 0.0), "trainer": (0.0, 0.0), "teacher": (0.0, 0.0)}
         self.explored_batches: dict[int, ExploreResult] = {}
+        self.teacher_clock: tuple[float, float] | None = None
+        """The teacher's (busy, idle) seconds since it started, as of its last report (None: no teacher yet)."""
+        self.scored_batches: dict[int, float] = {}
+        """Each scored batch's prefill seconds until the batch's row."""
 
     def explored(self, result: ExploreResult) -> None:
         """Record an explorer's result (its clock, the batch's timing and summary) until the batch's row."""
         self.explorer_clock[result.explorer] = (result.busy_s, result.idle_s)
         self.explored_batches[result.batch] = result
 
+    def scored(self, result: ScoreResult) -> None:
+        """Record the teacher's report (its clock, the batch's prefill seconds) until the batch's row."""
+        self.teacher_clock = (result.busy_s, result.idle_s)
+        self.scored_batches[result.batch] = result.score_s
+
     def explore_row(self, batch: int) -> dict[str, float]:
         """The row of batch ``batch`` in mode=explore: its summary and generation timing."""
         result = self.explored_batches.pop(batch)
-        return result.summary | self._generation(result) | self._explorers()
+        return result.summary | self._generation(result) | self._explorers() | self._teacher(batch)
 
     def step_row(self, result: TrainResult, step: int, with_explorers: bool) -> dict[str, float]:
         """The ``perf/*`` columns of trainer step ``step`` (from the trainer's clock totals in ``result``)."""
@@ -116,6 +126,24 @@ class PerfClock:
             out.update(self._explorers())
         else:
             out["perf/elapsed_s"] = now - self.started
+        out.update(self._teacher(step))
+        return out
+
+    def _teacher(self, batch: int) -> dict[str, float]:
+        """``perf/teacher_*``: the teacher's busy/idle seconds since the last row, its utilisation since the
+        start, and the prefill seconds of batch ``batch`` (nothing without a teacher)."""
+        if self.teacher_clock is None:
+            return {}
+        busy, idle = self.teacher_clock
+        last_busy, last_idle = self.last_totals["teacher"]
+        self.last_totals["teacher"] = (busy, idle)
+        out = {
+            "perf/teacher_busy_s": busy - last_busy,
+            "perf/teacher_idle_s": idle - last_idle,
+            "perf/teacher_utilization": busy / max(busy + idle, 1e-9),
+        }
+        if batch in self.scored_batches:
+            out["perf/teacher_s"] = self.scored_batches.pop(batch)
         return out
 
     def _explorers(self) -> dict[str, float]:

@@ -18,11 +18,12 @@ student's under nucleus sampling are of the truncated one), the distillation mat
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING
 
 import torch
 
-from oprl.messages import Experience
+from oprl.messages import Experience, ScoreResult
 from oprl.models.logprobs import grouped_response_logprobs, packed_response_logprobs
 from oprl.teacher.loading import load_teacher
 from oprl.worker import Clock
@@ -110,12 +111,15 @@ class TeacherWorker:
     def ping(self) -> int:
         return 0
 
-    def score(self, batch: int, experiences: list[Experience]) -> list[Experience]:
-        """Batch ``batch``'s experiences with ``teacher_logprobs`` (rows already scored keep theirs)."""
+    def score(self, batch: int, experiences: list[Experience]) -> tuple[list[Experience], ScoreResult]:
+        """Batch ``batch``'s experiences with ``teacher_logprobs`` (rows already scored keep theirs), and the
+        report: the prefill's seconds and the clock (the ``perf/teacher_*`` columns)."""
         with self.clock.work():
+            start = time.perf_counter()
             todo = [i for i, e in enumerate(experiences) if e.teacher_logprobs is None]
             scored = self.teacher.score([experiences[i] for i in todo])
             out = list(experiences)
             for i, row in zip(todo, scored, strict=True):
                 out[i] = row
-            return out
+            score_s = time.perf_counter() - start
+        return out, ScoreResult(batch, score_s, self.clock.busy, self.clock.idle)
