@@ -1,0 +1,89 @@
+"""The experience store's parquet files: every schema version it reads, foreign files refused in one line."""
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from oprl.checkpoint.store import OPTIONAL, SCHEMA_VERSION, ExperienceStore, read_parquet, to_table, write_parquet
+from oprl.errors import OprlError
+from oprl.messages import Experience
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+ADDED_IN = {"loss_mask": 2, "behavior_versions": 3, "teacher_logprobs": 4}
+"""The schema version that added each optional column (store.SCHEMA_VERSION's docstring)."""
+
+
+def _rows() -> list[Experience]:
+    full = Experience(
+        prompt_ids=[5, 6, 7],
+        response_ids=[8, 9, 2],
+        behavior_logprobs=[-0.5, -0.25, -1.0],
+        reward=1.0,
+        reward_components={"correct": 1.0, "format": 0.5},
+        group_id=3,
+        task_id="train-17",
+        policy_version=2,
+        response_text="42",
+        truncated=True,
+        use_count=1,
+        extra={"explorer": 0, "turns": [1, 2]},
+        loss_mask=[1, 0, 1],
+        behavior_versions=[2, 2, 3],
+        teacher_logprobs=[-0.75, -0.5, -0.125],
+    )
+    plain = Experience([1], [4, 2], [-0.125, -2.0], 0.0, {}, 4, "train-3", 0, "")
+    return [full, plain]
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_every_schema_version_reads_back_what_it_holds(tmp_path, version):
+    """A file of version v (the columns it had) reads as the experiences, with the later fields unset."""
+    assert SCHEMA_VERSION == "4" and set(OPTIONAL) == set(ADDED_IN)
+    rows = _rows()
+    table = to_table(rows, 7)
+    later = [name for name, added in ADDED_IN.items() if added > version]
+    table = table.drop_columns(later).replace_schema_metadata({"oprl_schema": str(version)})
+    pq.write_table(table, tmp_path / "batch-000007.parquet")
+    back = read_parquet(tmp_path / "batch-000007.parquet")
+    for name in later:
+        for row in rows:
+            setattr(row, name, None)
+    assert [vars(e) for e in back] == [vars(e) for e in rows]
+
+
+def test_the_schema_2_file_of_tests_data_rewrites_as_the_current_schema(tmp_path):
+    old = read_parquet(DATA / "schema2-batch-000005.parquet")
+    write_parquet(tmp_path / "batch-000005.parquet", old, 5)
+    assert pq.read_schema(tmp_path / "batch-000005.parquet").metadata[b"oprl_schema"] == SCHEMA_VERSION.encode()
+    assert [vars(e) for e in read_parquet(tmp_path / "batch-000005.parquet")] == [vars(e) for e in old]
+    assert read_parquet(tmp_path / "batch-000005.parquet", columns=["batch"]).column("batch").to_pylist() == [5, 5]
+
+
+def test_a_foreign_parquet_file_is_one_line_naming_it_and_the_missing_columns(tmp_path):
+    path = tmp_path / "batch-000001.parquet"
+    pq.write_table(pa.table({"prompt": ["2+2"], "answer": ["4"]}), path)
+    with pytest.raises(OprlError) as caught:
+        read_parquet(path)
+    message = str(caught.value)
+    assert message == f"experience file {path}: not an oprl experience table (missing batch, group_id, task_id ...)"
+    pq.write_table(to_table(_rows(), 1).drop_columns(["reward"]), path)
+    with pytest.raises(OprlError, match=r"\(missing reward\)$"):  # one column short: named alone
+        read_parquet(path, columns=["group_id"])
+
+
+def test_the_store_lists_whole_batches_only_and_discards_leftovers(tmp_path):
+    store = ExperienceStore(tmp_path / "experiences")
+    assert store.batches() == []
+    store.write(12, _rows())
+    store.write(3, _rows()[:1])
+    (store.root / ".batch-000013.parquet.tmp-99").write_bytes(b"half")  # a writer killed mid-file
+    (store.root / "notes.txt").write_text("mine")
+    assert store.batches() == [3, 12]
+    assert [e.task_id for e in store.read(3)] == ["train-17"]
+    store.discard([12])
+    assert store.batches() == [3] and sorted(p.name for p in store.root.iterdir()) == [
+        "batch-000003.parquet",
+        "notes.txt",
+    ]
