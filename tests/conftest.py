@@ -4,8 +4,9 @@ Every test that needs the embedded model uses the same small task and warm-start
 is built once per test session (a few seconds) in a temporary cache directory.
 
 Layout: tests/<package>/ mirrors src/oprl/<package>/ with unit tests (one component, fakes, hand-computed
-values); tests/integration/ holds the multi-step runs through the runtime, subprocesses and sweeps, marked
-``integration`` here (``pytest -m "not slow and not integration"`` runs the fast units alone).
+values; tests/test_mirror.py checks the mirror); tests/integration/ holds the multi-step runs through the
+runtime, subprocesses and sweeps, marked ``integration`` here (``pytest -m "not slow and not integration"``
+runs the fast units alone).
 """
 
 from pathlib import Path
