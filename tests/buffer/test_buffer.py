@@ -1,13 +1,10 @@
-"""The experience store (parquet schema, atomic files) and the buffer (fresh batches, replay, checkpoints)."""
+"""The buffer: fresh batches, replay, checkpoints (the store's parquet files: tests/checkpoint/test_store.py)."""
 
-import json
-
-import pyarrow.parquet as pq
 import pytest
 import torch
 
 from oprl.buffer.buffer import ExperienceBuffer
-from oprl.checkpoint.store import SCHEMA, ExperienceStore, read_parquet, write_parquet
+from oprl.checkpoint.store import ExperienceStore
 from oprl.errors import OprlError
 from oprl.messages import Experience
 
@@ -31,38 +28,6 @@ def make_batch(batch, version, groups=2, k=2):
         )
         for i in range(groups * k)
     ]
-
-
-def test_store_round_trip_is_exact_and_atomic(tmp_path):
-    store = ExperienceStore(tmp_path / "exp")
-    batch = make_batch(3, version=2)
-    store.write(3, batch)
-    assert store.batches() == [3]
-    assert [p.name for p in (tmp_path / "exp").iterdir()] == ["batch-000003.parquet"]  # no temporary left
-    # float32 storage of log-probs is lossless for the sampler's (float32) numbers.
-    assert [vars(e) for e in store.read(3)] == [vars(e) for e in batch]
-    table = pq.read_table(store.path_of(3))
-    assert table.schema.equals(SCHEMA, check_metadata=False)
-    assert table.schema.metadata[b"oprl_schema"] == b"4"
-    assert table.column("batch").to_pylist() == [3] * 4
-
-
-def test_store_is_readable_without_oprl(tmp_path):
-    write_parquet(tmp_path / "batch-000001.parquet", make_batch(1, 0), 1)
-    rows = pq.read_table(tmp_path / "batch-000001.parquet").to_pylist()
-    assert rows[1]["reward"] == pytest.approx(1.1) and dict(rows[1]["reward_components"])["correct"] == 1.0
-    assert json.loads(rows[0]["extra"]) == {"explorer": 1}
-
-
-def test_locate_and_bad_files(tmp_path):
-    with pytest.raises(OprlError, match="not a directory"):
-        ExperienceStore.locate(tmp_path / "missing")
-    (tmp_path / "run" / "experiences").mkdir(parents=True)
-    with pytest.raises(OprlError, match="no batch"):
-        ExperienceStore.locate(tmp_path / "run")
-    (tmp_path / "run" / "experiences" / "batch-000001.parquet").write_text("not parquet")
-    with pytest.raises(OprlError, match="unreadable"):
-        read_parquet(tmp_path / "run" / "experiences" / "batch-000001.parquet")
 
 
 def test_take_returns_the_steps_batch_with_use_counts_owned_by_the_buffer():

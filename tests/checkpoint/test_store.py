@@ -1,16 +1,48 @@
 """The experience store's parquet files: every schema version it reads, foreign files refused in one line."""
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
-from oprl.checkpoint.store import OPTIONAL, SCHEMA_VERSION, ExperienceStore, read_parquet, to_table, write_parquet
+from oprl.checkpoint.store import (
+    OPTIONAL,
+    SCHEMA,
+    SCHEMA_VERSION,
+    ExperienceStore,
+    read_parquet,
+    to_table,
+    write_parquet,
+)
 from oprl.errors import OprlError
 from oprl.messages import Experience
 
 DATA = Path(__file__).resolve().parent.parent / "data"
+F32 = float(torch.tensor(-0.1234567, dtype=torch.float32))  # the sampler's log-probs are float32 values
+
+
+def make_batch(batch, version, groups=2, k=2):
+    return [
+        Experience(
+            prompt_ids=[5, 6, batch],
+            response_ids=[7, 8, i],
+            behavior_logprobs=[F32, -2.5, -0.0078125],
+            reward=float(i % 2) + 0.1,
+            reward_components={"correct": float(i % 2), "format": 0.1},
+            group_id=(batch - 1) * groups + i // k,
+            task_id=f"task/{batch}/{i // k}",
+            policy_version=version,
+            response_text=f"resp {i}",
+            truncated=i == 0,
+            extra={"explorer": 1},
+        )
+        for i in range(groups * k)
+    ]
+
+
 ADDED_IN = {"loss_mask": 2, "behavior_versions": 3, "teacher_logprobs": 4}
 """The schema version that added each optional column (store.SCHEMA_VERSION's docstring)."""
 
@@ -87,3 +119,36 @@ def test_the_store_lists_whole_batches_only_and_discards_leftovers(tmp_path):
         "batch-000003.parquet",
         "notes.txt",
     ]
+
+
+# Moved from tests/buffer/test_buffer.py (the store was buffer/store.py).
+def test_store_round_trip_is_exact_and_atomic(tmp_path):
+    store = ExperienceStore(tmp_path / "exp")
+    batch = make_batch(3, version=2)
+    store.write(3, batch)
+    assert store.batches() == [3]
+    assert [p.name for p in (tmp_path / "exp").iterdir()] == ["batch-000003.parquet"]  # no temporary left
+    # float32 storage of log-probs is lossless for the sampler's (float32) numbers.
+    assert [vars(e) for e in store.read(3)] == [vars(e) for e in batch]
+    table = pq.read_table(store.path_of(3))
+    assert table.schema.equals(SCHEMA, check_metadata=False)
+    assert table.schema.metadata[b"oprl_schema"] == b"4"
+    assert table.column("batch").to_pylist() == [3] * 4
+
+
+def test_store_is_readable_without_oprl(tmp_path):
+    write_parquet(tmp_path / "batch-000001.parquet", make_batch(1, 0), 1)
+    rows = pq.read_table(tmp_path / "batch-000001.parquet").to_pylist()
+    assert rows[1]["reward"] == pytest.approx(1.1) and dict(rows[1]["reward_components"])["correct"] == 1.0
+    assert json.loads(rows[0]["extra"]) == {"explorer": 1}
+
+
+def test_locate_and_bad_files(tmp_path):
+    with pytest.raises(OprlError, match="not a directory"):
+        ExperienceStore.locate(tmp_path / "missing")
+    (tmp_path / "run" / "experiences").mkdir(parents=True)
+    with pytest.raises(OprlError, match="no batch"):
+        ExperienceStore.locate(tmp_path / "run")
+    (tmp_path / "run" / "experiences" / "batch-000001.parquet").write_text("not parquet")
+    with pytest.raises(OprlError, match="unreadable"):
+        read_parquet(tmp_path / "run" / "experiences" / "batch-000001.parquet")
