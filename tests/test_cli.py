@@ -71,37 +71,6 @@ def test_config_command_prints_resolved_preset(capsys):
     assert "sync.interval" in capsys.readouterr().out
 
 
-def test_config_help_prints_each_default_from_its_one_source(capsys):
-    """Algorithm settings show the preset's values (grpo unless a preset is given), not None; factory defaults
-    show their value; a selector narrows the help to a section or one task; an unmatched one is exit 2."""
-    from oprl.algorithms import resolve_preset
-
-    assert main(["config", "--help"]) == 0
-    text = capsys.readouterr().out
-    assert "PydanticUndefined" not in text and "tracking.backends = []" in text
-    grpo = resolve_preset("grpo")
-    for key, value in grpo.items():
-        assert f"algorithm.{key} = {value!r}:" in text, key
-    assert main(["config", "--help", "algorithm.preset=opmd"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines and all(line.startswith("algorithm.") for line in lines)
-    assert "algorithm.preset = 'opmd':" in lines[0]
-    for key, value in resolve_preset("opmd").items():
-        assert any(line.startswith(f"algorithm.{key} = {value!r}:") for line in lines), key
-    assert resolve_preset("opmd") != grpo
-    assert main(["config", "--help", "task.name=bfcl"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines and all(line.startswith("task.") and "[task.name=bfcl]" in line for line in lines)
-    assert any(line.startswith("task.subsets = ") and len(line.split(": ", 1)[1]) > 10 for line in lines)
-    assert main(["config", "--help", "rollout"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines and all(line.startswith(("rollout.", "# rollout: ")) for line in lines)  # headed groups
-    assert any("group_size = 8" in x for x in lines)
-    assert main(["config", "--help", "rollot"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "rollot" in err
-
-
 HEAVY = ("torch", "transformers", "vllm", "ray", "trl", "tensorboard", "matplotlib", "pyarrow", "pandas", "wandb")
 COMMANDS = ("train", "explore", "eval", "config", "bandit", "sweep", "plot", "report")
 

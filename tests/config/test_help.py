@@ -1,5 +1,5 @@
 """``oprl config --help``: the rollout options come in headed groups (sampling / reward shaping / multi-turn /
-caches), every rollout field under exactly one of them."""
+caches), every rollout field under exactly one of them; every default from its one source; selectors."""
 
 from oprl.cli import main
 from oprl.config import RolloutConfig, help_lines
@@ -51,3 +51,35 @@ def test_whole_help_and_selectors_keep_the_headings_of_what_they_show():
         "# rollout: multi-turn",
         *[line for line in text if line.startswith(("rollout.episode_timeout =", "optim.lr ="))],
     ]
+
+
+# Moved from tests/test_cli.py.
+def test_config_help_prints_each_default_from_its_one_source(capsys):
+    """Algorithm settings show the preset's values (grpo unless a preset is given), not None; factory defaults
+    show their value; a selector narrows the help to a section or one task; an unmatched one is exit 2."""
+    from oprl.algorithms import resolve_preset
+
+    assert main(["config", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "PydanticUndefined" not in text and "tracking.backends = []" in text
+    grpo = resolve_preset("grpo")
+    for key, value in grpo.items():
+        assert f"algorithm.{key} = {value!r}:" in text, key
+    assert main(["config", "--help", "algorithm.preset=opmd"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.startswith("algorithm.") for line in lines)
+    assert "algorithm.preset = 'opmd':" in lines[0]
+    for key, value in resolve_preset("opmd").items():
+        assert any(line.startswith(f"algorithm.{key} = {value!r}:") for line in lines), key
+    assert resolve_preset("opmd") != grpo
+    assert main(["config", "--help", "task.name=bfcl"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.startswith("task.") and "[task.name=bfcl]" in line for line in lines)
+    assert any(line.startswith("task.subsets = ") and len(line.split(": ", 1)[1]) > 10 for line in lines)
+    assert main(["config", "--help", "rollout"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.startswith(("rollout.", "# rollout: ")) for line in lines)  # headed groups
+    assert any("group_size = 8" in x for x in lines)
+    assert main(["config", "--help", "rollot"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rollot" in err
