@@ -39,9 +39,7 @@ ALLOWED = {
     # On disk: run directories, checkpoints, the experience store and its directories (below every role).
     "checkpoint": {"checkpoint", "config", "errors", "io", "messages", "metrics"},
     # Running a task's episodes: the layer the roles share (episode loops, the agent endpoint, evaluation).
-    "episodes": {"episodes", "config", "errors", "models", "rollout", "schedule", "tasks"},
-    # A model as the judge: a second model (loaded as the teacher is) whose verdict joins a task's reward.
-    "judge": {"judge", "config", "errors", "models", "tasks", "worker"},
+    "episodes": {"episodes", "config", "errors", "models", "rollout", "schedule", "tasks", "worker"},
     # The roles, peers over the layers above: none imports another (ROLES below), none the runtime.
     "buffer": {"buffer", "checkpoint", "config", "errors", "io", "messages", "partial"},
     "explorer": {
@@ -49,7 +47,6 @@ ALLOWED = {
         "config",
         "episodes",
         "errors",
-        "judge",  # judge.path: the explorer's task scores through a judge model (oprl.judge.judged)
         "messages",
         "models",
         "partial",

@@ -1,4 +1,4 @@
-"""The ``judge`` section: a model that scores the replies (a generative reward model, ``oprl.judge``).
+"""The ``judge`` section: a model that scores the replies (a generative reward model, ``oprl.episodes.judge``).
 
 A top-level section like ``teacher``, not a field of every task section: it is a second model of the run (its
 path, dtype and batch size are the teacher's settings), it works with any single-turn task, built-in or plug-in,

@@ -6,4 +6,5 @@ and the evaluator for ``eval/*``, the warm start teacher-forces them).
 - ``endpoint``, ``openai_api``, ``responses_api``, ``sessions``: the OpenAI-compatible endpoint and its token
   bookkeeping.
 - ``evaluation``: pass@1 (and pass@k, majority) on a task's test split, as a function.
+- ``judge``: a model as the judge, whose verdict joins a task's reward where the episodes are scored.
 """

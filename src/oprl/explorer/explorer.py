@@ -17,8 +17,8 @@ import time
 
 from oprl.config import RunConfig
 from oprl.episodes.agents import task_episodes
+from oprl.episodes.judge import judged
 from oprl.explorer.shaping import Shaping, dynamic_batch, extra_problems, round_seed
-from oprl.judge import judged
 from oprl.messages import Experience, ExploreResult, Timing, batch_metrics
 from oprl.models.chat import encode_problem
 from oprl.models.loading import resolve_device

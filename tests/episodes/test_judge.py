@@ -1,4 +1,4 @@
-"""A model as the judge (``oprl.judge``) on a tiny model: the template's placeholders, the yes/no log-ratio
+"""A model as the judge (``oprl.episodes.judge``) on a tiny model: the template's placeholders, the yes/no log-ratio
 against a hand computation from the logits, an unparsable verdict scoring 0 and counted, and verdicts that do
 not depend on the random state (greedy continuations, no sampling)."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from oprl.config import JudgeConfig, load_config
+from oprl.episodes.judge import Judge, JudgedTask, parse_number, prompt_text, render
 from oprl.errors import OprlError
-from oprl.judge import Judge, JudgedTask, parse_number, prompt_text, render
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.tasks.arithmetic import ArithmeticTask
 from oprl.tasks.base import Problem
@@ -101,7 +101,7 @@ def test_a_multi_turn_task_is_refused_in_one_line(tiny):
 
 
 def test_a_judge_path_that_does_not_load_is_one_line_naming_judge_path():
-    from oprl.judge import build_judge
+    from oprl.episodes.judge import build_judge
 
     with pytest.raises(OprlError) as error:
         build_judge(load_config(overrides=["judge.path=/nonexistent/judge"]), "unused")
