@@ -87,6 +87,7 @@ def test_worker_processes_give_the_threads_numbers(teacher_run):
     assert main(["train", *common, "run_name=threads"]) == 0
     assert main(["train", *common, "run_name=processes", "runtime.workers=processes"]) == 0
     assert deterministic_view(rows_of(root, "processes")) == deterministic_view(rows_of(root, "threads"))
+    assert all(r["perf/teacher_s"] > 0 for r in rows_of(root, "processes") if "perf/step_s" in r)
 
 
 def test_resume_keeps_the_teacher_logprobs_of_the_checkpointed_batches(teacher_run, capsys):
@@ -168,5 +169,6 @@ def test_ray_places_the_teacher_as_an_actor_with_the_local_numbers(teacher_run):
     finally:
         ray.shutdown()
     assert deterministic_view(rows_of(root, "ray")) == deterministic_view(rows_of(root, "ray-local"))
+    assert all(r["perf/teacher_s"] > 0 for r in rows_of(root, "ray") if "perf/step_s" in r)  # its report arrives
     stored = read_parquet(root / "runs" / "ray" / "experiences" / "batch-000002.parquet")
     assert all(e.teacher_logprobs is not None for e in stored)
