@@ -104,3 +104,10 @@ def test_the_rule_catches_a_stray_folder_a_package_without_tests_and_an_unnamed_
     assert _strays(src, tests) == ["stray", "stray/deep"]
     assert _untested(src, tests) == ["pkg/sub", "untested"]
     assert _unmatched(src, tests) == ["test_misc.py", "test_partially.py"]
+
+
+def test_every_test_file_name_is_unique():
+    """pytest imports test files by basename (no ``__init__.py`` in tests/): two ``test_loading.py`` in two
+    folders stop collection ("import file mismatch") in whichever order a clean checkout collects them."""
+    names = [path.name for path in TESTS.rglob("test_*.py") if ".venv" not in path.parts]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
