@@ -14,6 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from oprl.messages import Experience
 from oprl.rollout import EngineCapabilities, LeanEngine, TorchEngine
 from oprl.rollout.lean_engine import lean_sample
 
@@ -98,3 +101,26 @@ def install_package(site: Path, package: str, source: str, entry_points: str, mo
     monkeypatch.delitem(sys.modules, package, raising=False)
     importlib.invalidate_caches()
     return site
+
+
+F32 = float(torch.tensor(-0.1234567, dtype=torch.float32))  # the sampler's log-probs are float32 values
+
+
+def make_batch(batch, version, groups=2, k=2):
+    """``groups * k`` experiences of batch ``batch`` sampled by ``version`` (the buffer's and the store's tests)."""
+    return [
+        Experience(
+            prompt_ids=[5, 6, batch],
+            response_ids=[7, 8, i],
+            behavior_logprobs=[F32, -2.5, -0.0078125],
+            reward=float(i % 2) + 0.1,
+            reward_components={"correct": float(i % 2), "format": 0.1},
+            group_id=(batch - 1) * groups + i // k,
+            task_id=f"task/{batch}/{i // k}",
+            policy_version=version,
+            response_text=f"resp {i}",
+            truncated=i == 0,
+            extra={"explorer": 1},
+        )
+        for i in range(groups * k)
+    ]

@@ -1,33 +1,11 @@
 """The buffer: fresh batches, replay, checkpoints (the store's parquet files: tests/checkpoint/test_store.py)."""
 
 import pytest
-import torch
 
 from oprl.buffer.buffer import ExperienceBuffer
 from oprl.checkpoint.store import ExperienceStore
 from oprl.errors import OprlError
-from oprl.messages import Experience
-
-F32 = float(torch.tensor(-0.1234567, dtype=torch.float32))  # the sampler's log-probs are float32 values
-
-
-def make_batch(batch, version, groups=2, k=2):
-    return [
-        Experience(
-            prompt_ids=[5, 6, batch],
-            response_ids=[7, 8, i],
-            behavior_logprobs=[F32, -2.5, -0.0078125],
-            reward=float(i % 2) + 0.1,
-            reward_components={"correct": float(i % 2), "format": 0.1},
-            group_id=(batch - 1) * groups + i // k,
-            task_id=f"task/{batch}/{i // k}",
-            policy_version=version,
-            response_text=f"resp {i}",
-            truncated=i == 0,
-            extra={"explorer": 1},
-        )
-        for i in range(groups * k)
-    ]
+from recipes import make_batch
 
 
 def test_take_returns_the_steps_batch_with_use_counts_owned_by_the_buffer():

@@ -6,7 +6,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from oprl.checkpoint.store import (
     OPTIONAL,
@@ -19,28 +18,9 @@ from oprl.checkpoint.store import (
 )
 from oprl.errors import OprlError
 from oprl.messages import Experience
+from recipes import make_batch
 
 DATA = Path(__file__).resolve().parent.parent / "data"
-F32 = float(torch.tensor(-0.1234567, dtype=torch.float32))  # the sampler's log-probs are float32 values
-
-
-def make_batch(batch, version, groups=2, k=2):
-    return [
-        Experience(
-            prompt_ids=[5, 6, batch],
-            response_ids=[7, 8, i],
-            behavior_logprobs=[F32, -2.5, -0.0078125],
-            reward=float(i % 2) + 0.1,
-            reward_components={"correct": float(i % 2), "format": 0.1},
-            group_id=(batch - 1) * groups + i // k,
-            task_id=f"task/{batch}/{i // k}",
-            policy_version=version,
-            response_text=f"resp {i}",
-            truncated=i == 0,
-            extra={"explorer": 1},
-        )
-        for i in range(groups * k)
-    ]
 
 
 ADDED_IN = {"loss_mask": 2, "behavior_versions": 3, "teacher_logprobs": 4}
