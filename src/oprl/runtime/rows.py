@@ -110,15 +110,7 @@ class PerfClock:
     def step_row(self, result: TrainResult, step: int, with_explorers: bool) -> dict[str, float]:
         """The ``perf/*`` columns of trainer step ``step`` (from the trainer's clock totals in ``result``)."""
         now = time.perf_counter()
-        busy, idle = result.busy_s, result.idle_s
-        last_busy, last_idle = self.last_totals["trainer"]
-        self.last_totals["trainer"] = (busy, idle)
-        out = {
-            "perf/trainer_busy_s": busy - last_busy,
-            "perf/trainer_idle_s": idle - last_idle,
-            "perf/trainer_utilization": busy / max(busy + idle, 1e-9),
-            "perf/step_s": now - self.last_step_time,
-        }
+        out = self._clock("trainer", result.busy_s, result.idle_s) | {"perf/step_s": now - self.last_step_time}
         self.last_step_time = now
         if step in self.explored_batches:
             out.update(self._generation(self.explored_batches.pop(step)))
@@ -129,19 +121,23 @@ class PerfClock:
         out.update(self._teacher(step))
         return out
 
+    def _clock(self, role: str, busy: float, idle: float) -> dict[str, float]:
+        """``perf/<role>_busy_s`` / ``_idle_s`` since the last row (from the role's clock totals ``busy``,
+        ``idle``) and ``perf/<role>_utilization`` since its start."""
+        last_busy, last_idle = self.last_totals[role]
+        self.last_totals[role] = (busy, idle)
+        return {
+            f"perf/{role}_busy_s": busy - last_busy,
+            f"perf/{role}_idle_s": idle - last_idle,
+            f"perf/{role}_utilization": busy / max(busy + idle, 1e-9),
+        }
+
     def _teacher(self, batch: int) -> dict[str, float]:
         """``perf/teacher_*``: the teacher's busy/idle seconds since the last row, its utilisation since the
         start, and the prefill seconds of batch ``batch`` (nothing without a teacher)."""
         if self.teacher_clock is None:
             return {}
-        busy, idle = self.teacher_clock
-        last_busy, last_idle = self.last_totals["teacher"]
-        self.last_totals["teacher"] = (busy, idle)
-        out = {
-            "perf/teacher_busy_s": busy - last_busy,
-            "perf/teacher_idle_s": idle - last_idle,
-            "perf/teacher_utilization": busy / max(busy + idle, 1e-9),
-        }
+        out = self._clock("teacher", *self.teacher_clock)
         if batch in self.scored_batches:
             out["perf/teacher_s"] = self.scored_batches.pop(batch)
         return out
