@@ -56,7 +56,7 @@ def test_worker_names_a_roles_worker_only():
     }
     assert not strays, f"a *Worker class outside the role folders (reward processes, sweep runners...): {strays}"
     modules = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*worker*.py")}
-    assert modules <= {"worker.py", "experiments/sweep_worker.py"}, modules  # the roles' shared module; a shim
+    assert modules <= {"worker.py"}, modules  # the roles' shared module
 
 
 def test_the_old_names_are_gone():
