@@ -13,3 +13,25 @@ def test_the_tiny_distillation_example_resolves():
     assert config.algorithm.preset == "distill" and config.algorithm.distill_mix == "replace"
     assert config.algorithm.distill_coef == 1.0 and config.teacher.path == "runs/tiny-teacher"
     assert "run_name=tiny-teacher" in EXAMPLE.read_text()
+
+
+def test_the_smollm2_distillation_example_is_the_rl_example_with_a_teacher():
+    """The SmolLM2 student differs from the RL example (its teacher's own run) only in the signal, the teacher,
+    the run name and the evaluation's curve: same model, task, batch, step budget and learning rate."""
+    examples = EXAMPLE.parent
+    rl = load_config(examples / "smollm2-arithmetic-cpu.yaml").model_dump()
+    student = load_config(examples / "smollm2-distill.yaml").model_dump()
+    changed = {
+        f"{section}.{key}"
+        for section, values in student.items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+        if rl[section][key] != value
+    } | {key for key, value in student.items() if not isinstance(value, dict) and rl[key] != value}
+    assert "algorithm.preset" in changed and "teacher.path" in changed
+    assert changed - {"algorithm.preset", "teacher.path", "run_name", "eval.interval", "eval.seed"} <= {
+        f"algorithm.{k}"
+        for k in student["algorithm"]  # the preset's own resolved values
+    }
+    assert student["teacher"]["path"] == f"{rl['output_dir']}/{rl['run_name']}"
+    assert student["steps"] == rl["steps"] and student["optim"]["lr"] == rl["optim"]["lr"]
