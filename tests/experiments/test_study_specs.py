@@ -136,3 +136,19 @@ def test_the_bfcl_example_is_the_stronger_phase_and_its_spec_runs_it_on_three_se
     for run in runs:
         config = load_config(base, list(run.overrides))
         assert config.model_dump() == load_config(base, ["checkpoint.interval=0", f"seed={config.seed}"]).model_dump()
+
+
+def test_the_tiny_distillation_table_plans_valid_runs_on_three_seeds():
+    """configs/sweeps/tiny-distill.yaml: 9 methods x 3 seeds; RL has no teacher, every other method distils
+    from the teacher run, the offline ones from the stored samples; the report groups name grid methods."""
+    spec = sweep.load_spec(SPECS / "tiny-distill.yaml")
+    runs = sweep.plan(spec)
+    assert len(runs) == 27 and spec["grid"]["seed"] == [0, 1, 2]
+    for run in runs:
+        config = load_config(overrides=list(run.overrides))
+        method = run.labels["algorithm.preset"]
+        assert (config.teacher.path is None) == (method == "rl")
+        assert (config.mode == "offline") == method.endswith("offline")
+        assert method == "rl" or config.algorithm.distill_coef > 0
+    grouped = {method for methods in spec["report"]["groups"].values() for method in methods}
+    assert grouped <= set(spec["grid"]["algorithm.preset"])
