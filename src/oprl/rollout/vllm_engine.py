@@ -49,7 +49,7 @@ import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from oprl.errors import OprlError
 from oprl.lazy import lazy_import
@@ -312,6 +312,14 @@ def checkpoint_weights(model) -> dict[str, torch.Tensor]:
     return weights
 
 
+class Served(Protocol):
+    """Whose weights ``SharedLLM.serve`` loads: a ``VLLMEngine`` or the teacher's ``VLLMPrefill``."""
+
+    model: Any
+    key: int
+    generation: int
+
+
 @dataclass
 class SharedLLM:
     """One ``vllm.LLM`` of this process; ``lock`` covers a weight load and the call that samples with it."""
@@ -324,7 +332,7 @@ class SharedLLM:
     reloads: int = 0
     """Weight loads so far (what tests and benchmarks count)."""
 
-    def serve(self, engine: VLLMEngine) -> None:
+    def serve(self, engine: Served) -> None:
         """Make vLLM serve ``engine.model``'s current weights: reload them unless it already serves this engine's
         latest generation (an in-process copy plus vLLM's repacking: docs/performance.md has its cost)."""
         current = (engine.key, engine.generation)

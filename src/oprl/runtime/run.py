@@ -74,6 +74,10 @@ def check_machine(config: RunConfig) -> None:
         from oprl.rollout.vllm_engine import require_vllm
 
         require_vllm()
+    if config.teacher.path is not None and config.teacher.engine == "vllm":
+        from oprl.teacher.vllm_prefill import require_vllm as require_teacher_vllm
+
+        require_teacher_vllm()
     check_trainer_machine(config)
     if config.backend == "ray":
         import importlib.util

@@ -4,7 +4,9 @@
 under the sampling temperature (the scaling of ``behavior_logprobs``, so a teacher equal to the student gives
 exactly the behaviour log-probs), in batches of whole groups. ``teacher.engine=lean`` prefills each distinct
 prompt once and shares its key/value cache with the group's responses (``grouped_response_logprobs``, the
-trainer's own computation); ``hf`` runs each row's prompt + response in one plain forward (the reference).
+trainer's own computation); ``hf`` runs each row's prompt + response in one plain forward (the reference);
+``vllm`` prefills prompt + response in vLLM (``oprl.teacher.vllm_prefill``: the rollout's in-process engine,
+its prefix cache sharing a group's prompt, the temperature applied as vLLM's logits scale).
 
 The driver hands each explored batch to the teacher between the explorer and the buffer (``explore -> score ->
 put``), so the store, replay, checkpoints and resume carry ``teacher_logprobs`` like any column; mode=offline
@@ -18,7 +20,9 @@ student's under nucleus sampling are of the truncated one), the distillation mat
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,39 +39,53 @@ ENGINES = {
     "lean": grouped_response_logprobs,  # each distinct prompt once per micro-batch (shared key/value cache)
     "hf": packed_response_logprobs,  # prompt + response per row, one plain forward
 }
+"""The torch engines; ``vllm`` (``oprl.teacher.vllm_prefill.VLLMPrefill``) is built only when asked for."""
 
 
 class Teacher:
     """A frozen model that returns its per-token log-probs of given responses."""
 
     def __init__(
-        self, model, pad_id: int, *, temperature: float = 1.0, engine: str = "lean", micro_batch_size: int = 64
+        self,
+        model,
+        pad_id: int,
+        *,
+        temperature: float = 1.0,
+        engine: str = "lean",
+        micro_batch_size: int = 64,
+        kv_cache_gb: float = 1.0,
     ):
         self.model = model.eval().requires_grad_(False)
         self.pad_id = pad_id
         self.temperature = temperature
-        self.forward = ENGINES[engine]
         self.micro_batch_size = micro_batch_size
+        self.prefill: Callable[[list[list[int]], list[list[int]], float], list[list[float]]]
+        """``prefill(prompt_ids, response_ids, temperature)``: one micro-batch's log-probs, one list per row."""
+        if engine == "vllm":  # kv_cache_gb: the vLLM engine's key/value cache (rollout.kv_cache_gb)
+            from oprl.teacher.vllm_prefill import VLLMPrefill
 
-    @torch.no_grad()
+            self.prefill = VLLMPrefill(self.model, kv_cache_gb=kv_cache_gb)
+        else:
+            self.prefill = functools.partial(torch_prefill, ENGINES[engine], self.model, pad_id)
+
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """log π_teacher of every response token, one list per row (the response's length)."""
         out: list[list[float]] = []
         for rows in group_chunks(prompt_ids, self.micro_batch_size):
-            values, _, mask = self.forward(
-                self.model,
-                [prompt_ids[i] for i in rows],
-                [response_ids[i] for i in rows],
-                self.pad_id,
-                temperature=self.temperature,
-            )  # (B, T), _, (B, T)
-            out += [row[valid].tolist() for row, valid in zip(values.float().cpu(), mask.cpu(), strict=True)]
+            out += self.prefill([prompt_ids[i] for i in rows], [response_ids[i] for i in rows], self.temperature)
         return out
 
     def score(self, experiences: list[Experience]) -> list[Experience]:
         """Copies of ``experiences`` with ``teacher_logprobs`` set (the inputs are left unchanged)."""
         values = self.logprobs([e.prompt_ids for e in experiences], [e.response_ids for e in experiences])
         return [dataclasses.replace(e, teacher_logprobs=v) for e, v in zip(experiences, values, strict=True)]
+
+
+@torch.no_grad()
+def torch_prefill(forward, model, pad_id: int, prompt_ids, response_ids, temperature: float) -> list[list[float]]:
+    """One micro-batch through a torch engine of ``ENGINES``: its (B, T) values cut to each row's response."""
+    values, _, mask = forward(model, prompt_ids, response_ids, pad_id, temperature=temperature)  # (B, T), _, (B, T)
+    return [row[valid].tolist() for row, valid in zip(values.float().cpu(), mask.cpu(), strict=True)]
 
 
 def group_chunks(prompt_ids: list[list[int]], size: int) -> list[list[int]]:
@@ -98,6 +116,7 @@ def build_teacher(config: RunConfig, student_path: str) -> Teacher:
         temperature=config.rollout.temperature,
         engine=config.teacher.engine,
         micro_batch_size=config.teacher.micro_batch_size,
+        kv_cache_gb=config.rollout.kv_cache_gb,
     )
 
 
