@@ -13,7 +13,9 @@ Truncated scoring, for scaled scores ``s`` and the sampled token ``y`` (docs/run
 ``S(s)`` is the current policy's kept set. Inside it this is the truncated, renormalised log-prob the sampler
 recorded. A token outside it (stale data: the behaviour policy kept it, the current one would not; or a
 cumulative sum within float rounding of 1 - top_p) is scored as if the kept set also held it: finite, so rho
-stays finite and the loss's clipping / weighting handles it like any other small ratio.
+stays finite and the loss's clipping / weighting handles it like any other small ratio. ``keep_chosen=False``
+scores a fixed truncated distribution instead (the teacher's, ``teacher.support=truncated``): a token outside
+``S(s)`` has probability 0, log-prob -inf.
 
 Only the valid response tokens are projected to the vocabulary, in chunks of bounded size, so neither logits
 nor log-softmax of shape ``(batch, length, vocab)`` ever exist: log-probs are ``logit[target] -
@@ -54,9 +56,11 @@ def response_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunk_bytes: int = LOGIT_CHUNK_BYTES,
+    keep_chosen: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(target_t | prefix) under the temperature-scaled distribution, for the ``T`` response positions;
-    ``top_k`` / ``top_p`` (0 / 1 = off): renormalised over the kept set (module docstring).
+    ``top_k`` / ``top_p`` (0 / 1 = off): renormalised over the kept set, which holds the target too unless
+    ``keep_chosen`` is False (then a target outside it scores -inf; module docstring).
 
     Returns ``(logprobs (B, T), entropy (B, T) or None)``; padded response positions (where the response part
     of ``attention_mask`` is 0) hold 0. Entropy (of the temperature-scaled distribution) is computed only when
@@ -91,7 +95,9 @@ def response_logprobs(
         ).logits[:, :-1][mask]  # (N, V)
     chosen = targets.to(features.device)[mask.to(features.device)]  # (N,)
     sampling = (temperature, top_k, top_p)
-    return _chunked_logprobs(head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes)
+    return _chunked_logprobs(
+        head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen
+    )
 
 
 def packed_response_logprobs(
@@ -119,6 +125,7 @@ def grouped_response_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunk_bytes: int = LOGIT_CHUNK_BYTES,
+    keep_chosen: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``response_logprobs`` for rows given as token lists, running each distinct prompt through the model once.
 
@@ -144,6 +151,7 @@ def grouped_response_logprobs(
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             chunk_bytes=chunk_bytes,
+            keep_chosen=keep_chosen,
         )
     decoder, device = _decoder(model), head.weight.device
     prefill = prefill_shared_prompts(decoder, prompt_ids, pad_id, device)
@@ -164,12 +172,14 @@ def grouped_response_logprobs(
         hidden = torch.cat([hidden, rest], dim=1)  # (B, T, H)
     sampling = (temperature, top_k, top_p)
     logprobs, entropy = _chunked_logprobs(
-        head, hidden[mask], targets[mask], mask, sampling, with_entropy, entropy_grad, chunk_bytes
+        head, hidden[mask], targets[mask], mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen
     )
     return logprobs, entropy, mask
 
 
-def _chunked_logprobs(head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes):
+def _chunked_logprobs(
+    head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen=True
+):
     """Log-probs (and entropies) of ``chosen`` (N,) from ``features`` (N, H) in bounded chunks, placed at
     ``mask`` in ``(B, T)`` tensors; ``sampling`` = ``(temperature, top_k, top_p)``."""
     vocab = head.out_features if isinstance(head, torch.nn.Linear) else features.shape[-1]
@@ -190,11 +200,12 @@ def _chunked_logprobs(head, features, chosen, mask, sampling, with_entropy, entr
                 sampling,
                 with_entropy,
                 entropy_grad,
+                keep_chosen,
                 use_reentrant=False,
                 preserve_rng_state=False,
             )
         else:
-            logprob, entropy = _token_logprobs(head, *args, sampling, with_entropy, entropy_grad)
+            logprob, entropy = _token_logprobs(head, *args, sampling, with_entropy, entropy_grad, keep_chosen)
         logprob_chunks.append(logprob)
         entropy_chunks.append(entropy)
     logprobs = _scatter(torch.cat(logprob_chunks), mask)
@@ -202,15 +213,18 @@ def _chunked_logprobs(head, features, chosen, mask, sampling, with_entropy, entr
     return logprobs, entropy
 
 
-def _token_logprobs(head, features, chosen, sampling: tuple, with_entropy: bool, entropy_grad: bool):
+def _token_logprobs(
+    head, features, chosen, sampling: tuple, with_entropy: bool, entropy_grad: bool, keep_chosen: bool = True
+):
     """(log-prob of ``chosen`` (n,), entropy (n,) or an empty tensor) for one chunk of ``n`` tokens, under the
     distribution ``sampling = (temperature, top_k, top_p)`` samples from; truncated, both are over the kept set
-    plus ``chosen`` (module docstring)."""
+    plus ``chosen`` (without it when not ``keep_chosen``: a dropped ``chosen`` scores -inf; module docstring)."""
     temperature, top_k, top_p = sampling
     scaled = head(features).float() / temperature  # (n, V)
     finite = scaled
     if truncates(top_k, top_p):
-        dropped = ~kept_tokens(scaled, top_k, top_p).scatter(-1, chosen[:, None], True)  # (n, V), no gradient
+        kept = kept_tokens(scaled, top_k, top_p)  # (n, V), no gradient
+        dropped = ~(kept.scatter(-1, chosen[:, None], True) if keep_chosen else kept)
         finite = scaled.masked_fill(dropped, 0.0)  # for p * s below: 0 * -inf would be nan
         scaled = scaled.masked_fill(dropped, float("-inf"))  # probability 0, no gradient
     normaliser = torch.logsumexp(scaled, dim=-1)  # (n,)

@@ -33,6 +33,7 @@ from oprl.algorithms import (
     ratio_stats,
     split_settings,
 )
+from oprl.algorithms.distill import LOGPROB_FLOOR
 from oprl.checkpoint.files import load_trainer_state, save_trainer_state
 from oprl.errors import OprlError
 from oprl.messages import Experience, TrainResult, batch_metrics
@@ -73,6 +74,7 @@ class Trainer:
         max_token_lag: int | None = None,
         sampling_top_k: int = 0,
         sampling_top_p: float = 1.0,
+        teacher_logprob_floor: float = LOGPROB_FLOOR,
     ):
         self.model = model
         self.max_token_lag = max_token_lag
@@ -82,6 +84,7 @@ class Trainer:
         self.recompute_proximal = settings["recompute_proximal"]  # the loss asks for π_prox (decoupled PPO)
         # Distillation: per-token advantages from the rows' teacher log-probs (oprl.algorithms.distill).
         self.distill_kwargs = {key: settings[key] for key in DISTILL_KEYS}
+        self.teacher_logprob_floor = teacher_logprob_floor  # teacher.logprob_floor: −inf (outside its support) -> it
         if settings["loss_agg"] == "seq-mean-token-sum-norm":
             # A fixed normaliser (Dr.GRPO); the padded width varies per micro-batch and would bias it.
             self.loss_kwargs["normalizer"] = float(max_response_tokens)
@@ -271,9 +274,12 @@ class Trainer:
         teacher = right_pad_values([e.teacher_logprobs or [] for e in rows], mask.shape[1]).to(
             behavior.device
         )  # (B, T)
+        floor = self.teacher_logprob_floor
         if self.distill_kwargs["distill_coef"] == 0:
-            return advantages, distill_metrics(behavior, teacher, mask)
-        return distill_advantages(advantages, behavior, teacher, mask, **self.distill_kwargs)  # (B, T)
+            return advantages, distill_metrics(behavior, teacher, mask, logprob_floor=floor)
+        return distill_advantages(
+            advantages, behavior, teacher, mask, **self.distill_kwargs, logprob_floor=floor
+        )  # (B, T)
 
     def _ref_kl_due(self) -> bool:
         """Whether the step being trained (version + 1) computes the KL to the reference policy: always under
@@ -355,6 +361,7 @@ def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess
         activation_checkpointing=config.trainer.activation_checkpointing,
         autocast=autocast_dtype(config.trainer.autocast, resolve_device(config.model.device)),
         max_token_lag=config.sync.max_token_lag,
+        teacher_logprob_floor=config.teacher.logprob_floor,
     )
 
 
