@@ -126,3 +126,59 @@ def test_the_mix_registry_and_its_checks():
     with pytest.raises(ValueError, match="distill_coef must be >= 0"):
         resolve_preset("grpo", distill_coef=-1.0)
     assert resolve_preset("distill")["distill_mix"] == "replace"
+
+
+def test_a_teacher_minus_inf_is_floored_and_counted_by_hand():
+    # Token 2 of row 0 is outside the teacher's support (−inf): d = f − log p = −3 + ln4 with the floor f = −3.
+    behavior, teacher = toy()
+    teacher[0, 1] = -math.inf
+    advantages, metrics = distill_advantages(torch.zeros(2, dtype=torch.float64), behavior, teacher, MASK,
+                                             distill_coef=1.0, distill_mix="replace", logprob_floor=-3.0)  # fmt: skip
+    assert advantages[0].tolist() == pytest.approx([-LN2, -3.0 + 2 * LN2, 0.0])
+    assert metrics["outside_teacher_support"].item() == pytest.approx(1 / 5)
+    # log q over the 5 valid tokens: [−2ln2, −3, −2ln2, −ln2, −2ln2] (the floor, not −inf)
+    assert metrics["teacher_logprob"].item() == pytest.approx((-7 * LN2 - 3.0) / 5)
+    assert distill_metrics(behavior, toy()[1], MASK)["outside_teacher_support"].item() == 0.0
+
+
+def test_expected_distillation_gradients_under_truncation_are_reverse_kls():
+    """Exact expectations over a 5-token vocabulary whose student samples its top 3 (the kept set S carries no
+    gradient, as in the trainer): E_{y~q}[d(y)·∇ log q(y)] = −∇ KL(q‖p) for d = log p − log q, with q the
+    student's truncated distribution and p the teacher's full one (``full``), or its truncated one floored at f
+    and renormalised (``truncated``); the log kept mass log M in ``full``'s d is a baseline (no expected
+    gradient), and a teacher equal to the student gives a zero expected gradient either way."""
+    logits = torch.tensor([2.0, 1.0, 0.5, -0.5, -1.0], dtype=torch.float64, requires_grad=True)
+    kept = torch.tensor([True, True, True, False, False])  # the student's top 3
+
+    def log_q(theta):  # (V,) log of the student's truncated distribution, −inf off S
+        return theta.masked_fill(~kept, -math.inf).log_softmax(-1)
+
+    q = log_q(logits).exp().detach()  # (V,)
+    jacobian = torch.stack([torch.autograd.grad(log_q(logits)[y], logits)[0] for y in range(3)])  # (3, V)
+
+    def expected(d):  # E_{y~q}[d(y) ∇ log q(y)], exactly
+        return (q[:3, None] * d[:3, None] * jacobian).sum(0)
+
+    def minus_kl_grad(log_p):  # −∇_θ KL(q_θ‖p) with p fixed, over S
+        kl = (log_q(logits).exp()[:3] * (log_q(logits)[:3] - log_p[:3])).sum()
+        return -torch.autograd.grad(kl, logits)[0]
+
+    teacher = torch.tensor([1.0, 1.5, -1.0, 0.0, 0.5], dtype=torch.float64)
+    full = teacher.log_softmax(-1)
+    student_full = logits.detach().log_softmax(-1)  # log π_b without truncation: log q − log M on S
+    d_full = full - log_q(logits).detach()
+    assert torch.allclose(expected(d_full), minus_kl_grad(full))
+    assert torch.allclose(expected(full - student_full), expected(d_full))  # log M: a baseline
+    floor = -4.0
+    truncated = teacher.masked_fill(teacher < teacher.topk(3).values[-1], -math.inf).log_softmax(-1)
+    assert truncated[2] == -math.inf  # the student's token 2 is outside the teacher's top 3
+    floored = truncated.clamp(min=floor)
+    d_truncated = floored - log_q(logits).detach()
+    renormalised = floored - floored.logsumexp(-1)  # the floored teacher as a distribution
+    assert torch.allclose(expected(d_truncated), minus_kl_grad(renormalised))
+    assert not torch.allclose(expected(d_truncated), expected(d_full))
+    # Teacher = student: ``full`` scores d = log M ≠ 0 on every token, yet its expected gradient is 0.
+    log_mass = student_full.exp()[:3].sum().log()  # log M, M = π(S) < 1
+    d_same = student_full - log_q(logits).detach()
+    assert torch.allclose(d_same[:3], log_mass.expand(3)) and log_mass < 0
+    assert torch.allclose(expected(d_same), torch.zeros(5, dtype=torch.float64), atol=1e-12)
