@@ -13,6 +13,7 @@ from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import ExperienceBuffer
 from oprl.evaluator.evaluator import Evaluator
 from oprl.explorer.explorer import ExplorerWorker
+from oprl.judge import JudgeWorker
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import ENGINES, Engine, VLLMEngine
 from oprl.teacher import TeacherWorker
@@ -67,7 +68,7 @@ def test_every_registered_engine_has_the_engine_methods(name):
     )
 
 
-def test_backends_offer_what_the_driver_calls():
+def test_backends_offer_what_the_driver_calls():  # and ``peer``, what a worker calls another through
     local = LocalBackend()
     assert isinstance(local, Backend)
     ray_backend = pytest.importorskip("oprl.backends.ray_backend")
@@ -82,8 +83,16 @@ WORKERS = [
     (ExperienceBuffer, roles.BufferRole),
     (Evaluator, roles.EvaluatorRole),
     (TeacherWorker, roles.TeacherRole),
+    (JudgeWorker, roles.JudgeRole),
 ]
-HANDLES = [roles.TrainerHandle, roles.ExplorerHandle, roles.BufferHandle, roles.EvaluatorHandle, roles.TeacherHandle]
+HANDLES = [
+    roles.TrainerHandle,
+    roles.ExplorerHandle,
+    roles.BufferHandle,
+    roles.EvaluatorHandle,
+    roles.TeacherHandle,
+    roles.JudgeClient,  # the judge as the explorers call it: blocking calls over a backend's peer
+]
 
 
 def verbs(protocol) -> set[str]:
@@ -125,6 +134,11 @@ def test_a_handle_sends_its_roles_verb_by_name_and_refuses_another_roles():
     assert roles.BufferHandle(actor).take(2) == (0, 1) and actor.sent[-1] == ("take", (2,), 2)
     with pytest.raises(TypeError, match=r"BufferRole\.save is not a verb of TrainerRole"):
         trainer._call(roles.BufferRole.save, "dir")
+    judge = roles.JudgeClient(actor)  # a peer's call(method, *args): the recorder takes it as one
+    judge.judge([("p", "c", None)])
+    assert actor.sent[-1] == ("judge", ([("p", "c", None)],), 1)
+    with pytest.raises(TypeError, match=r"TeacherRole\.score is not a verb of JudgeRole"):
+        judge._call(roles.TeacherRole.score, 1, [])
 
 
 def test_handles_run_on_the_local_backend_in_threads_and_processes(tmp_path):

@@ -39,7 +39,8 @@ ALLOWED = {
     # On disk: run directories, checkpoints, the experience store and its directories (below every role).
     "checkpoint": {"checkpoint", "config", "errors", "io", "messages", "metrics"},
     # Running a task's episodes: the layer the roles share (episode loops, the agent endpoint, evaluation).
-    "episodes": {"episodes", "config", "errors", "models", "rollout", "schedule", "tasks", "worker"},
+    # messages: the judge's rows and verdicts (``JudgeRow``, ``Verdicts``) travel between the explorers and it.
+    "episodes": {"episodes", "config", "errors", "messages", "models", "rollout", "schedule", "tasks", "worker"},
     # The roles, peers over the layers above: none imports another (ROLES below), none the runtime.
     "buffer": {"buffer", "checkpoint", "config", "errors", "io", "messages", "partial"},
     "explorer": {
@@ -77,6 +78,8 @@ ALLOWED = {
     # The teacher (distillation): loads a second model, scores experiences, rewrites a store (teacher-score).
     # rollout: teacher.engine=vllm prefills in the rollout's in-process vLLM engine (rollout/vllm_engine.py).
     "teacher": {"teacher", "checkpoint", "config", "errors", "io", "messages", "models", "rollout", "worker"},
+    # The judge: the run's one judge model, asked by the explorers (its model and parsers are episodes').
+    "judge": {"judge", "config", "episodes", "messages"},
     # Leaves every layer may use.
     "errors": {"errors"},
     "progress": {"progress"},
@@ -87,7 +90,7 @@ ALLOWED = {
     "plugins": {"plugins", "errors"},
 }
 
-ROLES = {"buffer", "evaluator", "explorer", "teacher", "trainer"}
+ROLES = {"buffer", "evaluator", "explorer", "judge", "teacher", "trainer"}
 """The role folders: each is a worker a backend hosts; they talk through the driver (oprl.runtime), never
 through each other's modules."""
 

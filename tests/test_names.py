@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "oprl"
 ALLOWED_TWICE: dict[str, str] = {}
 """Class name -> why two modules may define it. Empty: give a reason per entry, or rename one of them."""
 
-ROLE_FOLDERS = {"buffer", "evaluator", "explorer", "teacher", "trainer"}
+ROLE_FOLDERS = {"buffer", "evaluator", "explorer", "judge", "teacher", "trainer"}
 HOSTS = {"backends"}
 """Where a class hosting a role's worker lives (the Ray backend's actor body, ``_HostWorker``)."""
 

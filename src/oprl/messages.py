@@ -5,10 +5,10 @@ experiences can be trained with any preset. ``behavior_logprobs`` are the sample
 ``batch_metrics`` summarises a batch of them (the explorer's rows of mode=explore and the trainer's rows).
 
 Also what else travels between the roles: ``ExploreResult`` (an explorer's report next to a batch, with its
-``Timing``), ``ScoreResult`` (the teacher's report next to a scored batch), ``TrainResult`` (the trainer's
-report of a step) and ``FlatWeights`` (the trainer's weights snapshot on its way to the explorers). The driver
-reads control values (versions, clocks) from their attributes; dicts of ``name -> float`` are only ever
-columns of ``metrics.jsonl``.
+``Timing``), ``ScoreResult`` (the teacher's report next to a scored batch), ``Verdicts`` (the judge's answer to
+an explorer's rows), ``TrainResult`` (the trainer's report of a step) and ``FlatWeights`` (the trainer's weights
+snapshot on its way to the explorers). The driver reads control values (versions, clocks) from their
+attributes; dicts of ``name -> float`` are only ever columns of ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -105,16 +105,20 @@ class Timing:
     switch_wait_s: float | None = None
     """Partial rollouts: wall seconds the batch waited at a scheduled switch for its version (inside
     ``generate_s``); None without ``sync.partial``."""
+    judge_s: float | None = None
+    """``judge.path``: seconds the judge computed the batch's verdicts (inside ``reward_s``); None without one."""
 
     def __add__(self, other: Timing) -> Timing:
         """Two sampling rounds of one batch together."""
         waits = [w for w in (self.switch_wait_s, other.switch_wait_s) if w is not None]
+        judged = [j for j in (self.judge_s, other.judge_s) if j is not None]
         return Timing(
             self.generate_s + other.generate_s,
             self.reward_s + other.reward_s,
             self.generated_tokens + other.generated_tokens,
             self.shaping | other.shaping,
             sum(waits) if waits else None,
+            sum(judged) if judged else None,
         )
 
 
@@ -146,6 +150,22 @@ class ScoreResult:
     busy_s: float
     idle_s: float
     """The teacher's clock (``worker.Clock``) since it started: busy inside calls, idle between them."""
+
+
+JudgeRow = tuple[str, str, str | None]
+"""One reply as the judge reads it: ``(prompt, completion, reference)`` (``judge.template``'s placeholders)."""
+
+
+@dataclass
+class Verdicts:
+    """What the judge (``JudgeWorker.judge``) answers for a batch of ``JudgeRow``s, one entry per row."""
+
+    scores: list[float]
+    """The judge's score s of each row (0.0 where the verdict had no number)."""
+    unparsed: list[bool]
+    """Whether each row's verdict had no number (``reward/<name>_unparsed``)."""
+    seconds: float
+    """Seconds the judge computed this batch (``perf/judge_s``)."""
 
 
 @dataclass

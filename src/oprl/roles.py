@@ -9,6 +9,10 @@ protocol's own method, checked to belong to that role at the boundary (``Handle.
 (tests/test_contracts.py checks that every worker class implements its role, and every handle its role's
 verbs).
 
+One role is called by other workers rather than by the driver: the judge, which every explorer asks for the
+verdicts of its batch. A worker holds it as a ``JudgeClient``: the same verb check over a ``Peer`` (the
+backend's line from one worker to another), whose calls block until the value is back.
+
 Deliberately not here: how a call travels (``oprl.backends``) or what the workers compute.
 """
 
@@ -17,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from oprl.backends.base import Actor, Pending
-from oprl.messages import Experience, ExploreResult, FlatWeights, ScoreResult, TrainResult
+from oprl.backends.base import Actor, Peer, Pending
+from oprl.messages import Experience, ExploreResult, FlatWeights, JudgeRow, ScoreResult, TrainResult, Verdicts
 
 
 @runtime_checkable
@@ -86,6 +90,17 @@ class TeacherRole(Protocol):
 
     def score(self, batch: int, experiences: list[Experience]) -> tuple[list[Experience], ScoreResult]:
         """Batch ``batch``'s experiences with ``teacher_logprobs`` set, and the teacher's report (its clock)."""
+        ...
+
+
+@runtime_checkable
+class JudgeRole(Protocol):
+    """The judge worker (``JudgeWorker``): a model that scores replies, asked by the explorers (``judge.path``)."""
+
+    def ping(self) -> int: ...
+
+    def judge(self, rows: list[JudgeRow]) -> Verdicts:
+        """The verdicts of ``rows`` ((prompt, completion, reference) each): scores, unparsed flags, seconds."""
         ...
 
 
@@ -191,3 +206,24 @@ class EvaluatorHandle(Handle):
 
     def evaluate(self, step: int) -> Pending[dict[str, float]]:
         return self._call(EvaluatorRole.evaluate, step)
+
+
+class JudgeClient:
+    """The judge as a worker calls it (an explorer scoring a batch): the role's verbs over a ``Peer``, each
+    returning its value. Picklable with its peer: it travels to the explorer with its factory arguments."""
+
+    role = JudgeRole
+
+    def __init__(self, peer: Peer):
+        self.peer = peer
+
+    def _call(self, verb: Callable[..., Any], *args: Any) -> Any:
+        if getattr(self.role, verb.__name__, None) is not verb:
+            raise TypeError(f"{verb.__qualname__} is not a verb of {self.role.__name__}")
+        return self.peer.call(verb.__name__, *args)
+
+    def ping(self) -> int:
+        return self._call(JudgeRole.ping)
+
+    def judge(self, rows: list[JudgeRow]) -> Verdicts:
+        return self._call(JudgeRole.judge, rows)

@@ -2,8 +2,9 @@
 
 A ``Backend`` hosts workers (plain objects built by a factory) and runs their methods in submission order;
 the driver only ever submits calls and reacts to their completion, so a backend is five verbs and a
-shutdown. ``LocalBackend`` (threads, or processes with ``runtime.workers=processes``) and ``RayBackend`` (Ray
-actors) implement it; ``make_backend`` picks one from ``backend``. A call returns futures at once; futures
+shutdown, and one more for a worker that calls another itself (``peer``: the explorers ask the judge).
+``LocalBackend`` (threads, or processes with ``runtime.workers=processes``) and ``RayBackend`` (Ray actors)
+implement it; ``make_backend`` picks one from ``backend``. A call returns futures at once; futures
 passed as arguments are resolved inside the receiving worker, so data moves between workers without passing
 through the driver.
 
@@ -37,6 +38,15 @@ class Actor(Protocol):
 
     def call(self, method: str, *args: Any, num_returns: int = 1) -> Any:
         """Queue ``worker.method(*args)``; a future, or a tuple of ``num_returns`` futures for a tuple result."""
+        ...
+
+
+class Peer(Protocol):
+    """A started worker as another worker calls it (``Backend.peer``): synchronous, and picklable where the
+    caller runs in a process of its own (it travels with the caller's factory arguments)."""
+
+    def call(self, method: str, *args: Any) -> Any:
+        """``worker.method(*args)``'s value, after the calls queued before it (raises what the worker raised)."""
         ...
 
 
@@ -82,6 +92,12 @@ class Backend(Protocol):
         trainer's front calls where it runs (``threads`` intra-op threads, ``gpus`` GPUs per rank)."""
         ...
 
+    def peer(self, actor: Any) -> Peer:
+        """A line from one worker to ``actor`` (one per calling worker, passed to it as a factory argument):
+        threads call the actor directly; worker processes through a relay thread of the driver; Ray actors
+        through the actor's handle."""
+        ...
+
     def wait_ready(self, actor: Any) -> None:
         """Block until ``actor`` is built; raise what its factory raised."""
         ...
@@ -114,7 +130,8 @@ def make_backend(config: RunConfig) -> Backend:
     if config.backend == "ray":
         from oprl.backends.ray_backend import RayBackend
 
-        workers = config.runtime.explorers + 1 + (config.teacher.path is not None)  # the teacher is one too
+        # The teacher and the judge are workers too.
+        workers = config.runtime.explorers + 1 + (config.teacher.path is not None) + (config.judge.path is not None)
         return RayBackend(address=config.runtime.ray_address, num_cpus=config.runtime.ray_num_cpus, workers=workers)
     from oprl.backends.local import LocalBackend
 

@@ -71,11 +71,22 @@ class LocalActor(QueuedActor):
         release(worker)
 
 
+class ThreadPeer:
+    """A worker thread's line to another worker thread (``base.Peer``): queue the call, wait for its value."""
+
+    def __init__(self, actor: QueuedActor):
+        self.actor = actor
+
+    def call(self, method: str, *args):
+        return self.actor.call(method, *args).result()
+
+
 class LocalBackend:
     name = "local"
 
     def __init__(self, workers: str = "threads"):
         self.workers = workers
+        self._relays: list = []  # processes.Relay: one per peer, closed at shutdown
         # Threads share memory, so snapshots stay on the model's device; processes receive CPU copies.
         self.cpu_snapshots = workers == "processes"
 
@@ -86,6 +97,17 @@ class LocalBackend:
 
             return ProcessActor(name, factory, args, threads)
         return LocalActor(name, factory, args, threads)
+
+    def peer(self, actor):
+        """Threads: a ``ThreadPeer`` on ``actor``; processes: a ``processes.PipePeer`` whose calls a relay
+        thread of this process queues on ``actor`` (closed at ``shutdown``)."""
+        if self.workers != "processes":
+            return ThreadPeer(actor)
+        from oprl.backends.processes import Relay
+
+        relay = Relay(actor)
+        self._relays.append(relay)
+        return relay.peer
 
     def wait_ready(self, actor: LocalActor) -> None:
         actor.ready.result()
@@ -122,6 +144,9 @@ class LocalBackend:
             actor.stop()
         for actor in actors:
             actor.join()
+        for relay in self._relays:
+            relay.close()
+        self._relays.clear()
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()

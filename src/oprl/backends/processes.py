@@ -8,6 +8,10 @@ receiver thread sets the futures from the replies. Arguments and results are pic
 tensors through shared memory, as ``torch.multiprocessing`` arranges). Errors come back as ``RemoteError``
 with the original type name; a process that dies fails every pending call.
 
+A worker process that calls another worker (an explorer asking the judge) holds a ``PipePeer``: its calls go
+over a pipe of their own to a ``Relay`` thread of the driver, which queues each on the target's actor like
+any call of the driver's and sends the value back (the rows cross the driver: they are texts).
+
 ``LocalRanks`` is the local backend's rank launcher: a group of ranks (``oprl.trainer.ranks.TrainerRank``)
 as processes of this machine that meet at a free port of 127.0.0.1 (no torchrun).
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing
+import multiprocessing.connection
 import queue
 import threading
 import traceback
@@ -162,6 +167,66 @@ class ProcessActor(QueuedActor):
                 if not future.done():
                     future.set_exception(exc)
         self._pending.clear()
+
+
+class PipePeer:
+    """A worker process's line to another worker (``base.Peer``): one end of the pipe its ``Relay`` serves.
+    Pickled into the calling worker's process with its factory arguments (the pipe's descriptor goes along)."""
+
+    def __init__(self, conn):
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {"_conn": self._conn}
+
+    def __setstate__(self, state: dict) -> None:
+        self._conn, self._lock = state["_conn"], threading.Lock()
+
+    def call(self, method: str, *args):
+        with self._lock:  # one call on the pipe at a time: replies come back in order
+            self._conn.send((method, args))
+            ok, payload = self._conn.recv()
+        if not ok:
+            raise RemoteError(*payload)
+        return payload
+
+
+class Relay:
+    """The driver's side of a ``PipePeer``: a thread that queues each call it reads on ``actor`` and sends the
+    value (or the error's type name and message) back, until ``close`` (the backend's shutdown, after the
+    workers: a caller still waiting gets its answer)."""
+
+    def __init__(self, actor: QueuedActor):
+        self._conn, caller = multiprocessing.get_context("spawn").Pipe()
+        self.peer = PipePeer(caller)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(actor,), name=f"oprl-{actor.name}-relay", daemon=True)
+        self._thread.start()
+
+    def _serve(self, actor: QueuedActor) -> None:
+        while not self._closed.is_set():
+            try:
+                if not multiprocessing.connection.wait([self._conn], timeout=0.5):
+                    continue  # poll: close() cannot wake a thread blocked reading a pipe
+                method, args = self._conn.recv()
+            except (EOFError, OSError):
+                return
+            try:
+                reply = (True, actor.call(method, *args).result())
+            except RemoteError as exc:
+                reply = (False, (exc.kind, exc.message))
+            except BaseException as exc:
+                reply = (False, (type(exc).__name__, str(exc)))
+            try:
+                self._conn.send(reply)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)
+        self._conn.close()
 
 
 class LocalRank:

@@ -3,9 +3,10 @@
 The only module of oprl that imports ray (``pip install 'oprl[ray]'``). It offers the same small interface as
 ``oprl.backends.local``: ``start`` a worker, ``call`` a method (object refs come back; refs passed as
 arguments are resolved by Ray inside the receiving actor, so experiences and weights travel through the
-object store, not through the driver), ``wait_any``, ``get``. Each actor sets its torch intra-op threads to
-the same value the local backend gives a worker thread, which is what makes both backends compute
-bit-for-bit the same numbers in scheduled mode.
+object store, not through the driver), ``wait_any``, ``get``, and a ``peer`` for an actor that calls another
+(an explorer asking the judge). Each actor sets its torch intra-op threads to the same value the local backend
+gives a worker thread, which is what makes both backends compute bit-for-bit the same numbers in scheduled
+mode.
 
 With ``runtime.ray_address`` unset a local instance is started with ``runtime.ray_num_cpus`` CPUs and shut
 down at the end; an instance that was already running (a test fixture, ``ray start``) is left running. On a
@@ -56,6 +57,16 @@ class RayActor:
         return tuple(refs) if num_returns > 1 else refs
 
 
+@dataclass(frozen=True)
+class RayPeer:
+    """An actor's line to another actor (``base.Peer``): the target's handle, pickled into the caller's actor."""
+
+    handle: object
+
+    def call(self, method: str, *args):
+        return ray.get(self.handle.call.remote(method, *args))  # type: ignore[attr-defined]
+
+
 class RayBackend:
     name = "ray"
     cpu_snapshots = True  # weights go through the object store, which holds CPU tensors
@@ -83,6 +94,10 @@ class RayBackend:
         options = {"num_cpus": self.cpus_per_worker if compute else 0} | ({"num_gpus": gpus} if gpus else {})
         handle = _Host.options(**options).remote(factory, args, threads)
         return RayActor(name, handle)
+
+    def peer(self, actor: RayActor) -> RayPeer:
+        """The caller's actor calls ``actor`` through its handle (values through the object store)."""
+        return RayPeer(actor.handle)
 
     def wait_ready(self, actor: RayActor) -> None:
         ray.get(actor.handle.ready.remote())

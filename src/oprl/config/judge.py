@@ -1,8 +1,9 @@
 """The ``judge`` section: a model that scores the replies (a generative reward model, ``oprl.episodes.judge``).
 
 A top-level section like ``teacher``, not a field of every task section: it is a second model of the run (its
-path, dtype and batch size are the teacher's settings), it works with any single-turn task, built-in or plug-in,
-and its score joins the task's rule reward as one more named component.
+path, dtype, batch size and GPUs are the teacher's settings; one judge per run, placed like the teacher), it
+works with any single-turn task, built-in or plug-in, and its score joins the task's rule reward as one more
+named component.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class JudgeConfig(_Section):
     """Rows per judge forward; only trades memory for speed."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """The judge's parameter dtype."""
+    gpus: float = Field(0.0, ge=0.0)
+    """backend=ray: GPUs the judge actor requests (0 = CPU). It runs on model.device, one judge per run."""
 
     @field_validator("template")
     @classmethod

@@ -16,9 +16,16 @@ place the verdict joins the rule reward: total = rule total + ``judge.weight`` *
 ``<name>`` (s) and ``<name>_unparsed`` (0/1) beside the task's own, logged as ``reward/<name>`` and
 ``reward/<name>_unparsed`` (the batch's share of unparsed verdicts).
 
-The judge lives in each explorer's process (loaded as the teacher is, ``oprl.worker.load_frozen``), so it
-is placed wherever the explorer is. Not here: multi-turn tasks (their environments reward), judging evaluation
-(``eval/*`` stays the task's rule), sampling the judge at a temperature.
+A run has one judge, a role of its own placed by the backend like the teacher (``oprl.judge.JudgeWorker``,
+loaded as the teacher is, ``oprl.worker.load_frozen``): a thread, a process of its own, or a Ray actor with
+``judge.gpus`` GPUs. Each explorer holds a line to it (``oprl.roles.JudgeClient``, a ``JudgeSource``) and sends
+it the (prompt, completion, reference) rows of a batch in one call right after sampling; the judge renders
+them and answers ``Verdicts`` (scores, unparsed flags, its seconds: ``perf/judge_s``). Calls of several explorers are
+answered one at a time, each batch in one piece, so a verdict does not depend on which explorer asked or when.
+``judged(task, config, student_path)`` without a judge builds one in this process (a standalone explorer).
+
+Not here: multi-turn tasks (their environments reward), judging evaluation (``eval/*`` stays the task's rule),
+sampling the judge at a temperature.
 """
 
 from __future__ import annotations
@@ -26,12 +33,14 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from oprl.errors import OprlError
+from oprl.messages import JudgeRow, Verdicts
 from oprl.tasks.base import EpisodicTask, Problem, Reward, Task
 from oprl.worker import load_frozen
 
@@ -114,6 +123,14 @@ class Judge:
         last = logits[torch.arange(len(rows)), (lengths - 1).to(device)]  # (B, V)
         return torch.log_softmax(last.float(), dim=-1).cpu()
 
+    def judge(self, rows: Sequence[JudgeRow]) -> Verdicts:
+        """The ``Verdicts`` of (prompt, completion, reference) rows, rendered into ``judge.template``: s per row
+        (0 where unparsed), the unparsed flags, and the seconds it took."""
+        start = time.perf_counter()
+        found = self.verdicts([render(self.settings.template, *row) for row in rows])
+        scores = [0.0 if v is None else v for v in found]
+        return Verdicts(scores, [v is None for v in found], time.perf_counter() - start)
+
     def verdicts(self, texts: Sequence[str]) -> list[float | None]:
         """The score of each text (module docstring), ``judge.micro_batch_size`` texts per forward."""
         out: list[float | None] = []
@@ -150,16 +167,29 @@ def build_judge(config: RunConfig, student_path: str) -> Judge:
     return Judge(model, tokenizer, config.judge)
 
 
-class JudgedTask:
-    """``task`` with the judge's score added to its reward (module docstring); problems are the task's."""
+class JudgeSource(Protocol):
+    """Where ``JudgedTask`` gets its verdicts: a ``Judge`` in this process, or the run's ``JudgeWorker`` through
+    ``oprl.roles.JudgeClient``."""
 
-    def __init__(self, task: Task, judge: Judge):
+    def judge(self, rows: list[JudgeRow]) -> Verdicts: ...
+
+
+class JudgedTask:
+    """``task`` with the judge's score added to its reward (module docstring); problems are the task's.
+    ``settings`` (``judge.name``, ``judge.weight``): the judge's own when it is a ``Judge``."""
+
+    def __init__(self, task: Task, judge: JudgeSource, settings: JudgeConfig | None = None):
         if isinstance(task, EpisodicTask):
             raise OprlError(
                 f"judge.path: task {task.name!r} is multi-turn (its environment rewards); a judge scores single replies"
             )
-        self.task, self.judge = task, judge
+        if settings is None:
+            assert isinstance(judge, Judge), "a judge of another process comes with its settings"
+            settings = judge.settings
+        self.task, self.judge, self.settings = task, judge, settings
         self.name = task.name
+        self.judge_s = 0.0
+        """Seconds the judge computed the verdicts of the last ``score`` call (``perf/judge_s``)."""
         self._warned = False
 
     def problems(self, split: str) -> Sequence[Problem]:
@@ -167,34 +197,32 @@ class JudgedTask:
 
     def score(self, problems: Sequence[Problem], responses: Sequence[str]) -> list[Reward]:
         rules = self.task.score(problems, responses)
-        settings = self.judge.settings
-        texts = [
-            render(settings.template, prompt_text(p), r, p.answer) for p, r in zip(problems, responses, strict=True)
-        ]
-        verdicts = self.judge.verdicts(texts)
-        self._warn_unparsed(problems, verdicts)
+        settings = self.settings
+        verdicts = self.judge.judge(
+            [(prompt_text(p), r, p.answer) for p, r in zip(problems, responses, strict=True)]
+        )  # the whole batch in one call
+        self.judge_s = verdicts.seconds
+        self._warn_unparsed(problems, verdicts.unparsed)
         out = []
-        for rule, verdict in zip(rules, verdicts, strict=True):
+        for rule, score, unparsed in zip(rules, verdicts.scores, verdicts.unparsed, strict=True):
             if settings.name in rule.components or f"{settings.name}_unparsed" in rule.components:
                 raise OprlError(f"judge.name: the task already has a reward component {settings.name!r}; rename it")
-            score = 0.0 if verdict is None else verdict
-            components = {**rule.components, settings.name: score, f"{settings.name}_unparsed": float(verdict is None)}
+            components = {**rule.components, settings.name: score, f"{settings.name}_unparsed": float(unparsed)}
             out.append(Reward(total=rule.total + settings.weight * score, components=components))
         return out
 
-    def _warn_unparsed(self, problems: Sequence[Problem], verdicts: list[float | None]) -> None:
+    def _warn_unparsed(self, problems: Sequence[Problem], unparsed: list[bool]) -> None:
         """One warning line the first time a batch has unparsed verdicts (each scores 0 and is counted)."""
-        unparsed = [p.task_id for p, v in zip(problems, verdicts, strict=True) if v is None]
-        if unparsed and not self._warned:
+        missing = [p.task_id for p, flag in zip(problems, unparsed, strict=True) if flag]
+        if missing and not self._warned:
             self._warned = True
-            name = self.judge.settings.name
             log.warning(
                 "judge.parser: %d of %d verdicts of a batch had no number (each scores 0, counted in "
                 "reward/%s_unparsed; said once); e.g. %s",
+                len(missing),
                 len(unparsed),
-                len(verdicts),
-                name,
-                unparsed[0],
+                self.settings.name,
+                missing[0],
             )
 
     def __getattr__(self, name: str):  # the task's other attributes (demonstrations, tools, ...) stay reachable
@@ -203,8 +231,9 @@ class JudgedTask:
         return getattr(self.task, name)
 
 
-def judged(task: Task, config: RunConfig, student_path: str) -> Task:
-    """``task`` itself without ``judge.path``, else ``JudgedTask(task, build_judge(...))``."""
+def judged(task: Task, config: RunConfig, student_path: str, judge: JudgeSource | None = None) -> Task:
+    """``task`` itself without ``judge.path``, else ``JudgedTask(task, judge)``: the run's judge when given,
+    else one built here (``build_judge``)."""
     if config.judge.path is None:
         return task
-    return JudgedTask(task, build_judge(config, student_path))
+    return JudgedTask(task, judge or build_judge(config, student_path), config.judge)

@@ -17,7 +17,7 @@ import time
 
 from oprl.config import RunConfig
 from oprl.episodes.agents import task_episodes
-from oprl.episodes.judge import judged
+from oprl.episodes.judge import JudgedTask, JudgeSource, judged
 from oprl.explorer.shaping import Shaping, dynamic_batch, extra_problems, round_seed
 from oprl.messages import Experience, ExploreResult, Timing, batch_metrics
 from oprl.models.chat import encode_problem
@@ -135,7 +135,8 @@ class Explorer:
             for i in range(len(rows))
         ]
         tokens = sum(len(r) for r in rollout.response_ids)
-        return experiences, Timing(generated - start, time.perf_counter() - generated, float(tokens))
+        judge_s = self.task.judge_s if isinstance(self.task, JudgedTask) else None
+        return experiences, Timing(generated - start, time.perf_counter() - generated, float(tokens), judge_s=judge_s)
 
     def _explore_episodes(
         self, step: int, version: int, rows, start: float, seed: int
@@ -194,12 +195,20 @@ class Explorer:
 
 
 class ExplorerWorker:
-    """The explorer role: its own copy of the policy, loaded with the weights the driver sends along."""
+    """The explorer role: its own copy of the policy, loaded with the weights the driver sends along; with
+    ``judge.path``, ``judge`` is its line to the run's judge (None: a judge of its own, built here)."""
 
-    def __init__(self, config: RunConfig, model_path: str, index: int, board: str | None = None):
+    def __init__(
+        self,
+        config: RunConfig,
+        model_path: str,
+        index: int,
+        board: str | None = None,
+        judge: JudgeSource | None = None,
+    ):
         self.clock = Clock()
         self.index = index
-        task = judged(build_task(config.task), config, model_path)  # judge.path: a model adds its verdict
+        task = judged(build_task(config.task), config, model_path, judge)  # judge.path: a model adds its verdict
         # The sampler's precision; ``auto`` resolves on the machine this explorer runs on.
         dtype = resolve_dtype(config.rollout.dtype, resolve_device(config.model.device))
         self.model, tokenizer = load_model(config, model_path, dtype=dtype)

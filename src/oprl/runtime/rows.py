@@ -78,8 +78,9 @@ def progress_text(row: dict, last_eval: tuple[int, float] | None) -> str:
 
 
 class PerfClock:
-    """The ``perf/*`` columns: busy/idle seconds per role since the last row, generation timing per batch, the
-    teacher's prefill per batch (distillation: columns only once a teacher reported)."""
+    """The ``perf/*`` columns: busy/idle seconds per role since the last row, generation timing per batch (with
+    the judge's seconds in runs with ``judge.path``), the teacher's prefill per batch (distillation: columns
+    only once a teacher reported)."""
 
     def __init__(self, explorers: int):
         self.started = self.last_step_time = time.perf_counter()
@@ -158,6 +159,7 @@ class PerfClock:
     def _generation(result: ExploreResult) -> dict[str, float]:
         timing = result.timing
         waits = {} if timing.switch_wait_s is None else {"perf/switch_wait_s": timing.switch_wait_s}
+        judged = {} if timing.judge_s is None else {"perf/judge_s": timing.judge_s}
         return (
             {
                 "perf/generate_s": timing.generate_s,
@@ -167,4 +169,5 @@ class PerfClock:
             }
             | timing.shaping
             | waits
+            | judged
         )

@@ -32,12 +32,13 @@ from oprl.errors import OprlError
 from oprl.evaluator.evaluator import Evaluator
 from oprl.explorer.explorer import ExplorerWorker
 from oprl.io import atomic_write_json
+from oprl.judge.role import JudgeWorker
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.models.loading import quiet_transformers, resolve_device
 from oprl.models.precision import precision_line
 from oprl.partial import BOARD_DIRNAME, close_board
 from oprl.progress import RunProgress
-from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, TeacherHandle, TrainerHandle
+from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, JudgeClient, TeacherHandle, TrainerHandle
 from oprl.runtime import resume
 from oprl.runtime.driver import Driver
 from oprl.runtime.health import SignalHealth
@@ -275,12 +276,17 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
             actor = backend.start("trainer", ShardedTrainer, config, path, ranks, threads=threads, compute=False)
         actors.append(actor)
         trainer = TrainerHandle(actor)
+    judge = None
+    if use_explorers and config.judge.path is not None:  # one judge the explorers call, placed like the teacher
+        judge = backend.start("judge", JudgeWorker, config, path, threads=threads, gpus=config.judge.gpus)
+        actors.append(judge)
     explorers: list[ExplorerHandle] = []
     board = str(run_dir / BOARD_DIRNAME) if config.sync.partial else None
     for index in range(config.runtime.explorers if use_explorers else 0):
         gpus = config.runtime.gpus_per_explorer
+        client = None if judge is None else JudgeClient(backend.peer(judge))
         actor = backend.start(
-            f"explorer {index}", ExplorerWorker, config, path, index, board, threads=threads, gpus=gpus
+            f"explorer {index}", ExplorerWorker, config, path, index, board, client, threads=threads, gpus=gpus
         )
         actors.append(actor)
         explorers.append(ExplorerHandle(actor))
