@@ -57,9 +57,9 @@ def test_arena_plans_every_method_lag_and_seed_as_valid_configs(tmp_path, capsys
 
 
 def test_arena_learning_rates_come_from_the_tuning_spec(tmp_path, capsys):
-    """The tuning sweep covers the same methods on-policy at 3 learning rates, and every arena rate is one of them."""
+    """The tuning sweep covers the same methods on-policy at 4 learning rates, and every arena rate is one of them."""
     runs, commands = dry_run("arena-lr.yaml", tmp_path, capsys)
-    assert len(runs) == len(commands) == 18 * 3 * 3
+    assert len(runs) == len(commands) == 18 * 4 * 3
     rates = set()
     for run in runs:
         config = load_config(overrides=list(run.overrides))
