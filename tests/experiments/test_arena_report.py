@@ -124,3 +124,20 @@ def test_fewer_than_two_lags_add_nothing(tmp_path):
 def test_by_method_and_lag_drops_nan(metric):
     data = [*summaries(), ({"preset": "grpo", "setting": "lag-1", "seed": "2"}, {metric: float("nan")})]
     assert len(arena.by_method_and_lag(data, metric)["grpo"][1.0]) == 2
+
+
+def test_tables_keep_a_sweep_axis_apart_from_the_mean_over_seeds():
+    """A learning-rate sweep (arena-lr.yaml) gets a row per rate: averaging over the rates would hide the choice."""
+    data = [
+        ({"preset": "grpo", "setting": "lag-0", "seed": s, "lr": lr}, {"final_accuracy": v})
+        for lr, values in (("0.0001", (0.50, 0.52)), ("0.001", (0.10, 0.12)))
+        for s, v in zip("01", values, strict=True)
+    ]
+    rows = report._table(data, "final_accuracy", "{:.3f} ± {:.3f}")
+    assert rows[2:] == ["| grpo lr=0.0001 | 0.510 ± 0.010 |", "| grpo lr=0.001 | 0.110 ± 0.010 |"]
+    data += [({"preset": "grpo", "setting": "lag-0", "seed": "0", "lr": "3e-05"}, {"final_accuracy": 0.4})]
+    assert [row.split(" | ")[0] for row in report._table(data, "final_accuracy", "{:.3f}")[2:]] == [
+        "| grpo lr=3e-05",
+        "| grpo lr=0.0001",
+        "| grpo lr=0.001",
+    ]

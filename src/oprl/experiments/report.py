@@ -2,10 +2,10 @@
 
 Tables: final eval accuracy (mean ± std over seeds), area under the eval-accuracy curve (a mean accuracy
 over training), and the first step reaching initial accuracy + ``report.threshold_gain`` (default 0.05), each
-preset × setting; with two or more lags (``lag-N``, ``stale-N``, ``offline``), accuracy against lag and a
-table ranked at each lag (``oprl.experiments.arena``); then, for each of the spec's ``report.groups``, one
-figure (accuracy, reward, clip fraction, KL to the initial policy × settings) and its table. Labels are the
-sweep's own (its setting names).
+preset × setting (a row per value of any other sweep axis: ``aspo lr=0.0001``); with two or more lags
+(``lag-N``, ``stale-N``, ``offline``), accuracy against lag and a table ranked at each lag
+(``oprl.experiments.arena``); then, for each of the spec's ``report.groups``, one figure (accuracy, reward,
+clip fraction, KL to the initial policy × settings) and its table. Labels are the sweep's own (its setting names).
 """
 
 from __future__ import annotations
@@ -91,12 +91,34 @@ def _spec(sweep_dir: Path) -> dict:
     return (yaml.safe_load(spec_path.read_text()) if spec_path.is_file() else None) or {}
 
 
+LAYOUT = ("preset", "setting", "seed")
+"""Labels a table lays out itself (rows, columns, the spread over seeds); any other sweep axis joins the row."""
+
+
+def row_label(labels: dict[str, str]) -> str:
+    """A table row: the preset, then every other sweep axis of the run (``aspo lr=0.0001``), so that a sweep over
+    learning rates (configs/sweeps/arena-lr.yaml) gets one row per rate instead of a mean over the rates."""
+    return " ".join([labels["preset"], *(f"{k}={labels[k]}" for k in sorted(labels) if k not in LAYOUT)])
+
+
+def _row_rank(label: str) -> list[tuple[int, float | str]]:
+    """Rows by preset, then each axis value numerically where it is a number (3e-05 before 0.0001)."""
+    rank = []
+    for part in label.split(" "):
+        value = part.partition("=")[2]
+        try:
+            rank.append((0, float(value)))
+        except ValueError:
+            rank.append((1, part))
+    return rank
+
+
 def _table(summaries, metric: str, fmt: str) -> list[str]:
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     for labels, numbers in summaries:
-        cells[(labels["preset"], labels["setting"])].append(numbers[metric])
+        cells[(row_label(labels), labels["setting"])].append(numbers[metric])
     settings = sorted({s for _, s in cells}, key=_setting_rank)
-    presets = sorted({p for p, _ in cells})
+    presets = sorted({p for p, _ in cells}, key=_row_rank)
     rows = ["| preset | " + " | ".join(settings) + " |", "|---|" + "---|" * len(settings)]
     for preset in presets:
         row = []
