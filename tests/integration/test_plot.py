@@ -3,7 +3,7 @@
 import pytest
 
 from oprl.cli import main
-from oprl.experiments.curves import PANELS, draw_grid, plot_all
+from oprl.experiments.curves import PANELS, draw_grid, plot_all, short_names
 from oprl.experiments.results import load_run
 
 
@@ -119,3 +119,11 @@ def test_long_labels_widen_the_figure_rather_than_clip(tmp_path):
     ]
     fig = draw_grid(records, [(*PANELS["eval_accuracy"], 1)])
     _legend_inside(fig)
+
+
+def test_a_key_that_ends_another_keeps_its_full_name():
+    """The tiny distillation sweep's offline rows differ in the top-level ``mode``, which ``sync.mode`` also ends:
+    no suffix is unambiguous, and the report stopped with KeyError: 'mode'."""
+    every = ["mode", "sync.mode", "algorithm.clip_mode", "optim.lr"]
+    names = short_names(["mode", "sync.mode", "optim.lr"], every)
+    assert names["mode"] == "mode" and names["optim.lr"] == "lr" and len(set(names.values())) == 3, names

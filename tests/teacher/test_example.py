@@ -19,7 +19,7 @@ def test_the_smollm2_distillation_example_is_the_rl_example_with_a_teacher():
     """The SmolLM2 student differs from the RL example (its teacher's own run) only in the signal, the teacher,
     the run name and the evaluation's curve: same model, task, batch, step budget and learning rate."""
     examples = EXAMPLE.parent
-    rl = load_config(examples / "smollm2-arithmetic-cpu.yaml").model_dump()
+    rl = load_config(examples / "smollm2-arithmetic-vllm.yaml").model_dump()
     student = load_config(examples / "smollm2-distill.yaml").model_dump()
     changed = {
         f"{section}.{key}"
