@@ -141,3 +141,20 @@ def test_tables_keep_a_sweep_axis_apart_from_the_mean_over_seeds():
         "| grpo lr=0.0001",
         "| grpo lr=0.001",
     ]
+
+
+def test_no_lag_curves_when_no_method_ran_at_two_lags(tmp_path):
+    """The tiny distillation sweep has on-policy, stale and offline rows, but each method at one lag only."""
+    data = [
+        ({"preset": p, "setting": s, "seed": "0"}, {"final_accuracy": 0.5, "accuracy_auc": 0.5})
+        for p, s in (("distill", "on-policy"), ("distill-stale4", "stale-4"), ("distill-offline", "offline"))
+    ]
+    assert arena.arena_section(data, tmp_path) == [] and not any(tmp_path.iterdir())
+
+
+def test_an_offline_run_is_named_offline_whatever_its_schedule():
+    from oprl.experiments.results import setting_of
+
+    config = {"sync": {"interval": 1, "offset": 0}, "steps": 300}
+    assert setting_of(config) == "on-policy"
+    assert setting_of({**config, "mode": "offline"}) == "offline"

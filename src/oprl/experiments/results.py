@@ -36,7 +36,7 @@ class RunRecord:
 def setting_of(config: dict) -> str:
     """A readable off-policy setting name from the schedule (docs/paper.md#off-policy)."""
     k, m, steps = config["sync"]["interval"], config["sync"]["offset"], config["steps"]
-    if m + k >= steps:
+    if m + k >= steps or config.get("mode") == "offline":  # mode=offline: a stored experience directory
         return "offline"
     if k == 1 and m == 0:
         return "on-policy"
