@@ -129,7 +129,7 @@ def short_names(keys: list[str], every: list[str]) -> dict[str, str]:
             if not clash and (suffix not in taken or n == len(parts)):
                 names[key] = suffix
                 break
-        else:  # every suffix, the key itself included, ends another key (``mode`` beside ``buffer.mode``)
+        else:  # every suffix, the key itself included, ends another key (``mode`` beside ``sync.mode``)
             names[key] = key
     return names
 
