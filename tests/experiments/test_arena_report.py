@@ -158,3 +158,15 @@ def test_an_offline_run_is_named_offline_whatever_its_schedule():
     config = {"sync": {"interval": 1, "offset": 0}, "steps": 300}
     assert setting_of(config) == "on-policy"
     assert setting_of({**config, "mode": "offline"}) == "offline"
+
+
+def test_table_columns_follow_the_lag_ladder():
+    from oprl.experiments.curves import _setting_rank
+
+    names = ["offline", "lag-64", "lag-4-bf16", "lag-16", "lag-2", "lag-0-bf16", "lag-0", "lag-1", "lag-4", "lag-8"]
+    assert sorted(names, key=_setting_rank) == [
+        "lag-0", "lag-0-bf16", "lag-1", "lag-2", "lag-4", "lag-4-bf16", "lag-8", "lag-16", "lag-64", "offline",
+    ]  # fmt: skip
+    assert sorted(["offline", "stale-10", "on-policy", "stale-4"], key=_setting_rank) == [
+        "on-policy", "stale-4", "stale-10", "offline",
+    ]  # fmt: skip

@@ -10,6 +10,7 @@ draws them for any set of runs; ``oprl report`` for a sweep.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ PANELS = {
     "entropy": ("entropy/mean", "entropy per token"),
     "response_length": ("response/length_mean", "response length (tokens)"),
 }
-SETTING_ORDER = ["on-policy", "stale", "infrequent", "sync", "offline"]
+SETTING_ORDER = ["on-policy", "lag", "stale", "infrequent", "sync", "offline"]
 NOT_A_SETTING = ("seed", "run_name", "output_dir", "resume", "overwrite", "progress", "tensorboard")
 """Config keys (and key prefixes below) that name, place or display a run without changing what it computes."""
 NOT_A_SETTING_PREFIXES = ("tracking.", "logging.", "checkpoint.", "eval.checkpoint")
@@ -44,9 +45,10 @@ SHORT_NAMES = {
 }
 
 
-def _setting_rank(name: str) -> tuple[int, str]:
+def _setting_rank(name: str) -> tuple[int, tuple[int, ...], str]:
+    """Settings in schedule order, numbers compared as numbers: lag-0, lag-0-bf16, lag-1, ..., lag-64, offline."""
     rank = next((i for i, prefix in enumerate(SETTING_ORDER) if name.startswith(prefix)), len(SETTING_ORDER))
-    return rank, name
+    return rank, tuple(int(n) for n in re.findall(r"\d+", name)), name
 
 
 def flat_settings(config: dict, prefix: str = "") -> dict[str, Any]:
