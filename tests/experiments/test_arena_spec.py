@@ -74,3 +74,14 @@ def test_arena_learning_rates_come_from_the_tuning_spec(tmp_path, capsys):
 def test_the_specs_share_the_run_settings(name):
     overrides = set(sweep.load_spec(SPECS / name)["overrides"])
     assert {"steps=200", "rollout.prompts_per_step=16", "eval.num_problems=500", "eval.seed=0"} <= overrides
+
+
+def test_the_oapl_beta_probe_plans_oapl_at_two_betas_and_the_arena_lr(tmp_path, capsys):
+    runs, commands = dry_run("arena-oapl-beta.yaml", tmp_path, capsys)
+    assert len(runs) == len(commands) == 2 * 4 * 3
+    betas = set()
+    for run in runs:
+        config = load_config(overrides=list(run.overrides))
+        assert config.algorithm.preset == "oapl" and config.optim.lr == 1e-4 and config.steps == 200
+        betas.add(config.algorithm.regression_beta)
+    assert betas == {1e-2, 1e-1}
