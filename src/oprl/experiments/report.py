@@ -103,7 +103,7 @@ def row_label(labels: dict[str, str]) -> str:
 
 def _row_rank(label: str) -> list[tuple[int, float | str]]:
     """Rows by preset, then each axis value numerically where it is a number (3e-05 before 0.0001)."""
-    rank = []
+    rank: list[tuple[int, float | str]] = []
     for part in label.split(" "):
         value = part.partition("=")[2]
         try:
