@@ -9,6 +9,7 @@ import yaml
 
 from conftest import SMALL
 from oprl.config import load_config
+from oprl.errors import OprlError
 from oprl.experiments import report, sweep
 
 SPECS = Path(__file__).resolve().parents[2] / "configs" / "sweeps"
@@ -152,3 +153,57 @@ def test_the_tiny_distillation_table_plans_valid_runs_on_three_seeds():
         assert method == "rl" or config.algorithm.distill_coef > 0
     grouped = {method for methods in spec["report"]["groups"].values() for method in methods}
     assert grouped <= set(spec["grid"]["algorithm.preset"])
+
+
+def test_the_smollm2_stale_arena_runs_its_priority_order_on_three_paired_seeds():
+    """configs/sweeps/smollm2-stale-arena.yaml (issue #51): the pilot (GRPO seed 0) first, then REINFORCE, GRPO,
+    the on-policy GRPO anchor, then the other methods; every method on seeds 0-2 at lag 4, exact float32, 40 steps
+    evaluated every 10 on 128 problems with a fixed evaluation seed, checkpointed for resumption."""
+    spec = sweep.load_spec(SPECS / "smollm2-stale-arena.yaml")
+    runs = sweep.plan(spec)
+    base = SPECS.parents[1] / spec["config"]
+    order = [(r.labels["setting"], r.labels["algorithm.preset"], r.labels["seed"]) for r in runs]
+    assert order[0] == ("lag-4", "grpo", "0") and order[1] == ("lag-4", "reinforce", "0")
+    assert len(order) == len(set(order)) == 27
+    presets = list(dict.fromkeys(p for s, p, _ in order if s == "lag-4"))
+    assert presets == ["grpo", "reinforce", "rec-oneside-nois", "rec-oneside-nois-wide", "red-weight", "dppo-tv"] + [
+        "m2po",
+        "gspo",
+    ]
+    for preset in presets:
+        assert sorted(seed for s, p, seed in order if (s, p) == ("lag-4", preset)) == ["0", "1", "2"]
+    assert sorted(seed for s, p, seed in order if s == "lag-0") == ["0", "1", "2"]
+    for run in runs:
+        config = load_config(base, list(run.overrides))
+        assert config.algorithm.preset == run.labels["algorithm.preset"] and config.steps == 40
+        assert config.trainer.autocast == "none" and config.rollout.dtype == "float32"
+        assert (config.sync.mode, config.sync.interval) == ("scheduled", 1)
+        assert config.sync.offset == {"lag-4": 4, "lag-0": 0}[run.labels["setting"]]
+        assert (config.eval.interval, config.eval.num_problems, config.eval.seed) == (10, 128, 0)
+        assert config.checkpoint.interval > 0
+
+
+def test_a_grid_list_is_the_union_of_its_grids_in_order(tmp_path):
+    spec = {
+        "grid": [
+            {"algorithm.preset": ["grpo"], "seed": [0]},
+            {"algorithm.preset": ["reinforce", "grpo"], "seed": [0, 1]},
+        ]
+    }
+    names = [r.name for r in sweep.plan(spec)]
+    assert names == [
+        "preset=grpo__seed=0",
+        "preset=reinforce__seed=0",
+        "preset=reinforce__seed=1",
+        "preset=grpo__seed=1",
+    ]
+    for grid, message in [
+        ([{"seed": [0]}, {"algorithm.preset": ["grpo"]}], "same axes"),
+    ]:
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump({"grid": grid}))
+        with pytest.raises(OprlError, match=message):
+            sweep.load_spec(path)
+    clash = {"grid": [{"setting": {"a": {"steps": 1}}}, {"setting": {"a": {"steps": 2}}}]}
+    with pytest.raises(OprlError, match="setting=a is planned twice"):
+        sweep.plan(clash)

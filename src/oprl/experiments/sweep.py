@@ -16,6 +16,10 @@ A sweep spec is YAML::
         stale: {sync.interval: 1, sync.offset: 10}
       seed: [0, 1, 2]
 
+``grid`` may also be a list of such mappings with the same axes: their union, in order (a run planned twice runs
+once). A long sweep lists its runs by priority this way, so that a partial sweep is already a result (e.g. a pilot
+run first, an on-policy anchor for one method only; configs/sweeps/smollm2-stale-arena.yaml).
+
 Finished runs (a ``summary.json`` in their directory) are skipped, so an interrupted sweep is resumed by
 running the same command again; an unfinished run that committed a checkpoint (``checkpoint.interval > 0``)
 continues from it (``resume=true``: no row lost or repeated), any other unfinished run directory is cleared and
@@ -78,15 +82,32 @@ def load_spec(path: Path) -> dict:
         raise OprlError(
             f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: groups, threshold_gain"
         )
-    if not isinstance(spec.get("grid"), dict) or not spec["grid"]:
-        raise OprlError(f"sweep spec {path}: 'grid' must be a non-empty mapping of axis -> values")
+    grids = spec.get("grid")
+    if isinstance(grids, list) and grids and all(isinstance(g, dict) and g for g in grids):
+        if any(list(g) != list(grids[0]) for g in grids):
+            raise OprlError(f"sweep spec {path}: every mapping of the 'grid' list must have the same axes in order")
+    elif not isinstance(grids, dict) or not grids:
+        raise OprlError(
+            f"sweep spec {path}: 'grid' must be a non-empty mapping of axis -> values, or a list of such mappings"
+        )
     return spec
 
 
 def plan(spec: dict) -> list[PlannedRun]:
-    """Every combination of the grid's axes, each with its run name and full override list."""
+    """Every combination of the grid's axes, each with its run name and full override list; for a list of grids,
+    the union in order, each run once."""
+    grids = spec["grid"] if isinstance(spec["grid"], list) else [spec["grid"]]
+    runs: dict[str, PlannedRun] = {}
+    for grid in grids:
+        for run in _plan_grid(grid, tuple(str(o) for o in spec.get("overrides") or [])):
+            if runs.setdefault(run.name, run).overrides != run.overrides:
+                raise OprlError(f"sweep grid: run {run.name} is planned twice with different settings")
+    return list(runs.values())
+
+
+def _plan_grid(grid: dict, base: tuple[str, ...]) -> list[PlannedRun]:
     axes = []
-    for axis, values in spec["grid"].items():
+    for axis, values in grid.items():
         if isinstance(values, dict):  # named bundles
             options = [
                 (str(name), [f"{k}={_yaml_value(v)}" for k, v in bundle.items()]) for name, bundle in values.items()
@@ -97,7 +118,6 @@ def plan(spec: dict) -> list[PlannedRun]:
             raise OprlError(f"sweep grid axis {axis!r}: expected a non-empty list or a mapping of named bundles")
         axes.append((axis, options))
     runs = []
-    base = tuple(str(o) for o in spec.get("overrides") or [])
     for combo in itertools.product(*(options for _, options in axes)):
         labels = {axis: label for (axis, _), (label, _) in zip(axes, combo, strict=True)}
         name = "__".join(f"{_short(axis)}={label}" for axis, label in labels.items())
