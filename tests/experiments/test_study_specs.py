@@ -166,7 +166,13 @@ def test_the_smollm2_stale_arena_runs_its_priority_order_on_three_paired_seeds()
     assert order[0] == ("lag-4", "grpo", "0") and order[1] == ("lag-4", "reinforce", "0")
     assert len(order) == len(set(order)) == 27
     presets = list(dict.fromkeys(p for s, p, _ in order if s == "lag-4"))
-    assert presets == ["grpo", "reinforce", "rec-oneside-nois", "rec-oneside-nois-wide", "red-weight", "dppo-tv"] + [
+    assert presets == [
+        "grpo",
+        "reinforce",
+        "rec-oneside-nois",
+        "rec-oneside-nois-wide",
+        "red-weight",
+        "dppo-tv",
         "m2po",
         "gspo",
     ]
