@@ -268,7 +268,7 @@ def _start_line(config: RunConfig) -> str:
     what = f"task {config.task.name}, {model}"
     if config.mode == "eval":
         return f"oprl: eval of {what} ({config.eval.num_problems} problems at most)"
-    schedule = f"{config.algorithm.preset}, k={config.sync.interval} m={config.sync.offset}, {config.steps} steps"
+    schedule = f"{config.algorithm.preset}, {config.sync.describe()}, {config.steps} steps"
     return f"oprl: {'train' if config.mode == 'both' else config.mode} on {what} ({schedule})"
 
 

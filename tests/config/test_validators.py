@@ -40,6 +40,25 @@ REFUSED = {
         ["sync.mode=async", "sync.interval=4", "sync.max_staleness=1"],
         "sync.max_staleness=1 must be >= sync.interval - 1 = 3: weights are published only every 4 steps",
     ),
+    # settings a mode does not read are refused, never dropped (issue #53: async ignored sync.offset)
+    "async-offset": (
+        ["sync.mode=async", "sync.offset=4"],
+        "sync.offset=4 is not read with sync.mode=async: an async run's lag is bounded by sync.max_staleness (set "
+        "sync.max_staleness=4",
+    ),
+    "scheduled-staleness": (["sync.max_staleness=3"], "sync.max_staleness=3 is not read with sync.mode=scheduled"),
+    "switch-step-unpartial": (["sync.switch_step=4"], "sync.switch_step=4 is not read without sync.partial=true"),
+    "switch-step-async": (
+        ["sync.partial=true", "sync.mode=async", "sync.switch_step=4"],
+        "sync.switch_step=4 is not read with sync.mode=async",
+    ),
+    "partial-kv-unpartial": (["sync.partial_kv=recompute"], "sync.partial_kv=recompute is not read without sync.p"),
+    "explore-schedule": (["mode=explore", "sync.interval=4"], "sync.interval=4 is not read with mode=explore: every"),
+    "eval-schedule": (["mode=eval", "sync.offset=2"], "sync.offset=2 is not read with mode=eval: nothing is trained"),
+    "offline-schedule": (
+        ["mode=offline", "buffer.path=runs/x", "sync.mode=async"],
+        "sync.mode=async is not read with mode=offline: the stored batches are trained as they were explored",
+    ),
     "replay-once": (["replay.groups_per_step=2", "replay.max_uses=1"], "replay.max_uses must be >= 2 when replay"),
     "overlong-buffer-too-long": (["rollout.overlong_buffer=9"], "rollout.overlong_buffer=9 exceeds rollout.max_new"),
     "overlong-and-truncated-reward": (
@@ -91,7 +110,10 @@ ACCEPTED = [
     ["rollout.group_size=1", "mode=explore"],
     ["algorithm.preset=distill", "teacher.path=tiny"],
     ["sync.mode=async", "sync.interval=4", "sync.max_staleness=3"],
-    ["sync.interval=4", "sync.max_staleness=1"],  # scheduled: max_staleness unused
+    ["sync.interval=4", "sync.max_staleness=1"],  # scheduled: max_staleness at its default
+    ["sync.mode=async", "sync.max_staleness=4", "sync.offset=0"],  # async: the bound, offset at its default
+    ["sync.partial=true", "sync.switch_step=4", "sync.offset=1"],
+    ["mode=explore", "sync.max_token_lag=1"],  # a trainer rule, not the schedule's
     ["rollout.overlong_buffer=8"],
     ["trainer.world_size=3", "trainer.sharding=ddp", "rollout.prompts_per_step=3"],
     ["trainer.autocast=bfloat16"],
@@ -160,3 +182,19 @@ def test_a_run_begun_with_overwrite_resumes(tmp_path):
     given = load_config(None, ["resume=true", "run_name=x", f"output_dir={tmp_path / 'runs'}", "steps=5"])
     merged = resumed_config(given, run_dir)
     assert (merged.resume, merged.overwrite, merged.steps) == (True, False, 5)
+
+
+@pytest.mark.parametrize("backend", [["backend=local"], ["runtime.workers=processes"], ["backend=ray"]])
+def test_async_with_an_offset_is_refused_on_every_backend(backend, tmp_path, capsys, nothing_runs):
+    """#53: ``sync.mode=async sync.offset=4`` ran with lag <= 1 (max_staleness's default) under a name saying
+    m4. It is refused before anything starts, whatever runs the workers, naming the setting that does bound an
+    async run's lag; that setting is the one the run's name and headline then show."""
+    from oprl.runtime.run import run_label
+
+    settings = [*backend, "sync.mode=async", "sync.offset=4", f"output_dir={tmp_path}", "progress=false"]
+    assert main(["train", *settings]) == 2
+    assert "set sync.max_staleness=4 for lag <= 4" in _error_line(capsys)
+    assert nothing_runs == [] and list(tmp_path.iterdir()) == []
+    config = load_config(None, [*backend, "sync.mode=async", "sync.max_staleness=4"])
+    assert "-k1-async4-" in run_label(config) and config.sync.describe() == "k=1 async, lag <= 4"
+    assert api._start_line(config).endswith("(grpo, k=1 async, lag <= 4, 300 steps)")

@@ -107,10 +107,9 @@ def test_default_names_show_what_differs():
 
     assert run_label(load_config()) == "grpo-k1-m0-s0"
     settings = ["backend=ray", "rollout.engine=vllm", "sync.mode=async", "model.dtype=bfloat16", "seed=3"]
-    assert run_label(load_config(None, settings)) == "grpo-k1-m0-vllm-ray-async-bf16-s3"
-    assert run_label(load_config(None, ["algorithm.preset=opmd", "sync.interval=4", "mode=explore"])) == (
-        "explore-opmd-k4-m0-s0"
-    )
+    assert run_label(load_config(None, settings)) == "grpo-k1-async1-vllm-ray-bf16-s3"  # async: the lag bound
+    assert run_label(load_config(None, ["sync.mode=async", "sync.max_staleness=4"])) == "grpo-k1-async4-s0"
+    assert run_label(load_config(None, ["algorithm.preset=opmd", "mode=explore"])) == "explore-opmd-k1-m0-s0"
     assert run_label(load_config(None, ["replay.groups_per_step=8", "trainer.sharding=fsdp"])) == (
         "grpo-k1-m0-replay8-fsdp-s0"
     )

@@ -291,6 +291,51 @@ class SyncConfig(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _every_setting_is_read(self) -> SyncConfig:
+        """A setting the chosen mode ignores is refused, never dropped: a staleness study whose lag silently is
+        not the one it names is the worst result this project can give (issue #53: ``sync.mode=async
+        sync.offset=4`` ran with lag <= 1)."""
+        ignored = self.ignored()
+        if ignored:
+            key, why = ignored[0]
+            raise OprlError(f"sync.{key}={getattr(self, key)} is not read {why}")
+        return self
+
+    def describe(self) -> str:
+        """The schedule as it is read, for headlines: ``k=1 m=4`` (scheduled), ``k=1 async, lag <= 1``."""
+        if self.mode == "async":
+            return f"k={self.interval} async, lag <= {self.max_staleness}"
+        return f"k={self.interval} m={self.offset}"
+
+    def ignored(self) -> list[tuple[str, str]]:
+        """The settings changed from their defaults that this mode does not read: (key, why) pairs."""
+        fields = type(self).model_fields
+        changed = {key for key in fields if getattr(self, key) != fields[key].default}
+        rules = [
+            (
+                "offset",
+                self.mode == "async",
+                "with sync.mode=async: an async run's lag is bounded by sync.max_staleness (set "
+                f"sync.max_staleness={self.offset} for lag <= {self.offset}), or keep sync.mode=scheduled for an "
+                f"exact lag of {self.offset} on every step",
+            ),
+            (
+                "max_staleness",
+                self.mode == "scheduled",
+                "with sync.mode=scheduled: its lag is set exactly by sync.interval and sync.offset "
+                "(docs/paper.md#lag-rule); set sync.mode=async for a bound",
+            ),
+            ("switch_step", not self.partial, "without sync.partial=true"),
+            (
+                "switch_step",
+                self.partial and self.mode == "async",
+                "with sync.mode=async: a partial async run takes each version as soon as it is posted",
+            ),
+            ("partial_kv", not self.partial, "without sync.partial=true"),
+        ]
+        return [(key, why) for key, applies, why in rules if applies and key in changed]
+
 
 class EvalConfig(_Section):
     interval: int = Field(50, ge=0)

@@ -121,10 +121,14 @@ def make_run_dir(config: RunConfig) -> Path:
 
 def run_label(config: RunConfig) -> str:
     """The settings that set a run apart, for its default name: mode (unless both), preset, k/m, then only
-    what differs from the defaults (model, task, engine, backend, sync mode, replay, dtype, sharding), seed.
-    The default job is ``grpo-k1-m0-s0``; ``backend=ray rollout.engine=vllm`` gives ``grpo-k1-m0-vllm-ray-s0``."""
+    what differs from the defaults (model, task, engine, backend, replay, dtype, sharding), seed. The default job is
+    ``grpo-k1-m0-s0``; ``backend=ray rollout.engine=vllm`` gives ``grpo-k1-m0-vllm-ray-s0``; ``sync.mode=async``
+    gives ``grpo-k1-async1-s0`` (lag <= sync.max_staleness = 1)."""
     parts: list[str] = [config.mode] if config.mode != "both" else []
-    parts += [config.algorithm.preset or "custom", f"k{config.sync.interval}", f"m{config.sync.offset}"]
+    # The schedule as it is read: k and m when scheduled, k and the staleness bound when async.
+    sync = config.sync
+    schedule = f"m{sync.offset}" if sync.mode == "scheduled" else f"async{sync.max_staleness}"
+    parts += [config.algorithm.preset or "custom", f"k{sync.interval}", schedule]
     if config.model.path != "tiny":
         parts.append(Path(config.model.path.rstrip("/")).name.lower())
     if config.task.name != "arithmetic":
@@ -132,7 +136,6 @@ def run_label(config: RunConfig) -> str:
     optional = {
         config.rollout.engine: config.rollout.engine != "lean",
         config.backend: config.backend != "local",
-        config.sync.mode: config.sync.mode != "scheduled",
         f"replay{config.replay.groups_per_step}": config.replay.groups_per_step > 0,
         {"bfloat16": "bf16", "float16": "fp16"}.get(config.model.dtype, config.model.dtype): config.model.dtype
         != "float32",
@@ -375,7 +378,7 @@ def _finish(config: RunConfig, run_dir: Path, started: float, before: float = 0.
     acc_before, acc_after = (evals[0], evals[-1]) if evals else (math.nan, math.nan)
     if any("reward/mean" in r for r in rows):
         subtitle = (
-            f"{config.algorithm.preset}, k={config.sync.interval} m={config.sync.offset}, lr {config.optim.lr:g}, "
+            f"{config.algorithm.preset}, {config.sync.describe()}, lr {config.optim.lr:g}, "
             f"group {config.rollout.group_size}, {config.task.name}, model {config.model.path}, seed {config.seed}"
         )
         plot_run(rows, run_dir / "metrics.png", title=f"run {run_dir.name}", subtitle=subtitle)
