@@ -218,13 +218,18 @@ def resolve(
 def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
     """Run a resolved config (``resolve``'s) and collect its result."""
     config = final_model_settings(config, log)
+    if not config.resume:  # milliseconds: a path typo is one line before anything is printed or imported
+        from oprl.runtime.preflight import check_paths
+
+        check_paths(config)
     log(_start_line(config))  # within a second: the checks, the imports and the warm start take longer
     task, checked = None, False
     if not config.resume:  # a resumed run's saved config is read by the runtime, which checks it there
-        from oprl.runtime.preflight import check_lengths
+        from oprl.runtime.preflight import check_lengths, check_rewards
         from oprl.tasks import build_task
 
         task = build_task(config.task)
+        check_rewards(task)  # a reward that fails on every row: its processes are up already
         check_lengths(config, task, log)  # before torch and the runtime are imported: seconds, not minutes
         task, checked = _hand_over(task), True
     from oprl.metrics import read_metrics
@@ -266,10 +271,22 @@ def _start_line(config: RunConfig) -> str:
         return f"oprl: resuming run {config.run_name} (resume={str(config.resume).lower()})"
     model = "the embedded tiny model" if config.model.path == "tiny" else config.model.path
     what = f"task {config.task.name}, {model}"
+    if config.mode == "eval" and config.eval.checkpoint:  # its weights are evaluated, not model.path's
+        what = f"checkpoint {_newest_checkpoint(config.eval.checkpoint)} (task {config.task.name})"
     if config.mode == "eval":
         return f"oprl: eval of {what} ({config.eval.num_problems} problems at most)"
     schedule = f"{config.algorithm.preset}, {config.sync.describe()}, {config.steps} steps"
     return f"oprl: {'train' if config.mode == 'both' else config.mode} on {what} ({schedule})"
+
+
+def _newest_checkpoint(source: str) -> str:
+    """The checkpoint ``eval.checkpoint=source`` evaluates: itself, or a run's newest ``checkpoints/step-N``
+    (``oprl.checkpoint.files.resolve_checkpoint``'s answer, found here without importing torch)."""
+    path = Path(source)
+    steps = [p for p in path.glob("checkpoints/step-*") if p.name.removeprefix("step-").isdigit()]
+    if (path / "state.json").is_file() or not steps:
+        return source
+    return str(max(steps, key=lambda p: int(p.name.removeprefix("step-"))))
 
 
 def reward_spec(reward: Any) -> str | list[str]:

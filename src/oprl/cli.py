@@ -1,8 +1,9 @@
 """Command line: ``oprl train|explore|eval [CONFIG.yaml] [key=value ...]``, ``oprl bandit``, ``oprl config``.
 
 Thin by design: parse arguments and call the Python API (``oprl.api``: ``oprl train`` is ``oprl.train``).
-User mistakes (``OprlError``) print one line and exit 2; a worker that dies during a run prints one line
-naming it and exits 1; ``--debug`` shows the traceback of anything.
+User mistakes (``OprlError``) print one line and exit 2, also when a worker finds one during the run (a reward
+that fails on every row of a batch); a worker that dies during a run prints one line naming it and exits 1;
+``--debug`` shows the traceback of anything.
 """
 
 from __future__ import annotations
@@ -156,6 +157,9 @@ def _main(argv: list[str] | None) -> int:
     except WorkerFailure as exc:
         if debug:
             raise
+        if _user_mistake(exc.__cause__):  # a worker found a mistake in the input: the user's, not a crash
+            print(f"error: {str(exc).replace('OprlError: ', '', 1)}", file=sys.stderr)
+            return 2
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Interrupted as exc:  # SIGTERM or SIGINT (oprl.backends.failure): its one line
@@ -169,6 +173,18 @@ def _main(argv: list[str] | None) -> int:
             raise
         print(f"error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def _user_mistake(cause: BaseException | None) -> bool:
+    """Whether a worker failed on an ``OprlError``: raised in a thread, or carried by a worker process's
+    ``RemoteError`` (its ``kind``) or a Ray task error (its ``cause``)."""
+    for _ in range(3):  # the backends wrap it at most twice
+        if cause is None:
+            return False
+        if isinstance(cause, OprlError) or getattr(cause, "kind", None) == "OprlError":
+            return True
+        cause = getattr(cause, "cause", None) or cause.__cause__
+    return False
 
 
 def _silence_stdout() -> None:
@@ -201,7 +217,13 @@ def _train(args: list[str], forced: Sequence[str] = ()) -> int:
     if mode == "explore":
         print(f"explored {result.config.steps} batches in {result.seconds:.0f}s; run dir {result.run_dir}")
     elif mode == "eval":
-        print(f"eval accuracy {after:.3f} in {result.seconds:.0f}s; run dir {result.run_dir}")
+        checkpoint = result.config.eval.checkpoint
+        model = result.config.model.path
+        what = f" of {'the embedded tiny model' if model == 'tiny' else model}"
+        if checkpoint:  # the weights evaluated: the checkpoint's (a run directory: its newest)
+            step = int(result.final_metrics.get("eval/checkpoint_step", 0))
+            what = f" of checkpoint step {step} ({checkpoint})"
+        print(f"eval accuracy{what} {after:.3f} in {result.seconds:.0f}s; run dir {result.run_dir}")
     else:
         print(
             f"eval accuracy before -> after: {before:.3f} -> {after:.3f} ({after - before:+.3f}) in "

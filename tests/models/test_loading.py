@@ -36,7 +36,7 @@ def test_directories_files_and_hub_ids_resolve(tiny_dir, tmp_path):
 @pytest.mark.parametrize(
     "path, message",
     [
-        ("./no/such/dir", "not found; use 'tiny'"),
+        ("./no/such/dir", r"not found \(no such file or directory\); use .tiny."),
         ("missing.gguf", "not found"),
         ("not a hub id", "not found"),
     ],

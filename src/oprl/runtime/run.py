@@ -123,7 +123,13 @@ def run_label(config: RunConfig) -> str:
     """The settings that set a run apart, for its default name: mode (unless both), preset, k/m, then only
     what differs from the defaults (model, task, engine, backend, replay, dtype, sharding), seed. The default job is
     ``grpo-k1-m0-s0``; ``backend=ray rollout.engine=vllm`` gives ``grpo-k1-m0-vllm-ray-s0``; ``sync.mode=async``
-    gives ``grpo-k1-async1-s0`` (lag <= sync.max_staleness = 1)."""
+    gives ``grpo-k1-async1-s0`` (lag <= sync.max_staleness = 1). An evaluation of a checkpoint is named after
+    it, not after the model its run started from: ``eval-<run>-step-N``."""
+    if config.mode == "eval" and config.eval.checkpoint:
+        found = ckpt_files.resolve_checkpoint(config.eval.checkpoint)
+        if found is not None:
+            label = f"eval-{found.parent.parent.name}-{found.name}"
+            return "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
     parts: list[str] = [config.mode] if config.mode != "both" else []
     # The schedule as it is read: k and m when scheduled, k and the staleness bound when async.
     sync = config.sync
@@ -202,7 +208,10 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
             trackers = start_trackers(config.tracking, run_dir, values, log)
             logger = MetricsLogger(run_dir, tensorboard=config.tensorboard, trackers=trackers, warn=log, config=values)
             health = SignalHealth(
-                config.rollout.max_new_tokens, log, warm_started=wants_warm_start(config.model, config.warmstart)
+                config.rollout.max_new_tokens,
+                log,
+                warm_started=wants_warm_start(config.model, config.warmstart),
+                distills=(config.algorithm.distill_coef or 0.0) > 0,
             )
             try:
                 driver = Driver(

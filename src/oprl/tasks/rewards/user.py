@@ -20,7 +20,9 @@ something other than a number within ±``MAX_ABS_REWARD`` (or a dict of them) fa
 for its row** and is counted (components ``reward_timeout`` and ``reward_error``, logged as ``reward/...``;
 the first failure of each kind is one warning line); the run stops only when a function fails on at least
 ``task.reward_max_error_fraction`` of a batch's rows (default 1.0: every row), with one line showing one
-failed row.
+failed row. Before any of that, a run calls each function on its first train rows with their own reference as
+the reply (``UserRewards.probe``, ``oprl.runtime.preflight.check_rewards``): one that fails on every such row
+is that one line before any model loads.
 
 Run one reward process by hand: ``echo '{"fn": 0, "prompt": "1+1=", "completion": "2", "reference": "2", "row": {}}'
 | python -m oprl.tasks.rewards.user '{"specs": ["examples/arithmetic_reward.py:reward"], "columns": []}'``.
@@ -28,6 +30,7 @@ Run one reward process by hand: ``echo '{"fn": 0, "prompt": "1+1=", "completion"
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import inspect
 import json
@@ -35,7 +38,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +157,18 @@ class UserRewards:
             raise OprlError(message) from None
         self.counts = {"calls": 0, "timeout": 0, "error": 0}
         self._warned: set[tuple[str, str]] = set()
+        self._probing = False
+
+    @contextlib.contextmanager
+    def probe(self) -> Iterator[None]:
+        """Scores made inside are the pre-run check (``oprl.runtime.preflight.check_rewards``): rows given their
+        reference as the reply, where a function that fails on every row is one ``OprlError`` line saying so,
+        and one that fails on some says nothing (the run counts those)."""
+        self._probing = True
+        try:
+            yield
+        finally:
+            self._probing = False
 
     def score(self, rows: Sequence[dict[str, Any]], ids: Sequence[str] | None = None) -> list[Reward]:
         """Rewards of ``rows``, each ``{"prompt", "completion", "reference", "row"}``; ``ids`` name the rows
@@ -203,6 +218,13 @@ class UserRewards:
                 continue
             row, reply = failed[0]
             example = f"e.g. {row}: {self._why(reply)}"
+            if self._probing:
+                if len(failed) == len(mine):
+                    raise OprlError(
+                        f"{KEY}: {spec} failed on every one of the first {len(mine)} train rows, each given its "
+                        f"reference as the reply, before the run started; {example}"
+                    )
+                continue
             if len(failed) >= self.max_error_fraction * len(mine):
                 scope = f"all {len(mine)} rows" if len(failed) == len(mine) else f"{len(failed)} of {len(mine)} rows"
                 raise OprlError(
