@@ -1,5 +1,6 @@
-"""``oprl report``'s arena view (oprl.experiments.arena) on synthetic results: accuracy against lag (final and
-AUC), one curve per method, and a table ranked at each lag with the first lag losing more than 5 points."""
+"""``oprl report``'s arena view (oprl.experiments.arena, .tiers) on synthetic results: accuracy against lag (final
+and AUC) with intervals, one curve per method, identical runs named, the tiers by lag (never a rank inside a tier)
+and each method's first lag with a significant loss; the report from a committed results.csv and ``--plan``."""
 
 import json
 
@@ -8,7 +9,8 @@ import yaml
 
 from oprl.config import load_config
 from oprl.config.loading import save_config
-from oprl.experiments import arena, report
+from oprl.errors import OprlError
+from oprl.experiments import arena, report, tiers
 
 # method -> final accuracy at lag 0, 1, 4, offline (each seed adds ±0.01); eval starts at 0.40 for every run.
 FINAL = {
@@ -19,11 +21,15 @@ FINAL = {
 SETTINGS = {"lag-0": (1, 0), "lag-1": (1, 1), "lag-4": (1, 4), "offline": (1000, 0)}
 
 
+SHIFTS = {"grpo": (-0.01, 0.01), "m2po": (0.01, -0.01), "reinforce": (0.0, 0.0)}
+"""Each method's two seeds around its mean: noise of each run's own (σ̂ = 0.014), no seed effect."""
+
+
 def summaries():
     out = []
     for preset, values in FINAL.items():
         for (setting, _), value in zip(SETTINGS.items(), values, strict=True):
-            for seed, shift in ((0, -0.01), (1, 0.01)):
+            for seed, shift in enumerate(SHIFTS[preset]):
                 numbers = {"final_accuracy": value + shift, "accuracy_auc": (0.40 + value + shift) / 2}
                 out.append(({"preset": preset, "setting": setting, "seed": str(seed)}, numbers))
     return out
@@ -40,27 +46,42 @@ def test_lag_names():
     assert arena.lag_of("lag-4-bf16") is None and arena.lag_of("sync-20") is None
 
 
-def test_ranked_table_ranks_each_lag_and_names_the_first_losing_lag():
-    rows = arena.ranked_table(summaries())
-    assert rows[0] == "| method | lag 0 | lag 1 | lag 4 | lag offline | loses > 0.05 at |"
+def test_tier_table_bolds_the_tier_and_says_how_far_below_the_rest_are():
+    analysis = tiers.analyse(summaries(), "final_accuracy")
+    rows = tiers.tier_table(analysis)
+    assert rows[0] == "| method | lag 0 | lag 1 | lag 4 | lag offline | pooled |"
     body = {row.split(" | ")[0].removeprefix("| "): row for row in rows[2:]}
-    # Ranks: lag 0 reinforce, grpo, m2po; lag 1 grpo, m2po, reinforce; lag 4 and offline m2po, grpo, reinforce.
-    assert body["reinforce"].endswith("| 0.620 (#1) | 0.500 (#3) | 0.400 (#3) | 0.200 (#3) | 1 |")
-    assert body["grpo"].endswith("| 0.600 (#2) | 0.580 (#1) | 0.500 (#2) | 0.300 (#2) | 4 |")
-    assert body["m2po"].endswith("| 0.550 (#3) | 0.560 (#2) | 0.540 (#1) | 0.520 (#1) | — |")
-    # By mean rank: grpo and m2po 1.75 (ties by name), reinforce 2.5.
-    assert [row.split(" | ")[0] for row in rows[2:]] == ["| grpo", "| m2po", "| reinforce"]
+    assert list(body) == ["grpo", "m2po", "reinforce"]  # by name: a tier is not ranked
+    # Lag 0: 7 points between the highest and the lowest mean, within two seeds' noise: all bold, none ranked.
+    assert all(row.split(" | ")[1].startswith("**") for row in rows[2:])
+    # Lag 4: m2po and grpo tied (4 points apart), reinforce 14 points below the best; offline grpo falls off too.
+    assert body["grpo"].endswith("| **0.500** | 0.300 (−22.0) | 0.495 (−4.8) |")
+    assert body["reinforce"].endswith("| 0.400 (−14.0) | 0.200 (−32.0) | 0.430 (−11.3) |")
 
 
-def test_equal_means_share_a_rank():
-    data = [({"preset": p, "setting": "lag-0", "seed": "0"}, {"final_accuracy": v}) for p, v in
-            (("a", 0.5), ("b", 0.5), ("c", 0.4))]  # fmt: skip
-    assert [row.split(" | ")[1] for row in arena.ranked_table(data)[2:]] == ["0.500 (#1)", "0.500 (#1)", "0.400 (#3)"]
+def test_verdicts_name_the_tier_without_ranking_it_and_the_rest_by_how_much():
+    analysis = tiers.analyse(summaries(), "final_accuracy")
+    text = "\n".join(tiers.verdict_lines(analysis))
+    assert "- **lag-0**: all 3 tied (means 0.550-0.620): nothing separable." in text
+    assert "- **lag-4**: grpo, m2po tied best (means 0.500-0.540); below: reinforce 14.0 ± 6.1 (p̃ = 0.030)." in text
+    assert "pooled over lag-0, lag-1, lag-4, offline" in text
 
 
-def test_first_losing_lag_needs_a_lag_zero():
-    assert arena.first_losing_lag({1.0: [0.5], 4.0: [0.1]}) is None
-    assert arena.first_losing_lag({0.0: [0.5], 1.0: [0.46], 4.0: [0.44]}) == 4.0
+def test_significant_losses_need_a_lag_zero_and_a_loss_beyond_the_noise():
+    losses = tiers.significant_losses(summaries())
+    assert losses["m2po"] is None  # 0.55 -> 0.52 offline: within its spread
+    assert losses["reinforce"] is not None and losses["reinforce"][0] == 1.0
+    assert losses["reinforce"][1].mean == pytest.approx(0.12)
+    assert losses["grpo"] is not None and losses["grpo"][0] == 4.0  # its 2 points at lag 1 are within the noise
+    no_zero = [(labels, numbers) for labels, numbers in summaries() if labels["setting"] != "lag-0"]
+    assert all(found is None for found in tiers.significant_losses(no_zero).values())
+
+
+def test_identical_runs_are_named_at_their_lag():
+    data = summaries()
+    data += [({**labels, "preset": "rec-oneside-nois"}, numbers) for labels, numbers in data
+             if labels["preset"] == "reinforce" and labels["setting"] == "lag-0"]  # fmt: skip
+    assert arena.identical_at_lags(data) == {0.0: [["rec-oneside-nois", "reinforce"]]}
 
 
 def test_report_of_a_synthetic_arena_has_the_lag_figure_and_tables(tmp_path):
@@ -85,8 +106,9 @@ def test_report_of_a_synthetic_arena_has_the_lag_figure_and_tables(tmp_path):
         run_dir.mkdir()
         save_config(load_config(overrides=list(run.overrides)), run_dir / "config.yaml")
         setting = run.labels["setting"].removesuffix("-bf16")
-        final = FINAL[run.labels["algorithm.preset"]][list(SETTINGS).index(setting)] + (
-            0.01 if run.labels["seed"] == "1" else -0.01
+        final = (
+            FINAL[run.labels["algorithm.preset"]][list(SETTINGS).index(setting)]
+            + (SHIFTS[run.labels["algorithm.preset"]][int(run.labels["seed"])])
         )
         rows = [{"step": 0, "eval/accuracy": 0.40}, {"step": 20, "reward/mean": 0.5, "loss/clip_frac": 0.1},
                 {"step": 40, "eval/accuracy": final, "reward/mean": 0.6}]  # fmt: skip
@@ -94,15 +116,17 @@ def test_report_of_a_synthetic_arena_has_the_lag_figure_and_tables(tmp_path):
         (run_dir / "summary.json").write_text(json.dumps({"seconds": 1.0}))
     text = report.build_report(tmp_path).read_text()
     assert "## Accuracy against lag" in text and (tmp_path / "figures" / "arena-lag.png").stat().st_size > 10_000
-    assert "| m2po | 0.550 (#3) | 0.560 (#2) | 0.540 (#1) | 0.520 (#1) | — |" in text
-    # AUC over the two evaluations = (0.40 + final) / 2: grpo at lag 0 is 0.500.
-    assert "| grpo | 0.500 (#2) | 0.490 (#1) | 0.450 (#2) | 0.350 (#2) | 4 |" in text
-    assert "Settings not on the lag ladder (in the tables above only): lag-0-bf16." in text
+    assert text.index("## What these seeds can tell apart") < text.index("## Final eval accuracy")
+    assert "| final eval accuracy | " in text and "(3 pairs) |" in text  # the MDE, Holm over 3 pairs of methods
+    assert "Tiers by lag, final eval accuracy" in text and "First lag with a significant loss" in text
+    assert "| m2po | **0.550** | **0.560** | **0.540** | **0.520** | **0.542** |" in text
+    assert "Settings not on the lag ladder (not in the tiers by lag): lag-0-bf16." in text
+    assert (tmp_path / "stats.csv").is_file()
     # The bf16 runs repeat their float32 pair's numbers: the mismatch table shows a change of 0.
     assert (
         "## The bfloat16 sampler at equal staleness" in text and (tmp_path / "figures" / "arena-mismatch.png").is_file()
     )
-    assert "| grpo | 0.600 → 0.600 (+0.000) |" in text
+    assert "| grpo | 0.600 → 0.600 (+0.000 ± 0.061) |" in text  # ± the spread of a new seed, not of these copies
 
 
 def test_mismatch_pairs_match_each_bf16_setting_with_its_float32_twin():
@@ -112,7 +136,10 @@ def test_mismatch_pairs_match_each_bf16_setting_with_its_float32_twin():
         ({"preset": "grpo", "setting": "lag-4-bf16", "seed": "1"}, {"final_accuracy": 0.3}),
         ({"preset": "sapo", "setting": "lag-0-bf16", "seed": "0"}, {"final_accuracy": 0.3}),  # no float32 twin
     ]
-    assert arena.mismatch_pairs(data) == {"grpo": {"lag-4": (0.5, pytest.approx(0.35))}}
+    pairs = arena.mismatch_pairs(data)
+    assert list(pairs) == ["grpo"] and list(pairs["grpo"]) == ["lag-4"]
+    float32, bf16, change = pairs["grpo"]["lag-4"]
+    assert (float32, bf16) == (0.5, pytest.approx(0.35)) and change.mean == pytest.approx(-0.1)  # paired: seed 0
 
 
 def test_fewer_than_two_lags_add_nothing(tmp_path):
@@ -133,8 +160,12 @@ def test_tables_keep_a_sweep_axis_apart_from_the_mean_over_seeds():
         for lr, values in (("0.0001", (0.50, 0.52)), ("0.001", (0.10, 0.12)))
         for s, v in zip("01", values, strict=True)
     ]
-    rows = report._table(data, "final_accuracy", "{:.3f} ± {:.3f}")
-    assert rows[2:] == ["| grpo lr=0.0001 | 0.510 ± 0.010 |", "| grpo lr=0.001 | 0.110 ± 0.010 |"]
+    rows = report._table(data, "final_accuracy", report.CELL)
+    # The sample SD (n − 1): 0.014 for 0.50 and 0.52 (the population SD would say 0.010), and the t-interval.
+    assert rows[2:] == [
+        "| grpo lr=0.0001 | 0.510 ± 0.014 [0.383, 0.637] |",
+        "| grpo lr=0.001 | 0.110 ± 0.014 [-0.017, 0.237] |",
+    ]
     data += [({"preset": "grpo", "setting": "lag-0", "seed": "0", "lr": "3e-05"}, {"final_accuracy": 0.4})]
     assert [row.split(" | ")[0] for row in report._table(data, "final_accuracy", "{:.3f}")[2:]] == [
         "| grpo lr=3e-05",
@@ -170,3 +201,24 @@ def test_table_columns_follow_the_lag_ladder():
     assert sorted(["offline", "stale-10", "on-policy", "stale-4"], key=_setting_rank) == [
         "on-policy", "stale-4", "stale-10", "offline",
     ]  # fmt: skip
+
+
+def test_the_report_of_a_committed_results_csv_and_its_plan(tmp_path, capsys):
+    """docs/reproduction/arena keeps results.csv, not the runs: the report reads it (no curves), and ``--plan``
+    turns its noise into seeds."""
+    from oprl.experiments.results import write_table
+
+    rows = [{"run": f"{labels['preset']}-{labels['setting']}-{labels['seed']}", **labels, "lr": 1e-4, **numbers}
+            for labels, numbers in summaries()]  # fmt: skip
+    write_table(rows, tmp_path / "results.csv")
+    assert report.main([str(tmp_path), "--plan", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "Seeds per cell to find a true difference of 1.0 points" in out and "pooled over 4 lags" in out
+    text = (tmp_path / "report.md").read_text()
+    assert "24 runs, read from results.csv" in text and "## Figures (all presets)" not in text
+    assert "Tiers by lag" in text and (tmp_path / "figures" / "arena-lag.png").is_file()
+    assert not (tmp_path / "figures" / "eval_accuracy.png").exists()
+    with pytest.raises(OprlError, match="--plan 2"):
+        report.main([str(tmp_path), "--plan", "2"])
+    with pytest.raises(OprlError, match=r"no results\.csv"):
+        report.build_report(tmp_path / "nothing")

@@ -24,6 +24,8 @@ PANELS = {
     "kl_initial": ("kl/ref", "KL to the initial policy"),
     "entropy": ("entropy/mean", "entropy per token"),
     "response_length": ("response/length_mean", "response length (tokens)"),
+    # Distillation's own signal (docs/algorithms.md#distillation): drawn for the runs that log it, beside the reward.
+    "distill_reverse_kl": ("distill/reverse_kl", "reverse KL to the teacher (per token)"),
 }
 SETTING_ORDER = ["on-policy", "lag", "stale", "infrequent", "sync", "offline"]
 NOT_A_SETTING = ("seed", "run_name", "output_dir", "resume", "overwrite", "progress", "tensorboard")

@@ -1,66 +1,113 @@
-"""``oprl report SWEEP_DIR``: figures plus a markdown report with the sweep's tables.
+"""``oprl report SWEEP_DIR``: figures plus a markdown report with the sweep's tables and what its seeds can tell.
 
-Tables: final eval accuracy (mean ± std over seeds), area under the eval-accuracy curve (a mean accuracy
-over training), and the first step reaching initial accuracy + ``report.threshold_gain`` (default 0.05), each
-preset × setting (a row per value of any other sweep axis: ``aspo lr=0.0001``); with two or more lags
-(``lag-N``, ``stale-N``, ``offline``), accuracy against lag and a table ranked at each lag
-(``oprl.experiments.arena``); then, for each of the spec's ``report.groups``, one figure (accuracy, reward,
-clip fraction, KL to the initial policy × settings) and its table. Labels are the sweep's own (its setting names).
+First what the design can detect (the noise of a run, 2 SE and the minimum detectable difference at 80 % power,
+``oprl.experiments.tiers``); then per cell (preset × setting; a row per value of any other sweep axis:
+``aspo lr=0.0001``) n, mean, **sample** SD (n − 1) and the 95 % t-interval of final eval accuracy and of the area
+under the eval-accuracy curve (a mean accuracy over training), and the first step reaching initial accuracy +
+``report.threshold_gain`` (default 0.05); then per setting and pooled over the lag ladder the tier of methods not
+separable from the best and the methods below it, in words (every pairwise difference, Holm-adjusted, in
+``stats.csv``); with two or more lags (``lag-N``, ``stale-N``, ``offline``) accuracy against lag with intervals
+and the tiers by lag (``oprl.experiments.arena``); then, for each of the spec's ``report.groups``, one figure
+(accuracy, reward, clip fraction, KL to the initial policy, reverse KL to a teacher × settings) and its table.
+Labels are the sweep's own (its setting names).
+
+A directory with a ``results.csv`` and no run directories (a committed sweep: docs/reproduction/arena) gets the
+same report from the CSV, less what needs the runs' curves (training-curve figures, groups). ``--plan DELTA``
+prints the seeds per cell that would resolve a difference DELTA, with this sweep's noise as the pilot's.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import math
-import statistics
 from collections import defaultdict
 from pathlib import Path
 
 import yaml
 
 from oprl.errors import OprlError
+from oprl.experiments import stats, tiers
 from oprl.experiments.arena import arena_section
 from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
-from oprl.experiments.results import collect_results, load_run, summarize, write_table
+from oprl.experiments.results import _canonical, collect_results, load_run, summarize, write_table
 from oprl.experiments.sweep import plan, threshold_gain
+from oprl.experiments.tiers import LAYOUT, row_label
+
+__all__ = ["LAYOUT", "build_report", "main", "row_label"]
 
 GROUP_ROWS = [
     (*PANELS[name], 1 if name == "eval_accuracy" else 5)
-    for name in ("eval_accuracy", "train_reward", "clip_fraction", "kl_initial")
+    for name in ("eval_accuracy", "train_reward", "clip_fraction", "kl_initial", "distill_reverse_kl")
 ]
 """Rows of a group figure: (metric key, y label, moving-average window)."""
+
+
+CELL = "{:.3f} ± {:.3f} [{:.3f}, {:.3f}]"
+"""A cell of the accuracy tables: mean ± sample SD [95 % t-interval of the mean]."""
+
+NUMBERS = ("final_accuracy", "initial_accuracy", "best_accuracy", "accuracy_auc", "steps_to_threshold",
+           "late_train_reward", "seconds")  # fmt: skip
+"""The summary columns of a results.csv (``results.summarize``) read back as numbers."""
 
 
 def build_report(sweep_dir: Path) -> Path:
     sweep_dir = Path(sweep_dir)
     run_dirs = [d for d in sorted(sweep_dir.iterdir()) if (d / "summary.json").is_file()] if sweep_dir.is_dir() else []
-    if not run_dirs:
-        raise OprlError(f"report: no finished runs (directories with summary.json) in {sweep_dir}")
+    from_csv = not run_dirs and (sweep_dir / "results.csv").is_file()
+    if not run_dirs and not from_csv:
+        raise OprlError(f"report: no finished runs (directories with summary.json) and no results.csv in {sweep_dir}")
     spec = _spec(sweep_dir)
     report = spec.get("report") or {}
     gain = threshold_gain(spec)
-    # The sweep's own axis labels (e.g. setting names) where the run was planned by it, else derived ones.
-    runs = plan(spec) if spec.get("grid") else None
-    planned = {r.name: r.labels for r in runs or []}
-    records = [load_run(d, planned.get(d.name)) for d in run_dirs]
-    table = collect_results(sweep_dir, runs, threshold_gain=gain)
-    write_table(table, sweep_dir / "results.csv")
-    figures = plot_all(records, sweep_dir / "figures")
-    summaries = [(r.labels, summarize(r, gain)) for r in records]
-    lines = [f"# Sweep report: {sweep_dir.name}", "", f"{len(records)} finished runs.", ""]
-    for metric, title, fmt in (
-        ("final_accuracy", "Final eval accuracy (mean ± std over seeds)", "{:.3f} ± {:.3f}"),
-        ("accuracy_auc", "Area under the eval-accuracy curve (mean accuracy over training)", "{:.3f} ± {:.3f}"),
-        (
-            "steps_to_threshold",
-            f"First eval step with accuracy ≥ initial + {gain:g} (mean over the seeds that "
-            "reach it, * = not all do; — = none does)",
-            "{:.0f}",
-        ),
+    records = []
+    if from_csv:
+        summaries = summaries_from_csv(sweep_dir / "results.csv", spec)
+        figures: list[Path] = []
+        source = f"{len(summaries)} runs, read from results.csv (no run directories: no training-curve figures)."
+    else:
+        # The sweep's own axis labels (e.g. setting names) where the run was planned by it, else derived ones.
+        runs = plan(spec) if spec.get("grid") else None
+        planned = {r.name: r.labels for r in runs or []}
+        records = [load_run(d, planned.get(d.name)) for d in run_dirs]
+        table = collect_results(sweep_dir, runs, threshold_gain=gain)
+        write_table(table, sweep_dir / "results.csv")
+        figures = plot_all(records, sweep_dir / "figures")
+        summaries = [(r.labels, summarize(r, gain)) for r in records]
+        source = f"{len(records)} finished runs."
+    analyses = [tiers.analyse(summaries, metric) for metric in tiers.METRICS]
+    write_table(tiers.pair_rows(analyses), sweep_dir / "stats.csv")
+    lines = [f"# Sweep report: {sweep_dir.name}", "", source, "", *tiers.design_lines(analyses)]
+    lines += [f"Regenerate: `oprl report {sweep_dir}`. Every pairwise difference (Holm-adjusted): `stats.csv`.", ""]
+    for metric, title in (
+        ("final_accuracy", "Final eval accuracy"),
+        ("accuracy_auc", "Area under the eval-accuracy curve (mean accuracy over training)"),
     ):
-        lines += [f"## {title}", "", *_table(summaries, metric, fmt), ""]
-    lines += arena_section(summaries, sweep_dir / "figures")  # a lag ladder (the arena): accuracy against lag
+        lines += [f"## {title}: mean ± sample SD (n − 1) [95 % t-interval of the mean]", ""]
+        lines += [*_table(summaries, metric, CELL), ""]
+    lines += [
+        f"## First eval step with accuracy ≥ initial + {gain:g} (mean over the seeds that reach it, * = not all "
+        "do; — = none does)",
+        "",
+        *_table(summaries, "steps_to_threshold", "{:.0f}"),
+        "",
+        "## What the seeds separate",
+        "",
+    ]
+    for analysis in analyses:
+        lines += tiers.verdict_lines(analysis)
+    tables = []
+    for analysis in analyses:
+        if analysis.pooled is not None:
+            title = tiers.METRICS[analysis.metric]
+            tables += [f"Tiers by lag, {title} (mean over seeds; **bold**: tied with the best at that lag, else "
+                       "(−points below the best)):", "", *tiers.tier_table(analysis), ""]  # fmt: skip
+    if tables:
+        tables += tiers.loss_lines(summaries)
+    lines += arena_section(summaries, sweep_dir / "figures", tables)  # a lag ladder (the arena): accuracy against lag
     for index, (title, presets) in enumerate((report.get("groups") or {}).items(), start=1):
+        if from_csv:
+            break  # the groups' figures are training curves: they need the runs
         chosen = [r for r in records if r.labels["preset"] in presets]
         missing = sorted(set(presets) - {r.labels["preset"] for r in chosen})
         if missing:
@@ -72,16 +119,35 @@ def build_report(sweep_dir: Path) -> Path:
         lines += [
             f"## {title}",
             "",
-            "Final eval accuracy (mean ± std over seeds):",
+            "Final eval accuracy (mean ± sample SD [95 % t-interval]):",
             "",
-            *_table(chosen_summaries, "final_accuracy", "{:.3f} ± {:.3f}"),
+            *_table(chosen_summaries, "final_accuracy", CELL),
             "",
             *([f"![{title}](figures/{figure.name})", ""] if figure else []),  # None: the runs log none of its rows
         ]
-    lines += ["## Figures (all presets)", ""]
-    lines += [f"![{f.stem}](figures/{f.name})" for f in figures]
+    if figures:
+        lines += ["## Figures (all presets)", ""]
+        lines += [f"![{f.stem}](figures/{f.name})" for f in figures]
     out = sweep_dir / "report.md"
     out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def summaries_from_csv(path: Path, spec: dict) -> list[tuple[dict[str, str], dict[str, float]]]:
+    """``(labels, numbers)`` per row of a results.csv: labels preset, setting, seed and the spec's other grid axes
+    (where a sweep.yaml lies beside it), numbers the summary columns (``NUMBERS``)."""
+    grids = spec.get("grid") or {}
+    axes = {_canonical(axis) for grid in (grids if isinstance(grids, list) else [grids]) for axis in grid}
+    with Path(path).open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    missing = [c for c in ("preset", "setting", "seed") if rows and c not in rows[0]]
+    if missing:
+        raise OprlError(f"report: {path} has no column(s) {', '.join(missing)}")
+    out = []
+    for row in rows:
+        labels = {k: row[k] for k in row if k in {*LAYOUT, *axes}}
+        numbers = {k: float(row[k]) if row.get(k) not in (None, "") else math.nan for k in NUMBERS if k in row}
+        out.append((labels, numbers))
     return out
 
 
@@ -89,16 +155,6 @@ def _spec(sweep_dir: Path) -> dict:
     """The sweep spec saved in the sweep directory (empty if the runs were not made by ``oprl sweep``)."""
     spec_path = sweep_dir / "sweep.yaml"
     return (yaml.safe_load(spec_path.read_text()) if spec_path.is_file() else None) or {}
-
-
-LAYOUT = ("preset", "setting", "seed")
-"""Labels a table lays out itself (rows, columns, the spread over seeds); any other sweep axis joins the row."""
-
-
-def row_label(labels: dict[str, str]) -> str:
-    """A table row: the preset, then every other sweep axis of the run (``aspo lr=0.0001``), so that a sweep over
-    learning rates (configs/sweeps/arena-lr.yaml) gets one row per rate instead of a mean over the rates."""
-    return " ".join([labels["preset"], *(f"{k}={labels[k]}" for k in sorted(labels) if k not in LAYOUT)])
 
 
 def _row_rank(label: str) -> list[tuple[int, float | str]]:
@@ -116,9 +172,11 @@ def _row_rank(label: str) -> list[tuple[int, float | str]]:
 def _table(summaries, metric: str, fmt: str) -> list[str]:
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     for labels, numbers in summaries:
-        cells[(row_label(labels), labels["setting"])].append(numbers[metric])
+        cells[(row_label(labels), labels["setting"])].append(numbers.get(metric, math.nan))
     settings = sorted({s for _, s in cells}, key=_setting_rank)
     presets = sorted({p for p, _ in cells}, key=_row_rank)
+    counts = [len(v) for v in cells.values()]
+    usual = max(set(counts), key=counts.count) if counts else 0  # seeds per cell; a cell with another n says so
     rows = ["| preset | " + " | ".join(settings) + " |", "|---|" + "---|" * len(settings)]
     for preset in presets:
         row = []
@@ -129,18 +187,43 @@ def _table(summaries, metric: str, fmt: str) -> list[str]:
             elif "±" in fmt and len(values) == 1:  # one seed: no spread to show
                 row.append(fmt.split(" ±")[0].format(values[0]) + " (1 seed)")
             elif "±" in fmt:
-                row.append(fmt.format(statistics.mean(values), statistics.pstdev(values)))
+                cell = stats.describe(values)
+                row.append(
+                    fmt.format(cell.mean, cell.sd, cell.low, cell.high) + ("" if cell.n == usual else f" n={cell.n}")
+                )
             else:
                 row.append(
-                    fmt.format(statistics.mean(values)) + ("" if len(values) == len(cells[(preset, setting)]) else "*")
+                    fmt.format(sum(values) / len(values))
+                    + ("" if len(values) == len(cells[(preset, setting)]) else "*")
                 )
         rows.append(f"| {preset} | " + " | ".join(row) + " |")
     return rows
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="oprl report", description="Figures and a markdown report of a sweep.")
-    parser.add_argument("sweep_dir", type=Path)
+    parser = argparse.ArgumentParser(
+        prog="oprl report",
+        description="Figures and a markdown report of a sweep: per cell n, mean, sample SD and 95 %% t-interval; "
+        "the tiers of methods the seeds cannot separate; the smallest difference the design can detect.",
+    )
+    parser.add_argument("sweep_dir", type=Path, help="a sweep's output directory (run directories or results.csv)")
+    parser.add_argument(
+        "--plan",
+        type=float,
+        metavar="DELTA",
+        help="also print how many seeds per cell find a true difference DELTA (accuracy, e.g. 0.01 = 1 point) at "
+        "80 %% power, with this sweep's noise as a pilot's",
+    )
     args = parser.parse_args(argv)
+    if args.plan is not None and not 0 < args.plan < 1:
+        raise OprlError(f"report --plan {args.plan:g}: a difference of accuracy in (0, 1), e.g. 0.01 for 1 point")
     print(build_report(args.sweep_dir))
+    if args.plan is not None:
+        summaries = _summaries(args.sweep_dir)
+        print("\n".join(tiers.plan_lines([tiers.analyse(summaries, m) for m in tiers.METRICS], args.plan)))
     return 0
+
+
+def _summaries(sweep_dir: Path) -> list:
+    """The report's ``(labels, numbers)`` pairs again, from the results.csv it has just written or read."""
+    return summaries_from_csv(Path(sweep_dir) / "results.csv", _spec(Path(sweep_dir)))

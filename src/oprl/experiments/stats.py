@@ -38,6 +38,7 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Any
 
 import numpy as np
 from scipy import optimize
@@ -96,9 +97,7 @@ class Noise:
     df: int
 
 
-def residual_noise(
-    values: Mapping[str, Mapping[Hashable, float]], strata: Mapping[Hashable, Hashable] | None = None
-) -> Noise:
+def residual_noise(values: Mapping[str, Mapping[Any, float]], strata: Mapping[Any, Any] | None = None) -> Noise:
     """σ̂² = SS_E / df_E of the additive model y_{m,u} = μ + α_m + β_u + ε (method m, unit u) fitted within each
     stratum (a lag) over the units every method has there, SS_E and df_E = (k − 1)(b − 1) summed over strata:
     SS_E = Σ (y_{m,u} − ȳ_{m·} − ȳ_{·u} + ȳ_{··})². The unit term β_u takes out what a seed does to every method
@@ -119,7 +118,7 @@ def residual_noise(
     return Noise(math.sqrt(squares / df), df) if df else Noise(math.nan, 0)
 
 
-def _by_stratum(values: Mapping[str, Mapping[Hashable, float]], strata: Mapping[Hashable, Hashable] | None) -> dict:
+def _by_stratum(values: Mapping[str, Mapping[Any, float]], strata: Mapping[Any, Any] | None) -> dict:
     """``{stratum: [units]}`` over every unit of ``values`` (first-seen order)."""
     out: dict[Hashable, list[Hashable]] = {}
     for per_unit in values.values():
@@ -152,11 +151,11 @@ class Difference:
 
 
 def difference(
-    a: Mapping[Hashable, float],
-    b: Mapping[Hashable, float],
+    a: Mapping[Any, float],
+    b: Mapping[Any, float],
     noise: Noise,
     names: tuple[str, str] = ("a", "b"),
-    strata: Mapping[Hashable, Hashable] | None = None,
+    strata: Mapping[Any, Any] | None = None,
     alpha: float = ALPHA,
 ) -> Difference:
     """a − b over their shared units u, paired: d̄_s = mean of a_u − b_u over the shared units of stratum s (n_s of
@@ -230,8 +229,8 @@ class Comparison:
 
 
 def compare(
-    values: Mapping[str, Mapping[Hashable, float]],
-    strata: Mapping[Hashable, Hashable] | None = None,
+    values: Mapping[str, Mapping[Any, float]],
+    strata: Mapping[Any, Any] | None = None,
     alpha: float = ALPHA,
 ) -> Comparison:
     """The tier of ``{method: {unit: value}}`` (higher is better; module docstring): σ̂ (``residual_noise``),
@@ -245,7 +244,7 @@ def compare(
     pairs = [difference(values[a], values[b], noise, (a, b), strata, alpha) for a, b in combinations(methods, 2)]
     for pair, adjusted in zip(pairs, holm([p.p for p in pairs]), strict=True):
         pair.p_holm = adjusted
-    comparison = Comparison(means, noise, pairs, identical=_identical(values, methods))
+    comparison = Comparison(means, noise, pairs, identical=identical_groups(values, methods))
     comparison.units = max((len(v) for v in values.values()), default=0)
     if not methods:
         return comparison
@@ -259,7 +258,7 @@ def compare(
     return comparison
 
 
-def _mean_over_strata(per_unit: Mapping[Hashable, float], strata: Mapping[Hashable, Hashable] | None) -> float:
+def _mean_over_strata(per_unit: Mapping[Any, float], strata: Mapping[Any, Any] | None) -> float:
     """The mean over units, each stratum weighing the same (the mean of the strata's means)."""
     groups: dict[Hashable, list[float]] = {}
     for unit, value in per_unit.items():
@@ -267,12 +266,12 @@ def _mean_over_strata(per_unit: Mapping[Hashable, float], strata: Mapping[Hashab
     return float(np.mean([np.mean(g) for g in groups.values()]))
 
 
-def _identical(values: Mapping[str, Mapping[Hashable, float]], methods: list[str]) -> list[list[str]]:
+def identical_groups(values: Mapping[str, Mapping[Any, object]], methods: list[str]) -> list[list[str]]:
     """Methods whose values are equal at every unit (the same units, two or more): a group per distinct run."""
     groups: dict[tuple, list[str]] = {}
     for method in methods:
         if len(values[method]) >= 2:
-            key = tuple(sorted((repr(u), v) for u, v in values[method].items()))
+            key = tuple(sorted((repr(u), repr(v)) for u, v in values[method].items()))
             groups.setdefault(key, []).append(method)
     return [group for group in groups.values() if len(group) > 1]
 
