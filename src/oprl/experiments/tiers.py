@@ -35,8 +35,8 @@ def row_label(labels: dict[str, str]) -> str:
     return " ".join([labels["preset"], *(f"{k}={labels[k]}" for k in sorted(labels) if k not in LAYOUT)])
 
 
-def points(value: float) -> str:
-    return f"{100 * value:.1f}"
+def points(value: float, digits: int = 1) -> str:
+    return f"{100 * value:.{digits}f}"
 
 
 def p_text(p: float) -> str:
@@ -125,9 +125,9 @@ def design_lines(analyses: list[Analysis]) -> list[str]:
             se = stats.design_se(a.noise.sd, a.seeds, strata)
             df = stats.design_df(a.methods, a.seeds, strata)
             lines.append(
-                f"| {METRICS[a.metric]} | {points(a.noise.sd)} ({a.noise.df}) | {name} | {a.seeds * strata} | "
-                f"{points(2 * se)} | {points(stats.mde(se, df))} | "
-                f"{points(stats.mde(se, df, comparisons=a.pairs))} ({a.pairs} pairs) |"
+                f"| {METRICS[a.metric]} | {points(a.noise.sd, 2)} ({a.noise.df}) | {name} | {a.seeds * strata} | "
+                f"{points(2 * se, 2)} | {points(stats.mde(se, df), 2)} | "
+                f"{points(stats.mde(se, df, comparisons=a.pairs), 2)} ({a.pairs} pairs) |"
             )
     return [*lines, ""]
 
@@ -176,8 +176,8 @@ def tier_table(analysis: Analysis) -> list[str]:
     if analysis.pooled is not None:
         columns.append(("pooled", analysis.pooled))
     methods = sorted({m for _, c in columns for m in c.means})
-    rows = ["| method | " + " | ".join(f"lag {name}" for name, _ in columns[:-1]) + " | pooled |",
-            "|---|" + "---|" * len(columns)]  # fmt: skip
+    names = [name if name in ("offline", "pooled") else f"lag {name}" for name, _ in columns]
+    rows = ["| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(columns)]
     for method in methods:
         cells = []
         for _, comparison in columns:
@@ -243,10 +243,11 @@ def pair_rows(analyses: list[Analysis]) -> list[dict]:
         named = list(a.per_setting.items()) + ([("pooled", a.pooled)] if a.pooled is not None else [])
         for name, comparison in named:
             for d in comparison.pairs:
-                rows.append({"metric": a.metric, "comparison": name, "a": d.a, "b": d.b, "n": d.n,
-                             "mean_a_minus_b": d.mean, "se": d.se, "df": d.df, "low": d.low, "high": d.high,
-                             "p": d.p, "p_holm": d.p_holm, "a_in_tier": d.a in comparison.tier,
-                             "b_in_tier": d.b in comparison.tier})  # fmt: skip
+                numbers = {"mean_a_minus_b": d.mean, "se": d.se, "low": d.low, "high": d.high, "p": d.p,
+                           "p_holm": d.p_holm}  # fmt: skip
+                rows.append({"metric": a.metric, "comparison": name, "a": d.a, "b": d.b, "n": d.n, "df": d.df,
+                             **{k: float(f"{v:.6g}") for k, v in numbers.items()},  # a readable file, diffable
+                             "a_in_tier": d.a in comparison.tier, "b_in_tier": d.b in comparison.tier})  # fmt: skip
     return rows
 
 
@@ -265,7 +266,7 @@ def plan_lines(analyses: list[Analysis], delta: float) -> list[str]:
             need = stats.seeds_needed(delta, a.noise.sd, a.methods, strata)
             parts.append(f"{name} {need if need is not None else '> 10000'}")
         lines.append(
-            f"  {METRICS[a.metric]} (σ̂ {points(a.noise.sd)} points, {a.methods} methods, {a.pairs} pairs): "
+            f"  {METRICS[a.metric]} (σ̂ {points(a.noise.sd, 2)} points, {a.methods} methods, {a.pairs} pairs): "
             + ", ".join(parts)
             + f" (this sweep: {a.seeds})"
         )
