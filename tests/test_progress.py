@@ -40,3 +40,15 @@ def test_the_eta_after_a_resume_counts_only_this_process(caplog, monkeypatch):
         progress.update(110, "reward 0.5")
     (line,) = [r.getMessage() for r in caplog.records if r.name == "oprl"]
     assert "train step 110/200" in line and "eta 1m30s" in line, line
+
+
+def test_an_upper_bound_reads_as_one(caplog, monkeypatch):
+    """The warm start's ETA is the time to its step cap, which it usually stops short of at its target accuracy.
+    Before (#53): 'eta <= 6m15s' with 74 s left, read as an estimate; now the cap it is measured to is named."""
+    clock = iter([0.0, 25.0])
+    monkeypatch.setattr("oprl.progress.time.perf_counter", lambda: next(clock))
+    with caplog.at_level(logging.INFO, logger="oprl"):
+        progress = RunProgress(600, enabled=False, description="warm start", interval=40, eta_bound=True)
+        progress.update(40, "val pass@1 0.300 (target 0.5)")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "oprl"]
+    assert "eta at most 5m50s (if it runs all 600 steps)" in line and "<=" not in line, line

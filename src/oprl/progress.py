@@ -55,7 +55,8 @@ class RunProgress:
     """``with RunProgress(total) as p: p.update(done, text)``: a bar, or log lines (module docstring).
 
     ``eta=False`` leaves the time remaining out; ``eta_bound=True`` marks it an upper bound (a loop that
-    usually stops before ``total``, like the warm start, which ends at its target accuracy). ``start``: the
+    usually stops before ``total``, like the warm start, which ends at its target accuracy): ``eta at most 6m15s
+    (if it runs all 600 steps)``. ``start``: the
     count already done when this process began (a resumed run): the rate, hence the ETA, counts only what
     this process did. ``unit`` names what is counted in log lines (step, run).
 
@@ -97,7 +98,7 @@ class RunProgress:
 
         columns = [TextColumn("[bold]{task.description}"), MofNCompleteColumn()]
         if self.eta:
-            columns += [TextColumn("eta <=" if self.eta_bound else "eta"), TimeRemainingColumn(compact=True)]
+            columns += [TextColumn("eta at most" if self.eta_bound else "eta"), TimeRemainingColumn(compact=True)]
         columns += [
             BarColumn(bar_width=10),
             TextColumn("{task.fields[text]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
@@ -109,7 +110,7 @@ class RunProgress:
         """``text`` with its last fields dropped until the line fits the console's width."""
         assert self._progress is not None
         digits = len(str(self.total))
-        eta = len("eta <= " if self.eta_bound else "eta ") + len("0:00:00") + 1 if self.eta else 0
+        eta = len("eta at most " if self.eta_bound else "eta ") + len("0:00:00") + 1 if self.eta else 0
         fixed = len(description) + 1 + 2 * digits + 1 + 1 + eta + 10 + 1  # columns and the spaces between them
         room = self._progress.console.width - fixed
         fields = [f for f in text.split("  ") if f]
@@ -149,7 +150,10 @@ class RunProgress:
         elapsed = now - self._started
         if self.eta and self.start < done < self.total:
             remaining = format_seconds(elapsed / (done - self.start) * (self.total - done))
-            parts.append(f"eta {'<= ' if self.eta_bound else ''}{remaining}")
+            # A bound reads as one: the time to the cap, which the loop usually stops short of ("<= 6m15s" with
+            # 74 s left read as an estimate).
+            bound = f"eta at most {remaining} (if it runs all {self.total} {self.unit}s)"
+            parts.append(bound if self.eta_bound else f"eta {remaining}")
         parts.append(f"elapsed {format_seconds(elapsed)}")
         LOGGER.info("  ".join(p for p in parts if p))
         self.lines += 1

@@ -101,3 +101,54 @@ def test_save_config_then_load_config_gives_the_same_config(tmp_path):
     assert again.model_dump(mode="json") == config.model_dump(mode="json")
     save_config(again, tmp_path / "again.yaml")  # a fixed point: the saved text is the same
     assert (tmp_path / "again.yaml").read_text() == (tmp_path / "config.yaml").read_text()
+
+
+def _text_keys():
+    """Every text field of the run's config (``str``, ``str | None``, ``list[str]``): dotted key, extra settings
+    that select its section (the task union's member)."""
+    from pydantic import BaseModel
+
+    from oprl.config import RunConfig
+    from oprl.config.loading import _is_text, _section_of
+
+    def walk(model: type[BaseModel], prefix: str, chosen: list[str]):
+        for name, field in model.model_fields.items():
+            section = _section_of(field)
+            if isinstance(section, dict):
+                for tag, member in section.items():
+                    yield from walk(member, f"{prefix}{name}.", [f"{prefix}{name}.name={tag}"])
+            elif section is not None:
+                yield from walk(section, f"{prefix}{name}.", chosen)
+            elif _is_text(field.annotation) and not (name == "name" and prefix == "task."):  # task.name: the tag
+                yield f"{prefix}{name}", chosen
+
+    return list(walk(RunConfig, "", []))
+
+
+TEXT_KEYS = _text_keys()
+
+
+@pytest.mark.parametrize("key, chosen", TEXT_KEYS, ids=[" ".join([*c, k]) for k, c in TEXT_KEYS])
+def test_yaml_booleans_and_numbers_are_text_in_every_text_field(key, chosen):
+    """#53: `judge.yes_text=yes` was the boolean True ("Input should be a valid string"). Now every text field
+    takes yes/no/on/off, true and numbers as the text written, on the command line as in a file."""
+    assert len(TEXT_KEYS) > 20  # the walk found the fields (judge.*, model.path, run_name, task.*, ...)
+    for written in ("yes", "no", "on", "off", "true", "007"):
+        try:
+            config = load_config(None, [*chosen, f"{key}={written}"])
+        except OprlError as exc:  # the field's own rule may refuse the value, never its type
+            assert "valid string" not in str(exc) and "got True" not in str(exc), str(exc)
+            continue
+        node = config
+        for part in key.split("."):
+            node = getattr(node, part)
+        assert node == written or node == [written], (key, written, node)
+
+
+def test_a_yaml_file_reads_yes_as_text_and_booleans_still_take_it(tmp_path):
+    path = tmp_path / "judge.yaml"
+    path.write_text("judge:\n  path: tiny\n  yes_text: yes\n  no_text: no\nprogress: off\ntensorboard: no\n")
+    config = load_config(path)
+    assert (config.judge.yes_text, config.judge.no_text) == ("yes", "no")
+    assert config.progress is False and config.tensorboard is False
+    assert read_yaml("a: yes\nb: true\nc: 1.5") == {"a": "yes", "b": True, "c": 1.5}

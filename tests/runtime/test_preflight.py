@@ -99,3 +99,122 @@ def test_the_default_job_with_partial_rollouts_says_so(small_overrides):
     oprl.train(log=lines.append, **overrides)
     assert sum("sync.partial=true does nothing here" in line for line in lines) == 1, lines
     assert sum("sync.partial=true made no switch in 2 steps" in line for line in lines) == 1, lines
+
+
+# -- #53: what needs the machine, checked before any model is built (paths, chat template, teacher tokens, reward)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any connection attempt is recorded and refused; the test asserts none was made (no hub download)."""
+    import socket
+
+    import huggingface_hub.constants
+
+    attempts: list[object] = []
+
+    def refuse(self, address, *args, **kwargs):
+        attempts.append(address)
+        raise OSError("the network is off in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # online: a hub id would be fetched
+    return attempts
+
+
+@pytest.fixture
+def no_pretrained(monkeypatch):
+    """Loading any model from a directory or the hub fails the test."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the checks refused the run")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+@pytest.fixture(scope="module")
+def own_model(tmp_path_factory):
+    """A small model directory of one's own (the embedded architecture and tokenizer, saved)."""
+    from oprl.models.tiny import build_model, build_tokenizer
+
+    path = tmp_path_factory.mktemp("own-model")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("key", ["model.path", "teacher.path", "judge.path"])
+def test_a_path_typo_names_the_nearest_runs_without_the_hub(key, tmp_path, monkeypatch, capsys, no_model, no_network):
+    """Before: `runs/<typo>` is shaped like a hub id, so it went to huggingface.co (127 s of retries for
+    model.path, ~60 s for teacher/judge.path) and never said "no such directory"."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("tiny-teacher", "tiny-distill"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+    extra = ["algorithm.preset=distill"] if key == "teacher.path" else []
+    code = main(["train", f"{key}=runs/tiny-teachr", *extra, "steps=1"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith(f"error: {key}: 'runs/tiny-teachr' not found") and "\n" not in err.strip()
+    assert "nearest: runs/tiny-teacher" in err
+    assert "oprl: train" not in out  # refused before the headline
+    assert no_network == []
+
+
+def test_a_runs_path_is_local_even_before_any_run_exists(tmp_path, monkeypatch, capsys, no_model, no_network):
+    monkeypatch.chdir(tmp_path)  # a fresh clone: no runs/ folder
+    assert main(["train", "model.path=runs/nope", "steps=1"]) == 2
+    assert "error: model.path: 'runs/nope' not found" in capsys.readouterr().err and no_network == []
+
+
+def test_no_chat_template_is_refused_before_any_model_with_how_to_set_one(
+    own_model, tmp_path, capsys, no_model, no_pretrained
+):
+    """Before: refused by the trainer's load after the headline, advising only 'use an instruction-tuned model'."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for item in own_model.iterdir():
+        if item.name != "chat_template.jinja":
+            (bare / item.name).write_bytes(item.read_bytes())
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    assert main(["train", f"model.path={bare}", "steps=1", f"output_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: model.path: '{bare}' has no chat template" in err
+    assert f"write a Jinja chat template to {bare}/chat_template.jinja" in err and "tokenizer.chat_template" in err
+
+
+def test_a_teacher_on_another_tokenizer_is_refused_before_any_model(
+    own_model, tmp_path, capsys, no_model, no_pretrained
+):
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other-teacher"
+    other.mkdir()
+    for item in own_model.iterdir():
+        (other / item.name).write_bytes(item.read_bytes())
+    tokenizer = AutoTokenizer.from_pretrained(other)
+    tokenizer.add_tokens(["<extra>"])
+    tokenizer.save_pretrained(other)
+    argv = ["train", f"model.path={own_model}", f"teacher.path={other}", "algorithm.preset=distill", "steps=1"]
+    assert main([*argv, f"output_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: teacher.path: {other}'s vocabulary (104 tokens) is not model.path" in err
+
+
+def test_a_reward_that_fails_on_every_row_is_refused_before_any_model(
+    own_model, tmp_path, monkeypatch, capsys, no_model, no_pretrained
+):
+    """Before: the first evaluation failed after the model loaded, exit 1, 'OprlError:' in the text."""
+    monkeypatch.chdir(tmp_path)
+    rows = [{"prompt": f"{i}+1=", "reference": str(i + 1)} for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "reward.py").write_text(
+        "def reward(prompt, completion, reference, **row):\n    raise ValueError('boom')\n"
+    )
+    args = ["task.name=dataset", "task.train_file=train.jsonl", "task.reward=reward.py:reward", "steps=1"]
+    assert main(["train", f"model.path={own_model}", *args, f"output_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err
+    assert "error: task.reward: reward.py:reward failed on every one of the first 4 train rows" in err
+    assert "ValueError: boom" in err and "OprlError" not in err

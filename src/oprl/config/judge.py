@@ -39,7 +39,9 @@ class JudgeConfig(_Section):
     pattern: str = r"(-?\d+(?:\.\d+)?)"
     """parser=regex: the regular expression (Python ``re``) searched in the judge's continuation."""
     yes_text: str = "yes"
-    """parser=yes-no: the text whose first token is the "yes" verdict (not ``yes``: YAML reads that key as true)."""
+    """parser=yes-no: the text whose first token is the "yes" verdict. ``judge.yes_text=yes`` is the text "yes"
+    (config YAML reads only true/false as booleans, and a text field takes any value as text:
+    ``oprl.config.loading``)."""
     no_text: str = "no"
     """parser=yes-no: the text whose first token is the "no" verdict (must start with another token than yes)."""
     max_new_tokens: int = Field(8, gt=0)

@@ -9,11 +9,18 @@ mapping is an error naming it and both lines (PyYAML keeps the last one silently
 section would drop the first one's keys), and anchors/aliases are allowed while the document they expand to
 stays under ``MAX_YAML_NODES`` nodes (a "billion laughs" document, 10^9 nodes from a few lines, is refused
 before it is built).
+
+No YAML boolean trap in text fields, two rules: booleans are YAML 1.2's, ``true`` and ``false`` only (YAML 1.1,
+PyYAML's default, also reads ``yes``, ``no``, ``on``, ``off``, ``y`` and ``n`` as booleans, so
+``judge.yes_text=yes`` was True; a boolean field still takes ``yes``, pydantic reads the text); and a boolean
+or a number given to a field whose type is text (``str``, ``str | None``, ``list[str]``) is the text as written
+(``judge.yes_text=true`` is "true", ``judge.no_text=0`` is "0"; ``_as_text``), for every section.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 import reprlib
 import typing
 from collections.abc import Sequence
@@ -38,9 +45,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     data: dict[str, Any] = {}
     if path is not None:
         data = _read_yaml(Path(path))
+    written: dict[str, str] = {}
     for item in overrides:
-        _apply_override(data, item)
+        _apply_override(data, item, written)
     _refuse_renamed(data)
+    _as_text(data, RunConfig, written)
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:
@@ -61,7 +70,7 @@ MAX_YAML_NODES = 100_000
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicate keys (see the module docstring)."""
+    """``yaml.SafeLoader`` that refuses duplicate keys and reads booleans as YAML 1.2 does (module docstring)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -77,6 +86,15 @@ class _ConfigLoader(yaml.SafeLoader):
             if isinstance(key, typing.Hashable):
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+_ConfigLoader.yaml_implicit_resolvers = {  # SafeLoader's, less its YAML 1.1 booleans
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def read_yaml(text: str) -> Any:
@@ -142,7 +160,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _apply_override(data: dict[str, Any], item: str) -> None:
+def _apply_override(data: dict[str, Any], item: str, written: dict[str, str] | None = None) -> None:
+    """``key=value`` into ``data``, the value read as YAML; ``written[key]`` keeps the text as given (what a text
+    field receives, ``_as_text``)."""
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise OprlError(f"override {echo(item)}: expected key=value (for example algorithm.preset=grpo)")
@@ -150,6 +170,8 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
         value = read_yaml(raw) if raw else ""
     except (yaml.YAMLError, ValueError):
         value = raw
+    if written is not None:
+        written[key] = raw
     node = data
     parts = key.split(".")
     for part in parts[:-1]:
@@ -158,6 +180,44 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
             raise OprlError(f"override {echo(item)}: {part} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+def _as_text(data: dict[str, Any], model: type[BaseModel], written: dict[str, str], prefix: str = "") -> None:
+    """In place: each boolean or number that ``data`` gives a text field of ``model`` (recursively, through
+    sections and the task union's chosen member) becomes its text: as written on the command line when it
+    came from there (``written``), else ``true``/``false`` or the number's ``str``."""
+    for name, value in data.items():
+        field = model.model_fields.get(name) if isinstance(name, str) else None
+        if field is None:
+            continue  # an unknown key: validation names it
+        key = f"{prefix}{name}"
+        section = _section_of(field)
+        if isinstance(section, dict) and isinstance(value, dict):  # a tagged union: the member value names
+            default = field.get_default(call_default_factory=True)
+            member = section.get(value.get("name", getattr(default, "name", None)))
+            if member is not None:
+                _as_text(value, member, written, f"{key}.")
+        elif isinstance(section, type) and isinstance(value, dict):
+            _as_text(value, section, written, f"{key}.")
+        elif section is None and _is_text(field.annotation):
+            if isinstance(value, list) and list[str] in typing.get_args(field.annotation):
+                data[name] = [_text(item, None) for item in value]
+            else:
+                data[name] = _text(value, written.get(key))
+
+
+def _is_text(annotation: Any) -> bool:
+    """A field typed ``str``, ``str | None`` or ``str | list[str]``: no boolean or number belongs in it."""
+    accepted = {annotation, *typing.get_args(annotation)}
+    return str in accepted and not accepted & {bool, int, float}
+
+
+def _text(value: Any, written: str | None) -> Any:
+    if isinstance(value, bool):
+        return written if written is not None else str(value).lower()
+    if isinstance(value, (int, float)):
+        return written if written is not None else str(value)
+    return value
 
 
 def _describe(exc: ValidationError) -> str:
