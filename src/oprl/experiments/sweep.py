@@ -16,9 +16,15 @@ A sweep spec is YAML::
         stale: {sync.interval: 1, sync.offset: 10}
       seed: [0, 1, 2]
 
+``final_overrides`` (optional, what ``--set`` adds) are applied to every run after the grid's values. The whole
+format, with the command-line options: docs/sweeps.md.
+
 ``grid`` may also be a list of such mappings with the same axes: their union, in order (a run planned twice runs
 once). A long sweep lists its runs by priority this way, so that a partial sweep is already a result (e.g. a pilot
 run first, an on-policy anchor for one method only; configs/sweeps/smollm2-stale-arena.yaml).
+
+``--only axis=value,...`` runs a subset of the grid into the sweep's own directory (they are its runs);
+``--set key=value`` changes every run, which then go to ``<output_dir>+key=value`` (``--out`` to choose).
 
 Finished runs (a ``summary.json`` in their directory) are skipped, so an interrupted sweep is resumed by
 running the same command again; an unfinished run that committed a checkpoint (``checkpoint.interval > 0``)
@@ -67,11 +73,11 @@ def load_spec(path: Path) -> dict:
         spec = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise OprlError(f"sweep spec {path}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
-    unknown = set(spec) - {"output_dir", "parallel", "config", "overrides", "grid", "report"}
+    unknown = set(spec) - {"output_dir", "parallel", "config", "overrides", "final_overrides", "grid", "report"}
     if unknown:
         raise OprlError(
             f"sweep spec {path}: unknown key(s) {sorted(unknown)}; "
-            "valid: output_dir, parallel, config, overrides, grid, report"
+            "valid: output_dir, parallel, config, overrides, final_overrides, grid, report"
         )
     report = spec.get("report") or {}
     groups = report.get("groups", {}) if isinstance(report, dict) else None
@@ -94,18 +100,19 @@ def load_spec(path: Path) -> dict:
 
 
 def plan(spec: dict) -> list[PlannedRun]:
-    """Every combination of the grid's axes, each with its run name and full override list; for a list of grids,
-    the union in order, each run once."""
+    """Every combination of the grid's axes, each with its run name and full override list (``overrides``, the
+    grid's values, ``final_overrides``); for a list of grids, the union in order, each run once."""
     grids = spec["grid"] if isinstance(spec["grid"], list) else [spec["grid"]]
     runs: dict[str, PlannedRun] = {}
+    last = tuple(str(o) for o in spec.get("final_overrides") or [])
     for grid in grids:
-        for run in _plan_grid(grid, tuple(str(o) for o in spec.get("overrides") or [])):
+        for run in _plan_grid(grid, tuple(str(o) for o in spec.get("overrides") or []), last):
             if runs.setdefault(run.name, run).overrides != run.overrides:
                 raise OprlError(f"sweep grid: run {run.name} is planned twice with different settings")
     return list(runs.values())
 
 
-def _plan_grid(grid: dict, base: tuple[str, ...]) -> list[PlannedRun]:
+def _plan_grid(grid: dict, base: tuple[str, ...], last: tuple[str, ...] = ()) -> list[PlannedRun]:
     axes = []
     for axis, values in grid.items():
         if isinstance(values, dict):  # named bundles
@@ -121,19 +128,92 @@ def _plan_grid(grid: dict, base: tuple[str, ...]) -> list[PlannedRun]:
     for combo in itertools.product(*(options for _, options in axes)):
         labels = {axis: label for (axis, _), (label, _) in zip(axes, combo, strict=True)}
         name = "__".join(f"{_short(axis)}={label}" for axis, label in labels.items())
-        overrides = base + tuple(o for _, bundle in combo for o in bundle)
+        overrides = base + tuple(o for _, bundle in combo for o in bundle) + last
         runs.append(PlannedRun(name=name, labels=labels, overrides=overrides))
     return runs
 
 
-def run_sweep(spec_path: Path, *, parallel: int | None = None, dry_run: bool = False, log=print) -> Path:
+def select(runs: list[PlannedRun], only: list[str]) -> list[PlannedRun]:
+    """The runs whose labels match every ``axis=value[,value...]`` of ``only`` (``--only``). An axis is named as in
+    the grid (``algorithm.preset``) or by its last part (``preset``); its values are the grid's labels (a named
+    bundle's name, a plain value as written). The same axis twice: either list's values. Typos fail with one line
+    naming the axis or value and what exists."""
+    axes = list(runs[0].labels) if runs else []
+    wanted: dict[str, set[str]] = {}
+    for item in only:
+        name, sep, values = item.partition("=")
+        if not sep or not name or not values:
+            raise OprlError(
+                f"sweep --only {item!r}: expected axis=value[,value...], e.g. algorithm.preset=grpo,reinforce"
+            )
+        matches = [a for a in axes if name in (a, _short(a))]
+        if len(matches) != 1:
+            raise OprlError(f"sweep --only {item}: no axis {name!r} in the grid; axes: {', '.join(axes)}")
+        axis = matches[0]
+        known = list(dict.fromkeys(r.labels[axis] for r in runs))
+        unknown = [v for v in values.split(",") if v not in known]
+        if unknown:
+            raise OprlError(
+                f"sweep --only {item}: no {axis} {', '.join(map(repr, unknown))} in the grid; "
+                f"values: {', '.join(known)}"
+            )
+        wanted.setdefault(axis, set()).update(values.split(","))
+    return [r for r in runs if all(r.labels[axis] in values for axis, values in wanted.items())]
+
+
+def with_overrides(spec: dict, sets: list[str], config_loader=None) -> dict:
+    """The spec with ``sets`` (``--set key=value``) appended to its overrides, after every planned run's own: the
+    last word on every run. Each must be ``key=value``; the first planned run is validated as ``oprl train``
+    would (``config_loader``, default ``oprl.config.load_config``), so that a typo fails here in a second with
+    one line instead of failing every run."""
+    for item in sets:
+        key, sep, _ = item.partition("=")
+        if not sep or not key:
+            raise OprlError(f"sweep --set {item!r}: expected key=value, e.g. steps=60")
+    # After the grid's own values (``final_overrides``, see ``plan``), so that --set steps=60 also beats a grid
+    # bundle that sets steps.
+    changed = dict(spec, final_overrides=[*(spec.get("final_overrides") or []), *sets])
+    if config_loader is None:
+        from oprl.config import load_config as config_loader
+    first = plan(changed)[0]
+    try:
+        config_loader(changed.get("config"), list(first.overrides))
+    except OprlError as exc:
+        raise OprlError(f"sweep --set {' '.join(sets)}: {exc}") from None
+    return changed
+
+
+def run_sweep(
+    spec_path: Path,
+    *,
+    parallel: int | None = None,
+    dry_run: bool = False,
+    only: list[str] | None = None,
+    sets: list[str] | None = None,
+    out_dir: Path | None = None,
+    log=print,
+) -> Path:
+    """Run the spec's unfinished runs (module docstring). ``only``: run just the runs matching these
+    ``axis=values`` selections (``select``), into the same directory as the whole sweep (they are its runs).
+    ``sets``: ``key=value`` overrides on every run (``with_overrides``); such runs differ from the spec's, so they go
+    to ``<output_dir>+<key=value,...>`` unless ``out_dir`` says where."""
     spec = load_spec(spec_path)
-    out = Path(spec.get("output_dir") or f"runs/sweep-{spec_path.stem}")
+    out = Path(out_dir or spec.get("output_dir") or f"runs/sweep-{spec_path.stem}")
+    if sets:
+        spec = with_overrides(spec, sets)
+        if out_dir is None:
+            out = out.with_name(out.name + "+" + ",".join(sets).replace("/", "_"))
+    if out_dir is not None or sets:
+        spec["output_dir"] = str(out)  # the spec saved beside the runs says where they are
     runs = plan(spec)
+    chosen = select(runs, only) if only else runs
+    if not chosen:
+        raise OprlError(f"sweep --only {' '.join(only or [])}: selects no run (each --only must match)")
     parallel = max(1, parallel or int(spec.get("parallel") or 1))
-    todo = [r for r in runs if not (out / r.name / "summary.json").is_file()]
+    todo = [r for r in chosen if not (out / r.name / "summary.json").is_file()]
+    selected = f", {len(chosen)} selected by --only" if only else ""
     log(
-        f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to run, "
+        f"sweep {out}: {len(runs)} runs{selected}, {len(chosen) - len(todo)} already finished, {len(todo)} to run, "
         f"{parallel} at a time"
     )
     if dry_run:  # prints, writes nothing
@@ -303,10 +383,35 @@ def _short(axis: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="oprl sweep", description="Run a grid of training runs.")
+    parser = argparse.ArgumentParser(
+        prog="oprl sweep",
+        description="Run a grid of training runs (the spec format: docs/sweeps.md).",
+        epilog="Example: oprl sweep configs/sweeps/arena.yaml --only algorithm.preset=grpo,reinforce "
+        "setting=lag-0,lag-4 seed=0 --set steps=60",
+    )
     parser.add_argument("spec", type=Path)
     parser.add_argument("--parallel", type=int, default=None, help="runs at once (default: the spec's, else 1)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands of unfinished runs only")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="AXIS=VALUES",
+        help="run only the runs with these labels (preset=grpo,reinforce seed=0; an axis by its grid name or its "
+        "last part); into the sweep's own directory, since they are its runs",
+    )
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        action="extend",
+        default=[],
+        dest="sets",
+        metavar="KEY=VALUE",
+        help="override a setting of every run (steps=60), after the grid's own values; the runs then go to "
+        "<output_dir>+KEY=VALUE,... (or --out)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="the output directory (default: the spec's)")
     args = parser.parse_args(argv)
-    run_sweep(args.spec, parallel=args.parallel, dry_run=args.dry_run)
+    run_sweep(args.spec, parallel=args.parallel, dry_run=args.dry_run, only=args.only, sets=args.sets, out_dir=args.out)
     return 0

@@ -1,0 +1,102 @@
+"""``oprl sweep --only / --set / --out`` (#53 item 7): shrinking a sweep from the command line, without copying its
+spec. Planning only (dry runs): no run is trained."""
+
+import pytest
+import yaml
+
+from oprl.errors import OprlError
+from oprl.experiments import sweep
+
+SPEC = {
+    "output_dir": "runs/demo",
+    "overrides": ["steps=200", "eval.interval=20"],
+    # A list of grids: their union in order (a pilot first), which the selection must keep working on.
+    "grid": [
+        {"algorithm.preset": ["grpo"], "setting": {"lag-4": {"sync.offset": 4}}, "seed": [0]},
+        {
+            "algorithm.preset": {"grpo": {"algorithm.preset": "grpo"}, "reinforce": {"algorithm.preset": "reinforce"}},
+            "setting": {"lag-0": {"sync.offset": 0}, "lag-4": {"sync.offset": 4}, "short": {"steps": 20}},
+            "seed": [0, 1],
+        },
+    ],
+}
+
+
+def write(tmp_path, spec=SPEC):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**spec, "output_dir": str(tmp_path / "out")}, sort_keys=False))
+    return path
+
+
+def test_only_selects_by_axis_and_short_name_in_the_grid_order():
+    runs = sweep.plan(SPEC)
+    chosen = sweep.select(runs, ["algorithm.preset=grpo", "setting=lag-4", "seed=0"])
+    assert [r.name for r in chosen] == ["preset=grpo__setting=lag-4__seed=0"]  # the pilot, planned once
+    # One axis twice: either list's values (the pilot comes first, as the grid lists it).
+    union = sweep.select(runs, ["preset=grpo", "preset=reinforce", "setting=lag-4", "seed=0"])
+    assert [r.labels["algorithm.preset"] for r in union] == ["grpo", "reinforce"]
+    both = sweep.select(runs, ["setting=lag-0", "seed=1"])
+    assert [r.labels["algorithm.preset"] for r in both] == ["grpo", "reinforce"]
+
+
+@pytest.mark.parametrize(
+    ("only", "message"),
+    [
+        (["presets=grpo"], "no axis 'presets' in the grid; axes: algorithm.preset, setting, seed"),
+        (["preset=grpoo"], "no algorithm.preset 'grpoo' in the grid; values: grpo, reinforce"),
+        (["seed"], "expected axis=value"),
+    ],
+)
+def test_only_typos_fail_with_one_line(only, message):
+    with pytest.raises(OprlError, match=message):
+        sweep.select(sweep.plan(SPEC), only)
+
+
+def test_only_runs_into_the_sweeps_own_directory(tmp_path):
+    logged = []
+    out = sweep.run_sweep(write(tmp_path), dry_run=True, only=["preset=reinforce", "seed=0"], log=logged.append)
+    assert out == tmp_path / "out"  # the same runs as the whole sweep's: finished ones are shared
+    assert logged[0] == f"sweep {out}: 12 runs, 3 selected by --only, 0 already finished, 3 to run, 1 at a time"
+    assert all("algorithm.preset=reinforce" in line and "seed=0" in line for line in logged[1:])
+    (out / "preset=reinforce__setting=lag-0__seed=0").mkdir(parents=True)
+    (out / "preset=reinforce__setting=lag-0__seed=0" / "summary.json").write_text("{}")
+    logged.clear()
+    sweep.run_sweep(write(tmp_path), dry_run=True, only=["preset=reinforce", "seed=0"], log=logged.append)
+    assert "1 already finished, 2 to run" in logged[0]
+
+
+def test_set_overrides_every_run_after_the_grid_into_its_own_directory(tmp_path):
+    logged = []
+    out = sweep.run_sweep(write(tmp_path), dry_run=True, only=["setting=short"], sets=["steps=60"], log=logged.append)
+    assert out == tmp_path / "out+steps=60"  # other runs than the spec's: kept apart
+    for line in logged[1:]:
+        # The grid's bundle says steps=20; --set comes last, so the run trains 60 steps.
+        assert line.index("steps=20") < line.index("steps=60") and f"output_dir={out}" in line
+    assert sweep.run_sweep(write(tmp_path), dry_run=True, sets=["steps=60"], out_dir=tmp_path / "mine",
+                           log=logged.append) == tmp_path / "mine"  # fmt: skip
+
+
+def test_the_saved_spec_of_a_set_sweep_plans_the_same_runs(tmp_path):
+    """``final_overrides`` is a spec key: the sweep.yaml written beside the runs loads and plans them again
+    (``oprl report`` reads it for the labels)."""
+    spec = sweep.with_overrides(sweep.load_spec(write(tmp_path)), ["steps=60"])
+    assert spec["final_overrides"] == ["steps=60"]
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert sweep.plan(sweep.load_spec(saved)) == sweep.plan(spec)
+    assert all(r.overrides[-1] == "steps=60" for r in sweep.plan(spec))
+
+
+@pytest.mark.parametrize(("sets", "message"), [(["stepz=60"], "unknown key 'stepz'"), (["steps"], "key=value")])
+def test_set_typos_fail_before_any_run(tmp_path, sets, message):
+    with pytest.raises(OprlError, match=message):
+        sweep.run_sweep(write(tmp_path), dry_run=True, sets=sets, log=lambda line: None)
+
+
+def test_a_selection_of_nothing_is_refused(tmp_path):
+    spec = {
+        **SPEC,
+        "grid": [{"algorithm.preset": ["grpo"], "seed": [0]}, {"algorithm.preset": ["reinforce"], "seed": [1]}],
+    }
+    with pytest.raises(OprlError, match="selects no run"):
+        sweep.run_sweep(write(tmp_path, spec), dry_run=True, only=["preset=grpo", "seed=1"], log=lambda line: None)
