@@ -1,0 +1,1 @@
+"""oprl's parts behind other training APIs: ``oprl.serve.tinker`` speaks the Tinker API (``oprl serve tinker``)."""

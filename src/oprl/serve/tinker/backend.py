@@ -1,0 +1,479 @@
+"""What the Tinker server computes with: base models by name, training models (a peft LoRA or a full model and
+its AdamW), weight snapshots, sampling. Everything here runs on the server's one compute thread (``app.py``), in
+the order the requests of a model were numbered, so no lock is needed and no two computations share the CPU.
+
+Names -> models (``ModelTable``): each ``base_model`` name maps to what oprl's ``model.path`` takes: ``tiny`` (the
+embedded model, warm-started by oprl's recipe and cached), ``smollm2-135m-instruct``, a Hugging Face directory,
+a run directory (its ``final/``), a ``.gguf`` file. The tokenizer the SDK asks for is that local directory
+(``GetInfoResponse.model_data.tokenizer_id``), so nothing is fetched from the hub.
+
+Off-policy exactness: ``save_weights_for_sampler`` snapshots the trainable tensors (the LoRA adapters, or every
+parameter for full fine-tuning) with the optimizer-step count they belong to; a sampling session samples from
+*its* snapshot: when the live weights moved on, the snapshot is copied in for the call and the live weights
+back after. Sampling and ``forward_backward`` compute log-probs in float32 from the same modules (prefill +
+cached decoding vs. one packed forward), so on-policy ρ = 1 up to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from oprl.checkpoint.files import load_optimizer, load_weights, read_json, save_optimizer, save_weights, write_json
+from oprl.errors import OprlError
+from oprl.models.batching import right_pad
+from oprl.models.loading import dequantised_gguf, load_pretrained, quiet_transformers, resolve_model_path
+from oprl.models.logprobs import pack, response_logprobs
+from oprl.serve.tinker import wire
+from oprl.serve.tinker.errors import UserError, base_of, check_tokens, context_of
+from oprl.serve.tinker.losses import OPTIONAL_INPUTS, LossSpec, compute_loss
+from oprl.serve.tinker.sampling import sample
+
+DEFAULT_MODELS = {
+    "oprl/tiny": "tiny",
+    "tiny": "tiny",
+    "smollm2-135m-instruct": "smollm2-135m-instruct",
+    "HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m-instruct",
+}
+"""``base_model`` name -> ``model.path``, before ``--model NAME=PATH`` adds or replaces entries."""
+
+LORA_MODULES = {
+    "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+    "unembed": ("lm_head",),
+}
+"""The Llama-family module names that ``train_attn`` / ``train_mlp`` / ``train_unembed`` put adapters on."""
+LORA_ALPHA = 32
+"""LoRA's α (scale α/r), the value tinker-cookbook's hyperparameter notes assume."""
+MICRO_BATCH_TOKENS = 8192
+"""Tokens per forward/backward micro-batch of a built-in loss (the losses are sums: micro-batches add up)."""
+SNAPSHOTS_PER_MODEL = 16
+"""Weight snapshots kept per training model (oldest dropped first): bounds memory, and a sampler of a dropped one
+gets an error naming its session."""
+
+
+@dataclass
+class LoraSpec:
+    """What ``oprl.models.loading.add_lora`` reads (the fields of the ``model.lora`` config section)."""
+
+    r: int
+    alpha: int
+    dropout: float
+    target_modules: list[str]
+
+
+@dataclass
+class Snapshot:
+    weights: dict[str, torch.Tensor]
+    version: int
+
+
+@dataclass
+class Policy:
+    """One training model (a TrainingClient's): its module, tokenizer, AdamW and optimizer-step count."""
+
+    model_id: str
+    owner: str
+    base_model: str
+    model: Any
+    tokenizer: Any
+    lora: dict[str, Any]
+    optimizer: torch.optim.Optimizer
+    version: int = 0
+    snapshots: OrderedDict[str, Snapshot] = field(default_factory=OrderedDict)
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        return {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot({n: p.detach().clone() for n, p in self.trainable().items()}, self.version)
+
+
+@dataclass
+class Sampler:
+    """A sampling session: which weights it samples from (a policy's snapshot, a saved file, or the base)."""
+
+    sampler_id: str
+    owner: str
+    base_model: str
+    policy_id: str | None = None
+    snapshot: Snapshot | None = None
+    model_path: str | None = None
+
+
+class ModelTable:
+    """``base_model`` names -> local model directories, resolved (and the tiny model built) on first use."""
+
+    def __init__(self, entries: dict[str, str], tiny_overrides: list[str], device: str):
+        self.entries = dict(entries)
+        self.tiny_overrides = list(tiny_overrides)
+        self.device = device
+        self.directories: dict[str, str] = {}
+
+    def check(self, name: str) -> None:
+        if name not in self.entries:
+            raise UserError(f"base_model: unknown model {name!r}; this server serves {', '.join(self.entries)}")
+
+    def directory(self, name: str) -> str:
+        self.check(name)
+        if name not in self.directories:
+            self.directories[name] = self._resolve(self.entries[name])
+        return self.directories[name]
+
+    def _resolve(self, path: str) -> str:
+        if path == "tiny":
+            return tiny_directory(self.tiny_overrides)
+        local = Path(path).expanduser()
+        if local.is_dir() and not (local / "config.json").is_file() and (local / "final" / "config.json").is_file():
+            return str(local / "final")  # a run directory: its final model
+        location, extra = resolve_model_path(path)
+        if "gguf_file" in extra:
+            return str(dequantised_gguf(Path(location) / extra["gguf_file"]))
+        return location
+
+
+def tiny_directory(overrides: list[str]) -> str:
+    """The embedded tiny model as ``oprl train`` builds it (warm-started on its task, cached): the default
+    ``RunConfig`` with ``overrides`` (e.g. a shorter warm start)."""
+    from oprl.api import resolve
+    from oprl.tasks import build_task
+    from oprl.trainer.warmstart import warm_started_model
+
+    config = resolve(None, ["progress=false", *overrides])
+    task = build_task(config.task)
+    path = warm_started_model(config.model, config.task, config.warmstart, task, log=lambda *_: None, progress=False)
+    return str(path)
+
+
+class Backend:
+    """The server's models and samplers; every method runs on the compute thread."""
+
+    def __init__(self, table: ModelTable, state_dir: Path, device: str = "cpu"):
+        quiet_transformers()
+        self.table = table
+        self.state_dir = Path(state_dir)
+        self.device = device
+        self.policies: dict[str, Policy] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self.frozen: dict[str, tuple[Any, Any]] = {}  # base name -> (model, tokenizer), for base-model sampling
+        self.hosts: dict[str, Policy] = {}  # model_path -> a policy built to sample from a file
+
+    # ---- training models ----------------------------------------------------------------------------------
+
+    def create_policy(self, model_id: str, owner: str, base_model: str, lora: dict[str, Any]) -> Policy:
+        """A training model on ``base_model``: LoRA of ``lora['rank']`` on the chosen modules (rank 0: every
+        parameter trains), adapters initialised from ``lora['seed']``."""
+        directory = self.table.directory(base_model)
+        rank = int(lora.get("rank", 32))
+        if rank < 0:
+            raise UserError(f"lora_config.rank: must be >= 0 (0 = full fine-tuning), got {rank}")
+        seed = lora.get("seed")
+        seed = secrets.randbelow(2**31) if seed is None else int(seed)
+        model, tokenizer = load_pretrained(directory, dtype="float32", device=self.device)
+        if rank > 0:
+            with torch.random.fork_rng(devices=[]):  # the adapters' initialisation is the seed's alone
+                torch.manual_seed(seed)
+                model = _add_adapters(model, rank, lora)
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        fused = all(p.device.type in ("cpu", "cuda") for p in params)
+        optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0, fused=fused)
+        record = {"rank": rank, "seed": seed, **{k: bool(lora.get(k, True)) for k in _TRAIN_FLAGS}}
+        policy = Policy(model_id, owner, base_model, model, tokenizer, record, optimizer)
+        self.policies[model_id] = policy
+        return policy
+
+    def info(self, policy: Policy) -> dict[str, Any]:
+        """``GetInfoResponse``: the tokenizer is the local model directory, so ``get_tokenizer`` needs no hub."""
+        arch = type(base_of(policy.model)).__name__
+        data = {"arch": arch, "model_name": policy.base_model, "tokenizer_id": self.table.directory(policy.base_model)}
+        rank = policy.lora["rank"]
+        return {
+            "type": "get_info",
+            "model_id": policy.model_id,
+            "model_data": data,
+            "is_lora": rank > 0,
+            "lora_rank": rank or None,
+            "model_name": policy.base_model,
+        }
+
+    def forward_backward(self, policy: Policy, request: wire.ForwardBackward, spec: LossSpec) -> bytes:
+        """Per-datum target log-probs (and elementwise loss), the loss's gradient added to ``.grad`` unless
+        ``forward_only``; the encoded ``ForwardBackwardOutput``."""
+        rows = [self._checked_datum(policy, datum, spec, f"data[{i}]") for i, datum in enumerate(request.data)]
+        outputs: list[dict[str, np.ndarray]] = []
+        total, weights = 0.0, 0
+        metrics: dict[str, float] = {}
+        # A preset's rules may look at the whole call's tokens (M2PO, BAPO): one micro-batch then.
+        budget = math.inf if spec.preset is not None else MICRO_BATCH_TOKENS
+        for micro in _micro_batches(rows, budget):
+            with torch.set_grad_enabled(not request.forward_only):
+                logprobs, inputs, mask = self._target_logprobs(policy, micro)
+                loss, elementwise, values = compute_loss(spec, logprobs, inputs, mask)
+                if not request.forward_only:
+                    loss.backward()
+            total += float(loss.detach())
+            for key, value in values.items():  # token-weighted over micro-batches
+                metrics[key] = metrics.get(key, 0.0) + value * int(mask.sum())
+            weights += int(mask.sum())
+            for i in range(len(micro)):
+                valid = mask[i]
+                out = {"logprobs": logprobs[i][valid].detach().float().cpu().numpy()}
+                if elementwise is not None:
+                    out["elementwise_loss"] = elementwise[i][valid].float().cpu().numpy()
+                outputs.append(out)
+        reported = {"loss:sum": total} | {
+            f"{key}:{_reduction(key)}": value / max(weights, 1) for key, value in metrics.items()
+        }
+        return wire.encode_forward_backward_output(outputs, reported)
+
+    def _checked_datum(self, policy: Policy, datum: wire.Datum, spec: LossSpec, where: str) -> dict[str, Any]:
+        """The datum's tokens, targets and float inputs, each (N,), after checking lengths and token ranges."""
+        n, vocab = len(datum.tokens), len(policy.tokenizer)
+        if n == 0:
+            raise UserError(f"{where}.model_input: empty")
+        limit = context_of(policy.model)
+        if limit is not None and n > limit:
+            raise UserError(f"{where}.model_input: {n} tokens exceed the model's context of {limit}")
+        for name in spec.inputs:
+            if name not in datum.inputs:
+                raise UserError(f"{where}.loss_fn_inputs.{name}: required by {spec.name}")
+        for name in datum.inputs:
+            if name not in spec.inputs and name not in OPTIONAL_INPUTS:
+                raise UserError(f"{where}.loss_fn_inputs.{name}: not an input of {spec.name}")
+        for name, values in datum.inputs.items():
+            if values.reshape(-1).shape[0] != n:
+                raise UserError(f"{where}.loss_fn_inputs.{name}: {values.size} values for {n} model_input tokens")
+        check_tokens(datum.tokens, vocab, f"{where}.model_input")
+        targets = datum.inputs["target_tokens"].reshape(-1).astype(np.int64).tolist()
+        check_tokens(targets, vocab, f"{where}.loss_fn_inputs.target_tokens")
+        floats = {k: v.reshape(-1).astype(np.float32) for k, v in datum.inputs.items() if k != "target_tokens"}
+        for name, values in floats.items():
+            if not np.isfinite(values).all():
+                raise UserError(f"{where}.loss_fn_inputs.{name}: holds NaN or infinite values")
+        return {"tokens": datum.tokens, "targets": targets, "inputs": floats}
+
+    def _target_logprobs(self, policy: Policy, rows: list[dict[str, Any]]):
+        """``(log π(y_t | x_≤t) (B, T), inputs (B, T) each, mask (B, T))`` for rows of tokens x and targets y.
+
+        ``oprl.models.logprobs.response_logprobs`` scores the last T columns' targets from the positions before
+        them; laying a datum out as prompt ``[x_0]`` and response ``[x_1 .. x_{N-1}, pad]`` puts position t's
+        hidden state in front of target t, whatever the targets are (memory-bounded chunked log-softmax)."""
+        pad = policy.tokenizer.pad_token_id
+        prompts = [r["tokens"][:1] for r in rows]
+        responses = [[*r["tokens"][1:], pad] for r in rows]
+        input_ids, attention, _, mask = (t.to(self.device) for t in pack(prompts, responses, pad))
+        targets, _ = right_pad([r["targets"] for r in rows], 0)
+        logprobs, _ = response_logprobs(policy.model, input_ids, attention, targets.to(self.device))  # (B, T)
+        width = mask.shape[1]
+        names = set().union(*(r["inputs"] for r in rows))
+        inputs = {
+            name: torch.tensor(
+                np.stack([np.pad(r["inputs"][name], (0, width - len(r["tokens"]))) for r in rows]),
+                device=self.device,
+            )
+            for name in names
+        }  # (B, T) each; a name missing from some rows is refused by _checked_datum's required list
+        return logprobs, inputs, mask
+
+    def optim_step(self, policy: Policy, params: dict[str, Any]) -> dict[str, Any]:
+        """One AdamW step with this call's ``AdamParams`` (learning_rate, beta1, beta2, eps, weight_decay:
+        decoupled, as torch.optim.AdamW; grad_clip_norm: global norm, 0 = off), then the gradients are cleared."""
+        fields = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0}
+        values = {key: float(params.get(key, default)) for key, default in fields.items()}
+        clip = float(params.get("grad_clip_norm", 0.0))
+        if values["learning_rate"] < 0 or not 0 <= values["beta1"] < 1 or not 0 <= values["beta2"] < 1:
+            raise UserError("adam_params: learning_rate must be >= 0 and beta1, beta2 in [0, 1)")
+        trainable = list(policy.trainable().values())
+        grads = [p.grad for p in trainable if p.grad is not None]
+        norms = [torch.linalg.vector_norm(g) for g in grads]
+        norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0  # before clipping
+        if clip > 0 and grads:
+            torch.nn.utils.clip_grad_norm_(trainable, clip)
+        for group in policy.optimizer.param_groups:
+            group.update(
+                lr=values["learning_rate"],
+                betas=(values["beta1"], values["beta2"]),
+                eps=values["eps"],
+                weight_decay=values["weight_decay"],
+            )
+        policy.optimizer.step()
+        policy.optimizer.zero_grad(set_to_none=True)
+        policy.version += 1
+        return {"metrics": {"grad_norm:mean": norm, "learning_rate:mean": values["learning_rate"]}}
+
+    # ---- weights on disk and in memory ---------------------------------------------------------------------
+
+    def save(self, policy: Policy, kind: str, name: str, optimizer: bool) -> str:
+        """Trainable weights (and the optimizer) under ``state_dir/<model_id>/<kind>/<name>``; the tinker path."""
+        if not name or "/" in name or name.startswith("."):
+            raise UserError(f"path: {name!r} is not a checkpoint name (no '/', not empty)")
+        directory = self.state_dir / policy.model_id / kind / name
+        save_weights(policy.trainable(), directory / "weights.safetensors")
+        if optimizer:
+            save_optimizer(policy.optimizer, directory)
+        meta = {"base_model": policy.base_model, "lora": policy.lora, "version": policy.version, "optimizer": optimizer}
+        write_json(directory / "meta.json", meta)
+        return f"tinker://{policy.model_id}/{kind}/{name}"
+
+    def checkpoint(self, path: str, field_name: str = "path") -> tuple[Path, dict[str, Any]]:
+        """The directory and metadata of a tinker path this server wrote."""
+        parts = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
+        if len(parts) != 3 or parts[1] not in ("weights", "sampler_weights"):
+            raise UserError(f"{field_name}: {path!r} is not tinker://<model_id>/weights|sampler_weights/<name>")
+        directory = self.state_dir.joinpath(*parts)
+        if not (directory / "meta.json").is_file():
+            raise UserError(f"{field_name}: no checkpoint {path!r} on this server")
+        return directory, read_json(directory / "meta.json")
+
+    def load(self, policy: Policy, path: str, optimizer: bool) -> None:
+        directory, meta = self.checkpoint(path)
+        if meta["base_model"] != policy.base_model or meta["lora"]["rank"] != policy.lora["rank"]:
+            raise UserError(f"path: {path!r} holds a {meta['base_model']} rank-{meta['lora']['rank']} model")
+        _copy_into(policy, load_weights(directory / "weights.safetensors"))
+        if optimizer:
+            if not meta.get("optimizer"):
+                raise UserError(f"path: {path!r} was saved without optimizer state (save_state writes it)")
+            load_optimizer(policy.optimizer, directory)
+        policy.version += 1  # the live weights changed: snapshots of before are other weights
+        policy.optimizer.zero_grad(set_to_none=True)
+
+    def create_from_checkpoint(self, model_id: str, owner: str, path: str, optimizer: bool, base: str | None) -> Policy:
+        _, meta = self.checkpoint(path)
+        if base is not None and base != meta["base_model"]:
+            raise UserError(f"base_model: {base!r} differs from the checkpoint's {meta['base_model']!r}")
+        policy = self.create_policy(model_id, owner, meta["base_model"], meta["lora"])
+        self.load(policy, path, optimizer)
+        return policy
+
+    def snapshot_sampler(self, policy: Policy, sampler_id: str) -> Sampler:
+        """A sampling session on the live weights as they are now (save_weights_and_get_sampling_client)."""
+        policy.snapshots[sampler_id] = policy.snapshot()
+        while len(policy.snapshots) > SNAPSHOTS_PER_MODEL:
+            policy.snapshots.popitem(last=False)
+        sampler = Sampler(sampler_id, policy.owner, policy.base_model, policy.model_id, policy.snapshots[sampler_id])
+        self.samplers[sampler_id] = sampler
+        return sampler
+
+    def path_sampler(self, sampler_id: str, owner: str, path: str) -> Sampler:
+        _, meta = self.checkpoint(path, "model_path")
+        sampler = Sampler(sampler_id, owner, meta["base_model"], model_path=path)
+        self.samplers[sampler_id] = sampler
+        return sampler
+
+    def base_sampler(self, sampler_id: str, owner: str, base_model: str) -> Sampler:
+        self.table.directory(base_model)  # an unknown name fails now, not at the first sample
+        sampler = Sampler(sampler_id, owner, base_model)
+        self.samplers[sampler_id] = sampler
+        return sampler
+
+    # ---- sampling ------------------------------------------------------------------------------------------
+
+    def sample(self, sampler: Sampler, request: dict[str, Any]) -> bytes:
+        """``num_samples`` continuations of the prompt from the sampler's weights (and the prompt's log-probs
+        when asked), as an encoded ``SampleResponse``."""
+        model, tokenizer, restore = self._weights_for(sampler)
+        try:
+            return sample(model, tokenizer, request, self.device)
+        finally:
+            restore()
+
+    def _weights_for(self, sampler: Sampler):
+        """``(module, tokenizer, restore)``: a module holding the sampler's weights for one call."""
+        if sampler.policy_id is not None:
+            policy = self.policies.get(sampler.policy_id)
+            if policy is None:
+                raise UserError(f"sampling_session_id: the model {sampler.policy_id} of this sampler was closed")
+            if sampler.snapshot is None or sampler.sampler_id not in policy.snapshots:
+                raise UserError(
+                    f"sampling_session_id: snapshot {sampler.sampler_id} was dropped (a model keeps its newest "
+                    f"{SNAPSHOTS_PER_MODEL}); create a new sampling client"
+                )
+            return self._swapped(policy, sampler.snapshot)
+        if sampler.model_path is not None:
+            host = self.hosts.get(sampler.model_path)
+            if host is None:
+                directory, meta = self.checkpoint(sampler.model_path, "model_path")
+                name = f"sampler:{sampler.sampler_id}"
+                host = self.create_policy(name, sampler.owner, meta["base_model"], meta["lora"])
+                del self.policies[host.model_id]  # a host is no training model
+                _copy_into(host, load_weights(directory / "weights.safetensors"))
+                self.hosts[sampler.model_path] = host
+            return host.model, host.tokenizer, lambda: None
+        if sampler.base_model not in self.frozen:
+            base = self.table.directory(sampler.base_model)
+            model, tokenizer = load_pretrained(base, dtype="float32", device=self.device)
+            self.frozen[sampler.base_model] = (model.eval().requires_grad_(False), tokenizer)
+        model, tokenizer = self.frozen[sampler.base_model]
+        return model, tokenizer, lambda: None
+
+    def _swapped(self, policy: Policy, snapshot: Snapshot):
+        """The policy's module with ``snapshot``'s weights in it, and how to put the live weights back (nothing to
+        do when no optimizer step or load happened since the snapshot)."""
+        if snapshot.version == policy.version:
+            return policy.model, policy.tokenizer, lambda: None
+        live = {n: p.detach().clone() for n, p in policy.trainable().items()}
+        _copy_into(policy, snapshot.weights)
+        return policy.model, policy.tokenizer, lambda: _copy_into(policy, live)
+
+    def close_owner(self, owner_session: str) -> None:
+        """Free every model and sampler of a finished or expired session."""
+        for key in [k for k, p in self.policies.items() if p.owner == owner_session]:
+            del self.policies[key]
+        for key in [k for k, s in self.samplers.items() if s.owner == owner_session]:
+            del self.samplers[key]
+
+
+_TRAIN_FLAGS = ("train_mlp", "train_attn", "train_unembed")
+
+
+def _add_adapters(model, rank: int, lora: dict[str, Any]):
+    """peft LoRA (oprl.models.loading.add_lora) on the modules the flags select that the model has."""
+    from oprl.models.loading import add_lora
+
+    wanted = [name for flag, names in zip(_TRAIN_FLAGS, ("mlp", "attn", "unembed"), strict=True)
+              if lora.get(flag, True) for name in LORA_MODULES[names]]  # fmt: skip
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = [name for name in wanted if name in present]
+    if not targets:
+        raise UserError("lora_config: none of train_mlp / train_attn / train_unembed selects a module of this model")
+    try:
+        with warnings.catch_warnings():  # an adapter on a tied unembedding: trained as its own delta, as asked
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+            return add_lora(model, LoraSpec(r=rank, alpha=LORA_ALPHA, dropout=0.0, target_modules=targets))
+    except OprlError as exc:
+        raise UserError(f"lora_config: {exc}") from None
+
+
+def _copy_into(policy: Policy, weights: dict[str, torch.Tensor]) -> None:
+    params = policy.trainable()
+    if set(weights) != set(params):
+        raise UserError("path: the checkpoint's tensors do not match this model's trainable parameters")
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value.to(params[name].device))
+
+
+def _micro_batches(rows: list[dict[str, Any]], budget: float) -> list[list[dict[str, Any]]]:
+    """Consecutive rows grouped so that rows × the longest row stays within ``budget`` tokens."""
+    batches: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    for row in rows:
+        width = max([len(r["tokens"]) for r in current] + [len(row["tokens"])])
+        if current and (len(current) + 1) * width > budget:
+            batches.append(current)
+            current = []
+        current.append(row)
+    return [*batches, current] if current else batches
+
+
+def _reduction(key: str) -> str:
+    return "min" if key.endswith("_min") else "max" if key.endswith("_max") else "mean"

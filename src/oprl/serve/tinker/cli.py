@@ -1,0 +1,93 @@
+"""``oprl serve tinker [key=value ...] [--host H] [--port P] [--model NAME=PATH] [--api-key K] ...``.
+
+``key=value`` settings are oprl's (``oprl config --help``): they shape the embedded tiny model's warm start
+(``tiny`` is built by oprl's recipe on first use and cached) and ``model.device``. The SDK finds the server
+through ``TINKER_BASE_URL=http://HOST:PORT`` and needs some ``TINKER_API_KEY`` (``tml-...``): on a loopback
+address any key is accepted unless ``--api-key`` names the accepted ones; on any other address a key is
+required.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from oprl.errors import OprlError
+from oprl.serve.tinker.app import TinkerServer, create_app, is_loopback
+from oprl.serve.tinker.backend import DEFAULT_MODELS, Backend, ModelTable
+
+
+def parser() -> argparse.ArgumentParser:
+    table = ", ".join(f"{name}={path}" for name, path in DEFAULT_MODELS.items())
+    p = argparse.ArgumentParser(
+        prog="oprl serve tinker",
+        description="Serve the Tinker API (Tinker SDK 0.38, tinker-cookbook 0.6) on oprl's models and losses "
+        "(docs/tinker.md).",
+    )
+    p.add_argument("settings", nargs="*", help="oprl settings key=value (the tiny model's warm start, model.device)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--model", action="append", default=[], metavar="NAME=PATH",
+        help=f"serve base_model NAME from PATH (anything model.path takes); repeatable. Built in: {table}",
+    )  # fmt: skip
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY", help="accepted X-API-Key; repeatable")
+    p.add_argument("--state-dir", default=None, help="where save_state writes (default: a temporary directory)")
+    p.add_argument("--session-timeout", type=float, default=300.0, help="seconds without heartbeat before a "
+                   "session's models are freed (default 300)")  # fmt: skip
+    p.add_argument("--max-body-mb", type=float, default=256.0, help="largest request body (default 256 MB)")
+    return p
+
+
+def build_server(
+    settings: list[str] | None = None,
+    *,
+    models: list[str] | None = None,
+    api_keys: list[str] | None = None,
+    state_dir: str | Path | None = None,
+    session_timeout: float = 300.0,
+    max_body_mb: float = 256.0,
+) -> TinkerServer:
+    """The server object (``create_app(server)`` is its ASGI app); arguments as on the command line."""
+    entries = dict(DEFAULT_MODELS)
+    for item in models or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise OprlError(f"--model: {item!r} is not NAME=PATH")
+        entries[name] = path
+    settings = list(settings or [])
+    for item in settings:
+        if "=" not in item:
+            raise OprlError(f"argument {item!r}: expected key=value")
+    device = next((s.split("=", 1)[1] for s in settings if s.startswith("model.device=")), "cpu")
+    from oprl.models.loading import resolve_device
+
+    resolved = str(resolve_device(device))
+    directory = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="oprl-tinker-"))
+    backend = Backend(ModelTable(entries, settings, resolved), directory, resolved)
+    return TinkerServer(
+        backend, api_keys=list(api_keys or []), session_timeout=session_timeout, max_body=int(max_body_mb * 2**20)
+    )
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] != "tinker":
+        raise OprlError("oprl serve: name the API to serve: `oprl serve tinker --help`")
+    args = parser().parse_args(argv[1:])
+    if not args.api_key and not is_loopback(args.host):
+        raise OprlError(f"--api-key: required when listening on {args.host} (any key is accepted on loopback only)")
+    server = build_server(
+        args.settings,
+        models=args.model,
+        api_keys=args.api_key,
+        state_dir=args.state_dir,
+        session_timeout=args.session_timeout,
+        max_body_mb=args.max_body_mb,
+    )
+    import uvicorn
+
+    url = f"http://{args.host}:{args.port}"
+    print(f"oprl Tinker server on {url} (TINKER_BASE_URL); state in {server.backend.state_dir}")
+    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")
+    return 0

@@ -1,0 +1,84 @@
+"""One Tinker server per test module, on a randomly initialised tiny model (no warm start: these tests check the
+protocol and the math, not what the model knows), reached by the real ``tinker`` SDK."""
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("tinker")
+
+TINY = "tiny-test"
+
+
+def tiny_model_dir(path):
+    """The embedded architecture, random weights, saved as a Hugging Face directory (instant)."""
+    from oprl.models.tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    build_model(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+class Running:
+    """A server on a free loopback port, in a thread; ``url`` for ``TINKER_BASE_URL``."""
+
+    def __init__(self, server):
+        import uvicorn
+
+        from oprl.serve.tinker import create_app
+
+        self.server = server
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.uvicorn = uvicorn.Server(uvicorn.Config(create_app(server), port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.uvicorn.run, daemon=True)
+        self.thread.start()
+        while not self.uvicorn.started:
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.uvicorn.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    from oprl.serve.tinker import build_server
+
+    root = tmp_path_factory.mktemp("tinker")
+    server = build_server(models=[f"{TINY}={tiny_model_dir(root / 'model')}"], state_dir=root / "state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TINKER_BASE_URL", "")
+        patch.setenv("TINKER_API_KEY", "tml-test-key")
+        patch.setenv("TINKER_TELEMETRY", "0")
+        up = Running(server)
+        patch.setenv("TINKER_BASE_URL", up.url)
+        yield up
+        up.stop()
+
+
+@pytest.fixture(scope="module")
+def service(running):
+    import tinker
+
+    client = tinker.ServiceClient(base_url=running.url, api_key="tml-test-key")
+    yield client
+
+
+def datum(tokens, **inputs):
+    """A Tinker datum: model input ``tokens[:-1]``, targets ``tokens[1:]``, other per-position inputs as given."""
+    from tinker import types
+
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], **inputs},
+    )
+
+
+os.environ.setdefault("TINKER_TELEMETRY", "0")
