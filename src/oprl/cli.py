@@ -210,10 +210,28 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
     path = None
     if args and "=" not in args[0]:
         path, args = args[0], args[1:]
+        _refuse_bare_setting(path, args)
     for item in args:
         if "=" not in item:
             raise OprlError(f"argument {item!r}: expected key=value (only the first argument may be a YAML file)")
     return path, args
+
+
+def _refuse_bare_setting(path: str, rest: list[str]) -> None:
+    """``oprl train steps 10``: the first argument names a setting, not a file; the line blames it (``steps``),
+    not the value after it."""
+    from pathlib import Path
+
+    from oprl.config import RunConfig
+
+    if (
+        Path(path).exists()
+        or Path(path).suffix in (".yaml", ".yml")
+        or path.split(".")[0] not in RunConfig.model_fields
+    ):
+        return
+    value = rest[0] if rest and "=" not in rest[0] else "VALUE"
+    raise OprlError(f"argument {path!r}: a setting takes key=value: {path}={value} (no file {path!r} either)")
 
 
 def _train(args: list[str], forced: Sequence[str] = ()) -> int:
@@ -287,17 +305,25 @@ def _teacher_score(args: list[str]) -> int:
     """``oprl teacher-score``: ``oprl.teacher.score.score_store`` on the student model of the config."""
     from pathlib import Path
 
-    import torch
-
     from oprl.config import load_config
-    from oprl.runtime.run import model_path, worker_threads
-    from oprl.tasks import build_task
-    from oprl.teacher.score import score_store
+    from oprl.models.loading import missing_path
+    from oprl.runtime.preflight import check_paths
 
     path, overrides = _split_config_args(args)
     if path is not None and Path(path).is_dir():  # a run directory: its own config, its store
         path, overrides = str(Path(path) / "config.yaml"), [f"buffer.path={path}", *overrides]
+    elif path is not None and not Path(path).exists() and Path(path).suffix not in (".yaml", ".yml"):
+        hint = missing_path(path, "teacher-score").partition("; use ")[0]  # the nearest run directories
+        raise OprlError(f"{hint}: give a run directory (its store and config) or a YAML config with buffer.path")
     config = load_config(path, overrides)
+    check_paths(config)  # teacher.path=runs/nope: one line now, not after loading the student
+
+    import torch
+
+    from oprl.runtime.run import model_path, worker_threads
+    from oprl.tasks import build_task
+    from oprl.teacher.score import score_store
+
     torch.set_num_threads(worker_threads(config))  # a run's teacher worker's threads: the same numbers
     score_store(config, model_path(config, build_task(config.task)))
     return 0
