@@ -131,3 +131,30 @@ def test_sweep_dry_run_writes_nothing(tmp_path, capsys):
     assert main(["sweep", str(path), "--dry-run"]) == 0
     assert "oprl train" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke.yaml"]
+
+
+def test_python_dash_m_oprl_is_the_oprl_command():
+    """#53: `python -m oprl` (the convention) was 'No module named oprl.__main__'."""
+    result = subprocess.run([sys.executable, "-m", "oprl", "train", "steps", "10"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.startswith("error: argument 'steps'"), result.stderr
+    usage = subprocess.run([sys.executable, "-m", "oprl", "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and "oprl train" in usage.stdout
+
+
+def test_a_setting_without_its_equals_sign_is_blamed_not_its_value(capsys):
+    """#53: `oprl train steps 10` said "argument '10': expected key=value"."""
+    assert main(["train", "steps", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: argument 'steps': a setting takes key=value: steps=10") and "'10'" not in err
+    assert main(["train", "rollout.group_size", "4"]) == 2
+    assert "argument 'rollout.group_size': a setting takes key=value: rollout.group_size=4" in capsys.readouterr().err
+
+
+def test_teacher_score_of_a_missing_run_directory_names_the_nearest(tmp_path, monkeypatch, capsys):
+    """#53: `oprl teacher-score runs/nope` said "config file runs/nope: not found"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "tiny-explore").mkdir(parents=True)
+    assert main(["teacher-score", "runs/tiny-explor", "teacher.path=tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: teacher-score: 'runs/tiny-explor' not found") and "config file" not in err
+    assert "nearest: runs/tiny-explore" in err and "give a run directory" in err
