@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 import recipes
-from oprl.algorithms import losses
+from oprl.algorithms import LossParams, losses
 from oprl.cli import main
 from oprl.config import algorithm_settings, load_config
 from oprl.rollout import ENGINES
@@ -26,13 +26,50 @@ def test_a_loss_variant_is_a_function_and_a_registry_entry(monkeypatch):
     logprobs = torch.full((2, 3), -1.0, requires_grad=True)
     advantages = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 3)
-    loss, _ = losses.policy_loss(logprobs, logprobs.detach(), advantages, mask, clip_mode="only-positive")
+    loss, _ = losses.policy_loss(logprobs, logprobs.detach(), advantages, mask, LossParams(clip_mode="only-positive"))
     loss.backward()
     assert logprobs.grad is not None
     assert torch.all(logprobs.grad[0] < 0) and torch.all(logprobs.grad[1] == 0)  # the negative row is masked
     full = torch.full((2, 3), -1.0, requires_grad=True)
     losses.policy_loss(full, full.detach(), advantages, mask)[0].backward()
     assert full.grad is not None and torch.all(full.grad[1] != 0)  # clip_mode=none trains it
+
+
+def test_a_loss_knob_is_one_field_of_the_typed_settings(monkeypatch):
+    """docs/architecture.md "How to add a loss knob": a knob is a field of ``LossParams`` (in oprl: the field,
+    its ``ALGORITHM_DEFAULTS`` entry and its ``algorithm.<name>`` config field); a rule reads it by attribute.
+    Here the same outside oprl: a subclass adds ``positive_floor`` and a mask registered at test time uses it."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class FloorParams(losses.LossParams):
+        positive_floor: float = 0.0
+        """Tokens of responses whose advantage is below this get no gradient."""
+
+    def floor_mask(ratio, advantages, params):
+        return advantages >= params.positive_floor
+
+    monkeypatch.setitem(losses.CLIP_MODES, "floor", floor_mask)
+    logprobs = torch.full((3, 2), -1.0, requires_grad=True)
+    advantages, mask = torch.tensor([1.0, 0.2, -1.0]), torch.ones(3, 2)
+    params = FloorParams(clip_mode="floor", positive_floor=0.5)
+    losses.policy_loss(logprobs, logprobs.detach(), advantages, mask, params)[0].backward()
+    assert logprobs.grad is not None
+    assert torch.all(logprobs.grad[0] < 0) and torch.all(logprobs.grad[1:] == 0)
+
+
+def test_every_loss_setting_is_a_config_key_with_one_default():
+    """In oprl a loss knob lives in three lines that must agree: a ``LossParams`` field, its default in
+    ``ALGORITHM_DEFAULTS`` and the ``algorithm.<name>`` config field (None = the preset's value)."""
+    from oprl.algorithms import ALGORITHM_DEFAULTS
+    from oprl.config.algorithm import AlgorithmConfig
+
+    for name in losses.SETTING_FIELDS:
+        assert name in AlgorithmConfig.model_fields and AlgorithmConfig.model_fields[name].default is None, name
+        assert getattr(losses.LossParams(), name) == ALGORITHM_DEFAULTS[name], name
+    config = load_config(None, ["algorithm.preset=rec-oneside-nois", "algorithm.eps_high=2.0"])
+    params = losses.LossParams.of(algorithm_settings(config))
+    assert (params.clip_mode, params.eps_high, params.weight) == ("one-side", 2.0, "none")
 
 
 def test_an_engine_is_one_registry_entry_and_trains(monkeypatch, small_overrides, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from oprl.algorithms import REGISTRIES, policy_loss
+from oprl.algorithms import REGISTRIES, LossParams, policy_loss
 from oprl.cli import main
 from oprl.config import algorithm_settings, load_config
 from oprl.errors import OprlError
@@ -69,7 +69,9 @@ def installed(tmp_path, monkeypatch):
 
 def _grad(**settings) -> torch.Tensor:
     logprobs = torch.full((2, 3), -1.0, requires_grad=True)
-    loss, _ = policy_loss(logprobs, logprobs.detach(), torch.tensor([1.0, -1.0]), torch.ones(2, 3), **settings)
+    loss, _ = policy_loss(
+        logprobs, logprobs.detach(), torch.tensor([1.0, -1.0]), torch.ones(2, 3), LossParams.of(settings)
+    )
     loss.backward()
     assert logprobs.grad is not None
     return logprobs.grad

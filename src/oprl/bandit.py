@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from oprl.algorithms import PRESETS, group_advantages, policy_loss, split_settings
+from oprl.algorithms import PRESETS, LossParams, advantage_settings, group_advantages, policy_loss
 
 BEHAVIOR = (0.3, 0.6, 0.1)
 """π_b, the fixed behaviour policy that produces all data."""
@@ -62,10 +62,10 @@ def _method_loss(logits: torch.Tensor, rows: Rows, settings: dict, generator=Non
     logprobs = torch.log_softmax(logits, dim=-1)[rows.arms][:, None]  # (R, 1)
     behavior_logprobs = torch.tensor(BEHAVIOR, dtype=logits.dtype).log()[rows.arms][:, None]  # (R, 1)
     rewards = torch.tensor([float(r) for r in REWARDS], dtype=logits.dtype)[rows.arms]  # (R,)
-    advantage_settings, loss_settings = split_settings(settings | {"loss_agg": "token-mean"})
-    grouped = group_advantages(rewards, rows.group_ids, generator=generator, **advantage_settings)
+    grouped = group_advantages(rewards, rows.group_ids, generator=generator, **advantage_settings(settings))
     mask = (rows.weights * grouped.keep)[:, None]  # (R, 1)
-    loss, _ = policy_loss(logprobs, behavior_logprobs, grouped.advantages, mask, **loss_settings)
+    params = LossParams.of(settings, loss_agg="token-mean")
+    loss, _ = policy_loss(logprobs, behavior_logprobs, grouped.advantages, mask, params)
     return loss
 
 

@@ -38,6 +38,7 @@ GROUPS = {
     "ratio_level": "oprl.ratio_levels",
     "regularizer": "oprl.regularizers",
     "loss_agg": "oprl.loss_aggregations",
+    "objective": "oprl.objectives",
     "baseline": "oprl.baselines",
     "drop": "oprl.drop_rules",
 }

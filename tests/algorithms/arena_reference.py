@@ -31,8 +31,26 @@ def _binary_kl(mu, pi):
     return first + (1 - mu) * math.log((1 - mu + 1e-8) / (1 - pi + 1e-8))
 
 
-def _m2_mask(tokens, threshold):
-    """The tokens M2PO keeps: the largest (log ρ)² dropped until the mean of the rest is < threshold."""
+def _m2_mask_paper(tokens, harmful, threshold):
+    """The paper's rule as its pseudo-code reads (Zheng et al. 2025, Algorithm 1), with M̂₂ over the harmful
+    tokens as the authors' code measures it: while the mean (log ρ)² of the harmful tokens left exceeds τ, remove
+    the one with the largest (log ρ)²."""
+    left = {key: value for key, value in tokens if key in harmful}
+
+    def mean():
+        return sum(left.values()) / len(left) if left else 0.0
+
+    before = mean()
+    for key in sorted(left, key=lambda key: -left[key]):  # stable: ties keep their order
+        if mean() <= threshold:
+            break
+        del left[key]
+    kept = {key for key, _ in tokens if key not in harmful} | set(left)
+    return kept, before, mean()
+
+
+def _m2_mask_areal(tokens, threshold):
+    """The tokens AReaL's M2PO keeps: the largest (log ρ)² dropped until the mean of the rest is < threshold."""
     ranked = sorted(tokens, key=lambda item: -item[1])  # stable: ties keep their order
     n = len(ranked)
     for k in range(n):
@@ -50,8 +68,8 @@ def _m2_clip_bounds(tokens, threshold, eps_low, eps_high):
     if n and sum(values) / n > threshold + 1e-12:
         target = threshold * n
         for k in range(n):
-            if values[k] * (n - k - 1) + sum(values[: k + 1]) >= target - 1e-12:
-                tau = 0.0 if k == 0 else math.sqrt(values[k - 1])
+            if (values[k] - 1e-12) * (n - k - 1) + sum(values[: k + 1]) >= target - 1e-12:
+                tau = 0.0 if k == 0 else math.sqrt(values[k - 1] - 1e-12)  # the authors' − 1e-12: v_{k−1} is out
                 break
     low = min(math.exp(-tau), 1 - eps_low)
     high = max(math.exp(tau), 1 + eps_high)
@@ -145,15 +163,19 @@ def reference_loss(settings, logprobs, log_ratios, advantages, mask):
     adv = {(b, t): advantages[b] for b, t in valid}
     report = {}
     mode = settings["clip_mode"]
+    harmful = {k for k in valid if (adv[k] > 1e-12 and rho[k] > 1 + 1e-12) or (adv[k] < -1e-12 and rho[k] < 1 - 1e-12)}
     if mode == "m2-mask":
-        kept, report["m2"], report["m2_kept"] = _m2_mask([(k, math.log(rho[k]) ** 2) for k in valid],
-                                                         settings["m2_threshold"])  # fmt: skip
+        tokens = [(k, math.log(rho[k]) ** 2) for k in valid]
+        kept, report["m2"], report["m2_kept"] = _m2_mask_paper(tokens, harmful, settings["m2_threshold"])
+        keep = {k: k in kept for k in valid}
+    elif mode == "m2-mask-areal":
+        tokens = [(k, math.log(rho[k]) ** 2) for k in valid]
+        kept, report["m2"], report["m2_kept"] = _m2_mask_areal(tokens, settings["m2_threshold"])
         keep = {k: k in kept for k in valid}
     elif mode in ("m2-clip", "bapo"):
         if mode == "m2-clip":
-            harmful = [math.log(rho[k]) ** 2 for k in valid if (adv[k] > 1e-12 and rho[k] > 1 + 1e-12)
-                       or (adv[k] < -1e-12 and rho[k] < 1 - 1e-12)]  # fmt: skip
-            low, high = _m2_clip_bounds(harmful, settings["m2_threshold"], settings["eps_low"], settings["eps_high"])
+            values = [math.log(rho[k]) ** 2 for k in valid if k in harmful]
+            low, high = _m2_clip_bounds(values, settings["m2_threshold"], settings["eps_low"], settings["eps_high"])
         else:
             low, high, report["bapo_positive_share"] = _bapo_bounds(settings, rho, adv, valid)
         report["low"], report["high"] = low, high

@@ -10,11 +10,12 @@ import pytest
 import torch
 from arena_reference import reference_loss
 
-from oprl.algorithms import PRESETS, group_advantages, policy_loss, resolve_preset, split_settings
+from oprl.algorithms import PRESETS, LossParams, advantage_settings, group_advantages, policy_loss, resolve_preset
 
 ARENA_PRESETS = ["dppo-tv", "dppo-kl", "m2po", "oapl", "topr", "bapo", "aspo", "sapo"]
 VARIANTS = {  # the options that implement the frameworks' or the authors' code where it differs from the paper
-    "m2po-authors-code": ("m2po", {"clip_mode": "m2-clip", "eps_low": 0.3, "eps_high": 0.5}),
+    "m2po-areal": ("m2po-areal", {}),
+    "m2po-authors-code": ("m2po-clip", {}),
     "dppo-tv-prime-rl": ("dppo-tv", {"eps_low": 0.2, "eps_high": 0.2, "weight": "importance-sampling",
                                      "regularizer": "squared-log-ratio", "regularizer_coef": 1e-3,
                                      "loss_agg": "token-mean"}),
@@ -46,7 +47,7 @@ def torch_loss(settings, logprobs, log_ratios, mask, advantages, garbage=None):
         lp = torch.where(mask, lp, torch.full_like(lp, garbage))
         behavior = torch.where(mask, behavior, torch.full_like(behavior, garbage))
     lp.requires_grad_(True)
-    loss, metrics = policy_loss(lp, behavior, advantages, mask, **split_settings(settings)[1])
+    loss, metrics = policy_loss(lp, behavior, advantages, mask, LossParams.of(settings))
     loss.backward()
     return loss, lp.grad, metrics
 
@@ -56,7 +57,7 @@ def torch_loss(settings, logprobs, log_ratios, mask, advantages, garbage=None):
 def test_matches_the_plain_python_reference(case, seed):
     preset, overrides = CASES[case]
     settings = resolve_preset(preset, **overrides)
-    logprobs, log_ratios, mask, advantages = random_batch(seed, spread=0.4 if preset == "m2po" else 1.5)
+    logprobs, log_ratios, mask, advantages = random_batch(seed, spread=0.4 if preset.startswith("m2po") else 1.5)
     expected, expected_grad, report = reference_loss(
         settings, logprobs.tolist(), log_ratios.tolist(), advantages.tolist(), mask.tolist()
     )
@@ -69,7 +70,10 @@ def test_matches_the_plain_python_reference(case, seed):
     if "m2" in report:
         assert metrics["m2"].item() == pytest.approx(report["m2"])
         assert metrics["m2_kept"].item() == pytest.approx(report["m2_kept"])
-        assert metrics["m2_kept"].item() < settings["m2_threshold"] <= metrics["m2"].item()  # it had to mask
+        if settings["clip_mode"] == "m2-mask-areal":
+            assert metrics["m2_kept"].item() < settings["m2_threshold"] <= metrics["m2"].item()  # it had to mask
+        else:  # the paper's rule: M̂₂ of the harmful tokens, which it brings to ≤ τ
+            assert metrics["m2_kept"].item() <= settings["m2_threshold"] < metrics["m2"].item()  # it had to mask
     if settings["clip_mode"] == "m2-clip":
         assert metrics["m2_clip_low"].item() == pytest.approx(report["low"])
         assert metrics["m2_clip_high"].item() == pytest.approx(min(report["high"], 1e6))
@@ -86,7 +90,9 @@ def test_the_reference_cases_mask_something_and_keep_something():
         settings = resolve_preset(preset, **overrides)
         fractions = []
         for seed in range(3):
-            logprobs, log_ratios, mask, advantages = random_batch(seed, spread=0.4 if preset == "m2po" else 1.5)
+            logprobs, log_ratios, mask, advantages = random_batch(
+                seed, spread=0.4 if preset.startswith("m2po") else 1.5
+            )
             fractions.append(torch_loss(settings, logprobs, log_ratios, mask, advantages)[2]["clip_frac"].item())
         if settings["clip_mode"] != "none":
             assert max(fractions) > 0 and min(fractions) < 1, case
@@ -168,22 +174,62 @@ def test_dppo_with_an_infinite_threshold_is_the_unclipped_loss(preset):
     assert tight[2]["clip_frac"].item() == pytest.approx(expected) and expected > 0.3
 
 
-@pytest.mark.parametrize("clip_mode", ["m2-mask", "m2-clip"])
+@pytest.mark.parametrize("clip_mode", ["m2-mask", "m2-mask-areal", "m2-clip"])
 def test_m2po_with_an_infinite_bound_masks_nothing(clip_mode):
     logprobs, log_ratios, mask, advantages = random_batch(6)
     loose = resolve_preset("m2po", clip_mode=clip_mode, m2_threshold=math.inf, eps_low=1.0, eps_high=0.0)
     a = torch_loss(loose, logprobs, log_ratios, mask, advantages)
     b = torch_loss(resolve_preset("m2po", clip_mode="none"), logprobs, log_ratios, mask, advantages)
     assert a[2]["clip_frac"].item() == 0 and torch.allclose(a[1], b[1])
-    # τ_M2 = 0: m2-mask drops every token that moved (all of them here); m2-clip shrinks to its minimum band
-    # [1 − ε_l, 1 + ε_h], PPO's clip.
+    # τ_M2 = 0: the paper's rule drops every harmful token (and only those); AReaL's drops every token; m2-clip
+    # shrinks to its minimum band [1 − ε_l, 1 + ε_h], PPO's clip.
     tight = resolve_preset("m2po", clip_mode=clip_mode, m2_threshold=0.0)
     zero = torch_loss(tight, logprobs, log_ratios, mask, advantages)
+    adv = advantages[:, None].expand_as(mask)
+    harmful = mask & (((adv > 0) & (log_ratios > 0)) | ((adv < 0) & (log_ratios < 0)))
     if clip_mode == "m2-mask":
+        assert zero[2]["clip_frac"].item() == pytest.approx(harmful.sum().item() / mask.sum().item())
+        assert (zero[1][harmful] == 0).all() and (zero[1][mask & ~harmful] != 0).all()
+    elif clip_mode == "m2-mask-areal":
         assert zero[2]["clip_frac"].item() == 1
     else:
         ppo = torch_loss(resolve_preset("m2po", clip_mode="one-side"), logprobs, log_ratios, mask, advantages)
         assert torch.equal(zero[1], ppo[1]) and zero[2]["m2_clip_high"].item() == pytest.approx(1.2)
+
+
+def test_m2po_paper_rule_drops_only_harmful_tokens_and_fewer_than_areal():
+    """#55: the paper's rule (m2po) ranks only the tokens that moved the way their advantage pushes and stops at
+    M̂₂ ≤ τ; AReaL's (m2po-areal) ranks every token and stops at M̂₂ < τ: they mask different tokens. A token at
+    ρ = 1 exactly is never dropped by the paper's rule, even at τ = 0."""
+    paper_counts, areal_counts = [], []
+    for seed in range(6):
+        logprobs, log_ratios, mask, advantages = random_batch(seed, spread=0.4)
+        log_ratios[:, 0] = 0.0  # ρ = 1 on every row's first token
+        adv = advantages[:, None].expand_as(mask)
+        harmful = mask & (((adv > 0) & (log_ratios > 0)) | ((adv < 0) & (log_ratios < 0)))
+        paper = torch_loss(resolve_preset("m2po"), logprobs, log_ratios, mask, advantages)
+        areal = torch_loss(resolve_preset("m2po-areal"), logprobs, log_ratios, mask, advantages)
+        masked = mask & (paper[1] == 0)
+        assert not (masked & ~harmful).any()  # only harmful tokens leave
+        paper_counts.append(int(masked.sum()))
+        areal_counts.append(int((mask & (areal[1] == 0)).sum()))
+        zero = torch_loss(resolve_preset("m2po", m2_threshold=0.0), logprobs, log_ratios, mask, advantages)
+        assert (zero[1][:, 0] != 0).all()  # ρ = 1 keeps its gradient at τ = 0
+    assert sum(paper_counts) > 0 and paper_counts != areal_counts
+
+
+def test_m2po_clip_puts_the_token_at_the_bound_outside_it():
+    """The authors' τ² = v_{k−1} − 1e-12: the harmful token whose (log ρ)² is the cap gets no gradient (without
+    the − 1e-12 it sat exactly on the bound and kept it)."""
+    advantages = torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    log_ratios = torch.tensor([[0.1], [0.2], [0.9], [1.0]], dtype=torch.float64)  # harmful: A > 0, ρ > 1
+    logprobs = torch.full((4, 1), -2.0, dtype=torch.float64)
+    mask = torch.ones(4, 1, dtype=torch.bool)
+    settings = resolve_preset("m2po-clip", eps_low=0.0, eps_high=0.0, m2_threshold=0.3)
+    _, grad, metrics = torch_loss(settings, logprobs, log_ratios, mask, advantages)
+    # Capping (log ρ)² ∈ {0.01, 0.04, 0.81, 1} at v = 0.81 gives 0.01 + 0.04 + 0.81·2 ≥ 0.3·4: τ² = 0.04 − 1e-12.
+    assert metrics["m2_clip_high"].item() == pytest.approx(math.exp(0.2))
+    assert grad[0, 0] != 0 and (grad[1:, 0] == 0).all()  # ρ = e^0.2 itself is just outside the bound
 
 
 def test_bapo_with_target_zero_is_ppo_clip_at_the_start_bounds():
@@ -221,7 +267,7 @@ def test_oapl_at_the_behaviour_policy_is_scaled_reinforce():
 
 def test_oapl_advantage_is_reward_minus_the_soft_value():
     rewards, groups = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64), torch.tensor([0, 0, 1, 1])
-    advantages = group_advantages(rewards, groups, **split_settings(PRESETS["oapl"])[0]).advantages
+    advantages = group_advantages(rewards, groups, **advantage_settings(PRESETS["oapl"])).advantages
     value = math.log((math.exp(1.0) + 1) / 2)  # β₁·log mean exp(r/β₁), β₁ = 1
     assert advantages.tolist() == pytest.approx([1 - value, -value, -value, 1 - value])
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from oprl.algorithms import PRESETS, group_advantages, policy_loss, resolve_preset, split_settings
+from oprl.algorithms import PRESETS, LossParams, group_advantages, policy_loss, resolve_preset
 
 # One response of four tokens, A = 1 (and a second, padded one with A = −1 in the two-row batches).
 RHO = [0.5, 1.5, 3.0, 1.0]
@@ -21,13 +21,15 @@ def one_row(rho=RHO, advantage=1.0):
 
 def gradient(settings, proximal=None, rho=RHO, advantage=1.0):
     logprobs, behavior, advantages, mask = one_row(rho, advantage)
-    loss, metrics = policy_loss(logprobs, behavior, advantages, mask, proximal_logprobs=proximal, **settings)
+    loss, metrics = policy_loss(
+        logprobs, behavior, advantages, mask, LossParams.of(settings), proximal_logprobs=proximal
+    )
     loss.backward()
     return logprobs.grad[0].tolist(), loss, metrics
 
 
 def loss_settings(name, **overrides):
-    return split_settings(resolve_preset(name, **overrides))[1]
+    return resolve_preset(name, **overrides)
 
 
 def test_truncated_is_token_gradient():
@@ -77,7 +79,7 @@ def test_gspo_gradient():
     behavior = logprobs.detach().clone()
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
     loss, _ = policy_loss(
-        logprobs, behavior, torch.tensor([1.0, -2.0], dtype=torch.float64), mask, **loss_settings("gspo")
+        logprobs, behavior, torch.tensor([1.0, -2.0], dtype=torch.float64), mask, LossParams.of(loss_settings("gspo"))
     )
     loss.backward()
     assert logprobs.grad.tolist() == [pytest.approx([-1 / 4, -1 / 4, 0]), pytest.approx([2 / 6] * 3)]
@@ -95,8 +97,8 @@ def test_decoupled_ppo_gradient():
         behavior_for_v,
         torch.tensor([1.0], dtype=torch.float64),
         torch.ones(1, 4),
+        LossParams.of(loss_settings("decoupled-ppo")),
         proximal_logprobs=proximal,
-        **loss_settings("decoupled-ppo"),
     )
     loss.backward()
     # r = 1.3 > 1.2 with A > 0 is clipped; the others keep r·min(v, 2).
@@ -117,10 +119,10 @@ def test_rho_one_limits():
     # π_prox = π_b (behaviour→proximal ratio 1): decoupled PPO is GRPO's clipped loss, whatever π/π_b is.
     logprobs, behavior, advantages, mask = one_row()
     decoupled = policy_loss(
-        logprobs, behavior, advantages, mask, proximal_logprobs=behavior, **loss_settings("decoupled-ppo")
+        logprobs, behavior, advantages, mask, LossParams.of(loss_settings("decoupled-ppo")), proximal_logprobs=behavior
     )[0]
     (grad_decoupled,) = torch.autograd.grad(decoupled, logprobs)
-    grpo = policy_loss(logprobs, behavior, advantages, mask, **loss_settings("grpo"))[0]
+    grpo = policy_loss(logprobs, behavior, advantages, mask, LossParams.of(loss_settings("grpo")))[0]
     (grad_grpo,) = torch.autograd.grad(grpo, logprobs)
     assert decoupled.item() == pytest.approx(grpo.item())
     assert torch.allclose(grad_decoupled, grad_grpo)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from oprl.algorithms import consistency_surrogate, group_advantages, policy_loss
+from oprl.algorithms import LossParams, consistency_surrogate, group_advantages, policy_loss
 
 TAU = 0.3
 REWARDS = torch.tensor([1.0, 0.0, 0.5, 0.2], dtype=torch.float64)
@@ -65,7 +65,9 @@ def test_surrogate_gradient_is_twice_tau_times_the_policy_loss_gradient(model):
     logprobs = token_logprobs(model)  # (K, T)
     advantages = group_advantages(REWARDS, torch.zeros(4, dtype=torch.long)).advantages
     behavior = logprobs.detach() + 0.7  # any behaviour policy: it plays no role without clipping
-    loss, _ = policy_loss(logprobs, behavior, advantages, torch.ones_like(logprobs), loss_agg="seq-mean-token-sum")
+    loss, _ = policy_loss(
+        logprobs, behavior, advantages, torch.ones_like(logprobs), LossParams(loss_agg="seq-mean-token-sum")
+    )
     seq_logprobs = logprobs.sum(dim=-1)
     surrogate = consistency_surrogate(seq_logprobs, seq_logprobs.detach(), REWARDS, TAU)
     assert relative_error(flat_grad(model, surrogate), 2 * TAU * flat_grad(model, loss)) < 1e-5

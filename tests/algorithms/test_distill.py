@@ -9,11 +9,11 @@ import torch
 from oprl.algorithms import (
     DISTILL_MIXES,
     PRESETS,
+    LossParams,
     distill_advantages,
     distill_metrics,
     policy_loss,
     resolve_preset,
-    split_settings,
 )
 
 # A toy vocabulary of 3 tokens. Student (behaviour) p = [1/2, 1/4, 1/4], teacher q = [1/4, 1/4, 1/2].
@@ -59,7 +59,7 @@ def test_reverse_kl_metric_is_the_exact_kl_when_every_token_is_weighed_by_the_st
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_teacher_equal_to_student_gives_zero_advantage_and_zero_gradient(name):
     settings = {**PRESETS[name], "distill_coef": 1.0, "distill_mix": "replace"}
-    _, loss_settings = split_settings(settings)
+    loss_settings = settings
     behavior, _ = toy()
     logprobs = (behavior + 0.1 * torch.randn(behavior.shape, dtype=torch.float64)).requires_grad_(True)
     group = torch.tensor([1.0, -1.0], dtype=torch.float64)
@@ -67,7 +67,7 @@ def test_teacher_equal_to_student_gives_zero_advantage_and_zero_gradient(name):
                                              distill_mix="replace")  # fmt: skip
     assert (advantages == 0).all()
     assert metrics["reverse_kl"].item() == 0.0 and metrics["agreement"].item() == 1.0
-    loss, _ = policy_loss(logprobs, behavior, advantages, MASK, **loss_settings)
+    loss, _ = policy_loss(logprobs, behavior, advantages, MASK, LossParams.of(loss_settings))
     # A regulariser has its own gradient, teacher or not; so has OAPL's regression (β·log(π/π_b))² at A = 0.
     regularised = settings["regularizer"] != "none" or settings["objective"] == "advantage-regression"
     if not regularised:
@@ -78,14 +78,14 @@ def test_teacher_equal_to_student_gives_zero_advantage_and_zero_gradient(name):
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_add_with_an_equal_teacher_is_the_group_advantage(name):
     """A (B, T) advantage that repeats A_b equals the (B,) call of every preset: loss and gradient."""
-    _, loss_settings = split_settings(PRESETS[name])
+    loss_settings = PRESETS[name]
     behavior, _ = toy()
     group = torch.tensor([0.7, -0.2], dtype=torch.float64)
     per_token, _ = distill_advantages(group, behavior, behavior, MASK, distill_coef=2.0, distill_mix="add")
     outputs = []
     for advantages in (group, per_token):
         logprobs = (behavior + 0.3).requires_grad_(True)
-        loss, _ = policy_loss(logprobs, behavior, advantages, MASK, **loss_settings)
+        loss, _ = policy_loss(logprobs, behavior, advantages, MASK, LossParams.of(loss_settings))
         outputs.append((loss.item(), torch.autograd.grad(loss, logprobs)[0]))
     assert outputs[0][0] == pytest.approx(outputs[1][0], abs=1e-12)
     assert torch.allclose(outputs[0][1], outputs[1][1], atol=1e-12)
@@ -97,7 +97,7 @@ def test_per_token_advantages_in_the_reinforce_loss_by_hand():
     advantages, _ = distill_advantages(torch.zeros(2, dtype=torch.float64), behavior, teacher, MASK,
                                        distill_coef=1.0, distill_mix="replace")  # fmt: skip
     logprobs = behavior.clone().requires_grad_(True)
-    loss, _ = policy_loss(logprobs, behavior, advantages, MASK, **split_settings(PRESETS["reinforce"])[1])
+    loss, _ = policy_loss(logprobs, behavior, advantages, MASK, LossParams.of(PRESETS["reinforce"]))
     # tokens (d, lp): (−ln2, ln½) (ln2, ln¼) (0, ln¼) (ln2, ln¼) (−ln2, ln½)
     expected = -(LN2 * LN2 - LN2 * 2 * LN2 + 0 - LN2 * 2 * LN2 + LN2 * LN2) / 5
     assert loss.item() == pytest.approx(expected)

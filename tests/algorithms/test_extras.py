@@ -67,7 +67,7 @@ def test_surrogate_is_the_population_variance_of_the_consistency():
 def test_public_names():
     expected = {
         "group_advantages", "GroupAdvantages", "policy_loss", "aggregate", "aggregation_count", "PRESETS",
-        "ALGORITHM_DEFAULTS", "ADVANTAGE_KEYS", "LOSS_KEYS", "resolve_preset", "consistency_surrogate",
+        "ALGORITHM_DEFAULTS", "ADVANTAGE_KEYS", "LossParams", "resolve_preset", "consistency_surrogate",
         "kl_penalty",
     }  # fmt: skip
     assert expected <= set(algorithms.__all__)

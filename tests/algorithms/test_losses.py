@@ -8,11 +8,12 @@ from hypothesis import strategies as st
 from oprl.algorithms import (
     LOSS_AGGREGATIONS,
     PRESETS,
+    LossParams,
+    advantage_settings,
     aggregate,
     aggregation_count,
     group_advantages,
     policy_loss,
-    split_settings,
 )
 
 FAST = settings(max_examples=40, deadline=None)
@@ -41,9 +42,12 @@ def test_grpo_gradient_is_ppo_clip_gradient(seed, eps):
     eps_low, eps_high = eps
     logprobs, behavior, advantages, mask = random_batch(seed)  # log-ratios ~ N(0, 3²): far outside the band
     loss, _ = policy_loss(
-        logprobs, behavior, advantages, mask, clip_mode="one-side", weight="importance-sampling",
-        eps_low=eps_low, eps_high=eps_high,
-    )  # fmt: skip
+        logprobs,
+        behavior,
+        advantages,
+        mask,
+        LossParams(clip_mode="one-side", weight="importance-sampling", eps_low=eps_low, eps_high=eps_high),
+    )
     ratio = torch.exp(logprobs - behavior)  # not detached: the textbook objective
     a = advantages[:, None]
     clipped = torch.minimum(ratio * a, ratio.clamp(1 - eps_low, 1 + eps_high) * a)
@@ -61,7 +65,8 @@ def token_batches(draw, log_ratio=log_ratios):
     cells = batch * length
     lps = draw(st.lists(st.floats(-10, -0.01), min_size=cells, max_size=cells))
     ratios = draw(st.lists(log_ratio, min_size=cells, max_size=cells))
-    advantages = draw(st.lists(st.floats(-3, 3), min_size=batch, max_size=batch))
+    # No subnormal advantages: the loss's token mean divides them to 0, the unnormalised references do not.
+    advantages = draw(st.lists(st.floats(-3, 3, allow_subnormal=False), min_size=batch, max_size=batch))
     mask = draw(st.lists(st.booleans(), min_size=cells, max_size=cells))
     logprobs = torch.tensor(lps, dtype=torch.float64).view(batch, length).requires_grad_(True)
     behavior = logprobs.detach() - torch.tensor(ratios, dtype=torch.float64).view(batch, length)
@@ -80,7 +85,7 @@ def test_no_clip_no_weight_is_plain_reinforce(tokens):
 
 def support(clip_mode, tokens, **eps):
     logprobs, behavior, advantages, mask = tokens
-    loss, _ = policy_loss(logprobs, behavior, advantages, mask, clip_mode=clip_mode, **eps)
+    loss, _ = policy_loss(logprobs, behavior, advantages, mask, LossParams.of(eps, clip_mode=clip_mode))
     return grad_of(loss, logprobs) != 0
 
 
@@ -108,8 +113,8 @@ def test_ring_and_one_side_keep_a_superset_of_two_side(tokens, eps):
 @given(token_batches(), st.sampled_from(sorted(PRESETS)), st.sampled_from(sorted(LOSS_AGGREGATIONS)))
 def test_extreme_ratios_stay_finite(tokens, preset, loss_agg):
     logprobs, behavior, advantages, mask = tokens
-    loss_settings = split_settings(PRESETS[preset])[1] | {"loss_agg": loss_agg}
-    loss, metrics = policy_loss(logprobs, behavior, advantages, mask, **loss_settings)
+    loss_settings = PRESETS[preset] | {"loss_agg": loss_agg}
+    loss, metrics = policy_loss(logprobs, behavior, advantages, mask, LossParams.of(loss_settings))
     assert torch.isfinite(loss) and torch.isfinite(grad_of(loss, logprobs)).all()
     assert set(metrics) >= METRIC_KEYS
     for value in metrics.values():
@@ -121,9 +126,12 @@ def test_empty_mask_gives_zero_loss_and_gradient():
     logprobs, behavior, advantages, _ = random_batch(0)
     for loss_agg in LOSS_AGGREGATIONS:
         loss, metrics = policy_loss(
-            logprobs, behavior, advantages, torch.zeros(6, 5, dtype=torch.bool),
-            regularizer="squared-log-ratio", regularizer_coef=0.1, loss_agg=loss_agg,
-        )  # fmt: skip
+            logprobs,
+            behavior,
+            advantages,
+            torch.zeros(6, 5, dtype=torch.bool),
+            LossParams(regularizer="squared-log-ratio", regularizer_coef=0.1, loss_agg=loss_agg),
+        )
         assert loss.item() == 0.0 and (grad_of(loss, logprobs) == 0).all()
         assert metrics["ratio_mean"] == 1 and metrics["clip_frac"] == 0
 
@@ -144,20 +152,23 @@ def test_aggregations_by_hand():
 @pytest.mark.parametrize("preset", ["red-drop", "grpo", "opmd"])
 def test_dropped_rows_leave_every_denominator(loss_agg, preset):
     """A batch whose dropped rows are masked out ≡ the batch without those rows (value and gradient)."""
-    advantage_settings, loss_settings = split_settings(PRESETS[preset] | {"loss_agg": loss_agg})
+    loss_settings = PRESETS[preset] | {"loss_agg": loss_agg}
+    adv_settings = advantage_settings(loss_settings)
     logprobs, behavior, _, mask = random_batch(3, batch=8)
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.2, 0.0, 1.0, 0.0], dtype=torch.float64)
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    grouped = group_advantages(rewards, groups, generator=torch.Generator().manual_seed(0), **advantage_settings)
+    grouped = group_advantages(rewards, groups, generator=torch.Generator().manual_seed(0), **adv_settings)
     keep = grouped.keep
     if preset == "red-drop":
         assert not keep.all()
     else:
         keep = torch.tensor([True, False, True, True, False, True, True, True])
 
-    full, _ = policy_loss(logprobs, behavior, grouped.advantages, mask & keep[:, None], **loss_settings)
+    full, _ = policy_loss(logprobs, behavior, grouped.advantages, mask & keep[:, None], LossParams.of(loss_settings))
     sub_logprobs = logprobs.detach()[keep].requires_grad_(True)
-    sub, _ = policy_loss(sub_logprobs, behavior[keep], grouped.advantages[keep], mask[keep], **loss_settings)
+    sub, _ = policy_loss(
+        sub_logprobs, behavior[keep], grouped.advantages[keep], mask[keep], LossParams.of(loss_settings)
+    )
     assert full.item() == pytest.approx(sub.item(), abs=1e-12)
     full_grad = grad_of(full, logprobs)
     assert torch.allclose(full_grad[keep], grad_of(sub, sub_logprobs), atol=1e-12)
@@ -168,11 +179,11 @@ def test_dropped_rows_leave_every_denominator(loss_agg, preset):
 def test_micro_batches_reproduce_the_full_batch(loss_agg):
     logprobs, behavior, advantages, mask = random_batch(4, batch=8)
     options = {"clip_mode": "ring", "regularizer": "squared-log-ratio", "regularizer_coef": 0.1, "loss_agg": loss_agg}
-    full, _ = policy_loss(logprobs, behavior, advantages, mask, **options)
+    full, _ = policy_loss(logprobs, behavior, advantages, mask, LossParams.of(options))
     total = aggregation_count(mask, loss_agg)
     accumulated = 0
     for rows in (slice(0, 3), slice(3, 4), slice(4, 8)):
-        micro, _ = policy_loss(logprobs[rows], behavior[rows], advantages[rows], mask[rows], **options)
+        micro, _ = policy_loss(logprobs[rows], behavior[rows], advantages[rows], mask[rows], LossParams.of(options))
         accumulated = accumulated + micro * aggregation_count(mask[rows], loss_agg) / total
     assert accumulated.item() == pytest.approx(full.item(), abs=1e-12)
     assert torch.allclose(grad_of(accumulated, logprobs), grad_of(full, logprobs), atol=1e-12)
@@ -185,14 +196,18 @@ def test_asymre_regularizer_equals_baseline_shift():
     groups = torch.tensor([0, 0, 0, 1, 1, 2])
     plain = group_advantages(rewards, groups).advantages
     shifted = group_advantages(rewards, groups, baseline_shift=0.1).advantages
-    regularized, _ = policy_loss(logprobs, behavior, plain, mask, regularizer="forward-kl", regularizer_coef=0.1)
+    regularized, _ = policy_loss(
+        logprobs, behavior, plain, mask, LossParams(regularizer="forward-kl", regularizer_coef=0.1)
+    )
     baseline_shift, _ = policy_loss(logprobs, behavior, shifted, mask)
     assert torch.allclose(grad_of(regularized, logprobs), grad_of(baseline_shift, logprobs), atol=1e-12)
 
 
 def test_red_weight_scales_by_exp_advantage():
     logprobs, behavior, advantages, mask = random_batch(6)
-    loss, metrics = policy_loss(logprobs, behavior, advantages, mask, weight="advantage", weight_temperature=0.5)
+    loss, metrics = policy_loss(
+        logprobs, behavior, advantages, mask, LossParams(weight="advantage", weight_temperature=0.5)
+    )
     expected = -torch.exp(advantages / 0.5)[:, None] * advantages[:, None] * mask / mask.sum()
     assert torch.allclose(grad_of(loss, logprobs), expected, atol=1e-12)
     expected_mean = (torch.exp(advantages / 0.5)[:, None] * mask).sum() / mask.sum()
@@ -225,4 +240,4 @@ def test_float_masks_weight_tokens():
 def test_unknown_options_list_the_valid_values(option, message):
     logprobs, behavior, advantages, mask = random_batch(0)
     with pytest.raises(ValueError, match=message):
-        policy_loss(logprobs, behavior, advantages, mask, **option)
+        policy_loss(logprobs, behavior, advantages, mask, LossParams.of(option))

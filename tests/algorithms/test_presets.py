@@ -17,15 +17,16 @@ from oprl.algorithms import (
     ADVANTAGE_KEYS,
     ALGORITHM_DEFAULTS,
     DISTILL_KEYS,
-    LOSS_KEYS,
     PRESETS,
     TRAINER_KEYS,
+    LossParams,
+    advantage_settings,
     distill_advantages,
     group_advantages,
     policy_loss,
     resolve_preset,
-    split_settings,
 )
+from oprl.algorithms.losses import SETTING_FIELDS
 
 REWARDS = [1.0, 0.0, 0.0, 0.5, 1.0]
 GROUPS = [0, 0, 0, 1, 1]
@@ -49,7 +50,7 @@ def _sequence_ratio(b):
     return math.exp(sum(logs) / len(logs))
 
 
-ARENA_KINDS = {"dppo-tv", "dppo-kl", "m2-mask", "m2-clip", "bapo", "flipped-is", "tapered", "soft-gate",
+ARENA_KINDS = {"dppo-tv", "dppo-kl", "m2-mask", "m2-mask-areal", "m2-clip", "bapo", "flipped-is", "tapered", "soft-gate",
                "sequence-sum", "advantage-regression"}  # fmt: skip
 
 
@@ -109,11 +110,13 @@ def reference(settings, advantages, keep):
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_preset_matches_reference(name):
     settings = PRESETS[name]
-    advantage_settings, loss_settings = split_settings(settings)
+    adv_settings, loss_settings = advantage_settings(settings), settings
     logprobs, behavior, mask = batch()
     rewards, groups = torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)
-    grouped = group_advantages(rewards, groups, generator=torch.Generator().manual_seed(0), **advantage_settings)
-    loss, metrics = policy_loss(logprobs, behavior, grouped.advantages, mask & grouped.keep[:, None], **loss_settings)
+    grouped = group_advantages(rewards, groups, generator=torch.Generator().manual_seed(0), **adv_settings)
+    loss, metrics = policy_loss(
+        logprobs, behavior, grouped.advantages, mask & grouped.keep[:, None], LossParams.of(loss_settings)
+    )
     loss.backward()
     expected_loss, expected_grad = reference(settings, grouped.advantages.tolist(), grouped.keep.tolist())
     assert loss.item() == pytest.approx(expected_loss, abs=1e-12)
@@ -127,7 +130,7 @@ def test_reinforce_by_hand():
     #   = −(1/11)·[(2/3)(−1.5) + (−1/3)(−2.4) + (−1/3)(−0.3) + (−1/4)(−2.5) + (1/4)(−1.4)] = −0.175/11
     logprobs, behavior, mask = batch()
     advantages = group_advantages(torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)).advantages
-    loss, _ = policy_loss(logprobs, behavior, advantages, mask, **split_settings(PRESETS["reinforce"])[1])
+    loss, _ = policy_loss(logprobs, behavior, advantages, mask, LossParams.of(PRESETS["reinforce"]))
     loss.backward()
     assert loss.item() == pytest.approx(-0.175 / 11)
     expected = [[-2 / 33, -2 / 33, 0], [1 / 33] * 3, [1 / 33, 0, 0], [1 / 44] * 3, [-1 / 44, -1 / 44, 0]]  # −A/11
@@ -140,7 +143,7 @@ def test_rec_oneside_nois_by_hand():
     #      = −0.675/11; clip_frac = 4/11, low = 2/11 (ρ 0.6, 0.3), high = 2/11 (ρ 1.5, 1.25).
     logprobs, behavior, mask = batch()
     advantages = group_advantages(torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)).advantages
-    loss, metrics = policy_loss(logprobs, behavior, advantages, mask, **split_settings(PRESETS["rec-oneside-nois"])[1])
+    loss, metrics = policy_loss(logprobs, behavior, advantages, mask, LossParams.of(PRESETS["rec-oneside-nois"]))
     assert loss.item() == pytest.approx(-0.675 / 11)
     assert metrics["clip_frac"].item() == pytest.approx(4 / 11)
     assert metrics["clip_frac_low"].item() == pytest.approx(2 / 11)
@@ -159,8 +162,8 @@ def test_every_preset_sets_every_setting():
         for weight in ("is", "nois"):
             required |= {f"rec-{clip}-{weight}", f"rec-{clip}-{weight}-wide"}
     assert required <= set(PRESETS)
-    assert set(ADVANTAGE_KEYS) | set(LOSS_KEYS) | set(DISTILL_KEYS) | set(TRAINER_KEYS) == set(ALGORITHM_DEFAULTS)
-    assert not set(ADVANTAGE_KEYS) & set(LOSS_KEYS)
+    assert set(ADVANTAGE_KEYS) | set(SETTING_FIELDS) | set(DISTILL_KEYS) | set(TRAINER_KEYS) == set(ALGORITHM_DEFAULTS)
+    assert not set(ADVANTAGE_KEYS) & set(SETTING_FIELDS)
     for name, settings in PRESETS.items():
         assert set(settings) == set(ALGORITHM_DEFAULTS), name
         if name.endswith("-wide"):
@@ -169,11 +172,12 @@ def test_every_preset_sets_every_setting():
 
 @pytest.mark.parametrize(
     "function, keys",
-    [(group_advantages, ADVANTAGE_KEYS), (policy_loss, LOSS_KEYS), (distill_advantages, DISTILL_KEYS)],
+    [(group_advantages, ADVANTAGE_KEYS), (LossParams, SETTING_FIELDS), (distill_advantages, DISTILL_KEYS)],
 )
 def test_the_functions_keyword_defaults_are_algorithm_defaults(function, keys):
-    """One source: every setting the function takes defaults to ``ALGORITHM_DEFAULTS``' value, and it takes
-    every setting of its keys (a default changed in defaults.py reaches a direct call too)."""
+    """One source: every setting the function (the loss: its ``LossParams``) takes defaults to
+    ``ALGORITHM_DEFAULTS``' value, and it takes every setting of its keys (a default changed in defaults.py
+    reaches a direct call too)."""
     parameters = inspect.signature(function).parameters
     settings = {n: p.default for n, p in parameters.items() if n in ALGORITHM_DEFAULTS}
     assert set(settings) == set(keys)
@@ -214,9 +218,9 @@ def test_masked_positions_are_ignored_even_when_infinite(name, masked_value):
     """Every input at a masked position may be ±inf or NaN (trainer log-probs of padding included): the loss
     and the gradient equal the reference's, finite, and the gradient there is exactly 0."""
     settings = PRESETS[name]
-    advantage_settings, loss_settings = split_settings(settings)
+    adv_settings, loss_settings = advantage_settings(settings), settings
     rewards, groups = torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)
-    grouped = group_advantages(rewards, groups, generator=torch.Generator().manual_seed(0), **advantage_settings)
+    grouped = group_advantages(rewards, groups, generator=torch.Generator().manual_seed(0), **adv_settings)
     _, behavior, mask = batch()
     mask = mask & grouped.keep[:, None]
     raw = torch.tensor(LOGPROBS, dtype=torch.float64)
@@ -225,7 +229,7 @@ def test_masked_positions_are_ignored_even_when_infinite(name, masked_value):
     extra = {}
     if settings["recompute_proximal"]:  # π_prox = π_θ before the update: ρ = 1 on valid tokens
         extra["proximal_logprobs"] = torch.where(mask, raw, torch.full_like(raw, masked_value))
-    loss, metrics = policy_loss(logprobs, behavior, grouped.advantages, mask, **loss_settings, **extra)
+    loss, metrics = policy_loss(logprobs, behavior, grouped.advantages, mask, LossParams.of({**loss_settings, **extra}))
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
     assert (logprobs.grad[~mask] == 0).all()

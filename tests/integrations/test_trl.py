@@ -9,7 +9,7 @@ pytest.importorskip("trl")
 from datasets import Dataset
 from trl import GRPOConfig
 
-from oprl.algorithms import group_advantages, policy_loss, resolve_preset, split_settings
+from oprl.algorithms import LossParams, advantage_settings, group_advantages, policy_loss, resolve_preset
 from oprl.integrations.trl import OprlGRPOTrainer
 from oprl.models.tiny import build_model, build_tokenizer
 
@@ -63,7 +63,7 @@ def test_loss_on_a_batch_equals_oprl_policy_loss(tmp_path, preset):
     texts = trainer.processing_class.batch_decode(inputs["completion_ids"], skip_special_tokens=True)
     rewards = torch.tensor(digits_reward(texts), dtype=torch.float32)
     settings = resolve_preset(preset)
-    advantage_kwargs, loss_kwargs = split_settings(settings)
+    advantage_kwargs, loss_kwargs = advantage_settings(settings), settings
     generator = torch.Generator().manual_seed(0)
     adv = group_advantages(rewards, torch.arange(8) // 4, generator=generator, **advantage_kwargs)
     assert torch.allclose(inputs["advantages"], adv.advantages) and adv.advantages.abs().sum() > 0
@@ -73,7 +73,7 @@ def test_loss_on_a_batch_equals_oprl_policy_loss(tmp_path, preset):
     logits = trainer.model(input_ids=ids, attention_mask=attention).logits[:, -width - 1 : -1] / 1.0
     logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, inputs["completion_ids"][..., None])[..., 0]
     mask = inputs["completion_mask"] * adv.keep[:, None]
-    expected, _ = policy_loss(logprobs, logprobs.detach(), adv.advantages, mask, **loss_kwargs)
+    expected, _ = policy_loss(logprobs, logprobs.detach(), adv.advantages, mask, LossParams.of(loss_kwargs))
 
     loss = trainer.compute_loss(trainer.model, inputs)  # outside train(): no gradient accumulation divisor
     assert torch.allclose(loss, expected, atol=1e-6), (float(loss), float(expected))
@@ -96,10 +96,12 @@ def test_decoupled_ppo_takes_the_proximal_from_old_per_token_logps(tmp_path):
     proximal = logprobs.detach() + 0.4 * (torch.rand(logprobs.shape, generator=noise) - 0.5)
     sampling = proximal + 0.8 * (torch.rand(logprobs.shape, generator=noise) - 0.5)
     inputs["old_per_token_logps"], inputs["sampling_per_token_logps"] = proximal, sampling
-    _, loss_kwargs = split_settings(resolve_preset("decoupled-ppo"))
+    loss_kwargs = resolve_preset("decoupled-ppo")
     mask = inputs["completion_mask"].to(logprobs.dtype)
-    expected, _ = policy_loss(logprobs, sampling, inputs["advantages"], mask, proximal_logprobs=proximal, **loss_kwargs)
-    without, _ = policy_loss(logprobs, sampling, inputs["advantages"], mask, **loss_kwargs)
+    expected, _ = policy_loss(
+        logprobs, sampling, inputs["advantages"], mask, LossParams.of(loss_kwargs), proximal_logprobs=proximal
+    )
+    without, _ = policy_loss(logprobs, sampling, inputs["advantages"], mask, LossParams.of(loss_kwargs))
     assert not torch.allclose(expected, without, atol=1e-4)
     loss = trainer.compute_loss(trainer.model, inputs)
     assert torch.allclose(loss, expected, atol=1e-6), (float(loss), float(expected))

@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 from verl.trainer.ppo import core_algos
 
-from oprl.algorithms import PRESETS, group_advantages, policy_loss, resolve_preset, split_settings
+from oprl.algorithms import PRESETS, LossParams, advantage_settings, group_advantages, policy_loss, resolve_preset
 from oprl.integrations.verl import register_verl
 
 B, T = 6, 5
@@ -41,9 +41,9 @@ def test_policy_loss_equals_oprl(preset, agg):
     old, new, adv_seq, mask = batch()
     loss_fn = core_algos.get_policy_loss_fn("oprl-" + preset)
     loss, metrics = loss_fn(old, new, adv_seq[:, None] * mask, mask, agg, None)  # verl's token-level A
-    _, loss_kwargs = split_settings(resolve_preset(preset))
+    loss_kwargs = resolve_preset(preset)
     ref_new = new.detach().clone().requires_grad_()
-    expected, ref_metrics = policy_loss(ref_new, old, adv_seq, mask, **{**loss_kwargs, "loss_agg": agg})
+    expected, ref_metrics = policy_loss(ref_new, old, adv_seq, mask, LossParams.of({**loss_kwargs, "loss_agg": agg}))
     torch.testing.assert_close(loss, expected)
     loss.backward()
     expected.backward()
@@ -87,7 +87,7 @@ def test_advantage_estimator_equals_oprl(preset):
     adv, returns = core_algos.get_adv_estimator_fn("oprl-" + preset)(
         token_level_rewards=token_rewards, response_mask=mask, index=index, config=None
     )
-    advantage_kwargs, _ = split_settings(resolve_preset(preset))
+    advantage_kwargs = advantage_settings(resolve_preset(preset))
     group_ids = torch.tensor([1, 0, 1, 0, 2, 2, 1, 0])
     expected = group_advantages(rewards, group_ids, generator=torch.Generator().manual_seed(3), **advantage_kwargs)
     torch.testing.assert_close(adv, expected.advantages[:, None] * mask)

@@ -16,7 +16,7 @@ See docs/algorithms.md for formulas, knobs, metrics and the bandit that motivate
 
 from oprl.algorithms.advantages import BASELINES, DROP_RULES, DropRule, GroupAdvantages, group_advantages
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate, aggregation_count
-from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, DISTILL_KEYS, LOSS_KEYS, TRAINER_KEYS
+from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, DISTILL_KEYS, TRAINER_KEYS
 from oprl.algorithms.distill import DISTILL_MIXES, distill_advantages, distill_metrics
 from oprl.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from oprl.algorithms.losses import (
@@ -26,6 +26,7 @@ from oprl.algorithms.losses import (
     RATIO_LEVELS,
     REGULARIZERS,
     WEIGHTS,
+    LossParams,
     policy_loss,
     ratio_stats,
 )
@@ -35,9 +36,9 @@ from oprl.algorithms.presets import (
     RENAMED_SETTINGS,
     RENAMED_VALUES,
     SettingError,
+    advantage_settings,
     renamed_message,
     resolve_preset,
-    split_settings,
     validate_settings,
 )
 from oprl.algorithms.surrogate import consistency_surrogate
@@ -52,7 +53,6 @@ __all__ = [
     "DROP_RULES",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
-    "LOSS_KEYS",
     "MISMATCH_BAND",
     "OBJECTIVES",
     "PRESETS",
@@ -65,7 +65,9 @@ __all__ = [
     "WEIGHTS",
     "DropRule",
     "GroupAdvantages",
+    "LossParams",
     "SettingError",
+    "advantage_settings",
     "aggregate",
     "aggregation_count",
     "consistency_surrogate",
@@ -77,6 +79,5 @@ __all__ = [
     "ratio_stats",
     "renamed_message",
     "resolve_preset",
-    "split_settings",
     "validate_settings",
 ]

@@ -38,7 +38,7 @@ BAPO_HIGH_STEP = 0.1
 """BAPO's bound increments δ₋ / δ₊ (the authors' run_bapo_example.sh: ratio_lower_step / ratio_upper_step)."""
 
 M2_TIE = 1e-12
-"""M2PO-clip's tolerance on r = 1 and on the target sum, as in the authors' code."""
+"""M2PO's tolerance on A = 0, on r = 1, on the target sum and below the cap, as in the authors' code."""
 
 
 def _valid(params) -> torch.Tensor:
@@ -88,8 +88,44 @@ def _dppo_binary_kl(ratio, advantages, params):
 # --- M2PO (Zheng et al. 2025, arXiv 2510.01161): bound the second moment of log ρ over the batch ----------
 
 
+def _harmful(ratio, advantages, valid):
+    """Tokens that moved the way their advantage pushes (A > 0 ∧ ρ > 1, or A < 0 ∧ ρ < 1), with the authors'
+    tolerance: the ones a trust region exists to stop (B, T) bool."""
+    pushed_up = (advantages > M2_TIE) & (ratio > 1 + M2_TIE)
+    pushed_down = (advantages < -M2_TIE) & (ratio < 1 - M2_TIE)
+    return valid & (pushed_up | pushed_down)
+
+
 def _m2_mask(ratio, advantages, params):
-    """The paper's rule: drop the tokens with the largest (log ρ)² until the mean over the rest is < τ_M2."""
+    """M2PO, the paper's rule (Zheng et al. 2025, Algorithm 1): over the harmful tokens (``_harmful``: the ones a
+    trust region is about), M̂₂ = mean (log ρ)²; while M̂₂ > τ_M2, drop the one with the largest (log ρ)². A token
+    at ρ = 1, or one that moved against its advantage, always keeps its gradient; the loop stops as soon as
+    M̂₂ ≤ τ_M2. M̂₂ is measured over the harmful tokens as the authors' code measures it
+    (``kpo_clip_harmful_tokens``): over all tokens, dropping a harmful token below the mean would raise it."""
+    valid = _valid(params)
+    harmful = _harmful(ratio, advantages, valid)
+    second = torch.where(harmful, ratio.log().square(), torch.full_like(ratio, -1.0)).flatten()  # (BT,) −1: not
+    order = torch.argsort(second, descending=True, stable=True)  # harmful first, largest first
+    ranked = second[order].clamp(min=0)  # (BT,)
+    count = harmful.sum()  # h
+    position = torch.arange(ranked.numel() + 1, device=ratio.device)  # k = 0 .. BT
+    rest = torch.cat([ranked.flip(0).cumsum(0).flip(0), ranked.new_zeros(1)])  # Σ_{j ≥ k} (padding adds 0)
+    kept_mean = rest / (count - position).clamp(min=1)  # M̂₂ after dropping k
+    meets = (kept_mean <= params.m2_threshold) & (position <= count)  # k = h: nothing left, M̂₂ = 0
+    first = meets.to(torch.int64).argmax()  # k*: how many to drop (the first k that meets, at most h)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=ratio.device)
+    keep = valid & ((rank >= first).view_as(ratio) | ~harmful)
+    return keep, {
+        "m2": kept_mean[0],  # M̂₂ of the harmful tokens before masking
+        "m2_kept": torch.where(first < count, kept_mean[first], kept_mean.new_zeros(())),
+    }
+
+
+def _m2_mask_all(ratio, advantages, params):
+    """M2PO as AReaL implements it (``actor.m2_threshold``, docs/algorithms/m2po.md): rank *every* valid token
+    by (log ρ)², drop the largest until the mean of the rest is strictly < τ_M2 (a token at ρ = 1 can be
+    dropped, and with every |log ρ| large all are)."""
     valid = _valid(params)
     if ratio.numel() == 0:
         return valid, {}
@@ -115,23 +151,25 @@ def _m2_mask(ratio, advantages, params):
 
 
 def _m2_clip(ratio, advantages, params):
-    """The authors' code (Infini-AI-Lab/M2PO, ``compute_m2po_policy_loss``): over the tokens PPO would clip
-    ("harmful": A > 0 with ρ > 1, A < 0 with ρ < 1), the smallest cap τ² on (log ρ)² whose capped mean meets
-    τ_M2 becomes one-side bounds [e^−τ, e^τ], never narrower than [1 − ε_low, 1 + ε_high]."""
+    """The authors' code (Infini-AI-Lab/M2PO, ``kpo_clip_harmful_tokens`` and ``compute_m2po_policy_loss``):
+    over the tokens PPO would clip (``_harmful``), with v_k their (log ρ)² ascending, the first k whose cap
+    Σ_{j≤k} v_j + (v_k − 1e-12)·(n − k − 1) reaches τ_M2·n gives τ² = v_{k−1} − 1e-12 (0 if k = 0): the token at
+    v_{k−1} itself lies just outside the bound. τ becomes one-side bounds [e^−τ, e^τ], never narrower than
+    [1 − ε_low, 1 + ε_high]."""
     valid = _valid(params)
-    log_ratio = ratio.log()
-    harmful = valid & (((advantages > M2_TIE) & (ratio > 1 + M2_TIE)) | ((advantages < -M2_TIE) & (ratio < 1 - M2_TIE)))
-    values = torch.where(harmful, log_ratio.square(), torch.full_like(ratio, math.inf)).flatten()
+    harmful = _harmful(ratio, advantages, valid)
+    values = torch.where(harmful, ratio.log().square(), torch.full_like(ratio, math.inf)).flatten()
     ranked, _ = torch.sort(values)  # harmful ascending, then +inf
     count = harmful.sum()
     inside = torch.arange(ranked.numel(), device=ranked.device) < count
     finite = torch.where(inside, ranked, torch.zeros_like(ranked))
     target = params.m2_threshold * count.to(ratio.dtype)
     position = torch.arange(ranked.numel(), device=ranked.device)
-    capped = finite.cumsum(0) + finite * (count - 1 - position)  # Σ_j min(v_j, v_k)
+    capped = finite.cumsum(0) + (finite - M2_TIE) * (count - 1 - position)  # Σ_j min(v_j, v_k), as the authors
     reaches = inside & (capped >= target - M2_TIE)
     first = reaches.to(torch.int64).argmax()
-    cap = torch.where(first > 0, finite[(first - 1).clamp(min=0)], finite.new_zeros(()))  # τ²
+    below = (finite[(first - 1).clamp(min=0)] - M2_TIE).clamp(min=0)
+    cap = torch.where(first > 0, below, finite.new_zeros(()))  # τ²
     needed = (count > 0) & (finite.sum() > target + M2_TIE)  # else no constraint
     tau = torch.where(needed, cap.sqrt(), torch.full_like(cap, math.inf))
     low = torch.minimum(torch.exp(-tau), torch.as_tensor(1 - params.eps_low, dtype=ratio.dtype))

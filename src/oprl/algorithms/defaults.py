@@ -1,7 +1,8 @@
 """The one source of every algorithm setting's default: ``ALGORITHM_DEFAULTS``, and which function takes it.
 
-``group_advantages`` and ``policy_loss`` take their keyword defaults from this dict, the presets start from
-it, and ``oprl config --help`` prints a preset's values from it: a default is changed here, nowhere else.
+``group_advantages``' keywords and the fields of ``policy_loss``'s ``LossParams`` take their defaults from this
+dict, the presets start from it, and ``oprl config --help`` prints a preset's values from it: a default is
+changed here, nowhere else.
 A module of plain values (it imports nothing of oprl), so the formulas' modules and the presets can all read it.
 """
 
@@ -46,16 +47,12 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
 }
 
 ADVANTAGE_KEYS: tuple[str, ...] = ("std_normalize", "drop", "keep_dropped", "baseline_shift", "baseline", "tau")
-LOSS_KEYS: tuple[str, ...] = (
-    "clip_mode", "weight", "ratio_level", "eps_low", "eps_high", "eps_low_prime", "eps_high_prime",
-    "mask_low", "mask_high", "is_cap", "regularizer", "regularizer_coef", "weight_temperature", "loss_agg",
-    "objective", "m2_threshold", "tau_pos", "tau_neg", "bapo_target", "bapo_low_max", "bapo_high_max",
-    "regression_beta",
-)  # fmt: skip
+"""Settings of ``group_advantages`` (``advantage_settings``). The loss's are the fields of
+``oprl.algorithms.losses.LossParams``."""
 DISTILL_KEYS: tuple[str, ...] = ("distill_coef", "distill_mix")
 """Settings of ``distill_advantages``: the trainer calls it when ``distill_coef`` > 0 (rows need teacher log-probs)."""
 TRAINER_KEYS: tuple[str, ...] = ("recompute_proximal",)
 """Settings the trainer reads: ``recompute_proximal`` makes it pass ``proximal_logprobs`` to ``policy_loss``."""
 
 
-__all__ = ["ADVANTAGE_KEYS", "ALGORITHM_DEFAULTS", "DISTILL_KEYS", "LOSS_KEYS", "TRAINER_KEYS"]
+__all__ = ["ADVANTAGE_KEYS", "ALGORITHM_DEFAULTS", "DISTILL_KEYS", "TRAINER_KEYS"]

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 from oprl.algorithms import corrections
 from oprl.algorithms.aggregation import aggregate
@@ -46,31 +47,78 @@ MISMATCH_BAND = (0.8, 1.25)
 trainer and the sampler, which a bf16 sampler already produces on-policy (1.25 = 1/0.8, symmetric in log ρ)."""
 
 
-class LossParams(NamedTuple):
-    """What the masks and weights read: band [1 − eps_low, 1 + eps_high] (DPPO: the divergence thresholds);
-    ring extremes 1 − eps_low_prime and 1 + eps_high_prime; the rejection band [mask_low, mask_high]; the cap
-    C = is_cap; RED-Weight's temperature T; M2PO's bound τ_M2; SAPO's gate temperatures; BAPO's target share
-    and bound maxima; OAPL's β. Then the call's tensors (B, T): ``mask``, the detached current ``logprobs`` and
-    the anchor's ``anchor_logprobs`` (rules on probabilities, DPPO, or on the whole batch, M2PO)."""
+@dataclass(frozen=True)
+class LossParams:
+    """Every setting of ``policy_loss``, one typed value: which rule of each kind (a registry name) and the
+    numbers the rules read. Built once from the resolved algorithm settings (``LossParams.of``) and kept by the
+    trainer; each default is ``ALGORITHM_DEFAULTS``' (``defaults.py``, with its reason and citation), so
+    ``LossParams()`` is plain group-relative REINFORCE. A new loss knob is one field here with its docstring,
+    its default in ``ALGORITHM_DEFAULTS`` and its ``algorithm.<name>`` field in ``oprl.config.algorithm``.
 
-    eps_low: float
-    eps_high: float
-    eps_low_prime: float
-    eps_high_prime: float
-    mask_low: float
-    mask_high: float
-    is_cap: float
-    weight_temperature: float
+    ``policy_loss`` hands the rules (masks, weights, objectives: ``(ratio, advantages, params)``) a copy that
+    also carries the call's tensors (B, T): ``mask``, the detached current ``logprobs`` and the anchor's
+    ``anchor_logprobs``, for rules on probabilities (DPPO) or on the whole batch (M2PO, BAPO); they are None in
+    the stored settings."""
+
+    clip_mode: str = D["clip_mode"]
+    """The token mask M (``CLIP_MODES``): none, one-side, two-side, ring, mask, dppo-tv, dppo-kl, m2-mask, ..."""
+    weight: str = D["weight"]
+    """The detached per-token weight w (``WEIGHTS``): none, importance-sampling, truncated-is, clipped-is, ..."""
+    ratio_level: str = D["ratio_level"]
+    """What ρ is (``RATIO_LEVELS``): per token, each response's geometric mean (GSPO), or its product (TOPR)."""
+    objective: str = D["objective"]
+    """The per-token objective (``OBJECTIVES``): policy-gradient −M·w·A·logprobs, or OAPL's regression."""
+    regularizer: str = D["regularizer"]
+    """R on every valid token (``REGULARIZERS``): none, squared-log-ratio (OPMD), forward-kl (AsymRE)."""
+    regularizer_coef: float = D["regularizer_coef"]
+    """c of the regulariser."""
+    loss_agg: str = D["loss_agg"]
+    """How (B, T) token losses become the scalar (``oprl.algorithms.aggregation``)."""
+    normalizer: float | None = None
+    """``seq-mean-token-sum-norm``'s fixed denominator (Dr.GRPO: the response budget); None = the batch's."""
+    eps_low: float = D["eps_low"]
+    """Clip band [1 − eps_low, 1 + eps_high] (DPPO: its divergence thresholds)."""
+    eps_high: float = D["eps_high"]
+    eps_low_prime: float = D["eps_low_prime"]
+    """REC-Ring's extremes: A ≥ 0 tokens with ρ ≤ 1 − eps_low_prime and A ≤ 0 ones with ρ ≥ 1 + eps_high_prime."""
+    eps_high_prime: float = D["eps_high_prime"]
+    mask_low: float = D["mask_low"]
+    """clip_mode=mask keeps mask_low ≤ ρ ≤ mask_high."""
+    mask_high: float = D["mask_high"]
+    is_cap: float = D["is_cap"]
+    """C of truncated-is min(ρ, C) and of decoupled PPO's behaviour weight min(π_prox/π_b, C)."""
+    weight_temperature: float = D["weight_temperature"]
+    """RED-Weight's T in w = exp(A/T)."""
     m2_threshold: float = D["m2_threshold"]
+    """M2PO's τ_M2, the bound on the batch's second moment of log ρ."""
     tau_pos: float = D["tau_pos"]
+    """SAPO's gate temperature for A > 0."""
     tau_neg: float = D["tau_neg"]
+    """SAPO's gate temperature for A ≤ 0."""
     bapo_target: float = D["bapo_target"]
+    """BAPO's ρ₀, the share of the clipped update the positive tokens must reach."""
     bapo_low_max: float = D["bapo_low_max"]
+    """BAPO's b₋: the lower bound rises from 1 − eps_low up to this."""
     bapo_high_max: float = D["bapo_high_max"]
+    """BAPO's b₊: the upper bound rises from 1 + eps_high up to this."""
     regression_beta: float = D["regression_beta"]
-    mask: torch.Tensor | None = None
-    logprobs: torch.Tensor | None = None
-    anchor_logprobs: torch.Tensor | None = None
+    """OAPL's β on each response's Σ_t log(π/π_b)."""
+    mask: torch.Tensor | None = field(default=None, repr=False)
+    logprobs: torch.Tensor | None = field(default=None, repr=False)
+    anchor_logprobs: torch.Tensor | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any], **extra: Any) -> LossParams:
+        """The loss's part of resolved algorithm settings (``resolve_preset``: a preset plus overrides; other
+        keys, e.g. the advantages', are not the loss's and are left out), with ``extra`` fields on top."""
+        return cls(**({key: settings[key] for key in SETTING_FIELDS if key in settings} | extra))
+
+
+SETTING_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(LossParams) if f.name not in ("normalizer", "mask", "logprobs", "anchor_logprobs")
+)
+"""The ``LossParams`` fields that are algorithm settings (``algorithm.<name>``); normalizer and the call's
+tensors are filled in by the trainer and by ``policy_loss``."""
 
 
 def _in_band(ratio, params):
@@ -114,7 +162,8 @@ CLIP_MODES: dict[str, Callable] = {
     # DPPO (arXiv 2602.04879): the harmful side of |π − μ| (binary TV) or of the binary KL ≤ eps_low/eps_high
     "dppo-tv": corrections._dppo_binary_tv,
     "dppo-kl": corrections._dppo_binary_kl,
-    "m2-mask": corrections._m2_mask,  # M2PO (arXiv 2510.01161), paper: drop the largest (log ρ)² to M̂₂ < τ
+    "m2-mask": corrections._m2_mask,  # M2PO (arXiv 2510.01161), paper: drop harmful tokens, largest (log ρ)², to M̂₂ ≤ τ
+    "m2-mask-areal": corrections._m2_mask_all,  # M2PO as AReaL does it: any token, largest first, to M̂₂ < τ
     "m2-clip": corrections._m2_clip,  # M2PO, the authors' code: one-side bounds from τ_M2 over harmful tokens
     "bapo": corrections._bapo,  # BAPO (arXiv 2510.18927): one-side bounds widened until positives weigh ρ₀
 }
@@ -210,31 +259,9 @@ def policy_loss(
     behavior_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    params: LossParams = LossParams(),
     *,
     proximal_logprobs: torch.Tensor | None = None,
-    clip_mode: str = D["clip_mode"],
-    weight: str = D["weight"],
-    ratio_level: str = D["ratio_level"],
-    eps_low: float = D["eps_low"],
-    eps_high: float = D["eps_high"],
-    eps_low_prime: float = D["eps_low_prime"],
-    eps_high_prime: float = D["eps_high_prime"],
-    mask_low: float = D["mask_low"],
-    mask_high: float = D["mask_high"],
-    is_cap: float = D["is_cap"],
-    regularizer: str = D["regularizer"],
-    regularizer_coef: float = D["regularizer_coef"],
-    weight_temperature: float = D["weight_temperature"],
-    loss_agg: str = D["loss_agg"],
-    objective: str = D["objective"],
-    m2_threshold: float = D["m2_threshold"],
-    tau_pos: float = D["tau_pos"],
-    tau_neg: float = D["tau_neg"],
-    bapo_target: float = D["bapo_target"],
-    bapo_low_max: float = D["bapo_low_max"],
-    bapo_high_max: float = D["bapo_high_max"],
-    regression_beta: float = D["regression_beta"],
-    normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The REINFORCE-family loss and its diagnostics.
 
@@ -256,14 +283,16 @@ def policy_loss(
     The methods after the paper (``corrections.py``, docs/algorithms.md#the-arena-methods): M dppo-tv,
     dppo-kl, m2-mask, m2-clip, bapo; w flipped-is, tapered, soft-gate; ratio_level sequence-sum (Π_t ρ_t);
     objective advantage-regression replaces −M·w·A·logprobs by OAPL's (β·Σ_t log(π/a) − A)² per response.
-    loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor; metrics: detached 0-dim tensors,
-    averaged over valid tokens (see ``_metrics``), plus what a rule reports (M2PO's M̂₂, BAPO's bounds, ...).
+    Every setting named above is a field of ``params`` (``LossParams``: C = is_cap, T = weight_temperature,
+    c = regularizer_coef, ...). loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor; metrics:
+    detached 0-dim tensors, averaged over valid tokens (see ``_metrics``), plus what a rule reports (M2PO's
+    M̂₂, BAPO's bounds, ...).
     """
-    keep_fn = lookup(CLIP_MODES, clip_mode, "clip_mode")
-    weight_fn = lookup(WEIGHTS, weight, "weight")
-    level_fn = lookup(RATIO_LEVELS, ratio_level, "ratio_level")
-    regularizer_fn = lookup(REGULARIZERS, regularizer, "regularizer")
-    objective_fn = lookup(OBJECTIVES, objective, "objective")
+    keep_fn = lookup(CLIP_MODES, params.clip_mode, "clip_mode")
+    weight_fn = lookup(WEIGHTS, params.weight, "weight")
+    level_fn = lookup(RATIO_LEVELS, params.ratio_level, "ratio_level")
+    regularizer_fn = lookup(REGULARIZERS, params.regularizer, "regularizer")
+    objective_fn = lookup(OBJECTIVES, params.objective, "objective")
 
     mask = mask.to(logprobs.dtype)  # (B, T)
     valid = mask > 0  # (B, T)
@@ -283,19 +312,17 @@ def policy_loss(
         token_advantages = token_advantages[:, None].expand_as(logprobs)  # (B, T)
     token_advantages = torch.where(valid, token_advantages, torch.zeros_like(token_advantages))  # (B, T)
 
-    params = LossParams(eps_low, eps_high, eps_low_prime, eps_high_prime, mask_low, mask_high, is_cap,
-                        weight_temperature, m2_threshold, tau_pos, tau_neg, bapo_target, bapo_low_max,
-                        bapo_high_max, regression_beta, mask, current, anchor)  # fmt: skip
+    params = replace(params, mask=mask, logprobs=current, anchor_logprobs=anchor)  # the rules' view of this call
 
     keep, keep_metrics = _with_metrics(keep_fn(ratio, token_advantages, params))  # (B, T) bool
     weights, weight_metrics = _with_metrics(weight_fn(ratio, token_advantages, params))  # (B, T)
     if proximal_logprobs is not None:  # AReaL's behaviour weight, π_prox/π_b capped at C
-        weights = weights * (anchor - behavior_logprobs).clamp(max=math.log(is_cap)).exp()
+        weights = weights * (anchor - behavior_logprobs).clamp(max=math.log(params.is_cap)).exp()
     pg_tokens, objective_metrics = objective_fn(logprobs, anchor, token_advantages, mask, keep, weights, params)
-    reg_tokens = regularizer_fn(logprobs, behavior_logprobs, regularizer_coef)  # (B, T)
+    reg_tokens = regularizer_fn(logprobs, behavior_logprobs, params.regularizer_coef)  # (B, T)
 
-    pg_loss = aggregate(pg_tokens, mask, loss_agg, normalizer)  # ()
-    reg_loss = aggregate(reg_tokens, mask, loss_agg, normalizer)  # ()
+    pg_loss = aggregate(pg_tokens, mask, params.loss_agg, params.normalizer)  # ()
+    reg_loss = aggregate(reg_tokens, mask, params.loss_agg, params.normalizer)  # ()
     metrics = _metrics(ratio, keep, weights, mask, pg_loss, reg_loss)
     extra = {key: value.detach() for key, value in {**keep_metrics, **weight_metrics, **objective_metrics}.items()}
     return pg_loss + reg_loss, metrics | extra

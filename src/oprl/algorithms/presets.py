@@ -1,7 +1,7 @@
 """Named algorithms: each preset is a complete set of keyword arguments for the two pure functions.
 
 A preset fixes every setting in ``ALGORITHM_DEFAULTS`` (``defaults.py``: also the two functions' keyword
-defaults); ``ADVANTAGE_KEYS`` go to ``group_advantages`` and ``LOSS_KEYS`` to ``policy_loss``. Config keys
+defaults); ``ADVANTAGE_KEYS`` go to ``group_advantages``, the loss's to ``LossParams.of``. Config keys
 are ``algorithm.<setting>``, the preset is chosen with ``algorithm.preset=<name>`` (e.g. ``oprl train
 algorithm.preset=rec-oneside-nois algorithm.eps_high=2.0``). Sources: Yao et al. 2025, "Group-Relative
 REINFORCE Is Secretly an Off-Policy Algorithm" (arXiv 2509.24203), unless an entry says otherwise.
@@ -14,7 +14,7 @@ from typing import Any
 
 from oprl.algorithms.advantages import BASELINES, DROP_RULES
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS
-from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, LOSS_KEYS
+from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS
 from oprl.algorithms.distill import DISTILL_MIXES
 from oprl.algorithms.losses import CLIP_MODES, OBJECTIVES, RATIO_LEVELS, REGULARIZERS, WEIGHTS
 from oprl.algorithms.registry import unknown_name_message
@@ -97,9 +97,22 @@ PRESETS: dict[str, dict[str, Any]] = {
     # w = min(ρ, 20), A = r − mean, each response's token sum / T (the authors' run script).
     "dppo-tv": {**ALGORITHM_DEFAULTS, **_DPPO, "clip_mode": "dppo-tv", "eps_low": 0.15, "eps_high": 0.15},
     "dppo-kl": {**ALGORITHM_DEFAULTS, **_DPPO, "clip_mode": "dppo-kl", "eps_low": 0.05, "eps_high": 0.05},
-    # M2PO (Zheng et al. 2025, arXiv 2510.01161; AReaL m2_threshold): the paper's mask (drop the largest
-    # (log ρ)² until M̂₂ < 0.04) with ρ-weighted GRPO advantages and no clip.
+    # M2PO (Zheng et al. 2025, arXiv 2510.01161, Algorithm 1): the paper's mask (drop the harmful token with the
+    # largest (log ρ)² while M̂₂ > 0.04) with ρ-weighted GRPO advantages and no clip.
     "m2po": {**ALGORITHM_DEFAULTS, **_STD, **_IS, "clip_mode": "m2-mask", "m2_threshold": 0.04},
+    # M2PO as AReaL implements it (actor.m2_threshold): every token is a candidate, strict M̂₂ < 0.04.
+    "m2po-areal": {**ALGORITHM_DEFAULTS, **_STD, **_IS, "clip_mode": "m2-mask-areal", "m2_threshold": 0.04},
+    # M2PO as the authors' released code does it (Infini-AI-Lab/M2PO, M2_budget 0.04): one-side clip bounds from
+    # the budget over the harmful tokens, never narrower than [0.7, 1.5].
+    "m2po-clip": {
+        **ALGORITHM_DEFAULTS,
+        **_STD,
+        **_IS,
+        "clip_mode": "m2-clip",
+        "m2_threshold": 0.04,
+        "eps_low": 0.3,
+        "eps_high": 0.5,
+    },
     # OAPL (Ritter et al. 2026, arXiv 2602.19362; danieldritter/OAPL): (β·Σ log(π/π_b) − (r − V̂*))² per
     # response, V̂* = β₁·log mean exp(r/β₁) (baseline=logavgexp, tau = β₁ = 1), β = 1e-3, mean over responses.
     "oapl": {
@@ -227,7 +240,7 @@ def resolve_preset(name: str, **overrides: Any) -> dict[str, Any]:
     return settings
 
 
-def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(keyword arguments for ``group_advantages``, keyword arguments for ``policy_loss``); ``DISTILL_KEYS``
-    and ``TRAINER_KEYS`` are the caller's."""
-    return {key: settings[key] for key in ADVANTAGE_KEYS}, {key: settings[key] for key in LOSS_KEYS}
+def advantage_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``group_advantages`` in resolved settings; the loss's part is
+    ``LossParams.of(settings)``, ``DISTILL_KEYS`` and ``TRAINER_KEYS`` are the caller's."""
+    return {key: settings[key] for key in ADVANTAGE_KEYS}

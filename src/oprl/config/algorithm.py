@@ -24,9 +24,10 @@ if TYPE_CHECKING:  # the type checker sees strings; at run time each is the Lite
     RatioLevel: TypeAlias = str
     Regularizer: TypeAlias = str
     LossAgg: TypeAlias = str
+    Objective: TypeAlias = str
     KlEstimator: TypeAlias = str
 else:  # the live registries in oprl.algorithms are the one list of valid names, plug-ins join them (choices.py)
-    Drop, Baseline, ClipMode, Weight, RatioLevel, Regularizer, LossAgg = (
+    Drop, Baseline, ClipMode, Weight, RatioLevel, Regularizer, LossAgg, Objective = (
         Annotated[str, AfterValidator(functools.partial(resolve_choice, key))] for key in CHOICE_SETTINGS
     )
     KlEstimator = Literal[tuple(KL_ESTIMATORS)]
@@ -59,7 +60,8 @@ class AlgorithmConfig(_Section):
     """Temperature of the logavgexp baseline (> 0)."""
     clip_mode: ClipMode | None = None
     """Token mask M: none, one-side (where PPO-clip has gradient), two-side, ring, mask (rho outside
-    [mask_low, mask_high] gets no gradient); dppo-tv, dppo-kl, m2-mask, m2-clip, bapo (docs/algorithms.md)."""
+    [mask_low, mask_high] gets no gradient); dppo-tv, dppo-kl, m2-mask, m2-mask-areal, m2-clip, bapo
+    (docs/algorithms.md)."""
     weight: Weight | None = None
     """Per-token weight (detached): none (NoIS), importance-sampling (rho), truncated-is (min(rho, is_cap)),
     clipped-is (CISPO), advantage (exp(A/T), RED-Weight), flipped-is (ASPO), tapered (TOPR), soft-gate (SAPO)."""
@@ -95,10 +97,10 @@ class AlgorithmConfig(_Section):
     """RED-Weight temperature T in w = exp(A/T) (> 0; not the sampling temperature)."""
     loss_agg: LossAgg | None = None
     """How token losses are averaged over the optimizer batch (token-mean = over all valid tokens)."""
-    objective: Literal["policy-gradient", "advantage-regression"] | None = None
+    objective: Objective | None = None
     """policy-gradient: -M*w*A*logprobs; advantage-regression: OAPL's (regression_beta*log(pi/pi_b) - A)^2."""
     m2_threshold: float | None = None
-    """M2PO (clip_mode=m2-mask, m2-clip): the bound tau_M2 on the batch mean of (log rho)^2."""
+    """M2PO (clip_mode=m2-mask, m2-mask-areal, m2-clip): the bound tau_M2 on the mean of (log rho)^2."""
     tau_pos: float | None = None
     """SAPO (weight=soft-gate): gate temperature of tokens with A > 0."""
     tau_neg: float | None = None

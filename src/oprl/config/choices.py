@@ -1,7 +1,7 @@
 """Algorithm settings whose value names a function: built in, or a plug-in found without editing oprl.
 
-``algorithm.clip_mode``, ``weight``, ``ratio_level``, ``regularizer``, ``loss_agg``, ``baseline`` and ``drop``
-name an entry of their registry in ``oprl.algorithms`` (``REGISTRIES``). A name resolves through
+``algorithm.clip_mode``, ``weight``, ``ratio_level``, ``regularizer``, ``loss_agg``, ``objective``, ``baseline``
+and ``drop`` name an entry of their registry in ``oprl.algorithms`` (``REGISTRIES``). A name resolves through
 ``oprl.plugins``, the one loader of every plug-in kind: (1) the registry as it is now (an entry added at run
 time counts), (2) an installed package's entry point in the kind's group (``oprl.clip_modes``,
 ``oprl.weights``, ... : ``oprl.plugins.GROUPS``), (3) an import path ``package.module:function`` or
@@ -22,7 +22,7 @@ from oprl import plugins
 from oprl.algorithms import REGISTRIES, DropRule
 from oprl.errors import OprlError
 
-CHOICE_SETTINGS = ("drop", "baseline", "clip_mode", "weight", "ratio_level", "regularizer", "loss_agg")
+CHOICE_SETTINGS = ("drop", "baseline", "clip_mode", "weight", "ratio_level", "regularizer", "loss_agg", "objective")
 
 
 def resolve_choice(key: str, name: str) -> str:

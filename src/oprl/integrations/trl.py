@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from oprl.algorithms import group_advantages, policy_loss, resolve_preset, split_settings
+from oprl.algorithms import LossParams, advantage_settings, group_advantages, policy_loss, resolve_preset
 
 
 class OprlGRPOTrainer(GRPOTrainer):
@@ -48,7 +48,8 @@ class OprlGRPOTrainer(GRPOTrainer):
         self, *args: Any, preset: str = "rec-oneside-nois", algorithm: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
         self.oprl_settings = resolve_preset(preset, **(algorithm or {}))
-        self.advantage_kwargs, self.loss_kwargs = split_settings(self.oprl_settings)
+        self.advantage_kwargs = advantage_settings(self.oprl_settings)
+        self.loss_params = LossParams.of(self.oprl_settings)
         super().__init__(*args, **kwargs)
         if self.beta != 0.0:
             raise ValueError("OprlGRPOTrainer: set GRPOConfig(beta=0.0); oprl's presets regularise in the loss")
@@ -97,7 +98,7 @@ class OprlGRPOTrainer(GRPOTrainer):
         if self.oprl_settings["recompute_proximal"]:  # decoupled PPO: clip around π_prox, weight π_prox/π_b
             proximal = logprobs.detach() if old is None else old
         loss, metrics = policy_loss(
-            logprobs, behavior, inputs["advantages"], mask, proximal_logprobs=proximal, **self.loss_kwargs
+            logprobs, behavior, inputs["advantages"], mask, self.loss_params, proximal_logprobs=proximal
         )
         mode = "train" if self.model.training else "eval"
         for name, value in metrics.items():

@@ -24,13 +24,22 @@ its full dependency set in an environment of its own.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
 
-from oprl.algorithms import PRESETS, aggregation_count, group_advantages, policy_loss, resolve_preset, split_settings
+from oprl.algorithms import (
+    PRESETS,
+    LossParams,
+    advantage_settings,
+    aggregation_count,
+    group_advantages,
+    policy_loss,
+    resolve_preset,
+)
 
 PREFIX = "oprl-"
 
@@ -42,16 +51,17 @@ def register_verl(presets: list[str] | None = None, seed: int = 0, **overrides: 
     names = []
     for preset in presets or list(PRESETS):
         name = PREFIX + preset
-        advantage_kwargs, loss_kwargs = split_settings(resolve_preset(preset, **overrides))
-        core_algos.POLICY_LOSS_REGISTRY[name] = make_policy_loss(loss_kwargs)
+        settings = resolve_preset(preset, **overrides)
+        core_algos.POLICY_LOSS_REGISTRY[name] = make_policy_loss(LossParams.of(settings))
         # Direct assignment: register_adv_est refuses to replace a function, so a second call would fail.
-        core_algos.ADV_ESTIMATOR_REGISTRY[name] = make_advantage_estimator(advantage_kwargs, seed)
+        core_algos.ADV_ESTIMATOR_REGISTRY[name] = make_advantage_estimator(advantage_settings(settings), seed)
         names.append(name)
     return names
 
 
-def make_policy_loss(loss_kwargs: dict[str, Any]):
-    """A verl ``PolicyLossFn`` computing ``oprl.algorithms.policy_loss`` with ``loss_kwargs``."""
+def make_policy_loss(params: LossParams):
+    """A verl ``PolicyLossFn`` computing ``oprl.algorithms.policy_loss`` with ``params`` (verl's aggregation
+    mode and, for seq-mean-token-sum-norm, its global normaliser replace the preset's)."""
 
     def oprl_policy_loss(
         old_log_prob: torch.Tensor,  # (bs, T) behaviour log-probs
@@ -67,10 +77,11 @@ def make_policy_loss(loss_kwargs: dict[str, Any]):
         mask = response_mask.to(log_prob.dtype)
         per_response = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (bs,)
         info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
-        kwargs = {**loss_kwargs, "loss_agg": loss_agg_mode}
+        normalizer = params.normalizer
         if loss_agg_mode == "seq-mean-token-sum-norm" and info.get("loss_scale_factor") is not None:
-            kwargs["normalizer"] = info["loss_scale_factor"]
-        loss, metrics = policy_loss(log_prob, old_log_prob, per_response, mask, **kwargs)
+            normalizer = info["loss_scale_factor"]
+        call = replace(params, loss_agg=loss_agg_mode, normalizer=normalizer)
+        loss, metrics = policy_loss(log_prob, old_log_prob, per_response, mask, call)
         loss = loss * _global_scale(mask, loss_agg_mode, info)
         return loss, {f"actor/oprl/{key}": float(value) for key, value in metrics.items()}
 

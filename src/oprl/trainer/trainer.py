@@ -17,12 +17,14 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from oprl.algorithms import (
     DISTILL_KEYS,
+    LossParams,
+    advantage_settings,
     aggregate,
     aggregation_count,
     distill_advantages,
@@ -31,7 +33,6 @@ from oprl.algorithms import (
     kl_penalty,
     policy_loss,
     ratio_stats,
-    split_settings,
 )
 from oprl.algorithms.distill import LOGPROB_FLOOR
 from oprl.checkpoint.files import load_trainer_state, save_trainer_state
@@ -80,14 +81,15 @@ class Trainer:
         self.max_token_lag = max_token_lag
         """Tokens sampled more than this many versions ago leave the loss (``oprl.partial.mask_stale_tokens``)."""
         self.pad_id = pad_id
-        self.advantage_kwargs, self.loss_kwargs = split_settings(settings)
+        self.advantage_kwargs = advantage_settings(settings)
+        # The loss's settings, typed, once (a fixed normaliser for Dr.GRPO: the padded width varies per
+        # micro-batch and would bias it).
+        fixed = settings["loss_agg"] == "seq-mean-token-sum-norm"
+        self.loss_params = LossParams.of(settings, normalizer=float(max_response_tokens) if fixed else None)
         self.recompute_proximal = settings["recompute_proximal"]  # the loss asks for π_prox (decoupled PPO)
         # Distillation: per-token advantages from the rows' teacher log-probs (oprl.algorithms.distill).
         self.distill_kwargs = {key: settings[key] for key in DISTILL_KEYS}
         self.teacher_logprob_floor = teacher_logprob_floor  # teacher.logprob_floor: −inf (outside its support) -> it
-        if settings["loss_agg"] == "seq-mean-token-sum-norm":
-            # A fixed normaliser (Dr.GRPO); the padded width varies per micro-batch and would bias it.
-            self.loss_kwargs["normalizer"] = float(max_response_tokens)
         self.optim = optim
         self.temperature = sampling_temperature
         # Every log-prob is scored under the distribution the sampler drew from: temperature, then the top-k /
@@ -183,7 +185,7 @@ class Trainer:
         # Exact accumulation: each micro-batch's mean is re-weighted by its share of the mini-batch's count
         # (oprl.algorithms.aggregation_count: tokens for token-mean, sequences otherwise).
         covered = loss_mask_of(rows, max(len(e.response_ids) for e in rows))  # (B, T): the tokens the loss covers
-        loss_agg = self.loss_kwargs["loss_agg"]
+        loss_agg = self.loss_params.loss_agg
         total, total_tokens = (max(float(aggregation_count(covered, agg)), 1.0) for agg in (loss_agg, "token-mean"))
         sums: dict[str, float] = defaultdict(float)
         extremes: dict[str, float] = {}
@@ -235,13 +237,12 @@ class Trainer:
         behavior = right_pad_values([e.behavior_logprobs for e in rows], mask.shape[1]).to(device)  # (B, T)
         advantages, distilled = self._distill(rows, advantages.to(device), behavior, mask)
         out = {f"distill/{k}": float(v) for k, v in distilled.items()}
-        proximal_kwargs: dict[str, Any] = {}  # only decoupled PPO passes π_prox
-        if proximal is not None:
-            proximal_kwargs["proximal_logprobs"] = right_pad_values(proximal, mask.shape[1]).to(device)  # (B, T)
+        # Only decoupled PPO passes π_prox.
+        proximal_logprobs = right_pad_values(proximal, mask.shape[1]).to(device) if proximal is not None else None
+        params = self.loss_params
         loss, metrics = policy_loss(
-            logprobs, behavior, advantages.to(device), mask, **self.loss_kwargs, **proximal_kwargs
+            logprobs, behavior, advantages.to(device), mask, params, proximal_logprobs=proximal_logprobs
         )
-        agg = {k: self.loss_kwargs[k] for k in ("loss_agg", "normalizer") if k in self.loss_kwargs}
         out |= {f"loss/{k}": float(v) for k, v in metrics.items()}
         out["entropy/mean"] = float(aggregate(entropy.detach(), mask, "token-mean"))
         behavior_kl = kl_penalty(logprobs.detach(), behavior, "k3", mask)  # (B, T)
@@ -249,11 +250,12 @@ class Trainer:
         # ρ = π_θ/π_behaviour whatever the loss uses: mismatch (rollout.dtype) and staleness, every step.
         out |= {f"rho/behavior_{k}": float(v) for k, v in ratio_stats(logprobs.detach(), behavior, mask).items()}
         if self.entropy_coef > 0:
-            loss = loss - self.entropy_coef * aggregate(entropy, mask, **agg)
+            loss = loss - self.entropy_coef * aggregate(entropy, mask, params.loss_agg, params.normalizer)
         if self.reference is not None and self._ref_kl_due():
             with torch.no_grad():
                 ref_logprobs, _, _ = self.reference(prompts, responses, self.pad_id, **self.sampling)
-            kl = aggregate(kl_penalty(logprobs, ref_logprobs, self.kl_estimator, mask), mask, **agg)
+            kl_tokens = kl_penalty(logprobs, ref_logprobs, self.kl_estimator, mask)  # (B, T)
+            kl = aggregate(kl_tokens, mask, params.loss_agg, params.normalizer)
             if self.kl_coef > 0:
                 loss = loss + self.kl_coef * kl
             out["kl/ref"] = float(kl.detach())
