@@ -42,17 +42,17 @@ def _answer(agent, problem: dict) -> dict:
 
 
 def rollout(client, problem: dict) -> dict:
-    return _answer(ToolCallingAgent(tools=[calculator], model=model(client), max_steps=2, verbosity_level=0), problem)
+    return _answer(ToolCallingAgent(tools=[calculator], model=model(client), verbosity_level=0), problem)
 
 
 def rollout_stream(client, problem: dict) -> dict:
-    agent = ToolCallingAgent(tools=[calculator], model=model(client), max_steps=2, verbosity_level=0)
+    agent = ToolCallingAgent(tools=[calculator], model=model(client), verbosity_level=0)
     agent.stream_outputs = True
     return _answer(agent, problem)
 
 
 def rollout_code(client, problem: dict) -> dict:
-    return _answer(CodeAgent(tools=[calculator], model=model(client), max_steps=2, verbosity_level=0), problem)
+    return _answer(CodeAgent(tools=[calculator], model=model(client), verbosity_level=0), problem)
 
 
 def calculate(expression: str) -> str:

@@ -44,7 +44,7 @@ MODES = [
     ("smolagents", "rollout_code"),
 ]
 
-REWRITES = {("smolagents", "rollout"): 2, ("smolagents", "rollout_stream"): 2, ("smolagents", "rollout_code"): 2}
+REWRITES = {("smolagents", "rollout"): 3, ("smolagents", "rollout_stream"): 3, ("smolagents", "rollout_code"): 3}
 """Segments per episode where the framework rewrites its history: smolagents' agents send each earlier step
 back with text the model never wrote (``Calling tools: [{...}]`` after the reply or in its place): each step is
 a new segment, and the last one (the final answer) is stored."""
@@ -187,36 +187,73 @@ def tool_call(name: str, arguments: dict) -> str:
 
 
 class ScriptedPolicy:
-    """Calls the calculator on the question, then answers with the tool's result (smolagents' ToolCallingAgent:
-    through its ``final_answer`` tool; CodeAgent: one code block); each reply ends with EOS."""
+    """Three model turns: calls the calculator on the question, calls it again on the result (``value*1``),
+    then answers with the second result (smolagents' ToolCallingAgent: through its ``final_answer`` tool;
+    CodeAgent: one code block each). Each reply ends with EOS; every sampled token gets a log-prob of its own
+    (``-k/1000`` for the k-th token sampled), and every call is kept in ``sampled`` (context -> ids, log-probs)
+    so a stored row can be checked against the request it was sampled for."""
 
     temperature, top_p, max_new_tokens, context = 1.0, 1.0, 200, 32768
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.sampled: dict[tuple[int, ...], tuple[list[int], list[float]]] = {}
+        self.count = 0
 
     def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None, row_seeds=None):
         replies = [self.reply(self.tokenizer.decode(c)) for c in prompt_ids]
         rows = [[*self.tokenizer(r, add_special_tokens=False).input_ids, self.tokenizer.eos_token_id] for r in replies]
+        logprobs = []
+        for context, row in zip(prompt_ids, rows, strict=True):
+            logprobs.append([-(self.count + k + 1) / 1000 for k in range(len(row))])
+            self.count += len(row)
+            self.sampled[tuple(context)] = (row, logprobs[-1])
         texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
-        return Rollout(rows, [[-0.5] * len(r) for r in rows], texts, [False] * len(rows))
+        return Rollout(rows, logprobs, texts, [False] * len(rows))
 
     @staticmethod
     def reply(context: str) -> str:
         messages = re.findall(r"<\|(\w+)\|>(.*?)</s>", context, re.S)
         expression = re.search(r"<\|user\|>(?:New task:\s*)?(\d[\d+\-*]*)=", context).group(1)
+        turn = sum(role == "assistant" for role, _ in messages)  # model turns so far in this context
         last = messages[-1][1]
-        asked = last.strip().endswith(f"{expression}=")
+        value = re.findall(r"-?\d+", last)[-1] if turn else ""
         if "<code>" in messages[0][1]:  # CodeAgent: its system prompt asks for code blocks; a stop cuts "</code>"
-            value = re.findall(r"-?\d+", last)[-1]
-            code = f'print(calculator("{expression}"))' if asked else f'final_answer("{value}")'
-            return f"Thought: calculate.\n<code>\n{code}\n</code>"
+            steps = [
+                f'print(calculator("{expression}"))',
+                f'print(calculator("{value}*1"))',
+                f'final_answer("{value}")',
+            ]
+            return f"Thought: calculate.\n<code>\n{steps[min(turn, 2)]}\n</code>"
         block = context.split("<tools>", 1)[-1].split("</tools>", 1)[0] if "<tools>" in context else ""
         names = [n for n in re.findall(r'"name": "(\w+)"', block) if n != "final_answer"]
-        if not asked:  # a tool result (smolagents: an observation as a user turn)
-            value = re.findall(r"-?\d+", last)[-1]
-            return tool_call("final_answer", {"answer": value}) if '"final_answer"' in block else value
-        return tool_call(names[0], {"expression": expression}) if names else str(eval(expression))
+        if not names:
+            return str(eval(expression))
+        if turn < 2:  # first the question, then the result checked once more
+            return tool_call(names[0], {"expression": expression if turn == 0 else f"{value}*1"})
+        return tool_call("final_answer", {"answer": value}) if '"final_answer"' in block else value
+
+
+def check_rows(episodes, policy: ScriptedPolicy) -> int:
+    """Every sampled run of tokens in ``episodes`` (loss mask 1) is a prefix of what the policy returned for
+    exactly the context before it, with those log-probs: a reply is stored on the request it was sampled for.
+    Returns how many runs were compared."""
+    runs = 0
+    for episode in episodes:
+        context, k, mask = list(episode.prompt_ids), 0, episode.loss_mask
+        while k < len(mask):
+            if not mask[k]:
+                context.append(episode.response_ids[k])
+                k += 1
+                continue
+            end = next((j for j in range(k, len(mask)) if not mask[j]), len(mask))
+            assert tuple(context) in policy.sampled, "a reply stored after a context it was not sampled on"
+            ids, logprobs = policy.sampled[tuple(context)]
+            assert episode.response_ids[k:end] == ids[: end - k]
+            assert episode.behavior_logprobs[k:end] == logprobs[: end - k]
+            context += episode.response_ids[k:end]
+            k, runs = end, runs + 1
+    return runs
 
 
 def agent_task(spec: str) -> AgentTask:
@@ -225,19 +262,51 @@ def agent_task(spec: str) -> AgentTask:
 
 @pytest.mark.parametrize(("framework", "mode"), MODES, ids=[f"{f}-{m}" for f, m in MODES])
 def test_framework_episodes_store_what_the_framework_sent_and_received(framework, mode, tokenizer, monkeypatch):
+    """Three model turns (two tool calls, then the answer): where the framework echoes faithfully, one segment
+    holds every token sampled (none dropped), each reply after the context it was sampled on, with its log-probs;
+    every stored row decodes to the framework's last request and the reply it got."""
     capture = Capture(monkeypatch)
     task = agent_task(f"{EXAMPLES}/{framework}_agent.py:{mode}")
     problems = task.problems("train")[:2]
-    episodes = task_episodes(
-        ScriptedPolicy(tokenizer), tokenizer, task, problems, seed=0, max_turns=4, max_tokens=600, episode_timeout=60
-    )
+    policy = ScriptedPolicy(tokenizer)
+    episodes = task_episodes(policy, tokenizer, task, problems, seed=0, max_turns=4, max_tokens=800, episode_timeout=60)
     segments = REWRITES.get((framework, mode), 1)
     for episode in episodes:
         assert episode.info["agent_failed"] == 0 and episode.info["segments"] == segments, episode.info
         assert episode.outcome.total == 1.0 and not episode.truncated and episode.info["refused_requests"] == 0
-        assert segments > 1 or 0 in episode.loss_mask  # one segment: the tool result is context in the response
+        if segments == 1:  # three model turns, none dropped
+            assert episode.turns == 3 and episode.info["dropped_tokens"] == 0, episode.info
+    if segments == 1:  # every token sampled is in a row, trained once
+        assert sum(sum(e.loss_mask) for e in episodes) == sum(len(ids) for ids, _ in policy.sampled.values())
+    assert check_rows(episodes, policy) == sum(e.turns for e in episodes)
     stored = sorted(tokenizer.decode(e.prompt_ids + e.response_ids).removesuffix(tokenizer.eos_token) for e in episodes)
     assert stored == sorted(capture.conversations(tokenizer))
+
+
+class LoopingPolicy(ScriptedPolicy):
+    """Never answers: calls the calculator on the question every turn."""
+
+    @staticmethod
+    def reply(context: str) -> str:
+        expression = re.search(r"<\|user\|>(?:New task:\s*)?(\d[\d+\-*]*)=", context).group(1)
+        return tool_call("calculator", {"expression": expression})
+
+
+@pytest.mark.parametrize("mode", ["rollout", "rollout_stream"])
+def test_smolagents_with_its_defaults_past_the_turn_budget_stores_a_response_token_in_every_row(mode, tokenizer):
+    """Item 3: smolagents' default ``max_steps`` (20) passes ``rollout.max_turns`` (4); every step rewrites its
+    history (a new segment), so the fifth request is one past the budget: refused, the last segment is kept,
+    truncated, with its sampled tokens (4db1016: an empty new segment, a row with 0 response tokens that stops
+    the trainer)."""
+    task = agent_task(f"{EXAMPLES}/smolagents_agent.py:{mode}")
+    policy = LoopingPolicy(tokenizer)
+    episodes = task_episodes(
+        policy, tokenizer, task, task.problems("train")[:2], seed=0, max_turns=4, max_tokens=4000, episode_timeout=60
+    )
+    for episode in episodes:
+        assert episode.truncated and episode.info["refused_requests"] >= 1 and episode.info["segments"] == 4
+        assert sum(episode.loss_mask) > 0  # the last step's call, sampled and stored
+    assert check_rows(episodes, policy) == len(episodes)
 
 
 # ~30 s (a whole run with every framework imported), in the default suite all the same: issue #41 asks that every

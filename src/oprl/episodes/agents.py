@@ -198,7 +198,7 @@ def _sample(engine, endpoint: Endpoint, batch: list[PendingReply], seed: int) ->
         log.warning("agent endpoint: the engine refused %d requests: %s", len(batch), exc)
         with endpoint.lock:
             for p in batch:
-                p.session.inflight = max(p.session.inflight - 1, 0)
+                p.session.release(p.segment)
                 p.session.refused += 1
                 if not p.future.done():
                     p.future.set_exception(RequestRefused(400, f"the engine refused the request: {exc}"))
@@ -225,7 +225,7 @@ def _sample(engine, endpoint: Endpoint, batch: list[PendingReply], seed: int) ->
     endpoint.counts["engine_rows"] += len(rows)
     with endpoint.lock:
         for p in batch:
-            p.session.record(choices[id(p)])
+            p.session.record(choices[id(p)], p.segment)
     for p in batch:
         if not p.future.done():
             p.future.set_result(choices[id(p)])

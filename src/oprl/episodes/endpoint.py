@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oprl.episodes import responses_api
+from oprl.episodes.episode import Episode
 from oprl.episodes.openai_api import ChatRequest, CompletionRequest, _Request, parse, response, stream_events
 from oprl.episodes.sessions import Choice, RequestRefused, Session
 from oprl.errors import OprlError
@@ -65,6 +66,8 @@ class PendingReply:
 
     session: Session
     context: list[int]
+    segment: Episode
+    """The session's segment the context was built on: the reply is recorded there (``Session.record``)."""
     n: int
     max_tokens: int
     with_tools: bool = False
@@ -215,8 +218,10 @@ class Endpoint:
             else:
                 assert isinstance(body, CompletionRequest)
                 context = session.completion_context(body.prompt, room)
-            session.inflight += 1  # its turn is reserved: concurrent requests cannot pass rollout.max_turns
-            pending = PendingReply(session, context, body.n, max_tokens, with_tools=bool(tools), stops=body.stops)
+            segment = session.reserve()  # its turn reserved, its reply bound to this segment
+            pending = PendingReply(
+                session, context, segment, body.n, max_tokens, with_tools=bool(tools), stops=body.stops
+            )
             self.pending.append(pending)
             self.lock.notify_all()
         return pending
@@ -244,14 +249,16 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def reply_message(choice: Choice, with_tools: bool) -> dict:
-    """The assistant message of a reply: ``<tool_call>`` blocks as ``tool_calls`` when the request had tools."""
+    """The assistant message of a reply: ``<tool_call>`` blocks as ``tool_calls`` when the request had tools.
+    Call ids are random (agents such as openai-agents refuse an id reused later in the conversation); they are
+    not part of the tokens, and an echo is compared without them."""
     calls = parse_calls(choice.text) if with_tools else None
     if not calls:
         return {"role": "assistant", "content": choice.text}
     content = choice.text.split(OPEN, 1)[0].strip() or None
     tool_calls = [
         {
-            "id": f"call_{k}",
+            "id": f"call_{secrets.token_hex(8)}",
             "type": "function",
             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
         }

@@ -4,25 +4,42 @@ A ``Session`` is the endpoint's record of one agent run. Each request's prompt i
 session's history; the sampled tokens are kept as sampled, never decoded and re-encoded:
 
 - **Chat** (``/v1/chat/completions``): the request extends the history when its messages start with every
-  message of the previous request, then the assistant message the endpoint returned (content and tool calls
-  compared, ids and extra fields ignored). Only the new messages after it (tool results, user turns) are
+  message of the previous request as the agent sent it, then the assistant message the endpoint returned
+  (content and tool calls compared, tool-call ids and extra fields ignored; content ``None`` = ``""``). An
+  echoed reply is compared with what the endpoint *returned* (a tool call as ``tool_calls``, whatever content
+  the framework puts beside it), never with the raw sampled text, so tool conversations extend turn after turn;
+  the tokens stored for it are the ones sampled. Only the new messages after it (tool results, user turns) are
   tokenized: the chat template's text for them plus the next assistant header (``episodes.observation_ids``,
-  the rule the built-in multi-turn tasks use), with loss mask 0.
+  the rule the built-in multi-turn tasks use), with loss mask 0. What a framework may change in the history
+  without starting a new segment: nothing but tool-call ids, ``content: null`` for ``""``, and text parts for a
+  string; anything else (a message edited, dropped or inserted) starts one, counted in ``segments``.
 - **Completions** (``/v1/completions``): a prompt of token ids extends the history when it starts with the
   history's tokens; a text prompt when it starts with the history's text (prompts and returned completions
   concatenated; a sampled EOS stays in the tokens though the returned text omits it). The rest is tokenized
   alone, loss mask 0.
 
 A request that does not extend the history (the agent rewrote or dropped earlier turns) starts a new
-**segment**: a fresh prompt, the earlier segment's tokens set aside. The stored episode is the last segment,
-the one the agent's return value scores (one row per episode, so groups keep K rows); ``segments`` and
-``dropped_tokens`` count what was set aside. With ``n > 1`` choices, the one the next request continues is
-kept and the others are dropped (counted); the last call's first choice ends the episode.
+**segment**: a fresh prompt, the earlier segment's tokens set aside. An assistant message with tool calls in a
+new segment's prompt is rendered as the text the model wrote for it (the sampled reply's text when this session
+returned it, else ``<tool_call>{json}</tool_call>`` blocks), never as an empty turn.
+
+**A reply belongs to its request.** Each accepted request reserves its turn on the segment it was built on
+(``reserve``); the reply is recorded on that segment (``record(choices, segment)``), whatever the session did
+meanwhile. A segment with a request in flight is never extended: a second request of the session meanwhile (a
+concurrent conversation, a retry) starts a segment of its own, and a reply whose segment was set aside is
+dropped (counted in ``dropped_tokens``), so a row never joins one request's prompt with another's tokens.
+
+The stored episode is the last segment, the one the agent's return value scores (one row per episode, so groups
+keep K rows); ``segments`` and ``dropped_tokens`` count what was set aside. With ``n > 1`` choices, the one the
+next request continues is kept and the others are dropped (counted); the last call's first choice ends the
+episode.
 
 Budgets are the built-in episodes': ``max_turns`` sampled turns, ``max_tokens`` tokens after the prompt, a
 reply that stops at the length limit without EOS: the episode is truncated and scores 0, whatever the agent
 returns. Turns are reserved when a request is accepted (``inflight``), so concurrent requests of one session
-cannot pass ``max_turns``. A context longer than ``room`` (the model's context less the engine's
+cannot pass ``max_turns``; a request past the budget truncates the current segment rather than starting an
+empty one (a row always holds a response token: ``finish`` adds the documented end-of-turn token, mask 0, to a
+segment whose reply never came). A context longer than ``room`` (the model's context less the engine's
 ``max_new_tokens``) is refused with a 400 naming the limit, and the episode is truncated (nothing longer than
 the model's context is ever stored). A closed session (its agent returned, failed or timed out) takes no
 replies: a reply sampled for it after it closed is not recorded.
@@ -45,6 +62,7 @@ from typing import Any
 
 from oprl.episodes.episode import Episode, _truncate, observation_ids
 from oprl.models.chat import encode_prompt
+from oprl.tasks.bfcl.toolcall import CLOSE, OPEN
 
 
 class RequestRefused(Exception):
@@ -85,7 +103,14 @@ class Session:
     mode: str = ""
     """``chat`` or ``completion``: how the current segment was started."""
     sent: list[dict] = field(default_factory=list)
-    """Chat: the messages of the last request (their content as the template rendered them)."""
+    """Chat: the history as the template renders it (the model's replies as their sampled text)."""
+    keys: list[tuple] = field(default_factory=list)
+    """Chat: the history as the agent sent it (``_key`` of each message), what the next request must repeat."""
+    returned: dict[tuple, str] = field(default_factory=dict)
+    """Every reply returned in this session, ``_key`` of its message -> the text sampled: a rewritten history
+    that echoes one renders it as the model wrote it."""
+    waiting: bool = False
+    """The current segment has a request in flight: it cannot be extended until its reply is recorded."""
     tools: list[dict] = field(default_factory=list)
     text: str = ""
     """Completions: the history as text (prompts and returned completions)."""
@@ -113,23 +138,26 @@ class Session:
         """The token context of a chat request (``messages`` as the agent sent them), history extended or a
         new segment started; at most ``room`` tokens (else a 400, the episode truncated)."""
         self._check_open()
-        rendered = [_rendered(m) for m in messages]
-        known = len(self.sent)
+        keys = [_key(m) for m in messages]
+        known = len(self.keys)
         chosen = None
-        extends = self.mode == "chat" and self.episode is not None and tools == self.tools
-        if extends and len(rendered) > known and rendered[:known] == self.sent:
+        extends = self.mode == "chat" and self._open() and not self.waiting and tools == self.tools
+        if extends and len(messages) > known and keys[:known] == self.keys:
             chosen = next((c for c in self.choices if _same_reply(c.message, messages[known], c.stop)), None)
         if chosen is None:
+            rendered = [_rendered(m, self.returned) for m in messages]
             chars = sum(len(m["content"]) for m in rendered) + len(json.dumps(tools))
             self._check_size(chars, 0, room)
+            self._check_budget()
             self._new_segment("chat", encode_prompt(self.tokenizer, rendered, tools), room)
-            self.sent, self.tools = rendered, list(tools)
+            self.sent, self.keys, self.tools = rendered, keys, list(tools)
             return self._context()
         echoed, returned = messages[known].get("content") or "", chosen.message.get("content") or ""
         suffix = chosen.stop if chosen.stop and echoed == returned + chosen.stop else ""
         episode = self._continue(chosen, suffix=suffix)
         history = [*self.sent, {"role": "assistant", "content": chosen.text + suffix}]
-        new = rendered[known + 1 :]
+        new = [_rendered(m, self.returned) for m in messages[known + 1 :]]
+        self.keys = keys
         self._check_turns()
         if self._open():
             self._check_size(sum(len(m["content"]) for m in new), len(self._context()), room)
@@ -145,16 +173,18 @@ class Session:
         self._check_open()
         if isinstance(prompt, list):
             history = self._history_ids()
-            if self.mode == "completion" and self.episode is not None and prompt[: len(history)] == history:
+            if self._extends("completion") and prompt[: len(history)] == history:
                 return self._extend_completion(prompt[len(history) :], None, room)
+            self._check_budget()
             self._new_segment("completion", list(prompt), room)
             self.text = self.tokenizer.decode(prompt)
             return self._context()
-        if self.mode == "completion" and self.episode is not None and self.choices:
+        if self._extends("completion") and self.choices:
             for choice in self.choices:
                 if prompt.startswith(self.text + choice.text):
                     return self._extend_completion(None, prompt[len(self.text + choice.text) :], room, choice)
         self._check_size(len(prompt), 0, room)
+        self._check_budget()
         self._new_segment("completion", self.tokenizer(prompt, add_special_tokens=False).input_ids, room)
         self.text = prompt
         return self._context()
@@ -179,19 +209,46 @@ class Session:
         return self._context()
 
     # -- replies --------------------------------------------------------------------------------------------
-    def record(self, choices: list[Choice]) -> None:
-        """The engine's replies to the request just served: kept until the next request picks one (not once
-        the session is closed: the stored episode is the one its agent saw)."""
+    def reserve(self) -> Episode:
+        """Accept the request whose context was just built: its turn is reserved (concurrent requests cannot
+        pass ``max_turns``) and the current segment waits for its reply. Returns the segment: the reply is
+        recorded on it (``record``), whatever the session does meanwhile."""
+        assert self.episode is not None
+        self.inflight += 1
+        self.waiting = True
+        return self.episode
+
+    def record(self, choices: list[Choice], segment: Episode | None) -> None:
+        """The engine's replies to a request accepted on ``segment`` (``reserve``): kept until the next request
+        picks one when ``segment`` is still the current one; dropped (counted) when the session started another
+        segment meanwhile, and not recorded once the session is closed (the stored episode is the one its
+        agent saw)."""
         self.inflight = max(self.inflight - 1, 0)
         if self.closed:
             return
         self.turns += 1
+        for choice in choices:
+            self.returned[_key(choice.message)] = choice.text
+        if segment is not self.episode:  # set aside while it was sampled: its tokens belong to no stored row
+            self.dropped_tokens += sum(len(c.ids) for c in choices)
+            return
+        self.waiting = False
         self.choices = choices
 
+    def release(self, segment: Episode | None) -> None:
+        """A request accepted on ``segment`` got no reply (the engine refused it): its turn is given back."""
+        self.inflight = max(self.inflight - 1, 0)
+        if segment is self.episode:
+            self.waiting = False
+
     def finish(self) -> Episode | None:
-        """The episode as stored: the last segment with its pending first choice (None: nothing was asked)."""
+        """The episode as stored: the last segment with its pending first choice (None: nothing was asked). A
+        segment whose reply never came (the engine refused it, the agent left first) gets the end-of-turn token
+        as context (mask 0): every stored row has a response token, none of them trained."""
         if self.episode is not None and self.choices:
             self._continue(self.choices[0], end_turn=False)
+        if self.episode is not None and not self.episode.response_ids:
+            self.episode.add([self.tokenizer.eos_token_id], None)
         return self.episode
 
     # -- helpers --------------------------------------------------------------------------------------------
@@ -204,10 +261,24 @@ class Session:
         if self.episode is not None:
             self.dropped_tokens += sum(self.episode.loss_mask) + sum(len(c.ids) for c in self.choices)
         self.segments += 1
-        self.mode, self.choices = mode, []
+        self.mode, self.choices, self.waiting = mode, [], False
         self.episode = Episode(prompt_ids=list(prompt_ids))
-        if self.turns + self.inflight >= self.max_turns:
-            self._truncate(f"turn budget of {self.max_turns} model turns (rollout.max_turns) used up")
+
+    def _check_budget(self) -> None:
+        """Before a new segment: with the turn budget spent, the current segment is kept, with its pending reply,
+        and truncated (an empty segment would be a row without a response token)."""
+        if self.turns + self.inflight < self.max_turns:
+            return
+        if self._open() and self.choices:
+            self._continue(self.choices[0], end_turn=False)
+        if self._open():
+            _truncate(self.episode, self.max_tokens)  # type: ignore[arg-type]
+        why = f"turn budget of {self.max_turns} model turns (rollout.max_turns) used up"
+        raise RequestRefused(400, f"episode over: {why} (truncated; it scores 0)")
+
+    def _extends(self, mode: str) -> bool:
+        """Whether a request of ``mode`` may extend the current segment (same mode, open, no request in flight)."""
+        return self.mode == mode and self._open() and not self.waiting
 
     def _continue(self, chosen: Choice, end_turn: bool = True, suffix: str = "") -> Episode:
         """Add the reply the agent continued; the other choices are dropped. Applies the built-in episode rules:
@@ -310,17 +381,42 @@ def stop_at(ids: list[int], tokenizer, stops: list[str]) -> tuple[int, str, str]
     return low, tokenizer.decode(ids[:low], skip_special_tokens=True), stop
 
 
-def _rendered(message: dict) -> dict:
-    """A request message as the chat template gets it: role and text content (tool calls the agent echoes
-    back are the model's own text, rendered from the history, not from this dict)."""
-    content = message.get("content")
-    if isinstance(content, list):  # OpenAI content parts: the text ones, joined
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    out = {"role": message["role"], "content": content or ""}
+def _rendered(message: dict, returned: dict[tuple, str] | None = None) -> dict:
+    """A request message as the chat template gets it: role and text content. An assistant message with tool
+    calls is the text the model wrote for it: the sampled text when this session returned it (``returned``),
+    else its content followed by one ``<tool_call>{json}</tool_call>`` block per call (the format replies are
+    parsed from), never an empty turn. (An echo that extends a segment is rendered from the history instead.)"""
+    content = _content(message)
+    if message.get("role") == "assistant" and message.get("tool_calls"):
+        written = (returned or {}).get(_key(message))
+        if written is None:
+            blocks = "".join(OPEN + json.dumps({"name": n, "arguments": a}) + CLOSE for n, a in _calls(message))
+            written = f"{content}\n{blocks}" if content else blocks
+        content = written
+    out = {"role": message["role"], "content": content}
     for key in ("name", "tool_call_id"):
         if message.get(key) is not None:
             out[key] = message[key]
     return out
+
+
+def _content(message: dict) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI content parts: the text ones, joined
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def _key(message: dict) -> tuple:
+    """What must stay equal for a message to be "the same" in a later request: role, text content (``None`` =
+    ``""``), name, tool_call_id, and the tool calls as (name, arguments) pairs (their ids may change)."""
+    return (
+        message.get("role"),
+        _content(message),
+        message.get("name"),
+        message.get("tool_call_id"),
+        json.dumps(_calls(message), sort_keys=True, default=str),
+    )
 
 
 def _same_reply(returned: dict, sent: dict, stop: str = "") -> bool:
