@@ -2,6 +2,8 @@
 
 Runs are averaged only when their configs differ in nothing but the seed (``curve_groups``): such a group is
 one curve, the mean over its seeds with a min-max band; every other run is its own curve over its own steps.
+A curve identical to another of its panel (every seed's points equal) is drawn dashed on top and named in the panel.
+Distillation runs are labelled by what they optimise (``results.objective_of``) and get a reverse-KL figure.
 A curve is labelled by its preset and the settings that tell it apart from the other curves of its panel
 (``lr=0.001``, ``k=4``, ``group=16``, ...). A moving average is stated in the y label. ``oprl plot RUN_DIRS...``
 draws them for any set of runs; ``oprl report`` for a sweep.
@@ -14,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from oprl.experiments.results import RunRecord, load_run
+from oprl.experiments.results import RunRecord, load_run, objective_of
 
 PANELS = {
     "eval_accuracy": ("eval/accuracy", "eval accuracy (pass@1)"),
@@ -90,7 +92,8 @@ def curve_groups(records: list[RunRecord]) -> list[Curve]:
 
 
 def label_curves(curves: list[Curve]) -> dict[str, str]:
-    """``curve.label``: the preset, then the settings whose values differ between ``curves`` (algorithm keys
+    """``curve.label``: what the run optimises (``results.objective_of``: the preset, or its distillation), then the
+    settings whose values differ between ``curves`` (algorithm keys
     only among runs of the same preset, whose other values the preset explains; a section's other keys only
     among runs of the same ``<section>.name``, which explains them: a dataset task's ``train_file`` is not
     set apart from the arithmetic task's ``digits``), each under its shortest unambiguous name
@@ -106,7 +109,7 @@ def label_curves(curves: list[Curve]) -> dict[str, str]:
     names = short_names(differing, keys)
     seeds = {s for c in curves for s in c.seeds}
     for curve in curves:
-        parts = [str(curve.settings.get("algorithm.preset") or "custom")]
+        parts = [objective_of({k.removeprefix("algorithm."): v for k, v in curve.settings.items()})]
         parts += [f"{names[k]}={_value(curve.settings.get(k))}" for k in differing]
         if len(curve.records) > 1:
             parts.append(f"({len(curve.records)} seeds: mean, min-max band)")
@@ -213,8 +216,21 @@ def draw_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], title:
     for row, (key, ylabel, smooth) in enumerate(rows):
         for col, setting in enumerate(settings):
             ax = axes[row][col]
+            # A run identical to another curve's (REC-OneSide-NoIS is REINFORCE on-policy: ρ ≡ 1) would hide under
+            # it and look missing: it is drawn dashed on top, and the panel names the pair.
+            drawn: dict[tuple, str] = {}
+            twins = []
             for curve in columns[setting]:
-                _draw_curve(ax, curve, key, smooth, colors[curve.label])
+                signature = _signature(curve, key)
+                twin = drawn.get(signature) if signature else None
+                _draw_curve(ax, curve, key, smooth, colors[curve.label], dashed=twin is not None)
+                if twin is not None:
+                    twins.append(f"{_short_label(curve.label)} = {twin}")
+                elif signature:
+                    drawn[signature] = _short_label(curve.label)
+            if twins:
+                ax.text(0.02, 0.02, "identical runs (dashed):\n" + "\n".join(twins), transform=ax.transAxes,
+                        fontsize=6, va="bottom", ha="left", alpha=0.8)  # fmt: skip
             if key.startswith("kl/"):
                 # KL spans orders of magnitude between stable and collapsing runs; linear near 0 (it starts at 0).
                 ax.set_yscale("symlog", linthresh=1e-2)
@@ -231,12 +247,28 @@ def draw_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], title:
     return fig
 
 
-def _draw_curve(ax, curve: Curve, key: str, smooth: int, color) -> None:
+def _signature(curve: Curve, key: str) -> tuple:
+    """A curve's data for ``key``: each seed's (seed, steps, values); empty when nothing is logged."""
+    points = []
+    for record in curve.records:
+        steps, values = record.curve(key)
+        if steps:
+            points.append((str(record.config.get("seed")), tuple(steps), tuple(values)))
+    return tuple(sorted(points))
+
+
+def _short_label(label: str) -> str:
+    """A curve's label without its seed count (``grpo (3 seeds: mean, min-max band)`` -> ``grpo``)."""
+    return label.split(" (")[0] if " seeds: " in label else label
+
+
+def _draw_curve(ax, curve: Curve, key: str, smooth: int, color, dashed: bool = False) -> None:
     logged = [r for r in curve.records if r.curve(key)[0]]
     if not logged:
         return
     steps, mean, low, high = mean_band(logged, key, smooth)
-    ax.plot(steps, mean, label=curve.label, color=color, lw=1.4, marker="o" if len(steps) <= 12 else None, ms=3)
+    ax.plot(steps, mean, label=curve.label, color=color, lw=1.4, marker="o" if len(steps) <= 12 else None, ms=3,
+            linestyle=(0, (4, 3)) if dashed else "-")  # fmt: skip
     if len(logged) > 1:
         ax.fill_between(steps, low, high, color=color, alpha=0.2, lw=0, label=f"{curve.label}: min-max")
 

@@ -45,11 +45,24 @@ def setting_of(config: dict) -> str:
     return f"sync-{k}" if m == 0 else f"sync-{k}-offset-{m}"
 
 
+def objective_of(algorithm: dict) -> str:
+    """What a run optimises, as its label: the preset, unless the teacher's signal enters the advantage
+    (``distill_coef`` > 0): ``distill`` (the preset), ``distill (rec-oneside-nois loss)`` (pure distillation,
+    ``distill_mix=replace``, through another preset's loss and clip) or ``grpo+distill`` (``add``: reward and
+    teacher together). A clipped distillation run is not RL, and its label says so."""
+    preset = str(algorithm.get("preset") or "custom")
+    if not (algorithm.get("distill_coef") or 0) > 0:
+        return preset
+    if algorithm.get("distill_mix") == "add":
+        return f"{preset}+distill"
+    return "distill" if preset == "distill" else f"distill ({preset} loss)"
+
+
 def load_run(run_dir: Path, labels: dict[str, str] | None = None) -> RunRecord:
     run_dir = Path(run_dir)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     rows = read_metrics(run_dir / "metrics.jsonl")
-    derived = {"preset": config["algorithm"]["preset"], "setting": setting_of(config), "seed": str(config["seed"])}
+    derived = {"preset": objective_of(config["algorithm"]), "setting": setting_of(config), "seed": str(config["seed"])}
     merged = derived | {_canonical(k): v for k, v in (labels or {}).items()}
     return RunRecord(run_dir=run_dir, labels=merged, config=config, rows=rows)
 

@@ -59,11 +59,13 @@ class RowLog:
 
 
 def progress_text(row: dict, last_eval: tuple[int, float] | None) -> str:
-    """What a progress bar or log line says about a row: reward, the newest eval accuracy, response length,
-    truncated share, lag, step time (the fields a row has)."""
+    """What a progress bar or log line says about a row: reward, the reverse KL to a teacher (distillation), the
+    newest eval accuracy, response length, truncated share, lag, step time (the fields a row has)."""
     parts = []
     if "reward/mean" in row:
         parts.append(f"reward {row['reward/mean']:.3f}")
+    if "distill/reverse_kl" in row:  # distillation's signal beside the reward (distill_mix=replace only logs that)
+        parts.append(f"rev-KL {row['distill/reverse_kl']:.3f}")
     if last_eval is not None:
         parts.append(f"eval acc {last_eval[1]:.3f} (step {last_eval[0]})")
     if "response/length_mean" in row:
