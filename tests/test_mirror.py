@@ -111,3 +111,12 @@ def test_every_test_file_name_is_unique():
     folders stop collection ("import file mismatch") in whichever order a clean checkout collects them."""
     names = [path.name for path in TESTS.rglob("test_*.py") if ".venv" not in path.parts]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_the_readme_layout_names_every_top_level_package():
+    """README.md's layout section is the map a new user reads first: #53 found judge/, teacher/, episodes/ and
+    evaluator/ missing from it."""
+    readme = (TESTS.parent / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("```")[1]
+    top = sorted(package for package in _packages(SRC) if "/" not in package)
+    assert [p for p in top if f"  {p}/ " not in layout and f" {p}/ (" not in layout] == []
