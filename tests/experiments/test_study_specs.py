@@ -172,8 +172,8 @@ def test_the_smollm2_stale_arena_runs_its_priority_order_on_three_paired_seeds()
         "rec-oneside-nois",
         "rec-oneside-nois-wide",
         "red-weight",
-        "dppo-tv",
         "m2po",
+        "dppo-tv",
         "gspo",
     ]
     for preset in presets:
