@@ -82,6 +82,28 @@ def test_hub_ids_that_cannot_be_fetched_fail_in_one_line(monkeypatch):
     assert "\n" not in str(info.value)
 
 
+def test_a_local_typo_names_the_nearest_directories_and_never_the_hub(tmp_path, monkeypatch):
+    """#53: `runs/<typo>` is shaped like a hub id; it went to huggingface.co for two minutes."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("tiny-teacher", "tiny-distill", "smollm2-rl"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    with pytest.raises(OprlError, match=r"'runs/tiny-teachr/final' not found .*nearest: runs/tiny-teacher\)"):
+        resolve_model_path("runs/tiny-teachr/final")
+    with pytest.raises(OprlError, match=r"holds 3 folders, newest "):  # nothing close: the newest runs
+        resolve_model_path("runs/zzz")
+    with pytest.raises(OprlError, match=r"'models/mien' not found .*nearest: models/mine"):  # any local folder
+        resolve_model_path("models/mien")
+
+
+def test_an_uncached_hub_id_offline_is_refused_without_transformers(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(OprlError, match=r"cache does not hold this hub id while HF_HUB_OFFLINE=1"):
+        resolve_model_path("oprl-tests/no-such-model")
+
+
 def test_devices():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -105,8 +127,9 @@ def test_a_tokenizer_without_chat_template_is_refused(tiny_dir, tmp_path):
     tokenizer.save_pretrained(tmp_path)
     for name in ("config.json", "model.safetensors", "generation_config.json"):
         (tmp_path / name).write_bytes((tiny_dir / name).read_bytes())
-    with pytest.raises(OprlError, match="has no chat template"):
+    with pytest.raises(OprlError, match="has no chat template") as info:
         load_pretrained(tmp_path)
+    assert f"write a Jinja chat template to {tmp_path}/chat_template.jinja" in str(info.value)  # how to set one
 
 
 def test_lora_trains_only_the_adapters(tiny_dir):
