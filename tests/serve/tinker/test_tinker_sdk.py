@@ -144,3 +144,21 @@ def test_a_retried_request_gets_the_first_answer(running, service):
     assert first["request_id"] == again["request_id"]
     server = running.server
     assert server.backend.policies[client.model_id].version <= 1  # one step at most, never two
+
+
+def test_forward_backward_custom_runs_the_callable_on_the_client(service):
+    import torch
+
+    client = service.create_lora_training_client(base_model=TINY, rank=2, seed=6).result()
+    tokens = _tokens(client)
+    data = [datum(tokens, weights=[1.0] * (len(tokens) - 1))]
+
+    def mean_nll(data, logprobs_list):  # a loss the server does not have: the mean, not the sum
+        loss = -torch.cat(logprobs_list).mean()
+        return loss, {"mean_nll:mean": float(loss.detach())}
+
+    out = client.forward_backward_custom(data, mean_nll).result()
+    reference = client.forward(data, "cross_entropy").result()
+    assert out.metrics["mean_nll:mean"] == pytest.approx(reference.metrics["loss:sum"] / (len(tokens) - 1), rel=1e-5)
+    client.optim_step(types.AdamParams(learning_rate=0.002)).result()
+    assert client.forward(data, "cross_entropy").result().metrics["loss:sum"] < reference.metrics["loss:sum"]
