@@ -241,3 +241,25 @@ def test_unknown_options_list_the_valid_values(option, message):
     logprobs, behavior, advantages, mask = random_batch(0)
     with pytest.raises(ValueError, match=message):
         policy_loss(logprobs, behavior, advantages, mask, LossParams.of(option))
+
+
+def test_effective_sample_size_is_kongs_formula_at_both_levels():
+    """rho/ess (#55): (Σw)²/(N·Σw²) of w = ρ_t over valid tokens and of w_i = Π_t ρ_t over responses; 1 on-policy,
+    → 1/N when one weight dominates, padding ignored even when it holds ±inf or NaN, no overflow at Π ρ = e^60."""
+    from oprl.algorithms import effective_sample_size
+
+    logprobs, behavior, _, mask = random_batch(4)
+    mask[1, 3:] = False
+    ess = effective_sample_size(logprobs, behavior, mask)
+    w = torch.exp((logprobs - behavior).clamp(-20, 20))[mask]
+    assert ess["token"].item() == pytest.approx((w.sum() ** 2 / (len(w) * (w**2).sum())).item(), rel=1e-9)
+    rows = torch.stack([torch.exp(((logprobs - behavior).clamp(-20, 20) * mask)[b].sum()) for b in range(6)])
+    assert ess["sequence"].item() == pytest.approx((rows.sum() ** 2 / (6 * (rows**2).sum())).item(), rel=1e-9)
+    garbage = torch.where(mask, behavior, torch.full_like(behavior, float("nan")))
+    assert effective_sample_size(logprobs, garbage, mask)["token"] == ess["token"]
+    on_policy = effective_sample_size(logprobs, logprobs, mask)
+    assert on_policy["token"].item() == pytest.approx(1.0) and on_policy["sequence"].item() == pytest.approx(1.0)
+    spike = torch.zeros(4, 3, dtype=torch.float64)
+    spike[0] = 20.0  # one response's ratio e^60 (three tokens at the clamp), the rest 1
+    one = effective_sample_size(spike, torch.zeros_like(spike), torch.ones(4, 3, dtype=torch.bool))
+    assert one["sequence"].item() == pytest.approx(1 / 4) and torch.isfinite(one["sequence"])

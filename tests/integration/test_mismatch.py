@@ -44,6 +44,8 @@ def test_bf16_sampler_is_off_policy_without_staleness(small_overrides, tmp_path)
         assert fp32["lag/max"] == bf16["lag/max"] == 0  # on-policy both times
         for key in ("rho/behavior_mean", "rho/behavior_min", "rho/behavior_max", "rho/behavior_outside_frac"):
             assert key in fp32 and key in bf16
+        assert fp32["rho/ess"] == pytest.approx(1.0, abs=1e-6) and bf16["rho/ess"] < fp32["rho/ess"]  # #55
+        assert 0 < bf16["rho/ess_seq"] < 1 and fp32["rho/ess_seq"] == pytest.approx(1.0, abs=1e-4)
         assert _spread(fp32) < 1e-4  # the fp32 sampler matches the trainer up to float error
         assert _spread(bf16) > 100 * _spread(fp32)  # the bf16 sampler's ρ is the mismatch alone
         assert bf16["kl/behavior_k3"] > 100 * fp32["kl/behavior_k3"]

@@ -27,6 +27,7 @@ from oprl.algorithms.losses import (
     REGULARIZERS,
     WEIGHTS,
     LossParams,
+    effective_sample_size,
     policy_loss,
     ratio_stats,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "consistency_surrogate",
     "distill_advantages",
     "distill_metrics",
+    "effective_sample_size",
     "group_advantages",
     "kl_penalty",
     "policy_loss",

@@ -382,6 +382,35 @@ def ratio_stats(
     }
 
 
+def _normalized_ess(log_weights: torch.Tensor) -> torch.Tensor:
+    """(Σw)² / (N·Σw²) of the weights w = exp(log_weights) (N,), computed in the log domain (a sequence's
+    Π_t ρ_t overflows); 1 when N = 0."""
+    if log_weights.numel() == 0:
+        return log_weights.new_ones(())
+    n = math.log(log_weights.numel())
+    return torch.exp(2 * torch.logsumexp(log_weights, 0) - n - torch.logsumexp(2 * log_weights, 0))
+
+
+@_no_grad
+def effective_sample_size(
+    logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The normalised effective sample size of the importance weights ρ = π/π_b over the valid tokens of
+    ``mask`` (B, T): ESS = (Σw)² / (N·Σw²) ∈ (0, 1], 1 when every weight is equal (on-policy), → 1/N when one
+    weight dominates (Kong 1992; VCPO, arXiv 2602.17616, watches its fall as the early sign of collapse).
+
+    Returns detached 0-dim tensors: ``token`` (w = ρ_t, N = valid tokens) and ``sequence`` (w_i = Π_t ρ_t, the
+    response's ratio, N = rows with a valid token). log ρ is clamped at ±20 per token, as in the loss."""
+    valid = mask > 0
+    log_ratio = torch.where(valid, logprobs - behavior_logprobs.to(logprobs.dtype), torch.zeros_like(logprobs))
+    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # (B, T)
+    rows = valid.any(dim=-1)  # (B,)
+    return {
+        "token": _normalized_ess(log_ratio[valid]),
+        "sequence": _normalized_ess(log_ratio.sum(dim=-1)[rows]),
+    }
+
+
 @_no_grad
 def _metrics(ratio, keep, weights, mask, pg_loss, reg_loss) -> dict[str, torch.Tensor]:
     """Diagnostics, each a detached 0-dim tensor; fractions and means weight tokens by the mask.

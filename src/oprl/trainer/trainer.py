@@ -29,6 +29,7 @@ from oprl.algorithms import (
     aggregation_count,
     distill_advantages,
     distill_metrics,
+    effective_sample_size,
     group_advantages,
     kl_penalty,
     policy_loss,
@@ -249,6 +250,8 @@ class Trainer:
         out["kl/behavior_k3"] = float(aggregate(behavior_kl, mask, "token-mean"))
         # ρ = π_θ/π_behaviour whatever the loss uses: mismatch (rollout.dtype) and staleness, every step.
         out |= {f"rho/behavior_{k}": float(v) for k, v in ratio_stats(logprobs.detach(), behavior, mask).items()}
+        ess = effective_sample_size(logprobs.detach(), behavior, mask)  # per micro-batch, averaged like the rest
+        out |= {"rho/ess": float(ess["token"]), "rho/ess_seq": float(ess["sequence"])}
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, params.loss_agg, params.normalizer)
         if self.reference is not None and self._ref_kl_due():
