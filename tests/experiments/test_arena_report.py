@@ -222,3 +222,11 @@ def test_the_report_of_a_committed_results_csv_and_its_plan(tmp_path, capsys):
         report.main([str(tmp_path), "--plan", "2"])
     with pytest.raises(OprlError, match=r"no results\.csv"):
         report.build_report(tmp_path / "nothing")
+
+
+def test_one_seed_per_cell_says_nothing_can_be_told_apart():
+    one_seed = [(labels, numbers) for labels, numbers in summaries() if labels["seed"] == "0"]
+    analyses = [tiers.analyse(one_seed, metric) for metric in tiers.METRICS]
+    assert "(No σ̂: every cell has one seed" in "\n".join(tiers.design_lines(analyses))
+    assert "nothing can be told apart" in "\n".join(tiers.verdict_lines(analyses[0]))
+    assert "cannot be tested with one seed per cell" in tiers.loss_lines(one_seed)[0]

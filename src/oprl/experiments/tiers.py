@@ -129,6 +129,8 @@ def design_lines(analyses: list[Analysis]) -> list[str]:
                 f"{points(2 * se, 2)} | {points(stats.mde(se, df), 2)} | "
                 f"{points(stats.mde(se, df, comparisons=a.pairs), 2)} ({a.pairs} pairs) |"
             )
+    if len(lines) == 6:  # no metric has a noise estimate: no table under the header
+        lines[4:] = ["(No σ̂: every cell has one seed, so no difference can be tested; run two seeds or more.)"]
     return [*lines, ""]
 
 
@@ -154,6 +156,10 @@ def verdict_lines(analysis: Analysis) -> list[str]:
 def verdict(comparison: stats.Comparison) -> str:
     if not comparison.means:
         return "no runs."
+    if not comparison.noise.df:
+        values = list(comparison.means.values())
+        return (f"{len(values)} method(s), means {min(values):.3f}-{max(values):.3f}: no noise estimate (one seed, or "
+                "no seed shared by two methods), so nothing can be told apart.")  # fmt: skip
     tier = comparison.tier
     span = [comparison.means[m] for m in tier]
     spread = f"means {min(span):.3f}-{max(span):.3f}" if len(tier) > 1 else f"mean {span[0]:.3f}"
@@ -218,6 +224,11 @@ def significant_losses(summaries, metric: str = "final_accuracy") -> dict[str, t
 
 
 def loss_lines(summaries) -> list[str]:
+    seeds: dict[tuple[str, str], int] = defaultdict(int)
+    for labels, _ in summaries:
+        seeds[(row_label(labels), labels["setting"])] += 1
+    if max(seeds.values(), default=0) < 2:
+        return ["A loss against a method's own lag 0 cannot be tested with one seed per cell.", ""]
     losses = significant_losses(summaries)
     if not any(lags for lags in losses.values()):
         return ["No method's final accuracy is significantly below its own lag 0 at any lag (Holm over its lags).", ""]
