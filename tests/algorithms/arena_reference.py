@@ -141,6 +141,11 @@ def _weight(settings, rho, a):
         tau = settings["tau_pos"] if a > 0 else settings["tau_neg"]
         gate = 1 / (1 + math.exp(-tau * (rho - 1)))
         return 4 * gate * (1 - gate) * rho
+    if name == "gamma":  # VESPO (TRL get_gamma_weights): e^λ·w^k·e^(−λw), w the response's Π_t ρ_t, log w ≥ log 1e-8
+        k, lam = (settings["vespo_k_pos"], settings["vespo_lambda_pos"]) if a >= 0 else (
+            settings["vespo_k_neg"], settings["vespo_lambda_neg"])  # fmt: skip
+        log_w = _clamp(math.log(rho), math.log(1e-8), 20.0)
+        return math.exp(lam) * math.exp(k * log_w) * math.exp(-lam * math.exp(log_w))
     raise KeyError(name)
 
 

@@ -32,6 +32,18 @@ def test_std_normalize_uses_population_std():
     assert result.advantages.tolist() == pytest.approx(expected, abs=1e-12)
 
 
+def test_mean_normalize_is_maxrl():
+    """MaxRL (#55): A_i = r_i/mean_G(r) − 1 (rare successes weigh more); a group whose mean is ≤ 0 (no success, or
+    only negative rewards) gets 0; refused together with std_normalize."""
+    result = group_advantages(REWARDS, GROUPS, mean_normalize=True)
+    expected = [1 / (1 / 3) - 1, 0 - 1, 0 - 1, 0.5 / 0.75 - 1, 1 / 0.75 - 1]
+    assert result.advantages.tolist() == pytest.approx(expected, abs=1e-12)
+    failing = group_advantages(torch.tensor([0.0, 0.0, -0.1, 0.0]), torch.tensor([0, 0, 0, 0]), mean_normalize=True)
+    assert failing.advantages.tolist() == [0.0] * 4
+    with pytest.raises(ValueError, match="alternatives"):
+        group_advantages(REWARDS, GROUPS, mean_normalize=True, std_normalize=True)
+
+
 def test_baseline_shift_lowers_the_baseline():
     result = group_advantages(REWARDS, GROUPS, baseline_shift=0.1)
     assert result.advantages.tolist() == pytest.approx([2 / 3 + 0.1, -1 / 3 + 0.1, -1 / 3 + 0.1, -0.15, 0.35])

@@ -12,7 +12,7 @@ from arena_reference import reference_loss
 
 from oprl.algorithms import PRESETS, LossParams, advantage_settings, group_advantages, policy_loss, resolve_preset
 
-ARENA_PRESETS = ["dppo-tv", "dppo-kl", "m2po", "oapl", "topr", "bapo", "aspo", "sapo"]
+ARENA_PRESETS = ["dppo-tv", "dppo-kl", "m2po", "oapl", "topr", "bapo", "aspo", "sapo", "vespo", "luspo", "maxrl"]
 VARIANTS = {  # the options that implement the frameworks' or the authors' code where it differs from the paper
     "m2po-areal": ("m2po-areal", {}),
     "m2po-authors-code": ("m2po-clip", {}),
@@ -354,3 +354,30 @@ def test_bapo_trains_the_default_job_through_the_config(small_overrides, tmp_pat
 def test_each_preset_trains_the_default_job(small_overrides, tmp_path, preset):
     """About 1 s each once the session's warm start is cached."""
     _train_default_job(small_overrides, tmp_path, preset)
+
+
+def test_luspo_is_gspo_times_each_responses_length():
+    """LUSPO (TRL loss_type="luspo"): GSPO's per-response loss times |y_i|, so each token's gradient is GSPO's
+    times its response's length."""
+    logprobs, log_ratios, mask, advantages = random_batch(11, spread=0.01)
+    _, gspo, _ = torch_loss(resolve_preset("gspo"), logprobs, log_ratios, mask, advantages)
+    _, luspo, _ = torch_loss(resolve_preset("luspo"), logprobs, log_ratios, mask, advantages)
+    lengths = mask.sum(dim=-1, keepdim=True).to(gspo.dtype)
+    assert torch.allclose(luspo, gspo * lengths, atol=1e-12) and (luspo[mask] != 0).any()
+
+
+def test_vespo_weight_is_trls_gamma_weight():
+    """VESPO against TRL's get_gamma_weights written out: φ = exp(λ + k·log w − λ·w) with w = exp(clamp(Σ_t log ρ_t,
+    log 1e-8, 20)), (k, λ) by the sign of A; φ(1) = 1 on-policy; the loss is −φ·A·logprobs, token mean."""
+    logprobs, log_ratios, mask, advantages = random_batch(12, spread=0.3)
+    settings = resolve_preset("vespo")
+    _, grad, _ = torch_loss(settings, logprobs, log_ratios, mask, advantages)
+    log_w = (log_ratios.clamp(-20, 20) * mask).sum(-1).clamp(math.log(1e-8), 20.0)  # (B,)
+    positive = advantages >= 0
+    k = torch.where(positive, 2.0, 3.0).to(log_w.dtype)
+    lam = torch.where(positive, 3.0, 2.0).to(log_w.dtype)
+    phi = torch.exp(lam + k * log_w - lam * log_w.exp())  # (B,)
+    expected = -(phi * advantages)[:, None] * mask / mask.sum()  # d(−Σ φ·A·logprobs / N)/d logprobs
+    assert torch.allclose(grad, expected, atol=1e-12)
+    _, on_policy, _ = torch_loss(settings, logprobs, torch.zeros_like(log_ratios), mask, advantages)
+    assert torch.allclose(on_policy, -advantages[:, None] * mask / mask.sum(), atol=1e-12)  # φ(1) = 1

@@ -50,8 +50,8 @@ def _sequence_ratio(b):
     return math.exp(sum(logs) / len(logs))
 
 
-ARENA_KINDS = {"dppo-tv", "dppo-kl", "m2-mask", "m2-mask-areal", "m2-clip", "bapo", "flipped-is", "tapered", "soft-gate",
-               "sequence-sum", "advantage-regression"}  # fmt: skip
+ARENA_KINDS = {"dppo-tv", "dppo-kl", "m2-mask", "m2-mask-areal", "m2-clip", "bapo", "flipped-is", "tapered",
+               "soft-gate", "sequence-sum", "gamma", "advantage-regression"}  # fmt: skip
 
 
 def reference(settings, advantages, keep):

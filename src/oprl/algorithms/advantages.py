@@ -141,6 +141,7 @@ def group_advantages(
     group_ids: torch.Tensor,
     *,
     std_normalize: bool = D["std_normalize"],
+    mean_normalize: bool = D["mean_normalize"],
     drop: str = D["drop"],
     keep_dropped: bool = D["keep_dropped"],
     baseline_shift: float = D["baseline_shift"],
@@ -156,6 +157,8 @@ def group_advantages(
       b = τ·log((1/|S|) Σ_S exp(r_j/τ))             (baseline="logavgexp", OPMD)
       A_i = (r_i − b) + δ                           (AsymRE: the baseline lowered by δ)
       A_i = (r_i − b)/(std_S(r) + 1e-6) + δ         (std_normalize; population std; δ in normalised units)
+      A_i = (r_i − b)/mean_S(r) + δ                 (mean_normalize, MaxRL: r_i/mean − 1 with b = mean; 0
+                                                     where mean_S(r) ≤ 0: success rewards are ≥ 0)
     A group whose rewards over S are all equal (a singleton included) gets r_i − b = 0 exactly, so its
     advantage is δ: zero by default, and AsymRE's uniform push up, the same effect as its forward-KL term.
     RED-Drop: positives are r_i ≥ mean of the whole group; if negatives outnumber positives, ``balance``
@@ -167,6 +170,8 @@ def group_advantages(
     baseline_fn = lookup(BASELINES, baseline, "baseline")
     if not tau > 0:
         raise ValueError(f"tau must be > 0 (the logavgexp temperature), got {tau!r}")
+    if std_normalize and mean_normalize:
+        raise ValueError("std_normalize and mean_normalize are alternatives (GRPO's std, MaxRL's mean): choose one")
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.get_default_dtype())
 
@@ -187,6 +192,9 @@ def group_advantages(
         mean = _segment_sum(rewards * in_stats, group, num_groups) / count
         std = (_segment_sum(in_stats * (rewards - mean[group]).square(), group, num_groups) / count).sqrt()
         centered = centered / (std[group] + STD_EPS)
+    if mean_normalize:  # MaxRL: the group's success rate rescales the gradient (rare successes weigh more)
+        mean = (_segment_sum(rewards * in_stats, group, num_groups) / count)[group]  # (N,)
+        centered = torch.where(mean > 0, centered / mean.clamp(min=STD_EPS), torch.zeros_like(centered))
     advantages = torch.where(chosen, centered + baseline_shift, torch.zeros_like(rewards))
     keep = torch.ones_like(chosen) if keep_dropped else chosen
     return GroupAdvantages(advantages=advantages, keep=keep, dropped=~chosen)

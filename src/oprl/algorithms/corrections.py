@@ -245,6 +245,24 @@ def _soft_gate_weight(ratio, advantages, params):
 # --- ratio level and objective -----------------------------------------------------------------------------
 
 
+# --- VESPO (arXiv 2602.10693; TRL loss_type="vespo"): a gamma-shaped weight of the response's ratio ---------
+
+
+VESPO_LOG_FLOOR = math.log(1e-8)
+"""VESPO's floor on log w (TRL ``get_gamma_weights``): the weight of a response whose ratio underflows."""
+
+
+def _gamma_weight(ratio, advantages, params):
+    """VESPO's φ(w) = exp(λ + k·log w − λ·w) (= e^λ·w^k·e^(−λw), φ(1) = 1, largest at w = k/λ), detached, with w
+    the response's ratio Π_t ρ_t (``ratio_level=sequence-sum``), log w clamped to [log 1e-8, 20]; (k, λ) =
+    (vespo_k_pos, vespo_lambda_pos) where A ≥ 0, (vespo_k_neg, vespo_lambda_neg) where A < 0."""
+    log_w = ratio.log().clamp(VESPO_LOG_FLOOR, 20.0)
+    positive = advantages >= 0
+    k = torch.where(positive, params.vespo_k_pos, params.vespo_k_neg).to(ratio.dtype)
+    rate = torch.where(positive, params.vespo_lambda_pos, params.vespo_lambda_neg).to(ratio.dtype)
+    return torch.exp(rate + k * log_w - rate * log_w.exp())
+
+
 def sequence_sum_log_ratio(log_ratio, mask):
     """log of the whole response's ratio Π_t ρ_t (TOPR's trajectory ratio) on all its tokens (``policy_loss``
     clamps it to ±``MAX_LOG_RATIO`` before exp, like every ratio level)."""

@@ -11,6 +11,7 @@ from typing import Any
 ALGORITHM_DEFAULTS: dict[str, Any] = {
     # group_advantages
     "std_normalize": False,  # plain r − mean, as derived; GRPO divides by the std
+    "mean_normalize": False,  # MaxRL (arXiv 2602.02710; prime-rl max_rl): A = r/mean − 1, rewards ≥ 0
     "drop": "none",  # "none" keeps every response; "balance" is RED-Drop, "probabilistic" its first version
     "keep_dropped": False,  # dropped responses leave the batch (True: they stay with A = 0, in the denominators)
     "baseline_shift": 0.0,  # AsymRE's δ: baseline = mean − δ
@@ -39,6 +40,10 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
     "bapo_low_max": 0.9,  # BAPO's b₋: c_low rises from 1 − eps_low up to this
     "bapo_high_max": 3.0,  # BAPO's b₊: c_high rises from 1 + eps_high up to this
     "regression_beta": 1e-3,  # OAPL's β (β2 in the authors' scripts) on Σ_t log(π/π_b)
+    "vespo_k_pos": 2.0,  # VESPO's shape k₊ for A ≥ 0 (arXiv 2602.10693; TRL's GRPOConfig defaults)
+    "vespo_lambda_pos": 3.0,  # VESPO's rate λ₊ for A ≥ 0: φ peaks at w = k/λ < 1, damping w > 1
+    "vespo_k_neg": 3.0,  # VESPO's k₋ for A < 0
+    "vespo_lambda_neg": 2.0,  # VESPO's λ₋ for A < 0: φ peaks at w = 1.5, damping w < 1
     # distill_advantages (docs/algorithms.md#distillation)
     "distill_coef": 0.0,  # c in A_t = A_group + c·(log π_teacher − log π_b); 0 = no teacher signal
     "distill_mix": "add",  # "add" to the group advantage, or "replace" it (pure distillation)
@@ -46,7 +51,9 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
     "recompute_proximal": False,  # decoupled PPO: the trainer recomputes π_prox before the update
 }
 
-ADVANTAGE_KEYS: tuple[str, ...] = ("std_normalize", "drop", "keep_dropped", "baseline_shift", "baseline", "tau")
+ADVANTAGE_KEYS: tuple[str, ...] = (
+    "std_normalize", "mean_normalize", "drop", "keep_dropped", "baseline_shift", "baseline", "tau",
+)  # fmt: skip
 """Settings of ``group_advantages`` (``advantage_settings``). The loss's are the fields of
 ``oprl.algorithms.losses.LossParams``."""
 DISTILL_KEYS: tuple[str, ...] = ("distill_coef", "distill_mix")

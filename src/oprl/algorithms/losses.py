@@ -103,6 +103,14 @@ class LossParams:
     """BAPO's b₊: the upper bound rises from 1 + eps_high up to this."""
     regression_beta: float = D["regression_beta"]
     """OAPL's β on each response's Σ_t log(π/π_b)."""
+    vespo_k_pos: float = D["vespo_k_pos"]
+    """VESPO's shape k of φ(w) = e^λ·w^k·e^(−λw) for A ≥ 0."""
+    vespo_lambda_pos: float = D["vespo_lambda_pos"]
+    """VESPO's rate λ for A ≥ 0."""
+    vespo_k_neg: float = D["vespo_k_neg"]
+    """VESPO's shape k for A < 0."""
+    vespo_lambda_neg: float = D["vespo_lambda_neg"]
+    """VESPO's rate λ for A < 0."""
     mask: torch.Tensor | None = field(default=None, repr=False)
     logprobs: torch.Tensor | None = field(default=None, repr=False)
     anchor_logprobs: torch.Tensor | None = field(default=None, repr=False)
@@ -199,6 +207,7 @@ WEIGHTS: dict[str, Callable] = {
     "flipped-is": corrections._flipped_importance_weight,  # ASPO: min(1/ρ, C) if A > 0, min(ρ, C) else
     "tapered": corrections._tapered_importance_weight,  # TOPR: 1 if A > 0, min(ρ, 1) else
     "soft-gate": corrections._soft_gate_weight,  # SAPO: 4σ(1 − σ)·ρ, σ = sigmoid(τ±(ρ − 1))
+    "gamma": corrections._gamma_weight,  # VESPO: e^λ·w^k·e^(−λw) of the response's ratio, (k, λ) by sign of A
 }
 
 

@@ -82,6 +82,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eps_high": 4e-4,
         "loss_agg": "seq-mean-token-mean",
     },
+    # LUSPO (arXiv 2602.05261; TRL loss_type="luspo"): GSPO's loss times each response's length |y|, i.e. the
+    # token sum per response instead of its mean (removes GSPO's bias towards short responses).
+    "luspo": {
+        **ALGORITHM_DEFAULTS,
+        **_STD,
+        "clip_mode": "one-side",
+        **_IS,
+        "ratio_level": "sequence",
+        "eps_low": 3e-4,
+        "eps_high": 4e-4,
+        "loss_agg": "seq-mean-token-sum",
+    },
+    # VESPO (arXiv 2602.10693; TRL loss_type="vespo"): no clip; the detached weight φ(w) = e^λ·w^k·e^(−λw) of the
+    # response's ratio w = Π_t ρ_t, (k, λ) = (2, 3) for A ≥ 0 and (3, 2) for A < 0; GRPO's advantages; token mean.
+    "vespo": {**ALGORITHM_DEFAULTS, **_STD, "weight": "gamma", "ratio_level": "sequence-sum"},
+    # MaxRL (arXiv 2602.02710; prime-rl max_rl, TRL scale_rewards="mean"): A_i = r_i/mean_G(r) − 1, with GRPO's
+    # clip and importance weights.
+    "maxrl": {**ALGORITHM_DEFAULTS, "mean_normalize": True, "clip_mode": "one-side", **_IS},
     # CISPO (MiniMax-M1, arXiv 2506.13585): w = clip(ρ, 1 − ε_low, 1 + ε_high) detached, no token masked; no
     # lower bound (ε_low = 1), ε_high = 1 (oprl's choice: the cap 2 of tis-token).
     "cispo": {**ALGORITHM_DEFAULTS, **_STD, "weight": "clipped-is", "eps_low": 1.0, "eps_high": 1.0},
@@ -176,12 +194,15 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 }
 """Option strings of earlier versions -> the current string, per setting."""
 
-_POSITIVE = ("tau", "weight_temperature", "is_cap", "mask_high", "tau_pos", "tau_neg", "bapo_high_max")
+_POSITIVE = (
+    "tau", "weight_temperature", "is_cap", "mask_high", "tau_pos", "tau_neg", "bapo_high_max", "vespo_lambda_pos",
+    "vespo_lambda_neg",
+)  # fmt: skip
 _NON_NEGATIVE = (
     "eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "regularizer_coef", "mask_low", "distill_coef",
-    "m2_threshold", "bapo_low_max", "regression_beta",
+    "m2_threshold", "bapo_low_max", "regression_beta", "vespo_k_pos", "vespo_k_neg",
 )  # fmt: skip
-_BOOLEAN = ("std_normalize", "keep_dropped", "recompute_proximal")
+_BOOLEAN = ("std_normalize", "mean_normalize", "keep_dropped", "recompute_proximal")
 
 
 class SettingError(ValueError):
@@ -219,6 +240,9 @@ def validate_settings(settings: dict[str, Any]) -> None:
     if settings.get("distill_mix") == "replace" and settings.get("distill_coef") == 0:
         message = "distill_mix=replace with distill_coef=0 sets every advantage to 0 (nothing trains): set it > 0"
         raise SettingError("distill_coef", message)
+    if settings.get("std_normalize") and settings.get("mean_normalize"):
+        message = "std_normalize and mean_normalize are alternatives (GRPO's std, MaxRL's mean): set one to false"
+        raise SettingError("mean_normalize", message)
     if not 0 <= settings.get("bapo_target", 0.0) <= 1:
         raise SettingError("bapo_target", f"bapo_target must be in [0, 1] (a share), got {settings['bapo_target']!r}")
     low, high = settings.get("mask_low", 0.0), settings.get("mask_high", math.inf)

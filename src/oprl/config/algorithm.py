@@ -45,6 +45,9 @@ class AlgorithmConfig(_Section):
     ``-wide`` variants, opmd, asymre, red-drop, red-weight, ... (``oprl.algorithms.PRESETS``, docs/algorithms.md)."""
     std_normalize: bool | None = None
     """Divide advantages by the group's population std + 1e-6 (GRPO)."""
+    mean_normalize: bool | None = None
+    """Divide advantages by the group's mean reward (MaxRL: A = r/mean - 1; 0 where the mean is <= 0); an
+    alternative to std_normalize."""
     drop: Drop | None = None
     """``balance`` = RED-Drop: drop surplus negatives so each group has as many negatives as positives, baseline
     over the kept ones; ``probabilistic`` = Trinity-RFT's first RED-Drop: drop each negative with probability
@@ -113,6 +116,14 @@ class AlgorithmConfig(_Section):
     """BAPO: the upper ratio bound rises from 1 + eps_high up to this."""
     regression_beta: float | None = None
     """OAPL (objective=advantage-regression): beta on each response's log-ratio sum_t log(pi/pi_b)."""
+    vespo_k_pos: float | None = None
+    """VESPO (weight=gamma): shape k of phi(w) = e^lam * w^k * e^(-lam*w) for A >= 0 (>= 0)."""
+    vespo_lambda_pos: float | None = None
+    """VESPO: rate lam for A >= 0 (> 0); phi peaks at w = k/lam."""
+    vespo_k_neg: float | None = None
+    """VESPO: shape k for A < 0 (>= 0)."""
+    vespo_lambda_neg: float | None = None
+    """VESPO: rate lam for A < 0 (> 0)."""
     distill_coef: float | None = None
     """Distillation (docs/algorithms.md#distillation; needs teacher.path or a store scored by ``oprl
     teacher-score``): c in the per-token advantage A_t = A_group + c*(log pi_teacher(y_t) - log pi_behaviour(y_t)),
