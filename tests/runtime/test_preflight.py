@@ -180,7 +180,8 @@ def test_no_chat_template_is_refused_before_any_model_with_how_to_set_one(
     config.pop("chat_template", None)
     (bare / "tokenizer_config.json").write_text(json.dumps(config))
     assert main(["train", f"model.path={bare}", "steps=1", f"output_dir={tmp_path / 'runs'}"]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "oprl: train" not in out  # from the directory's files, before the headline and transformers
     assert f"error: model.path: '{bare}' has no chat template" in err
     assert f"write a Jinja chat template to {bare}/chat_template.jinja" in err and "tokenizer.chat_template" in err
 

@@ -184,6 +184,23 @@ def _check_hub_reachable(repo_id: str) -> None:
         )
 
 
+def lacks_chat_template(directory: str | Path) -> bool:
+    """Whether a local model directory surely has no chat template, from its files alone (no transformers):
+    it has a ``tokenizer_config.json`` without a ``chat_template`` key, and none of the files transformers
+    also reads one from (``chat_template.jinja``, ``chat_template.json``, ``additional_chat_templates/``).
+    False when it cannot tell (the tokenizer's load decides then)."""
+    folder = Path(directory)
+    config = folder / "tokenizer_config.json"
+    if not config.is_file() or any(
+        (folder / name).exists() for name in ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
+    ):
+        return False
+    try:
+        return not json.loads(config.read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def no_chat_template(key: str, path: str, location: str) -> str:
     """The advice for a tokenizer without a chat template: how to give a model of one's own a template."""
     where = Path(location)

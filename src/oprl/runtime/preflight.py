@@ -14,9 +14,11 @@ the memory check of a batch (``oprl.rollout.base``).
 
 The other checks that need the machine, in the order a run makes them (each one line naming its setting):
 - ``check_paths``, before anything is imported or printed: ``model.path``, ``teacher.path`` and ``judge.path``
-  exist (a local typo names the nearest run directories, never reaches the hub: ``oprl.models.loading``);
-- in ``check_lengths``, from the tokenizers it reads anyway: the student has a chat template (the advice says
-  how to give one), a teacher speaks the student's tokens (``check_teacher_tokens``);
+  exist (a local typo names the nearest run directories, never reaches the hub: ``oprl.models.loading``), and
+  a local model directory's files hold a chat template;
+- in ``check_lengths``, from the tokenizers it reads anyway: the student has a chat template (a hub model, or
+  a directory whose files could not tell; the advice says how to give one), a teacher speaks the student's
+  tokens (``check_teacher_tokens``);
 - ``check_rewards``: a task's user reward functions (``task.reward``) are called on the first train rows with
   the reference as the reply; one that raises on every such row stops the run before any worker starts.
 """
@@ -45,7 +47,7 @@ def check_paths(config) -> None:
     existing directories. What a directory holds is checked where it loads."""
     from pathlib import Path
 
-    from oprl.models.loading import resolve_model_path
+    from oprl.models.loading import lacks_chat_template, no_chat_template, resolve_model_path
 
     paths = [("model.path", config.model.path), ("teacher.path", config.teacher.path)]
     paths.append(("judge.path", config.judge.path))
@@ -53,9 +55,11 @@ def check_paths(config) -> None:
         if path is None or path == "tiny" or (key != "model.path" and Path(path).expanduser().is_dir()):
             continue  # tiny is built here; a teacher's or judge's run or checkpoint directory is resolved later
         try:
-            resolve_model_path(path)
+            location, extra = resolve_model_path(path)
         except OprlError as exc:  # resolve_model_path speaks of model.path
             raise OprlError(str(exc).replace("model.path", key, 1)) from None
+        if key == "model.path" and not extra and lacks_chat_template(location):  # the judge reads plain text
+            raise OprlError(no_chat_template(key, path, location))
 
 
 def check_lengths(config, task, log=print) -> None:
