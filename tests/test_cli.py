@@ -158,3 +158,34 @@ def test_teacher_score_of_a_missing_run_directory_names_the_nearest(tmp_path, mo
     err = capsys.readouterr().err
     assert err.startswith("error: teacher-score: 'runs/tiny-explor' not found") and "config file" not in err
     assert "nearest: runs/tiny-explore" in err and "give a run directory" in err
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes", "ray"])
+def test_a_mistake_a_worker_finds_exits_2_without_its_class_name(backend, monkeypatch, capsys):
+    """#53: a reward failing on every row of a batch stopped the run with 'OprlError: task.reward: ...', exit 1.
+    The mistake reaches the CLI chained to a WorkerFailure: as itself (threads), as a worker process's
+    RemoteError, or inside a Ray task error's ``cause``."""
+    import oprl.cli
+    from oprl.backends.failure import WorkerFailure
+    from oprl.backends.processes import RemoteError
+    from oprl.errors import OprlError
+
+    mistake = OprlError("task.reward: r.py:f failed on all 8 rows of a batch")
+    ray_error = RuntimeError("RayTaskError(OprlError)")
+    ray_error.cause = mistake  # type: ignore[attr-defined]  (what ray.exceptions.RayTaskError carries)
+    cause = {"threads": mistake, "processes": RemoteError("OprlError", str(mistake)), "ray": ray_error}[backend]
+
+    def fail(args):
+        raise WorkerFailure(f"explorer 0 failed while generating batch 1: OprlError: {mistake}") from cause
+
+    monkeypatch.setattr(oprl.cli, "_train", fail)
+    assert main(["train"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: explorer 0 failed while generating batch 1: task.reward: r.py:f"), err
+    assert "OprlError" not in err
+
+    def crash(args):
+        raise WorkerFailure("trainer failed at step 3: RuntimeError: CUDA error") from RuntimeError("CUDA error")
+
+    monkeypatch.setattr(oprl.cli, "_train", crash)
+    assert main(["train"]) == 1  # a crash stays exit 1
