@@ -163,7 +163,7 @@ def missing_path(path: str, key: str = "model.path") -> str:
             near = f"; nearest: {', '.join(where + n for n in names)}"
         elif folders and str(parent) != ".":  # a folder such as runs/: its newest runs are the likely meant
             newest = sorted(folders, key=lambda p: p.stat().st_mtime, reverse=True)[:3]
-            near = f"; {where or './'} holds {len(folders)} folders, newest {', '.join(where + p.name for p in newest)}"
+            near = f"; {where} holds {len(folders)} folders, newest {', '.join(where + p.name for p in newest)}"
     return (
         f"{key}: {path!r} not found (no such file or directory{near}); use 'tiny', '{SMOLLM2_ALIAS}', a run or "
         "model directory, a .gguf file or a hub id such as Qwen/Qwen2.5-1.5B-Instruct"
