@@ -7,6 +7,7 @@ Every row is checked token by token against the engine's calls (``Recorder.check
 """
 
 import contextlib
+import inspect
 import json
 import threading
 import time
@@ -112,7 +113,7 @@ def run_agent(agent, engine, tokenizer, *, problems: int = 1, **kw):
         problems={"name": "tool-arithmetic", "train_size": 8, "test_size": 2},
         batch_wait_s=kw.pop("batch_wait_s", 0.05),
     )
-    task.rollout, engine.task = agent, task
+    task.rollout, task.is_async, engine.task = agent, inspect.iscoroutinefunction(agent), task
     settings = {"seed": 0, "max_turns": 4, "max_tokens": 400, "episode_timeout": 30} | kw
     return task, task_episodes(engine, tokenizer, task, task.problems("train")[:problems], **settings)
 

@@ -232,6 +232,11 @@ class RunConfig(_Section):
         read without building it) and overlapped workers (docs/runtime.md#partial-rollouts)."""
         if not self.sync.partial:
             return self
+        if self.task.name == "agent":  # before the warm start, not at the first batch (oprl.episodes.agents)
+            raise OprlError(
+                "sync.partial=true: agent tasks (task.name=agent) sample without switching weights; "
+                "set sync.partial=false"
+            )
         engine, kv = self.rollout.engine, self.sync.partial_kv
         modes = capabilities(engine).partial_kv
         if not modes:

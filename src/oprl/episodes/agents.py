@@ -63,14 +63,30 @@ class AgentRun:
     """Why the episode failed: raised, timeout, bad_return ("" = it did not)."""
 
 
-def endpoint_of(task, tokenizer) -> Endpoint:
-    """The task's endpoint, started on first use (one per task object, i.e. per explorer)."""
+def endpoint_of(task, tokenizer, port: int | None = None) -> Endpoint:
+    """The task's endpoint, started on first use (one per task object, i.e. per explorer), on ``task.port``
+    or on ``port`` when given (0: any free one)."""
     if task.endpoint is None:
         c = task.config
         task.endpoint = Endpoint(
-            tokenizer, host=c.host, port=c.port, batch_wait_s=c.batch_wait_s, max_request_bytes=c.max_request_bytes
+            tokenizer,
+            host=c.host,
+            port=c.port if port is None else port,
+            batch_wait_s=c.batch_wait_s,
+            max_request_bytes=c.max_request_bytes,
         )
     return task.endpoint
+
+
+def close_task(task) -> None:
+    """Stop the endpoint of an agent task (also one wrapped by a judge, ``JudgedTask.task``), if it has one
+    listening; a later batch starts it again. Any other task: nothing to do."""
+    inner = getattr(task, "task", task)
+    for candidate in (task, inner):
+        endpoint = getattr(candidate, "endpoint", None)
+        if isinstance(endpoint, Endpoint):
+            candidate.endpoint = None
+            endpoint.stop()
 
 
 def task_episodes(engine, tokenizer, task, problems, **settings) -> list[Episode]:
@@ -100,7 +116,7 @@ def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSetti
     )
     runs = [AgentRun(i, p, Session(i, tokenizer, s.max_turns, s.max_tokens)) for i, p in enumerate(problems)]
     for run in runs:
-        run.session.token_chars = endpoint.token_chars
+        run.session.token_chars, run.session.message_tokens = endpoint.token_chars, endpoint.message_tokens
         run.session_id = endpoint.open(run.session)
         _start(task, endpoint, run, s.episode_timeout)
     calls = 0
@@ -137,8 +153,8 @@ def _start(task, endpoint: Endpoint, run: AgentRun, timeout: float) -> None:
         try:
             settings: dict[str, Any] = {"base_url": url, "api_key": endpoint.token, "timeout": timeout}
             settings["max_retries"] = 0  # a refused request is the agent's to handle, never silently resent
-            if task.is_async:  # an async client is bound to its event loop: one each
-                result = asyncio.run(task.rollout(openai.AsyncOpenAI(**settings), problem))
+            if task.is_async:  # an async client is bound to its event loop: one each, closed inside it
+                result = asyncio.run(_run_async(task.rollout, openai.AsyncOpenAI(**settings), problem))
             else:  # one connection pool for all (building a client costs ~40 ms: its SSL context)
                 client = _client(endpoint, openai).with_options(base_url=url, timeout=timeout)
                 result = task.rollout(client, problem)
@@ -156,12 +172,39 @@ def _start(task, endpoint: Endpoint, run: AgentRun, timeout: float) -> None:
     threading.Thread(target=body, name=f"oprl-agent-{run.index}", daemon=True).start()
 
 
+async def _run_async(rollout, client, problem: dict):
+    """An async agent with its ``AsyncOpenAI``, closed inside the agent's event loop: a connection left behind
+    (a request the agent cancelled) is closed here, not by the client's finalizer on a loop already closed (a
+    "Task exception was never retrieved ... Event loop is closed" traceback per episode)."""
+    async with client:
+        return await rollout(client, problem)
+
+
 def _client(endpoint: Endpoint, openai):
-    """The endpoint's shared ``openai.OpenAI`` (thread-safe); each session gets a copy with its own URL."""
+    """The endpoint's shared ``openai.OpenAI`` (thread-safe); each session gets a copy with its own URL. Its
+    connection pool ignores ``close()`` (one agent's ``with client:`` or ``client.close()`` would close every
+    sync agent's pool): ``Endpoint.stop`` closes it."""
     with endpoint.lock:
         if endpoint.client is None:
-            endpoint.client = openai.OpenAI(base_url=endpoint.base_url("-"), api_key=endpoint.token, max_retries=0)
+            http = _shared_pool(openai.DefaultHttpxClient)()
+            endpoint.client = openai.OpenAI(
+                base_url=endpoint.base_url("-"), api_key=endpoint.token, max_retries=0, http_client=http
+            )
+            endpoint.closers.append(http.shutdown)
         return endpoint.client
+
+
+def _shared_pool(base: Any) -> Any:
+    """``base`` (the ``openai`` client's HTTP client class) whose ``close`` does nothing; ``shutdown`` closes it."""
+
+    class SharedPool(base):
+        def close(self) -> None:  # an agent closing its client: the pool stays, the other agents use it
+            pass
+
+        def shutdown(self) -> None:
+            base.close(self)
+
+    return SharedPool
 
 
 def _check_timeouts(endpoint: Endpoint, runs: list[AgentRun], timeout: float) -> None:

@@ -43,6 +43,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ from oprl.episodes.episode import Episode
 from oprl.episodes.openai_api import ChatRequest, CompletionRequest, _Request, parse, response, stream_events
 from oprl.episodes.sessions import Choice, RequestRefused, Session
 from oprl.errors import OprlError
+from oprl.models.chat import encode_prompt
 from oprl.tasks.bfcl.toolcall import OPEN, parse_calls
 
 log = logging.getLogger("oprl.explorer")
@@ -114,6 +116,8 @@ class Endpoint:
         self.vocab = len(tokenizer)
         self.token_chars = max((len(t) for t in tokenizer.get_vocab()), default=0)
         """Most characters one token spells (``Session.token_chars``)."""
+        self.message_tokens = message_tokens(tokenizer)
+        """Fewest tokens the chat template spends on a message (``Session.message_tokens``)."""
         self.max_request_bytes = max_request_bytes
         self.token = secrets.token_urlsafe(24)
         self.batch_wait_s = batch_wait_s
@@ -126,6 +130,8 @@ class Endpoint:
         """Batches in a row in which every episode failed (``oprl.episodes.agents``)."""
         self.client: Any = None
         """The agents' shared ``openai.OpenAI`` (``oprl.episodes.agents``), built on first use."""
+        self.closers: list[Callable[[], None]] = []
+        """What ``stop`` closes besides the server (the shared client's connection pool)."""
         self.lock = threading.Condition()
         """Guards sessions and the pending list; notified when a request arrives or a session closes."""
         sock = bind(host, port)
@@ -181,8 +187,12 @@ class Endpoint:
             return []
 
     def stop(self) -> None:
+        """Stop listening (the server's thread ends, its socket closes) and close the shared client."""
         self.server.should_exit = True
         self.thread.join(timeout=5)
+        for close in self.closers:
+            close()
+        self.closers.clear()
 
     # -- request handling (uvicorn's thread) -------------------------------------------------------------------
     def submit(self, session: Session, body: _Request) -> PendingReply:
@@ -233,6 +243,20 @@ class Endpoint:
             self.counts["refused/" + (reason or "request")] += 1
             if session is not None and exc.status != 404:
                 session.refused += 1
+
+
+def message_tokens(tokenizer) -> int:
+    """Fewest tokens the chat template adds per message, content aside: one empty message more, for the roles
+    an agent sends (0 when the template cannot render them so: no bound)."""
+    counts = []
+    for role in ("user", "assistant", "tool", "system"):
+        try:
+            one = len(encode_prompt(tokenizer, [{"role": "user", "content": ""}, {"role": role, "content": ""}]))
+            base = len(encode_prompt(tokenizer, [{"role": "user", "content": ""}]))
+        except Exception:  # a template that refuses this order (e.g. a tool message without a call) bounds nothing
+            continue
+        counts.append(one - base)
+    return max(min(counts, default=0), 0)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -309,8 +333,11 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
             if session is None:
                 raise RequestRefused(404, f"no open session {session_id!r} (finished, timed out, or never opened)")
             raw = await read_body(request, endpoint.max_request_bytes)
-            body, data = responses_api.chat_request(raw) if model is None else (parse(raw, model), {})
-            pending = endpoint.submit(session, body)
+            # Parsing, rendering and tokenizing leave the event loop: a 4 MB body must not stall every agent.
+            body, data = await asyncio.to_thread(
+                lambda: responses_api.chat_request(raw) if model is None else (parse(raw, model), {})
+            )
+            pending = await asyncio.to_thread(endpoint.submit, session, body)
             choices = await asyncio.wrap_future(pending.future)
             reply = _reply(body, data, choices, endpoint.tokenizer, responses=model is None)  # whole, before sending
         except RequestRefused as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from oprl.config import RunConfig
-from oprl.episodes.agents import task_episodes
+from oprl.episodes.agents import close_task, endpoint_of, task_episodes
 from oprl.models.chat import encode_problem
 from oprl.rollout.base import WithSampling
 from oprl.schedule import stream_seed
@@ -88,18 +88,25 @@ def evaluation_row(config: RunConfig, engine, task, tokenizer, step: int) -> dic
     seeded per step (``eval.seed`` fixes one seed for every evaluation instead)."""
     cfg = config.eval
     start = time.perf_counter()
-    result = evaluate(
-        engine,
-        task,
-        tokenizer,
-        num_problems=cfg.num_problems,
-        temperature=cfg.temperature,
-        samples=cfg.samples,
-        top_p=cfg.top_p,
-        batch_size=cfg.batch_size,
-        max_turns=config.rollout.max_turns,
-        max_episode_tokens=config.rollout.max_episode_tokens,
-        episode_timeout=config.rollout.episode_timeout,
-        seed=stream_seed(config.seed, EVAL_SEED_OFFSET + step) if cfg.seed is None else cfg.seed,
-    )
+    agent = getattr(task, "name", "") == "agent"
+    if agent and config.mode != "eval":  # task.port is the explorer's endpoint: evaluation's takes a free one
+        endpoint_of(task, tokenizer, port=0)
+    try:
+        result = evaluate(
+            engine,
+            task,
+            tokenizer,
+            num_problems=cfg.num_problems,
+            temperature=cfg.temperature,
+            samples=cfg.samples,
+            top_p=cfg.top_p,
+            batch_size=cfg.batch_size,
+            max_turns=config.rollout.max_turns,
+            max_episode_tokens=config.rollout.max_episode_tokens,
+            episode_timeout=config.rollout.episode_timeout,
+            seed=stream_seed(config.seed, EVAL_SEED_OFFSET + step) if cfg.seed is None else cfg.seed,
+        )
+    finally:  # an agent task's endpoint listens only while its evaluation runs
+        if agent:
+            close_task(task)
     return {f"eval/{k}": v for k, v in result.items()} | {"perf/eval_s": time.perf_counter() - start}

@@ -77,8 +77,8 @@ class _Request(_Strict):
     model: str = "policy"
     n: int = Field(1, ge=1, le=64)
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float | None = Field(None, allow_inf_nan=False)
+    top_p: float | None = Field(None, allow_inf_nan=False)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -137,10 +137,18 @@ class ChatRequest(_Request):
 
 class CompletionRequest(_Request):
     prompt: str | list[int]
+    """Text or token ids, never empty (the engine cannot sample from an empty context)."""
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, value):
+        if not value:
+            raise ValueError("empty: send text or token ids to continue")
+        return value
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
@@ -179,7 +187,7 @@ def parse(raw: bytes, model: type[_Request]) -> _Request:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise RequestRefused(400, f"{where}: {first['msg']}") from None
+        raise RequestRefused(400, f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
     check_options(body)
     body._raw = data
     return body

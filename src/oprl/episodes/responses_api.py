@@ -33,10 +33,15 @@ def chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
     for name in ("previous_response_id", "conversation", "prompt"):
         if data.get(name):
             raise RequestRefused(400, f"{name}: the endpoint keeps no state; send the whole conversation in input")
-    if (data.get("text") or {}).get("format", {}).get("type", "text") != "text":
+    text, reasoning = _object(data, "text"), _object(data, "reasoning")
+    if _object(text, "format", "text.").get("type", "text") != "text":
         raise RequestRefused(400, "text.format: output is not constrained here; ask in the prompt")
-    if (data.get("reasoning") or {}).get("effort"):
+    if reasoning.get("effort"):
         raise RequestRefused(400, "reasoning.effort: not supported (the policy is what it is); omit it")
+    if data.get("tools") is not None and not isinstance(data["tools"], list):
+        raise RequestRefused(400, "tools: expected a list of function tools")
+    if data.get("instructions") is not None and not isinstance(data["instructions"], str):
+        raise RequestRefused(400, "instructions: expected text")
     chat: dict[str, Any] = {"messages": _messages(data), "stream": False}
     for name in ("model", "temperature", "top_p", "tool_choice"):
         if data.get(name) is not None:
@@ -48,6 +53,16 @@ def chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
     if isinstance(chat.get("tool_choice"), dict):  # {"type": "function", "name": ...}: refused as the chat one is
         chat["tool_choice"] = {"type": "function", "function": {"name": chat["tool_choice"].get("name")}}
     return parse(json.dumps(chat).encode(), ChatRequest), data  # type: ignore[return-value]
+
+
+def _object(data: dict, name: str, where: str = "") -> dict:
+    """``data[name]`` when it is an object ({} when absent), else a 400 naming the field."""
+    value = data.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestRefused(400, f"{where}{name}: expected an object, got {type(value).__name__}")
+    return value
 
 
 class _Body(_Request):

@@ -132,12 +132,18 @@ class Session:
     """Most characters one token of the tokenizer spells (0: unknown): text of c characters is at least
     c / token_chars tokens, so a text far past the context is refused before it is tokenized (tokenizing 2 MB
     of text takes ~0.9 GB)."""
+    message_tokens: int = 0
+    """Fewest tokens the chat template spends on one message, whatever its content (its role marker, its end):
+    m messages of c characters are at least m * message_tokens + c / token_chars tokens, so a flood of empty
+    messages is refused before it is rendered too."""
 
     # -- prompts --------------------------------------------------------------------------------------------
     def chat_context(self, messages: list[dict], tools: list[dict], room: int | None = None) -> list[int]:
         """The token context of a chat request (``messages`` as the agent sent them), history extended or a
         new segment started; at most ``room`` tokens (else a 400, the episode truncated)."""
         self._check_open()
+        chars = sum(len(_content(m)) for m in messages) + len(json.dumps(tools))
+        self._check_size(chars, len(messages) * self.message_tokens, room)  # the whole request, before any work
         keys = [_key(m) for m in messages]
         known = len(self.keys)
         chosen = None

@@ -16,7 +16,7 @@ import random
 import time
 
 from oprl.config import RunConfig
-from oprl.episodes.agents import task_episodes
+from oprl.episodes.agents import close_task, task_episodes
 from oprl.episodes.judge import JudgedTask, JudgeSource, judged
 from oprl.explorer.shaping import Shaping, dynamic_batch, extra_problems, round_seed
 from oprl.messages import Experience, ExploreResult, Timing, batch_metrics
@@ -229,6 +229,10 @@ class ExplorerWorker:
 
     def ping(self) -> int:
         return self.index
+
+    def release(self) -> None:
+        """End of the run (``backends.actor.release``): an agent task's endpoint stops listening."""
+        close_task(self.explorer.task)
 
     def explore(self, batch: int, version: int, weights: dict | None = None) -> tuple[list[Experience], ExploreResult]:
         """The experiences of batch ``batch`` and their ``ExploreResult``, loading ``weights`` (version
