@@ -157,7 +157,7 @@ def test_the_tiny_distillation_table_plans_valid_runs_on_three_seeds():
 
 def test_the_smollm2_stale_arena_runs_its_priority_order_on_three_paired_seeds():
     """configs/sweeps/smollm2-stale-arena.yaml (issue #51): the pilot (GRPO seed 0) first, then REINFORCE, GRPO,
-    the on-policy GRPO anchor, then the other methods; every method on seeds 0-2 at lag 4, exact float32, 40 steps
+    the on-policy GRPO anchor, then the other methods; every method on seeds 0-2 at lag 4, exact float32, 48 steps
     evaluated every 10 on 128 problems with a fixed evaluation seed, checkpointed for resumption."""
     spec = sweep.load_spec(SPECS / "smollm2-stale-arena.yaml")
     runs = sweep.plan(spec)
@@ -181,7 +181,7 @@ def test_the_smollm2_stale_arena_runs_its_priority_order_on_three_paired_seeds()
     assert sorted(seed for s, p, seed in order if s == "lag-0") == ["0", "1", "2"]
     for run in runs:
         config = load_config(base, list(run.overrides))
-        assert config.algorithm.preset == run.labels["algorithm.preset"] and config.steps == 40
+        assert config.algorithm.preset == run.labels["algorithm.preset"] and config.steps == 48  # the pilot's rule
         assert config.trainer.autocast == "none" and config.rollout.dtype == "float32"
         assert (config.sync.mode, config.sync.interval) == ("scheduled", 1)
         assert config.sync.offset == {"lag-4": 4, "lag-0": 0}[run.labels["setting"]]
