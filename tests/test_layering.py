@@ -20,8 +20,9 @@ ALLOWED = {
     "config": {"config", "algorithms", "tasks", "rollout", "models", "errors", "io", "plugins"},
     # The bandit study runs the real loss functions on a toy problem, nothing else.
     "bandit": {"bandit", "algorithms", "errors"},
-    # Experiments drive runs as subprocesses and read their output files; they do not link the runtime.
-    "experiments": {"experiments", "errors", "metrics", "io", "progress"},
+    # Experiments drive runs as subprocesses and read their output files; they do not link the runtime. config:
+    # ``oprl sweep --set`` checks the first run's settings as ``oprl train`` would, before any run starts.
+    "experiments": {"experiments", "config", "errors", "metrics", "io", "progress"},
     # oprl's losses inside other trainers (TRL): the pure math only, never oprl's runtime.
     "integrations": {"integrations", "algorithms"},
     # What travels between roles, and the schedule math: leaves above torch.
@@ -80,6 +81,9 @@ ALLOWED = {
     "teacher": {"teacher", "checkpoint", "config", "errors", "io", "messages", "models", "rollout", "worker"},
     # The judge: the run's one judge model, asked by the explorers (its model and parsers are episodes').
     "judge": {"judge", "config", "episodes", "messages"},
+    # Servers that speak another API over oprl's parts (``oprl serve tinker``): above the roles like the CLI; they
+    # train through the pure loss and the models, warm-start through the API, never through the runtime.
+    "serve": {"serve", "algorithms", "api", "checkpoint", "errors", "models", "rollout", "tasks", "trainer"},
     # Leaves every layer may use.
     "errors": {"errors"},
     "progress": {"progress"},

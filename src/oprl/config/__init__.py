@@ -22,11 +22,11 @@ from oprl.config.sections import (
     ReplayConfig,
     RolloutConfig,
     RuntimeConfig,
-    SyncConfig,
     TrackingConfig,
     TrainerConfig,
     WarmStartConfig,
 )
+from oprl.config.sync import SyncConfig
 from oprl.config.teacher import TeacherConfig
 from oprl.tasks.arithmetic import ArithmeticTaskConfig  # the built-in tasks' sections, each beside its task
 from oprl.tasks.gsm8k import GSM8kTaskConfig

@@ -28,12 +28,12 @@ from oprl.config.sections import (
     ReplayConfig,
     RolloutConfig,
     RuntimeConfig,
-    SyncConfig,
     TrackingConfig,
     TrainerConfig,
     WarmStartConfig,
     check_trainer_device,
 )
+from oprl.config.sync import SyncConfig
 from oprl.config.teacher import TeacherConfig
 from oprl.errors import OprlError
 from oprl.models import TINY_MAX_POSITIONS

@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse, Response
 
 from oprl.errors import OprlError
 from oprl.serve.tinker import wire
-from oprl.serve.tinker.backend import Backend, Sampler
+from oprl.serve.tinker.backend import Sampler, TinkerModels
 from oprl.serve.tinker.errors import UserError
 from oprl.serve.tinker.losses import LossError, loss_spec
 from oprl.serve.tinker.sampling import check_sampling_params
@@ -74,7 +74,7 @@ class Ordered:
 
 
 @dataclass
-class Session:
+class ClientSession:
     owner: str
     last_seen: float
     finished: bool = False
@@ -83,12 +83,12 @@ class Session:
 class TinkerServer:
     """State shared by the routes: sessions, results, per-model order, and the compute thread."""
 
-    def __init__(self, backend: Backend, *, api_keys: list[str], session_timeout: float, max_body: int):
+    def __init__(self, backend: TinkerModels, *, api_keys: list[str], session_timeout: float, max_body: int):
         self.backend = backend
         self.api_keys = set(api_keys)
         self.session_timeout = session_timeout
         self.max_body = max_body
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, ClientSession] = {}
         self.results: OrderedDict[str, Result] = OrderedDict()
         self.order: dict[str, Ordered] = {}
         self.sampled: dict[tuple[str, int], str] = {}
@@ -164,7 +164,7 @@ class TinkerServer:
         key = request.headers.get("x-api-key", "")
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
-    def session(self, session_id: str, owner: str) -> Session:
+    def session(self, session_id: str, owner: str) -> ClientSession:
         session = self.sessions.get(session_id)
         if session is None or session.owner != owner or session.finished:
             raise NotFound(f"session_id: no open session {session_id!r} for this API key")
@@ -292,7 +292,7 @@ def create_app(server: TinkerServer) -> FastAPI:
         await body_json(request)
         server.expire()
         session_id = f"session-{uuid.uuid4().hex[:12]}"
-        server.sessions[session_id] = Session(server.owner_of(request), time.monotonic())
+        server.sessions[session_id] = ClientSession(server.owner_of(request), time.monotonic())
         return {"type": "create_session", "session_id": session_id}
 
     @app.post("/api/v1/session_heartbeat")

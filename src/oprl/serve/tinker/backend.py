@@ -153,7 +153,7 @@ def tiny_directory(overrides: list[str]) -> str:
     return str(path)
 
 
-class Backend:
+class TinkerModels:
     """The server's models and samplers; every method runs on the compute thread."""
 
     def __init__(self, table: ModelTable, state_dir: Path, device: str = "cpu"):

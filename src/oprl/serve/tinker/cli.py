@@ -15,7 +15,7 @@ from pathlib import Path
 
 from oprl.errors import OprlError
 from oprl.serve.tinker.app import TinkerServer, create_app, is_loopback
-from oprl.serve.tinker.backend import DEFAULT_MODELS, Backend, ModelTable
+from oprl.serve.tinker.backend import DEFAULT_MODELS, ModelTable, TinkerModels
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,7 +65,7 @@ def build_server(
 
     resolved = str(resolve_device(device))
     directory = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="oprl-tinker-"))
-    backend = Backend(ModelTable(entries, settings, resolved), directory, resolved)
+    backend = TinkerModels(ModelTable(entries, settings, resolved), directory, resolved)
     return TinkerServer(
         backend, api_keys=list(api_keys or []), session_timeout=session_timeout, max_body=int(max_body_mb * 2**20)
     )
