@@ -188,3 +188,33 @@ def test_an_async_agent_that_cancels_a_request_leaves_no_traceback(tokenizer, ca
     assert [e.outcome.total for e in episodes] == [1.0] * 3
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Event loop is closed" not in err, err[-2000:]
+
+
+def test_idle_and_surplus_connections_are_closed_and_the_endpoint_serves_on(tokenizer, monkeypatch):
+    """Item 7, functionally (bounds in benchmarks/agent_endpoint_abuse.py): past ``max_connections`` open ones a
+    connection is closed at once, one that sends nothing or trickles its headers is closed after
+    ``REQUEST_TIMEOUT_S``, and an agent is served all along (4db1016: none closed, the process ran out of files)."""
+    import oprl.episodes.endpoint as endpoint_module
+
+    monkeypatch.setattr(endpoint_module, "REQUEST_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(endpoint_module, "max_connections", lambda: 8)
+    endpoint = endpoint_module.Endpoint(tokenizer)
+    try:
+        idle = [socket.create_connection((endpoint.host, endpoint.port)) for _ in range(12)]
+        idle[0].sendall(b"POST /s/x/v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        closed = []
+        for sock in idle:
+            sock.settimeout(3.0)
+            try:
+                closed.append(sock.recv(1) == b"")  # EOF: the endpoint closed it
+            except ConnectionResetError:  # aborted: refused past max_connections
+                closed.append(True)
+            except TimeoutError:  # still open after 3 s
+                closed.append(False)
+        assert closed == [True] * len(idle)
+        models = httpx.get(endpoint.base_url("s") + "/models", headers={"Authorization": f"Bearer {endpoint.token}"})
+        assert models.status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+        endpoint.stop()

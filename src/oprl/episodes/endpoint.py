@@ -59,6 +59,9 @@ log = logging.getLogger("oprl.explorer")
 
 MAX_REQUEST_BYTES = 4 * 2**20
 """Default ``task.max_request_bytes``."""
+REQUEST_TIMEOUT_S = 10.0
+"""A connection must deliver a whole request (headers, then body) this long after it opened or after its last
+reply, else it is closed (headers) or answered 408 (body): idle and trickling connections cannot pile up."""
 
 
 @dataclass
@@ -137,6 +140,9 @@ class Endpoint:
         sock = bind(host, port)
         self.host, self.port = host, sock.getsockname()[1]
         config = uvicorn.Config(_app(self), log_level="error", access_log=False, lifespan="off")
+        config.load()  # the protocol class uvicorn picked, guarded (Server.run keeps a loaded config)
+        self.max_connections = max_connections()
+        config.http_protocol_class = _guarded(config.http_protocol_class, self.max_connections, REQUEST_TIMEOUT_S)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
@@ -245,6 +251,78 @@ class Endpoint:
                 session.refused += 1
 
 
+def max_connections() -> int:
+    """Most connections the endpoint holds open: a quarter of the process's file limit (soft), the rest left to
+    the run (checkpoints, data, the engine), at least 16; 1,024 files (a common default) -> 256 connections."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 4096 if soft == resource.RLIM_INFINITY else max(soft // 4, 16)
+
+
+def _guarded(base: Any, limit: int, timeout: float) -> Any:
+    """uvicorn's HTTP protocol class ``base`` with two guards: at most ``limit`` connections are open (at the limit
+    a new one replaces the oldest idle one, one with no request being served, or is closed at once when none
+    is idle: the process never runs out of files, and idle connections cannot lock agents out), and one that
+    has not delivered a request's headers ``timeout`` seconds after it opened or after its last reply is closed
+    (slowloris)."""
+
+    class Guarded(base):
+        refused = False
+        deadline: asyncio.TimerHandle | None = None
+        timed: Any = None
+        """The request cycle the deadline was armed after: a newer one means headers arrived."""
+        opened = 0.0
+
+        def connection_made(self, transport) -> None:
+            if len(self.server_state.connections) >= limit:
+                idle = [c for c in self.server_state.connections if c.cycle is None or c.cycle.response_complete]
+                if not idle:
+                    self.refused = True
+                    transport.abort()
+                    return
+                oldest = min(idle, key=lambda c: c.opened)
+                self.server_state.connections.discard(oldest)  # counted out now; its connection_lost comes later
+                oldest.transport.abort()
+            self.opened = time.monotonic()
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            if self.refused:
+                return
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is not None and self.cycle is not self.timed:
+                self._disarm()  # a request's headers arrived; its body has read_body's deadline
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            if self.cycle is not None and not self.cycle.response_complete:  # a pipelined request runs already
+                return
+            self.timed = self.cycle
+            self.deadline = self.loop.call_later(timeout, self._expire)
+
+        def _disarm(self) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
+                self.deadline = None
+
+        def _expire(self) -> None:
+            self.deadline = None
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle is self.timed):
+                self.transport.close()
+
+    return Guarded
+
+
 def message_tokens(tokenizer) -> int:
     """Fewest tokens the chat template adds per message, content aside: one empty message more, for the roles
     an agent sends (0 when the template cannot render them so: no bound)."""
@@ -312,7 +390,7 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
 
     app = FastAPI(title="oprl explorer endpoint", docs_url=None, redoc_url=None, openapi_url=None)
     kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
-    kinds[413] = kinds[400]
+    kinds[408] = kinds[413] = kinds[400]
 
     def error(status: int, message: str) -> JSONResponse:
         body = {"error": {"message": message, "type": kinds.get(status, "server_error"), "code": status}}
@@ -332,7 +410,10 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
         try:
             if session is None:
                 raise RequestRefused(404, f"no open session {session_id!r} (finished, timed out, or never opened)")
-            raw = await read_body(request, endpoint.max_request_bytes)
+            try:
+                raw = await asyncio.wait_for(read_body(request, endpoint.max_request_bytes), REQUEST_TIMEOUT_S)
+            except TimeoutError:
+                raise RequestRefused(408, f"the request body did not arrive within {REQUEST_TIMEOUT_S:g} s") from None
             # Parsing, rendering and tokenizing leave the event loop: a 4 MB body must not stall every agent.
             body, data = await asyncio.to_thread(
                 lambda: responses_api.chat_request(raw) if model is None else (parse(raw, model), {})
