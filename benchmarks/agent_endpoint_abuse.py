@@ -17,6 +17,7 @@ Three measurements on one endpoint (the tiny model's tokenizer), an agent's requ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -61,10 +62,8 @@ def accepted_within(endpoint: Endpoint, session_id: str, limit: float = 30.0) ->
     url = endpoint.base_url(session_id) + "/chat/completions"
 
     def send() -> None:
-        try:
+        with contextlib.suppress(httpx.HTTPError):
             httpx.post(url, json=body, headers=headers, timeout=limit)
-        except httpx.HTTPError:
-            pass
 
     start = time.perf_counter()
     threading.Thread(target=send, daemon=True).start()
@@ -180,7 +179,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # the whole run under the limit, as a run would be
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # the whole run under the limit, as a run would be
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(args.nofile, hard), hard))
     endpoint = Endpoint(build_tokenizer())
     results = {
