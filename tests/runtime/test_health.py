@@ -47,3 +47,38 @@ def test_equal_rewards_name_format_length_and_warm_start():
     assert "rollout.max_new_tokens=8" in line and "warmstart.pretrained=true" in line
     (line,) = observed(0.95, 0.1, warm_started=True)
     assert "warmstart" not in line
+
+
+# rho/ess of the arena's runs (tiny model, seed 0, steps 1-24): REINFORCE offline collapses (eval 0.44 -> 0.26 by
+# step 40); GRPO at lag 16 holds (0.44 -> 0.48), its worst 5 steps included (steps 100-104).
+REINFORCE_OFFLINE = [1.0, 0.99, 0.99, 0.99, 0.98, 0.95, 0.87, 0.75, 0.92, 0.89, 0.83, 0.82, 0.85, 0.71, 0.83, 0.68,
+                     0.3, 0.82, 0.79, 0.68, 0.71, 0.68, 0.57, 0.65]  # fmt: skip
+GRPO_LAG16 = [1.0, 0.99, 0.99, 0.99, 0.98, 0.97, 0.93, 0.95, 0.85, 0.7, 0.92, 0.86, 0.83, 0.96, 0.95, 0.98]
+
+
+def ess_lines(values):
+    from oprl.runtime.health import EssWatch
+
+    lines: list[str] = []
+    watch = EssWatch(lines.append)
+    for step, value in enumerate(values, start=1):
+        watch.observe({"step": step, "rho/ess": value, "lag/max": 16.0})
+        watch.observe({"step": step, "eval/accuracy": 0.4})  # rows without the metric change nothing
+    return lines, watch.first_step
+
+
+def test_a_falling_effective_sample_size_warns_once_before_the_collapse():
+    """#55: the 5-step mean of rho/ess below 0.7 warns (once) on a run that collapses, never on one that holds."""
+    lines, step = ess_lines(REINFORCE_OFFLINE)
+    assert step == 17 and len(lines) == 1  # (0.85 + 0.71 + 0.83 + 0.68 + 0.3) / 5 = 0.67
+    assert "rho/ess averaged 0.67 over the last 5 steps (step 17" in lines[0] and "rec-oneside-nois" in lines[0]
+    assert ess_lines(GRPO_LAG16) == ([], None)
+    assert ess_lines([0.1] * 4) == ([], None)  # fewer than 5 steps: no judgement yet
+
+
+def test_the_signal_warning_carries_the_ess_watch():
+    lines: list[str] = []
+    health = SignalHealth(8, lines.append, warm_started=True)
+    for step in range(1, 8):
+        health.observe({"step": step, "rho/ess": 0.2})
+    assert health.ess.first_step == 5 and len(lines) == 1

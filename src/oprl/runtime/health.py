@@ -1,4 +1,5 @@
-"""Signal health: one warning when a run's first steps carry nothing to learn from.
+"""Run health from the trainer's rows: one warning when a run's first steps carry nothing to learn from
+(``SignalHealth``), one when the data drifts out of reach of the policy (``EssWatch``, below).
 
 Group-relative advantages are ``A = r − baseline(group)``: a group whose K rewards are all equal gives
 every response A = 0 (with ``std_normalize`` the same 0), so it adds no gradient. The trainer logs the
@@ -41,8 +42,11 @@ class SignalHealth:
         self.rewards: list[float] = []
         self.message: str | None = None
         """The warning written, if any."""
+        self.ess = EssWatch(warn)
+        """The second rule: the importance weights' effective sample size (``EssWatch``)."""
 
     def observe(self, row: dict) -> None:
+        self.ess.observe(row)
         if "adv/zero_groups_frac" not in row or len(self.zero) >= WINDOW:
             return
         self.zero.append(row["adv/zero_groups_frac"])
@@ -72,3 +76,43 @@ class SignalHealth:
             f"{head}(mean reward {reward:.3f}), so their advantages are 0; check that the model's replies match "
             f"the task's answer format (reward/format), rollout.max_new_tokens={self.max_new_tokens}{start}"
         )
+
+
+ESS_LEVEL = 0.7
+"""The mean of ``rho/ess`` over the last ``ESS_STEPS`` trainer steps below which ``EssWatch`` warns."""
+ESS_STEPS = 5
+"""Steps averaged: one step's ESS is noisy (a few stale tokens move it), five are not."""
+
+
+class EssWatch:
+    """The early sign of an off-policy collapse: ``rho/ess``, the normalised effective sample size (Σρ)²/(N·Σρ²)
+    of the batch's token importance weights (``oprl.algorithms.effective_sample_size``), averaged over the last
+    ``ESS_STEPS`` steps, falls below ``ESS_LEVEL``. On-policy it is 1 (an fp32 sampler); it falls as the trained
+    policy drifts from the one that sampled the data, which an unregularised loss lets happen without bound (VCPO,
+    arXiv 2602.17616, watches the same signal). One line, once per run; ``first_step`` records when.
+
+    The level was set on the arena's runs (docs/metrics.md, "rho/ess"): on the embedded task the 5-step mean stays
+    above 0.83 for GRPO at lags 4, 16 and offline and for REINFORCE at lag 4 (0.78 for OAPL at lag 4, whose
+    loss of accuracy there is not a drift of the weights), and falls below 0.7 by step 17 for
+    REINFORCE at lag 16 and offline and OAPL at lag 16 and offline. The token-level ESS, not the sequence one: a
+    response's ratio Π_t ρ_t spreads with its length even on a healthy run (SmolLM2 at lag 4: ~0.5 per sequence,
+    ~0.97 per token)."""
+
+    def __init__(self, warn: Callable[[str], object]):
+        self.warn = warn
+        self.recent: list[float] = []
+        self.first_step: int | None = None
+
+    def observe(self, row: dict) -> None:
+        if "rho/ess" not in row or self.first_step is not None:
+            return
+        self.recent = [*self.recent[-(ESS_STEPS - 1) :], row["rho/ess"]]
+        mean = sum(self.recent) / len(self.recent)
+        if len(self.recent) == ESS_STEPS and mean < ESS_LEVEL:
+            self.first_step = int(row.get("step", 0))
+            self.warn(
+                f"warning: the importance weights' effective sample size rho/ess averaged {mean:.2f} over the last "
+                f"{ESS_STEPS} steps (step {self.first_step}, below {ESS_LEVEL}): the trained policy has drifted far "
+                "from the one that sampled the data, the early sign of an off-policy collapse; a clipped or masked "
+                "loss (algorithm.preset=rec-oneside-nois, grpo), a smaller sync.offset or a lower optim.lr keeps it up"
+            )
