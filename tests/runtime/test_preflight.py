@@ -200,8 +200,16 @@ def test_a_teacher_on_another_tokenizer_is_refused_before_any_model(
     tokenizer.save_pretrained(other)
     argv = ["train", f"model.path={own_model}", f"teacher.path={other}", "algorithm.preset=distill", "steps=1"]
     assert main([*argv, f"output_dir={tmp_path / 'runs'}"]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert f"error: teacher.path: {other}'s vocabulary (104 tokens) is not model.path" in err
+    assert "oprl: train" not in out  # from the two tokenizer.json files, before the headline
+    # A teacher the files cannot settle (a hub id, a student of the embedded model): from the loaded tokenizers.
+    from oprl.models.tiny import build_tokenizer
+    from oprl.runtime.preflight import check_teacher_tokens
+
+    config = load_config(None, [f"teacher.path={other}", "algorithm.preset=distill"])
+    with pytest.raises(OprlError, match=r"teacher\.path: .*other-teacher's vocabulary \(104 tokens\) is not"):
+        check_teacher_tokens(config, build_tokenizer())
 
 
 def test_a_reward_that_fails_on_every_row_is_refused_before_any_model(

@@ -201,6 +201,38 @@ def lacks_chat_template(directory: str | Path) -> bool:
         return False
 
 
+def vocabulary_mismatch(
+    teacher: dict[str, int], student: dict[str, int], teacher_name: str, student_name: str
+) -> str | None:
+    """The ``teacher.path`` line for two vocabularies (token -> id) that map a token to another id, else None:
+    distillation compares log-probs of the same token ids. Here (not in ``oprl.teacher``) so that the check made
+    before any model loads, from the tokenizer files, imports no torch."""
+    if teacher == student:
+        return None
+    differing = sorted(t for t in teacher.keys() | student.keys() if teacher.get(t) != student.get(t))
+    token = differing[0]
+    return (
+        f"teacher.path: {teacher_name}'s vocabulary ({len(teacher)} tokens) is not model.path {student_name}'s "
+        f"({len(student)} tokens; {len(differing)} differ, e.g. {token!r}: id {teacher.get(token)} vs "
+        f"{student.get(token)}): distillation compares log-probs of the same token ids, so the teacher needs the "
+        "student's tokenizer"
+    )
+
+
+def tokenizer_file_vocabulary(directory: str | Path) -> dict[str, int] | None:
+    """The vocabulary (added tokens included) of a model directory's ``tokenizer.json``, read by the
+    ``tokenizers`` library alone (milliseconds, no transformers); None without that file."""
+    file = Path(directory) / "tokenizer.json"
+    if not file.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(file)).get_vocab(with_added_tokens=True)
+    except Exception:  # a file the tokenizers library cannot read: transformers' load says why, later
+        return None
+
+
 def no_chat_template(key: str, path: str, location: str) -> str:
     """The advice for a tokenizer without a chat template: how to give a model of one's own a template."""
     where = Path(location)

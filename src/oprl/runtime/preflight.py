@@ -14,8 +14,9 @@ the memory check of a batch (``oprl.rollout.base``).
 
 The other checks that need the machine, in the order a run makes them (each one line naming its setting):
 - ``check_paths``, before anything is imported or printed: ``model.path``, ``teacher.path`` and ``judge.path``
-  exist (a local typo names the nearest run directories, never reaches the hub: ``oprl.models.loading``), and
-  a local model directory's files hold a chat template;
+  exist (a local typo names the nearest run directories, never reaches the hub: ``oprl.models.loading``), a
+  local model directory's files hold a chat template, and a local teacher's ``tokenizer.json`` has the local
+  student's vocabulary;
 - in ``check_lengths``, from the tokenizers it reads anyway: the student has a chat template (a hub model, or
   a directory whose files could not tell; the advice says how to give one), a teacher speaks the student's
   tokens (``check_teacher_tokens``);
@@ -60,6 +61,31 @@ def check_paths(config) -> None:
             raise OprlError(str(exc).replace("model.path", key, 1)) from None
         if key == "model.path" and not extra and lacks_chat_template(location):  # the judge reads plain text
             raise OprlError(no_chat_template(key, path, location))
+    _check_teacher_files(config)
+
+
+def _check_teacher_files(config) -> None:
+    """A teacher and a student that are both local directories with a ``tokenizer.json``: their vocabularies
+    compared from those files (the ``tokenizers`` library, milliseconds), before anything heavy is imported.
+    Any other pair is ``check_teacher_tokens``'s, from the loaded tokenizers."""
+    from pathlib import Path
+
+    from oprl.models.loading import tokenizer_file_vocabulary, vocabulary_mismatch
+
+    teacher_path, student_path = config.teacher.path, config.model.path
+    if teacher_path is None or teacher_path == "tiny" or student_path == "tiny":
+        return
+    teacher = Path(teacher_path).expanduser()
+    if teacher.is_dir() and not (teacher / "config.json").is_file():
+        teacher = teacher / "final"  # a run directory's final model (a checkpoint holds the student's tokens)
+    student = Path(student_path).expanduser()
+    if not (teacher.is_dir() and student.is_dir()):
+        return
+    teacher_vocab, student_vocab = tokenizer_file_vocabulary(teacher), tokenizer_file_vocabulary(student)
+    if teacher_vocab is not None and student_vocab is not None:
+        problem = vocabulary_mismatch(teacher_vocab, student_vocab, teacher_path, student_path)
+        if problem:
+            raise OprlError(problem)
 
 
 def check_lengths(config, task, log=print) -> None:

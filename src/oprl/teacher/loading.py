@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from oprl.checkpoint.store import ExperienceStore, read_parquet
 from oprl.errors import OprlError
-from oprl.models.loading import dequantised_gguf, resolve_model_path
+from oprl.models.loading import dequantised_gguf, resolve_model_path, vocabulary_mismatch
 from oprl.worker import load_frozen
 
 if TYPE_CHECKING:
@@ -46,19 +46,9 @@ def student_tokenizer(student_path: str):
 
 def check_same_tokens(teacher, student, teacher_name: str, student_name: str) -> None:
     """One ``OprlError`` line naming both vocabularies when the two tokenizers map any token to another id."""
-    teacher_vocab, student_vocab = teacher.get_vocab(), student.get_vocab()
-    if teacher_vocab == student_vocab:
-        return
-    differing = sorted(
-        t for t in teacher_vocab.keys() | student_vocab.keys() if teacher_vocab.get(t) != student_vocab.get(t)
-    )
-    token = differing[0]
-    raise OprlError(
-        f"teacher.path: {teacher_name}'s vocabulary ({len(teacher_vocab)} tokens) is not model.path "
-        f"{student_name}'s ({len(student_vocab)} tokens; {len(differing)} differ, e.g. {token!r}: id "
-        f"{teacher_vocab.get(token)} vs {student_vocab.get(token)}): distillation compares log-probs of the "
-        "same token ids, so the teacher needs the student's tokenizer"
-    )
+    problem = vocabulary_mismatch(teacher.get_vocab(), student.get_vocab(), teacher_name, student_name)
+    if problem:
+        raise OprlError(problem)
 
 
 def check_teacher_store(config: RunConfig) -> None:
