@@ -17,12 +17,11 @@ from collections import defaultdict
 import httpx
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from oprl.cli import main
 from oprl.episodes.agents import task_episodes
 from oprl.models.chat import render
-from oprl.models.tiny import build_model, build_tokenizer
+from oprl.models.tiny import build_tokenizer
 from oprl.rollout import Rollout
 from oprl.tasks.agent import AgentTask, load_agent
 
@@ -315,10 +314,9 @@ def test_every_framework_trains_the_tiny_model_through_the_endpoint(tmp_path, to
     """``oprl train`` 2 steps, each episode through the next framework x mode (one agent file dispatching to
     ``examples/agents/``): the run finishes and every stored row is what its framework sent and received."""
     capture = Capture(monkeypatch)
-    torch.manual_seed(0)
-    model = tmp_path / "tiny-long"
-    build_model(tokenizer, max_positions=2048).save_pretrained(model)
-    tokenizer.save_pretrained(model)
+    model = load_agent(f"{EXAMPLES}/tiny_long_context.py:save")(
+        str(tmp_path / "tiny-long"), 2048
+    )  # the documented copy
     args = [
         "task.name=agent",
         "task.agent=tests/integration/test_agent_frameworks.py:each_framework",
