@@ -46,7 +46,10 @@ def test_whole_help_and_selectors_keep_the_headings_of_what_they_show():
     text = help_lines()
     first = text.index("# rollout: sampling")
     assert text[first + 1].startswith("rollout.group_size = 8:")
-    assert sum(line.startswith("# ") for line in text) == len(GROUPS)  # no other section has groups
+    from oprl.config.algorithm import AlgorithmConfig
+
+    groups = len(GROUPS) + len(AlgorithmConfig.GROUPS)  # no other section has groups
+    assert sum(line.startswith("# ") for line in text) == groups
     assert help_lines(["rollout.episode_timeout", "optim.lr"]) == [
         "# rollout: multi-turn",
         *[line for line in text if line.startswith(("rollout.episode_timeout =", "optim.lr ="))],
@@ -67,6 +70,7 @@ def test_config_help_prints_each_default_from_its_one_source(capsys):
         assert f"algorithm.{key} = {value!r}:" in text, key
     assert main(["config", "--help", "algorithm.preset=opmd"]) == 0
     lines = capsys.readouterr().out.splitlines()
+    lines = [line for line in lines if not line.startswith("# algorithm: ")]  # the group headings
     assert lines and all(line.startswith("algorithm.") for line in lines)
     assert "algorithm.preset = 'opmd':" in lines[0]
     for key, value in resolve_preset("opmd").items():
@@ -83,3 +87,23 @@ def test_config_help_prints_each_default_from_its_one_source(capsys):
     assert main(["config", "--help", "rollot"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "rollot" in err
+
+
+def test_the_algorithm_help_is_grouped_and_gives_each_defaults_reason(capsys):
+    """#54: ``oprl config --help algorithm`` was 36 flat fields; now its groups, every field in exactly one, and
+    beside each default the reason and source written next to it in ``oprl.algorithms.defaults``."""
+    from oprl.algorithms import ALGORITHM_DEFAULTS
+    from oprl.config.algorithm import AlgorithmConfig
+    from oprl.config.loading import default_reasons
+
+    assert main(["config", "--help", "algorithm"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    headings = [line for line in lines if line.startswith("# ")]
+    assert headings == [f"# algorithm: {g}" for g in AlgorithmConfig.GROUPS]
+    grouped = [name for names in AlgorithmConfig.GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(AlgorithmConfig.model_fields) and len(grouped) == len(set(grouped))
+    eps = next(line for line in lines if line.startswith("algorithm.eps_low = "))
+    assert "[oprl's default 0.2: PPO's ε (Schulman et al. 2017)]" in eps
+    reasons = default_reasons()
+    assert set(reasons) <= set(ALGORITHM_DEFAULTS) and len(reasons) >= len(ALGORITHM_DEFAULTS) - 2
+    assert reasons["m2_threshold"].startswith("M2PO's τ_M2")

@@ -18,18 +18,18 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
     "baseline": "mean",  # or "logavgexp" (OPMD's soft baseline)
     "tau": 1.0,  # temperature of the logavgexp baseline
     # policy_loss
-    "clip_mode": "none",
-    "weight": "none",
+    "clip_mode": "none",  # M = 1: REINFORCE as derived, nothing masked (the presets choose a clip)
+    "weight": "none",  # w = 1: "NoIS", the group-relative gradient without importance weights (paper, finding 1)
     "ratio_level": "token",  # or "sequence": each response's geometric-mean ratio (GSPO)
     "eps_low": 0.2,  # PPO's ε (Schulman et al. 2017)
-    "eps_high": 0.2,
+    "eps_high": 0.2,  # PPO's symmetric band; DAPO's clip-higher raises it (0.28)
     "eps_low_prime": 0.6,  # ring extremes: ρ ≤ 0.4 (A ≥ 0) and ρ ≥ 3.0 (A ≤ 0)
-    "eps_high_prime": 2.0,
+    "eps_high_prime": 2.0,  # the paper's REC-Ring extremes (Yao et al. 2025)
     "mask_low": 0.5,  # clip_mode=mask keeps 0.5 ≤ ρ ≤ 2.0 (symmetric in log ρ)
-    "mask_high": 2.0,
+    "mask_high": 2.0,  # 1/mask_low: the rejection band symmetric in log ρ (IcePop; verl's rollout_rs)
     "is_cap": 2.0,  # C of truncated-is and of decoupled PPO's behaviour weight (verl's rollout_is_threshold)
-    "regularizer": "none",
-    "regularizer_coef": 0.0,
+    "regularizer": "none",  # OPMD's squared log-ratio and AsymRE's forward KL are the presets' choice
+    "regularizer_coef": 0.0,  # c of the regulariser (OPMD's preset: 0.1; AsymRE's: 0.1)
     "weight_temperature": 1.0,  # RED-Weight's T in exp(A/T) (not the sampling temperature)
     "loss_agg": "token-mean",  # Σ ℓ·m / Σ m over the optimizer batch
     "objective": "policy-gradient",  # −M·w·A·logprobs; "advantage-regression" is OAPL's squared residual

@@ -8,7 +8,7 @@ valid strings of the variant fields are the live registries of ``oprl.algorithms
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, TypeAlias
 
 from pydantic import AfterValidator, Field
 
@@ -38,7 +38,27 @@ class AlgorithmConfig(_Section):
     the preset's value.
 
     The valid strings come from the registries in ``oprl.algorithms`` and every value is checked by
-    ``oprl.algorithms.validate_settings`` (ranges included) when the preset is resolved."""
+    ``oprl.algorithms.validate_settings`` (ranges included) when the preset is resolved. ``oprl config --help``
+    lists the fields in the groups below, each with the preset's value and, where oprl's own default has a
+    reason or a source, that reason (the comments of ``oprl.algorithms.defaults``)."""
+
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "preset": ("preset",),
+        "advantages": ("std_normalize", "mean_normalize", "drop", "keep_dropped", "baseline_shift", "baseline", "tau"),
+        "clip band and masks": (
+            "clip_mode", "ratio_level", "eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "mask_low",
+            "mask_high",
+        ),
+        "importance weights": ("weight", "is_cap", "weight_temperature", "recompute_proximal"),
+        "objective, regulariser and aggregation": ("objective", "regularizer", "regularizer_coef", "loss_agg"),
+        "methods after the paper": (
+            "m2_threshold", "tau_pos", "tau_neg", "bapo_target", "bapo_low_max", "bapo_high_max", "regression_beta",
+            "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
+        ),
+        "distillation": ("distill_coef", "distill_mix"),
+        "reference KL and entropy": ("kl_coef", "kl_estimator", "log_ref_kl_every", "entropy_coef"),
+    }  # fmt: skip
+    """The help's groups of this section's fields (``RolloutConfig.GROUPS`` does the same for ``rollout``)."""
 
     preset: str = "grpo"
     """Algorithm preset: reinforce, grpo, rec-oneside-is, rec-oneside-nois, rec-twoside-*, rec-ring-*, the

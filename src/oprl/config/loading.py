@@ -20,6 +20,8 @@ or a number given to a field whose type is text (``str``, ``str | None``, ``list
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import re
 import reprlib
 import typing
@@ -30,6 +32,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Tag, ValidationError
 
+from oprl.algorithms.defaults import ALGORITHM_DEFAULTS
 from oprl.algorithms.presets import PRESETS, resolve_preset
 from oprl.algorithms.registry import unknown_name_message
 from oprl.config.algorithm import AlgorithmConfig
@@ -319,11 +322,35 @@ def _field_lines(model: type[BaseModel], names: list[str], prefix: str, note: st
             lines.extend(describe_fields(section, f"{prefix}{name}.", note, preset))
         else:
             default = field.get_default(call_default_factory=True)
+            doc = " ".join((field.description or "").split())
             if model is AlgorithmConfig:
                 default = preset if name == "preset" else resolve_preset(preset).get(name, default)
-            doc = " ".join((field.description or "").split())
+                reason = default_reasons().get(name)
+                if reason:
+                    doc += f" [oprl's default {ALGORITHM_DEFAULTS[name]!r}: {reason}]"
             lines.append(f"{prefix}{name} = {default!r}{note}: {doc}")
     return lines
+
+
+@functools.cache
+def default_reasons() -> dict[str, str]:
+    """Each algorithm default's reason and source: the comment beside it in ``oprl.algorithms.defaults``, the one
+    place where a default and its reason are written (read from the module's source, for the help only)."""
+    import io
+    import tokenize
+
+    from oprl.algorithms import defaults
+
+    source = inspect.getsource(defaults)
+    reasons, key = {}, None
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.NL or token.type == tokenize.NEWLINE:
+            key = None
+        elif token.type == tokenize.STRING and key is None and token.line.lstrip().startswith(token.string):
+            key = token.string.strip("\"'")
+        elif token.type == tokenize.COMMENT and key in ALGORITHM_DEFAULTS:
+            reasons[key] = token.string.lstrip("# ").strip()
+    return reasons
 
 
 def help_lines(selectors: Sequence[str] = ()) -> list[str]:
