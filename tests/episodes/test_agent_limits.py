@@ -21,7 +21,7 @@ from oprl.episodes.agents import close_task, endpoint_of
 from oprl.episodes.evaluation import evaluation_row
 from oprl.episodes.sessions import RequestRefused, Session
 from oprl.models.tiny import build_tokenizer
-from oprl.tasks.agent import AgentTask
+from oprl.tasks.agent import AgentTask, load_agent
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +218,39 @@ def test_idle_and_surplus_connections_are_closed_and_the_endpoint_serves_on(toke
         for sock in idle:
             sock.close()
         endpoint.stop()
+
+
+def test_a_run_with_a_fixed_port_finishes_and_leaves_no_endpoint_listening(tmp_path):
+    """Items 6 and 12 end to end: ``oprl train`` of an agent task on a fixed ``task.port`` with an evaluation,
+    in process: exit 0 (4db1016: exit 1, both endpoints bound the port), and afterwards nothing listens on it
+    and no endpoint thread is left (4db1016: each in-process run left its two endpoints listening)."""
+    save = load_agent("examples/agents/tiny_long_context.py:save")  # the documented long-context copy
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    model = save(str(tmp_path / "tiny-long"), 256)
+    args = [
+        "task.name=agent",
+        "task.agent=examples/calculator_agent.py:rollout",
+        f"task.port={port}",
+        "task.problems.train_size=16",
+        "task.problems.test_size=2",
+        f"model.path={model}",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_turns=2",
+        "rollout.max_episode_tokens=32",
+        "eval.num_problems=2",
+        "eval.interval=1",
+        "progress=false",
+        "tensorboard=false",
+        "runtime.torch_threads=1",
+        f"output_dir={tmp_path / 'runs'}",
+        "run_name=port",
+        "steps=1",
+    ]
+    assert main(["train", *args]) == 0
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("oprl-endpoint")]

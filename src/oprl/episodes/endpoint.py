@@ -144,7 +144,9 @@ class Endpoint:
         self.max_connections = max_connections()
         config.http_protocol_class = _guarded(config.http_protocol_class, self.max_connections, REQUEST_TIMEOUT_S)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, name=f"oprl-endpoint-{self.port}", daemon=True
+        )
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
