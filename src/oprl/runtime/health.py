@@ -85,7 +85,7 @@ ESS_STEPS = 5
 
 
 class EssWatch:
-    """The early sign of an off-policy collapse: ``rho/ess``, the normalised effective sample size (Σρ)²/(N·Σρ²)
+    """A sign of an off-policy collapse: ``rho/ess``, the normalised effective sample size (Σρ)²/(N·Σρ²)
     of the batch's token importance weights (``oprl.algorithms.effective_sample_size``), averaged over the last
     ``ESS_STEPS`` steps, falls below ``ESS_LEVEL``. On-policy it is 1 (an fp32 sampler); it falls as the trained
     policy drifts from the one that sampled the data, which an unregularised loss lets happen without bound (VCPO,
@@ -96,7 +96,8 @@ class EssWatch:
     loss of accuracy there is not a drift of the weights), and falls below 0.7 by step 17 for
     REINFORCE at lag 16 and offline and OAPL at lag 16 and offline. The token-level ESS, not the sequence one: a
     response's ratio Π_t ρ_t spreads with its length even on a healthy run (SmolLM2 at lag 4: ~0.5 per sequence,
-    ~0.97 per token)."""
+    ~0.97 per token). It is not early there: the embedded model's collapses show in an evaluation every 2 steps
+    3-5 steps before it (docs/metrics.md, "The ESS warning")."""
 
     def __init__(self, warn: Callable[[str], object]):
         self.warn = warn
@@ -113,6 +114,6 @@ class EssWatch:
             self.warn(
                 f"warning: the importance weights' effective sample size rho/ess averaged {mean:.2f} over the last "
                 f"{ESS_STEPS} steps (step {self.first_step}, below {ESS_LEVEL}): the trained policy has drifted far "
-                "from the one that sampled the data, the early sign of an off-policy collapse; a clipped or masked "
+                "from the one that sampled the data, as in an off-policy collapse; a clipped or masked "
                 "loss (algorithm.preset=rec-oneside-nois, grpo), a smaller sync.offset or a lower optim.lr keeps it up"
             )
