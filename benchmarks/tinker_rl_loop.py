@@ -1,0 +1,200 @@
+"""An RL loop written against the Tinker API, run through ``oprl serve tinker``, against ``oprl train`` on the same job.
+
+The loop is the shape of tinker-cookbook's ``recipes/rl_loop.py`` (which cannot run here: tinker-cookbook 0.6.1
+needs ``tml-renderers>=0.4.1``, not on the package index), written with the real ``tinker`` SDK only: each step
+saves the weights and gets a sampling client, samples ``--group`` replies for each of ``--prompts`` problems of
+oprl's arithmetic task (the default job's task, train split, the same order for every seed), scores them with the
+task's reward, gives each reply A = r − mean(group) (std-normalised, GRPO's advantages), sends one
+``forward_backward`` with ``importance_sampling`` and ``{"preset": "grpo"}`` (oprl's GRPO loss as a sum) and one
+``optim_step`` (Adam, ``--lr``). The server trains every parameter (``rank=0``) of the warm-started tiny model,
+the model ``oprl train`` starts from.
+
+Reported per side: median seconds per step (after ``--skip`` warm-up steps), the mean training reward of the
+first and last 5 steps, and for the Tinker side where the time goes (sampling, forward_backward, optim_step, the
+client's own work). The two sides do not compute the same update (oprl normalises the loss by the batch's
+tokens, the Tinker loss is a sum; the lr here is per summed token), so compare their costs, and the rewards only
+as "it learns".
+
+    python benchmarks/tinker_rl_loop.py --steps 30 --json benchmarks/results/tinker_rl_loop.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, TINKER_TELEMETRY="0")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oprl", "serve", "tinker", "--port", str(port)],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}); see {log}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"the server did not listen within 600 s; see {log}")
+
+
+def tinker_loop(args, port: int) -> dict:
+    import numpy as np
+    import tinker
+    from tinker import types
+
+    from oprl.config import load_config
+    from oprl.models.chat import encode_problem
+    from oprl.tasks import build_task
+
+    os.environ.update(TINKER_BASE_URL=f"http://127.0.0.1:{port}", TINKER_API_KEY="tml-local", TINKER_TELEMETRY="0")
+    task = build_task(load_config(None, [f"seed={args.seed}"]).task)
+    problems = list(task.problems("train"))
+    service = tinker.ServiceClient()
+    trainer = service.create_lora_training_client(base_model="oprl/tiny", rank=0, seed=args.seed).result()
+    tokenizer = trainer.get_tokenizer()
+    rewards, seconds, parts = [], [], {"sample": [], "forward_backward": [], "optim_step": [], "client": []}
+    cursor = 0
+    for step in range(args.steps):
+        start = time.perf_counter()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        batch = problems[cursor : cursor + args.prompts]
+        cursor += args.prompts
+        tick = time.perf_counter()
+        futures = []
+        for i, problem in enumerate(batch):
+            prompt = encode_problem(tokenizer, problem)
+            params = types.SamplingParams(max_tokens=args.max_tokens, seed=args.seed * 100_003 + step * 1_009 + i)
+            futures.append((problem, prompt, sampler.sample(types.ModelInput.from_ints(prompt), args.group, params)))
+        results = [(problem, prompt, future.result()) for problem, prompt, future in futures]
+        sampled = time.perf_counter()
+        data, step_rewards = [], []
+        for problem, prompt, result in results:
+            replies = [tokenizer.decode(s.tokens, skip_special_tokens=True) for s in result.sequences]
+            scores = np.array([r.total for r in task.score([problem] * len(replies), replies)], dtype=np.float64)
+            step_rewards.extend(scores.tolist())
+            std = scores.std()
+            advantages = (scores - scores.mean()) / (std + 1e-6) if std > 0 else np.zeros_like(scores)
+            for sequence, advantage in zip(result.sequences, advantages, strict=True):
+                tokens = prompt + list(sequence.tokens)
+                n = len(prompt) - 1  # positions before the reply: no loss there
+                data.append(
+                    types.Datum(
+                        model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={
+                            "target_tokens": tokens[1:],
+                            "logprobs": [0.0] * n + list(sequence.logprobs),
+                            "advantages": [0.0] * n + [float(advantage)] * len(sequence.tokens),
+                        },
+                    )
+                )
+        built = time.perf_counter()
+        fb = trainer.forward_backward(data, "importance_sampling", {"preset": "grpo"})
+        fb.result()
+        backward = time.perf_counter()
+        trainer.optim_step(types.AdamParams(learning_rate=args.lr, grad_clip_norm=1.0)).result()
+        done = time.perf_counter()
+        rewards.append(float(np.mean(step_rewards)))
+        seconds.append(done - start)
+        parts["sample"].append(sampled - tick)
+        parts["forward_backward"].append(backward - built)
+        parts["optim_step"].append(done - backward)
+        parts["client"].append((tick - start) + (built - sampled))
+        print(f"tinker step {step + 1}/{args.steps}: reward {rewards[-1]:.3f}, {seconds[-1]:.2f} s", flush=True)
+    kept = slice(args.skip, None)
+    return {
+        "median_step_s": statistics.median(seconds[kept]),
+        "median_parts_s": {k: statistics.median(v[kept]) for k, v in parts.items()},
+        "reward_first5": statistics.mean(rewards[:5]),
+        "reward_last5": statistics.mean(rewards[-5:]),
+    }
+
+
+def oprl_train(args) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="oprl-vs-tinker-"))
+    command = [
+        sys.executable, "-m", "oprl", "train", f"steps={args.steps}", f"seed={args.seed}",
+        f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
+        f"rollout.max_new_tokens={args.max_tokens}", "eval.interval=0", "eval.num_problems=1", "tensorboard=false",
+        "checkpoint.interval=0", "progress=false", f"output_dir={out}", "run_name=oprl",
+    ]  # fmt: skip
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    rows = [json.loads(line) for line in (out / "oprl" / "metrics.jsonl").open()]
+    trained = [r for r in rows if "reward/mean" in r]
+    steps = [r["perf/step_s"] for r in trained if "perf/step_s" in r][args.skip :]
+    rewards = [r["reward/mean"] for r in trained]
+    return {
+        "median_step_s": statistics.median(steps) if steps else float("nan"),
+        "reward_first5": statistics.mean(rewards[:5]),
+        "reward_last5": statistics.mean(rewards[-5:]),
+    }
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the medians")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    port = free_port()
+    log = Path(tempfile.mkdtemp(prefix="oprl-tinker-bench-")) / "server.log"
+    server = start_server(port, log)
+    try:
+        tinker = tinker_loop(args, port)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    oprl = oprl_train(args)
+    result = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "settings": vars(args) | {"json": str(args.json) if args.json else None},
+        "tinker_server": tinker,
+        "oprl_train": oprl,
+        "ratio_step_s": tinker["median_step_s"] / oprl["median_step_s"],
+    }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
