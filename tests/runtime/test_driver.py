@@ -140,6 +140,9 @@ def drive(
     trainer_fail=None,
     trainer_type=FakeTrainer,
     board=None,
+    explorer_type=FakeExplorer,
+    backend=None,
+    log=print,
 ):
     config = load_config(
         None,
@@ -152,10 +155,10 @@ def drive(
             *overrides,
         ],
     )
-    backend, timeline, rows = LocalBackend(), Timeline(), Rows()
+    backend, timeline, rows = backend or LocalBackend(), Timeline(), Rows()
     trainer = TrainerHandle(backend.start("trainer", trainer_type, train_delay, timeline, trainer_fail))
     workers = [
-        ExplorerHandle(backend.start(f"explorer {i}", FakeExplorer, i, explore_delay, timeline, explorer_fail))
+        ExplorerHandle(backend.start(f"explorer {i}", explorer_type, i, explore_delay, timeline, explorer_fail))
         for i in range(explorers)
     ]
     buffer = BufferHandle(backend.start("buffer", ExperienceBuffer))
@@ -182,6 +185,7 @@ def drive(
         start_step=0,
         pending=list(range(1, config.steps + 1)),
         ready=set(),
+        log=log,
     )
     driver.request_eval(0)
     start = time.perf_counter()
@@ -323,3 +327,88 @@ def test_a_failed_board_post_stops_the_run_with_one_line_naming_the_file(tmp_pat
     line = str(failed.value)
     assert "\n" not in line
     assert line.startswith(f"synchronizer failed while posting version 2 to {board_file(board, 2)}: "), line
+
+
+# -- self-healing (oprl.runtime.healing) with stand-ins: a thread "dies" by raising Died, which DyingBackend calls
+# lost; its restart forgets the weights it held, as a new process would. tests/integration/test_self_healing.py
+# kills real processes.
+class Died(Exception):
+    pass
+
+
+class DyingExplorer(FakeExplorer):
+    """Dies as it starts a batch of ``deaths`` (batch -> deaths left, shared by every explorer), losing its
+    weights: the driver must send the batch's version again, or ``explore`` asserts."""
+
+    def explore(self, batch, version, weights=None):
+        if self.fail_at.get(batch, 0) > 0:
+            self.fail_at[batch] -= 1
+            self.version = None
+            raise Died(f"worker process exited (-9) at batch {batch}")
+        return super().explore(batch, version, weights)
+
+
+class DyingBackend(LocalBackend):
+    def __init__(self):
+        super().__init__()
+        self.restarted: list[str] = []
+
+    def lost(self, exc):
+        return isinstance(exc, Died)
+
+    def restart(self, actor):
+        self.restarted.append(actor.name)
+        return self.put(True)
+
+
+def without_perf(rows):
+    return [(step, {k: v for k, v in row.items() if not k.startswith("perf/")}) for step, row in rows]
+
+
+@pytest.mark.parametrize("k, m, explorers", [(1, 0, 1), (1, 2, 2), (3, 2, 1)])
+def test_an_explorer_that_dies_is_restarted_and_the_rows_equal_the_undisturbed_runs(tmp_path, k, m, explorers):
+    settings = ["steps=8", f"sync.interval={k}", f"sync.offset={m}"]
+    whole, _, _ = drive(
+        tmp_path / "whole", settings, explorers=explorers, explorer_type=DyingExplorer, explorer_fail={}
+    )
+    backend, lines = DyingBackend(), []
+    rows, _, _ = drive(
+        tmp_path / "healed",
+        settings,
+        explorers=explorers,
+        explorer_type=DyingExplorer,
+        explorer_fail={3: 1, 6: 2},  # batch 6 dies twice: its first regeneration dies too
+        backend=backend,
+        log=lines.append,
+    )
+    assert without_perf(rows) == without_perf(whole)
+    assert len(backend.restarted) == 3 and len(lines) == 3
+    assert sum(row.get("perf/restarts", 0) for _, row in rows) == 3
+    assert all(row.get("perf/restart_lost_s", 0) >= 0 for _, row in rows)
+    assert (
+        lines[0].startswith("explorer ")
+        and " died (Died: worker process exited (-9) at batch 3); restarted in " in lines[0]
+    )
+    assert f"generating batch 3 (version {policy_version(3, k, m)}) again" in lines[0], lines[0]
+
+
+def test_past_the_restart_budget_the_run_stops_as_before_with_a_checkpoint(tmp_path):
+    settings = ["steps=8", "checkpoint.interval=100", "runtime.max_restarts=1"]
+    with pytest.raises(WorkerFailure) as failed:
+        drive(tmp_path, settings, explorer_type=DyingExplorer, explorer_fail={2: 1, 4: 1}, backend=DyingBackend())
+    line = str(failed.value)
+    assert line.startswith(
+        "explorer 0 failed while generating batch 4: Died: worker process exited (-9) at batch 4 "
+        "(runtime.max_restarts=1 restarts within runtime.restart_window_s=3600 already used); checkpoint of step 3"
+    ), line
+    assert (tmp_path / "checkpoints" / "step-000003" / "state.json").is_file()
+    with pytest.raises(
+        WorkerFailure, match=r"^explorer 0 failed while generating batch 2: Died: [^(]*\(-9\) at batch 2;"
+    ):
+        drive(
+            tmp_path,
+            [*settings[:-1], "runtime.max_restarts=0"],
+            explorer_type=DyingExplorer,
+            explorer_fail={2: 1},
+            backend=DyingBackend(),
+        )

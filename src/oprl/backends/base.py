@@ -2,7 +2,8 @@
 
 A ``Backend`` hosts workers (plain objects built by a factory) and runs their methods in submission order;
 the driver only ever submits calls and reacts to their completion, so a backend is five verbs and a
-shutdown, and one more for a worker that calls another itself (``peer``: the explorers ask the judge).
+shutdown, one more for a worker that calls another itself (``peer``: the explorers ask the judge), and two
+for a worker whose process died (``lost`` tells a death from a raised error, ``restart`` brings it back).
 ``LocalBackend`` (threads, or processes with ``runtime.workers=processes``) and ``RayBackend`` (Ray actors)
 implement it; ``make_backend`` picks one from ``backend``. A call returns futures at once; futures
 passed as arguments are resolved inside the receiving worker, so data moves between workers without passing
@@ -14,11 +15,14 @@ moves a call by its method's name and knows nothing of what the workers do.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from oprl.backends import faults
 from oprl.config import RunConfig
+from oprl.errors import OprlError
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -80,11 +84,28 @@ class Backend(Protocol):
     """Whether weights snapshots must be CPU copies (they leave the process)."""
 
     def start(
-        self, name: str, factory, *args: Any, threads: int | None = None, compute: bool = True, gpus: float = 0.0
+        self,
+        name: str,
+        factory,
+        *args: Any,
+        threads: int | None = None,
+        compute: bool = True,
+        gpus: float = 0.0,
+        restartable: bool = False,
     ) -> Actor:
         """Build ``factory(*args)`` in a worker of its own (with ``threads`` torch intra-op threads; ``compute``
         false for a worker that only moves data: the buffer; ``gpus`` the GPUs it requests where the backend
-        places by resources: Ray; local workers see every GPU)."""
+        places by resources: Ray; local workers see every GPU; ``restartable``: the driver may ``restart`` it
+        after it died, which Ray must know when it creates the actor)."""
+        ...
+
+    def lost(self, exc: BaseException) -> bool:
+        """Did ``exc`` (a call's failure) come from a worker whose process died, rather than one that raised?
+        Only a lost worker is restarted: a raised error would be raised again by the same call."""
+        ...
+
+    def restart(self, actor: Any) -> Pending[bool]:
+        """Bring back a lost ``actor``, built as it first was (Ray: its own actor restart); done once ready."""
         ...
 
     def rank_launcher(self, threads: int | None = None, gpus: float = 0.0) -> RankLauncher:
@@ -132,7 +153,14 @@ def make_backend(config: RunConfig) -> Backend:
 
         # The teacher and the judge are workers too.
         workers = config.runtime.explorers + 1 + (config.teacher.path is not None) + (config.judge.path is not None)
-        return RayBackend(address=config.runtime.ray_address, num_cpus=config.runtime.ray_num_cpus, workers=workers)
+        return RayBackend(
+            address=config.runtime.ray_address,
+            num_cpus=config.runtime.ray_num_cpus,
+            workers=workers,
+            restarts=config.runtime.max_restarts > 0,
+        )
     from oprl.backends.local import LocalBackend
 
+    if config.runtime.workers == "threads" and os.environ.get(faults.VARIABLE):
+        raise OprlError(f"{faults.VARIABLE} kills worker processes: it needs runtime.workers=processes or backend=ray")
     return LocalBackend(config.runtime.workers)

@@ -24,6 +24,7 @@ import weakref
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 
 from oprl.backends.actor import QueuedActor, release
+from oprl.backends.faults import FaultPlan
 
 
 class LocalActor(QueuedActor):
@@ -86,17 +87,39 @@ class LocalBackend:
 
     def __init__(self, workers: str = "threads"):
         self.workers = workers
+        self.faults = FaultPlan.from_environment() if workers == "processes" else FaultPlan()
         self._relays: list = []  # processes.Relay: one per peer, closed at shutdown
         # Threads share memory, so snapshots stay on the model's device; processes receive CPU copies.
         self.cpu_snapshots = workers == "processes"
 
-    def start(self, name: str, factory, *args, threads: int | None = None, compute: bool = True, gpus: float = 0.0):
-        """``gpus`` is Ray's resource request; local workers see every GPU of the machine and ignore it."""
+    def start(
+        self,
+        name: str,
+        factory,
+        *args,
+        threads: int | None = None,
+        compute: bool = True,
+        gpus: float = 0.0,
+        restartable: bool = False,
+    ):
+        """``gpus`` is Ray's resource request; local workers see every GPU of the machine and ignore it. Every
+        worker process can be restarted (``restart``), so ``restartable`` changes nothing here."""
         if compute and self.workers == "processes":
             from oprl.backends.processes import ProcessActor
 
-            return ProcessActor(name, factory, args, threads)
+            return ProcessActor(name, factory, args, threads, self.faults)
         return LocalActor(name, factory, args, threads)
+
+    def lost(self, exc: BaseException) -> bool:
+        """Did ``exc`` come from a worker process that died (killed, out of memory), rather than from one that
+        raised? Threads never die on their own."""
+        from oprl.backends.processes import RemoteError
+
+        return isinstance(exc, RemoteError) and exc.kind == "ProcessDied"
+
+    def restart(self, actor) -> Future:
+        """A new process in place of ``actor``'s dead one, built like the first; done once it is ready."""
+        return actor.restart()
 
     def peer(self, actor):
         """Threads: a ``ThreadPeer`` on ``actor``; processes: a ``processes.PipePeer`` whose calls a relay

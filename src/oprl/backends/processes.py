@@ -6,7 +6,9 @@ the buffer stays a thread of the driver. A ``ProcessActor`` is a ``actor.QueuedA
 calls return futures at once; a sender thread resolves future arguments and pipes the call to the process, a
 receiver thread sets the futures from the replies. Arguments and results are pickled through the pipe (torch
 tensors through shared memory, as ``torch.multiprocessing`` arranges). Errors come back as ``RemoteError``
-with the original type name; a process that dies fails every pending call.
+with the original type name; a process that dies fails every pending call with ``ProcessDied``, and
+``ProcessActor.restart`` puts a fresh process behind the same actor (the driver's self-healing,
+docs/runtime.md#self-healing-runs). ``OPRL_FAULT`` (``oprl.backends.faults``) kills a worker at a given step.
 
 A worker process that calls another worker (an explorer asking the judge) holds a ``PipePeer``: its calls go
 over a pipe of their own to a ``Relay`` thread of the driver, which queues each on the target's actor like
@@ -30,6 +32,7 @@ import traceback
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 
+from oprl.backends import faults
 from oprl.backends.actor import QueuedActor, free_port, release
 from oprl.backends.failure import ignore_stop_signals
 
@@ -69,7 +72,9 @@ def _serve(conn, factory, args, threads) -> None:
             return release(worker)  # the driver is gone (even after kill -9): nothing left to serve
         if message is None:
             return release(worker)
-        call_id, method, call_args, returns = message
+        call_id, method, call_args, returns, doomed = message
+        if doomed is not None:  # OPRL_FAULT: this call is where the test kills the worker
+            faults.die(doomed)
         try:
             result = getattr(worker, method)(*call_args)
             conn.send(("result", call_id, True, result if returns == 1 else tuple(result)))
@@ -77,71 +82,65 @@ def _serve(conn, factory, args, threads) -> None:
             conn.send(("result", call_id, False, _error(exc)))
 
 
-class ProcessActor(QueuedActor):
-    def __init__(self, name: str, factory, args: tuple, threads: int | None):
-        self.name = name
+class _Life:
+    """One incarnation of a worker process: the process, its pipe, the calls not yet sent (``inbox``) and
+    those sent and not yet answered (``pending``), with the sender and receiver threads that move them. A
+    restart starts a new one; the old one's threads fail whatever it still held and end on their own, touching
+    nothing of the new one."""
+
+    def __init__(self, name: str, factory, args: tuple, threads: int | None, plan: faults.FaultPlan):
+        self.name, self.plan = name, plan
         self.ready: Future = Future()
         context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
             target=_serve, args=(child, factory, args, threads), name=f"oprl-{name}", daemon=True
         )
-        self._process.start()
+        self.process.start()
         child.close()
-        self._pending: dict[int, tuple[Future, ...]] = {}
-        self._dead: BaseException | None = None
-        self._stopping = False
-        self._ids = itertools.count()
-        self._inbox = queue.Queue()  # calls not yet sent (``stop`` cancels them)
-        self._sender = threading.Thread(target=self._send, name=f"oprl-{name}-send", daemon=True)
-        self._sender.start()
-        self._receiver = threading.Thread(target=self._receive, name=f"oprl-{name}-receive", daemon=True)
-        self._receiver.start()
-
-    @property
-    def pid(self) -> int | None:
-        """The worker process's id (None before it started)."""
-        return self._process.pid
-
-    def terminate(self) -> None:
-        """Kill the process now (a peer of a failed collective would otherwise wait for its timeout)."""
-        if self._process.is_alive():
-            self._process.kill()
-        self.stop()
-
-    def join(self, timeout: float = 15.0) -> None:
-        """Wait until the process has exited and its pipe is drained (after ``stop``)."""
-        self._sender.join(timeout)
-        self._receiver.join(timeout)
+        self.pending: dict[int, tuple[Future, ...]] = {}
+        self.dead: BaseException | None = None
+        self.stopping = False
+        self.ids = itertools.count()
+        self.inbox: queue.Queue = queue.Queue()  # calls not yet sent (``stop`` cancels them)
+        self.sender = threading.Thread(target=self._send, name=f"oprl-{name}-send", daemon=True)
+        self.sender.start()
+        self.receiver = threading.Thread(target=self._receive, name=f"oprl-{name}-receive", daemon=True)
+        self.receiver.start()
 
     def _send(self) -> None:
-        while (item := self._inbox.get()) is not None:
+        while (item := self.inbox.get()) is not None:
             method, args, futures = item
             try:
-                if self._dead is not None:
-                    raise self._dead
-                if self._stopping:
+                if self.dead is not None:
+                    raise self.dead
+                if self.stopping:
                     raise CancelledError(f"{self.name}: stopped before {method} ran")
                 resolved = [a.result() if isinstance(a, Future) else a for a in args]
-                call_id = next(self._ids)
-                self._pending[call_id] = futures
-                self._conn.send((call_id, method, resolved, len(futures)))
+                call_id = next(self.ids)
+                self.pending[call_id] = futures
+                doomed = self.plan.due(self.name, tuple(resolved))
+                self.conn.send((call_id, method, resolved, len(futures), doomed))
             except BaseException as exc:
+                if isinstance(exc, OSError):  # the process died before the receiver saw it: report that
+                    self.receiver.join(timeout=10)
+                    exc = self.dead or exc
                 for future in futures:
                     if not future.done():
                         future.set_exception(exc)
         with contextlib.suppress(OSError):
-            self._conn.send(None)
-        self._process.join(timeout=10)
-        if self._process.is_alive():
-            self._process.kill()  # it ignores SIGTERM (ignore_stop_signals)
+            self.conn.send(None)
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()  # it ignores SIGTERM (ignore_stop_signals)
 
     def _receive(self) -> None:
         while True:
             try:
-                kind, call_id, ok, payload = self._conn.recv()
+                kind, call_id, ok, payload = self.conn.recv()
             except (EOFError, OSError):
-                self._fail_all(RemoteError("ProcessDied", f"worker process exited ({self._process.exitcode})"))
+                self.process.join(timeout=2)  # reaped, so the line says how it ended (-9: SIGKILL)
+                self._fail_all(RemoteError("ProcessDied", f"worker process exited ({self.process.exitcode})"))
                 return
             if kind == "ready":
                 if ok:
@@ -149,7 +148,7 @@ class ProcessActor(QueuedActor):
                 else:
                     self.ready.set_exception(RemoteError(*payload))
                 continue
-            futures = self._pending.pop(call_id)
+            futures = self.pending.pop(call_id)
             if not ok:
                 for future in futures:
                     future.set_exception(RemoteError(*payload))
@@ -159,14 +158,69 @@ class ProcessActor(QueuedActor):
                 future.set_result(value)
 
     def _fail_all(self, exc: BaseException) -> None:
-        self._dead = exc
+        self.dead = exc
         if not self.ready.done():
             self.ready.set_exception(exc)
-        for futures in list(self._pending.values()):
+        for futures in list(self.pending.values()):
             for future in futures:
                 if not future.done():
                     future.set_exception(exc)
-        self._pending.clear()
+        self.pending.clear()
+
+
+class ProcessActor(QueuedActor):
+    """A worker in a process of its own (``_Life``), which ``restart`` replaces by a fresh one built the same
+    way: the same object stays the driver's handle and the run's to shut down."""
+
+    def __init__(self, name: str, factory, args: tuple, threads: int | None, plan: faults.FaultPlan | None = None):
+        self.name = name
+        self._build = (factory, args, threads)
+        self._plan = plan if plan is not None else faults.FaultPlan()
+        self._stopping = False
+        self._life = _Life(name, factory, args, threads, self._plan)
+        self._inbox = self._life.inbox  # where QueuedActor.call queues: always the current process's
+        self._lives = [self._life]
+
+    @property
+    def ready(self) -> Future:
+        """Done once the current process has built its worker."""
+        return self._life.ready
+
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id (None before it started)."""
+        return self._life.process.pid
+
+    def restart(self) -> Future:
+        """Replace a dead worker process by a new one built from the same factory and arguments; returns its
+        ``ready``. Calls queued from now on go to the new process (they wait in its pipe while it builds)."""
+        with self._guard:  # against ``call``: nothing is queued on the old life after this
+            if self._stopping:
+                raise RuntimeError(f"{self.name}: stopped, not restarted")
+            old, self._life = self._life, _Life(self.name, *self._build, self._plan)
+            self._inbox = self._life.inbox
+            self._lives.append(self._life)
+            old.stopping = True
+            old.inbox.put(None)
+        return self._life.ready
+
+    def stop(self) -> None:
+        """Cancel the calls not yet sent; the process ends after its running call (``join`` waits for it)."""
+        with self._guard:
+            self._stopping = self._life.stopping = True
+            self._inbox.put(None)
+
+    def terminate(self) -> None:
+        """Kill the process now (a peer of a failed collective would otherwise wait for its timeout)."""
+        if self._life.process.is_alive():
+            self._life.process.kill()
+        self.stop()
+
+    def join(self, timeout: float = 15.0) -> None:
+        """Wait until every process this actor started has exited and its pipe is drained (after ``stop``)."""
+        for life in self._lives:
+            life.sender.join(timeout)
+            life.receiver.join(timeout)
 
 
 class PipePeer:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import ray
 
+from oprl.backends import faults
 from oprl.backends.actor import free_port
 from oprl.errors import OprlError
 
@@ -43,17 +44,27 @@ class _HostWorker:
     def call(self, method: str, *args):
         return getattr(self.worker, method)(*args)
 
+    def doomed_call(self, after: float, method: str, *args):
+        """``call``, in which this actor's process dies after ``after`` seconds (``OPRL_FAULT``)."""
+        faults.die(after)
+        return self.call(method, *args)
+
 
 _Host = ray.remote(_HostWorker)  # the actor class (ray.remote returns a new class with .options)
 
 
 class RayActor:
-    def __init__(self, name: str, handle):
+    def __init__(self, name: str, handle, plan: faults.FaultPlan | None = None):
         self.name = name
         self.handle = handle
+        self.plan = plan if plan is not None else faults.FaultPlan()
 
     def call(self, method: str, *args, num_returns: int = 1):
-        refs = self.handle.call.options(num_returns=num_returns).remote(method, *args)
+        doomed = self.plan.due(self.name, args)
+        if doomed is None:
+            refs = self.handle.call.options(num_returns=num_returns).remote(method, *args)
+        else:
+            refs = self.handle.doomed_call.options(num_returns=num_returns).remote(doomed, method, *args)
         return tuple(refs) if num_returns > 1 else refs
 
 
@@ -71,8 +82,12 @@ class RayBackend:
     name = "ray"
     cpu_snapshots = True  # weights go through the object store, which holds CPU tensors
 
-    def __init__(self, *, address: str | None, num_cpus: int | None, workers: int):
+    def __init__(self, *, address: str | None, num_cpus: int | None, workers: int, restarts: bool = False):
         self._started = False
+        self.restarts = restarts
+        """Whether restartable actors get Ray's actor restarts (``runtime.max_restarts`` > 0; the driver keeps
+        the budget)."""
+        self.faults = faults.FaultPlan.from_environment()
         if not ray.is_initialized():
             try:
                 if address:
@@ -87,13 +102,33 @@ class RayBackend:
         self.cpus_per_worker = min(1.0, cpus / max(workers, 1))
 
     def start(
-        self, name: str, factory, *args, threads: int | None = None, compute: bool = True, gpus: float = 0.0
+        self,
+        name: str,
+        factory,
+        *args,
+        threads: int | None = None,
+        compute: bool = True,
+        gpus: float = 0.0,
+        restartable: bool = False,
     ) -> RayActor:
         """``gpus``: GPUs the actor requests (Ray sets its CUDA_VISIBLE_DEVICES; an explorer's vLLM engine
-        then runs on them)."""
+        then runs on them). ``restartable``: Ray restarts the actor when its process dies (``max_restarts``,
+        unbounded here: the driver's ``runtime.max_restarts`` decides when a run stops instead); its calls are
+        not retried (``max_task_retries=0``), the driver resubmits a lost batch with the weights it needs."""
         options = {"num_cpus": self.cpus_per_worker if compute else 0} | ({"num_gpus": gpus} if gpus else {})
+        if restartable and self.restarts:
+            options |= {"max_restarts": -1, "max_task_retries": 0}
         handle = _Host.options(**options).remote(factory, args, threads)
-        return RayActor(name, handle)
+        return RayActor(name, handle, self.faults)
+
+    def lost(self, exc: BaseException) -> bool:
+        """The actor's process died (``RayActorError``), as opposed to a method that raised (``RayTaskError``)."""
+        return isinstance(exc, ray.exceptions.RayActorError)
+
+    def restart(self, actor: RayActor):
+        """Ray restarts a restartable actor by itself (its constructor runs again); this waits for it to serve.
+        An actor started without restarts stays dead, and the ref fails with ``RayActorError``."""
+        return actor.handle.ready.remote()
 
     def peer(self, actor: RayActor) -> RayPeer:
         """The caller's actor calls ``actor`` through its handle (values through the object store)."""

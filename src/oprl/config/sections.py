@@ -347,6 +347,12 @@ class RuntimeConfig(_Section):
     rollout.engine=vllm and model.device=cuda, 1 gives each explorer's vLLM engine a GPU of its own."""
     gpus_per_trainer_rank: float = Field(0.0, ge=0.0)
     """backend=ray: GPUs each trainer rank requests (1 for CUDA training). 0 = none (CPU runs)."""
+    max_restarts: int = Field(3, ge=0)
+    """Explorer processes (runtime.workers=processes, backend=ray) that die are restarted and their batch
+    generated again, with the same numbers, at most this many times within ``restart_window_s``; one more
+    stops the run (checkpoint, one line). 0 = never restart (docs/runtime.md#self-healing-runs)."""
+    restart_window_s: float = Field(3600.0, gt=0)
+    """The window ``max_restarts`` counts in: a long run survives one preemption a day, a crash loop stops."""
 
 
 class BufferConfig(_Section):

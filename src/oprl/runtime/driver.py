@@ -11,8 +11,12 @@ its step's row is written, so a resumed run never loses or repeats a row.
 With ``runtime.overlap=false`` at most one worker call is in flight: the strictly sequential baseline. The
 schedule (not timing) decides every number in scheduled mode, so both settings give the same metrics.
 
-On a worker failure the driver stops submitting work, lets the trainer finish what it holds, writes a final
-checkpoint (unless the trainer or the buffer is the one that failed) and raises ``WorkerFailure``.
+An explorer whose process died (not one that raised: the same call would raise again) is restarted within the
+budget of ``oprl.runtime.healing``: its batches go back to ``pending`` and are generated again by the new
+process, with the weights of their version (the synchronizer's snapshots, kept while a batch needs them) and
+their own seeds, so the run's numbers do not change (docs/runtime.md#self-healing-runs). On any other worker
+failure, or past the budget, the driver stops submitting work, lets the trainer finish what it holds, writes a
+final checkpoint (unless the trainer or the buffer is the one that failed) and raises ``WorkerFailure``.
 
 Its state is a few small objects: ``BatchTracker`` (which batches are pending, in flight, ready, which step is
 next), ``RowLog`` (rows waiting to be written in order), ``PerfClock`` (the ``perf/*`` columns),
@@ -24,7 +28,9 @@ a row of metrics (``RowLog`` and ``PerfClock`` are in ``oprl.runtime.rows``).
 
 from __future__ import annotations
 
+import dataclasses
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from oprl.backends import failure
 from oprl.backends.failure import WorkerFailure
 from oprl.checkpoint import files as ckpt
+from oprl.runtime.healing import Restart, Restarts
 from oprl.runtime.resume import CheckpointWriter, resume_hint
 from oprl.runtime.rows import PerfClock, RowLog
 from oprl.schedule import lag
@@ -47,7 +54,8 @@ class Call:
     """A submitted call the driver waits for, with what its handler needs."""
 
     kind: str
-    """explore, put, train, eval, weights, post (to the weights board), part (of a checkpoint), score (teacher)."""
+    """explore, put, train, eval, weights, post (to the weights board), part (of a checkpoint), score (teacher),
+    restart (a restarted worker becoming ready)."""
     component: str
     """The worker, as named in error messages (``explorer 0``, ``trainer``, ``buffer``; ``synchronizer`` for
     the weights board writes it makes in the driver's process)."""
@@ -63,6 +71,8 @@ class Call:
     """explore: the future of the batch's experiences (handed to the buffer unresolved)."""
     stats: Any = None
     """train: the future of the buffer's ``take`` metrics."""
+    restart: Restart | None = None
+    """restart: what is being restarted, and why."""
 
 
 @dataclass
@@ -125,6 +135,15 @@ class BatchTracker:
         self.pending.pop(0)
         self.in_flight[batch] = explorer
 
+    def lost(self, explorer: int) -> list[int]:
+        """``explorer`` died: its batches go back to ``pending`` (still in order: every batch in flight was
+        dispatched before the head of ``pending``); the lost batches."""
+        lost = sorted(b for b, e in self.in_flight.items() if e == explorer)
+        for batch in lost:
+            del self.in_flight[batch]
+        self.pending = sorted(self.pending + lost)
+        return lost
+
     def explored(self, batch: int, to_train: bool) -> None:
         """``batch`` came back and its ``put`` is submitted; ``to_train``: the trainer will take it."""
         del self.in_flight[batch]
@@ -165,6 +184,7 @@ class Driver:
         ready: set[int],
         health=None,
         teacher: TeacherHandle | None = None,
+        log=print,
     ):
         self.cfg, self.run_dir, self.backend = config, Path(run_dir), backend
         self.trainer, self.explorers, self.buffer, self.sync = trainer, explorers, buffer, sync
@@ -184,6 +204,11 @@ class Driver:
         self.perf = PerfClock(len(explorers))
         self.checkpoints = CheckpointWriter(config, self.run_dir, backend, logger, self.perf.started)
         self.failure: Failure | None = None
+        # Self-healing: the restart budget, and when each explorer's running call began (its work lost if it dies).
+        self.restarts = Restarts(config.runtime.max_restarts, config.runtime.restart_window_s, log)
+        self.busy_since = [time.perf_counter()] * len(explorers)
+        self.clock_before = [(0.0, 0.0)] * len(explorers)
+        """Each explorer's (busy, idle) seconds in its earlier processes: a restarted one's clock starts at 0."""
         # Weights snapshots and checkpoint parts need no reaction: the snapshot future itself is what the
         # synchronizer hands out, and CheckpointWriter.commit_ready checks its parts.
         self.handlers: dict[str, Callable[[Call, Any], None]] = {
@@ -192,6 +217,7 @@ class Driver:
             "train": self._on_train,
             "eval": self._on_eval,
             "score": self._on_score,
+            "restart": self._on_restart,
         }
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -274,6 +300,8 @@ class Driver:
             version = self.sync.version_for(batch)
             if version is None:  # held back by the lag rule
                 break
+            if not batches.held(index):
+                self.busy_since[index] = time.perf_counter()
             batches.dispatch(batch, index)
             weights = self.sync.weights_for(index, version, batch)
             experiences, result = self.explorers[index].explore(batch, version, weights)
@@ -307,7 +335,9 @@ class Driver:
     # -- completions -------------------------------------------------------------------------------------
     def _on_explore(self, call: Call, result: ExploreResult) -> None:
         batch = call.batch
-        self.perf.explored(result)
+        self.busy_since[call.explorer] = time.perf_counter()  # its next call, if one is queued, starts now
+        busy, idle = self.clock_before[call.explorer]
+        self.perf.explored(dataclasses.replace(result, busy_s=result.busy_s + busy, idle_s=result.idle_s + idle))
         experiences = call.experiences if self.teacher is None else self._score(batch, call.experiences)
         put = self.buffer.put(batch, experiences, not self.explore_only)
         self._submit(put, Call("put", "buffer", f"while storing batch {batch}", batch=batch))
@@ -340,6 +370,7 @@ class Driver:
         self._take_score(step)
         row = result.metrics | self.backend.get(call.stats)
         row.update(self.perf.step_row(result, step, with_explorers=bool(self.explorers)))
+        row.update(self.restarts.columns())
         if self.cfg.sync.mode == "scheduled" and not self.offline:
             scheduled = self.sync.scheduled_version(step)
             started = result.start_version  # the newest version a response started with
@@ -385,7 +416,7 @@ class Driver:
         last completed step is written (the failure path's ``after_failure``)."""
         name = signal.Signals(signum).name
         self.failure = Failure("driver", f"interrupted by {name}", failure.Interrupted(signum))
-        for future in [f for f, c in self.calls.items() if c.kind == "explore"]:
+        for future in [f for f, c in self.calls.items() if c.kind in ("explore", "restart")]:
             del self.calls[future]  # regenerated by a resumed run
         for explorer in self.explorers:
             if hasattr(explorer.actor, "terminate"):  # a worker process: mid-generation, nothing of it to keep
@@ -401,7 +432,39 @@ class Driver:
         saved = "" if last is None or self.explore_only else f" from {last}"
         return f"{self.failure.message} {where}; resume with {how}{saved}"
 
+    def _heals(self, call: Call, exc: BaseException) -> bool:
+        """Restart the worker of a failed call? Only an explorer whose process died, while the run goes on and
+        the budget allows. Not on worker processes that call the judge: a dead caller may leave the judge's
+        reply in its pipe, where the new process would read it as the answer to its own first question."""
+        if self.failure is not None or call.kind != "explore" or not self.backend.lost(exc):
+            return False
+        if self.backend.name == "local" and self.cfg.judge.path is not None:
+            return False
+        return self.restarts.allows()
+
+    def _restart_explorer(self, call: Call, exc: BaseException) -> None:
+        """Explorer ``call.explorer`` died: forget its calls, put its batches back, start a new process."""
+        index = call.explorer
+        for future in [f for f, c in self.calls.items() if c.kind == "explore" and c.explorer == index]:
+            del self.calls[future]  # the other call it held died with it
+        lost = self.batches.lost(index)
+        self.sync.forget(index)  # the new process holds the model's first weights: send the version along
+        self.clock_before[index] = self.perf.explorer_clock[index]
+        cause = " ".join(self.backend.describe(exc).split())
+        restart = self.restarts.start(call.component, cause, lost, time.perf_counter() - self.busy_since[index])
+        ready = self.backend.restart(self.explorers[index].actor)
+        self._submit(ready, Call("restart", call.component, f"while restarting after {cause}", restart=restart))
+
+    def _on_restart(self, call: Call, _ready: bool) -> None:
+        assert call.restart is not None
+        mode = self.sync.mode
+        versions = [self.sync.scheduled_version(b) if mode == "scheduled" else None for b in call.restart.batches]
+        self.restarts.ready(call.restart, versions)
+
     def _on_failure(self, call: Call, exc: BaseException) -> None:
+        if self._heals(call, exc):
+            self._restart_explorer(call, exc)
+            return
         component, doing = call.component, call.doing
         if call.kind == "train":
             try:
@@ -410,8 +473,10 @@ class Driver:
                 component, doing = "buffer", f"while handing out batch {call.step}"
         if self.failure is None:
             message = f"{component} failed {doing}: {self.backend.describe(exc)}"
+            if call.kind == "explore" and self.backend.lost(exc):  # why it was not restarted
+                message += self.restarts.spent()
             self.failure = Failure(component, " ".join(message.split()), exc)
-        for future in [f for f, c in self.calls.items() if c.kind == "explore"]:
+        for future in [f for f, c in self.calls.items() if c.kind in ("explore", "restart")]:
             del self.calls[future]  # other explorers' batches are regenerated by a resumed run
         if component in ("trainer", "buffer"):
             # Its state can no longer be trusted: abandon everything; the last committed checkpoint stands.

@@ -172,8 +172,8 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
             if opened.config.mode == "eval":
                 return _evaluate_only(opened.config, run_dir, opened.eval_checkpoint, started, log, task)
             with StopSignals():  # SIGTERM and SIGINT stop the run the same way (oprl.backends.failure)
-                before = _run_workers(opened, run_dir, log, task, started)
-            return _finish(opened.config, run_dir, started, before, log)
+                before, restarts = _run_workers(opened, run_dir, log, task, started)
+            return _finish(opened.config, run_dir, started, before, log, restarts)
     except BaseException as exc:  # a run that stopped before step 1 does not block its name (rundir)
         rundir.mark_incomplete(run_dir, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         raise
@@ -181,9 +181,10 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
         opened.lock.release()
 
 
-def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: float) -> float:
+def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: float) -> tuple[float, list[dict]]:
     """Start the workers, drive the run, write ``final/``; returns the seconds earlier segments of a resumed
-    run took (0 for a new run). ``started``: when this segment began (``time.perf_counter``)."""
+    run took (0 for a new run) and the workers restarted on the way (``healing.Restart.record``). ``started``:
+    when this segment began (``time.perf_counter``)."""
     config = opened.config
     path = model_path(config, task, log=log)
     chosen = precision_line(config.trainer.autocast, config.rollout.dtype, resolve_device(config.model.device))
@@ -221,6 +222,7 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
                     logger=logger,
                     progress=progress,
                     health=health,
+                    log=log,
                     **vars(parts),
                 )
                 # A checkpoint's total_s counts from this segment's start (start-up and warm start included),
@@ -237,6 +239,7 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
             trainer = parts.trainer
             save = lambda d: backend.get(trainer.save_final(d))  # noqa: E731
             resume.write_final(run_dir, save, backend.describe, step=config.steps)
+        restarts = [r.record() for r in driver.restarts.done]
     finally:
         if config.sync.partial:  # an explorer waiting for a version that will never come stops
             close_board(run_dir / BOARD_DIRNAME)
@@ -244,7 +247,7 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
         if parts is not None:
             parts.sync.close()  # after the workers: a board write waiting for the trainer's weights ends now
         ckpt_files.remove_staging(run_dir)  # the workers have stopped: nothing writes a staging directory now
-    return before
+    return before, restarts
 
 
 @dataclass
@@ -298,7 +301,16 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
         gpus = config.runtime.gpus_per_explorer
         client = None if judge is None else JudgeClient(backend.peer(judge))
         actor = backend.start(
-            f"explorer {index}", ExplorerWorker, config, path, index, board, client, threads=threads, gpus=gpus
+            f"explorer {index}",
+            ExplorerWorker,
+            config,
+            path,
+            index,
+            board,
+            client,
+            threads=threads,
+            gpus=gpus,
+            restartable=config.runtime.max_restarts > 0,  # Ray restarts its process (docs/runtime.md#self-healing-runs)
         )
         actors.append(actor)
         explorers.append(ExplorerHandle(actor))
@@ -377,9 +389,11 @@ def _final_step(path: str) -> int:
     return (rundir.final_step(path) or 0) if Path(path).is_dir() else 0
 
 
-def _finish(config: RunConfig, run_dir: Path, started: float, before: float = 0.0, log=print) -> RunSummary:
+def _finish(
+    config: RunConfig, run_dir: Path, started: float, before: float = 0.0, log=print, restarts: list | None = None
+) -> RunSummary:
     """Plot the run, say which settings did nothing, write ``summary.json``; ``before``: the seconds of a
-    resumed run's earlier segments."""
+    resumed run's earlier segments; ``restarts``: the workers this segment restarted."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     for line in outcome_warnings(config, rows):
         log(line)
@@ -392,15 +406,22 @@ def _finish(config: RunConfig, run_dir: Path, started: float, before: float = 0.
         )
         plot_run(rows, run_dir / "metrics.png", title=f"run {run_dir.name}", subtitle=subtitle)
     segment = time.perf_counter() - started
-    _write_summary(run_dir, config, acc_before, acc_after, before + segment, segment)
+    _write_summary(run_dir, config, acc_before, acc_after, before + segment, segment, restarts or [])
     return RunSummary(run_dir, acc_before, acc_after, before + segment, config)
 
 
 def _write_summary(
-    run_dir: Path, config: RunConfig, before: float, after: float, seconds: float, segment: float | None = None
+    run_dir: Path,
+    config: RunConfig,
+    before: float,
+    after: float,
+    seconds: float,
+    segment: float | None = None,
+    restarts: list[dict] | None = None,
 ) -> None:
     """``summary.json``, strict JSON (an accuracy that does not exist, as in mode=explore, is null, not NaN).
-    ``seconds``: the whole run, every segment of a resumed one; ``segment_seconds``: this process's part."""
+    ``seconds``: the whole run, every segment of a resumed one; ``segment_seconds``: this process's part;
+    ``restarts``: the workers this process restarted (docs/runtime.md#self-healing-runs)."""
 
     def number(value: float) -> float | None:
         return None if math.isnan(value) else value
@@ -414,6 +435,7 @@ def _write_summary(
             "steps": config.steps,
             "seconds": seconds,
             "segment_seconds": seconds if segment is None else segment,
+            "restarts": restarts or [],
         },
         indent=2,
         allow_nan=False,

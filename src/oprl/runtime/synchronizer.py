@@ -158,6 +158,12 @@ class Synchronizer:
             self.loaded[explorer] = None  # the batch may end on other weights: the next one gets its own
         return self.snapshots[version]
 
+    def forget(self, explorer: int) -> None:
+        """``explorer`` was restarted and holds the model's first weights again: its next batch gets its
+        version's snapshot (fixed mode: those first weights are version 0, the only one)."""
+        if self.mode != "fixed":
+            self.loaded[explorer] = None
+
     def release(self, outstanding: list[int]) -> None:
         """Drop snapshots that no batch still to be generated (or in flight) needs."""
         if self.mode == "scheduled":

@@ -1,0 +1,101 @@
+"""The restart budget of a self-healing run, and what each restart cost (docs/runtime.md#self-healing-runs).
+
+When an explorer's process dies (killed, out of memory, a lost Ray node) the driver restarts it and generates
+its lost batches again (``oprl.runtime.driver``); this module only counts. ``runtime.max_restarts`` restarts
+are allowed within any ``runtime.restart_window_s`` seconds: a long run survives a preemption now and then, a
+worker that dies again at once (a crash loop) stops the run as before, with a checkpoint and one line.
+
+Each restart is one log line once the new worker is ready (which worker, why, which batches, seconds lost)
+and is counted in the next row of ``metrics.jsonl`` (``perf/restarts``, ``perf/restart_lost_s``: under
+``perf/``, because whether and when a process dies is not a function of the config and seed; every other
+column of a healed run equals the undisturbed run's) and in ``summary.json`` (``restarts``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Restart:
+    """One restart: of ``worker``, after ``cause``, for ``batches``."""
+
+    worker: str
+    cause: str
+    batches: list[int]
+    work_lost_s: float
+    """Seconds the lost call had been computing when the worker died (an estimate: since it was dispatched or
+    since the worker's previous result, whichever is later)."""
+    started: float = field(default_factory=time.perf_counter)
+    ready_s: float | None = None
+    """Seconds from the death being noticed to the new worker being ready (start-up and model load)."""
+
+    @property
+    def lost_s(self) -> float:
+        return self.work_lost_s + (self.ready_s or 0.0)
+
+    def record(self) -> dict:
+        """The restart as ``summary.json`` lists it."""
+        return {
+            "worker": self.worker,
+            "cause": self.cause,
+            "batches": self.batches,
+            "ready_s": self.ready_s,
+            "seconds_lost": self.lost_s,
+        }
+
+
+class Restarts:
+    """The restarts of a run: the budget (``max_restarts`` within ``window_s``), the log line, the columns."""
+
+    def __init__(self, max_restarts: int, window_s: float, log=print, clock=time.monotonic):
+        self.max_restarts, self.window_s, self.log, self.clock = max_restarts, window_s, log, clock
+        self.times: deque[float] = deque()
+        self.done: list[Restart] = []
+        self._unlogged: list[Restart] = []
+
+    def allows(self) -> bool:
+        """May one more worker be restarted now?"""
+        now = self.clock()
+        while self.times and self.times[0] <= now - self.window_s:
+            self.times.popleft()
+        return len(self.times) < self.max_restarts
+
+    def spent(self) -> str:
+        """Why a death was not healed, for the run's last line ('' when restarts are off)."""
+        if not self.max_restarts or len(self.times) < self.max_restarts:
+            return ""
+        return (
+            f" (runtime.max_restarts={self.max_restarts} restarts within runtime.restart_window_s={self.window_s:g}"
+            " already used)"
+        )
+
+    def start(self, worker: str, cause: str, batches: list[int], work_lost_s: float) -> Restart:
+        self.times.append(self.clock())
+        return Restart(worker, cause, batches, work_lost_s)
+
+    def ready(self, restart: Restart, versions: list[int | None]) -> None:
+        """``restart``'s worker is serving again: one line, and counted in the next row."""
+        restart.ready_s = time.perf_counter() - restart.started
+        self.done.append(restart)
+        self._unlogged.append(restart)
+        again = ", ".join(
+            f"batch {b}" + (f" (version {v})" if v is not None else "")
+            for b, v in zip(restart.batches, versions, strict=True)
+        )
+        self.log(
+            f"{restart.worker} died ({restart.cause}); restarted in {restart.ready_s:.1f} s "
+            f"({len(self.times)} of runtime.max_restarts={self.max_restarts} within {self.window_s:g} s), "
+            f"generating {again or 'no batch'} again; {restart.lost_s:.1f} s lost"
+        )
+
+    def columns(self) -> dict[str, float]:
+        """``perf/restarts`` and ``perf/restart_lost_s`` of the restarts since the previous row (none: {})."""
+        if not self._unlogged:
+            return {}
+        lost = sum(r.lost_s for r in self._unlogged)
+        count = len(self._unlogged)
+        self._unlogged.clear()
+        return {"perf/restarts": float(count), "perf/restart_lost_s": lost}

@@ -1,0 +1,95 @@
+"""Worker processes that die and come back: ``ProcessActor.restart`` and the ``OPRL_FAULT`` switch
+(``oprl.backends.faults``), on a stand-in worker (a ``dict`` in its own process: ``get(step)`` is a call whose
+first argument is the step)."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from oprl.backends.base import make_backend
+from oprl.backends.faults import VARIABLE, FaultPlan
+from oprl.backends.local import LocalBackend
+from oprl.backends.processes import RemoteError
+from oprl.config import load_config
+from oprl.errors import OprlError
+
+
+def started(backend, name="explorer 0"):
+    actor = backend.start(name, dict, [(4, "four")], threads=1)
+    backend.wait_ready(actor)
+    return actor
+
+
+def test_a_killed_worker_fails_its_calls_as_lost_and_a_restart_serves_again():
+    backend = LocalBackend("processes")
+    actor = started(backend)
+    try:
+        with pytest.raises(RemoteError) as raised:
+            actor.call("pop", 99).result(timeout=60)  # KeyError: the same call would raise again after a restart
+        assert raised.value.kind == "KeyError" and not backend.lost(raised.value)
+        first = actor.pid
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(RemoteError) as failed:
+            actor.call("get", 4).result(timeout=60)
+        assert backend.lost(failed.value) and "worker process exited (-9)" in str(failed.value)
+        assert backend.restart(actor).result(timeout=60) is True
+        assert actor.pid != first and actor.call("get", 4).result(timeout=60) == "four"
+    finally:
+        backend.shutdown([actor])
+    with pytest.raises(RuntimeError, match="stopped, not restarted"):
+        actor.restart()
+
+
+def test_oprl_fault_kills_the_named_worker_at_its_step_once(monkeypatch):
+    monkeypatch.setenv(VARIABLE, "explorer:1@step=4, explorer:1@step=5+0.2")
+    backend = LocalBackend("processes")
+    bystander, target = started(backend, "explorer 0"), started(backend, "explorer 1")
+    try:
+        assert bystander.call("get", 4).result(timeout=60) == "four"  # another worker: not killed
+        with pytest.raises(RemoteError, match=r"ProcessDied: worker process exited \(-9\)"):
+            target.call("get", 4).result(timeout=60)
+        backend.restart(target).result(timeout=60)
+        assert target.call("get", 4).result(timeout=60) == "four"  # fired once: the batch is made again
+        # +0.2: the call returns first, the process dies 0.2 s later; the calls after that fail as lost
+        assert target.call("get", 5).result(timeout=60) is None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                target.call("get", 6).result(timeout=60)
+            except RemoteError as exc:
+                assert backend.lost(exc), exc  # never a BrokenPipeError of a call sent as it died
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("explorer 1 outlived its fault")
+    finally:
+        backend.shutdown([bystander, target])
+
+
+@pytest.mark.parametrize(
+    "text, faults",
+    [
+        ("", []),
+        ("explorer:0@step=5", [("explorer 0", 5, 0.0)]),
+        ("trainer@step=3+0.5,teacher@step=1", [("trainer", 3, 0.5), ("teacher", 1, 0.0)]),
+    ],
+)
+def test_the_fault_switch_parses_worker_step_and_delay(monkeypatch, text, faults):
+    monkeypatch.setenv(VARIABLE, text)
+    plan = FaultPlan.from_environment()
+    assert [(f.worker, f.step, f.after) for f in plan.faults] == faults
+
+
+@pytest.mark.parametrize("text", ["explorer 0@step=5", "explorer:0@batch=5", "explorer:0@step=five"])
+def test_a_malformed_fault_is_one_line_naming_the_form(monkeypatch, text):
+    monkeypatch.setenv(VARIABLE, text)
+    with pytest.raises(OprlError, match=r"is not WORKER@step=N\[\+SECONDS\]"):
+        FaultPlan.from_environment()
+
+
+def test_a_fault_on_threads_is_refused(monkeypatch):
+    monkeypatch.setenv(VARIABLE, "explorer:0@step=5")
+    with pytest.raises(OprlError, match=r"needs runtime\.workers=processes or backend=ray"):
+        make_backend(load_config(None, []))
