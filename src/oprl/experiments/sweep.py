@@ -51,6 +51,7 @@ from pathlib import Path
 
 import yaml
 
+from oprl.config.loading import read_yaml
 from oprl.errors import OprlError
 from oprl.experiments.results import THRESHOLD_GAIN, collect_results, write_table
 
@@ -70,7 +71,7 @@ def load_spec(path: Path) -> dict:
     if not path.is_file():
         raise OprlError(f"sweep spec {path}: not found")
     try:
-        spec = yaml.safe_load(path.read_text()) or {}
+        spec = read_yaml(path.read_text()) or {}  # the config's YAML rules: `yes` is text, not a boolean
     except yaml.YAMLError as exc:
         raise OprlError(f"sweep spec {path}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
     unknown = set(spec) - {"output_dir", "parallel", "config", "overrides", "final_overrides", "grid", "report"}
