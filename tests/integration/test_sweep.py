@@ -1,6 +1,7 @@
 """The experiment harness: a smoke sweep (2 presets x 2 settings x 1 seed), resumption, the report."""
 
 import csv
+import json
 import os
 import shutil
 import signal
@@ -158,3 +159,49 @@ def test_an_unfinished_run_with_a_checkpoint_continues_from_it(tmp_path, capsys)
     assert "continues from its last checkpoint" in capsys.readouterr().out
     assert (run_dir / "summary.json").is_file()
     assert deterministic_view(read_metrics(run_dir / "metrics.jsonl")) == whole
+
+
+def test_a_runner_older_than_the_source_hands_its_run_back(tmp_path):
+    """A runner whose oprl source changed since it imported it (a sweep of hours beside development) answers the
+    next job with ``{"stale": true}`` and exits instead of running it: its workers would import the new code and
+    the run would mix two versions (every run of a sweep once failed so, a config class having moved)."""
+    stamps = "iter([1.0, 2.0]).__next__"  # imported at 1.0, the source on disk is newer at the first job
+    code = f"import oprl.experiments.sweep_runner as r; r.source_stamp = {stamps}; raise SystemExit(r.main())"
+    job = {"argv": ["config"], "log": str(tmp_path / "run.log")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(job) + "\n", capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and json.loads(done.stdout) == {"stale": True}
+    assert not (tmp_path / "run.log").exists()  # nothing ran
+
+
+def test_the_sweep_gives_a_stale_runners_run_to_a_fresh_runner(tmp_path, monkeypatch):
+    """``oprl sweep``'s side: a stale answer is not a failure; the run goes to a new runner and finishes."""
+    answers = iter([None, 0])  # the first runner is stale, the second runs it
+    started = []
+
+    class FakeRunner:
+        def __init__(self, env):
+            started.append(self)
+            read, write = os.pipe()
+            os.write(write, b"\n")  # readable at once for the sweep's selector
+            os.close(write)
+            self.stdout = os.fdopen(read)
+            self.answer = next(answers)
+
+        def start(self, argv, log_path):
+            pass
+
+        def result(self):
+            return self.answer
+
+        def alive(self):
+            return True
+
+        def close(self, stop=False):
+            self.stdout.close()
+
+    monkeypatch.setattr(sweep, "_Runner", FakeRunner)
+    run = sweep.PlannedRun(name="a", labels={"seed": "0"}, overrides=())
+    failures = sweep._execute([run], {}, tmp_path, 1, log=lambda *_: None)
+    assert failures == [] and len(started) == 2

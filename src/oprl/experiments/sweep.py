@@ -279,6 +279,11 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
                     selector.unregister(runner.stdout)
                     run = busy.pop(runner)
                     rc = runner.result()
+                    if rc is None:  # the runner's oprl is older than the source on disk: a fresh one runs it
+                        runner.close()
+                        queue.insert(0, run)
+                        idle.append(_Runner(env))
+                        continue
                     done += 1
                     if rc != 0:
                         failures.append(run.name)
@@ -341,12 +346,15 @@ class _Runner:
         self.stdin.write(json.dumps({"argv": argv, "log": str(log_path)}) + "\n")
         self.stdin.flush()
 
-    def result(self) -> int:
+    def result(self) -> int | None:
+        """The run's exit code; None when the runner refused it as stale (``sweep_runner``: its code is older
+        than the source on disk) and exited."""
         line = self.stdout.readline()
         if not line:  # the process died (killed, crashed in native code): the run failed
             self.proc.wait()
             return self.proc.returncode or 1
-        return int(json.loads(line)["rc"])
+        answer = json.loads(line)
+        return None if answer.get("stale") else int(answer["rc"])
 
     def alive(self) -> bool:
         return self.proc.poll() is None
