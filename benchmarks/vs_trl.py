@@ -89,12 +89,58 @@ def peak_rss_mib(who: int = resource.RUSAGE_SELF) -> float:
     return resource.getrusage(who).ru_maxrss / 1024
 
 
-def final_eval(model, tokenizer, task, sizes: dict) -> float:
-    from oprl.episodes.evaluation import evaluate
-    from oprl.rollout import HFGenerateEngine
+EVAL_ENGINES = {"eval_accuracy": "LeanEngine", "eval_accuracy_hf": "HFGenerateEngine"}
+"""The final weights of either framework are evaluated by ``evaluations``, once per engine: oprl's default sampler
+(``eval_accuracy``, the headline: oprl's own evaluation protocol) and transformers' ``generate``. Both draw the
+same distribution (T = 1, no top-k/top-p) but not the same random numbers once rows stop at different steps, so
+a fixed seed gives common samples only within one engine: comparing one framework's lean-engine accuracy with
+the other's ``generate`` accuracy (as this benchmark did before) adds one engine's draw of sampling noise to the
+difference, the same draw for every seed (on the start weights: 0.440 lean vs 0.426 generate)."""
 
-    engine = HFGenerateEngine(model, tokenizer, temperature=1.0, max_new_tokens=sizes["max_new"])
-    return evaluate(engine, task, tokenizer, num_problems=sizes["eval_problems"], temperature=1.0, seed=0)["accuracy"]
+
+def evaluations(model, tokenizer, task, sizes: dict) -> dict[str, float]:
+    """pass@1 at T = 1 of ``model`` on the first ``eval_problems`` test problems with each engine of
+    ``EVAL_ENGINES``, sampling seed 0 (the same samples for the same weights, whichever framework trained them)."""
+    import oprl.rollout
+    from oprl.episodes.evaluation import evaluate
+
+    model.eval()
+    out = {}
+    for key, name in EVAL_ENGINES.items():
+        engine = getattr(oprl.rollout, name)(model, tokenizer, temperature=1.0, max_new_tokens=sizes["max_new"])
+        result = evaluate(engine, task, tokenizer, num_problems=sizes["eval_problems"], temperature=1.0, seed=0)
+        out[key] = result["accuracy"]
+    return out
+
+
+def start_evaluations(path: str, model_name: str) -> dict[str, float]:
+    """``evaluations`` of the start weights (common to every run): the baseline both frameworks train from."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from oprl.tasks import build_task
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    task = build_task(task_config(model_name == "smollm2"))
+    return evaluations(model, AutoTokenizer.from_pretrained(path), task, job(model_name))
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``lscpu``'s "Model name"), for the results file."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
+
+
+def population_std(tensor, dim=None, keepdim=False):
+    """TRL's ``nanstd`` (sample std, Bessel's correction) replaced by oprl's estimator: the population std, shifted
+    so that TRL's ``std + 1e-4`` becomes oprl's ``std + 1e-6`` (``oprl.algorithms.advantages.STD_EPS``)."""
+    from oprl.algorithms.advantages import STD_EPS
+
+    return tensor.std(dim=dim, correction=0, keepdim=keepdim) - 1e-4 + STD_EPS
 
 
 def child_oprl(
@@ -146,6 +192,17 @@ def child_oprl(
         )
         summary = run(config, log=lambda *_: None)
         rows = [r for r in read_metrics(summary.run_dir / "metrics.jsonl") if "reward/mean" in r]
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from oprl.tasks import build_task
+
+        final = summary.run_dir / "final"  # the trained weights, evaluated as TRL's are
+        accuracy = evaluations(
+            AutoModelForCausalLM.from_pretrained(final),
+            AutoTokenizer.from_pretrained(final),
+            build_task(config.task),
+            sizes,
+        )
     # Wall time between consecutive trainer steps (the driver's clock), as TRL's callback measures it.
     elapsed = [rows[0]["perf/elapsed_s"] - rows[0]["perf/step_s"]] + [r["perf/elapsed_s"] for r in rows]
     times = [b - a for a, b in itertools.pairwise(elapsed)][skip:]
@@ -154,11 +211,20 @@ def child_oprl(
         "step_s": statistics.median(times),
         "tokens_per_s": sum(tokens) / sum(times),
         "reward_last5": statistics.mean(r["reward/mean"] for r in rows[-5:]),
-        "eval_accuracy": summary.accuracy_after,
+        **accuracy,
+        "eval_accuracy_run": summary.accuracy_after,  # the run's own evaluation (lean engine, seed 0)
+        "eval_accuracy_run_before": summary.accuracy_before,
+        "rewards": [r["reward/mean"] for r in rows],
+        "grad_norms": [r["optim/grad_norm"] for r in rows],
+        "lrs": [r["optim/lr"] for r in rows],
     }
 
 
-def child_trl(path: str, steps: int, seed: int, threads: int, skip: int, smollm2: bool = False) -> dict:
+def child_trl(
+    path: str, steps: int, seed: int, threads: int, skip: int, smollm2: bool = False, std: str = "sample"
+) -> dict:
+    """TRL's run. ``std="population"``: its group std replaced by oprl's estimator (``population_std``), the one
+    setting of the two GRPOs that no option aligns (tests/integrations/test_trl_grpo_equivalence.py)."""
     import tempfile
 
     from datasets import Dataset
@@ -169,6 +235,10 @@ def child_trl(path: str, steps: int, seed: int, threads: int, skip: int, smollm2
     from oprl.tasks import build_task
 
     sizes = job("smollm2" if smollm2 else "tiny")
+    if std == "population":
+        from trl.trainer import grpo_trainer
+
+        grpo_trainer.nanstd = population_std
     prompts_per_step, group = sizes["prompts"], sizes["group"]
     task = build_task(task_config(smollm2))
     # The prompts oprl's explorer draws for steps 1..N with this seed, in that order, and TRL told not to
@@ -239,15 +309,18 @@ def child_trl(path: str, steps: int, seed: int, threads: int, skip: int, smollm2
         )
         # Count generated tokens per step from the logged mean completion length.
         trainer.train()
-        lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-        step_tokens = [length * prompts_per_step * group for length in lengths]
-        accuracy = final_eval(trainer.model.eval(), tokenizer, task, sizes)
+        history = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+        step_tokens = [h["completions/mean_length"] * prompts_per_step * group for h in history]
+        accuracy = evaluations(trainer.model, tokenizer, task, sizes)
     times = timer.times[skip:]
     return {
         "step_s": statistics.median(times),
         "tokens_per_s": sum(step_tokens[skip:]) / sum(times),
         "reward_last5": statistics.mean(step_rewards[-5:]),
-        "eval_accuracy": accuracy,
+        **accuracy,
+        "rewards": step_rewards,
+        "grad_norms": [h["grad_norm"] for h in history],
+        "lrs": [h["learning_rate"] for h in history],
     }
 
 
@@ -272,6 +345,8 @@ def run_child(framework: str, path: str, args) -> dict:
     ]
     if framework == "oprl-variant":
         command += ["--variant", *args.oprl_variant]
+    if framework == "trl-population-std":
+        command += ["--std", "population"]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     out = subprocess.run(command, capture_output=True, text=True, env=env)
     if out.returncode != 0:
@@ -297,7 +372,16 @@ def main() -> int:
         help="also run oprl with these overrides (e.g. sync.offset=1 runtime.torch_threads=1: "
         "generation of batch t+1 overlapping training on batch t, one step off-policy)",
     )
-    parser.add_argument("--child", choices=["oprl", "trl", "oprl-variant"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--trl-population-std",
+        action="store_true",
+        help="also run TRL with its group std replaced by oprl's (population std + 1e-6 instead of sample std + "
+        "1e-4): the one setting of the two GRPOs no option aligns",
+    )
+    parser.add_argument(
+        "--child", choices=["oprl", "trl", "trl-population-std", "oprl-variant"], help=argparse.SUPPRESS
+    )
+    parser.add_argument("--std", choices=["sample", "population"], default="sample", help=argparse.SUPPRESS)
     parser.add_argument("--variant", nargs="*", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--child-model", dest="model", help=argparse.SUPPRESS)
     parser.add_argument("--job", choices=["tiny", "smollm2"], default="tiny", help=argparse.SUPPRESS)
@@ -308,8 +392,8 @@ def main() -> int:
 
         torch.set_num_threads(args.threads)
         smollm2 = args.job == "smollm2"
-        if args.child == "trl":
-            result = child_trl(args.model, args.steps, args.seed, args.threads, args.skip, smollm2)
+        if args.child.startswith("trl"):
+            result = child_trl(args.model, args.steps, args.seed, args.threads, args.skip, smollm2, args.std)
         else:
             result = child_oprl(
                 args.model, args.steps, args.seed, args.threads, args.skip, tuple(args.variant), smollm2
@@ -322,8 +406,13 @@ def main() -> int:
         )
         return 0
     path = smollm2_path() if args.model_name == "smollm2" else warm_model_path(args.threads)
+    start = start_evaluations(path, args.model_name)
     load_before = os.getloadavg()[0]
-    frameworks = ["oprl", "trl"] + (["oprl-variant"] if args.oprl_variant else [])
+    frameworks = (
+        ["oprl", "trl"]
+        + (["trl-population-std"] if args.trl_population_std else [])
+        + (["oprl-variant"] if args.oprl_variant else [])
+    )
     runs: dict[str, list[dict]] = {fw: [] for fw in frameworks}
     for repeat in range(args.repeats):
         args.seed = repeat
@@ -332,8 +421,16 @@ def main() -> int:
             print(f"seed {repeat} {framework}: {json.dumps(runs[framework][-1])}", file=sys.stderr, flush=True)
     keys = ["step_s", "tokens_per_s", "peak_rss_mib", "peak_rss_workers_mib", "reward_last5", "eval_accuracy"]
     medians = {fw: {k: statistics.median(r[k] for r in rs) for k in keys} for fw, rs in runs.items()}
-    means = {
-        fw: {k: statistics.mean(r[k] for r in rs) for k in ("reward_last5", "eval_accuracy")} for fw, rs in runs.items()
+    quality = ("reward_last5", "reward_all", "eval_accuracy", "eval_accuracy_hf")
+    for rs in runs.values():
+        for r in rs:
+            r["reward_all"] = statistics.mean(r["rewards"])  # the mean training reward over every step
+    means = {fw: {k: statistics.mean(r[k] for r in rs) for k in quality} for fw, rs in runs.items()}
+    # Paired by seed (same prompts, same start, same evaluation samples): each framework minus oprl, per seed.
+    paired = {
+        fw: {k: [r[k] - o[k] for r, o in zip(rs, runs["oprl"], strict=True)] for k in quality}
+        for fw, rs in runs.items()
+        if fw != "oprl"
     }
     print(
         f"\n{args.model_name} job; {platform.machine()}, {os.cpu_count()} cores, load average {load_before:.2f} "
@@ -343,17 +440,28 @@ def main() -> int:
     )
     print(
         "| | s/step | generated tok/s | peak RSS MiB | largest worker process's peak RSS MiB | "
-        "reward, last 5 steps | final eval accuracy |"
+        "reward, last 5 steps | reward, all steps | final eval accuracy (lean) | (generate) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for fw in frameworks:
-        m = medians[fw]
+        m, q = medians[fw], means[fw]
         print(
             f"| {fw} | {m['step_s']:.3f} | {m['tokens_per_s']:.0f} | {m['peak_rss_mib']:.0f} | "
-            f"{m['peak_rss_workers_mib']:.0f} | {means[fw]['reward_last5']:.3f} | {means[fw]['eval_accuracy']:.3f} |"
+            f"{m['peak_rss_workers_mib']:.0f} | {q['reward_last5']:.3f} | {q['reward_all']:.3f} | "
+            f"{q['eval_accuracy']:.3f} | {q['eval_accuracy_hf']:.3f} |"
         )
     ratio = {k: medians["oprl"][k] / medians["trl"][k] for k in ("step_s", "tokens_per_s", "peak_rss_mib")}
-    print(f"| oprl / trl | {ratio['step_s']:.2f} | {ratio['tokens_per_s']:.2f} | {ratio['peak_rss_mib']:.2f} | | | |")
+    print(
+        f"| oprl / trl | {ratio['step_s']:.2f} | {ratio['tokens_per_s']:.2f} | {ratio['peak_rss_mib']:.2f} | | | | | |"
+    )
+    print("\nminus oprl, per seed (same prompts, same start, same evaluation samples):")
+    for fw, diffs in paired.items():
+        print(f"  {fw}: " + "; ".join(f"{k} {', '.join(f'{d:+.3f}' for d in v)}" for k, v in diffs.items()))
+    before = sorted({r["eval_accuracy_run_before"] for r in runs["oprl"]})
+    print(
+        f"eval accuracy of the start weights (lean, generate): {start['eval_accuracy']:.3f}, "
+        f"{start['eval_accuracy_hf']:.3f}; oprl's runs measured {before} before training"
+    )
     if args.oprl_variant:
         ratio_variant = {
             k: medians["oprl-variant"][k] / medians["trl"][k] for k in ("step_s", "tokens_per_s", "peak_rss_mib")
@@ -372,6 +480,9 @@ def main() -> int:
                     "runs": runs,
                     "medians": medians,
                     "means": means,
+                    "paired_minus_oprl": paired,
+                    "eval_start": start,
+                    "cpu": cpu_name(),
                     "ratio": ratio,
                     "steps": args.steps,
                     "job": args.model_name,
