@@ -5,6 +5,7 @@ first argument is the step)."""
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,12 +29,13 @@ def test_a_killed_worker_fails_its_calls_as_lost_and_a_restart_serves_again():
     try:
         with pytest.raises(RemoteError) as raised:
             actor.call("pop", 99).result(timeout=60)  # KeyError: the same call would raise again after a restart
-        assert raised.value.kind == "KeyError" and not backend.lost(raised.value)
+        assert raised.value.kind == "KeyError" and not backend.lost(raised.value, actor)
         first = actor.pid
         os.kill(first, signal.SIGKILL)
         with pytest.raises(RemoteError) as failed:
             actor.call("get", 4).result(timeout=60)
-        assert backend.lost(failed.value) and "worker process exited (-9)" in str(failed.value)
+        assert backend.lost(failed.value, actor) and "worker process exited (-9)" in str(failed.value)
+        assert not backend.lost(failed.value, SimpleNamespace(name="explorer 1"))  # another worker's death
         assert backend.restart(actor).result(timeout=60) is True
         assert actor.pid != first and actor.call("get", 4).result(timeout=60) == "four"
     finally:
@@ -44,7 +46,7 @@ def test_a_killed_worker_fails_its_calls_as_lost_and_a_restart_serves_again():
 
 def test_oprl_fault_kills_the_named_worker_at_its_step_once(monkeypatch):
     monkeypatch.setenv(VARIABLE, "explorer:1@step=4, explorer:1@step=5+0.2")
-    backend = LocalBackend("processes")
+    backend = LocalBackend("processes", FaultPlan.from_environment())
     bystander, target = started(backend, "explorer 0"), started(backend, "explorer 1")
     try:
         assert bystander.call("get", 4).result(timeout=60) == "four"  # another worker: not killed
@@ -59,7 +61,7 @@ def test_oprl_fault_kills_the_named_worker_at_its_step_once(monkeypatch):
             try:
                 target.call("get", 6).result(timeout=60)
             except RemoteError as exc:
-                assert backend.lost(exc), exc  # never a BrokenPipeError of a call sent as it died
+                assert backend.lost(exc, target), exc  # never a BrokenPipeError of a call sent as it died
                 break
             time.sleep(0.02)
         else:

@@ -89,3 +89,37 @@ def test_past_the_budget_the_run_stops_in_one_line_and_resume_equals(undisturbed
     monkeypatch.delenv(VARIABLE)
     assert main(["train", *args, PROCESSES, "runtime.max_restarts=1", "run_name=spent", "resume=true"]) == 0
     assert_same_as_undisturbed(root, "spent")
+
+
+@pytest.mark.slow
+def test_on_ray_the_killed_explorer_actor_is_restarted_by_ray_and_the_run_equals(undisturbed, monkeypatch, capsys):
+    """Ray restarts the actor (max_restarts); the driver resubmits the lost batches with their weights."""
+    ray = pytest.importorskip("ray")
+    root, args = undisturbed
+    monkeypatch.setenv(VARIABLE, "explorer@step=3+0.2")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert main(["train", *args, "backend=ray", "run_name=ray-healed"]) == 0
+    finally:
+        ray.shutdown()
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
+    assert len(lines) == 1 and re.match(r"explorer [01] died \(its process died \(RayActorError\)\)", lines[0]), lines
+    assert_same_as_undisturbed(root, "ray-healed")
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_goes_on_from_its_newest_checkpoint_in_the_same_process(undisturbed, monkeypatch, capsys):
+    """The trainer dies as step 4 reaches it: every worker starts again from step 2's checkpoint, as resume=true
+    would, in the same process; one line, and the numbers of the undisturbed run."""
+    root, args = undisturbed
+    monkeypatch.setenv(VARIABLE, "trainer@step=4")
+    assert main(["train", *args, PROCESSES, "run_name=trainer-healed"]) == 0
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line or "resuming" in line]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("trainer died (ProcessDied: worker process exited (-9)); restarted in "), lines[0]
+    assert "every worker started again, training from " in lines[0] and "step-000002" in lines[0], lines[0]
+    assert_same_as_undisturbed(root, "trainer-healed")
+    restarts = json.loads((root / "trainer-healed" / "summary.json").read_text())["restarts"]
+    assert [r["worker"] for r in restarts] == ["trainer"]

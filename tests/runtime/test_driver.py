@@ -19,7 +19,8 @@ from oprl.explorer.explorer import ExploreResult, Timing
 from oprl.messages import Experience, TrainResult
 from oprl.partial import board_file, posted_versions
 from oprl.roles import BufferHandle, BufferRole, ExplorerHandle, TrainerHandle
-from oprl.runtime.driver import BatchTracker, Driver
+from oprl.runtime.batches import BatchTracker
+from oprl.runtime.driver import Driver
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.schedule import policy_version
 
@@ -353,7 +354,7 @@ class DyingBackend(LocalBackend):
         super().__init__()
         self.restarted: list[str] = []
 
-    def lost(self, exc):
+    def lost(self, exc, actor):
         return isinstance(exc, Died)
 
     def restart(self, actor):
@@ -384,7 +385,6 @@ def test_an_explorer_that_dies_is_restarted_and_the_rows_equal_the_undisturbed_r
     assert without_perf(rows) == without_perf(whole)
     assert len(backend.restarted) == 3 and len(lines) == 3
     assert sum(row.get("perf/restarts", 0) for _, row in rows) == 3
-    assert all(row.get("perf/restart_lost_s", 0) >= 0 for _, row in rows)
     assert (
         lines[0].startswith("explorer ")
         and " died (Died: worker process exited (-9) at batch 3); restarted in " in lines[0]

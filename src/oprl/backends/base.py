@@ -15,7 +15,6 @@ moves a call by its method's name and knows nothing of what the workers do.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -99,9 +98,10 @@ class Backend(Protocol):
         after it died, which Ray must know when it creates the actor)."""
         ...
 
-    def lost(self, exc: BaseException) -> bool:
-        """Did ``exc`` (a call's failure) come from a worker whose process died, rather than one that raised?
-        Only a lost worker is restarted: a raised error would be raised again by the same call."""
+    def lost(self, exc: BaseException, actor: Any) -> bool:
+        """Did ``exc`` (the failure of a call to ``actor``) come from ``actor``'s process dying, rather than from
+        a raised error or the death of the worker one of its arguments came from? Only a lost worker is
+        restarted: a raised error would be raised again by the same call."""
         ...
 
     def restart(self, actor: Any) -> Pending[bool]:
@@ -146,8 +146,10 @@ class Backend(Protocol):
         ...
 
 
-def make_backend(config: RunConfig) -> Backend:
-    """The backend ``config.backend`` names (Ray is imported only when chosen)."""
+def make_backend(config: RunConfig, plan: faults.FaultPlan | None = None) -> Backend:
+    """The backend ``config.backend`` names (Ray is imported only when chosen); ``plan``: the run's
+    ``OPRL_FAULT`` faults, kept across the backends of a run that restarts its trainer (each fires once)."""
+    plan = plan if plan is not None else faults.FaultPlan.from_environment()
     if config.backend == "ray":
         from oprl.backends.ray_backend import RayBackend
 
@@ -158,9 +160,10 @@ def make_backend(config: RunConfig) -> Backend:
             num_cpus=config.runtime.ray_num_cpus,
             workers=workers,
             restarts=config.runtime.max_restarts > 0,
+            plan=plan,
         )
     from oprl.backends.local import LocalBackend
 
-    if config.runtime.workers == "threads" and os.environ.get(faults.VARIABLE):
+    if config.runtime.workers == "threads" and plan:
         raise OprlError(f"{faults.VARIABLE} kills worker processes: it needs runtime.workers=processes or backend=ray")
-    return LocalBackend(config.runtime.workers)
+    return LocalBackend(config.runtime.workers, plan)

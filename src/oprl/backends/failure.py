@@ -29,6 +29,18 @@ class WorkerFailure(RuntimeError):
     """A worker (explorer, trainer, buffer) raised or died; the message is one line naming it, what it was
     doing, the cause, and the checkpoint to resume from. The original exception is chained."""
 
+    def __init__(self, message: str, *, component: str = "", lost: bool = False, cause: str = "", checkpoint=None):
+        super().__init__(message)
+        self.component = component
+        """The worker that failed (``trainer``, ``explorer 0``)."""
+        self.lost = lost
+        """Its process died (``Backend.lost``), rather than it raising: ``oprl.runtime.run`` restarts a lost
+        trainer from ``checkpoint``."""
+        self.cause = cause
+        """The cause in one line (``ProcessDied: worker process exited (-9)``)."""
+        self.checkpoint = checkpoint
+        """The newest committed checkpoint (a ``Path``), None without one."""
+
 
 class Interrupted(KeyboardInterrupt):
     """The run was stopped by SIGTERM or SIGINT; the message is its one line. ``exit_code`` = 128 + signal."""

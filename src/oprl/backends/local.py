@@ -85,9 +85,10 @@ class ThreadPeer:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, workers: str = "threads"):
+    def __init__(self, workers: str = "threads", plan: FaultPlan | None = None):
+        """``plan``: the faults to inject (``oprl.backends.faults``; worker processes only)."""
         self.workers = workers
-        self.faults = FaultPlan.from_environment() if workers == "processes" else FaultPlan()
+        self.faults = plan if plan is not None and workers == "processes" else FaultPlan()
         self._relays: list = []  # processes.Relay: one per peer, closed at shutdown
         # Threads share memory, so snapshots stay on the model's device; processes receive CPU copies.
         self.cpu_snapshots = workers == "processes"
@@ -110,12 +111,12 @@ class LocalBackend:
             return ProcessActor(name, factory, args, threads, self.faults)
         return LocalActor(name, factory, args, threads)
 
-    def lost(self, exc: BaseException) -> bool:
-        """Did ``exc`` come from a worker process that died (killed, out of memory), rather than from one that
-        raised? Threads never die on their own."""
+    def lost(self, exc: BaseException, actor) -> bool:
+        """Did ``exc`` come from ``actor``'s process dying (killed, out of memory), rather than from a worker that
+        raised, or from the death of the worker an argument came from? Threads never die on their own."""
         from oprl.backends.processes import RemoteError
 
-        return isinstance(exc, RemoteError) and exc.kind == "ProcessDied"
+        return isinstance(exc, RemoteError) and exc.kind == "ProcessDied" and exc.worker == actor.name
 
     def restart(self, actor) -> Future:
         """A new process in place of ``actor``'s dead one, built like the first; done once it is ready."""

@@ -41,9 +41,12 @@ class RemoteError(RuntimeError):
     """An exception raised inside a worker process (its type name and message); the worker's traceback is
     attached as a note, which ``--debug`` prints and the one-line message leaves out."""
 
-    def __init__(self, kind: str, message: str, remote_traceback: str = ""):
+    def __init__(self, kind: str, message: str, remote_traceback: str = "", worker: str = ""):
         super().__init__(f"{kind}: {message}")
         self.kind, self.message = kind, message
+        self.worker = worker
+        """``ProcessDied``: the worker whose process it was (a call whose argument came from that worker fails
+        with the same error, and must not be taken for its own worker's death)."""
         if remote_traceback:  # what add_note (3.11+) does, also on 3.10
             self.__notes__ = [*getattr(self, "__notes__", []), f"in the worker process:\n{remote_traceback.rstrip()}"]
 
@@ -140,7 +143,8 @@ class _Life:
                 kind, call_id, ok, payload = self.conn.recv()
             except (EOFError, OSError):
                 self.process.join(timeout=2)  # reaped, so the line says how it ended (-9: SIGKILL)
-                self._fail_all(RemoteError("ProcessDied", f"worker process exited ({self.process.exitcode})"))
+                exited = f"worker process exited ({self.process.exitcode})"
+                self._fail_all(RemoteError("ProcessDied", exited, worker=self.name))
                 return
             if kind == "ready":
                 if ok:

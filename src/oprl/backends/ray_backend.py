@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 
@@ -82,12 +84,21 @@ class RayBackend:
     name = "ray"
     cpu_snapshots = True  # weights go through the object store, which holds CPU tensors
 
-    def __init__(self, *, address: str | None, num_cpus: int | None, workers: int, restarts: bool = False):
+    def __init__(
+        self,
+        *,
+        address: str | None,
+        num_cpus: int | None,
+        workers: int,
+        restarts: bool = False,
+        plan: faults.FaultPlan | None = None,
+    ):
         self._started = False
         self.restarts = restarts
         """Whether restartable actors get Ray's actor restarts (``runtime.max_restarts`` > 0; the driver keeps
         the budget)."""
-        self.faults = faults.FaultPlan.from_environment()
+        self.faults = plan if plan is not None else faults.FaultPlan()
+        """The faults to inject (``oprl.backends.faults``)."""
         if not ray.is_initialized():
             try:
                 if address:
@@ -121,14 +132,20 @@ class RayBackend:
         handle = _Host.options(**options).remote(factory, args, threads)
         return RayActor(name, handle, self.faults)
 
-    def lost(self, exc: BaseException) -> bool:
-        """The actor's process died (``RayActorError``), as opposed to a method that raised (``RayTaskError``)."""
-        return isinstance(exc, ray.exceptions.RayActorError)
+    def lost(self, exc: BaseException, actor: RayActor) -> bool:
+        """``actor``'s process died (its ``RayActorError``), as opposed to a method that raised (``RayTaskError``)
+        or the death of the actor an argument came from."""
+        if not isinstance(exc, ray.exceptions.RayActorError):
+            return False
+        return exc.actor_id is None or exc.actor_id == actor.handle._actor_id.hex()
 
-    def restart(self, actor: RayActor):
-        """Ray restarts a restartable actor by itself (its constructor runs again); this waits for it to serve.
-        An actor started without restarts stays dead, and the ref fails with ``RayActorError``."""
-        return actor.handle.ready.remote()
+    def restart(self, actor: RayActor) -> Future:
+        """Ray restarts a restartable actor by itself (its constructor runs again); a future done once it serves
+        (asked again while Ray still reports the actor unavailable, for at most ``RESTART_PATIENCE_S``)."""
+        future: Future = Future()
+        waiter = threading.Thread(target=_wait_restarted, args=(actor.handle, future), daemon=True)
+        waiter.start()
+        return future
 
     def peer(self, actor: RayActor) -> RayPeer:
         """The caller's actor calls ``actor`` through its handle (values through the object store)."""
@@ -171,6 +188,27 @@ class RayBackend:
             ray.kill(actor.handle)
         if self._started:
             ray.shutdown()
+
+
+RESTART_PATIENCE_S = 300.0
+
+
+def _wait_restarted(handle, future: Future) -> None:
+    """Set ``future`` once the restarted actor answers ``ready``. Right after a death Ray may still answer for
+    the old process (``RayActorError``) before it marks the actor as restarting: ask again until the deadline."""
+    deadline = time.monotonic() + RESTART_PATIENCE_S
+    while True:
+        try:
+            future.set_result(ray.get(handle.ready.remote()))
+            return
+        except ray.exceptions.RayActorError as exc:
+            if time.monotonic() > deadline:
+                future.set_exception(exc)
+                return
+            time.sleep(0.5)
+        except BaseException as exc:  # its constructor failed this time: the restart's failure, named
+            future.set_exception(exc)
+            return
 
 
 class _RankHost:

@@ -18,9 +18,10 @@ their own seeds, so the run's numbers do not change (docs/runtime.md#self-healin
 failure, or past the budget, the driver stops submitting work, lets the trainer finish what it holds, writes a
 final checkpoint (unless the trainer or the buffer is the one that failed) and raises ``WorkerFailure``.
 
-Its state is a few small objects: ``BatchTracker`` (which batches are pending, in flight, ready, which step is
-next), ``RowLog`` (rows waiting to be written in order), ``PerfClock`` (the ``perf/*`` columns),
-``CheckpointWriter`` (``oprl.runtime.resume``), the calls in flight and at most one ``Failure``. Each
+Its state is a few small objects: ``BatchTracker`` (``oprl.runtime.batches``: which batches are pending, in
+flight, ready, which step is next), ``RowLog`` (rows waiting to be written in order), ``PerfClock`` (the
+``perf/*`` columns), ``CheckpointWriter`` (``oprl.runtime.resume``), ``Restarts`` (``oprl.runtime.healing``),
+the calls in flight and at most one ``Failure``. Each
 completion goes to the handler its kind names in ``Driver.handlers``. Workers are called through the typed
 handles of ``oprl.roles``; the trainer's ``TrainResult`` is read by attribute, so no control value travels in
 a row of metrics (``RowLog`` and ``PerfClock`` are in ``oprl.runtime.rows``).
@@ -28,6 +29,7 @@ a row of metrics (``RowLog`` and ``PerfClock`` are in ``oprl.runtime.rows``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import time
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from oprl.backends import failure
 from oprl.backends.failure import WorkerFailure
 from oprl.checkpoint import files as ckpt
+from oprl.runtime.batches import BatchTracker
 from oprl.runtime.healing import Restart, Restarts
 from oprl.runtime.resume import CheckpointWriter, resume_hint
 from oprl.runtime.rows import PerfClock, RowLog
@@ -81,87 +84,8 @@ class Failure:
     message: str
     """One line: who failed doing what, and why."""
     cause: BaseException
-
-
-class BatchTracker:
-    """Where every batch is, and which trainer step is next: the driver's scheduling state (which version
-    generates a batch is ``oprl.schedule``'s and the synchronizer's, not this tracker's).
-
-    Batch b is the one trainer step b consumes. Invariants:
-
-    - ``pending`` (ascending): batches no explorer has been given yet. Only the head goes out next, and it
-      stays pending while it is held back: by the lag rule (the synchronizer has not yet published the
-      version that must generate it: ``Synchronizer.version_for(b)`` is None), by ``buffer.max_ready``
-      (``b > completed + max_ready``; not in mode=explore), or because every explorer holds ``capacity``
-      calls.
-    - ``in_flight``: b -> the explorer generating it (running, or queued behind that explorer's running
-      call). An explorer holds ``held(i)`` of them, at most ``capacity``: 1, or 2 in overlapped scheduled
-      mode, where the next batch and its weights wait in the explorer's inbox so that the round trip
-      through the driver (result -> dispatch -> weights load) leaves the critical path.
-    - ``ready``: batches handed to the buffer and not yet taken by the trainer. A batch is ready as soon as
-      its ``put`` is submitted: the buffer runs calls in submission order, so a ``take`` queued after it
-      finds the batch. Nothing becomes ready in mode=explore, which trains nothing.
-    - ``completed``: the last trainer step that finished (the checkpoint's step on resume); ``training``:
-      step ``completed + 1`` is in flight (``take`` then ``train``). One step at a time, in order.
-
-    ``pending``, ``in_flight`` and ``ready`` are disjoint; a batch only moves forward, pending -> in flight
-    -> ready -> taken (``b <= completed``, or ``b == completed + 1`` while training).
-    """
-
-    def __init__(self, pending: list[int], ready: set[int], completed: int, explorers: int, capacity: int):
-        self.pending = sorted(pending)
-        self.in_flight: dict[int, int] = {}
-        self.ready = set(ready)
-        self.completed = completed
-        self.training = False
-        self.explorers, self.capacity = explorers, capacity
-
-    def held(self, explorer: int) -> int:
-        return sum(1 for e in self.in_flight.values() if e == explorer)
-
-    def explorer_with_room(self) -> int | None:
-        """The least loaded explorer (lowest index on ties), None when it already holds ``capacity`` calls:
-        idle explorers get work before any is queued."""
-        index = min(range(self.explorers), key=lambda i: (self.held(i), i), default=None)
-        return None if index is None or self.held(index) >= self.capacity else index
-
-    def in_reach(self, max_ready: int | None) -> bool:
-        """Is the head of ``pending`` within ``max_ready`` batches of the trainer's next step (None: no bound)?"""
-        return max_ready is None or self.pending[0] <= self.completed + max_ready
-
-    def dispatch(self, batch: int, explorer: int) -> None:
-        """``batch`` (the head of ``pending``) goes to ``explorer``."""
-        assert self.pending[0] == batch, "batches are dispatched in order"
-        self.pending.pop(0)
-        self.in_flight[batch] = explorer
-
-    def lost(self, explorer: int) -> list[int]:
-        """``explorer`` died: its batches go back to ``pending`` (still in order: every batch in flight was
-        dispatched before the head of ``pending``); the lost batches."""
-        lost = sorted(b for b, e in self.in_flight.items() if e == explorer)
-        for batch in lost:
-            del self.in_flight[batch]
-        self.pending = sorted(self.pending + lost)
-        return lost
-
-    def explored(self, batch: int, to_train: bool) -> None:
-        """``batch`` came back and its ``put`` is submitted; ``to_train``: the trainer will take it."""
-        del self.in_flight[batch]
-        if to_train:
-            self.ready.add(batch)
-
-    def take(self, step: int) -> None:
-        """Step ``completed + 1`` starts (its ``take`` and ``train`` are submitted)."""
-        self.ready.discard(step)
-        self.training = True
-
-    def trained(self, step: int) -> None:
-        self.training = False
-        self.completed = step
-
-    def outstanding(self) -> list[int]:
-        """Batches still to be generated or being generated, pending first."""
-        return self.pending + sorted(self.in_flight)
+    lost: bool = False
+    """The trainer's process died (``oprl.runtime.run`` restarts it from the newest checkpoint)."""
 
 
 class Driver:
@@ -185,6 +109,7 @@ class Driver:
         health=None,
         teacher: TeacherHandle | None = None,
         log=print,
+        restarts: Restarts | None = None,
     ):
         self.cfg, self.run_dir, self.backend = config, Path(run_dir), backend
         self.trainer, self.explorers, self.buffer, self.sync = trainer, explorers, buffer, sync
@@ -205,7 +130,8 @@ class Driver:
         self.checkpoints = CheckpointWriter(config, self.run_dir, backend, logger, self.perf.started)
         self.failure: Failure | None = None
         # Self-healing: the restart budget, and when each explorer's running call began (its work lost if it dies).
-        self.restarts = Restarts(config.runtime.max_restarts, config.runtime.restart_window_s, log)
+        self.restarts = restarts or Restarts(config.runtime.max_restarts, config.runtime.restart_window_s, log)
+        """The run's, shared with ``oprl.runtime.run`` (which restarts a lost trainer)."""
         self.busy_since = [time.perf_counter()] * len(explorers)
         self.clock_before = [(0.0, 0.0)] * len(explorers)
         """Each explorer's (busy, idle) seconds in its earlier processes: a restarted one's clock starts at 0."""
@@ -255,7 +181,11 @@ class Driver:
         if self.failure is not None and isinstance(self.failure.cause, failure.Interrupted):
             raise failure.Interrupted(self.failure.cause.signum, self._interrupted_line())
         if self.failure is not None:
-            raise WorkerFailure(self.failure.message + resume_hint(self.checkpoints.last)) from self.failure.cause
+            last, failed = self.checkpoints.last, self.failure
+            reason = " ".join(self.backend.describe(failed.cause).split())
+            line = failed.message + resume_hint(last)
+            error = WorkerFailure(line, component=failed.component, lost=failed.lost, cause=reason, checkpoint=last)
+            raise error from failed.cause
 
     def _react(self, done: set) -> None:
         # In submission order: when a batch's store write fails, the failed put explains the failed take
@@ -432,11 +362,23 @@ class Driver:
         saved = "" if last is None or self.explore_only else f" from {last}"
         return f"{self.failure.message} {where}; resume with {how}{saved}"
 
+    def _unwritten(self, part) -> bool:
+        """Is a checkpoint part still being written, or did it fail?"""
+        if part in self.calls:
+            return True
+        try:
+            self.backend.get(part)
+        except Exception:
+            return True
+        return False
+
     def _heals(self, call: Call, exc: BaseException) -> bool:
         """Restart the worker of a failed call? Only an explorer whose process died, while the run goes on and
         the budget allows. Not on worker processes that call the judge: a dead caller may leave the judge's
         reply in its pipe, where the new process would read it as the answer to its own first question."""
-        if self.failure is not None or call.kind != "explore" or not self.backend.lost(exc):
+        if self.failure is not None or call.kind != "explore":
+            return False
+        if not self.backend.lost(exc, self.explorers[call.explorer].actor):
             return False
         if self.backend.name == "local" and self.cfg.judge.path is not None:
             return False
@@ -453,13 +395,18 @@ class Driver:
         cause = " ".join(self.backend.describe(exc).split())
         restart = self.restarts.start(call.component, cause, lost, time.perf_counter() - self.busy_since[index])
         ready = self.backend.restart(self.explorers[index].actor)
-        self._submit(ready, Call("restart", call.component, f"while restarting after {cause}", restart=restart))
+        doing = f"while restarting after {cause}"
+        self._submit(ready, Call("restart", call.component, doing, explorer=index, restart=restart))
 
     def _on_restart(self, call: Call, _ready: bool) -> None:
         assert call.restart is not None
-        mode = self.sync.mode
-        versions = [self.sync.scheduled_version(b) if mode == "scheduled" else None for b in call.restart.batches]
-        self.restarts.ready(call.restart, versions)
+        self.batches.down.discard(call.explorer)
+        scheduled = self.sync.mode == "scheduled"
+        again = ", ".join(
+            f"batch {b}" + (f" (version {self.sync.scheduled_version(b)})" if scheduled else "")
+            for b in call.restart.batches
+        )
+        self.restarts.ready(call.restart, f"generating {again or 'no batch'} again")
 
     def _on_failure(self, call: Call, exc: BaseException) -> None:
         if self._heals(call, exc):
@@ -473,12 +420,18 @@ class Driver:
                 component, doing = "buffer", f"while handing out batch {call.step}"
         if self.failure is None:
             message = f"{component} failed {doing}: {self.backend.describe(exc)}"
-            if call.kind == "explore" and self.backend.lost(exc):  # why it was not restarted
+            if call.kind == "explore" and self.backend.lost(exc, self.explorers[call.explorer].actor):
                 message += self.restarts.spent()
-            self.failure = Failure(component, " ".join(message.split()), exc)
+            lost = component == "trainer" and self.trainer is not None and self.backend.lost(exc, self.trainer.actor)
+            self.failure = Failure(component, " ".join(message.split()), exc, lost)
         for future in [f for f, c in self.calls.items() if c.kind in ("explore", "restart")]:
             del self.calls[future]  # other explorers' batches are regenerated by a resumed run
         if component in ("trainer", "buffer"):
+            # A checkpoint whose parts were both written before the failure is whole: commit it (a trainer that
+            # dies as its next step arrives restarts from it). A write that fails now adds nothing to the line.
+            with contextlib.suppress(OSError):
+                self.rows.flush()
+                self.checkpoints.commit_ready(self._unwritten, self.rows.logged_through)
             # Its state can no longer be trusted: abandon everything; the last committed checkpoint stands.
             self.calls.clear()
             self.checkpoints.abandon()

@@ -5,10 +5,11 @@ its lost batches again (``oprl.runtime.driver``); this module only counts. ``run
 are allowed within any ``runtime.restart_window_s`` seconds: a long run survives a preemption now and then, a
 worker that dies again at once (a crash loop) stops the run as before, with a checkpoint and one line.
 
-Each restart is one log line once the new worker is ready (which worker, why, which batches, seconds lost)
-and is counted in the next row of ``metrics.jsonl`` (``perf/restarts``, ``perf/restart_lost_s``: under
-``perf/``, because whether and when a process dies is not a function of the config and seed; every other
-column of a healed run equals the undisturbed run's) and in ``summary.json`` (``restarts``).
+Each restart is one log line once the new worker is ready (which worker, why, which batches, seconds lost),
+is counted in the next row of ``metrics.jsonl`` after the death (``perf/restarts``: under ``perf/``, because
+whether and when a process dies is not a function of the config and seed; every other column of a healed run
+equals the undisturbed run's) and is listed in ``summary.json`` (``restarts``: worker, cause, batches,
+seconds to ready, seconds lost).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class Restarts:
         self.max_restarts, self.window_s, self.log, self.clock = max_restarts, window_s, log, clock
         self.times: deque[float] = deque()
         self.done: list[Restart] = []
-        self._unlogged: list[Restart] = []
+        self._uncounted = 0
+        """Restarts started since the last row."""
 
     def allows(self) -> bool:
         """May one more worker be restarted now?"""
@@ -74,28 +76,20 @@ class Restarts:
 
     def start(self, worker: str, cause: str, batches: list[int], work_lost_s: float) -> Restart:
         self.times.append(self.clock())
+        self._uncounted += 1
         return Restart(worker, cause, batches, work_lost_s)
 
-    def ready(self, restart: Restart, versions: list[int | None]) -> None:
-        """``restart``'s worker is serving again: one line, and counted in the next row."""
+    def ready(self, restart: Restart, again: str) -> None:
+        """``restart``'s worker is serving again: one line (``again``: what it does again)."""
         restart.ready_s = time.perf_counter() - restart.started
         self.done.append(restart)
-        self._unlogged.append(restart)
-        again = ", ".join(
-            f"batch {b}" + (f" (version {v})" if v is not None else "")
-            for b, v in zip(restart.batches, versions, strict=True)
-        )
         self.log(
             f"{restart.worker} died ({restart.cause}); restarted in {restart.ready_s:.1f} s "
             f"({len(self.times)} of runtime.max_restarts={self.max_restarts} within {self.window_s:g} s), "
-            f"generating {again or 'no batch'} again; {restart.lost_s:.1f} s lost"
+            f"{again}; {restart.lost_s:.1f} s lost"
         )
 
     def columns(self) -> dict[str, float]:
-        """``perf/restarts`` and ``perf/restart_lost_s`` of the restarts since the previous row (none: {})."""
-        if not self._unlogged:
-            return {}
-        lost = sum(r.lost_s for r in self._unlogged)
-        count = len(self._unlogged)
-        self._unlogged.clear()
-        return {"perf/restarts": float(count), "perf/restart_lost_s": lost}
+        """``perf/restarts``: the restarts started since the previous row (none: no column)."""
+        count, self._uncounted = self._uncounted, 0
+        return {"perf/restarts": float(count)} if count else {}

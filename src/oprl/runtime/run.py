@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from oprl.backends.base import make_backend
-from oprl.backends.failure import StopSignals
+from oprl.backends.failure import StopSignals, WorkerFailure
+from oprl.backends.faults import FaultPlan
 from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import make_buffer
 from oprl.checkpoint import files as ckpt_files
@@ -41,6 +42,7 @@ from oprl.progress import RunProgress
 from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, JudgeClient, TeacherHandle, TrainerHandle
 from oprl.runtime import resume
 from oprl.runtime.driver import Driver
+from oprl.runtime.healing import Restart, Restarts
 from oprl.runtime.health import SignalHealth
 from oprl.runtime.preflight import check_lengths, noop_warnings, outcome_warnings
 from oprl.runtime.synchronizer import Synchronizer
@@ -171,9 +173,20 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
                 log(line)
             if opened.config.mode == "eval":
                 return _evaluate_only(opened.config, run_dir, opened.eval_checkpoint, started, log, task)
+            healing = Healing(opened.config, log)
             with StopSignals():  # SIGTERM and SIGINT stop the run the same way (oprl.backends.failure)
-                before, restarts = _run_workers(opened, run_dir, log, task, started)
-            return _finish(opened.config, run_dir, started, before, log, restarts)
+                while True:
+                    try:
+                        before = _run_workers(opened, run_dir, log, task, started, healing)
+                        break
+                    except WorkerFailure as failure:
+                        if not healing.heals(failure):
+                            raise
+                        opened.lock.release()  # held again at once, by the resume of the same run
+                        opened = resume.open_run(opened.config.model_copy(update={"resume": True}), run_dir, log)
+                        started = time.perf_counter()  # this segment, as a resumed run counts it
+            done = [r.record() for r in healing.restarts.done]
+            return _finish(opened.config, run_dir, started, before, log, done)
     except BaseException as exc:  # a run that stopped before step 1 does not block its name (rundir)
         rundir.mark_incomplete(run_dir, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         raise
@@ -181,20 +194,21 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
         opened.lock.release()
 
 
-def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: float) -> tuple[float, list[dict]]:
+def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: float, healing: Healing) -> float:
     """Start the workers, drive the run, write ``final/``; returns the seconds earlier segments of a resumed
-    run took (0 for a new run) and the workers restarted on the way (``healing.Restart.record``). ``started``:
-    when this segment began (``time.perf_counter``)."""
+    run took (0 for a new run). ``started``: when this segment began (``time.perf_counter``); ``healing``: the
+    run's restarts, across the segments of a run that restarted its trainer."""
     config = opened.config
     path = model_path(config, task, log=log)
     chosen = precision_line(config.trainer.autocast, config.rollout.dtype, resolve_device(config.model.device))
     if chosen:
         log(chosen)
-    backend = make_backend(config)
+    backend = make_backend(config, healing.plan)
     actors: list = []
     parts: RunParts | None = None
     try:
-        parts = _start(opened, path, backend, actors, log)
+        parts = _start(opened, path, backend, actors, log, restarted=healing.trainer is not None)
+        healing.serving(opened)
         progress = RunProgress(
             config.steps,
             enabled=config.progress,
@@ -223,6 +237,7 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
                     progress=progress,
                     health=health,
                     log=log,
+                    restarts=healing.restarts,
                     **vars(parts),
                 )
                 # A checkpoint's total_s counts from this segment's start (start-up and warm start included),
@@ -239,7 +254,6 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
             trainer = parts.trainer
             save = lambda d: backend.get(trainer.save_final(d))  # noqa: E731
             resume.write_final(run_dir, save, backend.describe, step=config.steps)
-        restarts = [r.record() for r in driver.restarts.done]
     finally:
         if config.sync.partial:  # an explorer waiting for a version that will never come stops
             close_board(run_dir / BOARD_DIRNAME)
@@ -247,7 +261,36 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
         if parts is not None:
             parts.sync.close()  # after the workers: a board write waiting for the trainer's weights ends now
         ckpt_files.remove_staging(run_dir)  # the workers have stopped: nothing writes a staging directory now
-    return before, restarts
+    return before
+
+
+class Healing:
+    """A run's restarts across its segments: explorers are restarted by the driver; a trainer whose process
+    died ends a segment, and the run goes on from its newest checkpoint in this process, as ``resume=true``
+    would, within the same budget (``runtime.max_restarts``; docs/runtime.md#self-healing-runs)."""
+
+    def __init__(self, config: RunConfig, log):
+        self.restarts = Restarts(config.runtime.max_restarts, config.runtime.restart_window_s, log)
+        self.plan = FaultPlan.from_environment()  # OPRL_FAULT: one plan for every segment, each fault fires once
+        self.trainer: Restart | None = None
+        """The trainer restart under way: ready once the next segment's workers serve."""
+
+    def heals(self, failure: WorkerFailure) -> bool:
+        """Restart after ``failure``? A trainer process that died, with a checkpoint to go on from."""
+        if failure.component != "trainer" or not failure.lost or failure.checkpoint is None:
+            return False
+        if not self.restarts.allows():
+            return False
+        # Its work since the checkpoint is lost (the checkpoint directory's time is its commit).
+        work = max(0.0, time.time() - Path(failure.checkpoint).stat().st_mtime)
+        self.trainer = self.restarts.start("trainer", failure.cause, [], work)
+        return True
+
+    def serving(self, opened: resume.OpenRun) -> None:
+        """The segment's workers are ready: the trainer restart (if one is under way) is done."""
+        if self.trainer is not None and opened.resumption is not None:
+            self.restarts.ready(self.trainer, f"every worker started again, training from {opened.resumption.path}")
+        self.trainer = None
 
 
 @dataclass
@@ -269,8 +312,9 @@ class RunParts:
     """Distillation: the teacher that scores every batch (``teacher.path``)."""
 
 
-def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) -> RunParts:
-    """Start the workers of ``config.mode``, restore a checkpoint when resuming."""
+def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print, restarted: bool = False) -> RunParts:
+    """Start the workers of ``config.mode``, restore a checkpoint when resuming (``restarted``: after the
+    trainer died, which the restart's own line reports)."""
     config, store_dir, run_dir = opened.config, opened.store_dir, opened.run_dir
     threads = worker_threads(config)
     use_trainer, use_explorers = config.mode in ("both", "offline"), config.mode in ("both", "explore")
@@ -336,7 +380,9 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print) 
     if opened.resumption is not None:
         assert trainer is not None, "mode=explore resumes from its store, without a checkpoint"
         start_step, ready = resume.restore(opened.resumption, backend, trainer, buffer, sync, log=log)
-        log(f"resuming {run_dir.name} from checkpoint {opened.resumption.path} (step {start_step} of {config.steps})")
+        if not restarted:
+            where = f"{opened.resumption.path} (step {start_step} of {config.steps})"
+            log(f"resuming {run_dir.name} from checkpoint {where}")
     if config.sync.partial and explorers:  # the synchronizer posts every version from now on (and the restored)
         sync.open_board(run_dir / BOARD_DIRNAME, start_step, backend.get)
     if config.mode == "explore":
