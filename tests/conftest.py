@@ -50,3 +50,32 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if INTEGRATION in Path(item.fspath).resolve().parents:
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    """A Tinker server for the test module (tests/serve/tinker/), on a random tiny model (``tinker_server``)."""
+    pytest.importorskip("tinker")
+    from tinker_server import TINY, Running, tiny_model_dir
+
+    from oprl.serve.tinker import build_server
+
+    root = tmp_path_factory.mktemp("tinker")
+    server = build_server(models=[f"{TINY}={tiny_model_dir(root / 'model')}"], state_dir=root / "state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TINKER_BASE_URL", "")
+        patch.setenv("TINKER_API_KEY", "tml-test-key")
+        patch.setenv("TINKER_TELEMETRY", "0")
+        up = Running(server)
+        patch.setenv("TINKER_BASE_URL", up.url)
+        yield up
+        up.stop()
+
+
+@pytest.fixture(scope="module")
+def service(running):
+    import tinker
+
+    client = tinker.ServiceClient(base_url=running.url, api_key="tml-test-key")
+    yield client
+    client.close("success").result()  # its heartbeats stop before the server does (else they print for minutes)

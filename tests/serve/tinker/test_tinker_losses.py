@@ -5,8 +5,8 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from tinker_server import TINY, datum
 
-from conftest import TINY, datum
 from oprl.algorithms import LossParams, aggregation_count, policy_loss, resolve_preset
 
 tinker = pytest.importorskip("tinker")

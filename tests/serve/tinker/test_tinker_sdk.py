@@ -6,8 +6,7 @@ import asyncio
 import httpx
 import numpy as np
 import pytest
-
-from conftest import TINY, datum
+from tinker_server import TINY, datum
 
 tinker = pytest.importorskip("tinker")
 types = tinker.types

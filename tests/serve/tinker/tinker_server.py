@@ -1,14 +1,15 @@
 """One Tinker server per test module, on a randomly initialised tiny model (no warm start: these tests check the
-protocol and the math, not what the model knows), reached by the real ``tinker`` SDK."""
+protocol and the math, not what the model knows), reached by the real ``tinker`` SDK. The test modules import
+these helpers from here and get the fixtures (``running``, ``service``) from ``tests/conftest.py``: a second
+``conftest.py`` would be imported under the name ``conftest`` too and shadow ``tests/conftest.py`` for every test
+module collected after it (``from conftest import SMALL``)."""
 
 import os
 import socket
 import threading
 import time
 
-import pytest
-
-pytest.importorskip("tinker")
+os.environ.setdefault("TINKER_TELEMETRY", "0")  # before the test module imports the SDK
 
 TINY = "tiny-test"
 
@@ -47,30 +48,6 @@ class Running:
         self.thread.join(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def running(tmp_path_factory):
-    from oprl.serve.tinker import build_server
-
-    root = tmp_path_factory.mktemp("tinker")
-    server = build_server(models=[f"{TINY}={tiny_model_dir(root / 'model')}"], state_dir=root / "state")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TINKER_BASE_URL", "")
-        patch.setenv("TINKER_API_KEY", "tml-test-key")
-        patch.setenv("TINKER_TELEMETRY", "0")
-        up = Running(server)
-        patch.setenv("TINKER_BASE_URL", up.url)
-        yield up
-        up.stop()
-
-
-@pytest.fixture(scope="module")
-def service(running):
-    import tinker
-
-    client = tinker.ServiceClient(base_url=running.url, api_key="tml-test-key")
-    yield client
-
-
 def datum(tokens, **inputs):
     """A Tinker datum: model input ``tokens[:-1]``, targets ``tokens[1:]``, other per-position inputs as given."""
     from tinker import types
@@ -79,6 +56,3 @@ def datum(tokens, **inputs):
         model_input=types.ModelInput.from_ints(tokens[:-1]),
         loss_fn_inputs={"target_tokens": tokens[1:], **inputs},
     )
-
-
-os.environ.setdefault("TINKER_TELEMETRY", "0")
