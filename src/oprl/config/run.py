@@ -151,18 +151,6 @@ class RunConfig(_Section):
             raise OprlError(f"resume={resume}: mode=eval has nothing to resume")
         if self.eval.checkpoint and self.mode != "eval":
             raise OprlError("eval.checkpoint is read only with mode=eval")
-        # The schedule is read only where a trainer and explorers run together (refused, never dropped: see
-        # SyncConfig._every_setting_is_read). max_token_lag is a trainer rule and holds for stored batches too.
-        fields = type(self.sync).model_fields
-        changed = [k for k in fields if k != "max_token_lag" and getattr(self.sync, k) != fields[k].default]
-        if self.mode != "both" and changed:
-            why = {
-                "explore": "every batch is sampled by the weights at model.path",
-                "offline": "the stored batches are trained as they were explored",
-                "eval": "nothing is trained",
-            }[self.mode]
-            key = changed[0]
-            raise OprlError(f"sync.{key}={getattr(self.sync, key)} is not read with mode={self.mode}: {why}")
         return self
 
     @model_validator(mode="after")

@@ -59,9 +59,11 @@ class SyncConfig(_Section):
 
     @model_validator(mode="after")
     def _every_setting_is_read(self) -> SyncConfig:
-        """A setting the chosen mode ignores is refused, never dropped: a staleness study whose lag silently is
-        not the one it names is the worst result this project can give (issue #53: ``sync.mode=async
-        sync.offset=4`` ran with lag <= 1)."""
+        """A setting that says what the lag or the switch is, and that the chosen mode ignores, is refused, never
+        dropped: a staleness study whose lag silently is not the one it names is the worst result this project can
+        give (issue #53: ``sync.mode=async sync.offset=4`` ran with lag <= 1). Inert leftovers are accepted:
+        ``switch_step`` / ``partial_kv`` with ``sync.partial=false`` change nothing (an A/B of partial rollouts
+        turns only ``partial`` off)."""
         ignored = self.ignored()
         if ignored:
             key, why = ignored[0]
@@ -92,12 +94,10 @@ class SyncConfig(_Section):
                 "with sync.mode=scheduled: its lag is set exactly by sync.interval and sync.offset "
                 "(docs/paper.md#lag-rule); set sync.mode=async for a bound",
             ),
-            ("switch_step", not self.partial, "without sync.partial=true"),
             (
                 "switch_step",
                 self.partial and self.mode == "async",
                 "with sync.mode=async: a partial async run takes each version as soon as it is posted",
             ),
-            ("partial_kv", not self.partial, "without sync.partial=true"),
         ]
         return [(key, why) for key, applies, why in rules if applies and key in changed]
