@@ -4,6 +4,7 @@ random step is restarted, its batch generated again, and the finished run equals
 run stops as before: one line, a checkpoint, and ``resume=true`` completes it with the same numbers.
 """
 
+import contextlib
 import json
 import random
 import re
@@ -109,17 +110,97 @@ def test_on_ray_the_killed_explorer_actor_is_restarted_by_ray_and_the_run_equals
 
 
 @pytest.mark.slow
-def test_a_killed_trainer_goes_on_from_its_newest_checkpoint_in_the_same_process(undisturbed, monkeypatch, capsys):
+@pytest.mark.parametrize("backend, step", [("processes", 4), ("processes", 1), ("ray", 4)])
+def test_a_killed_trainer_goes_on_from_its_newest_checkpoint_in_the_same_process(
+    undisturbed, monkeypatch, capsys, backend, step
+):
     """The trainer dies as step 4 reaches it: every worker starts again from step 2's checkpoint, as resume=true
-    would, in the same process; one line, and the numbers of the undisturbed run."""
+    would, in the same process (at step 1, with no checkpoint yet: from the start); one line, and the numbers
+    of the undisturbed run."""
     root, args = undisturbed
-    monkeypatch.setenv(VARIABLE, "trainer@step=4")
-    assert main(["train", *args, PROCESSES, "run_name=trainer-healed"]) == 0
+    name = f"trainer-healed-{backend}-{step}"
+    monkeypatch.setenv(VARIABLE, f"trainer@step={step}")
+    with ray_instance() if backend == "ray" else contextlib.nullcontext():
+        workers = "backend=ray" if backend == "ray" else PROCESSES
+        assert main(["train", *args, workers, f"run_name={name}"]) == 0
     out = capsys.readouterr()
     lines = [line for line in (out.out + out.err).splitlines() if " died (" in line or "resuming" in line]
     assert len(lines) == 1, lines
-    assert lines[0].startswith("trainer died (ProcessDied: worker process exited (-9)); restarted in "), lines[0]
-    assert "every worker started again, training from " in lines[0] and "step-000002" in lines[0], lines[0]
-    assert_same_as_undisturbed(root, "trainer-healed")
-    restarts = json.loads((root / "trainer-healed" / "summary.json").read_text())["restarts"]
+    cause = "ProcessDied: worker process exited (-9)" if backend == "processes" else "its process died (RayActorError)"
+    assert lines[0].startswith(f"trainer died ({cause}); restarted in "), lines[0]
+    where = "training from " if step == 4 else "from the start (no checkpoint)"
+    assert f"every worker started again, {where}" in lines[0], lines[0]
+    assert step == 1 or "step-000002" in lines[0], lines[0]
+    assert_same_as_undisturbed(root, name)
+    restarts = json.loads((root / name / "summary.json").read_text())["restarts"]
     assert [r["worker"] for r in restarts] == ["trainer"]
+
+
+@contextlib.contextmanager
+def ray_instance():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_lost_ray_node_its_actors_come_back_on_the_survivor_and_the_run_equals(undisturbed, monkeypatch):
+    """Two nodes on this machine (``ray.cluster_utils.Cluster``): a head of 3 CPUs (the driver's) and a worker
+    node of 1, so that Ray places the third actor there; the worker node is removed once step 3 is done. What
+    ran there comes back on the head (an explorer restarted by Ray; the trainer: every worker from the newest
+    checkpoint), and the run equals the undisturbed one."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from oprl.runtime.driver import Driver
+
+    root, args = undisturbed
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3})
+    node = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    on_train = Driver._on_train
+    placed: dict[str, str] = {}
+
+    def losing_the_node(driver, call, result):
+        if call.step == 3 and not placed:
+            for handle in [driver.trainer, *driver.explorers]:
+                placed[handle.name] = ray.get(handle.actor.handle.node_id.remote())
+            cluster.remove_node(node, allow_graceful=False)
+        on_train(driver, call, result)
+
+    monkeypatch.setattr(Driver, "_on_train", losing_the_node)
+    try:
+        assert main(["train", *args, "backend=ray", "run_name=lost-node"]) == 0
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    lost = [name for name, where in placed.items() if where == node.node_id]
+    assert lost, f"Ray placed nothing on the worker node: {placed}"
+    restarts = json.loads((root / "lost-node" / "summary.json").read_text())["restarts"]
+    assert {r["worker"] for r in restarts} <= set(lost) and restarts, (restarts, lost)
+    assert_same_as_undisturbed(root, "lost-node")
+
+
+@pytest.mark.slow
+def test_a_killed_teacher_is_restarted_with_every_worker_and_the_distillation_equals(undisturbed, monkeypatch, capsys):
+    """Distillation with the undisturbed run's final checkpoint as the teacher: the teacher dies as batch 4
+    reaches it; every worker starts again (from the newest checkpoint, or from the start if there is none yet:
+    which, depends on timing), and the run equals the same distillation undisturbed."""
+    root, args = undisturbed
+    teacher = sorted((root / "whole" / "checkpoints").glob("step-*"))[-1]
+    distill = [*args, "algorithm.preset=distill", f"teacher.path={teacher}"]
+    assert main(["train", *distill, "run_name=distill-whole"]) == 0
+    monkeypatch.setenv(VARIABLE, "teacher@step=4")
+    assert main(["train", *distill, PROCESSES, "run_name=distill-healed"]) == 0
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
+    assert len(lines) == 1 and lines[0].startswith("teacher died (ProcessDied: worker process exited (-9))"), lines
+    whole = read_metrics(root / "distill-whole" / "metrics.jsonl")
+    healed = read_metrics(root / "distill-healed" / "metrics.jsonl")
+    assert deterministic_view(healed) == deterministic_view(whole) and "distill/reverse_kl" in healed[-1]
+    final = "final/model.safetensors"
+    assert (root / "distill-healed" / final).read_bytes() == (root / "distill-whole" / final).read_bytes()

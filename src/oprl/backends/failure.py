@@ -35,7 +35,7 @@ class WorkerFailure(RuntimeError):
         """The worker that failed (``trainer``, ``explorer 0``)."""
         self.lost = lost
         """Its process died (``Backend.lost``), rather than it raising: ``oprl.runtime.run`` restarts a lost
-        trainer from ``checkpoint``."""
+        trainer or teacher from ``checkpoint``."""
         self.cause = cause
         """The cause in one line (``ProcessDied: worker process exited (-9)``)."""
         self.checkpoint = checkpoint

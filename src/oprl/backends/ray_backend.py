@@ -43,6 +43,10 @@ class _HostWorker:
     def ready(self) -> bool:
         return True
 
+    def node_id(self) -> str:
+        """The Ray node this actor runs on (where a lost node's actors were)."""
+        return ray.get_runtime_context().get_node_id()
+
     def call(self, method: str, *args):
         return getattr(self.worker, method)(*args)
 

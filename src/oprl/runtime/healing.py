@@ -1,7 +1,9 @@
-"""The restart budget of a self-healing run, and what each restart cost (docs/runtime.md#self-healing-runs).
+"""The restart budget of a self-healing run, what each restart cost, and how a run goes on after its trainer
+or teacher died (docs/runtime.md#self-healing-runs).
 
 When an explorer's process dies (killed, out of memory, a lost Ray node) the driver restarts it and generates
-its lost batches again (``oprl.runtime.driver``); this module only counts. ``runtime.max_restarts`` restarts
+its lost batches again (``oprl.runtime.driver``); when the trainer's or the teacher's dies, ``oprl.runtime.run``
+starts every worker again from the newest checkpoint (``Healing``). ``runtime.max_restarts`` restarts
 are allowed within any ``runtime.restart_window_s`` seconds: a long run survives a preemption now and then, a
 worker that dies again at once (a crash loop) stops the run as before, with a checkpoint and one line.
 
@@ -17,6 +19,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from oprl.backends.failure import WorkerFailure
+from oprl.backends.faults import FaultPlan
+from oprl.config import RunConfig
+
+if TYPE_CHECKING:  # annotations only
+    from oprl.runtime.resume import OpenRun
 
 
 @dataclass
@@ -93,3 +104,40 @@ class Restarts:
         """``perf/restarts``: the restarts started since the previous row (none: no column)."""
         count, self._uncounted = self._uncounted, 0
         return {"perf/restarts": float(count)} if count else {}
+
+
+class Healing:
+    """A run's restarts across its segments: explorers are restarted by the driver; a trainer or a teacher
+    whose process died ends a segment, and the run goes on from its newest checkpoint in this process, as
+    ``resume=true`` would (before the first checkpoint: from the start, as ``resume=restart``), within the same
+    budget (``runtime.max_restarts``; docs/runtime.md#self-healing-runs). The teacher holds no state, but its
+    scores are already on their way to the buffer when it dies."""
+
+    def __init__(self, config: RunConfig, log):
+        self.config, self.began = config, time.time()
+        self.restarts = Restarts(config.runtime.max_restarts, config.runtime.restart_window_s, log)
+        self.plan = FaultPlan.from_environment()  # OPRL_FAULT: one plan for every segment, each fault fires once
+        self.trainer: Restart | None = None
+        """The trainer's (or teacher's) restart under way: ready once the next segment's workers serve."""
+
+    def heals(self, failure: WorkerFailure) -> bool | str | None:
+        """How the run goes on after ``failure``: the ``resume`` of its next segment (true: from the newest
+        checkpoint; ``restart``: from the start, with no checkpoint yet and the store in the run directory, whose
+        batches are made again), or None: it stops (not a trainer or teacher that died, or the budget is spent)."""
+        if failure.component not in ("trainer", "teacher") or not failure.lost or self.config.mode != "both":
+            return None
+        if failure.checkpoint is None and self.config.buffer.path is not None:
+            return None
+        if not self.restarts.allows():
+            return None
+        # Its work since the checkpoint is lost (the checkpoint directory's time is its commit).
+        since = Path(failure.checkpoint).stat().st_mtime if failure.checkpoint is not None else self.began
+        self.trainer = self.restarts.start(failure.component, failure.cause, [], max(0.0, time.time() - since))
+        return True if failure.checkpoint is not None else "restart"
+
+    def serving(self, opened: OpenRun) -> None:
+        """The segment's workers are ready: the trainer restart (if one is under way) is done."""
+        if self.trainer is not None:
+            where = f"training from {opened.resumption.path}" if opened.resumption else "from the start (no checkpoint)"
+            self.restarts.ready(self.trainer, f"every worker started again, {where}")
+        self.trainer = None

@@ -22,7 +22,6 @@ import torch
 
 from oprl.backends.base import make_backend
 from oprl.backends.failure import StopSignals, WorkerFailure
-from oprl.backends.faults import FaultPlan
 from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import make_buffer
 from oprl.checkpoint import files as ckpt_files
@@ -42,7 +41,7 @@ from oprl.progress import RunProgress
 from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, JudgeClient, TeacherHandle, TrainerHandle
 from oprl.runtime import resume
 from oprl.runtime.driver import Driver
-from oprl.runtime.healing import Restart, Restarts
+from oprl.runtime.healing import Healing
 from oprl.runtime.health import SignalHealth
 from oprl.runtime.preflight import check_lengths, noop_warnings, outcome_warnings
 from oprl.runtime.synchronizer import Synchronizer
@@ -180,10 +179,10 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
                         before = _run_workers(opened, run_dir, log, task, started, healing)
                         break
                     except WorkerFailure as failure:
-                        if not healing.heals(failure):
+                        if (how := healing.heals(failure)) is None:
                             raise
                         opened.lock.release()  # held again at once, by the resume of the same run
-                        opened = resume.open_run(opened.config.model_copy(update={"resume": True}), run_dir, log)
+                        opened = resume.open_run(opened.config.model_copy(update={"resume": how}), run_dir, log)
                         started = time.perf_counter()  # this segment, as a resumed run counts it
             done = [r.record() for r in healing.restarts.done]
             return _finish(opened.config, run_dir, started, before, log, done)
@@ -262,35 +261,6 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
             parts.sync.close()  # after the workers: a board write waiting for the trainer's weights ends now
         ckpt_files.remove_staging(run_dir)  # the workers have stopped: nothing writes a staging directory now
     return before
-
-
-class Healing:
-    """A run's restarts across its segments: explorers are restarted by the driver; a trainer whose process
-    died ends a segment, and the run goes on from its newest checkpoint in this process, as ``resume=true``
-    would, within the same budget (``runtime.max_restarts``; docs/runtime.md#self-healing-runs)."""
-
-    def __init__(self, config: RunConfig, log):
-        self.restarts = Restarts(config.runtime.max_restarts, config.runtime.restart_window_s, log)
-        self.plan = FaultPlan.from_environment()  # OPRL_FAULT: one plan for every segment, each fault fires once
-        self.trainer: Restart | None = None
-        """The trainer restart under way: ready once the next segment's workers serve."""
-
-    def heals(self, failure: WorkerFailure) -> bool:
-        """Restart after ``failure``? A trainer process that died, with a checkpoint to go on from."""
-        if failure.component != "trainer" or not failure.lost or failure.checkpoint is None:
-            return False
-        if not self.restarts.allows():
-            return False
-        # Its work since the checkpoint is lost (the checkpoint directory's time is its commit).
-        work = max(0.0, time.time() - Path(failure.checkpoint).stat().st_mtime)
-        self.trainer = self.restarts.start("trainer", failure.cause, [], work)
-        return True
-
-    def serving(self, opened: resume.OpenRun) -> None:
-        """The segment's workers are ready: the trainer restart (if one is under way) is done."""
-        if self.trainer is not None and opened.resumption is not None:
-            self.restarts.ready(self.trainer, f"every worker started again, training from {opened.resumption.path}")
-        self.trainer = None
 
 
 @dataclass
