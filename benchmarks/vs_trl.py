@@ -9,8 +9,11 @@ runs in its own fresh process (``--child``), alternating oprl / TRL ``--repeats`
 
 Per run it reports the median wall time per step (steps after ``--skip`` warm-up steps; generation, reward,
 log-probs, backward and optimizer step all inside it), generated response tokens per second of that wall
-time, the process's peak resident memory, the mean training reward of the last 5 steps, and the eval accuracy
-of the final weights (pass@1 at T=1 on the 500 test problems, the same fixed sampling seed for both).
+time, the process's peak resident memory, the mean training reward of the last 5 steps and of all steps, and the
+eval accuracy of the final weights (pass@1 at T=1 on the 500 test problems, sampling seed 0), each framework's
+final weights evaluated by one function with each engine (``EVAL_ENGINES``: the same samples for the same
+weights), the per-step rewards, gradient norms and learning rates, and each framework's differences from oprl
+per seed. ``--trl-population-std`` also runs TRL with oprl's group std (docs/performance.md, "GRPO equals GRPO").
 
     pip install -e ".[bench]"          # trl
     python benchmarks/vs_trl.py --steps 30 --repeats 3 [--threads 2] [--json benchmarks/results/vs_trl.json] \
