@@ -148,18 +148,20 @@ def ray_instance():
 
 @pytest.mark.slow
 def test_a_lost_ray_node_its_actors_come_back_on_the_survivor_and_the_run_equals(undisturbed, monkeypatch):
-    """Two nodes on this machine (``ray.cluster_utils.Cluster``): a head of 3 CPUs (the driver's) and a worker
-    node of 1, so that Ray places the third actor there; the worker node is removed once step 3 is done. What
-    ran there comes back on the head (an explorer restarted by Ray; the trainer: every worker from the newest
-    checkpoint), and the run equals the undisturbed one."""
+    """Two worker nodes of 3 CPUs on this machine (``ray.cluster_utils.Cluster``, the head holds no CPU): the
+    node the trainer runs on is removed once step 3 is done, with whatever else Ray placed there. Every worker
+    starts again on the survivor from step 2's checkpoint, and the run equals the undisturbed one."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
     from oprl.runtime.driver import Driver
 
     root, args = undisturbed
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3})
-    node = cluster.add_node(num_cpus=1)
+    # Ray notices a lost node by its health checks (about 15 s by default): faster here, so that the restart is
+    # not placed on the dead node meanwhile (which heals too, but spends the restart budget).
+    checks = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": checks})
+    nodes = {node.node_id: node for node in (cluster.add_node(num_cpus=3) for _ in range(2))}
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     on_train = Driver._on_train
@@ -167,9 +169,9 @@ def test_a_lost_ray_node_its_actors_come_back_on_the_survivor_and_the_run_equals
 
     def losing_the_node(driver, call, result):
         if call.step == 3 and not placed:
-            for handle in [driver.trainer, *driver.explorers]:
+            for handle in [driver.trainer, driver.buffer, *driver.explorers]:
                 placed[handle.name] = ray.get(handle.actor.handle.node_id.remote())
-            cluster.remove_node(node, allow_graceful=False)
+            cluster.remove_node(nodes[placed["trainer"]], allow_graceful=False)
         on_train(driver, call, result)
 
     monkeypatch.setattr(Driver, "_on_train", losing_the_node)
@@ -178,10 +180,10 @@ def test_a_lost_ray_node_its_actors_come_back_on_the_survivor_and_the_run_equals
     finally:
         ray.shutdown()
         cluster.shutdown()
-    lost = [name for name, where in placed.items() if where == node.node_id]
-    assert lost, f"Ray placed nothing on the worker node: {placed}"
     restarts = json.loads((root / "lost-node" / "summary.json").read_text())["restarts"]
-    assert {r["worker"] for r in restarts} <= set(lost) and restarts, (restarts, lost)
+    lost = {name for name, where in placed.items() if where == placed["trainer"]}
+    assert [r["worker"] for r in restarts][:1] in (["trainer"], ["buffer"]) and lost >= {"trainer"}, restarts
+    assert {r["worker"] for r in restarts} <= lost, (restarts, placed)
     assert_same_as_undisturbed(root, "lost-node")
 
 

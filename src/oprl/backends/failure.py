@@ -29,17 +29,28 @@ class WorkerFailure(RuntimeError):
     """A worker (explorer, trainer, buffer) raised or died; the message is one line naming it, what it was
     doing, the cause, and the checkpoint to resume from. The original exception is chained."""
 
-    def __init__(self, message: str, *, component: str = "", lost: bool = False, cause: str = "", checkpoint=None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        component: str = "",
+        lost: bool = False,
+        cause: str = "",
+        checkpoint=None,
+        starting: bool = False,
+    ):
         super().__init__(message)
         self.component = component
         """The worker that failed (``trainer``, ``explorer 0``)."""
         self.lost = lost
         """Its process died (``Backend.lost``), rather than it raising: ``oprl.runtime.run`` restarts a lost
-        trainer or teacher from ``checkpoint``."""
+        trainer, teacher or buffer from ``checkpoint``."""
         self.cause = cause
         """The cause in one line (``ProcessDied: worker process exited (-9)``)."""
         self.checkpoint = checkpoint
         """The newest committed checkpoint (a ``Path``), None without one."""
+        self.starting = starting
+        """It died while its run (or a segment of it) was starting its workers."""
 
 
 class Interrupted(KeyboardInterrupt):

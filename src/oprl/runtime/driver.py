@@ -85,7 +85,8 @@ class Failure:
     """One line: who failed doing what, and why."""
     cause: BaseException
     lost: bool = False
-    """The trainer's or the teacher's process died (``oprl.runtime.run`` goes on from the newest checkpoint)."""
+    """The trainer's, the teacher's or the buffer's process died (a Ray actor, or a worker process; ``oprl.runtime.run``
+    goes on from the newest checkpoint)."""
 
 
 class Driver:
@@ -422,7 +423,7 @@ class Driver:
             message = f"{component} failed {doing}: {self.backend.describe(exc)}"
             if call.kind == "explore" and self.backend.lost(exc, self.explorers[call.explorer].actor):
                 message += self.restarts.spent()
-            holder = {"trainer": self.trainer, "teacher": self.teacher}.get(component)
+            holder = {"trainer": self.trainer, "teacher": self.teacher, "buffer": self.buffer}.get(component)
             lost = holder is not None and self.backend.lost(exc, holder.actor)
             self.failure = Failure(component, " ".join(message.split()), exc, lost)
         for future in [f for f, c in self.calls.items() if c.kind in ("explore", "restart")]:

@@ -106,12 +106,17 @@ class Restarts:
         return {"perf/restarts": float(count)} if count else {}
 
 
+STARTED_AGAIN = ("trainer", "teacher", "buffer")
+"""Workers whose death starts every worker again from the newest checkpoint (a buffer dies alone only as a
+Ray actor on a lost node: locally it is a thread of the driver)."""
+
+
 class Healing:
-    """A run's restarts across its segments: explorers are restarted by the driver; a trainer or a teacher
-    whose process died ends a segment, and the run goes on from its newest checkpoint in this process, as
-    ``resume=true`` would (before the first checkpoint: from the start, as ``resume=restart``), within the same
-    budget (``runtime.max_restarts``; docs/runtime.md#self-healing-runs). The teacher holds no state, but its
-    scores are already on their way to the buffer when it dies."""
+    """A run's restarts across its segments: explorers are restarted by the driver; a trainer, a teacher or a
+    buffer (``STARTED_AGAIN``) whose process died ends a segment, and the run goes on from its newest
+    checkpoint in this process, as ``resume=true`` would (before the first checkpoint: from the start, as
+    ``resume=restart``), within the same budget (``runtime.max_restarts``; docs/runtime.md#self-healing-runs).
+    The teacher holds no state, but its scores are already on their way to the buffer when it dies."""
 
     def __init__(self, config: RunConfig, log):
         self.config, self.began = config, time.time()
@@ -123,8 +128,10 @@ class Healing:
     def heals(self, failure: WorkerFailure) -> bool | str | None:
         """How the run goes on after ``failure``: the ``resume`` of its next segment (true: from the newest
         checkpoint; ``restart``: from the start, with no checkpoint yet and the store in the run directory, whose
-        batches are made again), or None: it stops (not a trainer or teacher that died, or the budget is spent)."""
-        if failure.component not in ("trainer", "teacher") or not failure.lost or self.config.mode != "both":
+        batches are made again), or None: it stops (no worker of ``STARTED_AGAIN`` died, or the budget is
+        spent)."""
+        every = failure.component in STARTED_AGAIN or failure.starting  # a worker that died while starting: all
+        if not every or not failure.lost or self.config.mode != "both":
             return None
         if failure.checkpoint is None and self.config.buffer.path is not None:
             return None

@@ -336,7 +336,7 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print, 
         actors.append(teacher_actor)
         teacher = TeacherHandle(teacher_actor)
     for actor in actors:
-        _wait_ready(backend, actor)
+        _wait_ready(backend, actor, run_dir)
     sync_mode = "fixed" if config.mode == "explore" else config.sync.mode
     sync = Synchronizer(
         interval=config.sync.interval,
@@ -365,11 +365,16 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print, 
     return RunParts(trainer, explorers, buffer, sync, start_step, pending, set(ready), teacher)
 
 
-def _wait_ready(backend, actor) -> None:
+def _wait_ready(backend, actor, run_dir: Path | None = None) -> None:
     try:
         backend.wait_ready(actor)
     except Exception as exc:  # a user mistake found while loading (OprlError) keeps its own message
         reason = backend.describe(exc).removeprefix("OprlError: ")
+        if run_dir is not None and backend.lost(exc, actor):  # its process died (killed, a lost node): no mistake
+            last = ckpt_files.resolve_checkpoint(run_dir)
+            line = f"{actor.name} failed while starting: {reason}{resume.resume_hint(last)}"
+            failure = WorkerFailure(line, component=actor.name, lost=True, cause=reason, checkpoint=last, starting=True)
+            raise failure from exc
         raise OprlError(f"{actor.name}: failed to start: {reason}") from exc
 
 
