@@ -1,6 +1,7 @@
 """Seconds lost per restart of an explorer (issue 57): the tiny job on worker processes, undisturbed against the
 same run with its explorer killed (``OPRL_FAULT``, a SIGKILL) part way into batch ``--kill-step``, in rotation,
-``--repeats`` rounds. docs/runtime.md#self-healing-runs has the figures.
+``--repeats`` rounds; ``--worker trainer``: the trainer killed instead, which starts every worker again from
+the newest checkpoint (``--checkpoint-interval``). docs/runtime.md#self-healing-runs has the figures.
 
 Reported per round: each run's wall seconds (``summary.json``), the killed run's extra seconds over the
 undisturbed run of its round, the driver's own account of the restart (``ready_s``: death noticed -> new
@@ -9,7 +10,8 @@ reads as a number of steps. Each killed run is checked against its undisturbed o
 column but ``perf/*`` and ``final/model.safetensors`` byte for byte (a round whose numbers differ fails).
 
 Run:  flock /tmp/oprl-bench.lock python benchmarks/restart_explorer.py [--steps 24] [--kill-step 12]
-      [--kill-after 0] [--explorers 1] [--repeats 3] [--out benchmarks/results/restart_explorer.json]
+      [--kill-after 0] [--explorers 1] [--repeats 3] [--worker explorer|trainer] [--checkpoint-interval 24]
+      [--out benchmarks/results/restart_explorer.json]
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--explorers", type=int, default=1)
     parser.add_argument("--offset", type=int, default=1, help="sync.offset: 1 overlaps generation and training")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--worker", choices=["explorer", "trainer"], default="explorer")
+    parser.add_argument("--checkpoint-interval", type=int, default=None, help="default: --steps (none before)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     settings = [
@@ -80,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         f"sync.offset={args.offset}",
         f"runtime.explorers={args.explorers}",
         f"eval.interval={args.steps}",
-        f"checkpoint.interval={args.steps}",
+        f"checkpoint.interval={args.checkpoint_interval or args.steps}",
     ]
-    fault = f"explorer@step={args.kill_step}+{args.kill_after}"
+    fault = f"{args.worker}@step={args.kill_step}+{args.kill_after}"
     load = os.getloadavg()[0]
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:

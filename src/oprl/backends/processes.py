@@ -125,7 +125,7 @@ class _Life:
                 doomed = self.plan.due(self.name, tuple(resolved))
                 self.conn.send((call_id, method, resolved, len(futures), doomed))
             except BaseException as exc:
-                if isinstance(exc, OSError):  # the process died before the receiver saw it: report that
+                if isinstance(exc, (BrokenPipeError, ConnectionResetError)):  # it died before the receiver saw it
                     self.receiver.join(timeout=10)
                     exc = self.dead or exc
                 for future in futures:
