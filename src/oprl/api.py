@@ -19,10 +19,13 @@ be resumed and repeated; a function defined in a notebook cell or a lambda has n
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,10 +231,11 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
         from oprl.runtime.preflight import check_lengths, check_rewards
         from oprl.tasks import build_task
 
-        task = build_task(config.task)
-        check_rewards(task)  # a reward that fails on every row: its processes are up already
-        check_lengths(config, task, log)  # before torch and the runtime are imported: seconds, not minutes
-        task, checked = _hand_over(task), True
+        with _pre_run_worker_log():
+            task = build_task(config.task)
+            check_rewards(task)  # a reward that fails on every row: its processes are up already
+            check_lengths(config, task, log)  # before torch and the runtime are imported: seconds, not minutes
+            task, checked = _hand_over(task), True
     from oprl.metrics import read_metrics
     from oprl.runtime.run import run as run_config
 
@@ -252,6 +256,25 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
         accuracy_after=done.accuracy_after,
         seconds=done.seconds,
     )
+
+
+@contextlib.contextmanager
+def _pre_run_worker_log():
+    """What reward processes started for the checks before the run print goes to a scratch file, not the terminal:
+    a reward's own prints belong in ``<run_dir>/workers.log``, which does not exist yet (the processes are closed
+    by ``_hand_over`` and the runtime starts its own, logging there)."""
+    from oprl.tasks.rewards.processes import LOG_ENV
+
+    previous = os.environ.get(LOG_ENV)
+    with tempfile.TemporaryDirectory(prefix="oprl-checks-") as scratch:
+        os.environ[LOG_ENV] = str(Path(scratch) / "workers.log")
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(LOG_ENV, None)
+            else:
+                os.environ[LOG_ENV] = previous
 
 
 def _hand_over(task: Any) -> Any:
