@@ -369,8 +369,10 @@ def test_ray_explorers_request_their_gpus(monkeypatch):
             return type("Remote", (), {"remote": staticmethod(lambda *args: "handle")})
 
     monkeypatch.setattr(ray_backend, "_Host", Host)
+    from oprl.backends.faults import FaultPlan
+
     backend = object.__new__(ray_backend.RayBackend)
-    backend.cpus_per_worker = 0.5
+    backend.cpus_per_worker, backend.restarts, backend.faults = 0.5, False, FaultPlan()
     backend.start("explorer 0", object, threads=1, gpus=1.0)
     backend.start("buffer", object, threads=1, compute=False)
     assert requests == [{"num_cpus": 0.5, "num_gpus": 1.0}, {"num_cpus": 0}]
