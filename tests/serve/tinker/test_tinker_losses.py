@@ -104,10 +104,13 @@ def test_a_preset_is_oprls_policy_loss_as_a_sum(client, rl_data, preset):
 )
 def test_bad_loss_requests_are_400s_naming_the_field(running, client, rl_data, loss, config, field):
     fresh = running.server  # the server keeps serving after each refusal
-    with pytest.raises(tinker.BadRequestError, match=field):
-        fresh_client = tinker.ServiceClient(base_url=running.url, api_key="tml-test-key")
-        trainer = fresh_client.create_lora_training_client(base_model=TINY, rank=2, seed=0).result()
-        trainer.forward(rl_data, loss, config).result()
+    fresh_client = tinker.ServiceClient(base_url=running.url, api_key="tml-test-key")
+    try:
+        with pytest.raises(tinker.BadRequestError, match=field):
+            trainer = fresh_client.create_lora_training_client(base_model=TINY, rank=2, seed=0).result()
+            trainer.forward(rl_data, loss, config).result()
+    finally:
+        fresh_client.close("success").result()  # no heartbeats left to outlive the server
     assert fresh.backend.policies  # still up, models still there
 
 
