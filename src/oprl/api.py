@@ -263,18 +263,10 @@ def _pre_run_worker_log():
     """What reward processes started for the checks before the run print goes to a scratch file, not the terminal:
     a reward's own prints belong in ``<run_dir>/workers.log``, which does not exist yet (the processes are closed
     by ``_hand_over`` and the runtime starts its own, logging there)."""
-    from oprl.tasks.rewards.processes import LOG_ENV
+    from oprl.tasks.rewards.processes import reward_log
 
-    previous = os.environ.get(LOG_ENV)
-    with tempfile.TemporaryDirectory(prefix="oprl-checks-") as scratch:
-        os.environ[LOG_ENV] = str(Path(scratch) / "workers.log")
-        try:
-            yield
-        finally:
-            if previous is None:
-                os.environ.pop(LOG_ENV, None)
-            else:
-                os.environ[LOG_ENV] = previous
+    with tempfile.TemporaryDirectory(prefix="oprl-checks-") as scratch, reward_log(Path(scratch) / "workers.log"):
+        yield
 
 
 def _hand_over(task: Any) -> Any:
@@ -369,7 +361,6 @@ def _importable_in_workers(module: str) -> bool:
     top = module.split(".")[0]
     if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
         return True
-    import os
 
     search = _worker_sys_path(os.getcwd(), os.environ.get("PYTHONPATH", ""))
     return importlib.machinery.PathFinder.find_spec(top, list(search)) is not None
