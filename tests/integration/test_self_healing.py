@@ -55,18 +55,19 @@ def test_an_explorer_killed_at_a_random_step_is_restarted_and_the_run_equals_the
     undisturbed, monkeypatch, capsys
 ):
     root, args = undisturbed
-    chance = random.Random(57)
-    batch, after = chance.randint(1, 6), round(chance.uniform(0.0, 0.5), 2)
-    monkeypatch.setenv(VARIABLE, f"explorer@step={batch}+{after}")  # whichever explorer generates it
+    batch = random.Random(57).randint(1, 6)
+    # As the call reaches it: a delay (``+0.18``) raced the run's end, since a tiny-model batch takes ~0.02 s and
+    # the run's last steps can finish before the timer (CI once saw no death at all). A death between calls is
+    # tests/backends/test_restart.py's.
+    monkeypatch.setenv(VARIABLE, f"explorer@step={batch}")  # whichever explorer generates it
     assert main(["train", *args, PROCESSES, "run_name=healed"]) == 0
     out = capsys.readouterr()
     lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
     assert len(lines) == 1, out.out + out.err
     assert re.match(r"explorer [01] died \(ProcessDied: worker process exited \(-9\)\); restarted in ", lines[0])
     restarts = json.loads((root / "healed" / "summary.json").read_text())["restarts"]
-    # The batch it was generating, and the one queued behind it (overlapped: two per explorer); with the kill
-    # 0.29 s into the call, a batch that finished first is kept and the death is met by the next one.
-    assert len(restarts) == 1 and restarts[0]["batches"] and min(restarts[0]["batches"]) >= batch, restarts
+    # The batch it was generating, and any queued behind it (overlapped: two per explorer).
+    assert len(restarts) == 1 and min(restarts[0]["batches"]) == batch, restarts
     again = ", ".join(f"batch {b} (version {policy_version(b, 1, 2)})" for b in restarts[0]["batches"])
     assert f"generating {again} again" in lines[0], lines[0]
     assert restarts[0]["seconds_lost"] > 0 and restarts[0]["cause"] == "ProcessDied: worker process exited (-9)"
@@ -97,7 +98,7 @@ def test_on_ray_the_killed_explorer_actor_is_restarted_by_ray_and_the_run_equals
     """Ray restarts the actor (max_restarts); the driver resubmits the lost batches with their weights."""
     ray = pytest.importorskip("ray")
     root, args = undisturbed
-    monkeypatch.setenv(VARIABLE, "explorer@step=3+0.2")
+    monkeypatch.setenv(VARIABLE, "explorer@step=3")  # as it arrives: a delay could race the end
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         assert main(["train", *args, "backend=ray", "run_name=ray-healed"]) == 0
