@@ -26,9 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from oprl.checkpoint.board import post_weights
+from oprl.explorer.switcher import Switcher
 from oprl.models.chat import encode_prompt
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.partial import Switcher, post_weights
 
 
 def engines(names: list[str], model, tokenizer, limit: int) -> dict:

@@ -28,8 +28,6 @@ ALLOWED = {
     # What travels between roles, and the schedule math: leaves above torch.
     "messages": {"messages"},
     "schedule": {"schedule"},
-    # Partial rollouts: the switch rule, per-token versions, the weights board (files), the switcher hook.
-    "partial": {"partial", "messages", "schedule", "io", "errors"},  # its config rules are RunConfig validators
     # What every worker shares: its clock, the sampling lock, loading a model and an engine, and loading a
     # frozen second model (the teacher's, the judge's: ``load_frozen``).
     "worker": {"worker", "checkpoint", "config", "errors", "models", "rollout", "messages", "plugins"},
@@ -43,7 +41,7 @@ ALLOWED = {
     # messages: the judge's rows and verdicts (``JudgeRow``, ``Verdicts``) travel between the explorers and it.
     "episodes": {"episodes", "config", "errors", "messages", "models", "rollout", "schedule", "tasks", "worker"},
     # The roles, peers over the layers above: none imports another (ROLES below), none the runtime.
-    "buffer": {"buffer", "checkpoint", "config", "errors", "io", "messages", "partial"},
+    "buffer": {"buffer", "checkpoint", "config", "errors", "io", "messages"},
     "explorer": {
         "explorer",
         "config",
@@ -51,7 +49,7 @@ ALLOWED = {
         "errors",
         "messages",
         "models",
-        "partial",
+        "checkpoint",  # the weights board a switcher reads mid-batch (partial rollouts)
         "rollout",
         "schedule",
         "tasks",
@@ -68,7 +66,6 @@ ALLOWED = {
         "io",
         "messages",
         "models",
-        "partial",
         "progress",
         "rollout",
         "schedule",

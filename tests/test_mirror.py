@@ -6,7 +6,7 @@ The rule, checked here:
 - every package under ``src/oprl/`` (a folder with an ``__init__.py``, recursively) has its folder under
   ``tests/``, holding at least one ``test_*.py`` file;
 - a ``tests/test_*.py`` file at the top names a top-level module of oprl by prefix (``test_cli.py`` tests
-  ``cli.py``; ``test_partial_tokens.py`` tests ``partial.py``), or is one of ``WHOLE_PACKAGE``: checks of the
+  ``cli.py``; ``test_schedule.py`` tests ``schedule.py``), or is one of ``WHOLE_PACKAGE``: checks of the
   package as a whole, which belong to no one module.
 """
 

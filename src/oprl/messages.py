@@ -50,8 +50,9 @@ class Experience:
     """Multi-turn episodes: per response token, 1 if the model sampled it (trained on), 0 if the environment
     wrote it (context only; its behaviour log-prob is 0). None = every token is the model's (single turn)."""
     behavior_versions: list[int] | None = None
-    """Partial rollouts (``oprl.partial``): per response token, the policy version that sampled it (weights can
-    change between two decode steps). None = every token is ``policy_version``'s."""
+    """Partial rollouts (``oprl.explorer.switcher``, ``oprl.trainer.staleness``): per response token, the policy
+    version that sampled it (weights can change between two decode steps). None: every token is
+    ``policy_version``'s."""
     teacher_logprobs: list[float] | None = None
     """Distillation (``oprl.teacher``): per response token, log pi_teacher of the sampled token under the sampling
     temperature (as ``behavior_logprobs``). None = no teacher scored this row."""
@@ -120,6 +121,24 @@ class Timing:
             sum(waits) if waits else None,
             sum(judged) if judged else None,
         )
+
+
+@dataclass(frozen=True)
+class SwitchPlan:
+    """How one batch may change weights mid-generation under partial rollouts, as the synchronizer decided it
+    (``Synchronizer.switch_plan``); sent with the batch, carried out by ``oprl.explorer.switcher.Switcher``.
+
+    Scheduled (``free=False``): wait for ``target`` at global decode step ``at_step`` (``target=None``: no
+    switch). Free-running (``free=True``, ``sync.mode=async``): take any newer posted version, never past
+    ``newest`` (= batch - 1: the trainer's weights when the batch's step trains)."""
+
+    board: str
+    target: int | None = None
+    at_step: int = 0
+    free: bool = False
+    newest: int | None = None
+    kv: str = "keep"
+    """``sync.partial_kv``: the cache after a switch (``oprl.explorer.switcher.KV_SETTINGS``)."""
 
 
 @dataclass

@@ -22,7 +22,16 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from oprl.backends.base import Actor, Peer, Pending
-from oprl.messages import Experience, ExploreResult, FlatWeights, JudgeRow, ScoreResult, TrainResult, Verdicts
+from oprl.messages import (
+    Experience,
+    ExploreResult,
+    FlatWeights,
+    JudgeRow,
+    ScoreResult,
+    SwitchPlan,
+    TrainResult,
+    Verdicts,
+)
 
 
 @runtime_checkable
@@ -62,8 +71,11 @@ class ExplorerRole(Protocol):
 
     def ping(self) -> int: ...
 
-    def explore(self, batch: int, version: int, weights: dict | None = None) -> tuple[list[Experience], ExploreResult]:
-        """Batch ``batch`` sampled by version ``version`` (loading ``weights`` first when given)."""
+    def explore(
+        self, batch: int, version: int, weights: dict | None = None, switch: SwitchPlan | None = None
+    ) -> tuple[list[Experience], ExploreResult]:
+        """Batch ``batch`` sampled by version ``version`` (loading ``weights`` first when given); under partial
+        rollouts ``switch`` says which weights take over mid-batch (the synchronizer's ``switch_plan``)."""
         ...
 
 
@@ -161,10 +173,14 @@ class ExplorerHandle(Handle):
         return self._call(ExplorerRole.ping)
 
     def explore(
-        self, batch: int, version: int, weights: dict | Pending[FlatWeights] | None = None
+        self,
+        batch: int,
+        version: int,
+        weights: dict | Pending[FlatWeights] | None = None,
+        switch: SwitchPlan | None = None,
     ) -> tuple[Pending[list[Experience]], Pending[ExploreResult]]:
         """Two futures: the experiences (handed to the buffer unresolved) and the report (for the driver)."""
-        return self._call(ExplorerRole.explore, batch, version, weights, returns=2)
+        return self._call(ExplorerRole.explore, batch, version, weights, switch, returns=2)
 
 
 class BufferHandle(Handle):

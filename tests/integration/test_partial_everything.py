@@ -11,8 +11,8 @@ import pytest
 from oprl.checkpoint.store import from_table
 from oprl.cli import main
 from oprl.metrics import deterministic_view, read_metrics
-from oprl.partial import switch_version, token_lag_metrics
-from oprl.schedule import policy_version
+from oprl.schedule import policy_version, switch_version
+from oprl.trainer.staleness import token_lag_metrics
 from recipes import kill_9_after
 
 SWITCH = 2
@@ -115,7 +115,7 @@ def test_free_running_records_every_tokens_version_exactly(small_overrides, tmp_
     whatever the machine's timing; every token's version was posted before the step that sampled
     it, never decreases along a response, stays within the staleness bound, and the logged lag metrics are
     the stored column's."""
-    import oprl.partial as partial
+    import oprl.explorer.switcher as partial
     import oprl.runtime.synchronizer as synchronizer
 
     posted, loaded = {}, []

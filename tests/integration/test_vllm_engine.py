@@ -22,7 +22,7 @@ from oprl.metrics import deterministic_view, read_metrics
 from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import VLLMEngine, vllm_engine
+from oprl.rollout import Sampling, VLLMEngine, vllm_engine
 from oprl.schedule import policy_version
 
 VLLM = ["rollout.engine=vllm", "tensorboard=false", "runtime.torch_threads=1"]
@@ -32,7 +32,7 @@ def recomputed(model, prompts, rollout, temperature=1.0):
     """``(trainer log-probs (B, T), behaviour log-probs (B, T), mask (B, T))`` of a rollout under ``model``."""
     input_ids, attention_mask, targets, mask = pack(prompts, rollout.response_ids, 0)
     with torch.no_grad():
-        logprobs, _ = response_logprobs(model, input_ids, attention_mask, targets, temperature=temperature)
+        logprobs, _ = response_logprobs(model, input_ids, attention_mask, targets, sampling=Sampling(temperature))
     behaviour = torch.zeros_like(logprobs)
     for i, row in enumerate(rollout.behavior_logprobs):
         behaviour[i, : len(row)] = torch.tensor(row)
@@ -94,7 +94,7 @@ def mean_logprob(model, prompts, rollout):
 
 def test_the_engine_follows_in_place_edits_it_is_told_of(tokenizer):
     model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=4)
-    engine = VLLMEngine(model, tokenizer, temperature=0.7, max_new_tokens=8)
+    engine = VLLMEngine(model, tokenizer, sampling=Sampling(0.7), max_new_tokens=8)
     prompts = _prompts(tokenizer, ["12+3=", "4="] * 3)
     before = engine.generate(prompts, seed=0)
     with torch.no_grad():
@@ -134,7 +134,7 @@ def test_evaluation_serves_the_trainers_current_weights(tokenizer):
 
     task = build_task(load_config(None, []).task)
     model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=4)
-    engine = VLLMEngine(model, tokenizer, temperature=0.7, max_new_tokens=8)
+    engine = VLLMEngine(model, tokenizer, sampling=Sampling(0.7), max_new_tokens=8)
     prompts = _prompts(tokenizer, ["12+3=", "4="] * 3)
     rollout = engine.generate(prompts, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
@@ -143,7 +143,7 @@ def test_evaluation_serves_the_trainers_current_weights(tokenizer):
     stale = engine.generate(prompts, seed=0)  # not told: still the weights before the step
     logprobs, behaviour, mask = recomputed(model, prompts, stale, temperature=0.7)
     assert (logprobs - behaviour)[mask].abs().max() > 1e-2
-    evaluate(engine, task, tokenizer, num_problems=4, temperature=1.0, seed=0)
+    evaluate(engine, task, tokenizer, num_problems=4, sampling=Sampling(), seed=0)
     stepped = engine.generate(prompts, seed=0)
     logprobs, behaviour, mask = recomputed(model, prompts, stepped, temperature=0.7)
     assert (logprobs - behaviour)[mask].abs().max() < 1e-4
@@ -195,7 +195,8 @@ def test_a_response_across_a_switch_continues_under_the_new_weights(tokenizer, t
     """Abort and resume (``VLLMEngine._switching``): the tokens before the switch are the unswitched call's,
     the rest are sampled from the new weights with the prefix recomputed under them, versions per token; fails
     if the switch is skipped, lands on a copy, or versions are tagged per response."""
-    from oprl.partial import Switcher, post_weights
+    from oprl.checkpoint.board import post_weights
+    from oprl.explorer.switcher import Switcher
 
     old = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3)
     new = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=4)

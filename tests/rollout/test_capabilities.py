@@ -13,16 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from oprl.checkpoint.board import post_weights
 from oprl.config import load_config
 from oprl.errors import OprlError
+from oprl.explorer.switcher import KV_SETTINGS, Switcher
 from oprl.models.chat import encode_prompt
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.partial import KV_SETTINGS, Switcher, post_weights
 from oprl.rollout import (
     ENGINES,
     NO_CAPABILITIES,
     TRUNCATING_ENGINES,
     EngineCapabilities,
+    Sampling,
     Switch,
     capabilities,
     engines_with,
@@ -138,7 +140,7 @@ def test_prefix_reuse_is_taken_where_declared(policy, name):
 @pytest.mark.parametrize("name", sorted(ENGINES))
 def test_rows_are_seeded_from_row_seeds_only_where_declared(policy, name):
     model, tokenizer = policy
-    engine = _engine(name, model, tokenizer, max_new_tokens=6, temperature=2.0)
+    engine = _engine(name, model, tokenizer, max_new_tokens=6, sampling=Sampling(2.0))
     first = _prompts(tokenizer, ["1+2=", "7="])
     other = _prompts(tokenizer, ["1+2=", "35+47-9="])
     a = engine.generate(first, seed=1, row_seeds=[11, 12]).response_ids

@@ -14,10 +14,10 @@ import torch
 from oprl.backends.failure import WorkerFailure
 from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import ExperienceBuffer
+from oprl.checkpoint.board import board_file, posted_versions
 from oprl.config import load_config
 from oprl.explorer.explorer import ExploreResult, Timing
 from oprl.messages import Experience, TrainResult
-from oprl.partial import board_file, posted_versions
 from oprl.roles import BufferHandle, BufferRole, ExplorerHandle, TrainerHandle
 from oprl.runtime.batches import BatchTracker
 from oprl.runtime.driver import Driver
@@ -43,7 +43,7 @@ class FakeExplorer:
         self.index, self.delay, self.timeline, self.fail_at = index, delay, timeline, fail_at
         self.version = None
 
-    def explore(self, batch, version, weights=None):
+    def explore(self, batch, version, weights=None, switch=None):
         if weights is not None:
             self.version = int(weights["version"])
         assert self.version == version, "explorer asked for a version it was never sent"
@@ -163,13 +163,7 @@ def drive(
         for i in range(explorers)
     ]
     buffer = BufferHandle(backend.start("buffer", ExperienceBuffer))
-    sync = Synchronizer(
-        interval=config.sync.interval,
-        offset=config.sync.offset,
-        mode=config.sync.mode,
-        max_staleness=config.sync.max_staleness,
-        explorers=explorers,
-    )
+    sync = Synchronizer.of(config, explorers)
     if board is not None:  # partial rollouts: the synchronizer posts every published version (as run._start)
         sync.open_board(board, 0, backend.get)
     sync.publish(0, trainer.weights())
@@ -341,7 +335,7 @@ class DyingExplorer(FakeExplorer):
     """Dies as it starts a batch of ``deaths`` (batch -> deaths left, shared by every explorer), losing its
     weights: the driver must send the batch's version again, or ``explore`` asserts."""
 
-    def explore(self, batch, version, weights=None):
+    def explore(self, batch, version, weights=None, switch=None):
         if self.fail_at.get(batch, 0) > 0:
             self.fail_at[batch] -= 1
             self.version = None

@@ -76,6 +76,10 @@ class SyncConfig(_Section):
             return f"k={self.interval} async, lag <= {self.max_staleness}"
         return f"k={self.interval} m={self.offset}"
 
+    def label(self) -> str:
+        """The schedule in a run's default name: ``k1-m4`` (scheduled), ``k1-async1`` (lag <= 1)."""
+        return f"k{self.interval}-" + (f"async{self.max_staleness}" if self.mode == "async" else f"m{self.offset}")
+
     def ignored(self) -> list[tuple[str, str]]:
         """The settings changed from their defaults that this mode does not read: (key, why) pairs."""
         fields = type(self).model_fields

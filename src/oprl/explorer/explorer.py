@@ -19,11 +19,11 @@ from oprl.config import RunConfig
 from oprl.episodes.agents import close_task, task_episodes
 from oprl.episodes.judge import JudgedTask, JudgeSource, judged
 from oprl.explorer.shaping import Shaping, dynamic_batch, extra_problems, round_seed
-from oprl.messages import Experience, ExploreResult, Timing, batch_metrics
+from oprl.explorer.switcher import Switcher
+from oprl.messages import Experience, ExploreResult, SwitchPlan, Timing, batch_metrics
 from oprl.models.chat import encode_problem
 from oprl.models.loading import resolve_device
 from oprl.models.precision import resolve_dtype
-from oprl.partial import PartialSettings, Switcher
 from oprl.schedule import stream_seed
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
@@ -45,12 +45,10 @@ class Explorer:
         truncated_reward: float | None = None,
         shaping: Shaping | None = None,
         episode_timeout: float = 300.0,
-        partial: PartialSettings | None = None,
     ):
         self.task = task
-        self.partial = partial
-        """Partial rollouts: each batch gets a ``Switcher`` that may load newer weights between decode steps."""
         self._switcher: Switcher | None = None
+        """Partial rollouts: the batch's ``Switcher``, which may load newer weights between decode steps."""
         self.tokenizer = tokenizer
         self.engine = engine
         self.prompts_per_step = prompts_per_step
@@ -79,12 +77,11 @@ class Explorer:
             self._perm_epoch, self._perm = epoch, order
         return self._perm
 
-    def explore(self, step: int, version: int) -> tuple[list[Experience], Timing]:
-        """Experiences for trainer step ``step`` sampled from the current weights (``version``)."""
+    def explore(self, step: int, version: int, switch: SwitchPlan | None = None) -> tuple[list[Experience], Timing]:
+        """Experiences for trainer step ``step`` sampled from the current weights (``version``); ``switch``:
+        the weights that take over mid-batch under partial rollouts (the synchronizer's plan for this batch)."""
         problems = self.problems_for_step(step)
-        self._switcher = (
-            None if self.partial is None else self.partial.switcher(self.engine, step, version, SAMPLING_LOCK)
-        )
+        self._switcher = None if switch is None else Switcher.of(switch, self.engine, version, SAMPLING_LOCK)
         if not self.shaping.dynamic_sampling:
             return self._waits(*self.sample(step, version, problems, stream_seed(self.seed, step)))
         extras = extra_problems(self.problems, problems, self.seed, step, self.shaping.max_extra_prompts)
@@ -179,7 +176,7 @@ class Explorer:
         when free-running (sync.mode=async) loaded a newer one before the row's first token; the scheduled
         rule never switches before decode step ``switch_step`` > 0, and the driver checks that its rows
         start from the scheduled version."""
-        if self.partial is None or self.partial.mode == "scheduled" or not versions or not versions[row]:
+        if self._switcher is None or not self._switcher.free or not versions or not versions[row]:
             return version
         return min(versions[row])
 
@@ -203,7 +200,6 @@ class ExplorerWorker:
         config: RunConfig,
         model_path: str,
         index: int,
-        board: str | None = None,
         judge: JudgeSource | None = None,
     ):
         self.clock = Clock()
@@ -224,7 +220,6 @@ class ExplorerWorker:
             max_episode_tokens=config.rollout.max_episode_tokens,
             shaping=Shaping.of(config.rollout),
             episode_timeout=config.rollout.episode_timeout,
-            partial=PartialSettings.of(config, board) if board else None,
         )
 
     def ping(self) -> int:
@@ -234,7 +229,9 @@ class ExplorerWorker:
         """End of the run (``backends.actor.release``): an agent task's endpoint stops listening."""
         close_task(self.explorer.task)
 
-    def explore(self, batch: int, version: int, weights: dict | None = None) -> tuple[list[Experience], ExploreResult]:
+    def explore(
+        self, batch: int, version: int, weights: dict | None = None, switch: SwitchPlan | None = None
+    ) -> tuple[list[Experience], ExploreResult]:
         """The experiences of batch ``batch`` and their ``ExploreResult``, loading ``weights`` (version
         ``version``) first if given."""
         with self.clock.work():
@@ -242,7 +239,7 @@ class ExplorerWorker:
             if weights is not None:
                 self.engine.load_weights(weights)
             synced = time.perf_counter()
-            experiences, timing = self.explorer.explore(batch, version)
+            experiences, timing = self.explorer.explore(batch, version, switch)
             if timing.switch_wait_s:  # waiting at a switch for the trainer's version is idle time, not work
                 self.clock.busy -= timing.switch_wait_s
                 self.clock.idle += timing.switch_wait_s

@@ -2,9 +2,9 @@
 the evaluator call, and ``TorchEngine``, what the torch samplers (``lean``, ``hf-generate``) share.
 
 An engine samples one response per prompt row from the policy it serves and reports, for each sampled token,
-its log-probability under the distribution it was drawn from (temperature, top-k and top-p applied: renormalised
-over the kept set of ``oprl.models.truncation``): the behaviour log-prob the off-policy losses need, recorded
-once, never recomputed. The explorer hands an engine the
+its log-probability under the distribution it was drawn from (its ``Sampling``, ``oprl.models.truncation``:
+temperature, top-k and top-p applied, renormalised over the kept set): the behaviour log-prob the off-policy
+losses need, recorded once, never recomputed. The explorer hands an engine the
 trainer's weights with ``load_weights`` and then calls ``generate``; an engine is registered by its
 ``rollout.engine`` name in ``oprl.rollout.ENGINES``. What an engine can do beyond that contract (partial
 rollouts, prefix reuse, row seeds, exact truncation) it declares as the class attribute ``capabilities``
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from oprl.errors import OprlError
 from oprl.lazy import lazy_import
+from oprl.models.truncation import PLAIN, Sampling
 
 if TYPE_CHECKING:
     import torch
@@ -53,8 +54,8 @@ class EngineCapabilities:
     is built: by the config checks (``oprl.rollout.capabilities(name)``) and by ``oprl.worker.make_engine``."""
 
     partial_kv: tuple[str, ...] = ()
-    """The ``sync.partial_kv`` modes (``oprl.partial.KV_SETTINGS``: ``keep``, ``recompute``) the engine supports
-    when a ``switch`` loads other weights between two decode steps of a ``generate`` call; empty = no partial
+    """The ``sync.partial_kv`` modes (``oprl.explorer.switcher.KV_SETTINGS``: ``keep``, ``recompute``) the engine
+    supports when a ``switch`` loads other weights between two decode steps of a ``generate`` call; empty = no partial
     rollouts (``sync.partial=true`` is refused, and so is a ``switch``)."""
     prefix_reuse: bool = False
     """The engine is built with ``prefix_reuse=`` and ``kv_cache_gb=`` (``rollout.prefix_reuse``,
@@ -63,7 +64,7 @@ class EngineCapabilities:
     """``generate`` seeds each row with its entry of ``row_seeds`` (a row's sample does not depend on the other
     rows of its call); without it one generator seeded ``seed`` samples the whole call."""
     exact_truncation: bool = False
-    """With ``top_k`` / ``top_p < 1`` the engine samples from ``oprl.models.truncation``'s kept set and records
+    """With a truncating ``Sampling`` the engine samples from ``oprl.models.truncation``'s kept set and records
     log-probs renormalised over it, so the trainer rebuilds the behaviour distribution exactly (training with
     truncation is refused for an engine that does not declare it)."""
 
@@ -91,7 +92,7 @@ def capabilities_of(engine: object) -> EngineCapabilities:
 
 @runtime_checkable
 class Switch(Protocol):
-    """The in-flight weight update of one batch (``oprl.partial.Switcher``), as an engine sees it: it counts
+    """The in-flight weight update of one batch (``oprl.explorer.switcher.Switcher``), as an engine sees it: it counts
     decode steps over the batch's ``generate`` calls and may load other weights into the engine between two.
     Token t of a call was drawn at global decode step ``start() + t``."""
 
@@ -140,27 +141,27 @@ def check_switch(engine: object, switch: Switch) -> None:
 
 @runtime_checkable
 class Engine(Protocol):
-    """A sampler serving one policy: what ``rollout.engine`` names (lean, hf-generate, vllm)."""
+    """A sampler serving one policy: what ``rollout.engine`` names (lean, hf-generate, vllm). Built as
+    ``Engine(model, tokenizer, sampling=, max_new_tokens=)``; it keeps that ``Sampling`` as its attribute
+    ``sampling`` (the agent endpoint serves it) and samples with it unless a call names another."""
 
     def generate(
         self,
         prompt_ids: list[list[int]],
         *,
         seed: int,
-        temperature: float | None = None,
-        top_p: float | None = None,
+        sampling: Sampling | None = None,
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,
         switch: Switch | None = None,
-        top_k: int | None = None,
     ) -> Rollout:
         """One response per prompt row (token ids, no padding). The same ``seed`` and inputs give the same
-        samples; ``temperature`` / ``top_p`` / ``top_k`` override the engine's own (evaluation samples
-        differently; ``top_k=0`` is off);
+        samples; ``sampling``, whole, replaces the engine's own for this call (evaluation samples with
+        ``eval.*``; None = the engine's ``sampling``);
         ``batch_size`` bounds the rows sampled at once where the engine batches itself. ``row_seeds``: a seed
         per row, for engines that seed rows (vLLM; the agent endpoint passes them); the torch engines draw a
         whole call from one generator seeded ``seed`` and ignore them (``EngineCapabilities.row_seeds``).
-        ``switch``: a ``Switch`` (``oprl.partial.Switcher``) that may load newer weights between decode steps
+        ``switch``: a ``Switch`` (``oprl.explorer.switcher.Switcher``) that may load newer weights between decode steps
         (partial rollouts); the rollout then records each token's version in ``behavior_versions``. Engines
         that declare no ``capabilities.partial_kv`` refuse one (``check_switch``)."""
         ...
@@ -177,8 +178,8 @@ class Engine(Protocol):
 
 
 Sample = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]  # a string: torch is bound lazily
-"""``sample(model, tokenizer, prompt_ids, temperature, top_p, max_new_tokens, top_k=)``: ``(tokens (B, T),
-behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
+"""``sample(model, tokenizer, prompt_ids, sampling, max_new_tokens)``: ``(tokens (B, T), behaviour log-probs
+(B, T))`` drawn from ``sampling`` (a ``Sampling``), on the CPU; anything after a row's first EOS is ignored."""
 
 
 class TorchEngine:
@@ -196,18 +197,14 @@ class TorchEngine:
         model,
         tokenizer,
         *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
+        sampling: Sampling = PLAIN,
         max_new_tokens: int = 16,
     ):
         self.sample = sample
         self.model = model
         self.tokenizer = tokenizer
-        self.temperature = temperature
-        self.top_p = top_p
-        self.top_k = top_k
-        """Top-k of the training rollouts (0 = off), applied before top-p (``oprl.models.truncation``)."""
+        self.sampling = sampling
+        """The distribution of every call that names none (the training rollouts': ``rollout.*``)."""
         self.max_new_tokens = max_new_tokens
         self.prefixes: PrefixStore | None = None
         """The sampler's ``oprl.rollout.prefixes.PrefixStore`` (lean engine): kept caches and prefill counts."""
@@ -243,21 +240,17 @@ class TorchEngine:
         prompt_ids: list[list[int]],
         *,
         seed: int,
-        temperature: float | None = None,
-        top_p: float | None = None,
+        sampling: Sampling | None = None,
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,  # one generator per call (see Engine.generate)
         switch: Switch | None = None,
-        top_k: int | None = None,
     ) -> Rollout:
         """``switch``: a ``Switch`` that may load other weights between decode steps (partial rollouts; only
         for a class that declares them, whose ``sample`` takes one); the rollout then records each token's
         version."""
         if switch is not None:
             check_switch(self, switch)
-        temperature = self.temperature if temperature is None else temperature
-        top_p = self.top_p if top_p is None else top_p
-        top_k = self.top_k if top_k is None else top_k
+        sampling = self.sampling if sampling is None else sampling
         batch_size = batch_size or len(prompt_ids)
         self.check_fits(prompt_ids, batch_size)
         parts = []
@@ -266,7 +259,7 @@ class TorchEngine:
             torch.manual_seed(seed)
             for start in range(0, len(prompt_ids), batch_size):
                 chunk = prompt_ids[start : start + batch_size]
-                parts.append(self._generate_batch(chunk, temperature, top_p, switch, top_k))
+                parts.append(self._generate_batch(chunk, sampling, switch))
         joined = [[row for p in parts for row in (getattr(p, f) or [])] for f in Rollout.__dataclass_fields__]
         rollout = Rollout(*joined[:4])
         rollout.behavior_versions = joined[4] if switch is not None else None
@@ -316,12 +309,10 @@ class TorchEngine:
                 "lower rollout.group_size, rollout.prompts_per_step or rollout.max_new_tokens"
             )
 
-    def _generate_batch(
-        self, prompt_ids: list[list[int]], temperature: float, top_p: float, switch: Switch | None, top_k: int = 0
-    ) -> Rollout:
+    def _generate_batch(self, prompt_ids: list[list[int]], sampling: Sampling, switch: Switch | None) -> Rollout:
         was_training = self.model.training
         self.model.eval()
-        extra: dict[str, Any] = {"top_k": top_k}
+        extra: dict[str, Any] = {}
         if switch is not None:
             extra |= {"switch": switch, "offset": switch.start()}
         if self.prefixes is not None:  # a switch loads weights mid-call: nothing kept from before or after it
@@ -332,7 +323,7 @@ class TorchEngine:
                 extra["prefixes"] = self.prefixes
         try:
             tokens, logprobs = self.sample(
-                self.model, self.tokenizer, prompt_ids, temperature, top_p, self.max_new_tokens, **extra
+                self.model, self.tokenizer, prompt_ids, sampling, self.max_new_tokens, **extra
             )  # (B, T), (B, T)
         finally:
             self.model.train(was_training)
@@ -344,22 +335,6 @@ class TorchEngine:
             ]
             switch.finish(max(len(r) for r in rollout.response_ids))
         return rollout
-
-
-class WithSampling:
-    """``engine`` whose ``generate`` defaults to ``settings`` (e.g. ``top_k=0``) in place of the engine's own;
-    explicit arguments still win. Evaluation wraps its engine so: it samples with ``eval.*`` settings, never
-    with the training rollouts' ``rollout.top_k``. Every other attribute is the engine's."""
-
-    def __init__(self, engine: Engine, **settings):
-        self.engine, self.settings = engine, settings
-
-    def generate(self, prompt_ids: list[list[int]], **kwargs) -> Rollout:
-        return self.engine.generate(prompt_ids, **(self.settings | kwargs))
-
-    def __getattr__(self, name: str):
-        settings = self.__dict__.get("settings", {})
-        return settings[name] if name in settings else getattr(self.engine, name)
 
 
 def context_of(model) -> int | None:

@@ -10,12 +10,12 @@ that matter for RL batches:
   objects, only the last position projected to the vocabulary, and rows that have emitted EOS leave the batch
   (in bulk, once a quarter of it is done, because dropping rows copies the cache).
 
-Sampling per step, for the scaled scores ``s = logits / temperature``: tokens outside the top-k, then the
-nucleus (``oprl.models.truncation``: transformers' and vLLM's rule, which the trainer rebuilds) get ``-inf``;
-``log_softmax(s)`` is the behaviour log-prob and the token is drawn with ``torch.multinomial`` from its
-exponential.
+Sampling per step, for the scaled scores ``s = logits / temperature``: tokens outside the kept set of the call's
+``Sampling`` (``oprl.models.truncation``: top-k then top-p, transformers' and vLLM's rule, which the trainer
+rebuilds) get ``-inf``; ``log_softmax(s)`` is the behaviour log-prob and the token is drawn with
+``torch.multinomial`` from its exponential.
 
-Partial rollouts (``oprl.partial``): given a ``switch``, the loop asks it before each decode step whether
+Partial rollouts (``oprl.explorer.switcher``): given a ``switch``, the loop asks it before each decode step whether
 other weights take over from there; they are loaded into the same model, so every unfinished row continues
 with them. ``kv="keep"`` leaves the cache of the earlier tokens as the old weights computed it;
 ``kv="recompute"`` runs the prompt and the tokens so far through the new weights once (a fresh cache).
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from oprl.lazy import lazy_import
 from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions
-from oprl.models.truncation import kept_tokens, truncates
+from oprl.models.truncation import Sampling
 from oprl.rollout.base import EngineCapabilities, Switch, TorchEngine
 from oprl.rollout.prefixes import PrefixStore
 from oprl.rollout.prefixes import prefill as prefill_reusing
@@ -43,7 +43,7 @@ COMPACT_FRACTION = 0.25
 
 class LeanEngine(TorchEngine):
     """Samples with a plain decode loop on the model's cache (temperature, top-k, top-p). ``settings``: the
-    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``. ``prefix_reuse``: keep
+    ``TorchEngine`` defaults ``sampling``, ``max_new_tokens``. ``prefix_reuse``: keep
     each row's cache between calls, up to ``kv_cache_gb`` GiB (``oprl.rollout.prefixes``)."""
 
     capabilities = EngineCapabilities(
@@ -62,15 +62,14 @@ def lean_sample(
     model,
     tokenizer,
     prompt_ids: list[list[int]],
-    temperature: float,
-    top_p: float,
+    sampling: Sampling,
     max_new_tokens: int,
     switch: Switch | None = None,
     offset: int = 0,
     prefixes: PrefixStore | None = None,
-    top_k: int = 0,
 ):
-    """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored.
+    """``(tokens (B, T), behaviour log-probs (B, T))`` drawn from ``sampling``'s distribution, on the CPU; anything
+    after a row's first EOS is ignored.
     ``switch`` (``oprl.rollout.base.Switch``): ``switch.before(offset + t)`` runs before the distribution of
     token t is computed (t >= 1) and says whether new weights were loaded; ``switch.kv`` what the cache does.
     ``prefixes`` (``oprl.rollout.prefixes``): resume each prompt from its longest stored prefix, count the
@@ -87,7 +86,7 @@ def lean_sample(
     live = torch.arange(batch, device=device)  # batch row of each cache row
     done = torch.zeros(batch, dtype=torch.bool, device=device)  # per cache row: EOS emitted
     for step in range(limit):
-        token, logprob = sample_token(logits, temperature, top_p, top_k)  # (L,), (L,)
+        token, logprob = sample_token(logits, sampling)  # (L,), (L,)
         tokens[live, step], logprobs[live, step] = token, logprob
         done |= token == eos_id
         if step == limit - 1 or bool(done.all()):
@@ -143,15 +142,13 @@ def recompute_prefix(
     return output_cache(out), mask, mask.sum(1), out.logits[:, -1]
 
 
-def sample_token(
-    logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row of ``logits`` (L, V); returns ``(token (L,), log-prob (L,))`` under the
-    temperature-scaled, top-k- then top-p-truncated distribution the token was drawn from
-    (``oprl.models.truncation``: the rule the trainer rebuilds)."""
-    scores = logits.float() / temperature  # (L, V)
-    if truncates(top_k, top_p):
-        scores = scores.masked_fill(~kept_tokens(scores, top_k, top_p), float("-inf"))
+def sample_token(logits: torch.Tensor, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of ``logits`` (L, V); returns ``(token (L,), log-prob (L,))`` under ``sampling``'s
+    temperature-scaled, truncated distribution the token was drawn from (``Sampling``: the rule the trainer
+    rebuilds)."""
+    scores = logits.float() / sampling.temperature  # (L, V)
+    if sampling.truncates:
+        scores = scores.masked_fill(~sampling.kept(scores), float("-inf"))
     logp = torch.log_softmax(scores, dim=-1)  # (L, V)
     token = torch.multinomial(logp.exp(), num_samples=1)  # (L, 1)
     return token.squeeze(-1), logp.gather(-1, token).squeeze(-1)

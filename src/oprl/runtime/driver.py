@@ -45,7 +45,6 @@ from oprl.runtime.batches import BatchTracker
 from oprl.runtime.healing import Restart, Restarts
 from oprl.runtime.resume import CheckpointWriter, resume_hint
 from oprl.runtime.rows import PerfClock, RowLog
-from oprl.schedule import lag
 
 if TYPE_CHECKING:  # annotations only: the driver never builds one
     from oprl.messages import ExploreResult, ScoreResult, TrainResult
@@ -235,7 +234,8 @@ class Driver:
                 self.busy_since[index] = time.perf_counter()
             batches.dispatch(batch, index)
             weights = self.sync.weights_for(index, version, batch)
-            experiences, result = self.explorers[index].explore(batch, version, weights)
+            switch = self.sync.switch_plan(batch)  # partial rollouts: other weights mid-batch, decided here
+            experiences, result = self.explorers[index].explore(batch, version, weights, switch)
             self._submit(
                 result,
                 Call(
@@ -307,7 +307,7 @@ class Driver:
             started = result.start_version  # the newest version a response started with
             if started != scheduled:
                 raise RuntimeError(f"step {step} trained on version {started}, not {scheduled}")
-            row["lag/scheduled"] = float(lag(step, self.sync.k, self.sync.m))
+            row["lag/scheduled"] = float(self.sync.lag(step))
         self.rows.add(step, row)
         outstanding = self.batches.outstanding()
         if self.explorers and self.sync.wants(step, outstanding):  # partial: in-flight batches may switch to it

@@ -233,12 +233,13 @@ def noop_warnings(config, task) -> list[str]:
     (``sync.partial``) under a schedule that publishes no newer version while a batch is generated, or with
     replies that end before the switch step. What only the run can tell (a free-running mode that never ran
     ahead) is ``outcome_warnings``."""
-    from oprl.partial import switch_version
+    from oprl.runtime.synchronizer import Synchronizer
 
     sync, out = config.sync, list[str]()
     if not sync.partial or config.mode != "both" or sync.mode != "scheduled":
         return out
-    if all(switch_version(b, sync.interval, sync.offset) is None for b in range(1, config.steps + 1)):
+    schedule = Synchronizer.of(config, explorers=0)  # the run's own answer: which batches switch, and to what
+    if all(schedule.switch_target(b) is None for b in range(1, config.steps + 1)):
         out.append(
             f"warning: sync.partial=true does nothing here: with sync.interval={sync.interval} "
             f"sync.offset={sync.offset} the trainer waits for every batch, so no newer version exists while one "

@@ -26,6 +26,7 @@ from oprl.backends.local import LocalBackend
 from oprl.buffer.buffer import make_buffer
 from oprl.checkpoint import files as ckpt_files
 from oprl.checkpoint import rundir, storedir
+from oprl.checkpoint.board import BOARD_DIRNAME, close_board
 from oprl.checkpoint.store import ExperienceStore
 from oprl.config import RunConfig
 from oprl.errors import OprlError
@@ -36,7 +37,6 @@ from oprl.judge.role import JudgeWorker
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.models.loading import quiet_transformers, resolve_device
 from oprl.models.precision import precision_line
-from oprl.partial import BOARD_DIRNAME, close_board
 from oprl.progress import RunProgress
 from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, JudgeClient, TeacherHandle, TrainerHandle
 from oprl.runtime import resume
@@ -132,10 +132,7 @@ def run_label(config: RunConfig) -> str:
             label = f"eval-{found.parent.parent.name}-{found.name}"
             return "".join(c if c.isalnum() or c in "-_." else "-" for c in label)
     parts: list[str] = [config.mode] if config.mode != "both" else []
-    # The schedule as it is read: k and m when scheduled, k and the staleness bound when async.
-    sync = config.sync
-    schedule = f"m{sync.offset}" if sync.mode == "scheduled" else f"async{sync.max_staleness}"
-    parts += [config.algorithm.preset or "custom", f"k{sync.interval}", schedule]
+    parts += [config.algorithm.preset or "custom", config.sync.label()]  # k and m, or k and the async bound
     if config.model.path != "tiny":
         parts.append(Path(config.model.path.rstrip("/")).name.lower())
     if config.task.name != "arithmetic":
@@ -310,7 +307,6 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print, 
         judge = backend.start("judge", JudgeWorker, config, path, threads=threads, gpus=config.judge.gpus)
         actors.append(judge)
     explorers: list[ExplorerHandle] = []
-    board = str(run_dir / BOARD_DIRNAME) if config.sync.partial else None
     for index in range(config.runtime.explorers if use_explorers else 0):
         gpus = config.runtime.gpus_per_explorer
         client = None if judge is None else JudgeClient(backend.peer(judge))
@@ -320,7 +316,6 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print, 
             config,
             path,
             index,
-            board,
             client,
             threads=threads,
             gpus=gpus,
@@ -337,15 +332,7 @@ def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print, 
         teacher = TeacherHandle(teacher_actor)
     for actor in actors:
         _wait_ready(backend, actor, run_dir)
-    sync_mode = "fixed" if config.mode == "explore" else config.sync.mode
-    sync = Synchronizer(
-        interval=config.sync.interval,
-        offset=config.sync.offset,
-        mode=sync_mode,
-        max_staleness=config.sync.max_staleness,
-        explorers=len(explorers),
-        partial=config.sync.partial,
-    )
+    sync = Synchronizer.of(config, len(explorers))
     start_step, ready = 0, list[int]()
     if opened.resumption is not None:
         assert trainer is not None, "mode=explore resumes from its store, without a checkpoint"

@@ -13,11 +13,16 @@ only with a batch whose version differs from what it holds.
 
 Fixed mode (mode=explore): every batch comes from the weights the explorers loaded (version 0).
 
-Partial rollouts (``sync.partial``, ``oprl.partial``): a batch may also need the version that takes over
+The synchronizer is the one owner of the schedule after the config (``Synchronizer.of``): it keeps
+``interval`` and ``offset`` and answers ``lag(step)``, the version of each batch and, under partial rollouts,
+each batch's ``SwitchPlan``, which the driver sends with the batch; explorers and pre-run checks ask it rather
+than reading ``config.sync``.
+
+Partial rollouts (``sync.partial``, ``oprl.explorer.switcher``): a batch may also need the version that takes over
 at its switch step, so that version is published, kept and checkpointed like the one it starts from. The
-synchronizer owns the weights board explorers read mid-batch (``open_board``): it clears a killed run's
-future from it, then posts every published version there, in publication order, and prunes the versions no
-batch can need any more. A ``BoardWriter`` does the writing on one thread of its own, so the driver never
+synchronizer owns the weights board explorers read mid-batch (``open_board``, ``oprl.checkpoint.board``): it clears
+a killed run's future from it, then posts every published version there, in publication order, and prunes the
+versions no batch can need any more. A ``BoardWriter`` does the writing on one thread of its own, so the driver never
 waits for weights to be written; each write's future goes to ``posts``, which the driver waits for like any
 worker call (a failed write stops the run with one line naming the board file). The writer resolves the
 snapshot future in the driver's process (``Backend.get``): with worker processes or Ray actors the weights
@@ -34,8 +39,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from oprl.partial import board_file, open_board, post_weights, switch_version
-from oprl.schedule import policy_version
+from oprl.checkpoint.board import board_file, open_board, post_weights
+from oprl.messages import SwitchPlan
+from oprl.schedule import lag, policy_version, switch_version
 
 
 class Post(NamedTuple):
@@ -46,7 +52,7 @@ class Post(NamedTuple):
 
 
 class BoardWriter:
-    """Writes the weights board on one thread of its own, in call order (``oprl.partial`` holds the format).
+    """Writes the weights board on one thread of its own, in call order (``oprl.checkpoint.board`` holds the format).
 
     ``resolve(snapshot)`` turns a published snapshot (a future of ``TrainerWorker.weights()``) into its
     name -> tensor dict, waiting for it: the backend's ``get``.
@@ -84,9 +90,11 @@ class Synchronizer:
         max_staleness: int,
         explorers: int,
         partial: bool = False,
+        switch_step: int = 0,
+        partial_kv: str = "keep",
     ):
-        self.k, self.m, self.mode, self.max_staleness = interval, offset, mode, max_staleness
-        self.partial = partial
+        self.interval, self.offset, self.mode, self.max_staleness = interval, offset, mode, max_staleness
+        self.partial, self.switch_step, self.partial_kv = partial, switch_step, partial_kv
         self.board: BoardWriter | None = None
         """Partial rollouts: the weights board's writer (``open_board``)."""
         self.posts: list[Post] = []
@@ -95,13 +103,50 @@ class Synchronizer:
         self.loaded: list[int | None] = [0 if mode == "fixed" else None] * explorers
         self.latest: int | None = None
 
+    @classmethod
+    def of(cls, config, explorers: int) -> Synchronizer:
+        """The synchronizer of a run's ``config`` (the only reader of ``config.sync``'s schedule after the
+        config itself); ``mode=explore`` samples every batch with the loaded weights (``fixed``)."""
+        sync = config.sync
+        return cls(
+            interval=sync.interval,
+            offset=sync.offset,
+            mode="fixed" if config.mode == "explore" else sync.mode,
+            max_staleness=sync.max_staleness,
+            explorers=explorers,
+            partial=sync.partial,
+            switch_step=sync.switch_step,
+            partial_kv=sync.partial_kv,
+        )
+
     # -- which version ---------------------------------------------------------------------------------
     def scheduled_version(self, batch: int) -> int:
-        return policy_version(batch, self.k, self.m)
+        return policy_version(batch, self.interval, self.offset)
+
+    def lag(self, step: int) -> int:
+        """Scheduled mode: how many versions older than the trainer's weights (t - 1) step ``step``'s batch is."""
+        return lag(step, self.interval, self.offset)
+
+    def switch_target(self, batch: int) -> int | None:
+        """Scheduled partial rollouts: the version that takes over ``batch`` at ``switch_step``, else None."""
+        if not self.partial or self.mode != "scheduled":
+            return None
+        return switch_version(batch, self.interval, self.offset)
+
+    def switch_plan(self, batch: int) -> SwitchPlan | None:
+        """What the explorer of ``batch`` does between decode steps (sent with the batch), None without
+        partial rollouts (or before ``open_board``): wait for the switch target at ``switch_step``
+        (scheduled) or follow the board up to version batch - 1 (async)."""
+        if self.board is None or self.mode == "fixed":
+            return None
+        board = str(self.board.board)
+        if self.mode == "scheduled":
+            return SwitchPlan(board, self.switch_target(batch), self.switch_step, kv=self.partial_kv)
+        return SwitchPlan(board, free=True, newest=batch - 1, kv=self.partial_kv)
 
     def versions_of(self, batch: int) -> set[int]:
         """Scheduled mode: the versions ``batch`` is sampled with (its start and, partial, its switch target)."""
-        target = switch_version(batch, self.k, self.m) if self.partial else None
+        target = self.switch_target(batch)
         return {self.scheduled_version(batch)} | ({target} if target is not None else set())
 
     def version_for(self, batch: int) -> int | None:
@@ -119,7 +164,7 @@ class Synchronizer:
         """Should the trainer publish ``version`` (just reached), given the batches still to generate?"""
         if self.mode == "scheduled":
             return any(version in self.versions_of(b) for b in pending)
-        return self.mode == "async" and (version % self.k == 0 or self.latest is None)
+        return self.mode == "async" and (version % self.interval == 0 or self.latest is None)
 
     # -- snapshots -------------------------------------------------------------------------------------
     def publish(self, version: int, snapshot) -> None:
@@ -131,7 +176,7 @@ class Synchronizer:
         if self.board is not None:
             # Scheduled: older versions may still be waited for (release keeps them); async: the newest two
             # (an explorer may be reading the previous one while this one is written).
-            keep_from = min(self.snapshots) if self.mode == "scheduled" else self.latest - self.k
+            keep_from = min(self.snapshots) if self.mode == "scheduled" else self.latest - self.interval
             self.posts.append(self.board.post(version, snapshot, keep_from))
 
     # -- the weights board (partial rollouts) -----------------------------------------------------------
@@ -154,7 +199,7 @@ class Synchronizer:
         if self.loaded[explorer] == version:
             return None
         self.loaded[explorer] = version
-        if self.partial and (self.mode == "async" or switch_version(batch, self.k, self.m) is not None):
+        if self.partial and (self.mode == "async" or self.switch_target(batch) is not None):
             self.loaded[explorer] = None  # the batch may end on other weights: the next one gets its own
         return self.snapshots[version]
 

@@ -40,9 +40,10 @@ from oprl.checkpoint.files import load_trainer_state, save_trainer_state
 from oprl.errors import OprlError
 from oprl.messages import Experience, TrainResult, batch_metrics
 from oprl.models.batching import right_pad_values
-from oprl.partial import mask_stale_tokens, token_lag_metrics
+from oprl.models.truncation import Sampling
 from oprl.schedule import stream_seed
 from oprl.trainer.distributed import SingleProcess
+from oprl.trainer.staleness import mask_stale_tokens, token_lag_metrics
 from oprl.worker import Clock, load_model, make_engine, trainable_weights
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class Trainer:
         pad_id: int,
         settings: dict,
         optim,
-        sampling_temperature: float,
+        sampling: Sampling,
         max_response_tokens: int,
         kl_coef: float = 0.0,
         kl_estimator: str = "k3",
@@ -74,13 +75,11 @@ class Trainer:
         activation_checkpointing: bool = False,
         autocast: torch.dtype | None = None,
         max_token_lag: int | None = None,
-        sampling_top_k: int = 0,
-        sampling_top_p: float = 1.0,
         teacher_logprob_floor: float = LOGPROB_FLOOR,
     ):
         self.model = model
         self.max_token_lag = max_token_lag
-        """Tokens sampled more than this many versions ago leave the loss (``oprl.partial.mask_stale_tokens``)."""
+        """Tokens sampled more than this many versions ago leave the loss (``staleness.mask_stale_tokens``)."""
         self.pad_id = pad_id
         self.advantage_kwargs = advantage_settings(settings)
         # The loss's settings, typed, once (a fixed normaliser for Dr.GRPO: the padded width varies per
@@ -92,10 +91,9 @@ class Trainer:
         self.distill_kwargs = {key: settings[key] for key in DISTILL_KEYS}
         self.teacher_logprob_floor = teacher_logprob_floor  # teacher.logprob_floor: −inf (outside its support) -> it
         self.optim = optim
-        self.temperature = sampling_temperature
-        # Every log-prob is scored under the distribution the sampler drew from: temperature, then the top-k /
-        # top-p kept set rebuilt from the current logits (oprl.models.logprobs; rho = 1 on-policy).
-        self.sampling = {"temperature": sampling_temperature, "top_k": sampling_top_k, "top_p": sampling_top_p}
+        self.sampling = sampling
+        """The rollouts' ``Sampling``: every log-prob is scored under the distribution the sampler drew from,
+        temperature, then its kept set rebuilt from the current logits (oprl.models.logprobs; rho = 1 on-policy)."""
         self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
         self.seed = seed
         self.version = 0
@@ -171,7 +169,7 @@ class Trainer:
                 [e.prompt_ids for e in micro],
                 [e.response_ids for e in micro],
                 self.pad_id,
-                **self.sampling,
+                sampling=self.sampling,
             )  # (B, T), _, (B, T)
             out += [values[valid.bool()].tolist() for values, valid in zip(logprobs.cpu(), mask.cpu(), strict=True)]
         return out
@@ -227,7 +225,7 @@ class Trainer:
             prompts,
             responses,
             self.pad_id,
-            **self.sampling,
+            sampling=self.sampling,
             with_entropy=True,
             entropy_grad=self.entropy_coef > 0,
         )  # (B, T), (B, T), (B, T)
@@ -256,7 +254,7 @@ class Trainer:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, params.loss_agg, params.normalizer)
         if self.reference is not None and self._ref_kl_due():
             with torch.no_grad():
-                ref_logprobs, _, _ = self.reference(prompts, responses, self.pad_id, **self.sampling)
+                ref_logprobs, _, _ = self.reference(prompts, responses, self.pad_id, sampling=self.sampling)
             kl_tokens = kl_penalty(logprobs, ref_logprobs, self.kl_estimator, mask)  # (B, T)
             kl = aggregate(kl_tokens, mask, params.loss_agg, params.normalizer)
             if self.kl_coef > 0:
@@ -353,9 +351,7 @@ def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess
         pad_id=pad_id,
         settings=algorithm_settings(config),
         optim=config.optim,
-        sampling_temperature=config.rollout.temperature,
-        sampling_top_k=config.rollout.top_k,
-        sampling_top_p=config.rollout.top_p,
+        sampling=Sampling.of(config.rollout),
         max_response_tokens=config.rollout.max_new_tokens,
         kl_coef=algo.kl_coef,
         kl_estimator=algo.kl_estimator,

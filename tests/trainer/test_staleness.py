@@ -8,9 +8,9 @@ import pytest
 
 from oprl.checkpoint.store import SCHEMA, read_parquet, write_parquet
 from oprl.messages import Experience
-from oprl.partial import mask_stale_tokens, token_lag_metrics, token_versions
+from oprl.trainer.staleness import mask_stale_tokens, token_lag_metrics, token_versions
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _row(versions, policy_version=0, loss_mask=None):

@@ -12,11 +12,12 @@ import time
 import pytest
 import torch
 
+from oprl.checkpoint.board import BoardClosed, close_board, post_weights
+from oprl.explorer.switcher import Switcher
 from oprl.models.chat import encode_prompt
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.partial import BoardClosed, Switcher, close_board, post_weights, switch_version
 from oprl.rollout import LeanEngine
-from oprl.schedule import policy_version
+from oprl.schedule import policy_version, switch_version
 
 SWITCH, LIMIT = 4, 10
 
