@@ -23,6 +23,7 @@ import torch
 from oprl.episodes.agents import task_episodes  # run_episodes itself runs an agent task's inner environment
 from oprl.episodes.episode import run_episodes
 from oprl.models.tiny import build_model, build_tokenizer
+from oprl.rollout import Sampling
 from oprl.rollout.lean_engine import LeanEngine
 from oprl.tasks.agent import AgentTask
 from oprl.tasks.tool_arithmetic import ToolArithmeticTask
@@ -80,12 +81,12 @@ def main() -> None:
 class InstantEngine:
     """Replies ``[2*3]`` to a question and the tool's answer to a tool turn, each ended by EOS, at once."""
 
-    temperature, top_p, max_new_tokens = 1.0, 1.0, 10
+    sampling, max_new_tokens = Sampling(), 10
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None, row_seeds=None):
+    def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None, row_seeds=None):
         from oprl.rollout import Rollout
 
         rows = []

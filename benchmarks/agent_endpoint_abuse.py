@@ -29,9 +29,10 @@ import time
 
 import httpx
 
-from oprl.episodes.endpoint import Endpoint, Sampling
+from oprl.episodes.endpoint import Endpoint, Served
 from oprl.episodes.sessions import Session
 from oprl.models.tiny import build_tokenizer
+from oprl.models.truncation import Sampling
 
 CHILD = """
 import socket, sys, time, resource
@@ -137,7 +138,7 @@ def idle_flood(endpoint: Endpoint, count: int, nofile: int) -> dict:
 
 
 def empty_messages(endpoint: Endpoint, count: int) -> dict:
-    endpoint.sampling = Sampling(1.0, 1.0, 16, context=2048)
+    endpoint.served = Served(Sampling(), 16, context=2048)
     flood, other = (Session(k, endpoint.tokenizer, max_turns=4, max_tokens=400) for k in range(2))
     for s in (flood, other):
         s.token_chars, s.message_tokens = endpoint.token_chars, getattr(endpoint, "message_tokens", 0)

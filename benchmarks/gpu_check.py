@@ -198,6 +198,7 @@ def rank_main(rank: int, args, port: int, results) -> None:
 
     from oprl.algorithms import PRESETS
     from oprl.messages import Experience
+    from oprl.models.truncation import Sampling
     from oprl.rollout.lean_engine import LeanEngine
     from oprl.trainer.distributed import DataParallel, gather_weights
     from oprl.trainer.trainer import Trainer
@@ -228,7 +229,7 @@ def rank_main(rank: int, args, port: int, results) -> None:
         pad_id=PAD,
         settings=PRESETS["grpo"],
         optim=optim,
-        sampling_temperature=1.0,
+        sampling=Sampling(),
         max_response_tokens=args.response,
         parallel=parallel,
     )
@@ -236,7 +237,7 @@ def rank_main(rank: int, args, port: int, results) -> None:
     engine = None
     if rank == 0:
         explorer_model = build_model(args.shape, device, dtype)  # the explorer's own copy
-        engine = LeanEngine(explorer_model, IdTokenizer(), temperature=1.0, max_new_tokens=args.response)
+        engine = LeanEngine(explorer_model, IdTokenizer(), max_new_tokens=args.response)  # temperature 1
     setup_s = time.perf_counter() - built
     generator = torch.Generator().manual_seed(0)
     vocab = SHAPES[args.shape]["vocab_size"]

@@ -35,6 +35,7 @@ from oprl.messages import Experience
 from oprl.models.loading import SMOLLM2_ALIAS, load_pretrained
 from oprl.models.logprobs import grouped_response_logprobs
 from oprl.models.precision import BF16_CPU_FLAGS, cpu_flags
+from oprl.models.truncation import Sampling
 from oprl.trainer.trainer import Trainer
 
 SETTINGS = {
@@ -75,7 +76,7 @@ def build(rank: int, autocast, args) -> Trainer:
         pad_id=tokenizer.pad_token_id,
         settings=PRESETS["grpo"],
         optim=OptimConfig(lr=3e-5, micro_batch_size=args.micro_batch),
-        sampling_temperature=1.0,
+        sampling=Sampling(),
         max_response_tokens=args.response,
         autocast=autocast,
     )

@@ -110,8 +110,9 @@ def evaluations(model, tokenizer, task, sizes: dict) -> dict[str, float]:
     model.eval()
     out = {}
     for key, name in EVAL_ENGINES.items():
-        engine = getattr(oprl.rollout, name)(model, tokenizer, temperature=1.0, max_new_tokens=sizes["max_new"])
-        result = evaluate(engine, task, tokenizer, num_problems=sizes["eval_problems"], temperature=1.0, seed=0)
+        plain = oprl.rollout.Sampling()  # T = 1, no truncation
+        engine = getattr(oprl.rollout, name)(model, tokenizer, sampling=plain, max_new_tokens=sizes["max_new"])
+        result = evaluate(engine, task, tokenizer, num_problems=sizes["eval_problems"], sampling=plain, seed=0)
         out[key] = result["accuracy"]
     return out
 

@@ -45,8 +45,8 @@ CALLS: list[int] = []
 
 
 def counting_engine(model, tokenizer, **settings):
-    """An engine: any callable ``(model, tokenizer, temperature=, top_p=, max_new_tokens=) -> Engine``; this
-    one is a ``LeanEngine`` that counts its ``generate`` calls in ``CALLS``."""
+    """An engine: any callable ``(model, tokenizer, sampling=, max_new_tokens=) -> Engine``; this one is a
+    ``LeanEngine`` that counts its ``generate`` calls in ``CALLS``."""
     engine = LeanEngine(model, tokenizer, **settings)
     generate = engine.generate
 

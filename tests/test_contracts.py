@@ -56,15 +56,7 @@ def test_every_registered_engine_has_the_engine_methods(name):
     assert (
         keywords(engine_type.generate)
         == keywords(Engine.generate)
-        == {
-            "seed",
-            "temperature",
-            "top_p",
-            "batch_size",
-            "row_seeds",
-            "switch",
-            "top_k",
-        }
+        == {"seed", "sampling", "batch_size", "row_seeds", "switch"}
     )
 
 

@@ -1,6 +1,7 @@
 """The recipes of docs/architecture.md, done exactly as the page says: a loss variant is one function plus one
 registry entry in ``oprl.algorithms``; an engine is a callable building an ``Engine``, one entry in ``ENGINES``;
-a plug-in engine gains partial rollouts by declaring them in its ``capabilities``."""
+a plug-in engine gains partial rollouts by declaring them in its ``capabilities``; a sampling option is one
+field of ``Sampling``."""
 
 import json
 from pathlib import Path
@@ -11,7 +12,7 @@ import recipes
 from oprl.algorithms import LossParams, losses
 from oprl.cli import main
 from oprl.config import algorithm_settings, load_config
-from oprl.rollout import ENGINES
+from oprl.rollout import ENGINES, LeanEngine, Sampling
 
 
 def _only_positive(ratio, advantages, params):
@@ -97,3 +98,65 @@ def test_a_plug_in_engine_gains_partial_rollouts_by_declaring_them(small_overrid
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "sync.partial=true" in err and "rollout.engine" in err, err
     assert not (tmp_path / "runs" / "undeclared").exists()  # refused before anything started
+
+
+def test_a_sampling_option_is_one_field_of_sampling():
+    """docs/architecture.md "How to add a sampling option": an option is a field of ``Sampling`` (in oprl: the
+    field, its ``rollout.<name>`` config field, and its mapping in the engines that sample elsewhere); one that
+    removes tokens extends ``kept``, through which the lean engine samples and the trainer scores. Here the same
+    outside oprl: a subclass adds min-p, S = {i : p_i >= min_p * max_j p_j}, and ρ = 1 on-policy under it."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from oprl.models.batching import right_pad_values
+    from oprl.models.chat import encode_prompt
+    from oprl.models.logprobs import grouped_response_logprobs
+    from oprl.models.tiny import build_model, build_tokenizer
+
+    @dataclass(frozen=True)
+    class MinP(Sampling):
+        min_p: float = 0.0
+        """Tokens less likely than min_p times the most likely one cannot be drawn; 0 = off."""
+
+        @property
+        def truncates(self) -> bool:
+            return super().truncates or self.min_p > 0
+
+        def kept(self, scores):
+            probs = scores.softmax(-1)
+            return super().kept(scores) & (probs >= self.min_p * probs.max(-1, keepdim=True).values)
+
+    section = SimpleNamespace(temperature=0.8, top_k=0, top_p=1.0, min_p=0.3)  # rollout.min_p, read by name
+    sampling = MinP.of(section)
+    assert sampling == MinP(temperature=0.8, min_p=0.3)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": t}]) for t in ["1+2=", "35+47-9="] * 4]
+    rollout = LeanEngine(model, tokenizer, sampling=sampling, max_new_tokens=8).generate(prompts, seed=0)
+    with torch.no_grad():
+        scored, _, mask = grouped_response_logprobs(
+            model, prompts, rollout.response_ids, tokenizer.pad_token_id, sampling=sampling
+        )
+        whole, _, _ = grouped_response_logprobs(
+            model, prompts, rollout.response_ids, tokenizer.pad_token_id, sampling=Sampling(temperature=0.8)
+        )
+    behavior = right_pad_values(rollout.behavior_logprobs, mask.shape[1])  # (B, T)
+    assert mask.sum() > 30
+    assert (scored - behavior)[mask].abs().max() < 1e-5  # ρ = 1: the trainer scores what the sampler drew from
+    # Renormalised over a smaller set, no drawn token is less likely than under the whole softmax, and min-p did
+    # remove mass (the whole softmax would read it as a policy change).
+    assert (whole - behavior)[mask].max() < 1e-5 and (whole - behavior)[mask].min() < -0.05
+
+
+def test_every_sampling_field_is_a_rollout_key_with_one_default():
+    """In oprl a sampling option is a ``Sampling`` field and a ``rollout.<name>`` config field with the same
+    default, which ``Sampling.of`` reads by name; evaluation reads the ``eval.*`` fields it has."""
+    from dataclasses import fields
+
+    from oprl.config.sections import RolloutConfig
+
+    for field in fields(Sampling):
+        assert RolloutConfig.model_fields[field.name].default == field.default, field.name
+    config = load_config(None, ["rollout.temperature=0.7", "rollout.top_k=5", "rollout.top_p=0.9", "eval.top_p=0.95"])
+    assert Sampling.of(config.rollout) == Sampling(temperature=0.7, top_k=5, top_p=0.9)
+    assert Sampling.of(config.eval) == Sampling(temperature=1.0, top_k=0, top_p=0.95)  # no top-k in evaluation

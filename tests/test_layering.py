@@ -18,11 +18,10 @@ ALLOWED = {
     # The config tree reads the plug-ins' registries for its option lists; it never sees the runtime or the
     # entry points that consume it.
     "config": {"config", "algorithms", "tasks", "rollout", "models", "errors", "io", "plugins"},
-    # The bandit study runs the real loss functions on a toy problem, nothing else.
-    "bandit": {"bandit", "algorithms", "errors"},
     # Experiments drive runs as subprocesses and read their output files; they do not link the runtime. config:
-    # ``oprl sweep --set`` checks the first run's settings as ``oprl train`` would, before any run starts.
-    "experiments": {"experiments", "config", "errors", "metrics", "io", "progress"},
+    # ``oprl sweep --set`` checks the first run's settings as ``oprl train`` would, before any run starts;
+    # algorithms: the bandit study (experiments/bandit.py) runs the real loss functions on a toy problem.
+    "experiments": {"experiments", "algorithms", "config", "errors", "metrics", "io", "progress"},
     # oprl's losses inside other trainers (TRL): the pure math only, never oprl's runtime.
     "integrations": {"integrations", "algorithms"},
     # What travels between roles, and the schedule math: leaves above torch.
@@ -208,7 +207,8 @@ def test_only_the_ray_backend_imports_ray():
 
 
 def test_only_entry_points_reach_into_experiments_and_bandit():
-    """``oprl.experiments`` and ``oprl.bandit`` are commands: only the CLI (and themselves) may import them."""
+    """``oprl.experiments`` (sweeps, reports, the bandit) are commands: only the CLI (and themselves) may import
+    them."""
     for path in SRC.rglob("*.py"):
         layer = layer_of(path)
         for target in ("experiments", "bandit"):

@@ -8,6 +8,7 @@ from oprl.algorithms import PRESETS
 from oprl.config import OptimConfig
 from oprl.messages import Experience
 from oprl.models.tiny import build_model, build_tokenizer
+from oprl.models.truncation import Sampling
 from oprl.trainer.trainer import Trainer
 
 
@@ -43,7 +44,7 @@ def make_trainer(preset="grpo", seed=0, num_layers=1, activation_checkpointing=F
         pad_id=tokenizer.pad_token_id,
         settings=PRESETS[preset],
         optim=OptimConfig(**optim),
-        sampling_temperature=1.0,
+        sampling=Sampling(),
         max_response_tokens=8,
         seed=seed,
         activation_checkpointing=activation_checkpointing,

@@ -330,7 +330,7 @@ def _teacher_score(args: list[str]) -> int:
 
 
 def _bandit(args: list[str]) -> int:
-    from oprl.bandit import main as bandit_main
+    from oprl.experiments.bandit import main as bandit_main
 
     return bandit_main(args)
 

@@ -29,6 +29,7 @@ from oprl import plugins
 from oprl.errors import OprlError
 from oprl.messages import FlatWeights
 from oprl.models.loading import load_pretrained, quiet_transformers
+from oprl.models.truncation import Sampling
 from oprl.rollout import ENGINES, Engine, Rollout
 from oprl.rollout.base import capabilities_of
 
@@ -82,7 +83,7 @@ class LockedEngine:
         self.engine.weights_changed()
 
     def __getattr__(self, name: str):
-        """The wrapped engine's settings and ``capabilities`` (``max_new_tokens``, ``temperature``: the agent
+        """The wrapped engine's settings and ``capabilities`` (``max_new_tokens``, ``sampling``: the agent
         endpoint reads them)."""
         return getattr(self.engine, name)
 
@@ -102,25 +103,16 @@ def load_model(config: RunConfig, path: str, dtype: str | None = None):
 
 
 def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
-    """The ``rollout.engine`` sampler over ``model``, behind the sampling lock. ``prefix_reuse=`` and
+    """The ``rollout.engine`` sampler over ``model``, behind the sampling lock, built with the rollouts'
+    ``Sampling`` (``rollout.temperature``, ``rollout.top_k``, ``rollout.top_p``). ``prefix_reuse=`` and
     ``kv_cache_gb=`` go to engines that declare ``capabilities.prefix_reuse`` (``oprl.rollout.EngineCapabilities``)."""
     rollout = config.rollout
     engine = plugins.resolve("engine", rollout.engine, ENGINES, key="rollout.engine")
     options: dict[str, object] = {}
     if capabilities_of(engine).prefix_reuse:
         options |= {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
-    if rollout.top_k > 0:  # only then: a plug-in engine built like the built-ins need not take top_k
-        options["top_k"] = rollout.top_k
-    return LockedEngine(
-        engine(
-            model,
-            tokenizer,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            max_new_tokens=rollout.max_new_tokens,
-            **options,
-        )
-    )
+    sampling = Sampling.of(rollout)
+    return LockedEngine(engine(model, tokenizer, sampling=sampling, max_new_tokens=rollout.max_new_tokens, **options))
 
 
 def trainable_weights(model, *, to_cpu: bool) -> FlatWeights:

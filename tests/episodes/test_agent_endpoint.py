@@ -16,6 +16,7 @@ from oprl.episodes.episode import run_episodes
 from oprl.errors import OprlError
 from oprl.models.chat import encode_prompt
 from oprl.models.tiny import build_model, build_tokenizer
+from oprl.rollout import Sampling
 from oprl.rollout.lean_engine import LeanEngine
 from oprl.tasks.agent import AgentTask
 from oprl.tasks.tool_arithmetic import ToolArithmeticTask
@@ -39,12 +40,12 @@ class EndingEngine:
     """Replies ``[2*3]`` then the last tool answer, each ended by EOS, with log-prob -0.25 per token (a model
     that always ends its turns, which the untrained tiny model does not)."""
 
-    temperature, top_p, max_new_tokens = 1.0, 1.0, 10
+    sampling, max_new_tokens = Sampling(), 10
 
     def __init__(self, tokenizer):
         self.tokenizer, self.sampled = tokenizer, []
 
-    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None, row_seeds=None):
+    def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None, row_seeds=None):
         from oprl.rollout import Rollout
 
         rows = []
@@ -291,7 +292,7 @@ def test_environment_tokens_of_agent_episodes_get_zero_gradient(tokenizer):
         pad_id=tokenizer.pad_token_id,
         settings=settings,
         optim=optim,
-        sampling_temperature=1.0,
+        sampling=Sampling(),
         max_response_tokens=64,
         entropy_coef=0.01,
     )

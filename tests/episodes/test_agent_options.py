@@ -12,7 +12,7 @@ from test_agent_endpoint import agent_task, run
 
 from oprl.models.chat import render
 from oprl.models.tiny import build_tokenizer
-from oprl.rollout import Rollout
+from oprl.rollout import Rollout, Sampling
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
 
@@ -25,13 +25,13 @@ def tokenizer():
 class ScriptEngine:
     """Replies ``REPLY`` (a tool call when tools are in the prompt), then EOS; token k has log-prob -0.01 (k+1)."""
 
-    temperature, top_p, max_new_tokens = 1.0, 1.0, 120
+    sampling, max_new_tokens = Sampling(), 120
     REPLY = "12 Observation: 3 Observation: 4"
 
     def __init__(self, tokenizer):
         self.tokenizer, self.sampled = tokenizer, []
 
-    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None, row_seeds=None):
+    def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None, row_seeds=None):
         rows = []
         for context in prompt_ids:
             reply = CALL if "<tools>" in self.tokenizer.decode(context) else self.REPLY

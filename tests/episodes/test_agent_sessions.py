@@ -18,7 +18,7 @@ import pytest
 
 from oprl.episodes.agents import task_episodes
 from oprl.models.tiny import build_tokenizer
-from oprl.rollout import Rollout
+from oprl.rollout import Rollout, Sampling
 from oprl.tasks.agent import AgentTask
 
 TOOLS = [
@@ -50,7 +50,7 @@ class Recorder:
     while another is being sampled; ``hold(text)``: a context for which it is true is sampled only once the
     agent's session has closed (``task``'s endpoint has no session left), so its reply is never recorded."""
 
-    temperature, top_p, max_new_tokens = 1.0, 1.0, 200
+    sampling, max_new_tokens = Sampling(), 200
 
     def __init__(self, tokenizer, gate: threading.Event | None = None):
         self.tokenizer, self.gate, self.started = tokenizer, gate, threading.Event()
@@ -59,7 +59,7 @@ class Recorder:
         self.sampled: dict[tuple[int, ...], tuple[list[int], list[float]]] = {}
         self.count = 0
 
-    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None, row_seeds=None):
+    def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None, row_seeds=None):
         self.started.set()
         if self.gate is not None:
             self.gate.wait(10)

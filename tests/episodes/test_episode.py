@@ -16,7 +16,7 @@ from oprl.episodes.episode import run_episodes, teacher_forced
 from oprl.explorer.explorer import Explorer
 from oprl.messages import Experience
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import Rollout
+from oprl.rollout import Rollout, Sampling
 from oprl.tasks.base import EpisodicTask, Problem
 from oprl.tasks.tool_arithmetic import ToolArithmeticTask
 from oprl.trainer import trainer as trainer_module
@@ -48,7 +48,7 @@ class ScriptedEngine:
     def __init__(self, tokenizer, script):
         self.tokenizer, self.script, self.calls = tokenizer, script, []
 
-    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None):
+    def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None):
         self.calls.append((seed, [list(p) for p in prompt_ids]))
         ids, logprobs, texts, truncated = [], [], [], []
         for context in prompt_ids:
@@ -190,7 +190,7 @@ def make_trainer(model, tokenizer):
         pad_id=tokenizer.pad_token_id,
         settings=settings,
         optim=optim,
-        sampling_temperature=1.0,
+        sampling=Sampling(),
         max_response_tokens=64,
         entropy_coef=0.01,
     )

@@ -4,7 +4,7 @@ import pytest
 
 from oprl.episodes.evaluation import evaluate
 from oprl.models.tiny import build_tokenizer
-from oprl.rollout.base import Rollout
+from oprl.rollout.base import Rollout, Sampling
 from oprl.tasks.arithmetic import ArithmeticTask
 
 
@@ -17,7 +17,7 @@ class ScriptedEngine:
     def weights_changed(self):
         pass
 
-    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None):
+    def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None):
         self.calls.append(prompt_ids)
         k = len(prompt_ids) // len(self.problems)
         texts = [self.problems[r // k].answer if self.right(r) else "-1" for r in range(len(prompt_ids))]
@@ -38,7 +38,7 @@ RIGHT = {0, 1, 2, 3, 4, 6}
 def test_k_samples_per_problem_give_mean_pass_at_k_and_majority(setup):
     task, problems, tokenizer = setup
     engine = ScriptedEngine(problems, lambda r: r in RIGHT)
-    result = evaluate(engine, task, tokenizer, num_problems=4, temperature=1.0, seed=0, samples=3)
+    result = evaluate(engine, task, tokenizer, num_problems=4, sampling=Sampling(), seed=0, samples=3)
     assert result["accuracy"] == pytest.approx(6 / 12)  # (3 + 2 + 1 + 0) / 12
     assert result["pass_at_k"] == pytest.approx(3 / 4)  # problems 0, 1, 2
     assert result["majority"] == pytest.approx(2 / 4)  # problems 0 (3/3) and 1 (2/3)
@@ -50,7 +50,7 @@ def test_k_samples_per_problem_give_mean_pass_at_k_and_majority(setup):
 def test_one_sample_is_the_plain_pass_at_1(setup):
     task, problems, tokenizer = setup
     engine = ScriptedEngine(problems, lambda r: r in {0, 2})
-    result = evaluate(engine, task, tokenizer, num_problems=4, temperature=1.0, seed=0)
+    result = evaluate(engine, task, tokenizer, num_problems=4, sampling=Sampling(), seed=0)
     assert result["accuracy"] == pytest.approx(2 / 4)
     assert "pass_at_k" not in result and "majority" not in result
     assert len(engine.calls[0]) == 4

@@ -15,7 +15,7 @@ class AnswerEngine:
     def __init__(self, tokenizer, answers):
         self.tokenizer, self.answers = tokenizer, answers
 
-    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None):
+    def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None):
         texts = [self.answers[self.tokenizer.decode(p)] for p in prompt_ids]
         truncated = [i % 2 == 1 for i in range(len(prompt_ids))]
         ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]

@@ -131,7 +131,7 @@ class ParityEngine:
     def __init__(self, tokenizer, answers):
         self.tokenizer, self.answers, self.seeds = tokenizer, answers, []
 
-    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None):
+    def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None):
         self.seeds.append(seed)
         texts = []
         for row, p in enumerate(prompt_ids):

@@ -22,7 +22,7 @@ from oprl.cli import main
 from oprl.episodes.agents import task_episodes
 from oprl.models.chat import render
 from oprl.models.tiny import build_tokenizer
-from oprl.rollout import Rollout
+from oprl.rollout import Rollout, Sampling
 from oprl.tasks.agent import AgentTask, load_agent
 
 EXAMPLES = "examples/agents"
@@ -192,14 +192,14 @@ class ScriptedPolicy:
     (``-k/1000`` for the k-th token sampled), and every call is kept in ``sampled`` (context -> ids, log-probs)
     so a stored row can be checked against the request it was sampled for."""
 
-    temperature, top_p, max_new_tokens, context = 1.0, 1.0, 200, 32768
+    sampling, max_new_tokens, context = Sampling(), 200, 32768
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.sampled: dict[tuple[int, ...], tuple[list[int], list[float]]] = {}
         self.count = 0
 
-    def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None, row_seeds=None):
+    def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None, row_seeds=None):
         replies = [self.reply(self.tokenizer.decode(c)) for c in prompt_ids]
         rows = [[*self.tokenizer(r, add_special_tokens=False).input_ids, self.tokenizer.eos_token_id] for r in replies]
         logprobs = []

@@ -39,6 +39,7 @@ from oprl.algorithms.advantages import STD_EPS
 from oprl.config import OptimConfig
 from oprl.messages import Experience
 from oprl.models.tiny import build_model, build_tokenizer
+from oprl.models.truncation import Sampling
 from oprl.trainer.trainer import Trainer
 
 TRL_STD_EPS = 1e-4  # grpo_trainer.py: `advantages = advantages / (std_rewards + 1e-4)`
@@ -93,7 +94,7 @@ def make_pair(tmp_path):
         pad_id=tokenizer.pad_token_id,
         settings=PRESETS["grpo"],
         optim=OptimConfig(lr=LR, grad_clip=CLIP, weight_decay=0.0, betas=(0.9, 0.999)),
-        sampling_temperature=1.0,
+        sampling=Sampling(),
         max_response_tokens=MAX_NEW,
         seed=0,
     )

@@ -5,6 +5,7 @@ import torch
 
 from oprl.models.logprobs import grouped_response_logprobs, pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
+from oprl.models.truncation import Sampling
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -24,12 +25,12 @@ def test_grouped_equals_one_row_at_a_time_values_and_gradients(temperature):
         model.zero_grad(set_to_none=True)
         if grouped:
             logprobs, entropy, mask = grouped_response_logprobs(
-                model, prompts, responses, tokenizer.pad_token_id, temperature=temperature, with_entropy=True
+                model, prompts, responses, tokenizer.pad_token_id, sampling=Sampling(temperature), with_entropy=True
             )
         else:
             ids, attention, targets, mask = pack(prompts, responses, tokenizer.pad_token_id)
             logprobs, entropy = response_logprobs(
-                model, ids, attention, targets, temperature=temperature, with_entropy=True
+                model, ids, attention, targets, sampling=Sampling(temperature), with_entropy=True
             )
         (logprobs * mask).sum().backward()
         outputs.append((logprobs.detach(), entropy, mask))
@@ -56,6 +57,6 @@ def test_entropy_is_the_softmax_entropy_of_the_scaled_logits_in_any_chunking():
         expected = -(scaled.softmax(-1) * scaled.log_softmax(-1)).sum(-1) * mask
         for chunk_bytes in (1, 2**26):  # one row per chunk, or everything at once
             _, entropy = response_logprobs(
-                model, ids, attention, targets, temperature=0.7, with_entropy=True, chunk_bytes=chunk_bytes
+                model, ids, attention, targets, sampling=Sampling(0.7), with_entropy=True, chunk_bytes=chunk_bytes
             )
             assert torch.allclose(entropy * mask, expected, atol=1e-5)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from oprl.models.logprobs import _token_logprobs, grouped_response_logprobs
-from oprl.models.truncation import kept_tokens
+from oprl.models.truncation import Sampling, kept_tokens
 
 
 def _scores(rows=64, vocab=50, seed=0, step=None):
@@ -57,7 +57,7 @@ def test_inside_the_kept_set_the_log_prob_is_the_renormalised_one_outside_it_is_
     # Hand-computed: scores (4, 3, 2, 1, 0) at temperature 1, top_k = 2 keeps {0, 1}.
     scores = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]] * 3, requires_grad=True)
     chosen = torch.tensor([1, 3, 0])  # inside, outside, inside
-    logprob, entropy = _token_logprobs(Scores(), scores, chosen, (1.0, 2, 1.0), True, False)
+    logprob, entropy = _token_logprobs(Scores(), scores, chosen, Sampling(top_k=2), True, False)
     values = logprob.detach()
     inside = torch.log_softmax(torch.tensor([4.0, 3.0]), -1)
     assert float(values[0]) == pytest.approx(float(inside[1]), abs=1e-6)
@@ -84,11 +84,11 @@ def test_stale_tokens_outside_the_current_kept_set_are_finite_with_finite_gradie
     tokenizer = build_tokenizer()
     old = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3)
     prompts = [encode_prompt(tokenizer, [{"role": "user", "content": t}]) for t in ["1+2=", "35+47-9="] * 8]
-    settings = {"temperature": 1.0, "top_k": 0, "top_p": 0.5}
-    rollout = LeanEngine(old, tokenizer, max_new_tokens=8, top_p=0.5).generate(prompts, seed=1)
+    sampling = Sampling(top_p=0.5)
+    rollout = LeanEngine(old, tokenizer, max_new_tokens=8, sampling=sampling).generate(prompts, seed=1)
     new = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=4)  # other weights: "stale"
     logprobs, entropy, mask = grouped_response_logprobs(
-        new, prompts, rollout.response_ids, tokenizer.pad_token_id, with_entropy=True, **settings
+        new, prompts, rollout.response_ids, tokenizer.pad_token_id, with_entropy=True, sampling=sampling
     )
     with torch.no_grad():
         full, _, _ = grouped_response_logprobs(new, prompts, rollout.response_ids, tokenizer.pad_token_id)

@@ -9,7 +9,7 @@ import torch
 from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import ENGINES, HFGenerateEngine, LeanEngine
+from oprl.rollout import ENGINES, HFGenerateEngine, LeanEngine, Sampling
 from oprl.rollout.lean_engine import sample_token
 
 
@@ -34,11 +34,11 @@ def test_recomputed_logprobs_match_behaviour_on_policy(policy, temperature, Engi
     # Prompts of different lengths exercise left padding; random weights rarely emit EOS, so rows differ in length
     # only where they do, and the rest are truncated at the limit.
     prompts = _prompts(tokenizer, ["1+2=", "35+47-9=", "7=", "123*4-56+7="] * 8)
-    engine = Engine(model, tokenizer, temperature=temperature, max_new_tokens=12)
+    engine = Engine(model, tokenizer, sampling=Sampling(temperature), max_new_tokens=12)
     rollout = engine.generate(prompts, seed=11)
     input_ids, attention_mask, targets, mask = pack(prompts, rollout.response_ids, tokenizer.pad_token_id)
     with torch.no_grad():
-        logprobs, _ = response_logprobs(model, input_ids, attention_mask, targets, temperature=temperature)
+        logprobs, _ = response_logprobs(model, input_ids, attention_mask, targets, sampling=Sampling(temperature))
     behavior = torch.zeros_like(logprobs)
     for i, row in enumerate(rollout.behavior_logprobs):
         behavior[i, : len(row)] = torch.tensor(row)
@@ -104,13 +104,13 @@ def test_same_seed_same_samples_and_batching_invariance(policy, Engine):
 def test_top_p_override_narrows_sampling(policy, Engine):
     model, tokenizer = policy
     prompts = _prompts(tokenizer, ["1+2=", "35+47-9="] * 4)
-    engine = Engine(model, tokenizer, temperature=1.0, top_p=1.0, max_new_tokens=6)
+    engine = Engine(model, tokenizer, sampling=Sampling(), max_new_tokens=6)
     wide = [engine.generate(prompts, seed=s).response_ids for s in (1, 2)]
     assert wide[0] != wide[1]  # untrained weights: full-support sampling differs between seeds
     # top_p -> 0 keeps only the most likely token: sampling becomes greedy and ignores the seed.
-    narrow = [engine.generate(prompts, seed=s, top_p=1e-6).response_ids for s in (1, 2)]
+    narrow = [engine.generate(prompts, seed=s, sampling=Sampling(top_p=1e-6)).response_ids for s in (1, 2)]
     assert narrow[0] == narrow[1]
-    assert engine.top_p == 1.0  # an override, not a change of the engine
+    assert engine.sampling == Sampling()  # an override, not a change of the engine
 
 
 def test_lean_engine_draws_what_generate_draws(policy):
@@ -120,8 +120,9 @@ def test_lean_engine_draws_what_generate_draws(policy):
     model, tokenizer = policy
     prompts = _prompts(tokenizer, ["1+2=", "35+47-9=", "7="]) * 4
     for top_p in (1.0, 0.7):
-        reference = HFGenerateEngine(model, tokenizer, top_p=top_p, max_new_tokens=7).generate(prompts, seed=4)
-        lean = LeanEngine(model, tokenizer, top_p=top_p, max_new_tokens=7).generate(prompts, seed=4)
+        sampling = Sampling(top_p=top_p)
+        reference = HFGenerateEngine(model, tokenizer, sampling=sampling, max_new_tokens=7).generate(prompts, seed=4)
+        lean = LeanEngine(model, tokenizer, sampling=sampling, max_new_tokens=7).generate(prompts, seed=4)
         assert lean.response_ids == reference.response_ids
         assert lean.truncated == reference.truncated
         for ours, theirs in zip(lean.behavior_logprobs, reference.behavior_logprobs, strict=True):
@@ -161,7 +162,7 @@ def test_nucleus_rule_matches_transformers():
     for top_p in (0.05, 0.5, 0.9):
         kept_by_transformers = TopPLogitsWarper(top_p)(None, logits.clone()).isfinite()
         torch.manual_seed(0)
-        tokens, logprob = sample_token(logits, 1.0, top_p)
+        tokens, logprob = sample_token(logits, Sampling(top_p=top_p))
         assert kept_by_transformers[torch.arange(64), tokens].all()
         # The log-prob is that of the renormalised nucleus.
         nucleus = logits.masked_fill(~kept_by_transformers, float("-inf")).log_softmax(-1)
@@ -169,7 +170,7 @@ def test_nucleus_rule_matches_transformers():
     # Sampling frequencies follow the distribution: 20,000 draws from one row.
     row = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(20_000, 4)
     torch.manual_seed(1)
-    tokens, _ = sample_token(row, 1.0, 1.0)
+    tokens, _ = sample_token(row, Sampling())
     frequencies = torch.bincount(tokens, minlength=4).float() / 20_000
     assert torch.allclose(frequencies, row[0].softmax(-1), atol=0.015)
 

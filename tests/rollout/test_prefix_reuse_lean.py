@@ -5,6 +5,7 @@ rounding: the reused keys were computed in another batch shape), and nothing sur
 import torch
 
 from oprl.models.tiny import build_model, build_tokenizer
+from oprl.rollout import Sampling
 from oprl.rollout.lean_engine import LeanEngine
 
 TURNS = 4
@@ -30,8 +31,8 @@ def test_reuse_prefills_only_new_tokens_and_samples_the_same():
     # Two copies of each prompt (a group), prompts of different lengths (left padding of stored prefixes).
     prompts = [[4] + [10 + (i * 7 + r) % 80 for i in range(40 + 13 * r)] for r in range(4)] * 2
     # Temperature 2: some rows emit EOS early and leave the batch (their caches are kept before compaction).
-    fresh = LeanEngine(model, tokenizer, max_new_tokens=24, temperature=2.0)
-    reused = LeanEngine(model, tokenizer, max_new_tokens=24, temperature=2.0, prefix_reuse=True)
+    fresh = LeanEngine(model, tokenizer, max_new_tokens=24, sampling=Sampling(2.0))
+    reused = LeanEngine(model, tokenizer, max_new_tokens=24, sampling=Sampling(2.0), prefix_reuse=True)
     without, _ = episodes(fresh, prompts)
     with_reuse, needed = episodes(reused, prompts)
     assert sum(not cut for _, _, truncated in without for cut in truncated) >= 2

@@ -14,9 +14,8 @@ from oprl.errors import OprlError
 from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import grouped_response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.models.truncation import kept_tokens
+from oprl.models.truncation import Sampling, kept_tokens
 from oprl.rollout import ENGINES, LeanEngine, engines_with
-from oprl.rollout.base import WithSampling
 
 RECIPES = Path(__file__).parents[1] / "recipes.py"
 SETTINGS = [(1.0, 0, 0.9), (1.0, 20, 1.0), (1.0, 20, 0.9), (0.7, 5, 0.8)]
@@ -41,20 +40,17 @@ def test_on_policy_rho_is_one_under_top_k_and_top_p(policy, engine):
     model, tokenizer = policy
     prompts = _prompts(tokenizer)
     for temperature, top_k, top_p in SETTINGS:
-        sampler = ENGINES[engine](
-            model, tokenizer, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=12
-        )
-        rollout = sampler.generate(prompts, seed=11)
+        score = Sampling(temperature, top_k, top_p)
+        rollout = ENGINES[engine](model, tokenizer, sampling=score, max_new_tokens=12).generate(prompts, seed=11)
         behavior = torch.zeros(len(prompts), max(len(r) for r in rollout.response_ids))  # (B, T)
         for i, row in enumerate(rollout.behavior_logprobs):
             behavior[i, : len(row)] = torch.tensor(row)
-        score = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
         with torch.no_grad():
             logprobs, _, mask = grouped_response_logprobs(
-                model, prompts, rollout.response_ids, tokenizer.pad_token_id, **score
+                model, prompts, rollout.response_ids, tokenizer.pad_token_id, sampling=score
             )
             full, _, _ = grouped_response_logprobs(
-                model, prompts, rollout.response_ids, tokenizer.pad_token_id, temperature=temperature
+                model, prompts, rollout.response_ids, tokenizer.pad_token_id, sampling=Sampling(temperature)
             )
         assert mask.sum() > 100
         rho = (logprobs - behavior)[mask].exp()
@@ -68,7 +64,7 @@ def test_sampled_tokens_lie_in_the_kept_set():
     from oprl.rollout.lean_engine import sample_token
 
     torch.manual_seed(0)
-    tokens, logprob = sample_token(scores, 1.0, 0.8, 7)
+    tokens, logprob = sample_token(scores, Sampling(top_k=7, top_p=0.8))
     kept = kept_tokens(scores, 7, 0.8)
     assert kept[torch.arange(4000), tokens].all() and (kept.sum(-1) < 7).any()
     expected = scores.masked_fill(~kept, float("-inf")).log_softmax(-1)[torch.arange(4000), tokens]
@@ -97,8 +93,8 @@ def test_an_engine_whose_rule_is_unknown_is_refused_naming_the_key(overrides, ke
 
 
 def test_evaluation_samples_without_the_rollouts_top_k(policy):
-    """evaluate() wraps an engine that has a top_k in WithSampling(top_k=0): eval.temperature and eval.top_p
-    decide, as before top-k existed."""
+    """evaluate() samples with ``Sampling.of(config.eval)``, whole: eval.temperature and eval.top_p decide and
+    the rollouts' rollout.top_k stays out, as before top-k existed; the engine keeps its own."""
     from oprl.episodes.evaluation import evaluate
     from oprl.tasks import build_task
     from oprl.tasks.arithmetic import ArithmeticTaskConfig
@@ -108,7 +104,7 @@ def test_evaluation_samples_without_the_rollouts_top_k(policy):
 
     class Recording:
         def __init__(self, engine):
-            self.engine, self.top_k = engine, engine.top_k
+            self.engine = engine
 
         def generate(self, prompts, **kwargs):
             calls.append(kwargs)
@@ -117,11 +113,12 @@ def test_evaluation_samples_without_the_rollouts_top_k(policy):
         def weights_changed(self):
             self.engine.weights_changed()
 
-    engine = Recording(LeanEngine(model, tokenizer, top_k=3, max_new_tokens=4))
+    config = load_config(None, ["rollout.top_k=3", "eval.top_p=0.95"])
+    engine = Recording(LeanEngine(model, tokenizer, sampling=Sampling.of(config.rollout), max_new_tokens=4))
     task = build_task(ArithmeticTaskConfig(train_size=8, test_size=4))
-    evaluate(engine, task, tokenizer, num_problems=4, temperature=1.0, seed=0, top_p=0.95)
-    assert calls and all(c["top_k"] == 0 and c["top_p"] == 0.95 for c in calls)
-    wrapped = WithSampling(engine.engine, top_k=0)
-    assert wrapped.top_k == 0 and wrapped.top_p == engine.engine.top_p
-    greedy = wrapped.generate(_prompts(tokenizer)[:4], seed=0, top_k=1)  # an explicit argument still wins
-    assert greedy.response_ids == wrapped.generate(_prompts(tokenizer)[:4], seed=1, top_k=1).response_ids
+    evaluate(engine, task, tokenizer, num_problems=4, sampling=Sampling.of(config.eval), seed=0)
+    assert calls and all(c["sampling"] == Sampling(1.0, 0, 0.95) for c in calls)
+    assert engine.engine.sampling == Sampling(1.0, 3, 1.0)
+    greedy = Sampling(top_k=1)  # a call's sampling wins over the engine's
+    first, second = (engine.engine.generate(_prompts(tokenizer)[:4], seed=s, sampling=greedy) for s in (0, 1))
+    assert first.response_ids == second.response_ids

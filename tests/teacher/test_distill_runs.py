@@ -14,6 +14,7 @@ from oprl.checkpoint.store import read_parquet
 from oprl.cli import main
 from oprl.config import load_config
 from oprl.metrics import deterministic_view, read_metrics
+from oprl.rollout import Sampling
 from oprl.runtime.run import model_path
 from oprl.tasks import build_task
 from oprl.teacher import Teacher
@@ -57,7 +58,7 @@ def test_the_distill_preset_trains_and_stores_what_a_fresh_prefill_gives(distill
     assert all(r["optim/grad_norm"] > 0 and 0 < r["distill/agreement"] < 1 for r in rows)
     config = load_config(root / "runs" / "distill" / "config.yaml")
     model, tokenizer = load_teacher(config, model_path(config, build_task(config.task)))
-    teacher = Teacher(model, tokenizer.pad_token_id, temperature=config.rollout.temperature)
+    teacher = Teacher(model, tokenizer.pad_token_id, sampling=Sampling(config.rollout.temperature))
     for batch in (1, 2):
         stored = read_parquet(root / "runs" / "distill" / "experiences" / f"batch-{batch:06d}.parquet")
         fresh = teacher.logprobs([e.prompt_ids for e in stored], [e.response_ids for e in stored])

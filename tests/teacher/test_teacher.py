@@ -10,7 +10,7 @@ from oprl.checkpoint.store import SCHEMA_VERSION, read_parquet, write_parquet
 from oprl.errors import OprlError
 from oprl.messages import Experience
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import ENGINES
+from oprl.rollout import ENGINES, Sampling
 from oprl.teacher import Teacher, group_chunks
 from oprl.teacher.loading import check_same_tokens
 from oprl.worker import frozen_source
@@ -21,7 +21,7 @@ def sampled():
     """A tiny model and 3 prompts x 4 responses sampled from it by the lean engine at temperature 0.7."""
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0)
-    engine = ENGINES["lean"](model, tokenizer, temperature=0.7, max_new_tokens=6)
+    engine = ENGINES["lean"](model, tokenizer, sampling=Sampling(0.7), max_new_tokens=6)
     prompts = [tokenizer(f"<|user|>{a}+{a}=</s><|assistant|>", add_special_tokens=False).input_ids for a in range(3)]
     rows = [p for p in prompts for _ in range(4)]
     rollout = engine.generate(rows, seed=0)
@@ -31,7 +31,7 @@ def sampled():
 def test_a_teacher_equal_to_the_sampler_returns_the_behaviour_logprobs(sampled):
     model, tokenizer, prompts, rollout = sampled
     for engine in ("lean", "hf"):
-        teacher = Teacher(model, tokenizer.pad_token_id, temperature=0.7, engine=engine, micro_batch_size=5)
+        teacher = Teacher(model, tokenizer.pad_token_id, sampling=Sampling(0.7), engine=engine, micro_batch_size=5)
         values = teacher.logprobs(prompts, rollout.response_ids)
         assert [len(v) for v in values] == [len(r) for r in rollout.response_ids]
         for got, expected in zip(values, rollout.behavior_logprobs, strict=True):
@@ -44,7 +44,7 @@ def test_score_copies_rows_and_fills_teacher_logprobs(sampled):
         Experience(p, r, b, 0.0, {}, i // 4, "t", 0, "")
         for i, (p, r, b) in enumerate(zip(prompts, rollout.response_ids, rollout.behavior_logprobs, strict=True))
     ]
-    teacher = Teacher(model, tokenizer.pad_token_id, temperature=0.7)
+    teacher = Teacher(model, tokenizer.pad_token_id, sampling=Sampling(0.7))
     scored = teacher.score(rows)
     assert all(e.teacher_logprobs is None for e in rows)
     assert [len(e.teacher_logprobs) for e in scored] == [len(e.response_ids) for e in rows]

@@ -13,7 +13,7 @@ from oprl.algorithms import distill_advantages
 from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import ENGINES
+from oprl.rollout import ENGINES, Sampling
 from oprl.teacher import Teacher
 from oprl.teacher.teacher import build_teacher
 from trainer_helpers import make_batch, make_trainer
@@ -33,7 +33,7 @@ def sampled(request, student):
     """(truncation, prompts, rollout): 2 prompts x 3 responses the lean engine sampled under ``truncation``."""
     model, tokenizer = student
     truncation = TRUNCATIONS[request.param]
-    engine = ENGINES["lean"](model, tokenizer, temperature=TEMPERATURE, max_new_tokens=6, **truncation)
+    engine = ENGINES["lean"](model, tokenizer, sampling=Sampling(TEMPERATURE, **truncation), max_new_tokens=6)
     prompts = [tokenizer(f"<|user|>{a}+1=</s><|assistant|>", add_special_tokens=False).input_ids for a in range(2)]
     rows = [p for p in prompts for _ in range(3)]
     return truncation, rows, engine.generate(rows, seed=0)
@@ -82,7 +82,7 @@ def kept_mass(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch
 def test_a_full_teacher_equal_to_the_student_is_off_by_the_log_kept_mass(sampled, student):
     truncation, prompts, rollout = sampled
     model, tokenizer = student
-    teacher = Teacher(model, tokenizer.pad_token_id, temperature=TEMPERATURE)  # support=full: no truncation
+    teacher = Teacher(model, tokenizer.pad_token_id, sampling=Sampling(TEMPERATURE))  # support=full: no truncation
     values = teacher.logprobs(prompts, rollout.response_ids)
     checked = 0
     rows = zip(prompts, rollout.response_ids, values, rollout.behavior_logprobs, strict=True)
@@ -100,10 +100,10 @@ def test_a_token_outside_the_teachers_kept_set_scores_minus_inf_and_the_trainer_
     """Sampled with top-k = 20, scored by the same model truncated to its top 2: every sampled token below the
     teacher's 2 most likely is outside its support."""
     model, tokenizer = student
-    engine = ENGINES["lean"](model, tokenizer, temperature=TEMPERATURE, max_new_tokens=6, top_k=20)
+    engine = ENGINES["lean"](model, tokenizer, sampling=Sampling(TEMPERATURE, top_k=20), max_new_tokens=6)
     prompts = [tokenizer("<|user|>2+2=</s><|assistant|>", add_special_tokens=False).input_ids] * 4
     rollout = engine.generate(prompts, seed=1)
-    teacher = Teacher(model, tokenizer.pad_token_id, temperature=TEMPERATURE, top_k=2)
+    teacher = Teacher(model, tokenizer.pad_token_id, sampling=Sampling(TEMPERATURE, top_k=2))
     values = teacher.logprobs(prompts, rollout.response_ids)
     outside = []
     for prompt, response, scored in zip(prompts, rollout.response_ids, values, strict=True):

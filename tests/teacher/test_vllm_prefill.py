@@ -23,7 +23,7 @@ pytest.importorskip("vllm")
 from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import ENGINES
+from oprl.rollout import ENGINES, Sampling
 from oprl.teacher import (
     Teacher,
     vllm_prefill,
@@ -41,7 +41,7 @@ def batch():
     model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, max_positions=512, seed=3)
     prompts = [tokenizer(f"<|user|>{a}+{a}=</s><|assistant|>", add_special_tokens=False).input_ids for a in range(3)]
     rows = [p for p in prompts for _ in range(4)]
-    sampled = ENGINES["lean"](model, tokenizer, temperature=0.7, max_new_tokens=12).generate(rows, seed=0)
+    sampled = ENGINES["lean"](model, tokenizer, sampling=Sampling(0.7), max_new_tokens=12).generate(rows, seed=0)
     responses = [ids[: 1 + (i * 5) % 12] for i, ids in enumerate(sampled.response_ids)]
     rng = random.Random(0)
 
@@ -57,7 +57,7 @@ def batch():
 @pytest.fixture(scope="module")
 def teacher(batch):
     model, tokenizer, _, _ = batch
-    return Teacher(model, tokenizer.pad_token_id, temperature=0.7, engine="vllm", micro_batch_size=16)
+    return Teacher(model, tokenizer.pad_token_id, sampling=Sampling(0.7), engine="vllm", micro_batch_size=16)
 
 
 def largest_difference(a: list[list[float]], b: list[list[float]]) -> float:
@@ -68,13 +68,13 @@ def largest_difference(a: list[list[float]], b: list[list[float]]) -> float:
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_vllm_prefill_equals_the_lean_engine(batch, teacher, temperature):
     model, tokenizer, rows, responses = batch
-    teacher.temperature = temperature
-    lean = Teacher(model, tokenizer.pad_token_id, temperature=temperature, micro_batch_size=16)
+    teacher.sampling = Sampling(temperature)
+    lean = Teacher(model, tokenizer.pad_token_id, sampling=Sampling(temperature), micro_batch_size=16)
     got = teacher.logprobs(rows, responses)
     assert [len(v) for v in got] == [len(r) for r in responses]
     assert largest_difference(got, lean.logprobs(rows, responses)) < TOLERANCE
     if temperature != 1.0:  # the test sees the temperature: unscaled log-probs are far off
-        unscaled = Teacher(model, tokenizer.pad_token_id, temperature=1.0).logprobs(rows, responses)
+        unscaled = Teacher(model, tokenizer.pad_token_id).logprobs(rows, responses)  # temperature 1
         assert largest_difference(got, unscaled) > 1e-2
 
 
@@ -82,7 +82,7 @@ def test_groups_share_the_prompt_and_the_logits_scale_is_restored(batch, teacher
     _, _, rows, responses = batch
     prefill = teacher.prefill
     handed, computed = prefill.prompt_tokens, prefill.prefill_tokens
-    teacher.temperature = 0.5
+    teacher.sampling = Sampling(0.5)
     teacher.logprobs(rows, responses)
     handed, computed = prefill.prompt_tokens - handed, prefill.prefill_tokens - computed
     assert handed == sum(len(p) + len(r) for p, r in zip(rows, responses, strict=True))

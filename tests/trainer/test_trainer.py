@@ -10,6 +10,7 @@ from oprl.algorithms import PRESETS
 from oprl.config import OptimConfig
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
+from oprl.models.truncation import Sampling
 from oprl.trainer.trainer import Trainer
 from trainer_helpers import make_batch, make_trainer
 
@@ -51,7 +52,7 @@ def test_seq_mean_token_sum_norm_micro_batching_uses_fixed_normaliser():
             pad_id=tokenizer.pad_token_id,
             settings=settings,
             optim=OptimConfig(micro_batch_size=size),
-            sampling_temperature=1.0,
+            sampling=Sampling(),
             max_response_tokens=8,
         )
         trainer.optimizer.step = lambda: None
@@ -87,7 +88,7 @@ def test_log_ref_kl_every_logs_kl_to_initial_policy_without_changing_the_update(
                 pad_id=tokenizer.pad_token_id,
                 settings=PRESETS["reinforce"],
                 optim=OptimConfig(lr=1e-2),
-                sampling_temperature=1.0,
+                sampling=Sampling(),
                 max_response_tokens=8,
                 seed=0,
                 log_ref_kl_every=every,

@@ -37,7 +37,7 @@ from oprl.config.sync import SyncConfig
 from oprl.config.teacher import TeacherConfig
 from oprl.errors import OprlError
 from oprl.models import TINY_MAX_POSITIONS
-from oprl.rollout import capabilities, engines_with
+from oprl.rollout import Sampling, capabilities, engines_with
 from oprl.tasks import TaskConfig
 from oprl.tasks.arithmetic import ArithmeticTaskConfig
 from oprl.tasks.config import Section as _Section
@@ -199,10 +199,8 @@ class RunConfig(_Section):
         """Training with rollout.top_k / rollout.top_p < 1 needs an engine that declares ``exact_truncation``
         (``oprl.rollout.capabilities``): the trainer rebuilds the kept set by that rule; another's is unknown,
         so its rho would be off."""
-        from oprl.models.truncation import truncates
-
         rollout = self.rollout
-        if self.mode == "eval" or not truncates(rollout.top_k, rollout.top_p):
+        if self.mode == "eval" or not Sampling.of(rollout).truncates:
             return self
         if not capabilities(rollout.engine).exact_truncation:
             key = "rollout.top_k" if rollout.top_k > 0 else "rollout.top_p"

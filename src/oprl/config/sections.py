@@ -89,8 +89,8 @@ class WarmStartConfig(_Section):
 def check_engine(name: str) -> str:
     """``name`` when it names an engine: a key of ``oprl.rollout.ENGINES``, an entry point of ``oprl.engines``
     or an import path (``module:Class``, ``file.py:Class``); else one ``OprlError`` line naming
-    ``rollout.engine``. Built like the built-ins: ``Class(model, tokenizer, temperature=, top_p=,
-    max_new_tokens=)``, an ``oprl.rollout.Engine``."""
+    ``rollout.engine``. Built like the built-ins: ``Class(model, tokenizer, sampling=, max_new_tokens=)``
+    (``sampling``: an ``oprl.rollout.Sampling``), an ``oprl.rollout.Engine``."""
     if name not in ENGINES and not callable(plugins.resolve("engine", name, ENGINES, key="rollout.engine")):
         raise OprlError(f"rollout.engine: {name!r} is not an engine class")
     return name

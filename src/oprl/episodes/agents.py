@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from oprl.episodes.endpoint import Endpoint, PendingReply, Sampling, reply_message
+from oprl.episodes.endpoint import Endpoint, PendingReply, Served, reply_message
 from oprl.episodes.episode import Episode, EpisodeSettings, run_episodes
 from oprl.episodes.sessions import Choice, RequestRefused, Session, stop_at
 from oprl.errors import OprlError
@@ -107,13 +107,8 @@ def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSetti
             "sync.partial=true: agent tasks (task.name=agent) sample without switching weights; set sync.partial=false"
         )
     endpoint, s = endpoint_of(task, tokenizer), settings
-    endpoint.sampling = Sampling(
-        engine.temperature if s.temperature is None else s.temperature,
-        engine.top_p if s.top_p is None else s.top_p,
-        engine.max_new_tokens,
-        context_length(engine),
-        getattr(engine, "top_k", 0) or 0,
-    )
+    sampling = engine.sampling if s.sampling is None else s.sampling
+    endpoint.served = Served(sampling, engine.max_new_tokens, context_length(engine))
     runs = [AgentRun(i, p, Session(i, tokenizer, s.max_turns, s.max_tokens)) for i, p in enumerate(problems)]
     for run in runs:
         run.session.token_chars, run.session.message_tokens = endpoint.token_chars, endpoint.message_tokens
@@ -231,12 +226,10 @@ def _sample(engine, endpoint: Endpoint, batch: list[PendingReply], seed: int) ->
     batch.sort(key=lambda p: (p.session.turns, p.session.index))
     rows = [(p, choice) for p in batch for choice in range(p.n)]
     contexts = [p.context for p, _ in rows]
-    sampling, turn = endpoint.sampling, batch[0].session.turns
+    turn = batch[0].session.turns
     row_seeds = [choice_seed(seed, p.session.turns, p.session.index, c) for p, c in rows]
     try:
-        rollout = engine.generate(
-            contexts, seed=seed + turn, temperature=sampling.temperature, top_p=sampling.top_p, row_seeds=row_seeds
-        )
+        rollout = engine.generate(contexts, seed=seed + turn, sampling=endpoint.served.sampling, row_seeds=row_seeds)
     except OprlError as exc:  # the engine's own checks (memory, lengths) refused the call: the requests' fault
         log.warning("agent endpoint: the engine refused %d requests: %s", len(batch), exc)
         with endpoint.lock:

@@ -21,10 +21,11 @@ refusal is counted in the session's ``refused`` (``episode/refused_requests_mean
   ``max_tokens`` / ``max_completion_tokens`` up to ``rollout.max_new_tokens`` (the reply is cut there, which is
   what sampling with that limit gives), ``stop`` (``oprl.episodes.sessions.stop_at``), ``stream`` (Server-Sent
   Events, sent once sampling is done) with ``stream_options.include_usage``, ``logprobs`` (the behaviour
-  log-probs recorded at sampling), ``temperature`` / ``top_p`` equal to what the explorer samples with (the
-  trainer scores at ``rollout.temperature``; another value would make the behaviour log-probs wrong);
-- refused with a 400: other temperatures, more tokens than the engine samples, ``tool_choice`` required or
-  a named function, ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``,
+  log-probs recorded at sampling), ``temperature`` / ``top_p`` / ``top_k`` (an extra field) mapped onto a
+  ``Sampling`` (``requested_sampling``) equal to what the explorer samples with (the trainer scores under the
+  rollouts' ``Sampling``; another would make the behaviour log-probs wrong);
+- refused with a 400: another temperature, top-p or top-k, more tokens than the engine samples, ``tool_choice``
+  required or a named function, ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``,
   image / audio parts.
 
 ``/v1/responses`` (the Responses API) is translated to a chat request and back (``oprl.episodes.responses_api``).
@@ -53,6 +54,7 @@ from oprl.episodes.openai_api import ChatRequest, CompletionRequest, _Request, p
 from oprl.episodes.sessions import Choice, RequestRefused, Session
 from oprl.errors import OprlError
 from oprl.models.chat import encode_prompt
+from oprl.models.truncation import Sampling
 from oprl.tasks.bfcl.toolcall import OPEN, parse_calls
 
 log = logging.getLogger("oprl.explorer")
@@ -82,21 +84,31 @@ class PendingReply:
 
 
 @dataclass
-class Sampling:
+class Served:
     """What the explorer samples with during one batch (requests are checked against it). ``context``: the
     engine's context length in positions (None: unknown), prompt and ``max_new_tokens`` included."""
 
-    temperature: float
-    top_p: float
+    sampling: Sampling
+    """The distribution every reply is drawn from: the engine's (``rollout.*``) or evaluation's (``eval.*``)."""
     max_new_tokens: int
     context: int | None = None
-    top_k: int = 0
-    """The engine's top-k (0 = off; ``rollout.top_k``)."""
 
     @property
     def room(self) -> int | None:
         """Most prompt tokens a request may have: the context less the reply's ``max_new_tokens``."""
         return None if self.context is None else self.context - self.max_new_tokens
+
+
+def requested_sampling(body: _Request, served: Sampling) -> Sampling:
+    """The ``Sampling`` a request asks for: its ``temperature``, ``top_p`` and ``top_k`` (not an OpenAI field:
+    an extra one, as vLLM's server takes it; anything but a positive integer is off, 0), each one it leaves out
+    the ``served`` value. A request is served only when this equals ``served``."""
+    top_k = (body.model_extra or {}).get("top_k")
+    return Sampling(
+        temperature=served.temperature if body.temperature is None else body.temperature,
+        top_k=served.top_k if top_k is None else (top_k if isinstance(top_k, int) and top_k > 0 else 0),
+        top_p=served.top_p if body.top_p is None else body.top_p,
+    )
 
 
 class Endpoint:
@@ -126,7 +138,7 @@ class Endpoint:
         self.batch_wait_s = batch_wait_s
         self.sessions: dict[str, Session] = {}
         self.pending: list[PendingReply] = []
-        self.sampling = Sampling(1.0, 1.0, 16)
+        self.served = Served(Sampling(), 16)
         self.counts: Counter[str] = Counter()
         """Requests served, refused (by reason), and engine calls: ``oprl.episodes.agents`` logs them."""
         self.failed_batches = 0
@@ -205,16 +217,14 @@ class Endpoint:
     # -- request handling (uvicorn's thread) -------------------------------------------------------------------
     def submit(self, session: Session, body: _Request) -> PendingReply:
         """Check ``body`` against the engine, extend the session's history, queue the request."""
-        limit = self.sampling.max_new_tokens
-        for name, value, served in (
-            ("temperature", body.temperature, self.sampling.temperature),
-            ("top_p", body.top_p, self.sampling.top_p),
-        ):
-            if value is not None and abs(value - served) > 1e-6:
-                raise RequestRefused(400, f"{name}={value}: this endpoint samples at {name}={served} (the run's)")
-        top_k, served_k = (body.model_extra or {}).get("top_k"), self.sampling.top_k
-        if top_k is not None and (top_k if isinstance(top_k, int) and top_k > 0 else 0) != served_k:
-            raise RequestRefused(400, f"top_k={top_k}: this endpoint samples at top_k={served_k} (the run's)")
+        limit = self.served.max_new_tokens
+        served, asked = self.served.sampling, requested_sampling(body, self.served.sampling)
+        for name in ("temperature", "top_p", "top_k"):
+            if abs(getattr(asked, name) - getattr(served, name)) > 1e-6:
+                value = (body.model_extra or {})["top_k"] if name == "top_k" else getattr(body, name)
+                raise RequestRefused(
+                    400, f"{name}={value}: this endpoint samples at {name}={getattr(served, name)} (the run's)"
+                )
         max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or limit
         if max_tokens > limit:
             raise RequestRefused(
@@ -230,7 +240,7 @@ class Endpoint:
         with self.lock:
             if session.closed:
                 raise RequestRefused(404, "the session is closed (its agent returned, failed or timed out)")
-            room = self.sampling.room
+            room = self.served.room
             if isinstance(body, ChatRequest):
                 context = session.chat_context(messages, tools, room)
             else:

@@ -25,6 +25,7 @@ from oprl.models.chat import encode_problem, render
 from oprl.tasks.base import Reward
 
 if TYPE_CHECKING:
+    from oprl.models.truncation import Sampling
     from oprl.rollout.base import Switch
 
 
@@ -148,8 +149,8 @@ class EpisodeSettings:
     seed: int
     max_turns: int
     max_tokens: int
-    temperature: float | None = None
-    top_p: float | None = None
+    sampling: Sampling | None = None
+    """The distribution of every turn; None = the engine's own (training), evaluation's ``eval.*`` otherwise."""
     episode_timeout: float = 300.0
     switch: Switch | None = None
 
@@ -163,8 +164,7 @@ def run_episodes(
     seed: int,
     max_turns: int,
     max_tokens: int,
-    temperature: float | None = None,
-    top_p: float | None = None,
+    sampling: Sampling | None = None,
     episode_timeout: float = 300.0,
     switch: Switch | None = None,
 ) -> list[Episode]:
@@ -185,7 +185,7 @@ def run_episodes(
         if not running:
             break
         contexts = [episodes[i].prompt_ids + episodes[i].response_ids for i in running]
-        rollout = engine.generate(contexts, seed=seed + turn, temperature=temperature, top_p=top_p, **partial)
+        rollout = engine.generate(contexts, seed=seed + turn, sampling=sampling, **partial)
         versions = rollout.behavior_versions or [None] * len(running)
         still = []
         for row, i in enumerate(running):

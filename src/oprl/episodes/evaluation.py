@@ -9,7 +9,7 @@ import time
 from oprl.config import RunConfig
 from oprl.episodes.agents import close_task, endpoint_of, task_episodes
 from oprl.models.chat import encode_problem
-from oprl.rollout.base import WithSampling
+from oprl.models.truncation import Sampling
 from oprl.schedule import stream_seed
 from oprl.tasks.base import EpisodicTask
 
@@ -23,11 +23,10 @@ def evaluate(
     tokenizer,
     *,
     num_problems: int,
-    temperature: float,
+    sampling: Sampling,
     seed: int,
     samples: int = 1,
     batch_size: int = 512,
-    top_p: float | None = None,
     max_turns: int = 1,
     max_episode_tokens: int = 256,
     episode_timeout: float = 300.0,
@@ -39,11 +38,11 @@ def evaluate(
         accuracy = (1/n) Σ_i c_i / k     pass_at_k = (1/n) Σ_i [c_i > 0]     majority = (1/n) Σ_i [c_i > k/2]
 
     (the last two only for k > 1). The k samples of a problem are k consecutive rows of one call, so k = 1
-    samples exactly the rows it always did. Evaluates the engine's model as it is now: the trainer's
-    optimizer (or a checkpoint load) changed it in place without telling the engine."""
+    samples exactly the rows it always did. They are drawn from ``sampling`` in place of the engine's own
+    (``Sampling.of(config.eval)``: eval.temperature, eval.top_p and no top-k, never the rollouts'). Evaluates
+    the engine's model as it is now: the trainer's optimizer (or a checkpoint load) changed it in place without
+    telling the engine."""
     engine.weights_changed()
-    if getattr(engine, "top_k", 0):  # eval.temperature / eval.top_p, never the rollouts' rollout.top_k
-        engine = WithSampling(engine, top_k=0)
     problems = list(task.problems("test"))[:num_problems]
     n = len(problems)
     problems = [p for p in problems for _ in range(samples)]
@@ -58,14 +57,13 @@ def evaluate(
                 seed=stream_seed(chunk, seed),  # chunks apart by stream_seed's constant (one home)
                 max_turns=max_turns,
                 max_tokens=max_episode_tokens,
-                temperature=temperature,
-                top_p=top_p,
+                sampling=sampling,
                 episode_timeout=episode_timeout,
             )
         rewards, lengths = [e.outcome for e in episodes], [len(e.response_ids) for e in episodes]
     else:
         prompts = [encode_problem(tokenizer, p) for p in problems]
-        rollout = engine.generate(prompts, seed=seed, temperature=temperature, top_p=top_p, batch_size=batch_size)
+        rollout = engine.generate(prompts, seed=seed, sampling=sampling, batch_size=batch_size)
         rewards, lengths = task.score(problems, rollout.texts), [len(r) for r in rollout.response_ids]
     rows = len(rewards)  # n * k
     correct = [r.components.get("correct", r.total) for r in rewards]
@@ -97,9 +95,8 @@ def evaluation_row(config: RunConfig, engine, task, tokenizer, step: int) -> dic
             task,
             tokenizer,
             num_problems=cfg.num_problems,
-            temperature=cfg.temperature,
+            sampling=Sampling.of(cfg),
             samples=cfg.samples,
-            top_p=cfg.top_p,
             batch_size=cfg.batch_size,
             max_turns=config.rollout.max_turns,
             max_episode_tokens=config.rollout.max_episode_tokens,

@@ -1,10 +1,10 @@
 """Trainer-side log-probs of response tokens, computed the way the sampler computed them.
 
 Layout matches generation: ``[left-padded prompt | response | right padding]`` with position ids from the
-attention mask, logits divided by the sampling temperature and, when the sampler truncated (``top_k`` /
-``top_p``), renormalised over the kept set rebuilt from these logits by the sampler's own rule
-(``oprl.models.truncation``), so that on-policy the recomputed log-probs equal the recorded behaviour log-probs
-up to float error.
+attention mask, scored under the sampler's ``Sampling`` (``oprl.models.truncation``): logits divided by its
+temperature and, when it truncates (top-k / top-p), renormalised over the kept set rebuilt from these logits by
+the sampler's own rule (``Sampling.kept``), so that on-policy the recomputed log-probs equal the recorded
+behaviour log-probs up to float error.
 
 Truncated scoring, for scaled scores ``s`` and the sampled token ``y`` (docs/runtime.md, "Top-k and top-p"):
 
@@ -28,7 +28,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from oprl.models.batching import cache_kwarg, left_pad, positions, prefill_shared_prompts, right_pad
-from oprl.models.truncation import kept_tokens, truncates
+from oprl.models.truncation import PLAIN, Sampling
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
@@ -50,16 +50,14 @@ def response_logprobs(
     attention_mask: torch.Tensor,
     targets: torch.Tensor,
     *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    sampling: Sampling = PLAIN,
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunk_bytes: int = LOGIT_CHUNK_BYTES,
     keep_chosen: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(target_t | prefix) under the temperature-scaled distribution, for the ``T`` response positions;
-    ``top_k`` / ``top_p`` (0 / 1 = off): renormalised over the kept set, which holds the target too unless
+    """log pi(target_t | prefix) under ``sampling``'s distribution, for the ``T`` response positions: logits over
+    its temperature and, when it truncates, renormalised over its kept set, which holds the target too unless
     ``keep_chosen`` is False (then a target outside it scores -inf; module docstring).
 
     Returns ``(logprobs (B, T), entropy (B, T) or None)``; padded response positions (where the response part
@@ -94,7 +92,6 @@ def response_logprobs(
             use_cache=False,
         ).logits[:, :-1][mask]  # (N, V)
     chosen = targets.to(features.device)[mask.to(features.device)]  # (N,)
-    sampling = (temperature, top_k, top_p)
     return _chunked_logprobs(
         head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen
     )
@@ -119,9 +116,7 @@ def grouped_response_logprobs(
     response_ids: list[list[int]],
     pad_id: int,
     *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    sampling: Sampling = PLAIN,
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunk_bytes: int = LOGIT_CHUNK_BYTES,
@@ -145,9 +140,7 @@ def grouped_response_logprobs(
             prompt_ids,
             response_ids,
             pad_id,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
+            sampling=sampling,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             chunk_bytes=chunk_bytes,
@@ -170,7 +163,6 @@ def grouped_response_logprobs(
             **{cache_kwarg(decoder): prefill.cache},
         ).last_hidden_state  # (B, T-1, H): token t predicts token t+1
         hidden = torch.cat([hidden, rest], dim=1)  # (B, T, H)
-    sampling = (temperature, top_k, top_p)
     logprobs, entropy = _chunked_logprobs(
         head, hidden[mask], targets[mask], mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen
     )
@@ -178,13 +170,13 @@ def grouped_response_logprobs(
 
 
 def _chunked_logprobs(
-    head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen=True
+    head, features, chosen, mask, sampling: Sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen=True
 ):
     """Log-probs (and entropies) of ``chosen`` (N,) from ``features`` (N, H) in bounded chunks, placed at
-    ``mask`` in ``(B, T)`` tensors; ``sampling`` = ``(temperature, top_k, top_p)``."""
+    ``mask`` in ``(B, T)`` tensors, under ``sampling``'s distribution."""
     vocab = head.out_features if isinstance(head, torch.nn.Linear) else features.shape[-1]
     # Truncation works on copies of the chunk's logits (sorted values, int64 order, cumulative sums): ~4x.
-    copies = 4 if truncates(*sampling[1:]) else 1
+    copies = 4 if sampling.truncates else 1
     rows = max(1, chunk_bytes // (4 * vocab * copies))
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, features.shape[0], rows):
@@ -214,16 +206,15 @@ def _chunked_logprobs(
 
 
 def _token_logprobs(
-    head, features, chosen, sampling: tuple, with_entropy: bool, entropy_grad: bool, keep_chosen: bool = True
+    head, features, chosen, sampling: Sampling, with_entropy: bool, entropy_grad: bool, keep_chosen: bool = True
 ):
     """(log-prob of ``chosen`` (n,), entropy (n,) or an empty tensor) for one chunk of ``n`` tokens, under the
-    distribution ``sampling = (temperature, top_k, top_p)`` samples from; truncated, both are over the kept set
-    plus ``chosen`` (without it when not ``keep_chosen``: a dropped ``chosen`` scores -inf; module docstring)."""
-    temperature, top_k, top_p = sampling
-    scaled = head(features).float() / temperature  # (n, V)
+    distribution ``sampling`` samples from; truncated, both are over the kept set plus ``chosen`` (without it
+    when not ``keep_chosen``: a dropped ``chosen`` scores -inf; module docstring)."""
+    scaled = head(features).float() / sampling.temperature  # (n, V)
     finite = scaled
-    if truncates(top_k, top_p):
-        kept = kept_tokens(scaled, top_k, top_p)  # (n, V), no gradient
+    if sampling.truncates:
+        kept = sampling.kept(scaled)  # (n, V), no gradient
         dropped = ~(kept.scatter(-1, chosen[:, None], True) if keep_chosen else kept)
         finite = scaled.masked_fill(dropped, 0.0)  # for p * s below: 0 * -inf would be nan
         scaled = scaled.masked_fill(dropped, float("-inf"))  # probability 0, no gradient

@@ -1,4 +1,6 @@
-"""Truncated sampling (top-k, top-p): the one rule every sampler and the trainer apply to a distribution.
+"""Truncated sampling (top-k, top-p): the one rule every sampler and the trainer apply to a distribution, and
+``Sampling``, the value that carries its settings (temperature, top-k, top-p) from the config to every sampler
+and scorer.
 
 For temperature-scaled scores ``s = logits / temperature`` (..., V), the kept set ``S(s)`` is built in two
 steps, in this order (vLLM's ``apply_top_k_top_p``, transformers' ``TopKLogitsWarper`` then
@@ -16,7 +18,8 @@ set and rho = 1 up to float rounding. Deliberately not here: min-p, repetition p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 from oprl.lazy import lazy_import
 
@@ -26,9 +29,52 @@ else:
     torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
 
 
-def truncates(top_k: int, top_p: float) -> bool:
-    """Whether ``(top_k, top_p)`` removes anything: ``top_k > 0`` or ``top_p < 1``."""
-    return top_k > 0 or top_p < 1.0
+@dataclass(frozen=True)
+class Sampling:
+    """The distribution a sampler draws each token from, for logits ``z`` (V,) of the next token:
+
+        s = z / temperature          pi(y) = exp(s_y) / sum_{i in S(s)} exp(s_i)  for y in S(s), 0 outside
+
+    with ``S(s)`` the kept set of the module docstring (every token when neither top-k nor top-p truncates).
+    Every engine samples from this ``pi`` and records ``log pi(y)`` as the behaviour log-prob; the trainer (and a
+    teacher scoring with ``teacher.support=truncated``) scores under the same ``pi`` rebuilt from its own logits
+    (``oprl.models.logprobs``), so on-policy rho = 1 up to float rounding. That guarantee holds only while both
+    sides read the one value: an option added here is applied by ``kept`` (lean engine, trainer) and mapped by
+    the engines that sample elsewhere (docs/architecture.md, "How to add a sampling option").
+
+    Built once from the config (``Sampling.of(config.rollout)``: ``rollout.temperature``, ``rollout.top_k``,
+    ``rollout.top_p``), handed to an engine when it is built (its default) and to ``generate`` where a call
+    samples otherwise (evaluation: ``Sampling.of(config.eval)``)."""
+
+    temperature: float = 1.0
+    """T > 0: the logits are divided by it before anything else (T < 1 sharpens, T > 1 flattens)."""
+    top_k: int = 0
+    """k >= 0: only tokens scoring >= the k-th largest score can be drawn (ties kept); 0 = off."""
+    top_p: float = 1.0
+    """0 < p <= 1: of the top-k survivors, the least likely tokens holding at most 1 - p of their mass are
+    dropped, the most likely always kept; 1 = off."""
+
+    @classmethod
+    def of(cls, section: Any) -> Sampling:
+        """The ``Sampling`` of a config section, each field read from the key of its name: ``rollout``
+        (``rollout.temperature``, ``rollout.top_k``, ``rollout.top_p``) or ``eval`` (``eval.temperature``,
+        ``eval.top_p``); a field the section has no key for stays off (evaluation has no top-k)."""
+        values: dict[str, Any] = {f.name: getattr(section, f.name, f.default) for f in fields(cls)}
+        return cls(**values)
+
+    @property
+    def truncates(self) -> bool:
+        """Whether ``S(s)`` can drop a token: ``top_k > 0`` or ``top_p < 1``."""
+        return self.top_k > 0 or self.top_p < 1.0
+
+    def kept(self, scores: torch.Tensor) -> torch.Tensor:
+        """(..., V) bool: ``S(s)`` of temperature-scaled ``scores`` (..., V), True where a token can be drawn
+        (``kept_tokens``). The lean engine samples through it and the trainer scores through it."""
+        return kept_tokens(scores, self.top_k, self.top_p)
+
+
+PLAIN = Sampling()
+"""Temperature 1, nothing truncated: the model's own distribution (the default of every sampler and scorer)."""
 
 
 CANDIDATES = (64, 1024)

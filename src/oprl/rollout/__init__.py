@@ -1,6 +1,7 @@
 """How samples are produced: rollout engines that return responses with their behaviour log-probs.
 
-The contract is ``oprl.rollout.base`` (``Rollout``, the ``Engine`` protocol, ``EngineCapabilities``, ``Switch``);
+The contract is ``oprl.rollout.base`` (``Rollout``, the ``Engine`` protocol, ``EngineCapabilities``, ``Switch``)
+and the ``Sampling`` every engine is built with (``oprl.models.truncation``, re-exported here);
 ``ENGINES`` is the registry the ``rollout.engine`` config option names (its values are derived from these keys),
 and ``capabilities(name)`` what the engine a name resolves to declares.
 """
@@ -8,6 +9,7 @@ and ``capabilities(name)`` what the engine a name resolves to declares.
 from collections.abc import Callable
 
 from oprl import plugins
+from oprl.models.truncation import Sampling
 from oprl.rollout.base import (
     NO_CAPABILITIES,
     Engine,
@@ -40,10 +42,10 @@ def engines_with(capability: Callable[[EngineCapabilities], bool]) -> list[str]:
 
 
 TRUNCATING_ENGINES = frozenset(engines_with(lambda c: c.exact_truncation))
-"""The built-in engines declaring ``exact_truncation``: they sample with ``rollout.top_k`` / ``rollout.top_p < 1``
-by ``oprl.models.truncation``'s rule and record log-probs renormalised over its kept set, so the trainer can
-rebuild that set exactly. Kept for the config check; ``capabilities(name).exact_truncation`` also answers for
-plug-ins."""
+"""The built-in engines declaring ``exact_truncation``: they sample with a truncating ``Sampling``
+(``rollout.top_k``, ``rollout.top_p < 1``) by ``oprl.models.truncation``'s rule and record log-probs
+renormalised over its kept set, so the trainer can rebuild that set exactly. Kept for the config check;
+``capabilities(name).exact_truncation`` also answers for plug-ins."""
 
 __all__ = [
     "ENGINES",
@@ -54,6 +56,7 @@ __all__ = [
     "HFGenerateEngine",
     "LeanEngine",
     "Rollout",
+    "Sampling",
     "Switch",
     "TorchEngine",
     "VLLMEngine",

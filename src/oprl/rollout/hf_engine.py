@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from oprl.lazy import lazy_import
 from oprl.models.batching import left_pad
+from oprl.models.truncation import Sampling
 from oprl.rollout.base import EngineCapabilities, TorchEngine
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ else:
 
 class HFGenerateEngine(TorchEngine):
     """Samples with ``model.generate`` (multinomial, temperature, top-k, top-p). ``settings``: the
-    ``TorchEngine`` defaults ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``. One policy per call
+    ``TorchEngine`` defaults ``sampling``, ``max_new_tokens``. One policy per call
     (``generate`` has no hook between decode steps: no partial rollouts), no caches kept between calls."""
 
     capabilities = EngineCapabilities(exact_truncation=True)  # transformers' top-k/top-p = oprl.models.truncation
@@ -38,21 +39,20 @@ def hf_generate_sample(
     model,
     tokenizer,
     prompt_ids: list[list[int]],
-    temperature: float,
-    top_p: float,
+    sampling: Sampling,
     max_new_tokens: int,
-    top_k: int = 0,
 ):
-    """``(tokens (B, T), behaviour log-probs (B, T))`` on the CPU; anything after a row's first EOS is ignored."""
+    """``(tokens (B, T), behaviour log-probs (B, T))`` drawn from ``sampling``'s distribution (transformers'
+    warpers: the same kept set as ``Sampling.kept``), on the CPU; anything after a row's first EOS is ignored."""
     pad_id = tokenizer.pad_token_id
     inputs, attention = left_pad(prompt_ids, pad_id)  # (B, P)
     out = model.generate(
         input_ids=inputs.to(model.device),
         attention_mask=attention.to(model.device),
         do_sample=True,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,  # 0 = off; transformers applies it before top-p, as vLLM and the lean engine do
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,  # 0 = off; transformers applies it before top-p, as vLLM and the lean engine do
         max_new_tokens=max_new_tokens,
         pad_token_id=pad_id,
         eos_token_id=tokenizer.eos_token_id,

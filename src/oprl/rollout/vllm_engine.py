@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from oprl.errors import OprlError
 from oprl.lazy import lazy_import
+from oprl.models.truncation import PLAIN, Sampling
 from oprl.rollout.base import EngineCapabilities, Rollout, Switch, check_switch
 
 if TYPE_CHECKING:
@@ -107,9 +108,7 @@ class VLLMEngine:
         model,
         tokenizer,
         *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
+        sampling: Sampling = PLAIN,
         max_new_tokens: int = 16,
         dtype: str | None = None,
         kv_cache_gb: float = 1.0,
@@ -123,9 +122,8 @@ class VLLMEngine:
         self.prefill_tokens = 0
         """Prompt tokens handed to vLLM, and those it computed (the rest came from its prefix cache)."""
         self.tokenizer = tokenizer
-        self.temperature = temperature
-        self.top_p = top_p
-        self.top_k = top_k
+        self.sampling = sampling
+        """The distribution of every call that names none (the training rollouts': ``rollout.*``)."""
         self.max_new_tokens = max_new_tokens
         # The sampler's precision is the model's (the explorers load it in rollout.dtype), unless given.
         self.dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -154,45 +152,33 @@ class VLLMEngine:
         prompt_ids: list[list[int]],
         *,
         seed: int,
-        temperature: float | None = None,
-        top_p: float | None = None,
+        sampling: Sampling | None = None,
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,
         switch: Switch | None = None,
-        top_k: int | None = None,
     ) -> Rollout:
         """Sample one response per prompt row; the same ``seed`` and inputs give the same samples.
         ``batch_size`` is ignored: vLLM schedules its own batches, and rows are seeded independently
         (``row_seeds``: each row's seed, in place of ``row_seed(seed, row)``). ``switch`` (partial rollouts,
-        ``oprl.rollout.base.Switch``): sampled in segments, other weights loaded between two (``_switching``)."""
+        ``oprl.rollout.base.Switch``): sampled in segments, other weights loaded between two (``_segments``)."""
         self._check_lengths(prompt_ids, self.shared.max_model_len)
         seeds = [row_seed(seed, row) for row in range(len(prompt_ids))] if row_seeds is None else list(row_seeds)
-        temperature = self.temperature if temperature is None else temperature
-        top_p = self.top_p if top_p is None else top_p
-        truncation = (top_p, self.top_k if top_k is None else top_k)
         if switch is not None:
-            return self._switching(prompt_ids, seeds, temperature, truncation, switch)
-        completions = self._sample(prompt_ids, seeds, temperature, truncation, self.max_new_tokens)
-        response_ids = [list(c.token_ids) for c in completions]
-        return Rollout(
-            response_ids=response_ids,
-            behavior_logprobs=[list(c.logprobs.logprobs) for c in completions],
-            texts=self.tokenizer.batch_decode(response_ids, skip_special_tokens=True),
-            truncated=[c.finish_reason == "length" for c in completions],
-        )
+            check_switch(self, switch)  # recompute only (capabilities); run configs are refused before they start
+        return self._segments(prompt_ids, seeds, self.sampling if sampling is None else sampling, switch)
 
-    def _sample(self, prompt_ids: list[list[int]], seeds: list[int], temperature: float, truncation: tuple, limit: int):
-        """One blocking ``LLM.generate`` of up to ``limit`` tokens per row; its completions, in row order.
-        ``truncation``: ``(top_p, top_k)``, top_k 0 = off (vLLM's own convention)."""
+    def _sample(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, limit: int):
+        """One blocking ``LLM.generate`` of up to ``limit`` tokens per row from ``sampling``'s distribution (vLLM's
+        ``top_k`` 0 = off, as ``Sampling``'s); its completions, in row order."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         shared = self.shared
         params = [
             SamplingParams(
-                temperature=temperature,
-                top_p=truncation[0],
-                top_k=truncation[1],
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
                 max_tokens=limit,
                 stop_token_ids=[self.tokenizer.eos_token_id],
                 logprobs=0,
@@ -216,8 +202,10 @@ class VLLMEngine:
         self.prefill_tokens += sum(len(p) for p in prompt_ids) - cached
         return [out.outputs[0] for out in outputs]
 
-    def _switching(self, prompt_ids: list[list[int]], seeds: list[int], temperature: float, truncation, switch: Switch):
-        """Partial rollouts on vLLM: abort and resume. Every unfinished row is sampled up to the switcher's next
+    def _segments(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, switch: Switch | None):
+        """The rollout of one call. Without a ``switch``: one segment of ``max_new_tokens`` (one ``_sample``).
+
+        Partial rollouts on vLLM: abort and resume. Every unfinished row is sampled up to the switcher's next
         point (``Switcher.next_point``: the scheduled switch step, or every ``FREE_CHUNK`` steps free-running);
         there ``switch.before`` may load other weights, and the unfinished rows continue from prompt + their
         tokens so far, a fresh request (its prefix prefilled under the weights now served: the ``recompute`` KV
@@ -225,35 +213,36 @@ class VLLMEngine:
         segment replays another's random numbers. Segments run in lock-step like decode steps (an unfinished
         row has sampled exactly the segment's length), so token t of every row was drawn at global decode step
         ``offset + t``, as in the torch engines."""
-        check_switch(self, switch)  # recompute only (capabilities); run configs are refused before they start
-        offset, n = switch.start(), len(prompt_ids)
+        offset, n = (0 if switch is None else switch.start()), len(prompt_ids)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         stopped = [False] * n
         live, done = list(range(n)), 0
         while live:
-            point = switch.next_point(offset + done)
+            point = None if switch is None else switch.next_point(offset + done)
             left = self.max_new_tokens - done
             limit = left if point is None else min(left, point - offset - done)
             contexts = [prompt_ids[r] + tokens[r] for r in live]
             segment_seeds = [seeds[r] if done == 0 else row_seed(seeds[r], done) for r in live]
-            completions = self._sample(contexts, segment_seeds, temperature, truncation, limit)
+            completions = self._sample(contexts, segment_seeds, sampling, limit)
             for r, c in zip(live, completions, strict=True):
                 tokens[r] += list(c.token_ids)
                 logprobs[r] += list(c.logprobs.logprobs)
                 stopped[r] = c.finish_reason != "length"
             done += limit
             live = [r for r in live if not stopped[r]] if done < self.max_new_tokens else []
-            if live:
+            if live and switch is not None:
                 switch.before(offset + done)
-        switch.finish(max((len(t) for t in tokens), default=0))
-        return Rollout(
+        rollout = Rollout(
             response_ids=tokens,
             behavior_logprobs=logprobs,
             texts=self.tokenizer.batch_decode(tokens, skip_special_tokens=True),
             truncated=[not s for s in stopped],
-            behavior_versions=[[switch.version_at(offset + t) for t in range(len(row))] for row in tokens],
         )
+        if switch is not None:
+            switch.finish(max((len(t) for t in tokens), default=0))
+            rollout.behavior_versions = [[switch.version_at(offset + t) for t in range(len(r))] for r in tokens]
+        return rollout
 
     def _check_lengths(self, prompt_ids: list[list[int]], max_model_len: int) -> None:
         longest = max((len(p) for p in prompt_ids), default=0)

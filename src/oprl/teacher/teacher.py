@@ -15,10 +15,10 @@ store once, ``oprl.teacher.score``).
 
 Top-k / top-p (``teacher.support``, docs/algorithms.md#distillation-under-top-p--top-k): ``full`` scores the
 teacher's whole distribution while the student's behaviour log-probs are of its truncated one; ``truncated``
-renormalises the teacher's over its own kept set under ``rollout.top_k`` / ``rollout.top_p`` (the sampler's rule,
-``oprl.models.truncation``, through the torch engines' ``top_k`` / ``top_p``), a token outside that set scoring
--inf (the trainer floors it at ``teacher.logprob_floor``). So a teacher equal to the student gives exactly the
-behaviour log-probs under either truncation.
+renormalises the teacher's over its own kept set under the rollouts' ``Sampling`` (``rollout.top_k`` /
+``rollout.top_p``: the sampler's rule, ``oprl.models.truncation``, through the torch engines), a token outside
+that set scoring -inf (the trainer floors it at ``teacher.logprob_floor``). So a teacher equal to the student
+gives exactly the behaviour log-probs under either truncation.
 
 Not here: sampling (the teacher never generates), the distillation math (``oprl.algorithms.distill``).
 """
@@ -35,7 +35,7 @@ import torch
 
 from oprl.messages import Experience, ScoreResult
 from oprl.models.logprobs import grouped_response_logprobs, packed_response_logprobs
-from oprl.models.truncation import truncates
+from oprl.models.truncation import PLAIN, Sampling
 from oprl.teacher.loading import load_teacher
 from oprl.worker import Clock
 
@@ -57,37 +57,34 @@ class Teacher:
         model,
         pad_id: int,
         *,
-        temperature: float = 1.0,
+        sampling: Sampling = PLAIN,
         engine: str = "lean",
         micro_batch_size: int = 64,
         kv_cache_gb: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
     ):
-        """``top_k`` / ``top_p`` (0 / 1 = off, ``teacher.support=full``): the teacher's log-probs renormalised
-        over its own kept set, -inf outside it (``teacher.support=truncated``; torch engines only)."""
+        """``sampling``: the distribution the teacher's log-probs are of, at its temperature; when it truncates
+        (``teacher.support=truncated``; torch engines only) renormalised over the teacher's own kept set, -inf
+        outside it."""
         self.model = model.eval().requires_grad_(False)
         self.pad_id = pad_id
-        self.temperature = temperature
+        self.sampling = sampling
         self.micro_batch_size = micro_batch_size
-        self.prefill: Callable[[list[list[int]], list[list[int]], float], list[list[float]]]
-        """``prefill(prompt_ids, response_ids, temperature)``: one micro-batch's log-probs, one list per row."""
+        self.prefill: Callable[[list[list[int]], list[list[int]], Sampling], list[list[float]]]
+        """``prefill(prompt_ids, response_ids, sampling)``: one micro-batch's log-probs, one list per row."""
         if engine == "vllm":  # kv_cache_gb: the vLLM engine's key/value cache (rollout.kv_cache_gb)
             from oprl.teacher.vllm_prefill import VLLMPrefill
 
-            if truncates(top_k, top_p):  # the config refuses it in one line (TeacherConfig)
+            if sampling.truncates:  # the config refuses it in one line (TeacherConfig)
                 raise ValueError("teacher.engine=vllm scores the full distribution only (teacher.support=full)")
             self.prefill = VLLMPrefill(self.model, kv_cache_gb=kv_cache_gb)
         else:
-            # keep_chosen=False: the teacher's truncated distribution is fixed, a token it drops has probability 0.
-            truncation = {"top_k": top_k, "top_p": top_p, "keep_chosen": False} if truncates(top_k, top_p) else {}
-            self.prefill = functools.partial(torch_prefill, ENGINES[engine], self.model, pad_id, **truncation)
+            self.prefill = functools.partial(torch_prefill, ENGINES[engine], self.model, pad_id)
 
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """log π_teacher of every response token, one list per row (the response's length)."""
         out: list[list[float]] = []
         for rows in group_chunks(prompt_ids, self.micro_batch_size):
-            out += self.prefill([prompt_ids[i] for i in rows], [response_ids[i] for i in rows], self.temperature)
+            out += self.prefill([prompt_ids[i] for i in rows], [response_ids[i] for i in rows], self.sampling)
         return out
 
     def score(self, experiences: list[Experience]) -> list[Experience]:
@@ -97,13 +94,12 @@ class Teacher:
 
 
 @torch.no_grad()
-def torch_prefill(
-    forward, model, pad_id: int, prompt_ids, response_ids, temperature: float, **truncation
-) -> list[list[float]]:
-    """One micro-batch through a torch engine of ``ENGINES``: its (B, T) values cut to each row's response;
-    ``truncation``: the engine's ``top_k`` / ``top_p`` / ``keep_chosen`` (``teacher.support=truncated``)."""
+def torch_prefill(forward, model, pad_id: int, prompt_ids, response_ids, sampling: Sampling) -> list[list[float]]:
+    """One micro-batch through a torch engine of ``ENGINES`` under ``sampling``: its (B, T) values cut to each
+    row's response."""
+    # keep_chosen=False: the teacher's truncated distribution is fixed, a token it drops has probability 0.
     values, _, mask = forward(
-        model, prompt_ids, response_ids, pad_id, temperature=temperature, **truncation
+        model, prompt_ids, response_ids, pad_id, sampling=sampling, keep_chosen=False
     )  # (B, T), _, (B, T)
     return [row[valid].tolist() for row, valid in zip(values.float().cpu(), mask.cpu(), strict=True)]
 
@@ -128,20 +124,19 @@ def group_chunks(prompt_ids: list[list[int]], size: int) -> list[list[int]]:
 
 def build_teacher(config: RunConfig, student_path: str) -> Teacher:
     """The ``Teacher`` of ``config.teacher`` (its tokenizer checked against the student's at ``student_path``),
-    scoring at the sampling temperature ``rollout.temperature`` and, with ``teacher.support=truncated``, over
-    its own kept set under ``rollout.top_k`` / ``rollout.top_p``."""
+    scoring under the rollouts' ``Sampling``: its temperature always, its top-k / top-p (its own kept set) only
+    with ``teacher.support=truncated``."""
     model, tokenizer = load_teacher(config, student_path)
-    rollout = config.rollout
-    truncated = config.teacher.support == "truncated"
+    sampling = Sampling.of(config.rollout)
+    if config.teacher.support == "full":
+        sampling = dataclasses.replace(sampling, top_k=0, top_p=1.0)
     return Teacher(
         model,
         tokenizer.pad_token_id,
-        temperature=config.rollout.temperature,
+        sampling=sampling,
         engine=config.teacher.engine,
         micro_batch_size=config.teacher.micro_batch_size,
         kv_cache_gb=config.rollout.kv_cache_gb,
-        top_k=rollout.top_k if truncated else 0,
-        top_p=rollout.top_p if truncated else 1.0,
     )
 
 

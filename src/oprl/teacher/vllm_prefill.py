@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib.util
 
 from oprl.errors import OprlError
+from oprl.models.truncation import Sampling
 from oprl.rollout import vllm_engine
 from oprl.rollout.vllm_engine import INSTALL_HINT, shared_llm
 
@@ -42,7 +43,8 @@ def require_vllm() -> None:
 
 
 class VLLMPrefill:
-    """``prefill(prompt_ids, response_ids, temperature)`` -> log π of every response token, one list per row."""
+    """``prefill(prompt_ids, response_ids, sampling)`` -> log π of every response token, one list per row, at
+    ``sampling.temperature`` over the whole vocabulary (``Teacher`` refuses a truncating ``sampling``)."""
 
     def __init__(self, model, *, kv_cache_gb: float = 1.0):
         require_vllm()
@@ -56,8 +58,9 @@ class VLLMPrefill:
         """Tokens handed to vLLM (prompt + response), and those it computed (the rest came from its cache)."""
 
     def __call__(
-        self, prompt_ids: list[list[int]], response_ids: list[list[int]], temperature: float
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]], sampling: Sampling
     ) -> list[list[float]]:
+        temperature = sampling.temperature
         contexts = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
         longest = max((len(c) for c in contexts), default=0)
         if longest >= self.shared.max_model_len:  # vLLM appends one sampled token

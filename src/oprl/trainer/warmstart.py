@@ -51,6 +51,7 @@ from oprl.models.chat import encode_problem
 from oprl.models.loading import cache_dir, load_pretrained
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
+from oprl.models.truncation import Sampling
 from oprl.progress import RunProgress
 from oprl.rollout import LeanEngine
 from oprl.tasks.base import EpisodicTask
@@ -175,7 +176,7 @@ def _train(model_cfg, warm_cfg, task, out_dir: Path, log, progress: bool, partia
     validation, training = _held_out(task, warm_cfg, log)
     prompts, answers, masks, limits = _examples(tokenizer, task, training)
     device = next(model.parameters()).device
-    engine = LeanEngine(model, tokenizer, temperature=1.0, max_new_tokens=limits["max_new_tokens"])
+    engine = LeanEngine(model, tokenizer, max_new_tokens=limits["max_new_tokens"])  # temperature 1, no truncation
     optimizer = torch.optim.AdamW(model.parameters(), lr=warm_cfg.lr)
     rng = random.Random(warm_cfg.seed)
     state: dict[str, Any] = {"step": 0, "accuracy": 0.0, "history": [], "seconds": 0.0}
@@ -253,7 +254,7 @@ def _validate(engine, task, validation, tokenizer, seed: int, limits: dict) -> f
         _Held(task, validation),
         tokenizer,
         num_problems=len(validation),
-        temperature=1.0,
+        sampling=Sampling(),
         seed=seed,
         max_turns=limits["max_turns"],
         max_episode_tokens=limits["max_episode_tokens"],

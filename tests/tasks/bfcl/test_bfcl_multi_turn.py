@@ -132,7 +132,7 @@ def test_a_whole_episode_through_the_runtime(task):
         def __init__(self):
             self.turn = 0
 
-        def generate(self, prompt_ids, *, seed, temperature=None, top_p=None, batch_size=None):
+        def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None):
             from oprl.rollout import Rollout
 
             reply = demo[self.turn]

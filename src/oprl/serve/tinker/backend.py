@@ -35,7 +35,7 @@ from oprl.models.logprobs import pack, response_logprobs
 from oprl.serve.tinker import wire
 from oprl.serve.tinker.errors import UserError, base_of, check_tokens, context_of
 from oprl.serve.tinker.losses import OPTIONAL_INPUTS, LossSpec, compute_loss
-from oprl.serve.tinker.sampling import sample
+from oprl.serve.tinker.sampling import SERVED, sample
 
 DEFAULT_MODELS = {
     "oprl/tiny": "tiny",
@@ -266,13 +266,16 @@ class TinkerModels:
 
         ``oprl.models.logprobs.response_logprobs`` scores the last T columns' targets from the positions before
         them; laying a datum out as prompt ``[x_0]`` and response ``[x_1 .. x_{N-1}, pad]`` puts position t's
-        hidden state in front of target t, whatever the targets are (memory-bounded chunked log-softmax)."""
+        hidden state in front of target t, whatever the targets are (memory-bounded chunked log-softmax). Scored
+        under ``SERVED``, the distribution the sampler draws from."""
         pad = policy.tokenizer.pad_token_id
         prompts = [r["tokens"][:1] for r in rows]
         responses = [[*r["tokens"][1:], pad] for r in rows]
         input_ids, attention, _, mask = (t.to(self.device) for t in pack(prompts, responses, pad))
         targets, _ = right_pad([r["targets"] for r in rows], 0)
-        logprobs, _ = response_logprobs(policy.model, input_ids, attention, targets.to(self.device))  # (B, T)
+        logprobs, _ = response_logprobs(
+            policy.model, input_ids, attention, targets.to(self.device), sampling=SERVED
+        )  # (B, T)
         width = mask.shape[1]
         names = set().union(*(r["inputs"] for r in rows))
         inputs = {

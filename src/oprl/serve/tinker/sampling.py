@@ -1,9 +1,9 @@
 """Sampling for the Tinker server: ``num_samples`` continuations of one prompt from whatever weights the
 caller put in the module, with each sampled token's log-prob under the distribution it was drawn from (the lean
-engine's ``sample_token`` at temperature 1), and the prompt's own log-probs (``compute_logprobs``).
+engine's ``sample_token`` under ``SERVED``), and the prompt's own log-probs (``compute_logprobs``).
 
-Only temperature 1 without top-k/top-p truncation is served: ``forward_backward`` scores at temperature 1, so
-only those samples carry behaviour log-probs the trainer reproduces (ρ = 1 on-policy, tested).
+Only ``SERVED``, temperature 1 without top-k/top-p truncation, is served: ``forward_backward`` scores under it,
+so only those samples carry behaviour log-probs the trainer reproduces (ρ = 1 on-policy, tested).
 """
 
 from __future__ import annotations
@@ -14,22 +14,34 @@ from typing import Any
 import torch
 
 from oprl.models.batching import cache_kwarg, output_cache, prefill_shared_prompts
+from oprl.models.truncation import PLAIN, Sampling
 from oprl.rollout.lean_engine import sample_token
 from oprl.serve.tinker import wire
 from oprl.serve.tinker.errors import UserError, check_tokens, context_of
 
+SERVED = PLAIN
+"""The one distribution served, temperature 1 without truncation: the one ``forward_backward`` scores under."""
+
+
+def requested_sampling(params: dict[str, Any]) -> Sampling:
+    """Tinker's ``SamplingParams`` as a ``Sampling`` (its ``top_k`` -1 is off, oprl's 0; absent fields are off)."""
+    top_k = int(params.get("top_k", -1))
+    temperature, top_p = float(params.get("temperature", 1.0)), float(params.get("top_p", 1.0))
+    return Sampling(temperature, 0 if top_k == -1 else top_k, top_p)
+
 
 def check_sampling_params(params: dict[str, Any]) -> None:
-    """Refuse what the trainer cannot reproduce: ``forward_backward`` scores at temperature 1 without top-k/top-p
-    truncation, so only samples from that distribution have behaviour log-probs it can compare with."""
-    if float(params.get("temperature", 1.0)) != 1.0:
+    """Refuse what the trainer cannot reproduce: ``forward_backward`` scores under ``SERVED``, so only samples
+    from that distribution have behaviour log-probs it can compare with."""
+    asked = requested_sampling(params)
+    if asked.temperature != SERVED.temperature:
         raise UserError(
             f"sampling_params.temperature: {params['temperature']} is not 1.0; forward_backward scores at "
             "temperature 1, so the sampler's log-probs would not be the trainer's (ρ ≠ 1 on-policy)"
         )
-    if int(params.get("top_k", -1)) not in (-1, 0):
+    if asked.top_k != SERVED.top_k:
         raise UserError("sampling_params.top_k: truncated sampling is not reproducible by forward_backward; use -1")
-    if float(params.get("top_p", 1.0)) != 1.0:
+    if asked.top_p != SERVED.top_p:
         raise UserError("sampling_params.top_p: truncated sampling is not reproducible by forward_backward; use 1.0")
     if params.get("max_tokens") is not None and int(params["max_tokens"]) < 1:
         raise UserError(f"sampling_params.max_tokens: must be >= 1, got {params['max_tokens']}")
@@ -76,7 +88,7 @@ def _stops(stop, tokenizer) -> tuple[set[int], list[str]]:
 
 
 def _decode(model, tokenizer, prompt, n, max_tokens, stop_tokens, stop_strings, device) -> list[wire.Sequence]:
-    """The lean engine's decode step (``sample_token`` at temperature 1) on one prompt prefilled once for its
+    """The lean engine's decode step (``sample_token`` under ``SERVED``) on one prompt prefilled once for its
     ``n`` rows; a row ends at a stop token (kept) or once its text holds a stop string."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     prefill = prefill_shared_prompts(model, [prompt] * n, pad, device, logits_to_keep=1)
@@ -88,7 +100,7 @@ def _decode(model, tokenizer, prompt, n, max_tokens, stop_tokens, stop_strings, 
     done = [False] * n
     stopped = [False] * n
     for _step in range(max_tokens):
-        token, logprob = sample_token(logits, 1.0, 1.0)  # (n,), (n,)
+        token, logprob = sample_token(logits, SERVED)  # (n,), (n,)
         for row, (t, lp) in enumerate(zip(token.tolist(), logprob.tolist(), strict=True)):
             if done[row]:
                 continue
