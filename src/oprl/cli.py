@@ -135,7 +135,7 @@ def _main(argv: list[str] | None) -> int:
         "explore": _explore,
         "eval": _eval,
         "config": _config,
-        "bandit": _bandit,
+        "bandit": _experiment("bandit"),
         "teacher-score": _teacher_score,
         "sweep": _experiment("sweep"),
         "plot": _experiment("curves"),
@@ -327,12 +327,6 @@ def _teacher_score(args: list[str]) -> int:
     torch.set_num_threads(worker_threads(config))  # a run's teacher worker's threads: the same numbers
     score_store(config, model_path(config, build_task(config.task)))
     return 0
-
-
-def _bandit(args: list[str]) -> int:
-    from oprl.experiments.bandit import main as bandit_main
-
-    return bandit_main(args)
 
 
 def _experiment(module: str):

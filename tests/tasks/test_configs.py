@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from oprl.config import load_config
 from oprl.tasks import TASKS
-from oprl.tasks.config import ExpressionTaskSection, Section, TaskSection
+from oprl.tasks.section import ExpressionTaskSection, Section, TaskSection
 
 
 def written_docs(cls: type) -> dict[str, str]:

@@ -21,7 +21,7 @@ PLUGIN = textwrap.dedent(
     from typing import Literal
 
     from oprl.tasks import ArithmeticTask
-    from oprl.tasks.config import TaskSection
+    from oprl.tasks.section import TaskSection
 
 
     class DoublingConfig(TaskSection):

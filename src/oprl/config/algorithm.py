@@ -14,7 +14,7 @@ from pydantic import AfterValidator, Field
 
 from oprl.algorithms import KL_ESTIMATORS
 from oprl.config.choices import CHOICE_SETTINGS, resolve_choice
-from oprl.tasks.config import Section as _Section
+from oprl.tasks.section import Section as _Section
 
 if TYPE_CHECKING:  # the type checker sees strings; at run time each is the Literal of a registry's keys
     Drop: TypeAlias = str

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from oprl.tasks.config import Section as _Section
+from oprl.tasks.section import Section as _Section
 
 PLACEHOLDERS = ("prompt", "completion", "reference")
 """The fields ``judge.template`` may name: the problem's last user message, the reply, the reference answer."""

@@ -40,7 +40,7 @@ from oprl.models import TINY_MAX_POSITIONS
 from oprl.rollout import Sampling, capabilities, engines_with
 from oprl.tasks import TaskConfig
 from oprl.tasks.arithmetic import ArithmeticTaskConfig
-from oprl.tasks.config import Section as _Section
+from oprl.tasks.section import Section as _Section
 
 MAX_NAME_BYTES = 200
 """Longest ``run_name`` in UTF-8 bytes: file systems refuse a path component over 255 bytes, and the margin

@@ -18,7 +18,7 @@ from pydantic import AfterValidator, Field, model_validator
 from oprl import plugins
 from oprl.errors import OprlError
 from oprl.rollout import ENGINES
-from oprl.tasks.config import Section as _Section
+from oprl.tasks.section import Section as _Section
 
 if TYPE_CHECKING:
     from oprl.config.run import RunConfig

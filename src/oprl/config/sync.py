@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from oprl.errors import OprlError
-from oprl.tasks.config import Section as _Section
+from oprl.tasks.section import Section as _Section
 
 
 class SyncConfig(_Section):

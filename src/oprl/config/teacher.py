@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from oprl.algorithms.distill import LOGPROB_FLOOR
 from oprl.errors import OprlError
-from oprl.tasks.config import Section as _Section
+from oprl.tasks.section import Section as _Section
 
 
 class TeacherConfig(_Section):

@@ -6,6 +6,6 @@ What a verdict is, and how it joins a task's reward, is ``oprl.episodes.judge`` 
 docs/tasks.md#a-model-as-the-judge and docs/runtime.md#judge.
 """
 
-from oprl.judge.role import JudgeWorker
+from oprl.judge.judge import JudgeWorker
 
 __all__ = ["JudgeWorker"]

@@ -33,7 +33,7 @@ from oprl.errors import OprlError
 from oprl.evaluator.evaluator import Evaluator
 from oprl.explorer.explorer import ExplorerWorker
 from oprl.io import atomic_write_json
-from oprl.judge.role import JudgeWorker
+from oprl.judge.judge import JudgeWorker
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.models.loading import quiet_transformers, resolve_device
 from oprl.models.precision import precision_line

@@ -1,6 +1,6 @@
 """Task plug-ins, registered once in ``TASKS``: ``task.name`` -> the task class.
 
-Each task class names its configuration section (``Config``, a ``oprl.tasks.config.TaskSection`` declared in the
+Each task class names its configuration section (``Config``, a ``oprl.tasks.section.TaskSection`` declared in the
 task's module, whose ``name`` field is ``Literal[<its key>]``) and is built from it:
 ``TASKS[section.name](section)``. The ``task`` field of the run's configuration (``TaskConfig``, a union tagged
 by ``name``) is derived from this dict, so adding a task is: write its section and class in one module, add one
@@ -50,7 +50,7 @@ def task_class(name: str) -> Any:
     if not isinstance(found, type) or not (isinstance(config, type) and issubclass(config, BaseModel)):
         raise OprlError(
             f"task.name: {name!r} is not a task class with a Config section (a pydantic model, e.g. an "
-            "oprl.tasks.config.TaskSection subclass)"
+            "oprl.tasks.section.TaskSection subclass)"
         )
     return found
 

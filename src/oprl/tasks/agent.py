@@ -26,7 +26,7 @@ from pydantic import Field
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import TaskSection, task_section
+from oprl.tasks.section import TaskSection, task_section
 
 
 class AgentTaskConfig(TaskSection):

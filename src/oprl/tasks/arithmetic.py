@@ -17,7 +17,7 @@ from typing import Literal
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import ExpressionTaskSection, task_section
+from oprl.tasks.section import ExpressionTaskSection, task_section
 
 _INTEGER = re.compile(r"-?\d+")
 MAX_ANSWER_DIGITS = 100

@@ -23,7 +23,6 @@ from typing import Literal
 from pydantic import Field
 
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import ReasoningTaskSection, task_section
 from oprl.tasks.data.files import Row
 from oprl.tasks.data.verified import VerifiedDataTask
 from oprl.tasks.rewards.builtin import (
@@ -34,6 +33,7 @@ from oprl.tasks.rewards.builtin import (
     r1_rewards,
 )
 from oprl.tasks.rewards.verify import require_math_verify
+from oprl.tasks.section import ReasoningTaskSection, task_section
 from oprl.tasks.word_problems import generate_rows
 
 SYNTHETIC_SIZES = {"train": 2000, "test": 500}

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from typing import Literal
 
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import ReasoningTaskSection, task_section
 from oprl.tasks.data.files import Row
 from oprl.tasks.data.verified import VerifiedDataTask
 from oprl.tasks.rewards.builtin import boxed_rewards, last_boxed
 from oprl.tasks.rewards.verify import require_math_verify
+from oprl.tasks.section import ReasoningTaskSection, task_section
 
 
 class MathTaskConfig(ReasoningTaskSection):

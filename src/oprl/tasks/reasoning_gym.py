@@ -27,8 +27,8 @@ from pydantic import Field, field_validator
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import Section, TaskSection, task_section
 from oprl.tasks.rewards.processes import RewardPool, fatal, serve, start_reward_process
+from oprl.tasks.section import Section, TaskSection, task_section
 
 INSTALL_HINT = "pip install 'oprl[reasoning-gym]'"
 MAX_RESPONSE_CHARS = 20_000

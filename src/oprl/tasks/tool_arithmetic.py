@@ -29,7 +29,7 @@ from pydantic import Field
 from oprl.errors import OprlError
 from oprl.tasks.arithmetic import _evaluate, equals_integer, expression_task_splits
 from oprl.tasks.base import Problem, Reward, Step
-from oprl.tasks.config import ExpressionTaskSection, task_section
+from oprl.tasks.section import ExpressionTaskSection, task_section
 
 MAX_EXPRESSION_CHARS = 40
 _CALL = re.compile(rf"\[([0-9+\-*]{{1,{MAX_EXPRESSION_CHARS}}})\]")

@@ -33,7 +33,7 @@ from oprl.tasks.base import Problem, Reward, Step
 from oprl.tasks.bfcl.apis import APIS, execute, functions_of
 from oprl.tasks.bfcl.single_turn import PLAIN_PROMPT, data_file, read_lines, tool_schema, with_system
 from oprl.tasks.bfcl.toolcall import CLOSE, OPEN, parse_calls
-from oprl.tasks.config import ToolTaskSection, task_section
+from oprl.tasks.section import ToolTaskSection, task_section
 
 DOCS = {"GorillaFileSystem": "gorilla_file_system.json", "MathAPI": "math_api.json"}
 

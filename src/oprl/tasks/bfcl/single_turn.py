@@ -28,8 +28,8 @@ from pydantic import Field, field_validator
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
 from oprl.tasks.bfcl.toolcall import reference_response, tool_call_rewards
-from oprl.tasks.config import ToolTaskSection, task_section
 from oprl.tasks.rewards.verify import VerifierPool
+from oprl.tasks.section import ToolTaskSection, task_section
 
 DISTRIBUTION = "bfcl-eval"
 INSTALL = "pip install --no-deps bfcl-eval"

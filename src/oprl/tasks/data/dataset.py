@@ -23,9 +23,9 @@ from pydantic import Field
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward
-from oprl.tasks.config import TaskSection, task_section
 from oprl.tasks.data.files import Row, convert_rows, datasets_rows, read_rows
 from oprl.tasks.rewards.user import UserRewards
+from oprl.tasks.section import TaskSection, task_section
 
 RESERVED = ("prompt", "completion", "reference")
 """Argument names of the reward; columns of these names reach it only through them."""

@@ -3,7 +3,7 @@ through ``load_problems``, serving them, and the lazily started answer-checking 
 
 A mixin of methods only; each task keeps its own section, ``_problem`` row converter (built on
 ``_row_problem``: a question field, an answer field holding the reference) and ``score``. It needs
-``self.config`` (a ``oprl.tasks.config.ReasoningTaskSection``: source, hub_id, hub_config, path, train_file,
+``self.config`` (a ``oprl.tasks.section.ReasoningTaskSection``: source, hub_id, hub_config, path, train_file,
 test_file, train_size, test_size, verify_workers, verify_timeout; plus the task's answer_field) and the attributes
 ``name``, ``skipped``, ``_splits``, ``_pool``.
 """

@@ -5,7 +5,7 @@ Each task carries its own section as ``Config``, declared in the task's module n
 ``<Name>TaskConfig(TaskSection)`` and ``Config = <Name>TaskConfig`` in the class), built-in and plug-in tasks
 alike (docs/tasks.md#adding-a-task-or-an-environment). This module holds only what more than one section
 shares, each shared field declared once with its docstring; it stays apart from the Task protocol
-(``oprl.tasks.base``, which needs no pydantic) and ``oprl.tasks.config.Section`` is the import path plug-ins
+(``oprl.tasks.base``, which needs no pydantic) and ``oprl.tasks.section.Section`` is the import path plug-ins
 use. ``oprl.tasks`` derives the ``task`` field of the run's configuration from ``TASKS``.
 """
 

@@ -1,4 +1,4 @@
-"""The 3-armed bandit of docs/paper.md#bandit (oprl.bandit): only what the mathematics guarantees.
+"""The 3-armed bandit of docs/paper.md#bandit (oprl.experiments.bandit): only what the mathematics guarantees.
 
 Arms are 0-based: a0 (r=0), a1 (r=0.8, the paper's sub-optimal "arm 2"), a2 (r=1). Data always from
 π_b = [0.3, 0.6, 0.1]; the policy starts at π_b. Group size K = 8, SGD step 1 on the logits.
@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from oprl import bandit
-from oprl.bandit import BEHAVIOR, expected_gradient, run_exact, run_sampled
+from oprl.experiments import bandit
+from oprl.experiments.bandit import BEHAVIOR, expected_gradient, run_exact, run_sampled
 
 K = 8
 LR = 1.0
