@@ -3,7 +3,7 @@
 The same tool-arithmetic episodes, the same lean engine and seed, side by side in one process: the built-in
 ``run_episodes`` loop, and ``examples/calculator_agent.py`` (an openai-client loop, one thread per episode)
 through the endpoint. Every agent asks every turn, so both make the same engine calls (the rows are equal:
-tests/episodes/test_agent_endpoint.py); the difference is HTTP, JSON, the agents' threads and the batching
+tests/episodes/endpoint/test_agent_endpoint.py); the difference is HTTP, JSON, the agents' threads and the batching
 barrier. ``--engine instant`` replaces the model by a scripted engine that answers at once (a calculator call,
 then the tool's answer: two turns per episode), so what is left is the endpoint's own cost per turn. Also
 counts vLLM prefill tokens with and without ``rollout.prefix_reuse`` (``--vllm``).

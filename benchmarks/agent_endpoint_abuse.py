@@ -29,8 +29,8 @@ import time
 
 import httpx
 
-from oprl.episodes.endpoint import Endpoint, Served
-from oprl.episodes.sessions import Session
+from oprl.episodes.endpoint.server import Endpoint, Served
+from oprl.episodes.endpoint.sessions import Session
 from oprl.models.tiny import build_tokenizer
 from oprl.models.truncation import Sampling
 

@@ -40,7 +40,7 @@ from oprl.config import load_config
 from oprl.messages import Experience
 from oprl.models.loading import SMOLLM2_ALIAS
 from oprl.trainer.ranks import process_memory
-from oprl.worker import load_model
+from oprl.worker_parts import load_model
 
 
 def make_batches(config, path: str, steps: int, args) -> list[list[Experience]]:

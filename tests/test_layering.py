@@ -29,7 +29,7 @@ ALLOWED = {
     "schedule": {"schedule"},
     # What every worker shares: its clock, the sampling lock, loading a model and an engine, and loading a
     # frozen second model (the teacher's, the judge's: ``load_frozen``).
-    "worker": {"worker", "checkpoint", "config", "errors", "models", "rollout", "messages", "plugins"},
+    "worker_parts": {"worker_parts", "checkpoint", "config", "errors", "models", "rollout", "messages", "plugins"},
     # Backends place workers and rank groups; they know nothing of what the workers do.
     "backends": {"backends", "config", "errors", "messages"},
     # What each role answers and the typed handles the driver calls it through (above the backends).
@@ -38,7 +38,7 @@ ALLOWED = {
     "checkpoint": {"checkpoint", "config", "errors", "io", "messages", "metrics"},
     # Running a task's episodes: the layer the roles share (episode loops, the agent endpoint, evaluation).
     # messages: the judge's rows and verdicts (``JudgeRow``, ``Verdicts``) travel between the explorers and it.
-    "episodes": {"episodes", "config", "errors", "messages", "models", "rollout", "schedule", "tasks", "worker"},
+    "episodes": {"episodes", "config", "errors", "messages", "models", "rollout", "schedule", "tasks", "worker_parts"},
     # The roles, peers over the layers above: none imports another (ROLES below), none the runtime.
     "buffer": {"buffer", "checkpoint", "config", "errors", "io", "messages"},
     "explorer": {
@@ -52,7 +52,7 @@ ALLOWED = {
         "rollout",
         "schedule",
         "tasks",
-        "worker",
+        "worker_parts",
     },
     "trainer": {
         "trainer",
@@ -69,12 +69,12 @@ ALLOWED = {
         "rollout",
         "schedule",
         "tasks",
-        "worker",
+        "worker_parts",
     },
-    "evaluator": {"evaluator", "checkpoint", "config", "episodes", "errors", "tasks", "worker"},
+    "evaluator": {"evaluator", "checkpoint", "config", "episodes", "errors", "tasks", "worker_parts"},
     # The teacher (distillation): loads a second model, scores experiences, rewrites a store (teacher-score).
     # rollout: teacher.engine=vllm prefills in the rollout's in-process vLLM engine (rollout/vllm_engine.py).
-    "teacher": {"teacher", "checkpoint", "config", "errors", "io", "messages", "models", "rollout", "worker"},
+    "teacher": {"teacher", "checkpoint", "config", "errors", "io", "messages", "models", "rollout", "worker_parts"},
     # The judge: the run's one judge model, asked by the explorers (its model and parsers are episodes').
     "judge": {"judge", "config", "episodes", "messages"},
     # Servers that speak another API over oprl's parts (``oprl serve tinker``): above the roles like the CLI; they

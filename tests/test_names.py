@@ -56,11 +56,11 @@ def test_worker_names_a_roles_worker_only():
     }
     assert not strays, f"a *Worker class outside the role folders (reward processes, sweep runners...): {strays}"
     modules = {p.relative_to(SRC).as_posix() for p in SRC.rglob("*worker*.py")}
-    assert modules <= {"worker.py"}, modules  # the roles' shared module
+    assert modules <= {"worker_parts.py"}, modules  # the parts every role's worker is built from
 
 
 def test_the_old_names_are_gone():
-    from oprl.episodes import endpoint
+    from oprl.episodes.endpoint import server as endpoint
     from oprl.roles import BufferHandle, BufferRole
     from oprl.runtime import driver, run
     from oprl.tasks.rewards import processes

@@ -11,7 +11,7 @@ from oprl.episodes.evaluation import evaluation_row
 from oprl.evaluator.evaluator import Evaluator
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.tasks import build_task
-from oprl.worker import load_model, make_engine
+from oprl.worker_parts import load_model, make_engine
 
 OVERRIDES = ["eval.num_problems=6", "eval.batch_size=6", "rollout.max_new_tokens=6"]
 

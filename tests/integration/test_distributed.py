@@ -262,7 +262,7 @@ def test_sharded_checkpoint_resumes_at_another_world_size(tiny_path, tmp_path):
         one.stop()
     # mode=eval reads the shards into an ordinary model (no process group).
     from oprl.checkpoint.files import load_full_weights
-    from oprl.worker import load_model
+    from oprl.worker_parts import load_model
 
     model, _ = load_model(config, tiny_path)
     load_full_weights(model, tmp_path / "trainer" / SHARDS)

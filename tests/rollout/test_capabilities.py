@@ -29,7 +29,7 @@ from oprl.rollout import (
     capabilities,
     engines_with,
 )
-from oprl.worker import make_engine
+from oprl.worker_parts import make_engine
 from recipes import install_package
 
 RECIPES = Path(__file__).parents[1] / "recipes.py"

@@ -94,7 +94,7 @@ def test_the_store_finds_the_longest_shared_prefix_and_orders_by_use():
 
 def test_the_setting_reaches_the_lean_engine():
     from oprl.config import load_config
-    from oprl.worker import make_engine
+    from oprl.worker_parts import make_engine
 
     tokenizer = build_tokenizer()
     model = build_model(tokenizer)

@@ -13,7 +13,7 @@ from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import ENGINES, Sampling
 from oprl.teacher import Teacher, group_chunks
 from oprl.teacher.loading import check_same_tokens
-from oprl.worker import frozen_source
+from oprl.worker_parts import frozen_source
 
 
 @pytest.fixture(scope="module")

@@ -37,9 +37,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from oprl.episodes.endpoint import Endpoint, PendingReply, Served, reply_message
+from oprl.episodes.endpoint.server import Endpoint, PendingReply, Served, reply_message
+from oprl.episodes.endpoint.sessions import Choice, RequestRefused, Session, stop_at
 from oprl.episodes.episode import Episode, EpisodeSettings, run_episodes
-from oprl.episodes.sessions import Choice, RequestRefused, Session, stop_at
 from oprl.errors import OprlError
 from oprl.models.chat import encode_problem
 from oprl.tasks.agent import agent_reward, problem_dict
@@ -268,7 +268,7 @@ def _sample(engine, endpoint: Endpoint, batch: list[PendingReply], seed: int) ->
 
 
 def _episode(endpoint: Endpoint, run: AgentRun, tokenizer) -> Episode:
-    """The stored episode of ``run`` (``oprl.episodes.sessions``: the last segment), rewarded."""
+    """The stored episode of ``run`` (``oprl.episodes.endpoint.sessions``: the last segment), rewarded."""
     with endpoint.lock:
         if run.session_id in endpoint.sessions:
             endpoint.close(run.session_id)

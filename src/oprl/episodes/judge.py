@@ -17,7 +17,7 @@ place the verdict joins the rule reward: total = rule total + ``judge.weight`` *
 ``reward/<name>_unparsed`` (the batch's share of unparsed verdicts).
 
 A run has one judge, a role of its own placed by the backend like the teacher (``oprl.judge.JudgeWorker``,
-loaded as the teacher is, ``oprl.worker.load_frozen``): a thread, a process of its own, or a Ray actor with
+loaded as the teacher is, ``oprl.worker_parts.load_frozen``): a thread, a process of its own, or a Ray actor with
 ``judge.gpus`` GPUs. Each explorer holds a line to it (``oprl.roles.JudgeClient``, a ``JudgeSource``) and sends
 it the (prompt, completion, reference) rows of a batch in one call right after sampling; the judge renders
 them and answers ``Verdicts`` (scores, unparsed flags, its seconds: ``perf/judge_s``). Calls of several explorers are
@@ -42,7 +42,7 @@ import torch
 from oprl.errors import OprlError
 from oprl.messages import JudgeRow, Verdicts
 from oprl.tasks.base import EpisodicTask, Problem, Reward, Task
-from oprl.worker import load_frozen
+from oprl.worker_parts import load_frozen
 
 if TYPE_CHECKING:
     from oprl.config import JudgeConfig, RunConfig

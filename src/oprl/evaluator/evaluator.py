@@ -7,7 +7,7 @@ from oprl.checkpoint.files import load_checkpoint_weights
 from oprl.config import RunConfig
 from oprl.episodes.evaluation import evaluation_row
 from oprl.tasks import build_task
-from oprl.worker import load_model, make_engine
+from oprl.worker_parts import load_model, make_engine
 
 
 class Evaluator:

@@ -27,7 +27,7 @@ from oprl.models.precision import resolve_dtype
 from oprl.schedule import stream_seed
 from oprl.tasks import build_task
 from oprl.tasks.base import EpisodicTask
-from oprl.worker import SAMPLING_LOCK, Clock, load_model, make_engine
+from oprl.worker_parts import SAMPLING_LOCK, Clock, load_model, make_engine
 
 
 class Explorer:

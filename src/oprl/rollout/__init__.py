@@ -30,7 +30,7 @@ ENGINES: dict[str, Callable[..., Engine]] = {"lean": LeanEngine, "hf-generate": 
 
 def capabilities(name: str) -> EngineCapabilities:
     """What the engine ``rollout.engine=name`` declares (``EngineCapabilities``): a key of ``ENGINES``, an
-    ``oprl.engines`` entry point or an import path, resolved as ``oprl.worker.make_engine`` resolves it
+    ``oprl.engines`` entry point or an import path, resolved as ``oprl.worker_parts.make_engine`` resolves it
     (``oprl.plugins``) but nothing is built, and vLLM is not imported. A plug-in that declares nothing gets
     ``NO_CAPABILITIES``; an unknown name is one ``OprlError`` line naming ``rollout.engine``."""
     return capabilities_of(plugins.resolve("engine", name, ENGINES, key="rollout.engine"))

@@ -8,7 +8,7 @@ losses need, recorded once, never recomputed. The explorer hands an engine the
 trainer's weights with ``load_weights`` and then calls ``generate``; an engine is registered by its
 ``rollout.engine`` name in ``oprl.rollout.ENGINES``. What an engine can do beyond that contract (partial
 rollouts, prefix reuse, row seeds, exact truncation) it declares as the class attribute ``capabilities``
-(``EngineCapabilities``), which the config checks and ``oprl.worker.make_engine`` read, never its name.
+(``EngineCapabilities``), which the config checks and ``oprl.worker_parts.make_engine`` read, never its name.
 ``Switch`` is what an engine may call on the partial-rollout switcher between decode steps.
 Deliberately not here: prompts, rewards, scheduling.
 """
@@ -51,7 +51,7 @@ class Rollout:
 class EngineCapabilities:
     """What an engine class can do beyond the ``Engine`` contract, declared as its class attribute
     ``capabilities`` (the default, ``EngineCapabilities()``: none of it). Read from the class, before anything
-    is built: by the config checks (``oprl.rollout.capabilities(name)``) and by ``oprl.worker.make_engine``."""
+    is built: by the config checks (``oprl.rollout.capabilities(name)``) and by ``oprl.worker_parts.make_engine``."""
 
     partial_kv: tuple[str, ...] = ()
     """The ``sync.partial_kv`` modes (``oprl.explorer.switcher.KV_SETTINGS``: ``keep``, ``recompute``) the engine

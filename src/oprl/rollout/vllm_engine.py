@@ -301,7 +301,7 @@ def checkpoint_weights(model) -> dict[str, torch.Tensor]:
     return weights
 
 
-class Served(Protocol):
+class ServedModel(Protocol):
     """Whose weights ``SharedLLM.serve`` loads: a ``VLLMEngine`` or the teacher's ``VLLMPrefill``."""
 
     model: Any
@@ -321,7 +321,7 @@ class SharedLLM:
     reloads: int = 0
     """Weight loads so far (what tests and benchmarks count)."""
 
-    def serve(self, engine: Served) -> None:
+    def serve(self, engine: ServedModel) -> None:
         """Make vLLM serve ``engine.model``'s current weights: reload them unless it already serves this engine's
         latest generation (an in-process copy plus vLLM's repacking: docs/performance.md has its cost)."""
         current = (engine.key, engine.generation)

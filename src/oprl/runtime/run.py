@@ -54,7 +54,7 @@ from oprl.trackers import start_trackers
 from oprl.trainer.ranks import ShardedTrainer, check_trainer_machine, rank_threads
 from oprl.trainer.trainer import TrainerWorker
 from oprl.trainer.warmstart import length_warning, wants_warm_start, warm_started_model
-from oprl.worker import available_cores
+from oprl.worker_parts import available_cores
 
 
 @dataclass

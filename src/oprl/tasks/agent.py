@@ -2,7 +2,7 @@
 
 The task is the problems of another task (``task.problems``, tool-arithmetic by default) plus the user's
 ``rollout(client, problem)`` function, loaded from ``task.agent``. The explorer runs the agent against its
-OpenAI-compatible endpoint (``oprl.episodes.agents``, ``oprl.episodes.endpoint``) and stores the tokens the
+OpenAI-compatible endpoint (``oprl.episodes.agents``, ``oprl.episodes.endpoint.server``) and stores the tokens the
 engine sampled; the agent's return value is the reward. This module only loads the agent and the problems:
 it knows nothing of HTTP, sessions or engines.
 

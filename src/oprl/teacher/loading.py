@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from oprl.checkpoint.store import ExperienceStore, read_parquet
 from oprl.errors import OprlError
 from oprl.models.loading import dequantised_gguf, resolve_model_path, vocabulary_mismatch
-from oprl.worker import load_frozen
+from oprl.worker_parts import load_frozen
 
 if TYPE_CHECKING:
     from oprl.config import RunConfig

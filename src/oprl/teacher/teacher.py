@@ -37,7 +37,7 @@ from oprl.messages import Experience, ScoreResult
 from oprl.models.logprobs import grouped_response_logprobs, packed_response_logprobs
 from oprl.models.truncation import PLAIN, Sampling
 from oprl.teacher.loading import load_teacher
-from oprl.worker import Clock
+from oprl.worker_parts import Clock
 
 if TYPE_CHECKING:
     from oprl.config import RunConfig

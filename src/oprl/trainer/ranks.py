@@ -65,7 +65,7 @@ def process_memory(pid: int | str = "self") -> dict[str, float]:
 
 def rank_threads(config) -> int:
     """torch intra-op threads per rank: configured, else the cores shared by the ranks and the explorers."""
-    from oprl.worker import available_cores
+    from oprl.worker_parts import available_cores
 
     size = config.trainer.world_size
     return config.runtime.torch_threads or max(1, available_cores() // (size + config.runtime.explorers))
@@ -84,7 +84,7 @@ class TrainerRank:
 
         from oprl.models.loading import empty_model, resolve_device
         from oprl.trainer.trainer import build_trainer
-        from oprl.worker import load_model
+        from oprl.worker_parts import load_model
 
         config, t = self.config, self.config.trainer
         device = resolve_device(config.model.device)
@@ -136,7 +136,7 @@ class TrainerRank:
     def _full_replica(self):
         """Rank 0's unsharded copy holding the current weights (every rank joins the gathering)."""
         from oprl.tasks import build_task
-        from oprl.worker import load_model, make_engine
+        from oprl.worker_parts import load_model, make_engine
 
         weights = self.weights()
         if self.rank != 0:
@@ -197,7 +197,7 @@ class ShardedTrainer:
     def __init__(self, config, model_path: str, launch: RankLauncher | None = None):
         """``launch``: the backend's rank launcher (``Backend.rank_launcher``); local processes by default."""
         from oprl.backends.processes import LocalRanks
-        from oprl.worker import Clock
+        from oprl.worker_parts import Clock
 
         self.clock = Clock()
         self.version = 0

@@ -44,7 +44,7 @@ from oprl.models.truncation import Sampling
 from oprl.schedule import stream_seed
 from oprl.trainer.distributed import SingleProcess
 from oprl.trainer.staleness import mask_stale_tokens, token_lag_metrics
-from oprl.worker import Clock, load_model, make_engine, trainable_weights
+from oprl.worker_parts import Clock, load_model, make_engine, trainable_weights
 
 if TYPE_CHECKING:
     from oprl.config import RunConfig

@@ -12,14 +12,14 @@ TOKEN`` (a random token per endpoint; 401 otherwise).
 
 Nothing a request does stops the run: a body past ``max_request_bytes`` is a 413 before it is read whole;
 every other mistake is a 400 naming the culprit, decided before the engine is called
-(``oprl.episodes.openai_api``: JSON, nesting, Unicode, message shapes, options; here: token ids outside the
+(``oprl.episodes.endpoint.openai_api``: JSON, nesting, Unicode, message shapes, options; here: token ids outside the
 vocabulary, a context past the model's, budgets); an unexpected error is one 500 and one log line. Each
 refusal is counted in the session's ``refused`` (``episode/refused_requests_mean``).
 
 - honoured: ``messages`` / ``prompt`` (text or token ids), ``tools`` with ``tool_choice`` auto / none (none:
   not rendered), replies' ``<tool_call>{json}</tool_call>`` blocks returned as ``tool_calls``, ``n``,
   ``max_tokens`` / ``max_completion_tokens`` up to ``rollout.max_new_tokens`` (the reply is cut there, which is
-  what sampling with that limit gives), ``stop`` (``oprl.episodes.sessions.stop_at``), ``stream`` (Server-Sent
+  what sampling with that limit gives), ``stop`` (``oprl.episodes.endpoint.sessions.stop_at``), ``stream`` (Server-Sent
   Events, sent once sampling is done) with ``stream_options.include_usage``, ``logprobs`` (the behaviour
   log-probs recorded at sampling), ``temperature`` / ``top_p`` / ``top_k`` (an extra field) mapped onto a
   ``Sampling`` (``requested_sampling``) equal to what the explorer samples with (the trainer scores under the
@@ -28,11 +28,11 @@ refusal is counted in the session's ``refused`` (``episode/refused_requests_mean
   required or a named function, ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``,
   image / audio parts.
 
-``/v1/responses`` (the Responses API) is translated to a chat request and back (``oprl.episodes.responses_api``).
+``/v1/responses`` (the Responses API) is translated to a chat request and back (``responses_api``).
 
 Requests wait in ``Endpoint.pending`` until ``take`` hands them to the explorer thread as one engine call
 (``oprl.episodes.agents``); the reply comes back through a future. Token bookkeeping is
-``oprl.episodes.sessions``.
+``oprl.episodes.endpoint.sessions``.
 """
 
 import asyncio
@@ -48,10 +48,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oprl.episodes import responses_api
+from oprl.episodes.endpoint import responses_api
+from oprl.episodes.endpoint.openai_api import ChatRequest, CompletionRequest, _Request, parse, response, stream_events
+from oprl.episodes.endpoint.sessions import Choice, RequestRefused, Session
 from oprl.episodes.episode import Episode
-from oprl.episodes.openai_api import ChatRequest, CompletionRequest, _Request, parse, response, stream_events
-from oprl.episodes.sessions import Choice, RequestRefused, Session
 from oprl.errors import OprlError
 from oprl.models.chat import encode_prompt
 from oprl.models.truncation import Sampling

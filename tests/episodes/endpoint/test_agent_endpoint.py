@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from oprl.episodes.agents import task_episodes
-from oprl.episodes.endpoint import Endpoint, bind
+from oprl.episodes.endpoint.server import Endpoint, bind
 from oprl.episodes.episode import run_episodes
 from oprl.errors import OprlError
 from oprl.models.chat import encode_prompt
@@ -81,7 +81,7 @@ def calculator_agent(client, problem):
 
 def agent_task(agent, **fields):
     task = AgentTask(
-        agent="tests/episodes/test_agent_endpoint.py:calculator_agent",
+        agent="tests/episodes/endpoint/test_agent_endpoint.py:calculator_agent",
         problems={"name": "tool-arithmetic", "train_size": 40, "test_size": 10},
         **fields,
     )

@@ -12,7 +12,7 @@ each output item's ``response.output_item.done`` and ``response.completed`` with
 Refused with a 400 naming the field: other item types (reasoning, built-in tools' calls, images), tools that are
 not functions, ``previous_response_id`` / ``conversation`` (the endpoint stores nothing: send the whole input),
 ``text.format`` other than text, ``reasoning.effort`` (the model is what it is). The chat checks then apply
-(``oprl.episodes.openai_api``). Deliberately not here: sessions, HTTP.
+(``oprl.episodes.endpoint.openai_api``). Deliberately not here: sessions, HTTP.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import secrets
 import time
 from typing import Any
 
-from oprl.episodes.openai_api import ChatRequest, _Request, finish_reason, parse, usage
-from oprl.episodes.sessions import Choice, RequestRefused
+from oprl.episodes.endpoint.openai_api import ChatRequest, _Request, finish_reason, parse, usage
+from oprl.episodes.endpoint.sessions import Choice, RequestRefused
 
 
 def chat_request(raw: bytes) -> tuple[ChatRequest, dict]:

@@ -1,4 +1,5 @@
-"""What every worker shares with the others: its clock, the sampling lock, and the weights' wire format.
+"""The parts every role's worker is built from: its clock, the sampling lock, loading a model and an engine, and a
+frozen second model (the teacher's, the judge's: ``load_frozen``).
 
 A worker is a plain object (``TrainerWorker``, ``ExplorerWorker``, ``Evaluator``); the backend runs each in
 its own thread (local) or process (local processes, Ray) and calls its methods in submission order. Workers

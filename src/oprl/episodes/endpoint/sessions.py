@@ -51,7 +51,7 @@ continues it, the tokenizer's EOS (the chat template's end of turn) follows it a
 echo of the reply with the matched stop sequence appended (smolagents' CodeAgent closes its code block so)
 extends the session too: the stop sequence's tokens are then context (mask 0) before the EOS.
 
-Deliberately not here: HTTP (``oprl.episodes.endpoint``), running agents (``oprl.episodes.agents``).
+Deliberately not here: HTTP (``oprl.episodes.endpoint.server``), running agents (``oprl.episodes.agents``).
 """
 
 from __future__ import annotations

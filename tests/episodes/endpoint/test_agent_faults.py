@@ -273,8 +273,8 @@ def test_an_unexpected_error_is_one_500_and_one_log_line(tokenizer, caplog, capf
 def test_closing_a_session_twice_does_nothing(tokenizer):
     """An agent returning just as its timeout passes closes its session twice: the second is a no-op, never a
     KeyError in the explorer thread."""
-    from oprl.episodes.endpoint import Endpoint
-    from oprl.episodes.sessions import Session
+    from oprl.episodes.endpoint.server import Endpoint
+    from oprl.episodes.endpoint.sessions import Session
 
     endpoint = Endpoint(tokenizer)
     try:

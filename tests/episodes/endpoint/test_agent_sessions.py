@@ -109,7 +109,7 @@ class Recorder:
 
 def run_agent(agent, engine, tokenizer, *, problems: int = 1, **kw):
     task = AgentTask(
-        agent="tests/episodes/test_agent_sessions.py:chat_tool_agent",
+        agent="tests/episodes/endpoint/test_agent_sessions.py:chat_tool_agent",
         problems={"name": "tool-arithmetic", "train_size": 8, "test_size": 2},
         batch_wait_s=kw.pop("batch_wait_s", 0.05),
     )

@@ -8,8 +8,8 @@ or with image / audio / file content parts (text only); and every option whose e
 give (``OPTIONS``: honoured, or refused with the value that is accepted). Text content parts are joined with
 ``"\\n"`` (vLLM's rule), so an assistant reply echoed back in parts is the reply the endpoint returned.
 
-Deliberately not here: sessions and tokens (``oprl.episodes.sessions``), HTTP and the engine
-(``oprl.episodes.endpoint``).
+Deliberately not here: sessions and tokens (``oprl.episodes.endpoint.sessions``), HTTP and the engine
+(``oprl.episodes.endpoint.server``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from oprl.episodes.sessions import Choice, RequestRefused
+from oprl.episodes.endpoint.sessions import Choice, RequestRefused
 
 MAX_DEPTH = 64
 """Deepest nesting of a request body (JSON objects and arrays); a tool schema rarely passes 10."""

@@ -18,8 +18,8 @@ from test_agent_sessions import Recorder, run_agent
 from oprl.cli import main
 from oprl.config import load_config
 from oprl.episodes.agents import close_task, endpoint_of
+from oprl.episodes.endpoint.sessions import RequestRefused, Session
 from oprl.episodes.evaluation import evaluation_row
-from oprl.episodes.sessions import RequestRefused, Session
 from oprl.models.tiny import build_tokenizer
 from oprl.tasks.agent import AgentTask, load_agent
 
@@ -108,7 +108,7 @@ def test_one_agent_closing_its_client_leaves_the_others_pool_open(tokenizer):
 def test_a_flood_of_empty_messages_is_refused_before_it_is_rendered(tokenizer, monkeypatch):
     """Item 8: 20,000 empty messages are at least 40,000 tokens of the tiny template (``<|user|></s>`` each): a
     400 before the template renders them (4db1016 counted content only: 0 characters, so it rendered them all)."""
-    import oprl.episodes.sessions as sessions
+    import oprl.episodes.endpoint.sessions as sessions
 
     def no_render(*args, **kwargs):
         raise AssertionError("rendered")
@@ -122,7 +122,7 @@ def test_a_flood_of_empty_messages_is_refused_before_it_is_rendered(tokenizer, m
 
 
 def test_the_template_cost_of_a_message_is_measured(tokenizer):
-    from oprl.episodes.endpoint import message_tokens
+    from oprl.episodes.endpoint.server import message_tokens
 
     assert message_tokens(tokenizer) == 2  # <|role|> and </s>
 
@@ -133,7 +133,7 @@ def test_evaluation_never_takes_the_explorers_port_and_stops_with_its_evaluation
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    fields = {"agent": "tests/episodes/test_agent_sessions.py:chat_tool_agent", "port": port}
+    fields = {"agent": "tests/episodes/endpoint/test_agent_sessions.py:chat_tool_agent", "port": port}
     fields["problems"] = {"name": "tool-arithmetic", "train_size": 8, "test_size": 2}
     explorer_task, evaluation_task = AgentTask(**fields), AgentTask(**fields)
     explorer_endpoint = endpoint_of(explorer_task, tokenizer)
@@ -194,7 +194,7 @@ def test_idle_and_surplus_connections_are_closed_and_the_endpoint_serves_on(toke
     """Item 7, functionally (bounds in benchmarks/agent_endpoint_abuse.py): past ``max_connections`` open ones a
     connection is closed at once, one that sends nothing or trickles its headers is closed after
     ``REQUEST_TIMEOUT_S``, and an agent is served all along (4db1016: none closed, the process ran out of files)."""
-    import oprl.episodes.endpoint as endpoint_module
+    import oprl.episodes.endpoint.server as endpoint_module
 
     monkeypatch.setattr(endpoint_module, "REQUEST_TIMEOUT_S", 0.5)
     monkeypatch.setattr(endpoint_module, "max_connections", lambda: 8)

@@ -6,7 +6,7 @@ import torch
 
 from oprl.checkpoint.files import load_weights, save_weights
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.worker import FlatWeights, trainable_weights
+from oprl.worker_parts import FlatWeights, trainable_weights
 
 
 def _snapshot():
