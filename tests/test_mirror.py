@@ -20,6 +20,7 @@ NOT_PACKAGES = {"integration", "data"}
 ``integration``), ``data/`` (files the tests read)."""
 
 WHOLE_PACKAGE = {
+    "test_architecture_links.py": "docs/architecture.md's links into the source, the life of one step in three files",
     "test_contracts.py": "every role's worker satisfies its Protocol, every handle its role",
     "test_howto.py": "the how-to pages of docs/architecture.md, run as written",
     "test_import_graph.py": "benchmarks/import_graph.py: no import circles",
