@@ -235,11 +235,11 @@ def noop_warnings(config, task) -> list[str]:
     ahead) is ``outcome_warnings``."""
     from oprl.runtime.synchronizer import Synchronizer
 
-    sync, out = config.sync, list[str]()
-    if not sync.partial or config.mode != "both" or sync.mode != "scheduled":
+    out = list[str]()
+    sync = Synchronizer.of(config, explorers=0)  # the run's own answer: which batches switch, to what, and when
+    if not sync.partial or sync.mode != "scheduled" or config.mode != "both":
         return out
-    schedule = Synchronizer.of(config, explorers=0)  # the run's own answer: which batches switch, and to what
-    if all(schedule.switch_target(b) is None for b in range(1, config.steps + 1)):
+    if all(sync.switch_target(b) is None for b in range(1, config.steps + 1)):
         out.append(
             f"warning: sync.partial=true does nothing here: with sync.interval={sync.interval} "
             f"sync.offset={sync.offset} the trainer waits for every batch, so no newer version exists while one "
