@@ -23,7 +23,8 @@ from oprl.episodes.agents import task_episodes
 from oprl.models.chat import render
 from oprl.models.tiny import build_tokenizer
 from oprl.rollout import Rollout, Sampling
-from oprl.tasks.agent import AgentTask, load_agent
+from oprl.tasks import build_task
+from oprl.tasks.agent import AgentTask, AgentTaskConfig, load_agent
 
 EXAMPLES = "examples/agents"
 MODES = [
@@ -256,7 +257,9 @@ def check_rows(episodes, policy: ScriptedPolicy) -> int:
 
 
 def agent_task(spec: str) -> AgentTask:
-    return AgentTask(agent=spec, problems={"name": "tool-arithmetic", "train_size": 16, "test_size": 4})
+    return build_task(
+        AgentTaskConfig(agent=spec, problems={"name": "tool-arithmetic", "train_size": 16, "test_size": 4})
+    )
 
 
 @pytest.mark.parametrize(("framework", "mode"), MODES, ids=[f"{f}-{m}" for f, m in MODES])

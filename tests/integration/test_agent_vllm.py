@@ -9,7 +9,8 @@ pytest.importorskip("vllm")
 from oprl.episodes.agents import task_episodes
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout.vllm_engine import VLLMEngine
-from oprl.tasks.agent import AgentTask
+from oprl.tasks import build_task
+from oprl.tasks.agent import AgentTaskConfig
 
 
 def test_vllm_agent_episodes_do_not_depend_on_batching():
@@ -18,10 +19,12 @@ def test_vllm_agent_episodes_do_not_depend_on_batching():
     engine = VLLMEngine(build_model(tokenizer, max_positions=256), tokenizer, max_new_tokens=10)
     results = []
     for wait in (5.0, 0.0):  # every agent in one call per turn; then requests as they arrive
-        task = AgentTask(
-            agent="examples/calculator_agent.py:rollout",
-            batch_wait_s=wait,
-            problems={"name": "tool-arithmetic", "train_size": 16, "test_size": 4},
+        task = build_task(
+            AgentTaskConfig(
+                agent="examples/calculator_agent.py:rollout",
+                batch_wait_s=wait,
+                problems={"name": "tool-arithmetic", "train_size": 16, "test_size": 4},
+            )
         )
         episodes = task_episodes(
             engine, tokenizer, task, list(task.problems("train"))[:8], seed=11, max_turns=3, max_tokens=96

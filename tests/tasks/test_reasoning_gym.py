@@ -73,10 +73,11 @@ def test_the_tiny_model_trains_on_two_generators(small_overrides, tmp_path):
 
 
 def test_an_agent_gets_reasoning_gym_problems():
-    from oprl.tasks.agent import AgentTask, problem_dict
+    from oprl.tasks import build_task
+    from oprl.tasks.agent import AgentTaskConfig, problem_dict
 
     problems = {"name": "reasoning-gym", "datasets": DATASETS}
-    task = AgentTask(agent="examples/calculator_agent.py:rollout", problems=problems)
+    task = build_task(AgentTaskConfig(agent="examples/calculator_agent.py:rollout", problems=problems))
     first = problem_dict(task.problems("train")[0])
     assert first["task_id"].startswith("reasoning-gym/basic_arithmetic/") and first["messages"][-1]["role"] == "user"
     assert task.score(task.problems("train")[:1], [f"<answer>{first['answer']}</answer>"])[0].total == 1.0

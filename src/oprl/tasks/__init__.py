@@ -56,8 +56,29 @@ def task_class(name: str) -> Any:
 
 
 def build_task(section: Any) -> Task:
-    """The task named by ``section.name``, built from that section."""
-    return task_class(section.name)(section)
+    """The task named by ``section.name``, built from that section. A task made of another task (``nested``: the
+    name of the field holding that task's section, e.g. the agent task's ``problems``) gets it built here first,
+    as ``inner``: the registry builds both, so no task module imports the registry."""
+    cls = task_class(section.name)
+    nested = getattr(cls, "nested", None)
+    if nested is None:
+        return cls(section)
+    return cls(section, inner=_nested_task(getattr(section, nested), f"task.{nested}"))
+
+
+def _nested_task(section: dict, key: str) -> Task:
+    """The task of a nested section (a dict; tool-arithmetic when it names none), errors naming ``key``."""
+    from pydantic import TypeAdapter
+
+    if section.get("name", "tool-arithmetic") == "agent":
+        raise OprlError(f"{key}.name: an agent task's problems come from another task, not 'agent'")
+    try:
+        config = TypeAdapter(TaskConfig).validate_python({"name": "tool-arithmetic", **section})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"][1:])
+        raise OprlError(f"{key}.{where}: {error['msg']} (got {str(error.get('input'))[:200]!r})") from None
+    return build_task(config)
 
 
 def plugin_section(name: str, value: Any) -> Any:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from oprl.errors import OprlError
-from oprl.tasks.base import Problem, Reward
+from oprl.tasks.base import Problem, Reward, Task
 from oprl.tasks.section import TaskSection, task_section
 
 
@@ -62,14 +62,20 @@ class AgentTask:
 
     Config = AgentTaskConfig
 
-    def __init__(self, config: AgentTaskConfig | None = None, **fields) -> None:
+    nested = "problems"
+    """The field holding another task's section: ``oprl.tasks.build_task`` builds that task and hands it over as
+    ``inner`` (so this module never imports the registry that imports it)."""
+
+    def __init__(self, config: AgentTaskConfig | None = None, *, inner: Task | None = None, **fields) -> None:
         self.config = c = task_section(AgentTaskConfig, config, fields)
         self.name = c.name
         if not c.agent:
             raise OprlError("task.agent: name the agent, e.g. task.agent=my_agent.py:rollout (docs/tasks.md)")
+        if inner is None:
+            raise OprlError("an agent task is built by oprl.tasks.build_task, which builds its task.problems")
         self.rollout = load_agent(c.agent)
         self.is_async = inspect.iscoroutinefunction(self.rollout)
-        self.inner = _inner_task(c.problems)
+        self.inner = inner
         self.endpoint = None
         """The explorer's endpoint serving this task's agents, started on first use (``oprl.episodes.agents``)."""
 
@@ -135,19 +141,3 @@ def load_agent(spec: str) -> Callable:
     if not callable(function):
         raise OprlError(f"task.agent: {source} has no function {attribute!r}")
     return function
-
-
-def _inner_task(section: dict):
-    from pydantic import TypeAdapter, ValidationError
-
-    from oprl.tasks import TaskConfig, build_task  # the registry imports this module
-
-    if section.get("name", "tool-arithmetic") == "agent":
-        raise OprlError("task.problems.name: an agent task's problems come from another task, not 'agent'")
-    try:
-        config = TypeAdapter(TaskConfig).validate_python({"name": "tool-arithmetic", **section})
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        key = ".".join(str(part) for part in error["loc"][1:])
-        raise OprlError(f"task.problems.{key}: {error['msg']} (got {str(error.get('input'))[:200]!r})") from None
-    return build_task(config)

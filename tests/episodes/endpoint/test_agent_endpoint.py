@@ -18,7 +18,8 @@ from oprl.models.chat import encode_prompt
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import Sampling
 from oprl.rollout.lean_engine import LeanEngine
-from oprl.tasks.agent import AgentTask
+from oprl.tasks import build_task
+from oprl.tasks.agent import AgentTaskConfig
 from oprl.tasks.tool_arithmetic import ToolArithmeticTask
 
 MAX_TURNS, MAX_TOKENS = 3, 48
@@ -80,10 +81,12 @@ def calculator_agent(client, problem):
 
 
 def agent_task(agent, **fields):
-    task = AgentTask(
-        agent="tests/episodes/endpoint/test_agent_endpoint.py:calculator_agent",
-        problems={"name": "tool-arithmetic", "train_size": 40, "test_size": 10},
-        **fields,
+    task = build_task(
+        AgentTaskConfig(
+            agent="tests/episodes/endpoint/test_agent_endpoint.py:calculator_agent",
+            problems={"name": "tool-arithmetic", "train_size": 40, "test_size": 10},
+            **fields,
+        )
     )
     task.rollout = agent
     return task

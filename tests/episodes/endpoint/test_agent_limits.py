@@ -21,7 +21,8 @@ from oprl.episodes.agents import close_task, endpoint_of
 from oprl.episodes.endpoint.sessions import RequestRefused, Session
 from oprl.episodes.evaluation import evaluation_row
 from oprl.models.tiny import build_tokenizer
-from oprl.tasks.agent import AgentTask, load_agent
+from oprl.tasks import build_task
+from oprl.tasks.agent import AgentTaskConfig, load_agent
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ def test_evaluation_never_takes_the_explorers_port_and_stops_with_its_evaluation
         port = probe.getsockname()[1]
     fields = {"agent": "tests/episodes/endpoint/test_agent_sessions.py:chat_tool_agent", "port": port}
     fields["problems"] = {"name": "tool-arithmetic", "train_size": 8, "test_size": 2}
-    explorer_task, evaluation_task = AgentTask(**fields), AgentTask(**fields)
+    explorer_task, evaluation_task = build_task(AgentTaskConfig(**fields)), build_task(AgentTaskConfig(**fields))
     explorer_endpoint = endpoint_of(explorer_task, tokenizer)
     assert explorer_endpoint.port == port
     config = load_config(

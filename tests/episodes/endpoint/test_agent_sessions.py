@@ -19,7 +19,8 @@ import pytest
 from oprl.episodes.agents import task_episodes
 from oprl.models.tiny import build_tokenizer
 from oprl.rollout import Rollout, Sampling
-from oprl.tasks.agent import AgentTask
+from oprl.tasks import build_task
+from oprl.tasks.agent import AgentTask, AgentTaskConfig
 
 TOOLS = [
     {
@@ -108,10 +109,12 @@ class Recorder:
 
 
 def run_agent(agent, engine, tokenizer, *, problems: int = 1, **kw):
-    task = AgentTask(
-        agent="tests/episodes/endpoint/test_agent_sessions.py:chat_tool_agent",
-        problems={"name": "tool-arithmetic", "train_size": 8, "test_size": 2},
-        batch_wait_s=kw.pop("batch_wait_s", 0.05),
+    task = build_task(
+        AgentTaskConfig(
+            agent="tests/episodes/endpoint/test_agent_sessions.py:chat_tool_agent",
+            problems={"name": "tool-arithmetic", "train_size": 8, "test_size": 2},
+            batch_wait_s=kw.pop("batch_wait_s", 0.05),
+        )
     )
     task.rollout, task.is_async, engine.task = agent, inspect.iscoroutinefunction(agent), task
     settings = {"seed": 0, "max_turns": 4, "max_tokens": 400, "episode_timeout": 30} | kw
