@@ -230,3 +230,22 @@ def test_one_seed_per_cell_says_nothing_can_be_told_apart():
     assert "(No σ̂: every cell has one seed" in "\n".join(tiers.design_lines(analyses))
     assert "nothing can be told apart" in "\n".join(tiers.verdict_lines(analyses[0]))
     assert "cannot be tested with one seed per cell" in tiers.loss_lines(one_seed)[0]
+
+
+def test_a_results_csv_alone_keeps_a_column_that_varies_within_a_cell_apart(tmp_path):
+    """Without its sweep.yaml (a committed results.csv), a learning rate swept as its own axis still makes its own
+    rows: its values differ between the rows of one preset x setting cell. sync_offset does not (the setting fixes
+    it), so it stays out of the row labels."""
+    from oprl.experiments.results import write_table
+
+    rows = [
+        {"run": f"r{lr}{seed}", "preset": "grpo", "setting": "lag-0", "seed": seed, "lr": lr, "sync_offset": 0,
+         "final_accuracy": 0.5 + (0.1 if lr == 3e-4 else 0.0) + 0.001 * seed}
+        for lr in (1e-4, 3e-4) for seed in (0, 1, 2)
+    ]  # fmt: skip
+    write_table(rows, tmp_path / "results.csv")
+    labels = {tiers.row_label(lab) for lab, _ in report.summaries_from_csv(tmp_path / "results.csv", {})}
+    assert labels == {"grpo lr=0.0001", "grpo lr=0.0003"}
+    report.build_report(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "| grpo lr=0.0003 | 0.601 ± 0.001" in text and "| grpo lr=0.0001 | 0.501 ± 0.001" in text

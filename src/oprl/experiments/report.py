@@ -143,6 +143,13 @@ def summaries_from_csv(path: Path, spec: dict) -> list[tuple[dict[str, str], dic
     missing = [c for c in ("preset", "setting", "seed") if rows and c not in rows[0]]
     if missing:
         raise OprlError(f"report: {path} has no column(s) {', '.join(missing)}")
+    # Without a sweep.yaml beside it, a column that differs between the seeds' rows of one preset x setting cell
+    # (a learning rate swept as its own axis) is an axis too: pooling its values into one cell would mix methods.
+    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for row in rows:
+        cells[(row["preset"], row["setting"])].append(row)
+    other = [k for k in (rows[0] if rows else {}) if k not in {*LAYOUT, *NUMBERS, "run"}]
+    axes |= {k for k in other if any(len({r[k] for r in cell}) > 1 for cell in cells.values())}
     out = []
     for row in rows:
         labels = {k: row[k] for k in row if k in {*LAYOUT, *axes}}
