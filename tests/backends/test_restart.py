@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from oprl.backends.base import make_backend
-from oprl.backends.faults import VARIABLE, FaultPlan
+from oprl.backends.faults import SWITCH, VARIABLE, FaultPlan
 from oprl.backends.local import LocalBackend
 from oprl.backends.processes import RemoteError
 from oprl.config import load_config
@@ -74,20 +74,33 @@ def test_oprl_fault_kills_the_named_worker_at_its_step_once(monkeypatch):
     "text, faults",
     [
         ("", []),
-        ("explorer:0@step=5", [("explorer 0", 5, 0.0)]),
-        ("trainer@step=3+0.5,teacher@step=1", [("trainer", 3, 0.5), ("teacher", 1, 0.0)]),
+        ("explorer:0@step=5", [("explorer 0", 5, 0.0, "step")]),
+        ("trainer@step=3+0.5,teacher@step=1", [("trainer", 3, 0.5, "step"), ("teacher", 1, 0.0, "step")]),
+        ("explorer@switch=4,trainer@save=6", [("explorer", 4, 0.0, "switch"), ("trainer", 6, 0.0, "save")]),
     ],
 )
-def test_the_fault_switch_parses_worker_step_and_delay(monkeypatch, text, faults):
+def test_the_fault_switch_parses_worker_point_step_and_delay(monkeypatch, text, faults):
     monkeypatch.setenv(VARIABLE, text)
     plan = FaultPlan.from_environment()
-    assert [(f.worker, f.step, f.after) for f in plan.faults] == faults
+    assert [(f.worker, f.step, f.after, f.point) for f in plan.faults] == faults
 
 
-@pytest.mark.parametrize("text", ["explorer 0@step=5", "explorer:0@batch=5", "explorer:0@step=five"])
+def test_switch_and_save_faults_fire_on_their_call_once(monkeypatch):
+    monkeypatch.setenv(VARIABLE, "explorer@switch=4,trainer@save=6")
+    plan = FaultPlan.from_environment()
+    assert plan.due("explorer 1", (3, 2)) is None and plan.due("explorer 1", (4, 2)) == SWITCH
+    assert plan.due("explorer 0", (4, 2)) is None  # fired once
+    assert plan.due("trainer", ("/run/checkpoints/.tmp-step-000004/trainer",)) is None
+    assert plan.due("trainer", (6, [])) is None  # train(6) is not the save of step 6
+    assert plan.due("trainer", ("/run/checkpoints/.tmp-step-000006/trainer",)) == 0.0
+
+
+@pytest.mark.parametrize(
+    "text", ["explorer 0@step=5", "explorer:0@batch=5", "explorer:0@step=five", "explorer@switch=4+0.5"]
+)
 def test_a_malformed_fault_is_one_line_naming_the_form(monkeypatch, text):
     monkeypatch.setenv(VARIABLE, text)
-    with pytest.raises(OprlError, match=r"is not WORKER@step=N\[\+SECONDS\]"):
+    with pytest.raises(OprlError, match=r"is not WORKER@step=N\[\+SECONDS\], WORKER@switch=N or WORKER@save=N"):
         FaultPlan.from_environment()
 
 

@@ -76,6 +76,52 @@ def test_an_explorer_killed_at_a_random_step_is_restarted_and_the_run_equals_the
     assert sum(r.get("perf/restarts", 0) for r in rows) == 1
 
 
+def test_a_trainer_killed_while_a_checkpoint_is_written_goes_on_from_the_one_before(undisturbed, monkeypatch, capsys):
+    """The trainer dies as step 4's checkpoint asks it for its part (the buffer's part may be on disk: a torn
+    checkpoint). The run goes on from step 2's checkpoint, the torn one is never read and never left behind, and
+    the numbers equal the undisturbed run's."""
+    root, args = undisturbed
+    monkeypatch.setenv(VARIABLE, "trainer@save=4")
+    assert main(["train", *args, PROCESSES, "run_name=torn"]) == 0
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
+    assert len(lines) == 1 and lines[0].startswith("trainer died (ProcessDied"), lines
+    assert "step-000002" in lines[0], lines[0]  # the checkpoint before the torn one
+    assert_same_as_undisturbed(root, "torn")
+    checkpoints = sorted(p.name for p in (root / "torn" / "checkpoints").iterdir())
+    assert not [name for name in checkpoints if name.startswith(".tmp")], checkpoints
+
+
+@pytest.fixture(scope="module")
+def undisturbed_partial(tmp_path_factory, cache_dir):
+    """A partial-rollout run (every batch from 3 on switches weights at decode step 1), on threads."""
+    from conftest import SMALL
+
+    root = tmp_path_factory.mktemp("healing-partial")
+    args = [*SMALL, *RUN, "sync.partial=true", "sync.switch_step=1", f"output_dir={root}"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPRL_CACHE_DIR", str(cache_dir))
+        assert main(["train", *args, "run_name=whole"]) == 0
+    rows = read_metrics(root / "whole" / "metrics.jsonl")
+    assert [r["batch/switched_frac"] for r in rows if "batch/switched_frac" in r][3] == 1.0
+    return root, args
+
+
+def test_an_explorer_killed_in_a_weight_switch_is_restarted_and_the_run_equals(
+    undisturbed_partial, monkeypatch, capsys
+):
+    """Partial rollouts: the explorer of batch 4 dies as it loads the batch's switch target mid-generation. The
+    driver sends the batch again with its weights and its SwitchPlan; the new process switches at the same decode
+    step, and every token and version equals the undisturbed run's."""
+    root, args = undisturbed_partial
+    monkeypatch.setenv(VARIABLE, "explorer@switch=4")
+    assert main(["train", *args, PROCESSES, "run_name=healed"]) == 0
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
+    assert len(lines) == 1 and "generating batch 4 (version 1) again" in lines[0], lines
+    assert_same_as_undisturbed(root, "healed")
+
+
 @pytest.mark.slow
 def test_past_the_budget_the_run_stops_in_one_line_and_resume_equals(undisturbed, monkeypatch, capsys):
     """Two kills, one restart allowed: the second ends the run with today's line; resume=true completes it."""

@@ -4,17 +4,25 @@
     OPRL_FAULT="explorer@step=5"            whichever explorer generates batch 5 dies (which one is timing's)
     OPRL_FAULT="trainer@step=3+0.5"         the trainer dies 0.5 s into its first call for step 3 (``train``)
     OPRL_FAULT="explorer:0@step=2,explorer:1@step=6"   two kills in one run
+    OPRL_FAULT="explorer@switch=4"          the explorer of batch 4 dies as it loads other weights mid-batch
+                                            (partial rollouts: the switch to the batch's target version)
+    OPRL_FAULT="trainer@save=4"             the trainer dies as its part of step 4's checkpoint is asked for
+                                            (the buffer's part may be written: the checkpoint is torn)
 
-A fault is ``WORKER@step=N[+SECONDS]``: ``WORKER`` is a worker's name with ``:`` for the space
-(``explorer:1``, ``trainer``, ``teacher``, ``judge``), or a kind alone for any worker of that kind
-(``explorer``); the call is the first one whose first argument is ``N``
-(``explore(batch)``, ``train(step)``, ``score(batch)``, ``evaluate(step)``). The worker dies as a ``kill -9``
+A fault is ``WORKER@step=N[+SECONDS]``, ``WORKER@switch=N`` or ``WORKER@save=N``: ``WORKER`` is a worker's name
+with ``:`` for the space (``explorer:1``, ``trainer``, ``teacher``, ``judge``), or a kind alone for any worker of
+that kind (``explorer``); ``step=N`` names the first call whose first argument is ``N`` (``explore(batch)``,
+``train(step)``, ``score(batch)``, ``evaluate(step)``); ``switch=N`` the same call, the worker dying only when a
+partial rollout's switcher loads other weights in it (``oprl.explorer.switcher``: the worker process's
+``OPRL_DIE_AT_SWITCH``, set here, is read there); ``save=N`` the worker's ``save(directory)`` for the checkpoint of
+step ``N`` (its staging directory ``.tmp-step-N``). The worker dies as a ``kill -9``
 would leave it (``SIGKILL`` to its own process: no cleanup, no reply). Each fault fires once per run: the
 driver's side of the worker (``processes.ProcessActor``, ``ray_backend.RayActor``) remembers it, so a restarted
 worker regenerating the same batch is not killed again.
 
 Only worker processes read it (``runtime.workers=processes``, ``backend=ray``); a run on threads, where a kill
-would take the driver along, refuses it in one line. Nothing else of oprl reads the variable.
+would take the driver along, refuses it in one line. Nothing else of oprl reads the variable (the switcher reads
+only the doomed process's ``OPRL_DIE_AT_SWITCH``).
 """
 
 from __future__ import annotations
@@ -28,7 +36,15 @@ from dataclasses import dataclass, field
 from oprl.errors import OprlError
 
 VARIABLE = "OPRL_FAULT"
-_FAULT = re.compile(r"^(?P<worker>[a-z_]+(?::\d+)?)@step=(?P<step>\d+)(?:\+(?P<after>\d+(?:\.\d*)?))?$")
+_FAULT = re.compile(
+    r"^(?P<worker>[a-z_]+(?::\d+)?)@(?:step=(?P<step>\d+)(?:\+(?P<after>\d+(?:\.\d*)?))?|(?P<point>switch|save)=(?P<at>\d+))$"
+)
+_FORM = "WORKER@step=N[+SECONDS], WORKER@switch=N or WORKER@save=N (explorer:0@step=5)"
+SWITCH = "switch"
+"""``due``'s answer for a ``switch=N`` fault: the worker dies at the call's first weight switch, not at a time."""
+AT_SWITCH = "OPRL_DIE_AT_SWITCH"
+"""Set in a doomed worker process only (``die``): its switcher kills the process as it loads other weights."""
+_STAGING = re.compile(r"\.tmp-step-0*(\d+)")
 
 
 @dataclass
@@ -38,6 +54,8 @@ class Fault:
     step: int
     after: float = 0.0
     """Seconds into the call."""
+    point: str = "step"
+    """``step`` (the call), ``switch`` (its first weight switch) or ``save`` (a checkpoint part's save)."""
     fired: bool = False
 
 
@@ -55,29 +73,45 @@ class FaultPlan:
         for part in filter(None, (p.strip() for p in text.split(","))):
             match = _FAULT.match(part)
             if match is None:
-                raise OprlError(f"{VARIABLE}={text!r}: {part!r} is not WORKER@step=N[+SECONDS] (explorer:0@step=5)")
+                raise OprlError(f"{VARIABLE}={text!r}: {part!r} is not {_FORM}")
             worker = match["worker"].replace(":", " ")
-            faults.append(Fault(worker, int(match["step"]), float(match["after"] or 0.0)))
+            if match["point"]:
+                faults.append(Fault(worker, int(match["at"]), point=match["point"]))
+            else:
+                faults.append(Fault(worker, int(match["step"]), float(match["after"] or 0.0)))
         return cls(faults)
 
     def __bool__(self) -> bool:
         return bool(self.faults)
 
-    def due(self, worker: str, args: tuple) -> float | None:
-        """Seconds after which ``worker`` must die in the call with ``args``, or None; a fault fires once."""
-        if not self.faults or not args or type(args[0]) is not int:
+    def due(self, worker: str, args: tuple) -> float | str | None:
+        """Seconds after which ``worker`` must die in the call with ``args`` (``SWITCH``: at its first weight
+        switch), or None; a fault fires once."""
+        if not self.faults or not args:
             return None
+        step = args[0] if type(args[0]) is int else None
+        saved = _STAGING.search(args[0]) if isinstance(args[0], str) else None
         with self._lock:  # the sender threads of several workers ask at once
             for fault in self.faults:
                 named = fault.worker == worker or worker.startswith(f"{fault.worker} ")
-                if not fault.fired and named and fault.step == args[0]:
+                if fault.fired or not named:
+                    continue
+                if fault.point == "save" and saved is not None and int(saved[1]) == fault.step:
                     fault.fired = True
-                    return fault.after
+                    return 0.0
+                if fault.point in ("step", "switch") and step == fault.step:
+                    fault.fired = True
+                    return SWITCH if fault.point == "switch" else fault.after
         return None
 
 
-def die(after: float) -> None:
-    """In a worker process: SIGKILL this process now, or ``after`` seconds from now (mid-call)."""
+def die(after: float | str) -> None:
+    """In a worker process: SIGKILL this process now, ``after`` seconds from now (mid-call), or (``SWITCH``) as
+    this call's switcher loads other weights."""
+    if after == SWITCH:
+        os.environ[AT_SWITCH] = "1"  # this process only: a restarted worker starts without it
+        return
+    assert isinstance(after, float)
     if after <= 0:
         os.kill(os.getpid(), signal.SIGKILL)
     timer = threading.Timer(after, os.kill, (os.getpid(), signal.SIGKILL))

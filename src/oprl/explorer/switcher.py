@@ -10,6 +10,8 @@ carries it out with the engine, reading versions from the weights board (``oprl.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -110,6 +112,9 @@ class Switcher:
 
     def _load(self, version: int, *, wait: bool, step: int) -> bool:
         from safetensors.torch import load_file
+
+        if os.environ.get("OPRL_DIE_AT_SWITCH"):  # a test's fault (oprl.backends.faults, switch=N): die here, now
+            os.kill(os.getpid(), signal.SIGKILL)
 
         path = board_file(self.board, version)
         if wait and not path.exists():
