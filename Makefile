@@ -26,6 +26,13 @@ $(STAMP): pyproject.toml
 	# verl.trainer.ppo.core_algos imports only these; the second line is tensordict's small dependencies.
 	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 "pyvers>=0.1,<0.2" codetiming==1.4.0
 	$(BIN)/python -m pip install -q omegaconf==2.4.0 cloudpickle importlib_metadata orjson
+	# tinker-cookbook 0.6.1's math_rl recipe, run unchanged against `oprl serve tinker` by the default suite
+	# (tests/serve/tinker/test_tinker_cookbook.py, docs/tinker.md). --no-deps: it declares tml-renderers>=0.4.1,
+	# which the index lacks (0.2.1 at most) and which only its Kimi K3.1 / Inkling renderers import, lazily; the
+	# second line is its other declared dependencies not already here, plus pylatexenc (its math-rl extra: the
+	# recipe's math grader imports it). Everything else it declares is already installed; no pin moves.
+	$(BIN)/python -m pip install -q --no-deps tinker-cookbook==0.6.1
+	$(BIN)/python -m pip install -q chz==0.4.0 pyrage==1.4.0 termcolor==3.3.0 blobfile==3.3.0 pylatexenc==2.11
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -61,12 +61,16 @@ def running(tmp_path_factory):
     from oprl.serve.tinker import build_server
 
     root = tmp_path_factory.mktemp("tinker")
-    server = build_server(models=[f"{TINY}={tiny_model_dir(root / 'model')}"], state_dir=root / "state")
+    model = tiny_model_dir(root / "model")
+    # Also under its own path: tinker-cookbook loads the tokenizer by base_model name (AutoTokenizer), and a local
+    # directory is a name it loads without the hub (tests/serve/tinker/test_tinker_cookbook.py).
+    server = build_server(models=[f"{TINY}={model}", f"{model}={model}"], state_dir=root / "state")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TINKER_BASE_URL", "")
         patch.setenv("TINKER_API_KEY", "tml-test-key")
         patch.setenv("TINKER_TELEMETRY", "0")
         up = Running(server)
+        up.model_dir = model
         patch.setenv("TINKER_BASE_URL", up.url)
         yield up
         up.stop()

@@ -42,6 +42,7 @@ class Running:
         while not self.uvicorn.started:
             time.sleep(0.02)
         self.url = f"http://127.0.0.1:{self.port}"
+        self.model_dir = ""  # the served model's directory, where the fixture serves it under its path too
 
     def stop(self):
         self.uvicorn.should_exit = True
