@@ -46,6 +46,19 @@ def huge(prompt, completion, reference, **row):
     return 1.0
 
 
+def dies_once(prompt, completion, reference, **row):
+    """The first process to score a row that starts with 'kill' is killed (as a preemption or an OOM kill would
+    do it); the row scores normally anywhere after that. 'always' kills every process it runs in."""
+    import pathlib
+    import signal
+
+    marker = pathlib.Path(os.environ["DIES_ONCE_DIR"]) / completion
+    if completion == "always" or (completion.startswith("kill") and not marker.exists()):
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return float(completion.strip() == reference) + 0.5
+
+
 def greedy(prompt, completion, reference, **row):
     if completion == "allocate":
         block = bytearray(1024**3)  # 1 GiB, past a 300 MB limit
@@ -102,6 +115,22 @@ def test_failed_rows_score_zero_and_are_counted_the_batch_goes_on(tmp_path, capl
     strict = DatasetTask(train_file=str(path), reward=EXAMPLE_REWARD, reward_max_error_fraction=0.1)
     with pytest.raises(OprlError, match=r"failed on 32 of 320 rows .*fraction=0\.1\); e\.g\. dataset/train/000001:"):
         strict.score(problems, ["7"] * len(problems))
+
+
+def test_a_reward_process_killed_under_a_row_scores_it_again_in_a_new_one(rewards_file, tmp_path, monkeypatch):
+    """Self-healing reward processes (issue #57): a row whose process is killed while scoring it is scored once
+    more in a fresh process and gets the reward an undisturbed pool gives it (rewards are deterministic); a row
+    that kills every process it runs in is an error (reward 0, counted) after that one retry."""
+    monkeypatch.setenv("DIES_ONCE_DIR", str(tmp_path))
+    task = DatasetTask(train_file=str(TRAIN), train_size=4, reward=f"{rewards_file}:dies_once", reward_workers=2)
+    problems = list(task.problems("train"))
+    replies = ["kill-a", problems[1].answer, "kill-b", "fine"]
+    rewards = task.score(problems, replies)
+    assert [r.total for r in rewards] == [0.5, 1.5, 0.5, 0.5]
+    assert task.rewards.counts["error"] == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["kill-a", "kill-b"]
+    always = task.score(problems[:2], ["always", problems[1].answer])
+    assert [r.total for r in always] == [0.0, 1.5] and always[0].components["reward_error"] == 1.0
+    task.rewards.close()
 
 
 @pytest.mark.parametrize("completion", ["big", "inf", "nan"])

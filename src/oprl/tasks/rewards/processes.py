@@ -67,6 +67,10 @@ def reward_log(path: Path) -> Iterator[None]:
             os.environ[LOG_ENV] = previous
 
 
+_EXITED = "reward process exited"
+"""The error of a row whose reward process died while scoring it (retried once in a new process)."""
+
+
 class RewardPool:
     """``processes`` reward processes running ``command[0]._process_main(*command[1:])`` under a hard
     per-request timeout.
@@ -127,6 +131,7 @@ class RewardPool:
     def _run(self, requests: list[dict]) -> list[dict]:
         results: list[dict | None] = [None] * len(requests)
         queue = list(range(len(requests)))[::-1]
+        retried: set[int] = set()
         self._fill()
         while queue or any(w.job is not None for w in self._processes):
             for child in self._processes:
@@ -136,8 +141,17 @@ class RewardPool:
             self._wait([w for w in self._processes if not w.ready or w.job is not None])
             for child in self._processes:
                 settled = child.poll()
-                if settled is not None:
-                    results[settled[0]] = settled[1]
+                if settled is None:
+                    continue
+                index, reply = settled
+                # A process that died under a row (killed from outside, out of memory) scores it once more in a
+                # fresh one: rewards are deterministic, so the row gets the reward an undisturbed run gives it. A
+                # row whose reward kills every process it runs in is an error after that one retry.
+                if reply.get("error") == _EXITED and index not in retried:
+                    retried.add(index)
+                    queue.append(index)
+                else:
+                    results[index] = reply
             self._fill()  # replace the reward processes that were killed or died
         return [r if r is not None else {"verdict": "error", "error": "no reply"} for r in results]
 
@@ -236,7 +250,7 @@ class _RewardProcess:
         if self.job is not None and (exited or time.monotonic() > self.deadline):
             index, self.job = self.job, None
             self.kill()
-            return index, {"verdict": "error", "error": "reward process exited"} if exited else {"verdict": "timeout"}
+            return index, {"verdict": "error", "error": _EXITED} if exited else {"verdict": "timeout"}
         return None
 
     def _read_line(self) -> bytes | None:
