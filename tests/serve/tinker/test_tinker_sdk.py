@@ -52,6 +52,20 @@ def test_lora_client_trains_samples_and_scores_with_the_sdk(service):
     assert [s.tokens for s in again.sequences] == [s.tokens for s in result.sequences]  # seeded
 
 
+def test_unseeded_requests_for_one_prompt_draw_different_samples(service):
+    # tinker-cookbook samples a group as one num_samples=1 request per member, unseeded: each must be its own draw
+    # (they were all the same sequence while each request sampled in a forked, restored RNG state).
+    client = service.create_lora_training_client(base_model=TINY, rank=2, seed=0).result()
+    sampler = client.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints(_tokens(client)[:4])
+    params = types.SamplingParams(max_tokens=8)
+    futures = [sampler.sample(prompt, 1, params) for _ in range(4)]
+    drawn = [tuple(f.result().sequences[0].tokens) for f in futures]
+    assert len(set(drawn)) > 1, drawn
+    seeded = [sampler.sample(prompt, 1, types.SamplingParams(max_tokens=8, seed=3)).result() for _ in range(2)]
+    assert seeded[0].sequences[0].tokens == seeded[1].sequences[0].tokens
+
+
 def test_async_calls_and_a_sampler_of_weights_saved_two_steps_ago(service):
     async def scenario():
         client = await service.create_lora_training_client(base_model=TINY, rank=4, seed=1)

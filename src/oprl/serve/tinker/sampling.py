@@ -69,11 +69,16 @@ def sample(model, tokenizer, request: dict[str, Any], device) -> bytes:
     stop_tokens, stop_strings = _stops(params.get("stop"), tokenizer)
     prompt_logprobs = _prompt_logprobs(model, prompt, request, device) if request.get("prompt_logprobs") else None
     seed = params.get("seed")
-    state = torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else [])
-    with state:
-        if seed is not None:
-            torch.manual_seed(int(seed))
+    if seed is None:
+        # Unseeded draws advance the process's generator: requests for the same prompt must differ
+        # (tinker-cookbook sends a group as num_samples=1 requests, one per member; in a forked, restored state
+        # every member would be the same sequence and every group's advantages zero).
         sequences = _decode(model, tokenizer, prompt, n, max_tokens, stop_tokens, stop_strings, device)
+    else:
+        # Seeded: reproducible, and leaves the unseeded requests' generator where it was.
+        with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
+            torch.manual_seed(int(seed))
+            sequences = _decode(model, tokenizer, prompt, n, max_tokens, stop_tokens, stop_strings, device)
     return wire.encode_sample_response(sequences, prompt_logprobs)
 
 
