@@ -32,7 +32,8 @@ continues from it (``resume=true``: no row lost or repeated), any other unfinish
 that run starts over. Long sweeps (hours, across sessions) should therefore checkpoint every few steps. Runs execute
 ``oprl train`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_runner``: torch and
 transformers are imported once per runner, not once per run); each run's output goes to ``logs/<run>.log``.
-Deliberately not here: scheduling across machines (use the Ray backend inside a run for that).
+``backend: ray`` (``--backend ray``) spreads the runs over a Ray cluster's nodes instead, one Ray task per attempt,
+with the same commands, resume rule and results (``oprl.experiments.sweep_ray``; docs/sweeps.md).
 """
 
 from __future__ import annotations
@@ -59,6 +60,14 @@ STOP_GRACE_S = 120.0
 """How long an interrupted sweep waits for a run to stop at a step boundary before it kills the runner."""
 
 
+SPEC_KEYS = (
+    "output_dir", "parallel", "config", "overrides", "final_overrides", "grid", "report",
+    "backend", "retries", "cpus_per_run",
+)  # fmt: skip
+BACKENDS = ("local", "ray")
+"""Where the runs execute: the local pool of runner processes (default), or the tasks of a Ray cluster."""
+
+
 @dataclass(frozen=True)
 class PlannedRun:
     name: str
@@ -74,12 +83,13 @@ def load_spec(path: Path) -> dict:
         spec = read_yaml(path.read_text()) or {}  # the config's YAML rules: `yes` is text, not a boolean
     except yaml.YAMLError as exc:
         raise OprlError(f"sweep spec {path}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
-    unknown = set(spec) - {"output_dir", "parallel", "config", "overrides", "final_overrides", "grid", "report"}
+    unknown = set(spec) - set(SPEC_KEYS)
     if unknown:
-        raise OprlError(
-            f"sweep spec {path}: unknown key(s) {sorted(unknown)}; "
-            "valid: output_dir, parallel, config, overrides, final_overrides, grid, report"
-        )
+        raise OprlError(f"sweep spec {path}: unknown key(s) {sorted(unknown)}; valid: {', '.join(SPEC_KEYS)}")
+    try:
+        check_backend_options(spec.get("backend"), spec.get("retries"), spec.get("cpus_per_run"))
+    except OprlError as exc:
+        raise OprlError(f"sweep spec {path}: {exc}") from None
     report = spec.get("report") or {}
     groups = report.get("groups", {}) if isinstance(report, dict) else None
     if not isinstance(groups, dict) or not all(isinstance(v, list) and v for v in groups.values()):
@@ -98,6 +108,18 @@ def load_spec(path: Path) -> dict:
             f"sweep spec {path}: 'grid' must be a non-empty mapping of axis -> values, or a list of such mappings"
         )
     return spec
+
+
+def check_backend_options(backend, retries, cpus_per_run) -> None:
+    """The spec's (or command line's) ``backend``, ``retries`` and ``cpus_per_run``, each None or valid; a bad
+    one fails with one line naming its key."""
+    if backend is not None and backend not in BACKENDS:
+        raise OprlError(f"'backend' must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
+        raise OprlError(f"'retries' must be a whole number >= 0 (times a failed run is tried again), not {retries!r}")
+    number = isinstance(cpus_per_run, int | float) and not isinstance(cpus_per_run, bool)
+    if cpus_per_run is not None and not (number and cpus_per_run > 0):
+        raise OprlError(f"'cpus_per_run' must be a number > 0 (Ray CPUs each run holds), not {cpus_per_run!r}")
 
 
 def plan(spec: dict) -> list[PlannedRun]:
@@ -192,13 +214,22 @@ def run_sweep(
     only: list[str] | None = None,
     sets: list[str] | None = None,
     out_dir: Path | None = None,
+    backend: str | None = None,
+    retries: int | None = None,
+    cpus_per_run: float | None = None,
+    address: str | None = None,
     log=print,
 ) -> Path:
     """Run the spec's unfinished runs (module docstring). ``only``: run just the runs matching these
     ``axis=values`` selections (``select``), into the same directory as the whole sweep (they are its runs).
     ``sets``: ``key=value`` overrides on every run (``with_overrides``); such runs differ from the spec's, so they go
-    to ``<output_dir>+<key=value,...>`` unless ``out_dir`` says where."""
+    to ``<output_dir>+<key=value,...>`` unless ``out_dir`` says where. ``backend``, ``retries``, ``cpus_per_run``:
+    the spec's keys of these names, replaced; ``address``: the Ray cluster to use (``backend="ray"`` only)."""
+    check_backend_options(backend, retries, cpus_per_run)
     spec = load_spec(spec_path)
+    backend = backend or spec.get("backend") or "local"
+    if address and backend != "ray":
+        raise OprlError(f"sweep --address {address}: only with --backend ray (the spec says backend: {backend})")
     out = Path(out_dir or spec.get("output_dir") or f"runs/sweep-{spec_path.stem}")
     if sets:
         spec = with_overrides(spec, sets)
@@ -211,19 +242,23 @@ def run_sweep(
     if not chosen:
         raise OprlError(f"sweep --only {' '.join(only or [])}: selects no run (each --only must match)")
     parallel = max(1, parallel or int(spec.get("parallel") or 1))
+    retries = next(r for r in (retries, spec.get("retries"), 1) if r is not None)
+    cpus_per_run = float(cpus_per_run or spec.get("cpus_per_run") or 1)
     todo = [r for r in chosen if not (out / r.name / "summary.json").is_file()]
     selected = f", {len(chosen)} selected by --only" if only else ""
-    log(
-        f"sweep {out}: {len(runs)} runs{selected}, {len(chosen) - len(todo)} already finished, {len(todo)} to run, "
-        f"{parallel} at a time"
-    )
+    how = f"on Ray, {cpus_per_run:g} CPU(s) each, a failed run tried again up to {retries} time(s)"
+    how, finished = f"{parallel} at a time" if backend == "local" else how, len(chosen) - len(todo)
+    log(f"sweep {out}: {len(runs)} runs{selected}, {finished} already finished, {len(todo)} to run, {how}")
     if dry_run:  # prints, writes nothing
         for r in todo:
             log("  oprl " + " ".join(_arguments(r, spec, out)))
         return out
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    failures = _execute(todo, spec, out, parallel, log)
+    if backend == "ray":
+        failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log)
+    else:
+        failures = _execute(todo, spec, out, parallel, log)
     table = collect_results(out, runs, threshold_gain=threshold_gain(spec))
     write_table(table, out / "results.csv")
     log(f"results: {out / 'results.csv'} ({len(table)} finished runs)")
@@ -263,15 +298,7 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
             while queue or busy:
                 while queue and idle:
                     run, runner = queue.pop(0), idle.pop()
-                    argv = _arguments(run, spec, out)
-                    if _has_checkpoint(out / run.name):
-                        argv.append("resume=true")  # `oprl train` verifies it and cuts the rows back to it
-                        log(f"run {run.name}: continues from its last checkpoint")
-                    else:
-                        shutil.rmtree(out / run.name, ignore_errors=True)  # unfinished leftovers start over
-                    # The log lives beside the run: a run refuses a directory that holds files not its own.
-                    (out / "logs").mkdir(exist_ok=True)
-                    runner.start(argv, _log_path(out, run.name))
+                    runner.start(_prepare(run, spec, out, log), _log_path(out, run.name))
                     busy[runner] = run
                     selector.register(runner.stdout, selectors.EVENT_READ, runner)
                 for key, _ in selector.select(timeout=1.0):
@@ -302,14 +329,53 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
     return failures
 
 
-def _terminate_raises():
-    """In the main thread, make SIGTERM print one line and raise ``SystemExit(143)``; the previous handler (None
-    elsewhere). SystemExit, not ``oprl.backends.failure.Interrupted``: the commands layer does not reach into the
-    runtime's backends (tests/test_layering.py), and the exit status is the same."""
+def _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log) -> list[str]:
+    """Run ``todo`` as Ray tasks (``oprl.experiments.sweep_ray``), each attempt prepared by ``_prepare``."""
+    try:
+        from oprl.experiments import sweep_ray
+    except ImportError as exc:
+        raise OprlError(f"sweep backend ray: {exc} (pip install 'oprl[ray]')") from None
+    cluster = sweep_ray.RayCluster(address, cpus_per_run)
+    received: list[int] = []
+    previous = _terminate_raises(received)  # after ray.init, which sets its own SIGTERM handler (exit 1)
+    try:
+        log(f"ray: {cluster.describe()}")
+        prepare, log_path = (lambda run: _prepare(run, spec, out, log)), (lambda name: _log_path(out, name))
+        return sweep_ray.execute(todo, cluster=cluster, prepare=prepare, log_path=log_path, retries=retries, log=log)
+    except SystemExit:
+        if received:  # ray.wait, interrupted by the signal, raises SystemExit(1) in place of the handler's
+            raise SystemExit(128 + received[0]) from None
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        cluster.close()
+
+
+def _prepare(run: PlannedRun, spec: dict, out: Path, log) -> list[str]:
+    """The resume rule, applied just before a run (or a retry of it) starts: its ``oprl`` arguments, with
+    ``resume=true`` when it committed a checkpoint, else its unfinished leftovers cleared; ``logs/`` made."""
+    argv = _arguments(run, spec, out)
+    if _has_checkpoint(out / run.name):
+        argv.append("resume=true")  # `oprl train` verifies it and cuts the rows back to it
+        log(f"run {run.name}: continues from its last checkpoint")
+    else:
+        shutil.rmtree(out / run.name, ignore_errors=True)  # unfinished leftovers start over
+    # The log lives beside the run: a run refuses a directory that holds files not its own.
+    (out / "logs").mkdir(exist_ok=True)
+    return argv
+
+
+def _terminate_raises(received: list[int] | None = None):
+    """In the main thread, make SIGTERM print one line and raise ``SystemExit(143)`` (and append to ``received``);
+    the previous handler (None elsewhere). SystemExit, not ``oprl.backends.failure.Interrupted``: the commands layer
+    does not reach into the runtime's backends (tests/test_layering.py), and the exit status is the same."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
     def handle(signum, frame):
+        if received is not None:
+            received.append(signum)
         print("sweep interrupted by SIGTERM; run it again to continue (runs with a checkpoint resume)", file=sys.stderr)
         raise SystemExit(128 + signum)
 
@@ -421,6 +487,10 @@ def main(argv: list[str]) -> int:
         "<output_dir>+KEY=VALUE,... (or --out)",
     )
     parser.add_argument("--out", type=Path, default=None, help="the output directory (default: the spec's)")
-    args = parser.parse_args(argv)
-    run_sweep(args.spec, parallel=args.parallel, dry_run=args.dry_run, only=args.only, sets=args.sets, out_dir=args.out)
+    parser.add_argument("--backend", choices=BACKENDS, help="local runner processes (default) or Ray tasks")
+    parser.add_argument("--address", help="Ray: the cluster (default $RAY_ADDRESS, else a local Ray for the sweep)")
+    parser.add_argument("--retries", type=int, help="Ray: times a failed run is tried again (default 1)")
+    parser.add_argument("--cpus-per-run", type=float, help="Ray: CPUs each run holds (default 1)")
+    args = vars(parser.parse_args(argv))
+    run_sweep(args.pop("spec"), out_dir=args.pop("out"), **args)
     return 0
