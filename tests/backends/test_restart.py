@@ -108,3 +108,15 @@ def test_a_fault_on_threads_is_refused(monkeypatch):
     monkeypatch.setenv(VARIABLE, "explorer:0@step=5")
     with pytest.raises(OprlError, match=r"needs runtime\.workers=processes or backend=ray"):
         make_backend(load_config(None, []))
+
+
+def test_rank_faults_are_handed_over_once_per_run(monkeypatch):
+    """A sharded trainer's ranks are started by its front, anew in each restarted segment: the driver's plan
+    hands their faults over once, so a healed run is not killed again by the same fault."""
+    monkeypatch.setenv(VARIABLE, "trainer-rank:1@step=4,explorer@step=2,trainer-rank:0@save=6")
+    plan = FaultPlan.from_environment()
+    handed = plan.hand_over("trainer-rank")
+    assert handed == ("trainer-rank:1@step=4", "trainer-rank:0@save=6") and plan.hand_over("trainer-rank") == ()
+    ranks = FaultPlan.parse(handed)
+    assert ranks.due("trainer-rank 0", (4, [])) is None and ranks.due("trainer-rank 1", (4, [])) == 0.0
+    assert plan.due("explorer 0", (2, 0)) == 0.0  # the others stay the driver's

@@ -253,3 +253,24 @@ def test_a_killed_teacher_is_restarted_with_every_worker_and_the_distillation_eq
     assert deterministic_view(healed) == deterministic_view(whole) and "distill/reverse_kl" in healed[-1]
     final = "final/model.safetensors"
     assert (root / "distill-healed" / final).read_bytes() == (root / "distill-whole" / final).read_bytes()
+
+
+@pytest.mark.slow  # two sharded runs of two rank processes each: ~1 min on 2 cores
+def test_a_killed_trainer_rank_restarts_every_worker_from_the_newest_checkpoint(undisturbed, monkeypatch, capsys):
+    """trainer.sharding=ddp with 2 ranks: rank 1's process dies as step 4 reaches it. The front raises RankLost,
+    the driver treats it as a lost trainer, every worker (new ranks too) starts again from step 2's checkpoint,
+    and the run equals an undisturbed sharded run."""
+    root, args = undisturbed
+    sharded = [*args, PROCESSES, "trainer.sharding=ddp", "trainer.world_size=2"]
+    assert main(["train", *sharded, "run_name=ddp-whole"]) == 0
+    monkeypatch.setenv(VARIABLE, "trainer-rank:1@step=4")
+    assert main(["train", *sharded, "run_name=ddp-healed"]) == 0
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
+    assert len(lines) == 1 and lines[0].startswith("trainer died (RankLost: trainer rank 1 died"), lines
+    assert "step-000002" in lines[0], lines[0]
+    whole = read_metrics(root / "ddp-whole" / "metrics.jsonl")
+    healed = read_metrics(root / "ddp-healed" / "metrics.jsonl")
+    assert deterministic_view(healed) == deterministic_view(whole)
+    final = "final/model.safetensors"
+    assert (root / "ddp-healed" / final).read_bytes() == (root / "ddp-whole" / final).read_bytes()

@@ -10,15 +10,15 @@
                                             (the buffer's part may be written: the checkpoint is torn)
 
 A fault is ``WORKER@step=N[+SECONDS]``, ``WORKER@switch=N`` or ``WORKER@save=N``: ``WORKER`` is a worker's name
-with ``:`` for the space (``explorer:1``, ``trainer``, ``teacher``, ``judge``), or a kind alone for any worker of
-that kind (``explorer``); ``step=N`` names the first call whose first argument is ``N`` (``explore(batch)``,
-``train(step)``, ``score(batch)``, ``evaluate(step)``); ``switch=N`` the same call, the worker dying only when a
-partial rollout's switcher loads other weights in it (``oprl.explorer.switcher``: the worker process's
-``OPRL_DIE_AT_SWITCH``, set here, is read there); ``save=N`` the worker's ``save(directory)`` for the checkpoint of
-step ``N`` (its staging directory ``.tmp-step-N``). The worker dies as a ``kill -9``
-would leave it (``SIGKILL`` to its own process: no cleanup, no reply). Each fault fires once per run: the
-driver's side of the worker (``processes.ProcessActor``, ``ray_backend.RayActor``) remembers it, so a restarted
-worker regenerating the same batch is not killed again.
+with ``:`` for the space (``explorer:1``, ``trainer``, ``teacher``, ``judge``, ``trainer-rank:1`` for a rank of
+a sharded trainer), or a kind alone for any worker of that kind (``explorer``); ``step=N`` names the first call
+whose first argument is ``N`` (``explore(batch)``, ``train(step)``, ``score(batch)``, ``evaluate(step)``);
+``switch=N`` the same call, the worker dying only when a partial rollout's switcher loads other weights in it
+(``oprl.explorer.switcher``: the worker process's ``OPRL_DIE_AT_SWITCH``, set here, is read there); ``save=N`` the
+worker's ``save(directory)`` for the checkpoint of step ``N`` (its staging directory ``.tmp-step-N``). The worker
+dies as a ``kill -9`` would leave it (``SIGKILL`` to its own process: no cleanup, no reply). Each fault fires once
+per run: the driver's side of the worker (``processes.ProcessActor``, ``ray_backend.RayActor``) remembers it, so a
+restarted worker regenerating the same batch is not killed again.
 
 Only worker processes read it (``runtime.workers=processes``, ``backend=ray``); a run on threads, where a kill
 would take the driver along, refuses it in one line. Nothing else of oprl reads the variable (the switcher reads
@@ -37,7 +37,7 @@ from oprl.errors import OprlError
 
 VARIABLE = "OPRL_FAULT"
 _FAULT = re.compile(
-    r"^(?P<worker>[a-z_]+(?::\d+)?)@(?:step=(?P<step>\d+)(?:\+(?P<after>\d+(?:\.\d*)?))?|(?P<point>switch|save)=(?P<at>\d+))$"
+    r"^(?P<worker>[a-z_-]+(?::\d+)?)@(?:step=(?P<step>\d+)(?:\+(?P<after>\d+(?:\.\d*)?))?|(?P<point>switch|save)=(?P<at>\d+))$"
 )
 _FORM = "WORKER@step=N[+SECONDS], WORKER@switch=N or WORKER@save=N (explorer:0@step=5)"
 SWITCH = "switch"
@@ -68,7 +68,10 @@ class FaultPlan:
 
     @classmethod
     def from_environment(cls) -> FaultPlan:
-        text = os.environ.get(VARIABLE, "").strip()
+        return cls._of(os.environ.get(VARIABLE, "").strip())
+
+    @classmethod
+    def _of(cls, text: str) -> FaultPlan:
         faults = []
         for part in filter(None, (p.strip() for p in text.split(","))):
             match = _FAULT.match(part)
@@ -83,6 +86,27 @@ class FaultPlan:
 
     def __bool__(self) -> bool:
         return bool(self.faults)
+
+    def hand_over(self, kind: str) -> tuple[str, ...]:
+        """The faults of ``kind``'s workers not yet fired, as ``OPRL_FAULT`` parts, marked fired here: a group of
+        workers started elsewhere (a sharded trainer's ranks, started by its front) gets them once per run, not
+        once per restarted segment."""
+        out = []
+        with self._lock:
+            for fault in self.faults:
+                if not fault.fired and fault.worker.split(" ")[0] == kind:
+                    fault.fired = True
+                    at = fault.worker.replace(" ", ":")
+                    if fault.point == "step":
+                        out.append(f"{at}@step={fault.step}" + (f"+{fault.after:g}" if fault.after else ""))
+                    else:
+                        out.append(f"{at}@{fault.point}={fault.step}")
+        return tuple(out)
+
+    @classmethod
+    def parse(cls, parts: tuple[str, ...]) -> FaultPlan:
+        """A plan of ``OPRL_FAULT`` parts (``hand_over``'s)."""
+        return cls._of(",".join(parts))
 
     def due(self, worker: str, args: tuple) -> float | str | None:
         """Seconds after which ``worker`` must die in the call with ``args`` (``SWITCH``: at its first weight

@@ -153,7 +153,7 @@ class LocalBackend:
         """Trainer ranks as spawned processes of this machine (``processes.LocalRanks``)."""
         from oprl.backends.processes import LocalRanks
 
-        return LocalRanks(threads, gpus)
+        return LocalRanks(threads, gpus, self.faults.hand_over("trainer-rank"))
 
     def describe(self, exc: BaseException) -> str:
         from oprl.backends.processes import RemoteError

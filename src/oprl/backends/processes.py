@@ -290,8 +290,8 @@ class Relay:
 class LocalRank:
     """A rank in a spawned process of this machine (the ``base.Rank`` protocol)."""
 
-    def __init__(self, name: str, factory, args: tuple, threads: int | None):
-        self.actor = ProcessActor(name, factory, args, threads)
+    def __init__(self, name: str, factory, args: tuple, threads: int | None, plan: faults.FaultPlan | None = None):
+        self.actor = ProcessActor(name, factory, args, threads, plan)
         self.ready = self.actor.ready
 
     def call(self, method: str, *args) -> Future:
@@ -313,6 +313,10 @@ class LocalRanks:
 
     threads: int | None = None
     gpus: float = 0.0
+    faults: tuple[str, ...] = ()
+    """``OPRL_FAULT`` parts for the ranks (``trainer-rank:1@step=4``), handed over by the driver's plan once per run
+    (``FaultPlan.hand_over``): the front that starts the ranks may be another process, or a restarted one."""
 
     def __call__(self, name: str, factory, args_per_rank: list[tuple]) -> list[LocalRank]:
-        return [LocalRank(f"{name}{r}", factory, args, self.threads) for r, args in enumerate(args_per_rank)]
+        plan = faults.FaultPlan.parse(self.faults)  # one plan for the group: a fault fires once
+        return [LocalRank(f"{name} {r}", factory, args, self.threads, plan) for r, args in enumerate(args_per_rank)]
