@@ -26,6 +26,7 @@ oprl teacher-score [RUN_DIR | CONFIG.yaml] teacher.path=T [key=value ...]
                                                     add a teacher's log-probs to a stored experience directory
 oprl bandit [--steps N] [--out DIR] ...             the 3-armed bandit counter-example (docs/paper.md#bandit)
 oprl sweep SWEEP.yaml [--parallel N] [--dry-run]    run a grid of runs (resumable) into results.csv
+           [--backend ray [--address A]]         ... or spread over a Ray cluster (docs/sweeps.md)
 oprl plot RUN_DIR... [--out DIR]                    paper-style figures of any runs
 oprl report SWEEP_DIR                               figures + report.md with the sweep's tables
 oprl serve tinker [key=value ...] [--port P] ...    a Tinker-compatible server on oprl's models (docs/tinker.md)
