@@ -224,6 +224,12 @@ class EvaluatorHandle(Handle):
         return self._call(EvaluatorRole.evaluate, step)
 
 
+class JudgeLost(RuntimeError):
+    """The judge's process died under an explorer's call (killed, out of memory, a lost node), rather than the
+    judge raising: the driver then restarts every worker from the newest checkpoint, as when the teacher dies
+    (docs/runtime.md#self-healing-runs)."""
+
+
 class JudgeClient:
     """The judge as a worker calls it (an explorer scoring a batch): the role's verbs over a ``Peer``, each
     returning its value. Picklable with its peer: it travels to the explorer with its factory arguments."""
@@ -242,4 +248,10 @@ class JudgeClient:
         return self._call(JudgeRole.ping)
 
     def judge(self, rows: list[JudgeRow]) -> Verdicts:
-        return self._call(JudgeRole.judge, rows)
+        try:
+            return self._call(JudgeRole.judge, rows)
+        except Exception as exc:
+            # The backend's word for a dead worker: a worker process's ``ProcessDied``, a Ray actor's error.
+            if getattr(exc, "kind", "") == "ProcessDied" or type(exc).__name__ in ("RayActorError", "ActorDiedError"):
+                raise JudgeLost(f"the judge died while judging {len(rows)} rows: {exc}") from exc
+            raise

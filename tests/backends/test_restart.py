@@ -100,7 +100,9 @@ def test_switch_and_save_faults_fire_on_their_call_once(monkeypatch):
 )
 def test_a_malformed_fault_is_one_line_naming_the_form(monkeypatch, text):
     monkeypatch.setenv(VARIABLE, text)
-    with pytest.raises(OprlError, match=r"is not WORKER@step=N\[\+SECONDS\], WORKER@switch=N or WORKER@save=N"):
+    with pytest.raises(
+        OprlError, match=r"is not WORKER@step=N\[\+SECONDS\], WORKER@switch=N, WORKER@save=N or WORKER@call=N"
+    ):
         FaultPlan.from_environment()
 
 
@@ -120,3 +122,10 @@ def test_rank_faults_are_handed_over_once_per_run(monkeypatch):
     ranks = FaultPlan.parse(handed)
     assert ranks.due("trainer-rank 0", (4, [])) is None and ranks.due("trainer-rank 1", (4, [])) == 0.0
     assert plan.due("explorer 0", (2, 0)) == 0.0  # the others stay the driver's
+
+
+def test_a_call_fault_counts_the_workers_calls():
+    """``judge@call=N``: for a worker whose calls name no step, the N-th call to it dies."""
+    plan = FaultPlan.parse(("judge@call=2",))
+    assert plan.due("judge", ([("p", "c", "r")],)) is None and plan.due("explorer 0", (2, 0)) is None
+    assert plan.due("judge", ([("p", "c", "r")],)) == 0.0 and plan.due("judge", ([],)) is None

@@ -274,3 +274,23 @@ def test_a_killed_trainer_rank_restarts_every_worker_from_the_newest_checkpoint(
     assert deterministic_view(healed) == deterministic_view(whole)
     final = "final/model.safetensors"
     assert (root / "ddp-healed" / final).read_bytes() == (root / "ddp-whole" / final).read_bytes()
+
+
+@pytest.mark.slow  # two runs with a judge process: ~40 s on 2 cores
+def test_a_judge_that_dies_under_an_explorers_call_restarts_every_worker(tmp_path, cache_dir, monkeypatch, capsys):
+    """A model as the judge (judge.path), in its own process: it dies as its second call (an explorer's batch)
+    reaches it. The explorer's call fails with JudgeLost (roles.JudgeClient), the driver counts the judge lost,
+    and every worker starts again from the newest checkpoint; the run equals the undisturbed one."""
+    from conftest import SMALL
+
+    judge = ["judge.path=tiny", "judge.yes_text=1", "judge.no_text=0", "judge.weight=0.1", "judge.name=verdict"]
+    args = [*SMALL, *RUN, *judge, PROCESSES, "runtime.explorers=1", f"output_dir={tmp_path}"]
+    monkeypatch.setenv("OPRL_CACHE_DIR", str(cache_dir))
+    assert main(["train", *args, "run_name=whole"]) == 0
+    monkeypatch.setenv(VARIABLE, "judge@call=4")
+    assert main(["train", *args, "run_name=healed"]) == 0
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
+    assert len(lines) == 1 and lines[0].startswith("judge died (JudgeLost: the judge died while judging"), lines
+    assert "every worker started again" in lines[0], lines[0]
+    assert_same_as_undisturbed(tmp_path, "healed")

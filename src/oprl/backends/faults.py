@@ -8,6 +8,7 @@
                                             (partial rollouts: the switch to the batch's target version)
     OPRL_FAULT="trainer@save=4"             the trainer dies as its part of step 4's checkpoint is asked for
                                             (the buffer's part may be written: the checkpoint is torn)
+    OPRL_FAULT="judge@call=2"               the judge dies as its second call (an explorer's batch) reaches it
 
 A fault is ``WORKER@step=N[+SECONDS]``, ``WORKER@switch=N`` or ``WORKER@save=N``: ``WORKER`` is a worker's name
 with ``:`` for the space (``explorer:1``, ``trainer``, ``teacher``, ``judge``, ``trainer-rank:1`` for a rank of
@@ -15,7 +16,8 @@ a sharded trainer), or a kind alone for any worker of that kind (``explorer``); 
 whose first argument is ``N`` (``explore(batch)``, ``train(step)``, ``score(batch)``, ``evaluate(step)``);
 ``switch=N`` the same call, the worker dying only when a partial rollout's switcher loads other weights in it
 (``oprl.explorer.switcher``: the worker process's ``OPRL_DIE_AT_SWITCH``, set here, is read there); ``save=N`` the
-worker's ``save(directory)`` for the checkpoint of step ``N`` (its staging directory ``.tmp-step-N``). The worker
+worker's ``save(directory)`` for the checkpoint of step ``N`` (its staging directory ``.tmp-step-N``); ``call=N``
+the worker's ``N``-th call, for a worker whose calls name no step (the judge: ``judge(rows)``). The worker
 dies as a ``kill -9`` would leave it (``SIGKILL`` to its own process: no cleanup, no reply). Each fault fires once
 per run: the driver's side of the worker (``processes.ProcessActor``, ``ray_backend.RayActor``) remembers it, so a
 restarted worker regenerating the same batch is not killed again.
@@ -37,9 +39,9 @@ from oprl.errors import OprlError
 
 VARIABLE = "OPRL_FAULT"
 _FAULT = re.compile(
-    r"^(?P<worker>[a-z_-]+(?::\d+)?)@(?:step=(?P<step>\d+)(?:\+(?P<after>\d+(?:\.\d*)?))?|(?P<point>switch|save)=(?P<at>\d+))$"
+    r"^(?P<worker>[a-z_-]+(?::\d+)?)@(?:step=(?P<step>\d+)(?:\+(?P<after>\d+(?:\.\d*)?))?|(?P<point>switch|save|call)=(?P<at>\d+))$"
 )
-_FORM = "WORKER@step=N[+SECONDS], WORKER@switch=N or WORKER@save=N (explorer:0@step=5)"
+_FORM = "WORKER@step=N[+SECONDS], WORKER@switch=N, WORKER@save=N or WORKER@call=N (explorer:0@step=5)"
 SWITCH = "switch"
 """``due``'s answer for a ``switch=N`` fault: the worker dies at the call's first weight switch, not at a time."""
 AT_SWITCH = "OPRL_DIE_AT_SWITCH"
@@ -65,6 +67,8 @@ class FaultPlan:
 
     faults: list[Fault] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _calls: dict[str, int] = field(default_factory=dict, repr=False)
+    """Calls seen per worker (``call=N``)."""
 
     @classmethod
     def from_environment(cls) -> FaultPlan:
@@ -111,15 +115,20 @@ class FaultPlan:
     def due(self, worker: str, args: tuple) -> float | str | None:
         """Seconds after which ``worker`` must die in the call with ``args`` (``SWITCH``: at its first weight
         switch), or None; a fault fires once."""
-        if not self.faults or not args:
+        if not self.faults:
             return None
-        step = args[0] if type(args[0]) is int else None
-        saved = _STAGING.search(args[0]) if isinstance(args[0], str) else None
+        first = args[0] if args else None
+        step = first if type(first) is int else None
+        saved = _STAGING.search(first) if isinstance(first, str) else None
         with self._lock:  # the sender threads of several workers ask at once
+            calls = self._calls[worker] = self._calls.get(worker, 0) + 1
             for fault in self.faults:
                 named = fault.worker == worker or worker.startswith(f"{fault.worker} ")
                 if fault.fired or not named:
                     continue
+                if fault.point == "call" and calls == fault.step:
+                    fault.fired = True
+                    return 0.0
                 if fault.point == "save" and saved is not None and int(saved[1]) == fault.step:
                     fault.fired = True
                     return 0.0

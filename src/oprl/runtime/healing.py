@@ -106,7 +106,7 @@ class Restarts:
         return {"perf/restarts": float(count)} if count else {}
 
 
-STARTED_AGAIN = ("trainer", "teacher", "buffer")
+STARTED_AGAIN = ("trainer", "teacher", "buffer", "judge")
 """Workers whose death starts every worker again from the newest checkpoint (a buffer dies alone only as a
 Ray actor on a lost node: locally it is a thread of the driver)."""
 
