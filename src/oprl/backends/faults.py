@@ -57,7 +57,8 @@ class Fault:
     after: float = 0.0
     """Seconds into the call."""
     point: str = "step"
-    """``step`` (the call), ``switch`` (its first weight switch) or ``save`` (a checkpoint part's save)."""
+    """``step`` (the call), ``switch`` (its first weight switch), ``save`` (a checkpoint part's save) or ``call``
+    (the worker's ``step``-th call)."""
     fired: bool = False
 
 
