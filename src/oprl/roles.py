@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from oprl.backends.base import Actor, Peer, Pending
+from oprl.backends.failure import process_died
 from oprl.messages import (
     Experience,
     ExploreResult,
@@ -251,7 +252,6 @@ class JudgeClient:
         try:
             return self._call(JudgeRole.judge, rows)
         except Exception as exc:
-            # The backend's word for a dead worker: a worker process's ``ProcessDied``, a Ray actor's error.
-            if getattr(exc, "kind", "") == "ProcessDied" or type(exc).__name__ in ("RayActorError", "ActorDiedError"):
+            if process_died(exc):
                 raise JudgeLost(f"the judge died while judging {len(rows)} rows: {exc}") from exc
             raise

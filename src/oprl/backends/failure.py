@@ -25,6 +25,17 @@ import traceback
 from typing import Any
 
 
+def is_kind(exc: BaseException | None, kind: str) -> bool:
+    """Is ``exc`` an exception of type ``kind``, raised here or in a worker process (``RemoteError.kind``)?"""
+    return exc is not None and kind in (type(exc).__name__, getattr(exc, "kind", ""))
+
+
+def process_died(exc: BaseException | None) -> bool:
+    """Did a call fail because the process that ran it died (a worker process's ``ProcessDied``, a Ray actor's
+    error), rather than by raising? Which worker died is ``Backend.lost``'s question; this asks only how."""
+    return is_kind(exc, "ProcessDied") or is_kind(exc, "RayActorError") or is_kind(exc, "ActorDiedError")
+
+
 class WorkerFailure(RuntimeError):
     """A worker (explorer, trainer, buffer) raised or died; the message is one line naming it, what it was
     doing, the cause, and the checkpoint to resume from. The original exception is chained."""

@@ -414,7 +414,7 @@ class Driver:
             self._restart_explorer(call, exc)
             return
         component, doing = call.component, call.doing
-        judge_lost = "JudgeLost" in (type(exc).__name__, getattr(exc, "kind", ""))
+        judge_lost = failure.is_kind(exc, "JudgeLost")
         if judge_lost:  # the explorer is fine: the judge it called died (roles.JudgeClient)
             component = "judge"
         if call.kind == "train":
@@ -428,7 +428,7 @@ class Driver:
                 message += self.restarts.spent()
             holder = {"trainer": self.trainer, "teacher": self.teacher, "buffer": self.buffer}.get(component)
             # A sharded trainer's rank that died is a lost trainer too (its front raises ``RankLost``).
-            rank_lost = "RankLost" in (type(exc).__name__, getattr(exc, "kind", ""))
+            rank_lost = failure.is_kind(exc, "RankLost")
             lost = judge_lost or (holder is not None and (self.backend.lost(exc, holder.actor) or rank_lost))
             self.failure = Failure(component, " ".join(message.split()), exc, lost)
         for future in [f for f, c in self.calls.items() if c.kind in ("explore", "restart")]:

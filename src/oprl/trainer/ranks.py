@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from oprl.backends.failure import process_died
 from oprl.checkpoint.files import SHARDS, load_rng, read_json, save_rng, write_json
 from oprl.config.sections import check_trainer_device
 from oprl.errors import OprlError
@@ -195,11 +196,6 @@ RANK_GRACE_S = 5.0
 """Seconds the front waits, after one rank's call failed, for the others' to settle (see ``_gather``)."""
 
 
-def _died(exc: BaseException | None) -> bool:
-    """Did a rank's call fail because its process died (a worker process, a Ray actor), not by raising?"""
-    return getattr(exc, "kind", "") == "ProcessDied" or type(exc).__name__ in ("RayActorError", "ActorDiedError")
-
-
 class RankLost(RuntimeError):
     """A trainer rank's process died (killed, out of memory, a lost node), rather than raising: the driver then
     restarts every worker from the newest checkpoint, as when a single-process trainer dies
@@ -244,14 +240,14 @@ class ShardedTrainer:
                 # errors can arrive first: give the others a moment, and name the death when there is one.
                 wait(pending, timeout=RANK_GRACE_S)
                 failed = [f for f in futures if f.done() and f.exception() is not None]
-                failed.sort(key=lambda f: not _died(f.exception()))
+                failed.sort(key=lambda f: not process_died(f.exception()))
                 rank = futures.index(failed[0])
                 self.stop()
                 exc = failed[0].exception()
                 text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 if type(exc).__name__ == "OprlError" or getattr(exc, "kind", "") == "OprlError":
                     raise OprlError(getattr(exc, "message", text))
-                if _died(exc):
+                if process_died(exc):
                     raise RankLost(f"trainer rank {rank} died {doing}: {text}")
                 raise RuntimeError(f"trainer rank {rank} failed {doing}: {text}")
         return [f.result() for f in futures]
