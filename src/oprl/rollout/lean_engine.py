@@ -142,13 +142,16 @@ def recompute_prefix(
     return output_cache(out), mask, mask.sum(1), out.logits[:, -1]
 
 
-def sample_token(logits: torch.Tensor, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_token(
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of ``logits`` (L, V); returns ``(token (L,), log-prob (L,))`` under ``sampling``'s
     temperature-scaled, truncated distribution the token was drawn from (``Sampling``: the rule the trainer
-    rebuilds)."""
+    rebuilds). ``generator``: draw from it instead of torch's default one (the Tinker server gives each request
+    its own, so a request's draws do not depend on what it was batched with)."""
     scores = logits.float() / sampling.temperature  # (L, V)
     if sampling.truncates:
         scores = scores.masked_fill(~sampling.kept(scores), float("-inf"))
     logp = torch.log_softmax(scores, dim=-1)  # (L, V)
-    token = torch.multinomial(logp.exp(), num_samples=1)  # (L, 1)
+    token = torch.multinomial(logp.exp(), num_samples=1, generator=generator)  # (L, 1)
     return token.squeeze(-1), logp.gather(-1, token).squeeze(-1)

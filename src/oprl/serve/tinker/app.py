@@ -11,6 +11,12 @@ one compute thread, whatever order they arrive in (the SDK sends the chunks of o
 parallel); a request whose ``(model_id, seq_id)`` (or ``(sampling_session_id, seq_id)``) was seen before gets
 the first one's ``request_id``, so a retried POST never computes twice.
 
+Batched sampling: sample requests of one sampling client wait in a queue; the first to arrive schedules, after
+``sample_window`` seconds, one job on the compute thread that takes every request queued by the time it runs (up to
+``batch_rows`` sampled rows) and answers them from one engine call (``TinkerModels.sample``). tinker-cookbook sends
+a batch's prompts (or a group's members) as separate requests at once; one at a time, each paid a prefill and a
+decode loop of its own. What a request gets does not depend on its batch (``sampling.py``).
+
 Sessions and isolation: a session belongs to the API key that created it; a request naming a model or sampler
 of a session created under another key is refused (404, the same answer as an unknown id). Heartbeats keep a
 session; one silent for ``session_timeout`` seconds, or finished, is closed and its models freed.
@@ -26,6 +32,7 @@ import hashlib
 import ipaddress
 import itertools
 import json
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -46,6 +53,11 @@ from oprl.serve.tinker.sampling import check_sampling_params
 
 POLL_S = 10.0
 """How long one ``retrieve_future`` waits for its result before answering try_again (the SDK's timeout is 45 s)."""
+SAMPLE_WINDOW_S = 0.01
+"""How long the first queued sample request of a sampler waits for others before its batch is scheduled: the SDK's
+concurrent requests arrive within milliseconds, one engine call takes tens of them at least."""
+BATCH_ROWS = 256
+"""Most sampled rows (sum of ``num_samples``) one engine call takes; the rest wait for the next (bounds memory)."""
 MAX_RESULTS = 4096
 """Finished results kept for (re)retrieval, oldest dropped first: bounds memory over a long session."""
 PROTO = "application/x-protobuf"
@@ -83,8 +95,21 @@ class ClientSession:
 class TinkerServer:
     """State shared by the routes: sessions, results, per-model order, and the compute thread."""
 
-    def __init__(self, backend: TinkerModels, *, api_keys: list[str], session_timeout: float, max_body: int):
+    def __init__(
+        self,
+        backend: TinkerModels,
+        *,
+        api_keys: list[str],
+        session_timeout: float,
+        max_body: int,
+        sample_window: float = SAMPLE_WINDOW_S,
+        batch_rows: int = BATCH_ROWS,
+    ):
         self.backend = backend
+        self.sample_window = sample_window
+        self.batch_rows = batch_rows
+        self.queued: dict[str, list[tuple[dict[str, Any], Result]]] = {}  # sampler id -> requests waiting
+        self.queue_lock = threading.Lock()  # the routes append, the compute thread takes
         self.api_keys = set(api_keys)
         self.session_timeout = session_timeout
         self.max_body = max_body
@@ -115,10 +140,8 @@ class TinkerServer:
             try:
                 body, media = work()
                 outcome = {"body": body, "media": media}
-            except (UserError, LossError, wire.WireError, OprlError) as exc:
-                outcome = {"error": str(exc), "category": "user"}
-            except Exception as exc:  # a bug: the request fails, the server keeps serving
-                outcome = {"error": f"internal error: {type(exc).__name__}: {exc}", "category": "server"}
+            except Exception as exc:  # the request fails (a bug too), the server keeps serving
+                outcome = _failure(exc)
             loop.call_soon_threadsafe(self._finish, result, outcome)
 
         if key is None:
@@ -134,6 +157,42 @@ class TinkerServer:
                 ordered.next_seq += 1
         self._trim()
         return request_id
+
+    def submit_sample(self, sampler: Sampler, request: dict[str, Any]) -> str:
+        """Queue a sample request for its sampler's next batch (module docstring); returns the request id."""
+        request_id = uuid.uuid4().hex
+        result = self.results[request_id] = Result()
+        loop = asyncio.get_running_loop()
+        with self.queue_lock:
+            first = sampler.sampler_id not in self.queued  # no batch of this sampler is scheduled yet
+            self.queued.setdefault(sampler.sampler_id, []).append((request, result))
+        if first:
+            loop.call_later(self.sample_window, lambda: self.executor.submit(self._sample_batch, sampler, loop))
+        self._trim()
+        return request_id
+
+    def _sample_batch(self, sampler: Sampler, loop: asyncio.AbstractEventLoop) -> None:
+        """On the compute thread: take the sampler's queued requests (up to ``batch_rows`` rows), answer them from
+        one engine call; what is left is the next batch, scheduled at once."""
+        with self.queue_lock:
+            queue = self.queued[sampler.sampler_id]
+            taken, rows = [], 0
+            while queue and (not taken or rows + _rows(queue[0][0]) <= self.batch_rows):
+                rows += _rows(queue[0][0])
+                taken.append(queue.pop(0))
+            if queue:
+                self.executor.submit(self._sample_batch, sampler, loop)
+            else:
+                del self.queued[sampler.sampler_id]  # the next request schedules a new batch
+        try:
+            outcomes = self.backend.sample(sampler, [request for request, _ in taken])
+            finished = [
+                _failure(o) if isinstance(o, Exception) else {"body": o, "media": PROTO} for o in outcomes
+            ]  # fmt: skip
+        except Exception as exc:  # the whole call failed (the sampler's model closed, a bug): each request says so
+            finished = [_failure(exc)] * len(taken)
+        for (_, result), outcome in zip(taken, finished, strict=True):
+            loop.call_soon_threadsafe(self._finish, result, outcome)
 
     def _finish(self, result: Result, outcome: dict[str, Any]) -> None:
         for name, value in outcome.items():
@@ -200,6 +259,21 @@ class TinkerServer:
 
 class NotFound(LookupError):
     """An id this caller may not see (unknown, or another key's): HTTP 404 naming the field."""
+
+
+def _failure(exc: Exception) -> dict[str, str]:
+    """A failed request's outcome: the client's to fix (``user``) or the server's (a bug, ``server``)."""
+    if isinstance(exc, UserError | LossError | wire.WireError | OprlError):
+        return {"error": str(exc), "category": "user"}
+    return {"error": f"internal error: {type(exc).__name__}: {exc}", "category": "server"}
+
+
+def _rows(request: dict[str, Any]) -> int:
+    """Rows a sample request adds to a batch (its num_samples, checked later; a bad value counts as one)."""
+    try:
+        return max(1, int(request.get("num_samples", 1)))
+    except (TypeError, ValueError):
+        return 1
 
 
 def _error(status: int, detail: str) -> JSONResponse:
@@ -465,7 +539,7 @@ def create_app(server: TinkerServer) -> FastAPI:
         if key in server.sampled:  # a retried sample
             request_id = server.sampled[key]
         else:
-            request_id = server.sampled[key] = server.submit(lambda: (server.backend.sample(sampler, data), PROTO))
+            request_id = server.sampled[key] = server.submit_sample(sampler, data)
         return future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(n)])
 
     @app.post("/api/v1/retrieve_future")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import secrets
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from oprl.models.logprobs import pack, response_logprobs
 from oprl.serve.tinker import wire
 from oprl.serve.tinker.errors import UserError, base_of, check_tokens, context_of
 from oprl.serve.tinker.losses import OPTIONAL_INPUTS, LossSpec, compute_loss
-from oprl.serve.tinker.sampling import SERVED, sample
+from oprl.serve.tinker.sampling import SERVED, sample_batch
 
 DEFAULT_MODELS = {
     "oprl/tiny": "tiny",
@@ -165,6 +165,7 @@ class TinkerModels:
         self.samplers: dict[str, Sampler] = {}
         self.frozen: dict[str, tuple[Any, Any]] = {}  # base name -> (model, tokenizer), for base-model sampling
         self.hosts: dict[str, Policy] = {}  # model_path -> a policy built to sample from a file
+        self.sample_batches: deque[int] = deque(maxlen=1024)  # requests per engine call, newest last (tests, logs)
 
     # ---- training models ----------------------------------------------------------------------------------
 
@@ -380,14 +381,17 @@ class TinkerModels:
 
     # ---- sampling ------------------------------------------------------------------------------------------
 
-    def sample(self, sampler: Sampler, request: dict[str, Any]) -> bytes:
-        """``num_samples`` continuations of the prompt from the sampler's weights (and the prompt's log-probs
-        when asked), as an encoded ``SampleResponse``."""
+    def sample(self, sampler: Sampler, requests: list[dict[str, Any]]) -> list[bytes | UserError]:
+        """For each request, ``num_samples`` continuations of its prompt from the sampler's weights (and the
+        prompt's log-probs when asked) as an encoded ``SampleResponse``, or the ``UserError`` refusing it; the
+        requests run as one engine call (``sampling.sample_batch``), on weights swapped in once."""
         model, tokenizer, restore = self._weights_for(sampler)
         try:
-            return sample(model, tokenizer, request, self.device)
+            outcomes = sample_batch(model, tokenizer, requests, self.device)
         finally:
             restore()
+        self.sample_batches.append(len(requests))
+        return outcomes
 
     def _weights_for(self, sampler: Sampler):
         """``(module, tokenizer, restore)``: a module holding the sampler's weights for one call."""

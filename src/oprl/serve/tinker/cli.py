@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from oprl.errors import OprlError
-from oprl.serve.tinker.app import TinkerServer, create_app, is_loopback
+from oprl.serve.tinker.app import BATCH_ROWS, SAMPLE_WINDOW_S, TinkerServer, create_app, is_loopback
 from oprl.serve.tinker.backend import DEFAULT_MODELS, ModelTable, TinkerModels
 
 
@@ -37,6 +37,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--session-timeout", type=float, default=300.0, help="seconds without heartbeat before a "
                    "session's models are freed (default 300)")  # fmt: skip
     p.add_argument("--max-body-mb", type=float, default=256.0, help="largest request body (default 256 MB)")
+    p.add_argument("--sample-window-ms", type=float, default=SAMPLE_WINDOW_S * 1000, help="how long a sampler's "
+                   "first queued sample request waits for others to batch with (default %(default)g ms)")  # fmt: skip
+    p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="most sampled rows (sum of num_samples) in "
+                   "one batched engine call (default %(default)d)")  # fmt: skip
     return p
 
 
@@ -48,8 +52,14 @@ def build_server(
     state_dir: str | Path | None = None,
     session_timeout: float = 300.0,
     max_body_mb: float = 256.0,
+    sample_window_ms: float = SAMPLE_WINDOW_S * 1000,
+    batch_rows: int = BATCH_ROWS,
 ) -> TinkerServer:
     """The server object (``create_app(server)`` is its ASGI app); arguments as on the command line."""
+    if sample_window_ms < 0:
+        raise OprlError(f"--sample-window-ms: must be >= 0, got {sample_window_ms}")
+    if batch_rows < 1:
+        raise OprlError(f"--batch-rows: must be >= 1, got {batch_rows}")
     entries = dict(DEFAULT_MODELS)
     for item in models or []:
         name, sep, path = item.partition("=")
@@ -67,7 +77,12 @@ def build_server(
     directory = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="oprl-tinker-"))
     backend = TinkerModels(ModelTable(entries, settings, resolved), directory, resolved)
     return TinkerServer(
-        backend, api_keys=list(api_keys or []), session_timeout=session_timeout, max_body=int(max_body_mb * 2**20)
+        backend,
+        api_keys=list(api_keys or []),
+        session_timeout=session_timeout,
+        max_body=int(max_body_mb * 2**20),
+        sample_window=sample_window_ms / 1000,
+        batch_rows=batch_rows,
     )
 
 
@@ -84,6 +99,8 @@ def main(argv: list[str]) -> int:
         state_dir=args.state_dir,
         session_timeout=args.session_timeout,
         max_body_mb=args.max_body_mb,
+        sample_window_ms=args.sample_window_ms,
+        batch_rows=args.batch_rows,
     )
     import uvicorn
 

@@ -1,21 +1,30 @@
-"""Sampling for the Tinker server: ``num_samples`` continuations of one prompt from whatever weights the
-caller put in the module, with each sampled token's log-prob under the distribution it was drawn from (the lean
-engine's ``sample_token`` under ``SERVED``), and the prompt's own log-probs (``compute_logprobs``).
+"""Sampling for the Tinker server: ``num_samples`` continuations of a prompt from whatever weights the caller put
+in the module, with each sampled token's log-prob under the distribution it was drawn from (the lean engine's
+``sample_token`` under ``SERVED``), and the prompt's own log-probs (``compute_logprobs``).
 
 Only ``SERVED``, temperature 1 without top-k/top-p truncation, is served: ``forward_backward`` scores under it,
 so only those samples carry behaviour log-probs the trainer reproduces (ρ = 1 on-policy, tested).
+
+Batching: ``sample_batch`` runs several requests on the same weights as one engine call (the server gathers the
+requests of one sampling client that arrive together, ``app.py``): every distinct prompt is prefilled once, and
+each decode step is one model call for every row of every request. Each request draws from **its own generator**
+(seeded: ``seed``'s; unseeded: seeded from one draw of the process's generator, so unseeded requests differ), on
+its own rows only, and a request draws exactly as many steps as it would alone: what a request gets does not
+depend on what it was batched with, up to the float rounding of a wider padded batch (tokens equal, log-probs
+within 1e-5 on the CPU, tested).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from oprl.models.batching import cache_kwarg, output_cache, prefill_shared_prompts
 from oprl.models.truncation import PLAIN, Sampling
-from oprl.rollout.lean_engine import sample_token
+from oprl.rollout.lean_engine import COMPACT_FRACTION, sample_token
 from oprl.serve.tinker import wire
 from oprl.serve.tinker.errors import UserError, check_tokens, context_of
 
@@ -47,13 +56,25 @@ def check_sampling_params(params: dict[str, Any]) -> None:
         raise UserError(f"sampling_params.max_tokens: must be >= 1, got {params['max_tokens']}")
 
 
-@torch.no_grad()
-def sample(model, tokenizer, request: dict[str, Any], device) -> bytes:
+@dataclass
+class Planned:
+    """One checked sample request: what to draw, how long, where to stop, from which generator."""
+
+    prompt: list[int]
+    n: int
+    max_tokens: int
+    stop_tokens: set[int]
+    stop_strings: list[str]
+    seed: int | None
+    request: dict[str, Any]
+
+
+def plan(tokenizer, model, request: dict[str, Any]) -> Planned:
+    """Check a sample request against the model (``UserError`` naming the field) before anything runs."""
     prompt = [t for chunk in request["prompt"]["chunks"] for t in chunk.get("tokens", [])]
-    params = request["sampling_params"]
+    params = request.get("sampling_params") or {}
     n = int(request.get("num_samples", 1))
-    vocab = len(tokenizer)
-    check_tokens(prompt, vocab, "prompt")
+    check_tokens(prompt, len(tokenizer), "prompt")
     if not prompt:
         raise UserError("prompt: empty")
     if not 1 <= n <= 1024:
@@ -66,20 +87,54 @@ def sample(model, tokenizer, request: dict[str, Any], device) -> bytes:
             f"sampling_params.max_tokens: prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed the "
             f"model's context of {limit}"
         )
+    if request.get("prompt_logprobs") and request.get("prompt_logprobs_last_n") is not None:
+        last = int(request["prompt_logprobs_last_n"])
+        if not 1 <= last <= len(prompt) - 1:
+            raise UserError(f"prompt_logprobs_last_n: must be between 1 and {len(prompt) - 1}, got {last}")
     stop_tokens, stop_strings = _stops(params.get("stop"), tokenizer)
-    prompt_logprobs = _prompt_logprobs(model, prompt, request, device) if request.get("prompt_logprobs") else None
     seed = params.get("seed")
+    return Planned(prompt, n, max_tokens, stop_tokens, stop_strings, None if seed is None else int(seed), request)
+
+
+@torch.no_grad()
+def sample(model, tokenizer, request: dict[str, Any], device) -> bytes:
+    """One request alone: ``sample_batch`` of one (the same draws it gets in any batch)."""
+    (outcome,) = sample_batch(model, tokenizer, [request], device)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+@torch.no_grad()
+def sample_batch(model, tokenizer, requests: list[dict[str, Any]], device) -> list[bytes | UserError]:
+    """Each request's encoded ``SampleResponse`` (or the ``UserError`` that refuses it alone), the valid ones
+    sampled together in one decode loop (module docstring)."""
+    outcomes: list[bytes | UserError | None] = [None] * len(requests)
+    planned: list[tuple[int, Planned]] = []
+    for i, request in enumerate(requests):
+        try:
+            planned.append((i, plan(tokenizer, model, request)))
+        except UserError as exc:
+            outcomes[i] = exc
+    if planned:
+        plans = [p for _, p in planned]
+        # Generators in arrival order; an unseeded request takes one draw of the process's generator, so the
+        # next unseeded request (cookbook groups: one num_samples=1 request per member) draws something else.
+        generators = [_generator(p.seed, device) for p in plans]
+        sequences = _decode(model, tokenizer, plans, generators, device)
+        for (i, p), rows in zip(planned, sequences, strict=True):
+            scored = p.request.get("prompt_logprobs")
+            prompt_logprobs = _prompt_logprobs(model, p.prompt, p.request, device) if scored else None
+            outcomes[i] = wire.encode_sample_response(rows, prompt_logprobs)
+    return outcomes  # type: ignore[return-value]  # every slot filled above
+
+
+def _generator(seed: int | None, device) -> torch.Generator:
     if seed is None:
-        # Unseeded draws advance the process's generator: requests for the same prompt must differ
-        # (tinker-cookbook sends a group as num_samples=1 requests, one per member; in a forked, restored state
-        # every member would be the same sequence and every group's advantages zero).
-        sequences = _decode(model, tokenizer, prompt, n, max_tokens, stop_tokens, stop_strings, device)
-    else:
-        # Seeded: reproducible, and leaves the unseeded requests' generator where it was.
-        with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
-            torch.manual_seed(int(seed))
-            sequences = _decode(model, tokenizer, prompt, n, max_tokens, stop_tokens, stop_strings, device)
-    return wire.encode_sample_response(sequences, prompt_logprobs)
+        seed = int(torch.randint(0, 2**62, (1,)))  # advances the process's generator: unseeded requests differ
+    generator = torch.Generator(device=torch.device(device))
+    generator.manual_seed(seed % 2**64)
+    return generator
 
 
 def _stops(stop, tokenizer) -> tuple[set[int], list[str]]:
@@ -92,33 +147,62 @@ def _stops(stop, tokenizer) -> tuple[set[int], list[str]]:
     return tokens, strings
 
 
-def _decode(model, tokenizer, prompt, n, max_tokens, stop_tokens, stop_strings, device) -> list[wire.Sequence]:
-    """The lean engine's decode step (``sample_token`` under ``SERVED``) on one prompt prefilled once for its
-    ``n`` rows; a row ends at a stop token (kept) or once its text holds a stop string."""
+def _decode(model, tokenizer, plans: list[Planned], generators, device) -> list[list[wire.Sequence]]:
+    """The lean engine's decode loop over every row of every request (prompts left-padded, each distinct prompt
+    prefilled once, the attention mask growing a column a step). Per step, each unfinished request draws one
+    token for each of its rows with ``sample_token`` under ``SERVED`` from its generator; a row ends at a stop
+    token (kept) or once its text holds a stop string, a request once all its rows ended or it drew
+    ``max_tokens``. Rows of finished requests leave the batch (in bulk, as in the lean engine)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    prefill = prefill_shared_prompts(model, [prompt] * n, pad, device, logits_to_keep=1)
+    owner = [k for k, p in enumerate(plans) for _ in range(p.n)]  # batch row -> request
+    members = [[r for r, o in enumerate(owner) if o == k] for k in range(len(plans))]  # request -> batch rows
+    prompts = [p.prompt for p in plans for _ in range(p.n)]
+    prefill = prefill_shared_prompts(model, prompts, pad, device, logits_to_keep=1)
     cache, name = prefill.cache, cache_kwarg(model)
-    logits = prefill.output.logits[:, -1][prefill.rows]  # (n, V)
-    position = prefill.next_position  # (n,)
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    logprobs: list[list[float]] = [[] for _ in range(n)]
-    done = [False] * n
-    stopped = [False] * n
-    for _step in range(max_tokens):
-        token, logprob = sample_token(logits, SERVED)  # (n,), (n,)
-        for row, (t, lp) in enumerate(zip(token.tolist(), logprob.tolist(), strict=True)):
-            if done[row]:
+    logits = prefill.output.logits[:, -1][prefill.rows]  # (B, V)
+    attention, position = prefill.attention, prefill.next_position  # (B, P) grows a column a step; (B,)
+    live = list(range(len(owner)))  # batch row of each cache row
+    tokens: list[list[int]] = [[] for _ in owner]
+    logprobs: list[list[float]] = [[] for _ in owner]
+    done, stopped = [False] * len(owner), [False] * len(owner)
+    finished = [False] * len(plans)
+    step = 0
+    while True:
+        where = {row: c for c, row in enumerate(live)}  # batch row -> cache row
+        fed = torch.full((len(live),), pad, dtype=torch.long, device=logits.device)  # (L,)
+        for k, p in enumerate(plans):
+            if finished[k]:
                 continue
-            tokens[row].append(t)
-            logprobs[row].append(lp)
-            text = tokenizer.decode(tokens[row]) if stop_strings else ""
-            if t in stop_tokens or any(s in text for s in stop_strings):
-                done[row] = stopped[row] = True
-        if all(done):
+            rows = members[k]
+            index = torch.tensor([where[r] for r in rows], device=logits.device)
+            token, logprob = sample_token(logits[index], SERVED, generators[k])  # (n,), (n,)
+            fed[index] = token
+            for row, t, lp in zip(rows, token.tolist(), logprob.tolist(), strict=True):
+                if done[row]:
+                    continue
+                tokens[row].append(t)
+                logprobs[row].append(lp)
+                text = tokenizer.decode(tokens[row]) if p.stop_strings else ""
+                if t in p.stop_tokens or any(s in text for s in p.stop_strings):
+                    done[row] = stopped[row] = True
+            finished[k] = step + 1 >= p.max_tokens or all(done[r] for r in rows)
+        step += 1
+        if all(finished):
             break
-        out = model(input_ids=token[:, None], position_ids=position[:, None], use_cache=True, **{name: cache})
+        leaving = [c for c, row in enumerate(live) if finished[owner[row]]]
+        if leaving and len(leaving) >= max(1, COMPACT_FRACTION * len(live)):
+            keep = torch.tensor([c for c in range(len(live)) if not finished[owner[live[c]]]], device=logits.device)
+            cache.reorder_cache(keep)
+            live = [live[c] for c in keep.tolist()]
+            attention, position, fed = attention[keep], position[keep], fed[keep]
+        attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
+        out = model(
+            input_ids=fed[:, None], attention_mask=attention, position_ids=position[:, None], use_cache=True,
+            **{name: cache},
+        )  # fmt: skip
         cache, logits, position = output_cache(out), out.logits[:, -1], position + 1
-    return [wire.Sequence(t, lp, s) for t, lp, s in zip(tokens, logprobs, stopped, strict=True)]
+    sequences = [wire.Sequence(t, lp, s) for t, lp, s in zip(tokens, logprobs, stopped, strict=True)]
+    return [[sequences[r] for r in rows] for rows in members]
 
 
 def _prompt_logprobs(model, prompt: list[int], request: dict[str, Any], device) -> list[float]:
@@ -128,8 +212,6 @@ def _prompt_logprobs(model, prompt: list[int], request: dict[str, Any], device) 
     values = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
     out = [math.nan, *values]
     last = request.get("prompt_logprobs_last_n")
-    if last is not None:
-        if not 1 <= int(last) <= len(prompt) - 1:
-            raise UserError(f"prompt_logprobs_last_n: must be between 1 and {len(prompt) - 1}, got {last}")
+    if last is not None:  # its range was checked by plan()
         out[: len(prompt) - int(last)] = [math.nan] * (len(prompt) - int(last))
     return out
