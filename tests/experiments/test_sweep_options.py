@@ -100,3 +100,22 @@ def test_a_selection_of_nothing_is_refused(tmp_path):
     }
     with pytest.raises(OprlError, match="selects no run"):
         sweep.run_sweep(write(tmp_path, spec), dry_run=True, only=["preset=grpo", "seed=1"], log=lambda line: None)
+
+
+def test_kept_runs_count_as_finished_and_replace_unfinished_leftovers(tmp_path):
+    """``keep:`` (docs/sweeps.md): a run kept as finished is restored into the output directory before planning,
+    replacing an unfinished leftover of it; a dry run counts it as finished and writes nothing."""
+    kept, out = tmp_path / "kept", tmp_path / "out"
+    name = "preset=reinforce__setting=lag-0__seed=0"
+    (kept / name).mkdir(parents=True)
+    for file in sweep.KEPT_FILES:
+        (kept / name / file).write_text(file)
+    (kept / "preset=grpo__setting=lag-0__seed=0").mkdir()  # no summary: not finished, not restored
+    logged = []
+    sweep.run_sweep(write(tmp_path), dry_run=True, keep=kept, only=["seed=0"], log=logged.append)
+    assert "6 selected by --only, 1 already finished, 5 to run" in logged[0] and not out.exists()
+    (out / name / "checkpoints").mkdir(parents=True)  # an unfinished leftover of the same run
+    assert sweep.restore_kept(sweep.plan(SPEC), out, kept) == 1
+    assert sorted(p.name for p in (out / name).iterdir()) == sorted(sweep.KEPT_FILES)
+    assert not (out / "preset=grpo__setting=lag-0__seed=0").exists()
+    assert sweep.restore_kept(sweep.plan(SPEC), out, kept) == 0  # already there: nothing copied twice

@@ -49,8 +49,11 @@ def test_plan_is_the_cartesian_product(tmp_path):
 
 
 def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
+    kept = tmp_path / "kept"  # what a user commits: the runs' light files (keep:)
     spec = write_spec(
-        tmp_path, report={"groups": {"clipping or not": ["grpo", "rec-oneside-nois"]}, "threshold_gain": 0.01}
+        tmp_path,
+        report={"groups": {"clipping or not": ["grpo", "rec-oneside-nois"]}, "threshold_gain": 0.01},
+        keep=str(kept),
     )
     base = yaml.safe_load(spec.read_text())
     base["overrides"].append("algorithm.log_ref_kl_every=1")
@@ -77,6 +80,14 @@ def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     capsys.readouterr()
     assert sweep.main([str(spec)]) == 0
     assert "4 already finished, 0 to run" in capsys.readouterr().out
+    # keep: every finished run's light files, and nothing heavy; a machine that lost the run directories resumes
+    # from them: nothing runs again and the table is the same.
+    assert sorted(p.name for p in (kept / first.name).iterdir()) == sorted(sweep.KEPT_FILES)
+    table = (out / "results.csv").read_text()
+    shutil.rmtree(out)
+    assert sweep.main([str(spec)]) == 0
+    assert "4 finished run(s) restored" in capsys.readouterr().out
+    assert (out / "results.csv").read_text() == table
     assert report.main([str(out)]) == 0
     text = (out / "report.md").read_text()
     assert "| grpo |" in text and "offline" in text and "on-policy" in text

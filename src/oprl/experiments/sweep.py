@@ -29,7 +29,10 @@ run first, an on-policy anchor for one method only; configs/sweeps/smollm2-stale
 Finished runs (a ``summary.json`` in their directory) are skipped, so an interrupted sweep is resumed by
 running the same command again; an unfinished run that committed a checkpoint (``checkpoint.interval > 0``)
 continues from it (``resume=true``: no row lost or repeated), any other unfinished run directory is cleared and
-that run starts over. Long sweeps (hours, across sessions) should therefore checkpoint every few steps. Runs execute
+that run starts over. Long sweeps (hours, across sessions) should therefore checkpoint every few steps. ``keep: DIR``
+(``--keep DIR``) copies each finished run's light files (``KEPT_FILES``: config, summary, metrics; no weights) into
+``DIR/<run>/`` as it finishes, and restores them into the output directory before planning, so a sweep whose run
+directories were lost with a machine (runs/ is not committed; DIR can be) resumes where it stopped. Runs execute
 ``oprl train`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_runner``: torch and
 transformers are imported once per runner, not once per run); each run's output goes to ``logs/<run>.log``.
 ``backend: ray`` (``--backend ray``) spreads the runs over a Ray cluster's nodes instead, one Ray task per attempt,
@@ -62,8 +65,10 @@ STOP_GRACE_S = 120.0
 
 SPEC_KEYS = (
     "output_dir", "parallel", "config", "overrides", "final_overrides", "grid", "report",
-    "backend", "retries", "cpus_per_run",
+    "backend", "retries", "cpus_per_run", "keep",
 )  # fmt: skip
+KEPT_FILES = ("config.yaml", "summary.json", "metrics.jsonl")
+"""What ``keep:`` copies of a finished run: all that its results row, report and curves are read from."""
 BACKENDS = ("local", "ray")
 """Where the runs execute: the local pool of runner processes (default), or the tasks of a Ray cluster."""
 
@@ -218,13 +223,15 @@ def run_sweep(
     retries: int | None = None,
     cpus_per_run: float | None = None,
     address: str | None = None,
+    keep: Path | None = None,
     log=print,
 ) -> Path:
     """Run the spec's unfinished runs (module docstring). ``only``: run just the runs matching these
     ``axis=values`` selections (``select``), into the same directory as the whole sweep (they are its runs).
     ``sets``: ``key=value`` overrides on every run (``with_overrides``); such runs differ from the spec's, so they go
     to ``<output_dir>+<key=value,...>`` unless ``out_dir`` says where. ``backend``, ``retries``, ``cpus_per_run``:
-    the spec's keys of these names, replaced; ``address``: the Ray cluster to use (``backend="ray"`` only)."""
+    the spec's keys of these names, replaced; ``address``: the Ray cluster to use (``backend="ray"`` only);
+    ``keep``: the spec's ``keep:``, replaced (``restore_kept`` and ``keep_run``)."""
     check_backend_options(backend, retries, cpus_per_run)
     spec = load_spec(spec_path)
     backend = backend or spec.get("backend") or "local"
@@ -244,7 +251,13 @@ def run_sweep(
     parallel = max(1, parallel or int(spec.get("parallel") or 1))
     retries = next(r for r in (retries, spec.get("retries"), 1) if r is not None)
     cpus_per_run = float(cpus_per_run or spec.get("cpus_per_run") or 1)
-    todo = [r for r in chosen if not (out / r.name / "summary.json").is_file()]
+    keep = Path(keep or spec.get("keep")) if (keep or spec.get("keep")) else None
+    if keep is not None and not dry_run:
+        restored = restore_kept(chosen, out, keep)
+        if restored:
+            log(f"sweep {out}: {restored} finished run(s) restored from {keep}")
+    done_in = [out] + ([keep] if keep is not None else [])  # a dry run restores nothing but counts kept runs
+    todo = [r for r in chosen if not any((d / r.name / "summary.json").is_file() for d in done_in)]
     selected = f", {len(chosen)} selected by --only" if only else ""
     how = f"on Ray, {cpus_per_run:g} CPU(s) each, a failed run tried again up to {retries} time(s)"
     how, finished = f"{parallel} at a time" if backend == "local" else how, len(chosen) - len(todo)
@@ -255,10 +268,15 @@ def run_sweep(
         return out
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    kept = (lambda run: keep_run(out / run.name, keep / run.name)) if keep is not None else (lambda run: None)
     if backend == "ray":
-        failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log)
+        failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, kept)
     else:
-        failures = _execute(todo, spec, out, parallel, log)
+        failures = _execute(todo, spec, out, parallel, log, kept)
+    if keep is not None:  # runs that finished before the sweep kept anything (or under another command) too
+        for run in chosen:
+            if (out / run.name / "summary.json").is_file() and not (keep / run.name / "summary.json").is_file():
+                keep_run(out / run.name, keep / run.name)
     table = collect_results(out, runs, threshold_gain=threshold_gain(spec))
     write_table(table, out / "results.csv")
     log(f"results: {out / 'results.csv'} ({len(table)} finished runs)")
@@ -269,13 +287,35 @@ def run_sweep(
     return out
 
 
+def keep_run(run_dir: Path, kept: Path) -> None:
+    """Copy a finished run's ``KEPT_FILES`` into ``kept`` (summary last: a kept run is complete once it has one)."""
+    kept.mkdir(parents=True, exist_ok=True)
+    for name in sorted(KEPT_FILES, key=lambda n: n == "summary.json"):
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, kept / name)
+
+
+def restore_kept(runs: list[PlannedRun], out: Path, keep: Path) -> int:
+    """Put back the kept files of every run finished in ``keep`` but not in ``out`` (an unfinished leftover of
+    the same run is replaced: the kept run is finished). Returns how many runs were restored."""
+    restored = 0
+    for run in runs:
+        kept, target = keep / run.name, out / run.name
+        if (kept / "summary.json").is_file() and not (target / "summary.json").is_file():
+            shutil.rmtree(target, ignore_errors=True)
+            keep_run(kept, target)
+            restored += 1
+    return restored
+
+
 def threshold_gain(spec: dict) -> float:
     """The spec's ``report.threshold_gain`` (accuracy gain that counts as "reached"), else the default."""
     return float((spec.get("report") or {}).get("threshold_gain", THRESHOLD_GAIN))
 
 
-def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) -> list[str]:
-    """Run ``todo`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_runner``)."""
+def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log, on_success=None) -> list[str]:
+    """Run ``todo`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_runner``);
+    ``on_success(run)`` after each run that succeeded."""
     import selectors
 
     from oprl.progress import RunProgress
@@ -315,6 +355,8 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
                     if rc != 0:
                         failures.append(run.name)
                         log(f"run {run.name} failed (exit {rc}); see {_log_path(out, run.name)}")
+                    elif on_success is not None:
+                        on_success(run)
                     failed = f", {len(failures)} failed" if failures else ""
                     progress.update(done, f"last: {run.name} ({'ok' if rc == 0 else 'failed'}){failed}")
                     idle.append(runner if runner.alive() else _Runner(env))
@@ -329,7 +371,7 @@ def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log) 
     return failures
 
 
-def _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log) -> list[str]:
+def _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, on_success=None) -> list[str]:
     """Run ``todo`` as Ray tasks (``oprl.experiments.sweep_ray``), each attempt prepared by ``_prepare``."""
     try:
         from oprl.experiments import sweep_ray
@@ -341,7 +383,9 @@ def _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log) -> lis
     try:
         log(f"ray: {cluster.describe()}")
         prepare, log_path = (lambda run: _prepare(run, spec, out, log)), (lambda name: _log_path(out, name))
-        return sweep_ray.execute(todo, cluster=cluster, prepare=prepare, log_path=log_path, retries=retries, log=log)
+        return sweep_ray.execute(
+            todo, cluster=cluster, prepare=prepare, log_path=log_path, retries=retries, log=log, on_success=on_success
+        )
     except SystemExit:
         if received:  # ray.wait, interrupted by the signal, raises SystemExit(1) in place of the handler's
             raise SystemExit(128 + received[0]) from None
@@ -491,6 +535,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--address", help="Ray: the cluster (default $RAY_ADDRESS, else a local Ray for the sweep)")
     parser.add_argument("--retries", type=int, help="Ray: times a failed run is tried again (default 1)")
     parser.add_argument("--cpus-per-run", type=float, help="Ray: CPUs each run holds (default 1)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="copy each finished run's config, summary and metrics here (and restore them from here before "
+        "planning), so the sweep resumes on a machine that lost its run directories (default: the spec's keep:)",
+    )
     args = vars(parser.parse_args(argv))
     run_sweep(args.pop("spec"), out_dir=args.pop("out"), **args)
     return 0

@@ -201,10 +201,11 @@ def execute(
     log_path: Callable[[str], Path],
     retries: int,
     log=print,
+    on_success: Callable[[object], None] | None = None,
 ) -> list[str]:
     """Run ``todo`` (``PlannedRun``s) on ``cluster`` (``RayCluster``, or a fake with its methods): at most
     ``cluster.capacity()`` attempts in flight, each failed run submitted again up to ``retries`` times; the names
-    of the runs that still failed."""
+    of the runs that still failed. ``on_success(run)`` is called on the driver after each run that succeeded."""
     from oprl.progress import RunProgress
 
     injected = faults()
@@ -241,6 +242,8 @@ def execute(
                         failures.append(run.name)
                         tries = f" after {attempt} attempts" if attempt > 1 else ""
                         log(f"run {run.name} failed {where}({outcome.cause}){tries}; see {log_path(run.name)}")
+                    elif on_success is not None:
+                        on_success(run)
                     counts = [f"{len(flying)} running"]
                     counts += [f"{len(failures)} failed"] if failures else []
                     counts += [f"{retried} retried"] if retried else []
