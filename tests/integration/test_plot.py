@@ -61,6 +61,7 @@ def test_oprl_plot_writes_the_figures(runs, tmp_path, capsys):
     assert main(["plot", *(str(runs / n) for n in ("s0", "s1", "s2", "lr")), "--out", str(tmp_path)]) == 0
     written = capsys.readouterr().out.split()
     assert str(tmp_path / "eval_accuracy.png") in written
+    assert str(tmp_path / "ess.png") in written and str(tmp_path / "ess_seq.png") in written  # every preset logs ESS
     assert plot_all([load_run(runs / "s0")], tmp_path / "one")  # one run alone plots too
 
 

@@ -24,6 +24,10 @@ PANELS = {
     "clip_fraction": ("loss/clip_frac", "clip fraction"),
     "kl": ("kl/behavior_k3", "KL(π_θ ‖ π_behaviour), k3"),
     "kl_initial": ("kl/ref", "KL to the initial policy"),
+    # The importance weights' effective sample size (docs/metrics.md#the-ess-warning-what-it-catches-and-when):
+    # 1 on-policy, its fall the early sign of a collapse.
+    "ess": ("rho/ess", "ESS of ρ, token level (1 = on-policy)"),
+    "ess_seq": ("rho/ess_seq", "ESS of ρ, sequence level"),
     "entropy": ("entropy/mean", "entropy per token"),
     "response_length": ("response/length_mean", "response length (tokens)"),
     # Distillation's own signal (docs/algorithms.md#distillation): drawn for the runs that log it, beside the reward.
@@ -316,7 +320,7 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(
         prog="oprl plot",
-        description="Paper-style figures (eval accuracy, reward, clip fraction, KL, entropy, length) of run "
+        description="Paper-style figures (eval accuracy, reward, clip fraction, KL, entropy, length, ESS) of run "
         "directories: a panel per off-policy setting, a curve per configuration; runs whose configs differ only "
         "in the seed are averaged (min-max band), every other run is its own curve, labelled by what differs.",
         epilog="Settings of the runs themselves: oprl config --help.",
