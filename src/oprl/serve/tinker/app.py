@@ -7,12 +7,12 @@ poll up to ``POLL_S`` seconds and answers the result (protobuf for ``ForwardBack
 ..., "category": "user" | "server"}`` when it failed (the SDK raises ``RequestFailedError`` with it).
 
 Order and retries: the requests of one training model carry ``seq_id`` 1, 2, ... and run in that order on the
-one compute thread, whatever order they arrive in (the SDK sends the chunks of one forward_backward in
+model's lane, whatever order they arrive in (the SDK sends the chunks of one forward_backward in
 parallel); a request whose ``(model_id, seq_id)`` (or ``(sampling_session_id, seq_id)``) was seen before gets
 the first one's ``request_id``, so a retried POST never computes twice.
 
 Batched sampling: sample requests of one sampling client wait in a queue; the first to arrive schedules, after
-``sample_window`` seconds, one job on the compute thread that takes every request queued by the time it runs (up to
+``sample_window`` seconds, one job on the sampler's lane that takes every request queued by the time it runs (up to
 ``batch_rows`` sampled rows) and answers them from one engine call (``TinkerModels.sample``). tinker-cookbook sends
 a batch's prompts (or a group's members) as separate requests at once; one at a time, each paid a prefill and a
 decode loop of its own. What a request gets does not depend on its batch (``sampling.py``).
@@ -46,7 +46,7 @@ from fastapi.responses import JSONResponse, Response
 
 from oprl.errors import OprlError
 from oprl.serve.tinker import wire
-from oprl.serve.tinker.backend import Sampler, TinkerModels
+from oprl.serve.tinker.backend import COMPUTE_LANE, Sampler, TinkerModels
 from oprl.serve.tinker.errors import UserError
 from oprl.serve.tinker.losses import LossError, loss_spec
 from oprl.serve.tinker.sampling import check_sampling_params
@@ -93,7 +93,11 @@ class ClientSession:
 
 
 class TinkerServer:
-    """State shared by the routes: sessions, results, per-model order, and the compute thread."""
+    """State shared by the routes: sessions, results, per-model order, and the lanes that compute.
+
+    A lane is one thread running the requests of the models of one home (``backend.home_of``) in the order they
+    were released: every model while they live in this process (one compute thread: on a CPU no two jobs share
+    the cores), one lane per worker when they are placed (``placement.py``)."""
 
     def __init__(
         self,
@@ -109,7 +113,7 @@ class TinkerServer:
         self.sample_window = sample_window
         self.batch_rows = batch_rows
         self.queued: dict[str, list[tuple[dict[str, Any], Result]]] = {}  # sampler id -> requests waiting
-        self.queue_lock = threading.Lock()  # the routes append, the compute thread takes
+        self.queue_lock = threading.Lock()  # the routes append, a lane takes
         self.api_keys = set(api_keys)
         self.session_timeout = session_timeout
         self.max_body = max_body
@@ -118,12 +122,13 @@ class TinkerServer:
         self.order: dict[str, Ordered] = {}
         self.sampled: dict[tuple[str, int], str] = {}
         self.counters: dict[str, itertools.count] = {}
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oprl-tinker-compute")
+        self.lanes: dict[str, ThreadPoolExecutor] = {}  # home (backend.home_of) -> its one thread
+        self.lanes_lock = threading.Lock()
 
     # ---- futures -------------------------------------------------------------------------------------------
 
     def submit(self, work: Callable[[], tuple[bytes, str]], key: tuple[str, int] | None = None) -> str:
-        """Run ``work`` on the compute thread now (or, with ``key`` = (model_id, seq_id), once every earlier
+        """Run ``work`` on its lane now (or, with ``key`` = (model_id, seq_id), once every earlier
         request of that model ran); returns the request id. A key seen before returns its first request id."""
         if key is not None:
             ordered = self.order.setdefault(key[0], Ordered())
@@ -145,7 +150,7 @@ class TinkerServer:
             loop.call_soon_threadsafe(self._finish, result, outcome)
 
         if key is None:
-            self.executor.submit(run)
+            self.lane(COMPUTE_LANE).submit(run)
         else:
             ordered = self.order[key[0]]
             ordered.seen[key[1]] = request_id
@@ -153,7 +158,7 @@ class TinkerServer:
                 ordered.seen.popitem(last=False)
             ordered.waiting[key[1]] = run
             while ordered.next_seq in ordered.waiting:  # release this one and any that waited for it
-                self.executor.submit(ordered.waiting.pop(ordered.next_seq))
+                self.lane(self.backend.home_of(key[0])).submit(ordered.waiting.pop(ordered.next_seq))
                 ordered.next_seq += 1
         self._trim()
         return request_id
@@ -167,12 +172,13 @@ class TinkerServer:
             first = sampler.sampler_id not in self.queued  # no batch of this sampler is scheduled yet
             self.queued.setdefault(sampler.sampler_id, []).append((request, result))
         if first:
-            loop.call_later(self.sample_window, lambda: self.executor.submit(self._sample_batch, sampler, loop))
+            lane = self.lane(self.backend.home_of(sampler.sampler_id))
+            loop.call_later(self.sample_window, lambda: lane.submit(self._sample_batch, sampler, loop))
         self._trim()
         return request_id
 
     def _sample_batch(self, sampler: Sampler, loop: asyncio.AbstractEventLoop) -> None:
-        """On the compute thread: take the sampler's queued requests (up to ``batch_rows`` rows), answer them from
+        """On the sampler's lane: take the sampler's queued requests (up to ``batch_rows`` rows), answer them from
         one engine call; what is left is the next batch, scheduled at once."""
         with self.queue_lock:
             queue = self.queued[sampler.sampler_id]
@@ -181,7 +187,7 @@ class TinkerServer:
                 rows += _rows(queue[0][0])
                 taken.append(queue.pop(0))
             if queue:
-                self.executor.submit(self._sample_batch, sampler, loop)
+                self.lane(self.backend.home_of(sampler.sampler_id)).submit(self._sample_batch, sampler, loop)
             else:
                 del self.queued[sampler.sampler_id]  # the next request schedules a new batch
         try:
@@ -251,7 +257,25 @@ class TinkerServer:
 
     def close(self, session_id: str) -> None:
         self.sessions[session_id].finished = True
-        self.executor.submit(self.backend.close_owner, session_id)
+
+        def free() -> None:
+            for home in self.backend.close_owner(session_id):  # placed models: their workers stopped
+                with self.lanes_lock:
+                    lane = self.lanes.pop(home, None)
+                if lane is not None:
+                    lane.shutdown(wait=False)
+
+        self.lane(COMPUTE_LANE).submit(free)
+
+    def lane(self, home: str) -> ThreadPoolExecutor:
+        """The one thread that runs the requests of ``home``'s models, in the order they were released: every
+        model while they live in this process (``COMPUTE_LANE``), one per worker when they are placed, so that
+        models on different workers compute at once while each one's requests keep their order."""
+        with self.lanes_lock:
+            lane = self.lanes.get(home)
+            if lane is None:
+                lane = self.lanes[home] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oprl-tinker-lane")
+            return lane
 
     def next_id(self, scope: str) -> int:
         return next(self.counters.setdefault(scope, itertools.count()))

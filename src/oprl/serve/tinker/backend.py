@@ -55,6 +55,8 @@ LORA_ALPHA = 32
 """LoRA's α (scale α/r), the value tinker-cookbook's hyperparameter notes assume."""
 MICRO_BATCH_TOKENS = 8192
 """Tokens per forward/backward micro-batch of a built-in loss (the losses are sums: micro-batches add up)."""
+COMPUTE_LANE = "compute"
+"""The lane every request runs in when the models live in the server's process (``TinkerModels.home_of``)."""
 SNAPSHOTS_PER_MODEL = 16
 """Weight snapshots kept per training model (oldest dropped first): bounds memory, and a sampler of a dropped one
 gets an error naming its session."""
@@ -431,12 +433,25 @@ class TinkerModels:
         _copy_into(policy, snapshot.weights)
         return policy.model, policy.tokenizer, lambda: _copy_into(policy, live)
 
-    def close_owner(self, owner_session: str) -> None:
-        """Free every model and sampler of a finished or expired session."""
+    def close_owner(self, owner_session: str) -> list[str]:
+        """Free every model and sampler of a finished or expired session; the homes (``home_of``) that freed
+        with them (none here: the one lane serves the other sessions too)."""
         for key in [k for k, p in self.policies.items() if p.owner == owner_session]:
             del self.policies[key]
         for key in [k for k, s in self.samplers.items() if s.owner == owner_session]:
             del self.samplers[key]
+        return []
+
+    # ---- where the work runs (``placement.PlacedModels`` spreads it over workers) ---------------------------
+
+    def home_of(self, ident: str) -> str:
+        """Which lane of the server runs the requests of a model or sampler id: here, every model lives in this
+        process, so one lane (one compute thread: on a CPU no two jobs share the cores, and nothing here is
+        thread-safe)."""
+        return COMPUTE_LANE
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the models are this process's memory."""
 
 
 _TRAIN_FLAGS = ("train_mlp", "train_attn", "train_unembed")

@@ -41,6 +41,14 @@ def parser() -> argparse.ArgumentParser:
                    "first queued sample request waits for others to batch with (default %(default)g ms)")  # fmt: skip
     p.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="most sampled rows (sum of num_samples) in "
                    "one batched engine call (default %(default)d)")  # fmt: skip
+    p.add_argument("--workers", choices=("threads", "processes", "ray"), default="threads", help="where models "
+                   "compute: the server's own compute thread (default), a process of this machine per model, or a "
+                   "Ray actor per model (docs/tinker.md#placement)")  # fmt: skip
+    p.add_argument("--ray-address", default=None, help="--workers ray: the cluster to join (default: a local one)")
+    p.add_argument("--gpus-per-model", type=float, default=None, help="--workers ray: GPUs each model's actor asks "
+                   "for (default 1 with model.device=cuda, else 0)")  # fmt: skip
+    p.add_argument("--worker-threads", type=int, default=None, help="torch intra-op threads of each model worker "
+                   "(default: torch's)")  # fmt: skip
     return p
 
 
@@ -54,12 +62,18 @@ def build_server(
     max_body_mb: float = 256.0,
     sample_window_ms: float = SAMPLE_WINDOW_S * 1000,
     batch_rows: int = BATCH_ROWS,
+    workers: str = "threads",
+    ray_address: str | None = None,
+    gpus_per_model: float | None = None,
+    worker_threads: int | None = None,
 ) -> TinkerServer:
     """The server object (``create_app(server)`` is its ASGI app); arguments as on the command line."""
     if sample_window_ms < 0:
         raise OprlError(f"--sample-window-ms: must be >= 0, got {sample_window_ms}")
     if batch_rows < 1:
         raise OprlError(f"--batch-rows: must be >= 1, got {batch_rows}")
+    if worker_threads is not None and worker_threads < 1:
+        raise OprlError(f"--worker-threads: must be >= 1, got {worker_threads}")
     entries = dict(DEFAULT_MODELS)
     for item in models or []:
         name, sep, path = item.partition("=")
@@ -75,7 +89,18 @@ def build_server(
 
     resolved = str(resolve_device(device))
     directory = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="oprl-tinker-"))
-    backend = TinkerModels(ModelTable(entries, settings, resolved), directory, resolved)
+    table = ModelTable(entries, settings, resolved)
+    if workers == "threads":
+        backend = TinkerModels(table, directory, resolved)
+    else:
+        from oprl.serve.tinker.placement import PlacedModels, make_placement
+
+        if gpus_per_model is None:
+            gpus_per_model = 1.0 if workers == "ray" and resolved.startswith("cuda") else 0.0
+        if gpus_per_model < 0:
+            raise OprlError(f"--gpus-per-model: must be >= 0, got {gpus_per_model}")
+        placement = make_placement(workers, ray_address=ray_address)
+        backend = PlacedModels(table, directory, resolved, placement, gpus=gpus_per_model, threads=worker_threads)
     return TinkerServer(
         backend,
         api_keys=list(api_keys or []),
@@ -101,10 +126,17 @@ def main(argv: list[str]) -> int:
         max_body_mb=args.max_body_mb,
         sample_window_ms=args.sample_window_ms,
         batch_rows=args.batch_rows,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        gpus_per_model=args.gpus_per_model,
+        worker_threads=args.worker_threads,
     )
     import uvicorn
 
     url = f"http://{args.host}:{args.port}"
     print(f"oprl Tinker server on {url} (TINKER_BASE_URL); state in {server.backend.state_dir}")
-    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")
+    try:
+        uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")
+    finally:
+        server.backend.shutdown()  # placed models: their worker processes or actors
     return 0
