@@ -26,8 +26,8 @@ def _recipe(running, log_path, **overrides):
         "max_tokens": 4,
         "learning_rate": 1e-3,
         "lora_rank": 4,
-        # The recipe's default, stable_reinforce, needs the hosted service's recorded stability information
-        # (refused here, test_stable_reinforce_is_refused_with_a_400_naming_the_alternatives).
+        # The recipe's default, stable_reinforce, has no published objective (refused here,
+        # test_stable_reinforce_is_refused_with_a_400_naming_the_alternatives; docs/tinker.md says what is missing).
         "loss_fn": "importance_sampling",
         "max_steps": 2,
         "eval_every": 0,

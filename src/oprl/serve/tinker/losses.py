@@ -59,8 +59,14 @@ CONFIG_KEYS: dict[str, dict[str, float | None]] = {
 REFUSED = {
     "gspo": "the server does not implement Tinker's gspo; {'preset': 'gspo'} with importance_sampling is "
     "oprl's GSPO (sequence-level ratio, one-sided clip)",
-    "stable_reinforce": "needs the hosted service's recorded stability information; use importance_sampling, "
-    "ppo, cispo, dro or an oprl preset (loss_fn_config={'preset': ...})",
+    # Not computable here: tinker 0.38 and tinker-cookbook 0.6.1 send stable_reinforce the inputs of
+    # importance_sampling plus provenance (each position's sampled sequence_id), and the hosted service combines
+    # them with "stability information" it records at sampling (record_stability_info=True); neither the SDK,
+    # the cookbook nor the public docs say what that information is or what objective uses it (docs/tinker.md).
+    "stable_reinforce": "Tinker does not publish its objective (it combines the datums with stability "
+    "information the hosted service records at sampling, which its SDK and docs do not define), so it cannot be "
+    "computed exactly; use importance_sampling, ppo, cispo, dro or an oprl preset "
+    "(loss_fn_config={'preset': ...})",
     "custom": "server-side custom losses are not served; forward_backward_custom runs the loss on the client",
 }
 """Loss names the SDK knows that this server refuses, with the reason (the 400's message)."""
