@@ -13,9 +13,16 @@ Reported per side: median seconds per step (after ``--skip`` warm-up steps), the
 first and last 5 steps, and for the Tinker side where the time goes (sampling, forward_backward, optim_step, the
 client's own work). The two sides do not compute the same update (oprl normalises the loss by the batch's
 tokens, the Tinker loss is a sum; the lr here is per summed token), so compare their costs, and the rewards only
-as "it learns".
+as "it learns". Also recorded: the tree's commit (``--label`` overrides it), the CPU's name and bf16/AMX flags,
+and the load average before and after (the machine may be shared).
+
+``--config`` / ``--set`` choose the job for both sides (any oprl config and ``key=value`` settings; the model is
+its ``model.path``, served under that name; the embedded ``tiny`` is served warm-started as ``oprl train`` starts
+it). SmolLM2 on the arithmetic example, a shorter job:
 
     python benchmarks/tinker_rl_loop.py --steps 30 --json benchmarks/results/tinker_rl_loop.json
+    python benchmarks/tinker_rl_loop.py --config configs/examples/smollm2-arithmetic-cpu.yaml --steps 6 --skip 1 \
+        --prompts 4 --group 4 --max-tokens 48 --lr 1e-5 --json benchmarks/results/tinker_rl_loop_smollm2.json
 """
 
 from __future__ import annotations
@@ -39,10 +46,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, log: Path) -> subprocess.Popen:
+def served_name(args) -> str:
+    """The ``base_model`` name of the job's model: the embedded model's, or its ``model.path`` as given."""
+    path = job_config(args).model.path
+    return "oprl/tiny" if path == "tiny" else path
+
+
+def job_config(args):
+    from oprl.config import load_config
+
+    return load_config(args.config, [*args.set, f"seed={args.seed}"])
+
+
+def start_server(args, port: int, log: Path) -> subprocess.Popen:
     env = dict(os.environ, TINKER_TELEMETRY="0")
+    name = served_name(args)
+    models = [] if name == "oprl/tiny" else ["--model", f"{name}={name}"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "oprl", "serve", "tinker", "--port", str(port)],
+        [sys.executable, "-m", "oprl", "serve", "tinker", "--port", str(port), *models],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         env=env,
@@ -65,15 +86,14 @@ def tinker_loop(args, port: int) -> dict:
     import tinker
     from tinker import types
 
-    from oprl.config import load_config
     from oprl.models.chat import encode_problem
     from oprl.tasks import build_task
 
     os.environ.update(TINKER_BASE_URL=f"http://127.0.0.1:{port}", TINKER_API_KEY="tml-local", TINKER_TELEMETRY="0")
-    task = build_task(load_config(None, [f"seed={args.seed}"]).task)
+    task = build_task(job_config(args).task)
     problems = list(task.problems("train"))
     service = tinker.ServiceClient()
-    trainer = service.create_lora_training_client(base_model="oprl/tiny", rank=0, seed=args.seed).result()
+    trainer = service.create_lora_training_client(base_model=served_name(args), rank=0, seed=args.seed).result()
     tokenizer = trainer.get_tokenizer()
     rewards, seconds, parts = [], [], {"sample": [], "forward_backward": [], "optim_step": [], "client": []}
     cursor = 0
@@ -135,7 +155,8 @@ def tinker_loop(args, port: int) -> dict:
 def oprl_train(args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="oprl-vs-tinker-"))
     command = [
-        sys.executable, "-m", "oprl", "train", f"steps={args.steps}", f"seed={args.seed}",
+        sys.executable, "-m", "oprl", "train", *([args.config] if args.config else []), *args.set,
+        f"steps={args.steps}", f"seed={args.seed}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_tokens}", "eval.interval=0", "eval.num_problems=1", "tensorboard=false",
         "checkpoint.interval=0", "progress=false", f"output_dir={out}", "run_name=oprl",
@@ -150,6 +171,21 @@ def oprl_train(args) -> dict:
         "reward_first5": statistics.mean(rewards[:5]),
         "reward_last5": statistics.mean(rewards[-5:]),
     }
+
+
+def commit() -> str:
+    """The working tree's commit (``-dirty`` when it has changes), or ``unknown`` outside a git checkout."""
+    done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "unknown"
+
+
+def cpu_flags() -> list[str]:
+    """The bf16 / AMX flags of the CPU (what decides whether bf16 matmuls are native)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    return sorted({f for f in flags.split(":", 1)[1].split() if f in ("avx512_bf16", "amx_bf16", "amx_tile")})
 
 
 def cpu_name() -> str:
@@ -171,11 +207,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", default=None, help="an oprl config for both sides (default: the default job)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="oprl setting; repeatable")
+    parser.add_argument("--label", default=None, help="what ran, in the JSON (default: the tree's git commit)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    load_before = os.getloadavg()
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="oprl-tinker-bench-")) / "server.log"
-    server = start_server(port, log)
+    server = start_server(args, port, log)
     try:
         tinker = tinker_loop(args, port)
     finally:
@@ -183,8 +223,12 @@ def main() -> None:
         server.wait(timeout=60)
     oprl = oprl_train(args)
     result = {
+        "label": args.label or commit(),
+        "model": served_name(args),
         "cpu": cpu_name(),
+        "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
+        "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
         "settings": vars(args) | {"json": str(args.json) if args.json else None},
         "tinker_server": tinker,
         "oprl_train": oprl,
