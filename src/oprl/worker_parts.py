@@ -106,12 +106,15 @@ def load_model(config: RunConfig, path: str, dtype: str | None = None):
 def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
     """The ``rollout.engine`` sampler over ``model``, behind the sampling lock, built with the rollouts'
     ``Sampling`` (``rollout.temperature``, ``rollout.top_k``, ``rollout.top_p``). ``prefix_reuse=`` and
-    ``kv_cache_gb=`` go to engines that declare ``capabilities.prefix_reuse`` (``oprl.rollout.EngineCapabilities``)."""
+    ``kv_cache_gb=`` go to engines that declare ``capabilities.prefix_reuse`` (``oprl.rollout.EngineCapabilities``),
+    ``engine_process=`` to those that declare ``capabilities.engine_process``."""
     rollout = config.rollout
     engine = plugins.resolve("engine", rollout.engine, ENGINES, key="rollout.engine")
     options: dict[str, object] = {}
     if capabilities_of(engine).prefix_reuse:
         options |= {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
+    if capabilities_of(engine).engine_process:
+        options |= {"engine_process": rollout.engine_process}
     sampling = Sampling.of(rollout)
     return LockedEngine(engine(model, tokenizer, sampling=sampling, max_new_tokens=rollout.max_new_tokens, **options))
 

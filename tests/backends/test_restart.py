@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from oprl.backends.base import make_backend
-from oprl.backends.faults import SWITCH, VARIABLE, FaultPlan
+from oprl.backends.failure import engine_died
+from oprl.backends.faults import ENGINE, SWITCH, VARIABLE, FaultPlan
 from oprl.backends.local import LocalBackend
 from oprl.backends.processes import RemoteError
 from oprl.config import load_config
@@ -129,3 +130,39 @@ def test_a_call_fault_counts_the_workers_calls():
     plan = FaultPlan.parse(("judge@call=2",))
     assert plan.due("judge", ([("p", "c", "r")],)) is None and plan.due("explorer 0", (2, 0)) is None
     assert plan.due("judge", ([("p", "c", "r")],)) == 0.0 and plan.due("judge", ([],)) is None
+
+
+def test_an_engine_fault_names_an_explorers_engine_and_fires_once(monkeypatch):
+    """``engine@step=N``: the explorer generating batch N has its engine process killed (``ENGINE``: the worker
+    lives on); ``engine:1`` names explorer 1's. Only at a step's call: a switch, a save, a call count or a delay
+    is refused in one line."""
+    plan = FaultPlan.parse(("engine@step=3", "engine:1@step=5"))
+    assert plan.due("trainer", (3, [])) is None  # a trainer's step 3 is not an explorer's batch
+    assert plan.due("explorer 0", (3, 1)) == ENGINE and plan.due("explorer 1", (3, 1)) is None
+    assert plan.due("explorer 0", (5, 1)) is None and plan.due("explorer 1", (5, 1)) == ENGINE
+    for text in ("engine@switch=3", "engine@step=3+0.5"):
+        monkeypatch.setenv(VARIABLE, text)
+        with pytest.raises(OprlError, match=r"an engine is killed as a step's call reaches it: engine\[:N\]@step=N"):
+            FaultPlan.from_environment()
+
+
+def test_an_engine_fault_needs_an_engine_process(monkeypatch):
+    monkeypatch.setenv(VARIABLE, "engine:0@step=3")
+    with pytest.raises(OprlError, match=r"engine:0 kills a vLLM engine's own process: it needs rollout.engine=vllm"):
+        make_backend(load_config(None, ["runtime.workers=processes"]))
+
+
+def test_a_dead_engine_is_recognised_by_vllms_own_error_wherever_it_was_raised():
+    """vLLM's ``EngineDeadError`` (its class, not a stand-in) is a dead engine in a thread, from a worker process
+    (``RemoteError.kind``) and from a Ray actor (``RayTaskError``, an instance of the cause's class too); a
+    worker that raised anything else, or died itself, is not."""
+    exceptions = pytest.importorskip("vllm.v1.engine.exceptions")
+    dead = exceptions.EngineDeadError()
+    assert engine_died(dead) and engine_died(RemoteError("EngineDeadError", str(dead)))
+    assert not engine_died(RemoteError("ProcessDied", "worker process exited (-9)", worker="explorer 0"))
+    assert not engine_died(RemoteError("ValueError", "EngineDeadError in a message is not one"))
+    assert not engine_died(ValueError("no")) and not engine_died(None)
+    ray = pytest.importorskip("ray")
+    wrapped = ray.exceptions.RayTaskError("call", "traceback", dead)
+    assert engine_died(wrapped) and engine_died(wrapped.as_instanceof_cause())
+    assert not engine_died(ray.exceptions.RayTaskError("call", "traceback", ValueError("no")))

@@ -90,6 +90,10 @@ REFUSED = {
         ["rollout.top_p=0.9", f"rollout.engine={RECIPES}:OwnLoop"],
         f"rollout.top_p=0.9: rollout.engine={RECIPES}:OwnLoop samples by its own truncation rule",
     ),
+    "engine-process-lean": (
+        ["rollout.engine_process=true"],
+        "rollout.engine_process=true needs rollout.engine=vllm (an engine that runs its model in a process of its",
+    ),
 }
 
 ACCEPTED = [
@@ -116,6 +120,7 @@ ACCEPTED = [
     ["sync.partial=true", "rollout.engine=vllm", "sync.partial_kv=recompute"],
     ["sync.partial=true", f"rollout.engine={RECIPES}:SwitchingLoop"],  # declared by the plug-in
     ["rollout.top_p=0.9", f"rollout.engine={RECIPES}:OwnLoop", "mode=eval"],  # eval: no trainer to rebuild it
+    ["rollout.engine=vllm", "rollout.engine_process=true"],
 ]
 
 

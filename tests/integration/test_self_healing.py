@@ -8,6 +8,7 @@ import contextlib
 import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -293,4 +294,54 @@ def test_a_judge_that_dies_under_an_explorers_call_restarts_every_worker(tmp_pat
     lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
     assert len(lines) == 1 and lines[0].startswith("judge died (JudgeLost: the judge died while judging"), lines
     assert "every worker started again" in lines[0], lines[0]
+    assert_same_as_undisturbed(tmp_path, "healed")
+
+
+DOUBLES = Path(__file__).parent / "engine_doubles.py"
+
+
+@pytest.mark.slow  # a run of worker processes, ~50 s on the loaded 2-core machine (tests/runtime/test_driver.py
+# checks the driver's side with stand-ins in under a second)
+def test_an_explorer_whose_engine_process_dies_is_restarted_and_the_run_equals(undisturbed, monkeypatch, capsys):
+    """rollout.engine_process=true: batch 3's explorer finds its engine process dead (vLLM's EngineDeadError,
+    from a lean engine that raises it: engine_doubles.py). The explorer is alive, but a new one (with a new
+    engine) takes its place: the driver counts the engine lost, one line names it, and the run equals the
+    undisturbed one."""
+    root, args = undisturbed
+    monkeypatch.setenv(VARIABLE, "engine@step=3")
+    engine = [f"rollout.engine={DOUBLES}:DyingEngine", "rollout.engine_process=true"]
+    assert main(["train", *args, *engine, PROCESSES, "run_name=engine-healed"]) == 0
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
+    assert len(lines) == 1, out.out + out.err
+    assert re.match(
+        r"vLLM engine of explorer [01] died \(EngineDeadError: the engine process died\); restarted in ", lines[0]
+    )
+    restarts = json.loads((root / "engine-healed" / "summary.json").read_text())["restarts"]
+    assert [(r["kind"], min(r["batches"])) for r in restarts] == [("vllm-engine", 3)], restarts
+    assert_same_as_undisturbed(root, "engine-healed")
+
+
+@pytest.mark.slow  # two runs with vLLM engine processes (an explorer's, the trainer's evaluation's): ~5 min
+def test_a_killed_vllm_engine_process_is_replaced_with_its_explorer_and_the_run_equals(
+    tmp_path, cache_dir, monkeypatch
+):
+    """rollout.engine=vllm rollout.engine_process=true on worker processes: the explorer's vLLM engine process is
+    SIGKILLed as batch 3 reaches it (OPRL_FAULT=engine@step=3). vLLM's client raises EngineDeadError (oprl's
+    watch wakes the call vLLM would leave waiting), the driver starts a new explorer with a new engine, and the
+    run equals the same run undisturbed: vLLM on CPU samples the same tokens and log-probs from a fresh engine
+    with the same weights and seeds."""
+    pytest.importorskip("vllm")
+    from conftest import SMALL
+
+    vllm = ["rollout.engine=vllm", "rollout.engine_process=true", "eval.interval=6", "runtime.explorers=1"]
+    args = [*SMALL, *RUN, *vllm, PROCESSES, f"output_dir={tmp_path}"]
+    monkeypatch.setenv("OPRL_CACHE_DIR", str(cache_dir))
+    assert main(["train", *args, "run_name=whole"]) == 0
+    monkeypatch.setenv(VARIABLE, "engine@step=3")
+    assert main(["train", *args, "run_name=healed"]) == 0
+    restarts = json.loads((tmp_path / "healed" / "summary.json").read_text())["restarts"]
+    assert [(r["worker"], r["kind"], r["batches"][0]) for r in restarts] == [
+        ("vLLM engine of explorer 0", "vllm-engine", 3)
+    ], restarts
     assert_same_as_undisturbed(tmp_path, "healed")

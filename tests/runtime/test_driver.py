@@ -351,9 +351,12 @@ class DyingBackend(LocalBackend):
     def lost(self, exc, actor):
         return isinstance(exc, Died)
 
-    def restart(self, actor):
-        self.restarted.append(actor.name)
+    def restart(self, actor, *, alive=False):
+        self.restarted.append(actor.name + (" (alive)" if alive else ""))
         return self.put(True)
+
+    def replaceable(self, actor):
+        return True  # as worker processes are
 
 
 def without_perf(rows):
@@ -406,3 +409,53 @@ def test_past_the_restart_budget_the_run_stops_as_before_with_a_checkpoint(tmp_p
             explorer_fail={2: 1},
             backend=DyingBackend(),
         )
+
+
+class EngineDeadError(RuntimeError):
+    """vLLM's error for a dead engine process, by name (the driver matches the name: backends.failure.engine_died;
+    tests/backends/test_restart.py checks vLLM's own class)."""
+
+
+class EngineLosingExplorer(FakeExplorer):
+    """Its engine process dies as it starts a batch of ``fail_at`` (batch -> deaths left): the explorer lives on,
+    but every later call would raise too, as vLLM's does; only a new explorer brings a new engine."""
+
+    def explore(self, batch, version, weights=None, switch=None):
+        if self.fail_at.get(batch, 0) > 0:
+            self.fail_at[batch] -= 1
+            self.version = None  # the replacement starts without the weights
+            raise EngineDeadError("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+        return super().explore(batch, version, weights)
+
+
+def test_an_explorer_whose_engine_process_died_is_replaced_and_the_rows_equal(tmp_path):
+    """rollout.engine_process: the explorer's call raises EngineDeadError. It is alive, so not ``lost``, but its
+    engine is gone: the driver replaces it (``restart(alive=True)``), counts a ``vllm-engine`` restart in one line,
+    sends the batch again with its weights, and the rows equal the undisturbed run's."""
+    settings = ["steps=6", "sync.offset=1"]
+    whole, _, _ = drive(tmp_path / "whole", settings, explorer_type=EngineLosingExplorer, explorer_fail={})
+    backend, lines = DyingBackend(), []
+    rows, _, _ = drive(
+        tmp_path / "healed",
+        settings,
+        explorer_type=EngineLosingExplorer,
+        explorer_fail={3: 1},
+        backend=backend,
+        log=lines.append,
+    )
+    assert without_perf(rows) == without_perf(whole)
+    assert backend.restarted == ["explorer 0 (alive)"] and len(lines) == 1
+    assert lines[0].startswith(
+        "vLLM engine of explorer 0 died (EngineDeadError: the engine process died); restarted in "
+    ), lines[0]
+    assert f"generating batch 3 (version {policy_version(3, 1, 1)})" in lines[0], lines[0]
+
+
+def test_an_engine_that_dies_under_a_thread_stops_the_run_naming_it(tmp_path):
+    """On threads the engine process is the driver process's (the trainer's evaluations share it): no restart,
+    the run stops with its one line and a checkpoint, as before."""
+    with pytest.raises(WorkerFailure) as failed:
+        drive(tmp_path, ["steps=6"], explorer_type=EngineLosingExplorer, explorer_fail={3: 1})
+    assert str(failed.value).startswith(
+        "explorer 0 failed while generating batch 3: EngineDeadError: EngineCore encountered an issue"
+    ), failed.value

@@ -104,8 +104,14 @@ class Backend(Protocol):
         restarted: a raised error would be raised again by the same call."""
         ...
 
-    def restart(self, actor: Any) -> Pending[bool]:
-        """Bring back a lost ``actor``, built as it first was (Ray: its own actor restart); done once ready."""
+    def replaceable(self, actor: Any) -> bool:
+        """Does ``actor`` run in a process of its own, which ``restart`` can replace while it lives (a worker whose
+        engine process died)? Not a thread: the driver's process is the run."""
+        ...
+
+    def restart(self, actor: Any, *, alive: bool = False) -> Pending[bool]:
+        """Bring back a lost ``actor``, built as it first was (Ray: its own actor restart); done once ready.
+        ``alive``: its process still runs but lost a part (its engine process died): it is replaced all the same."""
         ...
 
     def rank_launcher(self, threads: int | None = None, gpus: float = 0.0) -> RankLauncher:
@@ -150,6 +156,12 @@ def make_backend(config: RunConfig, plan: faults.FaultPlan | None = None) -> Bac
     """The backend ``config.backend`` names (Ray is imported only when chosen); ``plan``: the run's
     ``OPRL_FAULT`` faults, kept across the backends of a run that restarts its trainer (each fires once)."""
     plan = plan if plan is not None else faults.FaultPlan.from_environment()
+    engines = [f.worker.replace(" ", ":") for f in plan.faults if f.kind == faults.ENGINE]
+    if engines and not config.rollout.engine_process:
+        raise OprlError(
+            f"{faults.VARIABLE}: {engines[0]} kills a vLLM engine's own process: it needs rollout.engine=vllm "
+            "rollout.engine_process=true"
+        )
     if config.backend == "ray":
         from oprl.backends.ray_backend import RayBackend
 

@@ -36,6 +36,19 @@ def process_died(exc: BaseException | None) -> bool:
     return is_kind(exc, "ProcessDied") or is_kind(exc, "RayActorError") or is_kind(exc, "ActorDiedError")
 
 
+def engine_died(exc: BaseException | None) -> bool:
+    """Did a call fail because the worker's model engine died in a process of its own (vLLM's
+    ``EngineDeadError``: ``rollout.engine_process=true``), the worker itself alive? Raised in this process (a
+    thread's engine), in a worker process (``RemoteError.kind``) or in a Ray actor (a ``RayTaskError`` that is
+    also an instance of the cause's class, or holds it as ``cause``). Matched by name: vLLM is not imported here."""
+    while exc is not None:
+        if is_kind(exc, "EngineDeadError") or any(c.__name__ == "EngineDeadError" for c in type(exc).__mro__):
+            return True
+        cause = getattr(exc, "cause", None)
+        exc = cause if isinstance(cause, BaseException) else None
+    return False
+
+
 class WorkerFailure(RuntimeError):
     """A worker (explorer, trainer, buffer) raised or died; the message is one line naming it, what it was
     doing, the cause, and the checkpoint to resume from. The original exception is chained."""

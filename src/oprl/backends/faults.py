@@ -9,22 +9,29 @@
     OPRL_FAULT="trainer@save=4"             the trainer dies as its part of step 4's checkpoint is asked for
                                             (the buffer's part may be written: the checkpoint is torn)
     OPRL_FAULT="judge@call=2"               the judge dies as its second call (an explorer's batch) reaches it
+    OPRL_FAULT="engine@step=3"              the vLLM engine process of batch 3's explorer is killed as the batch
+                                            reaches it (rollout.engine_process=true; ``engine:0`` for explorer 0's)
 
 A fault is ``WORKER@step=N[+SECONDS]``, ``WORKER@switch=N`` or ``WORKER@save=N``: ``WORKER`` is a worker's name
 with ``:`` for the space (``explorer:1``, ``trainer``, ``teacher``, ``judge``, ``trainer-rank:1`` for a rank of
-a sharded trainer), or a kind alone for any worker of that kind (``explorer``); ``step=N`` names the first call
+a sharded trainer, ``engine:1`` for explorer 1's vLLM engine process), or a kind alone for any worker of that kind
+(``explorer``, ``engine``); ``step=N`` names the first call
 whose first argument is ``N`` (``explore(batch)``, ``train(step)``, ``score(batch)``, ``evaluate(step)``);
 ``switch=N`` the same call, the worker dying only when a partial rollout's switcher loads other weights in it
 (``oprl.explorer.switcher``: the worker process's ``OPRL_DIE_AT_SWITCH``, set here, is read there); ``save=N`` the
 worker's ``save(directory)`` for the checkpoint of step ``N`` (its staging directory ``.tmp-step-N``); ``call=N``
 the worker's ``N``-th call, for a worker whose calls name no step (the judge: ``judge(rows)``). The worker
-dies as a ``kill -9`` would leave it (``SIGKILL`` to its own process: no cleanup, no reply). Each fault fires once
+dies as a ``kill -9`` would leave it (``SIGKILL`` to its own process: no cleanup, no reply). An ``engine`` fault
+kills no worker: the explorer's call sets ``OPRL_KILL_ENGINE`` in its process, and its vLLM engine
+(``oprl.rollout.vllm_engine``) SIGKILLs its own engine process before it samples, as the OOM killer would; the
+explorer then raises vLLM's ``EngineDeadError``. Each fault fires once
 per run: the driver's side of the worker (``processes.ProcessActor``, ``ray_backend.RayActor``) remembers it, so a
 restarted worker regenerating the same batch is not killed again.
 
 Only worker processes read it (``runtime.workers=processes``, ``backend=ray``); a run on threads, where a kill
-would take the driver along, refuses it in one line. Nothing else of oprl reads the variable (the switcher reads
-only the doomed process's ``OPRL_DIE_AT_SWITCH``).
+would take the driver along, refuses it in one line, and so does an ``engine`` fault without an engine process
+(``rollout.engine_process=true``). Nothing else of oprl reads the variable (the switcher reads only the doomed
+process's ``OPRL_DIE_AT_SWITCH``, the vLLM engine its ``OPRL_KILL_ENGINE``).
 """
 
 from __future__ import annotations
@@ -42,10 +49,15 @@ _FAULT = re.compile(
     r"^(?P<worker>[a-z_-]+(?::\d+)?)@(?:step=(?P<step>\d+)(?:\+(?P<after>\d+(?:\.\d*)?))?|(?P<point>switch|save|call)=(?P<at>\d+))$"
 )
 _FORM = "WORKER@step=N[+SECONDS], WORKER@switch=N, WORKER@save=N or WORKER@call=N (explorer:0@step=5)"
+_ENGINE_FORM = "engine[:N]@step=N (engine:0@step=5)"
 SWITCH = "switch"
 """``due``'s answer for a ``switch=N`` fault: the worker dies at the call's first weight switch, not at a time."""
 AT_SWITCH = "OPRL_DIE_AT_SWITCH"
 """Set in a doomed worker process only (``die``): its switcher kills the process as it loads other weights."""
+ENGINE = "engine"
+"""``due``'s answer for an ``engine`` fault: the worker's engine process is killed, not the worker."""
+KILL_ENGINE = "OPRL_KILL_ENGINE"
+"""Set in the worker process of an ``engine`` fault (``die``): its vLLM engine kills its own engine process."""
 _STAGING = re.compile(r"\.tmp-step-0*(\d+)")
 
 
@@ -60,6 +72,11 @@ class Fault:
     """``step`` (the call), ``switch`` (its first weight switch), ``save`` (a checkpoint part's save) or ``call``
     (the worker's ``step``-th call)."""
     fired: bool = False
+
+    @property
+    def kind(self) -> str:
+        """The kind of worker it names (``explorer``, ``engine``, ``trainer-rank``)."""
+        return self.worker.split(" ")[0]
 
 
 @dataclass
@@ -83,6 +100,10 @@ class FaultPlan:
             if match is None:
                 raise OprlError(f"{VARIABLE}={text!r}: {part!r} is not {_FORM}")
             worker = match["worker"].replace(":", " ")
+            if worker.split(" ")[0] == ENGINE and (match["point"] or match["after"]):
+                raise OprlError(
+                    f"{VARIABLE}={text!r}: {part!r}: an engine is killed as a step's call reaches it: {_ENGINE_FORM}"
+                )
             if match["point"]:
                 faults.append(Fault(worker, int(match["at"]), point=match["point"]))
             else:
@@ -124,7 +145,9 @@ class FaultPlan:
         with self._lock:  # the sender threads of several workers ask at once
             calls = self._calls[worker] = self._calls.get(worker, 0) + 1
             for fault in self.faults:
-                named = fault.worker == worker or worker.startswith(f"{fault.worker} ")
+                # An engine fault names the explorer whose engine it kills (``engine 0``: explorer 0's).
+                target = fault.worker.replace("engine", "explorer", 1) if fault.kind == ENGINE else fault.worker
+                named = target == worker or worker.startswith(f"{target} ")
                 if fault.fired or not named:
                     continue
                 if fault.point == "call" and calls == fault.step:
@@ -135,15 +158,20 @@ class FaultPlan:
                     return 0.0
                 if fault.point in ("step", "switch") and step == fault.step:
                     fault.fired = True
+                    if fault.kind == ENGINE:
+                        return ENGINE
                     return SWITCH if fault.point == "switch" else fault.after
         return None
 
 
 def die(after: float | str) -> None:
-    """In a worker process: SIGKILL this process now, ``after`` seconds from now (mid-call), or (``SWITCH``) as
-    this call's switcher loads other weights."""
+    """In a worker process: SIGKILL this process now, ``after`` seconds from now (mid-call), (``SWITCH``) as
+    this call's switcher loads other weights, or (``ENGINE``) have its vLLM engine kill its engine process."""
     if after == SWITCH:
         os.environ[AT_SWITCH] = "1"  # this process only: a restarted worker starts without it
+        return
+    if after == ENGINE:
+        os.environ[KILL_ENGINE] = "1"  # read (and cleared) by the engine's next call
         return
     assert isinstance(after, float)
     if after <= 0:

@@ -118,8 +118,12 @@ class LocalBackend:
 
         return isinstance(exc, RemoteError) and exc.kind == "ProcessDied" and exc.worker == actor.name
 
-    def restart(self, actor) -> Future:
-        """A new process in place of ``actor``'s dead one, built like the first; done once it is ready."""
+    def replaceable(self, actor) -> bool:
+        return self.workers == "processes"
+
+    def restart(self, actor, *, alive: bool = False) -> Future:
+        """A new process in place of ``actor``'s dead one (``alive``: of its live one, which is told to stop and
+        exits once its calls are done), built like the first; done once it is ready."""
         return actor.restart()
 
     def peer(self, actor):

@@ -43,6 +43,10 @@ class _HostWorker:
     def ready(self) -> bool:
         return True
 
+    def pid(self) -> int:
+        """This actor's process (a restart is done once another process answers)."""
+        return os.getpid()
+
     def node_id(self) -> str:
         """The Ray node this actor runs on (where a lost node's actors were)."""
         return ray.get_runtime_context().get_node_id()
@@ -143,11 +147,16 @@ class RayBackend:
             return False
         return exc.actor_id is None or exc.actor_id == actor.handle._actor_id.hex()
 
-    def restart(self, actor: RayActor) -> Future:
+    def replaceable(self, actor: RayActor) -> bool:
+        return self.restarts  # Ray restarts a restartable actor killed with its restart allowed
+
+    def restart(self, actor: RayActor, *, alive: bool = False) -> Future:
         """Ray restarts a restartable actor by itself (its constructor runs again); a future done once it serves
-        (asked again while Ray still reports the actor unavailable, for at most ``RESTART_PATIENCE_S``)."""
+        (asked again while Ray still reports the actor unavailable, for at most ``RESTART_PATIENCE_S``).
+        ``alive``: the actor's process still runs (its engine process died): it is killed with Ray's restart
+        allowed (``ray.kill(no_restart=False)``), so Ray restarts it as after a death."""
         future: Future = Future()
-        waiter = threading.Thread(target=_wait_restarted, args=(actor.handle, future), daemon=True)
+        waiter = threading.Thread(target=_wait_restarted, args=(actor.handle, future, alive), daemon=True)
         waiter.start()
         return future
 
@@ -197,12 +206,28 @@ class RayBackend:
 RESTART_PATIENCE_S = 300.0
 
 
-def _wait_restarted(handle, future: Future) -> None:
+def _wait_restarted(handle, future: Future, alive: bool = False) -> None:
     """Set ``future`` once the restarted actor answers ``ready``. Right after a death Ray may still answer for
-    the old process (``RayActorError``) before it marks the actor as restarting: ask again until the deadline."""
+    the old process (``RayActorError``) before it marks the actor as restarting: ask again until the deadline.
+    ``alive``: kill the live process first, and count only an answer from another process."""
     deadline = time.monotonic() + RESTART_PATIENCE_S
+    old = None
+    if alive:
+        try:
+            old = ray.get(handle.pid.remote())
+            ray.kill(handle, no_restart=False)
+        except ray.exceptions.RayActorError:
+            pass  # it died meanwhile: Ray restarts it as it is
+        except BaseException as exc:
+            future.set_exception(exc)
+            return
     while True:
         try:
+            if old is not None and ray.get(handle.pid.remote()) == old:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the actor's process {old} was not replaced in {RESTART_PATIENCE_S:g} s")
+                time.sleep(0.5)  # the kill has not landed yet
+                continue
             future.set_result(ray.get(handle.ready.remote()))
             return
         except ray.exceptions.RayActorError as exc:

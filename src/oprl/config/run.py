@@ -213,6 +213,17 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _engine_process_fits(self) -> RunConfig:
+        """``rollout.engine_process`` needs an engine that declares it (``oprl.rollout.capabilities``)."""
+        if self.rollout.engine_process and not capabilities(self.rollout.engine).engine_process:
+            engines = " or ".join(engines_with(lambda c: c.engine_process))
+            raise OprlError(
+                f"rollout.engine_process=true needs rollout.engine={engines} (an engine that runs its model in a "
+                f"process of its own); {self.rollout.engine} samples in the worker's process"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _partial_fits(self) -> RunConfig:
         """``sync.partial`` needs an engine that declares the ``sync.partial_kv`` mode (``oprl.rollout.capabilities``,
         read without building it) and overlapped workers (docs/runtime.md#partial-rollouts)."""

@@ -116,6 +116,7 @@ class RolloutConfig(_Section):
             "max_new_tokens",
             "engine",
             "dtype",
+            "engine_process",
         ),
         "reward shaping": (
             "truncated_reward",
@@ -198,6 +199,13 @@ class RolloutConfig(_Section):
     episode_timeout: float = Field(300.0, gt=0.0)
     """task.name=agent: seconds an agent run may take; one still running then scores 0 (counted and logged),
     its session is closed, and the batch goes on without it."""
+
+    engine_process: bool = False
+    """rollout.engine=vllm: vLLM's engine core in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1; on CPU
+    vLLM adds a worker process under it), as vLLM serves by default, instead of in the worker's process. Its
+    death (killed, out of memory) then costs the run a restart of the worker that held it, not the run
+    (docs/runtime.md#self-healing-runs); weights cross to it as bytes at each sync. Off: one process, weights
+    handed over by reference."""
 
     # --- caches: what the engine keeps between calls ---
     prefix_reuse: bool = False

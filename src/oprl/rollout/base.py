@@ -67,6 +67,10 @@ class EngineCapabilities:
     """With a truncating ``Sampling`` the engine samples from ``oprl.models.truncation``'s kept set and records
     log-probs renormalised over it, so the trainer rebuilds the behaviour distribution exactly (training with
     truncation is refused for an engine that does not declare it)."""
+    engine_process: bool = False
+    """The engine is built with ``engine_process=`` (``rollout.engine_process``) and can run its model in a process
+    of its own; an engine whose process died raises an error whose type (or a base's) is named ``EngineDeadError``
+    (vLLM's), which the driver heals as a lost worker (``oprl.backends.failure.engine_died``)."""
 
     @property
     def partial(self) -> bool:

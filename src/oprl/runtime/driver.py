@@ -373,12 +373,23 @@ class Driver:
             return True
         return False
 
+    def _engine_lost(self, call: Call, exc: BaseException) -> bool:
+        """Did the vLLM engine process of the explorer of ``call`` die under it (``rollout.engine_process``), in an
+        explorer the backend can replace (``Backend.replaceable``: a process of its own)? On threads the engine
+        is the driver's process's, shared with the trainer's evaluations: the run stops instead."""
+        if call.kind != "explore" or not failure.engine_died(exc):
+            return False
+        return self.backend.replaceable(self.explorers[call.explorer].actor)
+
     def _heals(self, call: Call, exc: BaseException) -> bool:
-        """Restart the worker of a failed call? Only an explorer whose process died, while the run goes on and
-        the budget allows. Not on worker processes that call the judge: a dead caller may leave the judge's
-        reply in its pipe, where the new process would read it as the answer to its own first question."""
+        """Restart the worker of a failed call? Only an explorer whose process (or engine process) died, while the
+        run goes on and the budget allows. Not on worker processes that call the judge and die: a dead caller may
+        leave the judge's reply in its pipe, where the new process would read it as the answer to its own first
+        question (an explorer whose engine died was not in a call to the judge: it raised, with a clean pipe)."""
         if self.failure is not None or call.kind != "explore":
             return False
+        if self._engine_lost(call, exc):
+            return self.restarts.allows()
         if not self.backend.lost(exc, self.explorers[call.explorer].actor):
             return False
         if self.backend.name == "local" and self.cfg.judge.path is not None:
@@ -393,9 +404,15 @@ class Driver:
         lost = self.batches.lost(index)
         self.sync.forget(index)  # the new process holds the model's first weights: send the version along
         self.clock_before[index] = self.perf.explorer_clock[index]
-        cause = " ".join(self.backend.describe(exc).split())
-        restart = self.restarts.start(call.component, cause, lost, time.perf_counter() - self.busy_since[index])
-        ready = self.backend.restart(self.explorers[index].actor)
+        worked = time.perf_counter() - self.busy_since[index]
+        if self._engine_lost(call, exc):  # the explorer lives, its engine does not: a new explorer, a new engine
+            cause = "EngineDeadError: the engine process died"  # vLLM's own message points at a traceback
+            restart = self.restarts.start(f"vLLM engine of {call.component}", cause, lost, worked, "vllm-engine")
+            ready = self.backend.restart(self.explorers[index].actor, alive=True)
+        else:
+            cause = " ".join(self.backend.describe(exc).split())
+            restart = self.restarts.start(call.component, cause, lost, worked)
+            ready = self.backend.restart(self.explorers[index].actor)
         doing = f"while restarting after {cause}"
         self._submit(ready, Call("restart", call.component, doing, explorer=index, restart=restart))
 
@@ -424,7 +441,10 @@ class Driver:
                 component, doing = "buffer", f"while handing out batch {call.step}"
         if self.failure is None:
             message = f"{component} failed {doing}: {self.backend.describe(exc)}"
-            if call.kind == "explore" and self.backend.lost(exc, self.explorers[call.explorer].actor):
+            explorer_lost = call.kind == "explore" and (
+                self.backend.lost(exc, self.explorers[call.explorer].actor) or self._engine_lost(call, exc)
+            )
+            if explorer_lost:
                 message += self.restarts.spent()
             holder = {"trainer": self.trainer, "teacher": self.teacher, "buffer": self.buffer}.get(component)
             # A sharded trainer's rank that died is a lost trainer too (its front raises ``RankLost``).

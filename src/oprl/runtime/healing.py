@@ -40,6 +40,9 @@ class Restart:
     work_lost_s: float
     """Seconds the lost call had been computing when the worker died (an estimate: since it was dispatched or
     since the worker's previous result, whichever is later)."""
+    kind: str = ""
+    """What died: ``explorer``, ``trainer``, ``teacher``, ``judge``, ``buffer`` or ``vllm-engine`` (an explorer's
+    engine process); '' = the worker's own kind (its name's first word)."""
     started: float = field(default_factory=time.perf_counter)
     ready_s: float | None = None
     """Seconds from the death being noticed to the new worker being ready (start-up and model load)."""
@@ -52,6 +55,7 @@ class Restart:
         """The restart as ``summary.json`` lists it."""
         return {
             "worker": self.worker,
+            "kind": self.kind or self.worker.split(" ")[0],
             "cause": self.cause,
             "batches": self.batches,
             "ready_s": self.ready_s,
@@ -85,10 +89,10 @@ class Restarts:
             " already used)"
         )
 
-    def start(self, worker: str, cause: str, batches: list[int], work_lost_s: float) -> Restart:
+    def start(self, worker: str, cause: str, batches: list[int], work_lost_s: float, kind: str = "") -> Restart:
         self.times.append(self.clock())
         self._uncounted += 1
-        return Restart(worker, cause, batches, work_lost_s)
+        return Restart(worker, cause, batches, work_lost_s, kind)
 
     def ready(self, restart: Restart, again: str) -> None:
         """``restart``'s worker is serving again: one line (``again``: what it does again)."""
