@@ -19,6 +19,7 @@ from oprl.algorithms import (
     DISTILL_KEYS,
     PRESETS,
     TRAINER_KEYS,
+    WEIGHTED_BASELINES,
     LossParams,
     advantage_settings,
     distill_advantages,
@@ -43,6 +44,16 @@ def batch():
         behavior[b, t] = value
     mask = torch.tensor(MASK, dtype=torch.bool)
     return logprobs, behavior, mask
+
+
+def grouped_advantages(settings):
+    """``group_advantages`` of REWARDS/GROUPS under ``settings``; a weighted baseline (VCPO's) gets unequal
+    per-response log-weights, as the trainer would pass (tests/algorithms/test_variance.py checks its formula)."""
+    rewards, groups = torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)
+    weights = {"log_weights": torch.linspace(-1.0, 1.0, 5)} if settings["baseline"] in WEIGHTED_BASELINES else {}
+    return group_advantages(
+        rewards, groups, generator=torch.Generator().manual_seed(0), **advantage_settings(settings), **weights
+    )
 
 
 def _sequence_ratio(b):
@@ -110,10 +121,9 @@ def reference(settings, advantages, keep):
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_preset_matches_reference(name):
     settings = PRESETS[name]
-    adv_settings, loss_settings = advantage_settings(settings), settings
+    loss_settings = settings
     logprobs, behavior, mask = batch()
-    rewards, groups = torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)
-    grouped = group_advantages(rewards, groups, generator=torch.Generator().manual_seed(0), **adv_settings)
+    grouped = grouped_advantages(settings)
     loss, metrics = policy_loss(
         logprobs, behavior, grouped.advantages, mask & grouped.keep[:, None], LossParams.of(loss_settings)
     )
@@ -218,9 +228,8 @@ def test_masked_positions_are_ignored_even_when_infinite(name, masked_value):
     """Every input at a masked position may be ±inf or NaN (trainer log-probs of padding included): the loss
     and the gradient equal the reference's, finite, and the gradient there is exactly 0."""
     settings = PRESETS[name]
-    adv_settings, loss_settings = advantage_settings(settings), settings
-    rewards, groups = torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)
-    grouped = group_advantages(rewards, groups, generator=torch.Generator().manual_seed(0), **adv_settings)
+    loss_settings = settings
+    grouped = grouped_advantages(settings)
     _, behavior, mask = batch()
     mask = mask & grouped.keep[:, None]
     raw = torch.tensor(LOGPROBS, dtype=torch.float64)

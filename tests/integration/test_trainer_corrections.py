@@ -106,6 +106,18 @@ def test_decoupled_ppo_trains_the_default_job(small_overrides, tmp_path):
     assert all(abs(r["loss/ratio_max"] - 1) < 1e-4 for r in rows if "loss/ratio_max" in r)
 
 
+def test_vcpo_trains_the_default_job(small_overrides, tmp_path):
+    """VCPO's score pass (one backward per response) and ESS-scaled step inside a real run: two steps, each
+    logging the rate it used, lr·√min(1, ESS)."""
+    rows = [r for r in _train(small_overrides, tmp_path, "vcpo") if "vcpo/lr_scale" in r]
+    assert len(rows) == 2
+    for row in rows:
+        assert 0 < row["vcpo/ess"] <= 1 + 1e-6
+        assert row["vcpo/lr_scale"] == pytest.approx(min(1.0, row["vcpo/ess"]) ** 0.5)
+        assert row["optim/lr"] == pytest.approx(3e-4 * row["vcpo/lr_scale"])
+        assert row["vcpo/score_norm_mean"] > 0 and row["vcpo/baseline_gap"] >= 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", NEW_PRESETS)
 def test_each_new_preset_trains_the_default_job(small_overrides, tmp_path, preset):
@@ -123,3 +135,13 @@ def test_decoupled_ppo_two_ranks_equal_one_process(tiny_path, sharding):
     """π_prox on data-parallel ranks (every rank recomputes every row through the wrapped policy) gives the
     one-process losses, gradient norms and weights (two mini-batches per step, so r ≠ 1 on the second)."""
     assert_ranks_equal_one_process(_config(tiny_path, sharding, 2, **{"algorithm.preset": "decoupled-ppo"}), tiny_path)
+
+
+@pytest.mark.slow  # two gloo ranks per sharding mode
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_vcpo_two_ranks_equal_one_process(tiny_path, sharding):
+    """VCPO on data-parallel ranks: every rank runs every response's score pass (the reduction averages equal
+    gradients) and the step's ESS is gathered over the ranks' rows, so losses, gradient norms, the scaled rates and
+    the weights equal one process (two mini-batches per step)."""
+    config = _config(tiny_path, sharding, 2, **{"algorithm.preset": "vcpo"})
+    assert_ranks_equal_one_process(config, tiny_path)

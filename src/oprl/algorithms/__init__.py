@@ -5,6 +5,7 @@
 - ``corrections``: the masks, weights and objective of DPPO, M2PO, BAPO, ASPO, TOPR, SAPO and OAPL.
 - ``aggregation``: the one place where (B, T) values become a scalar.
 - ``distill``: the teacher's per-token advantage log π_teacher − log π_b, added to or replacing the group one.
+- ``variance``: VCPO's controls: the step size scaled by the responses' ESS, the off-policy optimal baseline's weights.
 - ``kl``: KL-to-reference estimators k1/k2/k3 (the entropy is computed with the log-probs in ``oprl.models``).
 - ``surrogate``: the consistency surrogate whose gradient is group-relative REINFORCE (docs/paper.md#derivation).
 - ``defaults``: ``ALGORITHM_DEFAULTS``, the one source of every setting's default (the functions' keywords too).
@@ -14,7 +15,14 @@ This package imports only torch and the standard library: no config objects, log
 See docs/algorithms.md for formulas, knobs, metrics and the bandit that motivates the regularisers.
 """
 
-from oprl.algorithms.advantages import BASELINES, DROP_RULES, DropRule, GroupAdvantages, group_advantages
+from oprl.algorithms.advantages import (
+    BASELINES,
+    DROP_RULES,
+    WEIGHTED_BASELINES,
+    DropRule,
+    GroupAdvantages,
+    group_advantages,
+)
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate, aggregation_count
 from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, DISTILL_KEYS, TRAINER_KEYS
 from oprl.algorithms.distill import DISTILL_MIXES, distill_advantages, distill_metrics
@@ -43,6 +51,13 @@ from oprl.algorithms.presets import (
     validate_settings,
 )
 from oprl.algorithms.surrogate import consistency_surrogate
+from oprl.algorithms.variance import (
+    ESS_LR_RULES,
+    baseline_gap,
+    ess_lr_scale,
+    off_policy_baseline_log_weights,
+    sequence_log_ratios,
+)
 
 __all__ = [
     "ADVANTAGE_KEYS",
@@ -52,6 +67,7 @@ __all__ = [
     "DISTILL_KEYS",
     "DISTILL_MIXES",
     "DROP_RULES",
+    "ESS_LR_RULES",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "MISMATCH_BAND",
@@ -63,6 +79,7 @@ __all__ = [
     "RENAMED_SETTINGS",
     "RENAMED_VALUES",
     "TRAINER_KEYS",
+    "WEIGHTED_BASELINES",
     "WEIGHTS",
     "DropRule",
     "GroupAdvantages",
@@ -71,15 +88,19 @@ __all__ = [
     "advantage_settings",
     "aggregate",
     "aggregation_count",
+    "baseline_gap",
     "consistency_surrogate",
     "distill_advantages",
     "distill_metrics",
     "effective_sample_size",
+    "ess_lr_scale",
     "group_advantages",
     "kl_penalty",
+    "off_policy_baseline_log_weights",
     "policy_loss",
     "ratio_stats",
     "renamed_message",
     "resolve_preset",
+    "sequence_log_ratios",
     "validate_settings",
 ]

@@ -1,7 +1,8 @@
 """Group-relative advantages: one scalar per response from the rewards of its group (docs/paper.md#advantages).
 
 A group is the K responses to one prompt, identified by ``group_ids``; groups need not be contiguous or
-sorted. The baseline is the group mean (or the OPMD soft baseline), optionally shifted down by δ (AsymRE)
+sorted. The baseline is the group mean (or the OPMD soft baseline, or VCPO's off-policy optimal weighted mean
+of per-response weights the caller passes as ``log_weights``), optionally shifted down by δ (AsymRE)
 and followed by division by the population std (GRPO). RED-Drop (``drop="balance"``) removes surplus
 negative responses first and computes every statistic over the responses it keeps; ``drop="probabilistic"``
 (Trinity-RFT's first RED-Drop) drops negatives at random and keeps the whole group's statistics.
@@ -46,6 +47,8 @@ class GroupAdvantages:
     with ``keep_dropped``)."""
     dropped: torch.Tensor
     """(N,) bool; the responses the drop rule selected out (their advantage is 0 whether or not they are kept)."""
+    baseline: torch.Tensor
+    """(N,) float; the baseline b of each response's group (before the shift δ and any normalisation)."""
 
 
 def _segment_sum(values: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -130,10 +133,34 @@ def _logavgexp_baseline(rewards, keep, group, num_groups, count, tau):
     return top + tau * torch.log(_segment_sum(scaled.exp(), group, num_groups) / count)
 
 
+def _off_policy_optimal_baseline(rewards, keep, group, num_groups, count, tau, log_weights=None):
+    # b = Σ u·r / Σ u over the group's rows with u = exp(log_weights − the group's largest), so nothing overflows;
+    # a group whose weights are all 0 (−inf) falls back to its mean.
+    if log_weights is None:
+        raise ValueError(
+            "baseline=off-policy-optimal needs log_weights (N,): log(w_i²·‖∇log π(y_i)‖²), which the oprl trainer "
+            "computes (one backward pass per response; oprl.algorithms.variance)"
+        )
+    log_u = torch.where(keep, log_weights.to(rewards.dtype), torch.full_like(rewards, -math.inf))  # (N,)
+    top = _segment_extreme(log_u, keep, group, num_groups, "amax")  # (G,)
+    finite = torch.isfinite(top)  # (G,) some row of the group has u > 0
+    shifted = torch.where(finite[group], log_u - torch.where(finite, top, torch.zeros_like(top))[group], log_u)
+    u = torch.where(keep, shifted.exp(), torch.zeros_like(rewards))  # (N,) in [0, 1], 1 at the group's largest
+    total = _segment_sum(u, group, num_groups)  # (G,) ≥ 1 where finite
+    weighted = _segment_sum(u * rewards, group, num_groups) / total.clamp(min=1.0)
+    return torch.where(finite, weighted, _mean_baseline(rewards, keep, group, num_groups, count, tau))
+
+
 BASELINES: dict[str, Callable] = {
     "mean": _mean_baseline,  # group-relative REINFORCE / GRPO
     "logavgexp": _logavgexp_baseline,  # OPMD's soft baseline (Kimi k1.5 / Yao et al. 2025, section 3)
+    # VCPO's closed-form minimum-variance baseline for off-policy data (arXiv 2602.17616): Σ u·r / Σ u with
+    # u = w²·‖∇log π(y)‖² per response (oprl.algorithms.variance), given as ``log_weights``.
+    "off-policy-optimal": _off_policy_optimal_baseline,
 }
+
+WEIGHTED_BASELINES: tuple[str, ...] = ("off-policy-optimal",)
+"""Baselines that need per-response ``log_weights`` (the trainer computes them when ``baseline`` is one)."""
 
 
 def group_advantages(
@@ -148,6 +175,7 @@ def group_advantages(
     baseline: str = D["baseline"],
     tau: float = D["tau"],
     generator: torch.Generator | None = None,
+    log_weights: torch.Tensor | None = None,
 ) -> GroupAdvantages:
     """Advantages of ``rewards`` (N,) within the groups of ``group_ids`` (N,).
 
@@ -155,6 +183,9 @@ def group_advantages(
     δ = baseline_shift:
       b = mean_S(r)                                 (baseline="mean")
       b = τ·log((1/|S|) Σ_S exp(r_j/τ))             (baseline="logavgexp", OPMD)
+      b = Σ_S u_j·r_j / Σ_S u_j, u = exp(log_weights) (baseline="off-policy-optimal", VCPO: log u_j =
+                                                     log(w_j²·‖∇log π(y_j)‖²), oprl.algorithms.variance; the
+                                                     group mean where every u_j = 0)
       A_i = (r_i − b) + δ                           (AsymRE: the baseline lowered by δ)
       A_i = (r_i − b)/(std_S(r) + 1e-6) + δ         (std_normalize; population std; δ in normalised units)
       A_i = (r_i − b)/mean_S(r) + δ                 (mean_normalize, MaxRL: r_i/mean − 1 with b = mean; 0
@@ -182,7 +213,8 @@ def group_advantages(
     in_stats = stats.to(rewards.dtype)
     count = _segment_sum(in_stats, group, num_groups).clamp(min=1)  # (G,)
 
-    center = baseline_fn(rewards, stats, group, num_groups, count, tau)  # (G,)
+    weights = {"log_weights": log_weights} if baseline in WEIGHTED_BASELINES else {}  # read by those alone
+    center = baseline_fn(rewards, stats, group, num_groups, count, tau, **weights)  # (G,)
     highest = _segment_extreme(rewards, stats, group, num_groups, "amax")  # (G,)
     lowest = _segment_extreme(rewards, stats, group, num_groups, "amin")  # (G,)
     # Equal rewards give exactly 0, not the rounding error of (r − mean), which std division would inflate.
@@ -197,4 +229,4 @@ def group_advantages(
         centered = torch.where(mean > 0, centered / mean.clamp(min=STD_EPS), torch.zeros_like(centered))
     advantages = torch.where(chosen, centered + baseline_shift, torch.zeros_like(rewards))
     keep = torch.ones_like(chosen) if keep_dropped else chosen
-    return GroupAdvantages(advantages=advantages, keep=keep, dropped=~chosen)
+    return GroupAdvantages(advantages=advantages, keep=keep, dropped=~chosen, baseline=center[group])

@@ -49,6 +49,8 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
     "distill_mix": "add",  # "add" to the group advantage, or "replace" it (pure distillation)
     # the trainer
     "recompute_proximal": False,  # decoupled PPO: the trainer recomputes π_prox before the update
+    "ess_lr": "none",  # the learning rate as configured; VCPO (arXiv 2602.17616) scales it by √min(1, ESS/base)
+    "ess_lr_base": 1.0,  # VCPO's base_ess_ratio (the authors' scripts): any ESS < 1 shrinks the step
 }
 
 ADVANTAGE_KEYS: tuple[str, ...] = (
@@ -58,8 +60,9 @@ ADVANTAGE_KEYS: tuple[str, ...] = (
 ``oprl.algorithms.losses.LossParams``."""
 DISTILL_KEYS: tuple[str, ...] = ("distill_coef", "distill_mix")
 """Settings of ``distill_advantages``: the trainer calls it when ``distill_coef`` > 0 (rows need teacher log-probs)."""
-TRAINER_KEYS: tuple[str, ...] = ("recompute_proximal",)
-"""Settings the trainer reads: ``recompute_proximal`` makes it pass ``proximal_logprobs`` to ``policy_loss``."""
+TRAINER_KEYS: tuple[str, ...] = ("recompute_proximal", "ess_lr", "ess_lr_base")
+"""Settings the trainer reads: ``recompute_proximal`` makes it pass ``proximal_logprobs`` to ``policy_loss``;
+``ess_lr`` / ``ess_lr_base`` scale each optimizer step's learning rate by ``oprl.algorithms.variance.ess_lr_scale``."""
 
 
 __all__ = ["ADVANTAGE_KEYS", "ALGORITHM_DEFAULTS", "DISTILL_KEYS", "TRAINER_KEYS"]

@@ -18,6 +18,7 @@ from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS
 from oprl.algorithms.distill import DISTILL_MIXES
 from oprl.algorithms.losses import CLIP_MODES, OBJECTIVES, RATIO_LEVELS, REGULARIZERS, WEIGHTS
 from oprl.algorithms.registry import unknown_name_message
+from oprl.algorithms.variance import ESS_LR_RULES
 
 _WIDE = {"eps_low": 0.6, "eps_high": 2.0}  # ρ ∈ [0.4, 3.0]: faster on- and near-policy (finding 3)
 _IS = {"weight": "importance-sampling"}  # w = ρ (detached)
@@ -105,6 +106,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cispo": {**ALGORITHM_DEFAULTS, **_STD, "weight": "clipped-is", "eps_low": 1.0, "eps_high": 1.0},
     # Dr. GRPO (Liu et al. 2025, arXiv 2503.20783): GRPO without std normalisation or length bias.
     "dr-grpo": {**ALGORITHM_DEFAULTS, "clip_mode": "one-side", **_IS, "loss_agg": "seq-mean-token-sum-norm"},
+    # VCPO (Huang et al. 2026, arXiv 2602.17616; mit-han-lab/vcpo's scripts): the step's learning rate times
+    # √min(1, ESS) of the responses' weights Π_t ρ_t, the off-policy optimal baseline Σu·r/Σu (u = w²·‖∇log π‖²)
+    # divided by the group's std (norm_by_std), PPO's surrogate with no effective clip (w = ρ), token mean per response.
+    "vcpo": {
+        **ALGORITHM_DEFAULTS,
+        **_STD,
+        **_IS,
+        "baseline": "off-policy-optimal",
+        "loss_agg": "seq-mean-token-mean",
+        "ess_lr": "sqrt",
+        "ess_lr_base": 1.0,
+    },
     # On-policy distillation (Agarwal et al. 2024; Thinking Machines 2025, tinker-cookbook's defaults): the
     # per-token advantage log π_teacher − log π_b replaces the reward's, w = ρ (tinker's importance_sampling
     # loss). Needs teacher.path (docs/algorithms.md#distillation); add clip_mode=one-side for REC's clip.
@@ -182,6 +195,7 @@ REGISTRIES: dict[str, dict[str, Any]] = {
     "loss_agg": LOSS_AGGREGATIONS,
     "objective": OBJECTIVES,
     "distill_mix": DISTILL_MIXES,
+    "ess_lr": ESS_LR_RULES,
 }
 """The settings whose value is a registry key: the registry is the one list of valid strings (``oprl.config``
 builds its ``Literal`` types from it)."""
@@ -196,7 +210,7 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 
 _POSITIVE = (
     "tau", "weight_temperature", "is_cap", "mask_high", "tau_pos", "tau_neg", "bapo_high_max", "vespo_lambda_pos",
-    "vespo_lambda_neg",
+    "vespo_lambda_neg", "ess_lr_base",
 )  # fmt: skip
 _NON_NEGATIVE = (
     "eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "regularizer_coef", "mask_low", "distill_coef",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, TypeAlias
 
 from pydantic import AfterValidator, Field
 
-from oprl.algorithms import KL_ESTIMATORS
+from oprl.algorithms import ESS_LR_RULES, KL_ESTIMATORS
 from oprl.config.choices import CHOICE_SETTINGS, resolve_choice
 from oprl.tasks.section import Section as _Section
 
@@ -26,11 +26,13 @@ if TYPE_CHECKING:  # the type checker sees strings; at run time each is the Lite
     LossAgg: TypeAlias = str
     Objective: TypeAlias = str
     KlEstimator: TypeAlias = str
+    EssLr: TypeAlias = str
 else:  # the live registries in oprl.algorithms are the one list of valid names, plug-ins join them (choices.py)
     Drop, Baseline, ClipMode, Weight, RatioLevel, Regularizer, LossAgg, Objective = (
         Annotated[str, AfterValidator(functools.partial(resolve_choice, key))] for key in CHOICE_SETTINGS
     )
     KlEstimator = Literal[tuple(KL_ESTIMATORS)]
+    EssLr = Literal[tuple(ESS_LR_RULES)]
 
 
 class AlgorithmConfig(_Section):
@@ -53,7 +55,7 @@ class AlgorithmConfig(_Section):
         "objective, regulariser and aggregation": ("objective", "regularizer", "regularizer_coef", "loss_agg"),
         "methods after the paper": (
             "m2_threshold", "tau_pos", "tau_neg", "bapo_target", "bapo_low_max", "bapo_high_max", "regression_beta",
-            "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg",
+            "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "ess_lr", "ess_lr_base",
         ),
         "distillation": ("distill_coef", "distill_mix"),
         "reference KL and entropy": ("kl_coef", "kl_estimator", "log_ref_kl_every", "entropy_coef"),
@@ -78,7 +80,9 @@ class AlgorithmConfig(_Section):
     baseline_shift: float | None = None
     """AsymRE: baseline = group mean - baseline_shift."""
     baseline: Baseline | None = None
-    """Group baseline: mean, or the OPMD soft baseline tau*log(mean(exp(r/tau)))."""
+    """Group baseline: mean, the OPMD soft baseline tau*log(mean(exp(r/tau))), or off-policy-optimal (VCPO:
+    sum u*r / sum u with u_i = w_i^2 * |grad log pi(y_i)|^2; the trainer computes the score norms with one backward
+    pass per response)."""
     tau: float | None = None
     """Temperature of the logavgexp baseline (> 0)."""
     clip_mode: ClipMode | None = None
@@ -144,6 +148,12 @@ class AlgorithmConfig(_Section):
     """VESPO: shape k for A < 0 (>= 0)."""
     vespo_lambda_neg: float | None = None
     """VESPO: rate lam for A < 0 (> 0)."""
+    ess_lr: EssLr | None = None
+    """VCPO (arXiv 2602.17616): each optimizer step's learning rate times g(min(1, ESS/ess_lr_base)), ESS =
+    (sum w)^2/(N*sum w^2) of the mini-batch's responses' importance weights w_i = prod_t rho_t; g = sqrt (the
+    authors' rule for AdamW), linear, or none (the configured rate). Logged as vcpo/lr_scale and vcpo/ess."""
+    ess_lr_base: float | None = None
+    """VCPO: the ESS (0..1] at or above which ess_lr leaves the step unscaled (the authors' base_ess_ratio, 1.0)."""
     distill_coef: float | None = None
     """Distillation (docs/algorithms.md#distillation; needs teacher.path or a store scored by ``oprl
     teacher-score``): c in the per-token advantage A_t = A_group + c*(log pi_teacher(y_t) - log pi_behaviour(y_t)),

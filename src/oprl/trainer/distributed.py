@@ -124,6 +124,14 @@ class SingleProcess:
     def clip_grad_norm(self, params, max_norm: float) -> float:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
+    def grad_norm(self, params) -> float:
+        """The global norm of the gradients of ``params`` (no clipping)."""
+        return float(torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+
+    def gather(self, values: list[float]) -> list[float]:
+        """Every rank's ``values``, concatenated in rank order (this rank's own on one process)."""
+        return list(values)
+
     def reduce_metrics(self, sums: dict, extremes: dict) -> tuple[dict, dict]:
         return sums, extremes
 
@@ -191,6 +199,19 @@ class DataParallel(SingleProcess):
             norm = norm.full_tensor()
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         return float(norm)
+
+    def grad_norm(self, params) -> float:
+        from torch.distributed.tensor import DTensor
+
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+    def gather(self, values: list[float]) -> list[float]:
+        import torch.distributed as dist
+
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, list(values))
+        return [value for rank_values in everyone for value in rank_values]
 
     def reduce_metrics(self, sums: dict, extremes: dict) -> tuple[dict, dict]:
         """Sum the share-weighted metrics and min/max the extremes over ranks; ``perf/`` seconds stay this

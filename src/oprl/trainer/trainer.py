@@ -23,17 +23,22 @@ import torch
 
 from oprl.algorithms import (
     DISTILL_KEYS,
+    WEIGHTED_BASELINES,
     LossParams,
     advantage_settings,
     aggregate,
     aggregation_count,
+    baseline_gap,
     distill_advantages,
     distill_metrics,
     effective_sample_size,
+    ess_lr_scale,
     group_advantages,
     kl_penalty,
+    off_policy_baseline_log_weights,
     policy_loss,
     ratio_stats,
+    sequence_log_ratios,
 )
 from oprl.algorithms.distill import LOGPROB_FLOOR
 from oprl.checkpoint.files import load_trainer_state, save_trainer_state
@@ -87,6 +92,10 @@ class Trainer:
         fixed = settings["loss_agg"] == "seq-mean-token-sum-norm"
         self.loss_params = LossParams.of(settings, normalizer=float(max_response_tokens) if fixed else None)
         self.recompute_proximal = settings["recompute_proximal"]  # the loss asks for π_prox (decoupled PPO)
+        # VCPO (oprl.algorithms.variance): each step's learning rate scaled by the mini-batch's ESS, and the
+        # off-policy optimal baseline, whose per-response weights need one backward pass per response.
+        self.ess_lr, self.ess_lr_base = settings["ess_lr"], settings["ess_lr_base"]
+        self.weighted_baseline = settings["baseline"] in WEIGHTED_BASELINES
         # Distillation: per-token advantages from the rows' teacher log-probs (oprl.algorithms.distill).
         self.distill_kwargs = {key: settings[key] for key in DISTILL_KEYS}
         self.teacher_logprob_floor = teacher_logprob_floor  # teacher.logprob_floor: −inf (outside its support) -> it
@@ -124,12 +133,23 @@ class Trainer:
         generator = torch.Generator().manual_seed(stream_seed(self.seed, self.version))
         rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
         group_ids = torch.tensor([e.group_id for e in batch], dtype=torch.long)  # (N,)
-        adv = group_advantages(rewards, group_ids, generator=generator, **self.advantage_kwargs)
+        totals: dict[str, float] = defaultdict(float)
+        extremes: dict[str, float] = {}
+        log_weights, baseline_metrics = None, {}
+        if self.weighted_baseline:  # the baseline's per-response weights, from the weights before this step
+            tick = time.perf_counter()
+            log_ratios, score_sq_norms = self.score_statistics(batch)  # (N,), (N,)
+            log_weights = off_policy_baseline_log_weights(log_ratios, score_sq_norms)
+            totals["perf/train_score_s"] = time.perf_counter() - tick
+            baseline_metrics["vcpo/score_norm_mean"] = float(score_sq_norms.sqrt().mean())
+        adv = group_advantages(
+            rewards, group_ids, generator=generator, log_weights=log_weights, **self.advantage_kwargs
+        )
+        if log_weights is not None:  # how far the weighted baseline moved from the group mean, in reward units
+            baseline_metrics["vcpo/baseline_gap"] = float(baseline_gap(rewards, group_ids, adv.baseline))
         kept = adv.keep.nonzero().squeeze(-1)
         # π_prox: the weights before this step's first update, for every row, whatever the mini-batch order.
         proximal = self.proximal_logprobs(batch) if self.recompute_proximal else None
-        totals: dict[str, float] = defaultdict(float)
-        extremes: dict[str, float] = {}
         updates = 0
         for _ in range(self.optim.epochs):
             order = kept[torch.randperm(len(kept), generator=generator)] if self.optim.mini_batches > 1 else kept
@@ -146,7 +166,7 @@ class Trainer:
                 merge_metrics(totals, extremes, metrics)
         # Metrics are averaged over the optimizer updates of this step; seconds add up.
         out = {key: value if key.startswith("perf/") else value / max(updates, 1) for key, value in totals.items()}
-        out |= extremes
+        out |= extremes | baseline_metrics
         out.update(self._batch_metrics(sampled, adv, self.version))
         if masked_frac is not None:
             out["batch/stale_token_masked_frac"] = masked_frac
@@ -174,6 +194,30 @@ class Trainer:
             out += [values[valid.bool()].tolist() for values, valid in zip(logprobs.cpu(), mask.cpu(), strict=True)]
         return out
 
+    def score_statistics(self, rows: list[Experience]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log w (N,), ‖∇θ Σ_t log π_θ(y_t)‖² (N,))`` of every row under the current (pre-update) weights: each
+        response's log importance weight Σ_t log(π_θ/π_b) and the squared norm of the gradient of its summed
+        log-probs over the trainable parameters (VCPO's off-policy optimal baseline, oprl.algorithms.variance).
+        One forward and one backward pass per row (train mode, the loss's tokens: multi-turn environment tokens
+        and stale-masked tokens excluded); gradients are zeroed afterwards. Every data-parallel rank computes
+        every row in the same order, so the reduction averages equal gradients: each rank gets the row's own."""
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        log_ratios, sq_norms = [], []
+        for row in rows:
+            self.optimizer.zero_grad(set_to_none=True)
+            with self.parallel.gradient_sync(True):
+                logprobs, _, mask = self.policy(
+                    [row.prompt_ids], [row.response_ids], self.pad_id, sampling=self.sampling
+                )  # (1, T), _, (1, T)
+                mask = mask & loss_mask_of([row], mask.shape[1]).to(mask.device)
+                torch.where(mask, logprobs, torch.zeros_like(logprobs)).sum().backward()
+            behavior = right_pad_values([row.behavior_logprobs], mask.shape[1]).to(logprobs.device)  # (1, T)
+            log_ratios.append(sequence_log_ratios(logprobs, behavior, mask).float().cpu())
+            sq_norms.append(self.parallel.grad_norm(params) ** 2)
+        self.optimizer.zero_grad(set_to_none=True)
+        return torch.cat(log_ratios), torch.tensor(sq_norms, dtype=torch.float32)
+
     def _update(
         self, rows: list[Experience], advantages: torch.Tensor, proximal: list[list[float]] | None = None
     ) -> dict[str, float]:
@@ -189,6 +233,7 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         extremes: dict[str, float] = {}
         chunks = self.parallel.micro_batches(rows, self.optim.micro_batch_size)
+        row_log_ratios: list[float] = []  # this rank's responses' log w_i, for the ESS of the step's size
         for index, chunk in enumerate(chunks):
             # An empty chunk (this rank holds fewer micro-batches) still runs forward/backward on one row with
             # weight 0: FSDP gathers parameters in every rank's forward and reduces gradients after the last one.
@@ -199,7 +244,8 @@ class Trainer:
             with self.parallel.gradient_sync(index == len(chunks) - 1):
                 picked = chunk if chunk else [0]
                 micro_proximal = [proximal[i] for i in picked] if proximal is not None else None
-                loss, metrics = self._micro_loss(micro, advantages[picked], micro_proximal)
+                collect = row_log_ratios if chunk and self.ess_lr != "none" else None
+                loss, metrics = self._micro_loss(micro, advantages[picked], micro_proximal, collect)
                 tock = time.perf_counter()
                 # grad_scale undoes the data-parallel average over ranks (1 on one process).
                 (loss * (share * self.parallel.grad_scale)).backward()
@@ -211,14 +257,33 @@ class Trainer:
             merge_metrics(sums, extremes, metrics, tokens / total_tokens, dict.fromkeys(AGGREGATED_METRICS, share))
         tick = time.perf_counter()
         grad_norm = self.parallel.clip_grad_norm(self.model.parameters(), self.optim.grad_clip)
+        configured = [group["lr"] for group in self.optimizer.param_groups]
+        scaled: dict[str, float] = {}
+        if self.ess_lr != "none":  # VCPO: this step's learning rate times g(ESS of the mini-batch's responses)
+            every = torch.tensor(self.parallel.gather(row_log_ratios), dtype=torch.float64)
+            scale, ess = ess_lr_scale(every, self.ess_lr, self.ess_lr_base)
+            for group, lr in zip(self.optimizer.param_groups, configured, strict=True):
+                group["lr"] = lr * float(scale)
+            scaled = {"vcpo/lr_scale": float(scale), "vcpo/ess": float(ess)}
+        lr_used = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
+        for group, lr in zip(self.optimizer.param_groups, configured, strict=True):
+            group["lr"] = lr  # the scale is this step's only
         sums["perf/train_optimizer_s"] += time.perf_counter() - tick
         sums, extremes = self.parallel.reduce_metrics(dict(sums), extremes)
         sums["optim/grad_norm"] = float(grad_norm)
-        sums["optim/lr"] = self.optimizer.param_groups[0]["lr"]
-        return sums | extremes
+        sums["optim/lr"] = lr_used
+        return sums | extremes | scaled
 
-    def _micro_loss(self, rows: list[Experience], advantages: torch.Tensor, proximal: list[list[float]] | None):
+    def _micro_loss(
+        self,
+        rows: list[Experience],
+        advantages: torch.Tensor,
+        proximal: list[list[float]] | None,
+        log_ratios: list[float] | None = None,
+    ):
+        """``(loss, metrics)`` of one micro-batch; with ``log_ratios`` (a list) each response's log w_i = Σ_t log ρ_t
+        (rows with a valid token) is appended to it, for the ESS of VCPO's step size."""
         prompts, responses = [e.prompt_ids for e in rows], [e.response_ids for e in rows]
         # Each distinct prompt runs once per micro-batch, shared by its group (see grouped_response_logprobs).
         logprobs, entropy, mask = self.policy(
@@ -250,6 +315,8 @@ class Trainer:
         out |= {f"rho/behavior_{k}": float(v) for k, v in ratio_stats(logprobs.detach(), behavior, mask).items()}
         ess = effective_sample_size(logprobs.detach(), behavior, mask)  # per micro-batch, averaged like the rest
         out |= {"rho/ess": float(ess["token"]), "rho/ess_seq": float(ess["sequence"])}
+        if log_ratios is not None:
+            log_ratios += sequence_log_ratios(logprobs, behavior, mask)[mask.any(dim=-1)].tolist()
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * aggregate(entropy, mask, params.loss_agg, params.normalizer)
         if self.reference is not None and self._ref_kl_due():
