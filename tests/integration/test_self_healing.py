@@ -235,66 +235,115 @@ def test_a_lost_ray_node_its_actors_come_back_on_the_survivor_and_the_run_equals
     assert_same_as_undisturbed(root, "lost-node")
 
 
-@pytest.mark.slow
-def test_a_killed_teacher_is_restarted_with_every_worker_and_the_distillation_equals(undisturbed, monkeypatch, capsys):
+@contextlib.contextmanager
+def workers_of(backend: str, cpus: int = 2):
+    """``backend=ray`` on a local Ray instance of ``cpus`` logical CPUs, or worker processes."""
+    if backend == "ray":
+        ray = pytest.importorskip("ray")
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        try:
+            yield "backend=ray"
+        finally:
+            ray.shutdown()
+    else:
+        yield PROCESSES
+
+
+def died_lines(capsys) -> list[str]:
+    out = capsys.readouterr()
+    return [line for line in (out.out + out.err).splitlines() if " died (" in line]
+
+
+# On Ray the teacher, the judge and a trainer rank are actors Ray does not restart (no ``max_restarts``): the
+# driver starts every worker again as new actors from the newest checkpoint, as for the trainer.
+RAY_DIED = "its process died (RayActorError)"
+
+
+@pytest.mark.slow  # ~1-2 min per backend on 2 cores
+@pytest.mark.parametrize("backend", ["processes", "ray"])
+def test_a_killed_teacher_is_restarted_with_every_worker_and_the_distillation_equals(
+    undisturbed, monkeypatch, capsys, backend
+):
     """Distillation with the undisturbed run's final checkpoint as the teacher: the teacher dies as batch 4
     reaches it; every worker starts again (from the newest checkpoint, or from the start if there is none yet:
     which, depends on timing), and the run equals the same distillation undisturbed."""
     root, args = undisturbed
     teacher = sorted((root / "whole" / "checkpoints").glob("step-*"))[-1]
     distill = [*args, "algorithm.preset=distill", f"teacher.path={teacher}"]
-    assert main(["train", *distill, "run_name=distill-whole"]) == 0
+    if not (root / "distill-whole" / "final").is_dir():  # one reference for both backends
+        assert main(["train", *distill, "run_name=distill-whole"]) == 0
     monkeypatch.setenv(VARIABLE, "teacher@step=4")
-    assert main(["train", *distill, PROCESSES, "run_name=distill-healed"]) == 0
-    out = capsys.readouterr()
-    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
-    assert len(lines) == 1 and lines[0].startswith("teacher died (ProcessDied: worker process exited (-9))"), lines
+    name = f"distill-healed-{backend}"
+    with workers_of(backend) as workers:
+        assert main(["train", *distill, workers, f"run_name={name}"]) == 0
+    lines = died_lines(capsys)
+    cause = "ProcessDied: worker process exited (-9)" if backend == "processes" else RAY_DIED
+    assert len(lines) == 1 and lines[0].startswith(f"teacher died ({cause})"), lines
     whole = read_metrics(root / "distill-whole" / "metrics.jsonl")
-    healed = read_metrics(root / "distill-healed" / "metrics.jsonl")
+    healed = read_metrics(root / name / "metrics.jsonl")
     assert deterministic_view(healed) == deterministic_view(whole) and "distill/reverse_kl" in healed[-1]
     final = "final/model.safetensors"
-    assert (root / "distill-healed" / final).read_bytes() == (root / "distill-whole" / final).read_bytes()
+    assert (root / name / final).read_bytes() == (root / "distill-whole" / final).read_bytes()
 
 
-@pytest.mark.slow  # two sharded runs of two rank processes each: ~1 min on 2 cores
-def test_a_killed_trainer_rank_restarts_every_worker_from_the_newest_checkpoint(undisturbed, monkeypatch, capsys):
+@pytest.mark.slow  # two sharded runs of two rank processes each: ~1 min on 2 cores (Ray: ~2 min)
+@pytest.mark.parametrize("backend", ["processes", "ray"])
+def test_a_killed_trainer_rank_restarts_every_worker_from_the_newest_checkpoint(
+    undisturbed, monkeypatch, capsys, backend
+):
     """trainer.sharding=ddp with 2 ranks: rank 1's process dies as step 4 reaches it. The front raises RankLost,
     the driver treats it as a lost trainer, every worker (new ranks too) starts again from step 2's checkpoint,
-    and the run equals an undisturbed sharded run."""
+    and the run equals an undisturbed sharded run. On Ray the ranks are actors in a placement group (4 logical
+    CPUs: 2 bundles for the ranks, 1 per explorer) and RankLost reaches the driver inside Ray's RayTaskError."""
     root, args = undisturbed
-    sharded = [*args, PROCESSES, "trainer.sharding=ddp", "trainer.world_size=2"]
-    assert main(["train", *sharded, "run_name=ddp-whole"]) == 0
+    sharded = [*args, "trainer.sharding=ddp", "trainer.world_size=2"]
+    if not (root / "ddp-whole" / "final").is_dir():  # one reference for both backends
+        assert main(["train", *sharded, PROCESSES, "run_name=ddp-whole"]) == 0
     monkeypatch.setenv(VARIABLE, "trainer-rank:1@step=4")
-    assert main(["train", *sharded, "run_name=ddp-healed"]) == 0
-    out = capsys.readouterr()
-    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
+    name = f"ddp-healed-{backend}"
+    with workers_of(backend, cpus=4) as workers:
+        assert main(["train", *sharded, workers, f"run_name={name}"]) == 0
+    lines = died_lines(capsys)
     assert len(lines) == 1 and lines[0].startswith("trainer died (RankLost: trainer rank 1 died"), lines
     assert "step-000002" in lines[0], lines[0]
     whole = read_metrics(root / "ddp-whole" / "metrics.jsonl")
-    healed = read_metrics(root / "ddp-healed" / "metrics.jsonl")
+    healed = read_metrics(root / name / "metrics.jsonl")
     assert deterministic_view(healed) == deterministic_view(whole)
     final = "final/model.safetensors"
-    assert (root / "ddp-healed" / final).read_bytes() == (root / "ddp-whole" / final).read_bytes()
+    assert (root / name / final).read_bytes() == (root / "ddp-whole" / final).read_bytes()
 
 
-@pytest.mark.slow  # two runs with a judge process: ~40 s on 2 cores
-def test_a_judge_that_dies_under_an_explorers_call_restarts_every_worker(tmp_path, cache_dir, monkeypatch, capsys):
-    """A model as the judge (judge.path), in its own process: it dies as its second call (an explorer's batch)
-    reaches it. The explorer's call fails with JudgeLost (roles.JudgeClient), the driver counts the judge lost,
-    and every worker starts again from the newest checkpoint; the run equals the undisturbed one."""
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory, cache_dir):
+    """A run with a model as the judge (judge.path), one explorer, undisturbed (on worker processes)."""
     from conftest import SMALL
 
+    root = tmp_path_factory.mktemp("healing-judge")
     judge = ["judge.path=tiny", "judge.yes_text=1", "judge.no_text=0", "judge.weight=0.1", "judge.name=verdict"]
-    args = [*SMALL, *RUN, *judge, PROCESSES, "runtime.explorers=1", f"output_dir={tmp_path}"]
-    monkeypatch.setenv("OPRL_CACHE_DIR", str(cache_dir))
-    assert main(["train", *args, "run_name=whole"]) == 0
+    args = [*SMALL, *RUN, *judge, "runtime.explorers=1", f"output_dir={root}"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPRL_CACHE_DIR", str(cache_dir))
+        assert main(["train", *args, PROCESSES, "run_name=whole"]) == 0
+    return root, args
+
+
+@pytest.mark.slow  # a run with a judge process or actor: ~40 s on 2 cores (Ray: ~1-2 min)
+@pytest.mark.parametrize("backend", ["processes", "ray"])
+def test_a_judge_that_dies_under_an_explorers_call_restarts_every_worker(judged, monkeypatch, capsys, backend):
+    """A model as the judge (judge.path), in its own process: it dies as its fourth call (an explorer's batch)
+    reaches it. The explorer's call fails with JudgeLost (roles.JudgeClient), the driver counts the judge lost,
+    and every worker starts again from the newest checkpoint; the run equals the undisturbed one. On Ray the
+    explorer's line to the judge actor (``RayPeer``) carries the fault, and JudgeLost reaches the driver inside
+    Ray's RayTaskError."""
+    root, args = judged
     monkeypatch.setenv(VARIABLE, "judge@call=4")
-    assert main(["train", *args, "run_name=healed"]) == 0
-    out = capsys.readouterr()
-    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
+    name = f"healed-{backend}"
+    with workers_of(backend) as workers:
+        assert main(["train", *args, workers, f"run_name={name}"]) == 0
+    lines = died_lines(capsys)
     assert len(lines) == 1 and lines[0].startswith("judge died (JudgeLost: the judge died while judging"), lines
     assert "every worker started again" in lines[0], lines[0]
-    assert_same_as_undisturbed(tmp_path, "healed")
+    assert_same_as_undisturbed(root, name)
 
 
 DOUBLES = Path(__file__).parent / "engine_doubles.py"
@@ -345,3 +394,40 @@ def test_a_killed_vllm_engine_process_is_replaced_with_its_explorer_and_the_run_
         ("vLLM engine of explorer 0", "vllm-engine", 3)
     ], restarts
     assert_same_as_undisturbed(tmp_path, "healed")
+
+
+def _trials(rounds: int, seed: int = 5757) -> list[tuple[str, str]]:
+    """``rounds`` (kind, OPRL_FAULT) pairs per worker kind of the undisturbed run's config, at distinct steps drawn
+    from ``seed`` among its 6 (for a torn save, among the checkpoints' steps 2 and 4: at most 2 rounds)."""
+    rng = random.Random(seed)
+    steps = {kind: rng.sample(range(1, 7), rounds) for kind in ("explorer", "trainer", "engine")}
+    saves = rng.sample([2, 4], rounds)
+    trials = []
+    for i in range(rounds):
+        trials += [
+            ("explorer", f"explorer@step={steps['explorer'][i]}"),
+            ("trainer", f"trainer@step={steps['trainer'][i]}"),
+            ("trainer", f"trainer@save={saves[i]}"),
+            ("vllm-engine", f"engine@step={steps['engine'][i]}"),
+        ]
+    return trials
+
+
+TRIALS = _trials(2)
+
+
+@pytest.mark.slow  # 8 runs of worker processes: ~6-8 min on the loaded 2-core machine
+@pytest.mark.parametrize("kind, fault", TRIALS, ids=[f"{i}-{f}" for i, (_, f) in enumerate(TRIALS)])
+def test_seeded_trials_kill_a_worker_kind_at_a_random_step_and_every_run_equals(undisturbed, monkeypatch, kind, fault):
+    """Issue 57's "kill -9 of each worker kind at a random step in many trials (seeded)": each trial kills one
+    worker (an explorer, the trainer as a step or a checkpoint reaches it, an explorer's engine process: the
+    lean stand-in of engine_doubles.py) and the healed run must equal the undisturbed one, with one restart of
+    that kind. ``benchmarks/restart_explorer.py`` measures what each kind costs."""
+    root, args = undisturbed
+    name = f"trial-{TRIALS.index((kind, fault))}"
+    engine = [f"rollout.engine={DOUBLES}:DyingEngine", "rollout.engine_process=true"] if kind == "vllm-engine" else []
+    monkeypatch.setenv(VARIABLE, fault)
+    assert main(["train", *args, *engine, PROCESSES, f"run_name={name}"]) == 0
+    restarts = json.loads((root / name / "summary.json").read_text())["restarts"]
+    assert [r["kind"] for r in restarts] == [kind], restarts
+    assert_same_as_undisturbed(root, name)

@@ -26,8 +26,15 @@ from typing import Any
 
 
 def is_kind(exc: BaseException | None, kind: str) -> bool:
-    """Is ``exc`` an exception of type ``kind``, raised here or in a worker process (``RemoteError.kind``)?"""
-    return exc is not None and kind in (type(exc).__name__, getattr(exc, "kind", ""))
+    """Is ``exc`` an exception of type ``kind`` (or of a subclass), raised here, in a worker process
+    (``RemoteError.kind``) or in a Ray actor (a ``RayTaskError``: an instance of its cause's class too, and
+    holding it as ``cause``)? Matched by name: the class may live in a package not imported here (vLLM's)."""
+    while exc is not None:
+        if getattr(exc, "kind", "") == kind or any(c.__name__ == kind for c in type(exc).__mro__):
+            return True
+        cause = getattr(exc, "cause", None)  # WorkerFailure.cause is a line of text, not an exception
+        exc = cause if isinstance(cause, BaseException) else None
+    return False
 
 
 def process_died(exc: BaseException | None) -> bool:
@@ -38,15 +45,9 @@ def process_died(exc: BaseException | None) -> bool:
 
 def engine_died(exc: BaseException | None) -> bool:
     """Did a call fail because the worker's model engine died in a process of its own (vLLM's
-    ``EngineDeadError``: ``rollout.engine_process=true``), the worker itself alive? Raised in this process (a
-    thread's engine), in a worker process (``RemoteError.kind``) or in a Ray actor (a ``RayTaskError`` that is
-    also an instance of the cause's class, or holds it as ``cause``). Matched by name: vLLM is not imported here."""
-    while exc is not None:
-        if is_kind(exc, "EngineDeadError") or any(c.__name__ == "EngineDeadError" for c in type(exc).__mro__):
-            return True
-        cause = getattr(exc, "cause", None)
-        exc = cause if isinstance(cause, BaseException) else None
-    return False
+    ``EngineDeadError``: ``rollout.engine_process=true``), the worker itself alive? Wherever it was raised
+    (``is_kind``)."""
+    return is_kind(exc, "EngineDeadError")
 
 
 class WorkerFailure(RuntimeError):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import ray
 
 from oprl.backends import faults
+from oprl.backends import faults as faults_module  # where a parameter is named ``faults``
 from oprl.backends.actor import free_port
 from oprl.errors import OprlError
 
@@ -78,14 +79,28 @@ class RayActor:
         return tuple(refs) if num_returns > 1 else refs
 
 
-@dataclass(frozen=True)
 class RayPeer:
-    """An actor's line to another actor (``base.Peer``): the target's handle, pickled into the caller's actor."""
+    """An actor's line to another actor (``base.Peer``): the target's handle, pickled into the caller's actor.
+    ``faults``: ``OPRL_FAULT`` parts for the target (``judge@call=4``), which this line fires: the caller's calls
+    go straight to the target's actor, past the driver's side where the other workers' faults fire."""
 
-    handle: object
+    def __init__(self, handle, name: str = "", faults: tuple[str, ...] = ()):
+        self.handle, self.name, self.faults = handle, name, faults
+        self._plan: faults_module.FaultPlan | None = None
+
+    def __getstate__(self) -> dict:
+        return {"handle": self.handle, "name": self.name, "faults": self.faults}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
 
     def call(self, method: str, *args):
-        return ray.get(self.handle.call.remote(method, *args))  # type: ignore[attr-defined]
+        if self.faults and self._plan is None:
+            self._plan = faults_module.FaultPlan.parse(self.faults)
+        doomed = None if self._plan is None else self._plan.due(self.name, args)
+        if doomed is None:
+            return ray.get(self.handle.call.remote(method, *args))  # type: ignore[attr-defined]
+        return ray.get(self.handle.doomed_call.remote(doomed, method, *args))  # type: ignore[attr-defined]
 
 
 class RayBackend:
@@ -161,8 +176,9 @@ class RayBackend:
         return future
 
     def peer(self, actor: RayActor) -> RayPeer:
-        """The caller's actor calls ``actor`` through its handle (values through the object store)."""
-        return RayPeer(actor.handle)
+        """The caller's actor calls ``actor`` through its handle (values through the object store); the first line
+        to a worker carries that worker's faults (``OPRL_FAULT``), once per run."""
+        return RayPeer(actor.handle, actor.name, self.faults.hand_over(actor.name.split(" ")[0]))
 
     def wait_ready(self, actor: RayActor) -> None:
         ray.get(actor.handle.ready.remote())
@@ -193,8 +209,9 @@ class RayBackend:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
     def rank_launcher(self, threads: int | None = None, gpus: float = 0.0) -> RayRanks:
-        """Trainer ranks as Ray actors in one placement group (see ``RayRanks``)."""
-        return RayRanks(threads, gpus)
+        """Trainer ranks as Ray actors in one placement group (see ``RayRanks``), with the ranks' faults
+        (``trainer-rank:1@step=4``), handed over once per run."""
+        return RayRanks(threads, gpus, self.faults.hand_over("trainer-rank"))
 
     def shutdown(self, actors) -> None:
         for actor in actors:
@@ -259,15 +276,24 @@ class _RankHost:
             return ray.get_runtime_context().get_node_id()
         return getattr(self.rank, method)(*args)
 
+    def doomed_call(self, after: float, method: str, *args):
+        """``call``, in which this rank's process dies after ``after`` seconds (``OPRL_FAULT``)."""
+        faults.die(after)
+        return self.call(method, *args)
+
 
 class _RayRank:
     """A rank as a Ray actor (the ``base.Rank`` protocol); calls come back as ``concurrent.futures`` futures."""
 
-    def __init__(self, handle, group):
-        self.handle, self.group = handle, group
+    def __init__(self, handle, group, name: str = "", plan: faults.FaultPlan | None = None):
+        self.handle, self.group, self.name = handle, group, name
+        self.plan = plan if plan is not None else faults.FaultPlan()
         self.ready = handle.call.remote("ping").future()
 
     def call(self, method: str, *args):
+        doomed = self.plan.due(self.name, args)
+        if doomed is not None:
+            return self.handle.doomed_call.remote(doomed, method, *args).future()
         return self.handle.call.remote(method, *args).future()
 
     def rendezvous(self):
@@ -286,6 +312,8 @@ class RayRanks:
 
     threads: int | None = None
     gpus: float = 0.0
+    faults: tuple[str, ...] = ()
+    """``OPRL_FAULT`` parts for the ranks, handed over by the driver's plan once per run (``LocalRanks.faults``)."""
 
     def __call__(self, name: str, factory, args_per_rank: list[tuple]) -> list[_RayRank]:
         from ray.util.placement_group import placement_group
@@ -301,6 +329,7 @@ class RayRanks:
                 f"(it has {ray.cluster_resources()})"
             )
         host = ray.remote(_RankHost)
+        plan = faults.FaultPlan.parse(self.faults)  # one plan for the group: a fault fires once
         return [
             _RayRank(
                 host.options(
@@ -311,6 +340,8 @@ class RayRanks:
                     ),
                 ).remote(factory, args, self.threads),
                 group,
+                f"{name} {rank}",
+                plan,
             )
             for rank, args in enumerate(args_per_rank)
         ]
