@@ -169,6 +169,64 @@ def grouped_response_logprobs(
     return logprobs, entropy, mask
 
 
+def prefix_shared_logprobs(
+    model,
+    inputs: list[list[int]],
+    targets: list[list[int]],
+    shared: list[int],
+    pad_id: int,
+    *,
+    sampling: Sampling = PLAIN,
+    chunk_bytes: int = LOGIT_CHUNK_BYTES,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """log pi(targets[b][t] | inputs[b][:t+1]) at **every** position t of every row, each row's first
+    ``shared[b]`` input tokens run through the backbone once for all the rows that start with them.
+
+    The general form of ``grouped_response_logprobs`` for rows whose targets are given apart from their inputs
+    (Tinker's datums: position t of the input predicts target t): the distinct prefixes ``inputs[b][:shared[b]]``
+    are prefilled once (``use_cache``), their hidden states and cache gathered to the rows (differentiably: a
+    prefix's gradient sums over its rows), and only the rest of each row runs per row, attending to its prefix's
+    cache. Each position's feature is the prefix pass's hidden state (t < shared[b]) or the row pass's, the same
+    causal computation as running the row whole, so the numbers equal ``response_logprobs`` on the row laid out
+    whole up to float rounding (tested in tests/serve/tinker). ``1 <= shared[b] <= len(inputs[b])``.
+
+    Returns ``(logprobs (B, T), mask (B, T))`` with T the longest row, or None for a model without a plain linear
+    head (``response_logprobs`` handles those)."""
+    head = _plain_head(model)
+    if head is None:
+        return None
+    decoder, device = _decoder(model), head.weight.device
+    prefill = prefill_shared_prompts(decoder, [row[:n] for row, n in zip(inputs, shared, strict=True)], pad_id, device)
+    width = prefill.attention.shape[1]  # P: prefixes are left-padded, a row's prefix is its last shared[b] columns
+    prefix_hidden = prefill.output.last_hidden_state[prefill.rows]  # (B, P, H)
+    rests, rest_mask = (
+        t.to(device) for t in right_pad([row[n:] or [pad_id] for row, n in zip(inputs, shared, strict=True)], pad_id)
+    )
+    rest_mask &= torch.tensor([len(row) > n for row, n in zip(inputs, shared, strict=True)], device=device)[:, None]
+    rest_hidden = None
+    if bool(rest_mask.any()):
+        attention = torch.cat([prefill.attention, rest_mask.long()], dim=1)  # (B, P + S)
+        steps = prefill.next_position[:, None] + torch.arange(rests.shape[1], device=device)[None]  # (B, S)
+        rest_hidden = decoder(
+            input_ids=rests,
+            attention_mask=attention,
+            position_ids=steps,
+            use_cache=True,
+            **{cache_kwarg(decoder): prefill.cache},
+        ).last_hidden_state  # (B, S, H)
+    features = torch.cat(
+        [
+            part
+            for b, (row, n) in enumerate(zip(inputs, shared, strict=True))
+            for part in (prefix_hidden[b, width - n :], rest_hidden[b, : len(row) - n] if len(row) > n else None)
+            if part is not None
+        ]
+    )  # (N, H): every row's positions in order, which is the order of mask's True entries
+    chosen, mask = (t.to(device) for t in right_pad(targets, 0))  # (B, T)
+    logprobs, _ = _chunked_logprobs(head, features, chosen[mask], mask, sampling, False, False, chunk_bytes)
+    return logprobs, mask
+
+
 def _chunked_logprobs(
     head, features, chosen, mask, sampling: Sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen=True
 ):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import secrets
 import warnings
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from oprl.checkpoint.files import load_optimizer, load_weights, read_json, save_
 from oprl.errors import OprlError
 from oprl.models.batching import right_pad
 from oprl.models.loading import dequantised_gguf, load_pretrained, quiet_transformers, resolve_model_path
-from oprl.models.logprobs import pack, response_logprobs
+from oprl.models.logprobs import pack, prefix_shared_logprobs, response_logprobs
 from oprl.serve.tinker import wire
 from oprl.serve.tinker.errors import UserError, base_of, check_tokens, context_of
 from oprl.serve.tinker.losses import OPTIONAL_INPUTS, LossSpec, compute_loss
@@ -264,21 +264,36 @@ class TinkerModels:
                 raise UserError(f"{where}.loss_fn_inputs.{name}: holds NaN or infinite values")
         return {"tokens": datum.tokens, "targets": targets, "inputs": floats}
 
+    group_prefixes = True
+    """Run the loss-free prefix that several datums share once (``prefix_shared_logprobs``); off, every datum
+    runs whole (the tests compare both)."""
+
     def _target_logprobs(self, policy: Policy, rows: list[dict[str, Any]]):
         """``(log π(y_t | x_≤t) (B, T), inputs (B, T) each, mask (B, T))`` for rows of tokens x and targets y.
 
-        ``oprl.models.logprobs.response_logprobs`` scores the last T columns' targets from the positions before
-        them; laying a datum out as prompt ``[x_0]`` and response ``[x_1 .. x_{N-1}, pad]`` puts position t's
-        hidden state in front of target t, whatever the targets are (memory-bounded chunked log-softmax). Scored
-        under ``SERVED``, the distribution the sampler draws from."""
+        When datums share a prefix that carries no loss (an RL batch: every reply of a prompt starts with that
+        prompt, advantage 0 there), ``oprl.models.logprobs.prefix_shared_logprobs`` runs each such prefix once
+        and only the rest per datum, as ``oprl train``'s trainer runs each prompt once for its group. Otherwise
+        ``response_logprobs`` scores the last T columns' targets from the positions before them; laying a datum
+        out as prompt ``[x_0]`` and response ``[x_1 .. x_{N-1}, pad]`` puts position t's hidden state in front of
+        target t, whatever the targets are. Both use the memory-bounded chunked log-softmax, under ``SERVED``,
+        the distribution the sampler draws from."""
         pad = policy.tokenizer.pad_token_id
-        prompts = [r["tokens"][:1] for r in rows]
-        responses = [[*r["tokens"][1:], pad] for r in rows]
-        input_ids, attention, _, mask = (t.to(self.device) for t in pack(prompts, responses, pad))
-        targets, _ = right_pad([r["targets"] for r in rows], 0)
-        logprobs, _ = response_logprobs(
-            policy.model, input_ids, attention, targets.to(self.device), sampling=SERVED
-        )  # (B, T)
+        shared = _shared_prefixes(rows) if self.group_prefixes else None
+        scored = None
+        if shared is not None:
+            tokens, targets = [r["tokens"] for r in rows], [r["targets"] for r in rows]
+            scored = prefix_shared_logprobs(policy.model, tokens, targets, shared, pad, sampling=SERVED)
+        if scored is not None:
+            logprobs, mask = scored
+        else:
+            prompts = [r["tokens"][:1] for r in rows]
+            responses = [[*r["tokens"][1:], pad] for r in rows]
+            input_ids, attention, _, mask = (t.to(self.device) for t in pack(prompts, responses, pad))
+            targets_t, _ = right_pad([r["targets"] for r in rows], 0)
+            logprobs, _ = response_logprobs(
+                policy.model, input_ids, attention, targets_t.to(self.device), sampling=SERVED
+            )  # (B, T)
         width = mask.shape[1]
         names = set().union(*(r["inputs"] for r in rows))
         inputs = {
@@ -482,6 +497,25 @@ def _copy_into(policy: Policy, weights: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, value in weights.items():
             params[name].copy_(value.to(params[name].device))
+
+
+LOSS_INPUTS = ("advantages", "weights", "mask")
+"""The loss inputs that say whether a position carries loss (every built-in loss and preset is 0 where they are)."""
+
+
+def _shared_prefixes(rows: list[dict[str, Any]]) -> list[int] | None:
+    """Per datum, how many of its first input tokens to run as a shared prefix: its start before the first
+    position whose advantage, weight or mask is non-zero (the prompt of an RL datum; at least 1), or None when
+    no two datums start with the same such prefix (nothing to share: the datums run whole). Only where to cut;
+    the log-probs and gradients are those of the whole datum either way (a prefix position's loss, e.g. dro's
+    penalty, reaches the shared pass through each datum's gathered copy of its hidden state)."""
+    lengths = []
+    for row in rows:
+        carrying = [np.flatnonzero(row["inputs"][name]) for name in LOSS_INPUTS if name in row["inputs"]]
+        first = min((int(c[0]) for c in carrying if c.size), default=len(row["tokens"]))
+        lengths.append(max(1, first))
+    starts = Counter(tuple(row["tokens"][:n]) for row, n in zip(rows, lengths, strict=True))
+    return lengths if any(count > 1 and len(start) > 1 for start, count in starts.items()) else None
 
 
 def _micro_batches(rows: list[dict[str, Any]], budget: float) -> list[list[dict[str, Any]]]:
