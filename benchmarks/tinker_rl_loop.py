@@ -58,12 +58,22 @@ def job_config(args):
     return load_config(args.config, [*args.set, f"seed={args.seed}"])
 
 
+def worker_threads(args) -> int:
+    """The torch threads ``oprl train`` gives each of its workers on this job (``runtime.torch_threads``, else the
+    cores over trainer + explorers): the server computes with as many, so both sides multiply alike. On a loaded
+    machine this matters more than anything else: an OpenMP region waits for its slowest thread, and with more
+    threads than the free cores one is often descheduled."""
+    runtime = job_config(args).runtime
+    return runtime.torch_threads or max(1, (os.cpu_count() or 1) // (1 + runtime.explorers))
+
+
 def start_server(args, port: int, log: Path) -> subprocess.Popen:
     env = dict(os.environ, TINKER_TELEMETRY="0")
     name = served_name(args)
     models = [] if name == "oprl/tiny" else ["--model", f"{name}={name}"]
+    threads = [] if args.server_threads == "default" else ["--threads", str(worker_threads(args))]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "oprl", "serve", "tinker", "--port", str(port), *models],
+        [sys.executable, "-m", "oprl", "serve", "tinker", "--port", str(port), *models, *threads],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
         env=env,
@@ -210,6 +220,9 @@ def main() -> None:
     parser.add_argument("--config", default=None, help="an oprl config for both sides (default: the default job)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="oprl setting; repeatable")
     parser.add_argument("--label", default=None, help="what ran, in the JSON (default: the tree's git commit)")
+    parser.add_argument("--server-threads", choices=("job", "default"), default="job", help="the server's torch "
+                        "threads: oprl train's per worker on this job (default), or torch's default (servers "
+                        "before --threads)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -229,6 +242,7 @@ def main() -> None:
         "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
+        "server_threads": worker_threads(args) if args.server_threads == "job" else "torch default",
         "settings": vars(args) | {"json": str(args.json) if args.json else None},
         "tinker_server": tinker,
         "oprl_train": oprl,

@@ -38,7 +38,7 @@ def _placed_server(workers, model_dir, state_dir):
     from oprl.serve.tinker import build_server
 
     if workers != "threads":
-        return build_server(models=[f"{TINY}={model_dir}"], state_dir=state_dir, workers=workers, worker_threads=1)
+        return build_server(models=[f"{TINY}={model_dir}"], state_dir=state_dir, workers=workers, threads=1)
     from oprl.backends.local import LocalBackend
     from oprl.serve.tinker.app import TinkerServer
     from oprl.serve.tinker.backend import ModelTable

@@ -32,7 +32,7 @@ def _rl_datums(rng):
         for reply_length, advantage in zip((4, 6, 2), (1.0, -0.5, 0.25), strict=True):
             reply = rng.integers(3, 100, reply_length).tolist()
             full = prompt + reply
-            n, pad = len(full) - 1, prompt_length - 1
+            pad = prompt_length - 1
             inputs = {
                 "target_tokens": np.array(full[1:], np.int64),
                 "logprobs": np.array([0.0] * pad + (-rng.random(reply_length) * 3).tolist(), np.float32),

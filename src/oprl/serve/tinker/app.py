@@ -108,6 +108,7 @@ class TinkerServer:
         max_body: int,
         sample_window: float = SAMPLE_WINDOW_S,
         batch_rows: int = BATCH_ROWS,
+        threads: int | None = None,
     ):
         self.backend = backend
         self.sample_window = sample_window
@@ -122,6 +123,10 @@ class TinkerServer:
         self.order: dict[str, Ordered] = {}
         self.sampled: dict[tuple[str, int], str] = {}
         self.counters: dict[str, itertools.count] = {}
+        self.threads = threads
+        """torch intra-op threads of each lane (None: torch's default). Set in the lane's own thread: OpenMP's
+        thread count is per calling thread, and on a loaded machine fewer threads can be much faster (a region
+        waits for its slowest thread, which the OS may have descheduled)."""
         self.lanes: dict[str, ThreadPoolExecutor] = {}  # home (backend.home_of) -> its one thread
         self.lanes_lock = threading.Lock()
 
@@ -274,7 +279,12 @@ class TinkerServer:
         with self.lanes_lock:
             lane = self.lanes.get(home)
             if lane is None:
-                lane = self.lanes[home] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oprl-tinker-lane")
+                lane = self.lanes[home] = ThreadPoolExecutor(
+                    max_workers=1,
+                    thread_name_prefix="oprl-tinker-lane",
+                    initializer=_set_threads,
+                    initargs=(self.threads,),
+                )
             return lane
 
     def next_id(self, scope: str) -> int:
@@ -283,6 +293,13 @@ class TinkerServer:
 
 class NotFound(LookupError):
     """An id this caller may not see (unknown, or another key's): HTTP 404 naming the field."""
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _failure(exc: Exception) -> dict[str, str]:

@@ -47,8 +47,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", default=None, help="--workers ray: the cluster to join (default: a local one)")
     p.add_argument("--gpus-per-model", type=float, default=None, help="--workers ray: GPUs each model's actor asks "
                    "for (default 1 with model.device=cuda, else 0)")  # fmt: skip
-    p.add_argument("--worker-threads", type=int, default=None, help="torch intra-op threads of each model worker "
-                   "(default: torch's)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the compute thread, or of "
+                   "each model worker with --workers (default: torch's, the machine's cores)")  # fmt: skip
     return p
 
 
@@ -65,15 +65,15 @@ def build_server(
     workers: str = "threads",
     ray_address: str | None = None,
     gpus_per_model: float | None = None,
-    worker_threads: int | None = None,
+    threads: int | None = None,
 ) -> TinkerServer:
     """The server object (``create_app(server)`` is its ASGI app); arguments as on the command line."""
     if sample_window_ms < 0:
         raise OprlError(f"--sample-window-ms: must be >= 0, got {sample_window_ms}")
     if batch_rows < 1:
         raise OprlError(f"--batch-rows: must be >= 1, got {batch_rows}")
-    if worker_threads is not None and worker_threads < 1:
-        raise OprlError(f"--worker-threads: must be >= 1, got {worker_threads}")
+    if threads is not None and threads < 1:
+        raise OprlError(f"--threads: must be >= 1, got {threads}")
     entries = dict(DEFAULT_MODELS)
     for item in models or []:
         name, sep, path = item.partition("=")
@@ -100,7 +100,7 @@ def build_server(
         if gpus_per_model < 0:
             raise OprlError(f"--gpus-per-model: must be >= 0, got {gpus_per_model}")
         placement = make_placement(workers, ray_address=ray_address)
-        backend = PlacedModels(table, directory, resolved, placement, gpus=gpus_per_model, threads=worker_threads)
+        backend = PlacedModels(table, directory, resolved, placement, gpus=gpus_per_model, threads=threads)
     return TinkerServer(
         backend,
         api_keys=list(api_keys or []),
@@ -108,6 +108,7 @@ def build_server(
         max_body=int(max_body_mb * 2**20),
         sample_window=sample_window_ms / 1000,
         batch_rows=batch_rows,
+        threads=threads if workers == "threads" else None,  # placed: the workers compute, with their own
     )
 
 
@@ -129,7 +130,7 @@ def main(argv: list[str]) -> int:
         workers=args.workers,
         ray_address=args.ray_address,
         gpus_per_model=args.gpus_per_model,
-        worker_threads=args.worker_threads,
+        threads=args.threads,
     )
     import uvicorn
 
