@@ -7,6 +7,8 @@ formulas of docs/algorithms.md#vcpo, not from the implementation:
 
 Both signs of the advantage, ratios far from 1, ±inf/NaN at masked positions, and the limits (on-policy ρ = 1:
 ESS = 1 and the configured step; equal weights: the group mean; one dominant weight: ESS → 1/N, b* → its reward).
+The per-response score norms' algebra (``squared_norms`` of ``Outer`` terms) against the matrices formed one row
+at a time.
 """
 
 import math
@@ -23,6 +25,7 @@ from oprl.algorithms import (
     resolve_preset,
     sequence_log_ratios,
 )
+from oprl.algorithms.variance import Outer, squared_norms
 
 # Three responses of up to 4 tokens; row 2 has one valid token. Log-ratios far from 0 (ρ from e^-3 to e^4).
 LOG_RATIOS = [[1.5, -0.5, 4.0, 0.0], [-3.0, 0.25, 0.0, 0.0], [2.0, 0.0, 0.0, 0.0]]
@@ -178,3 +181,31 @@ def test_the_vcpo_preset_is_the_authors_script():
         resolve_preset("vcpo", ess_lr_base=0.0)
     with pytest.raises(ValueError, match="unknown ess_lr"):
         resolve_preset("vcpo", ess_lr="cubic")
+
+
+def per_row(term: Outer, batch: int) -> torch.Tensor:
+    """The per-row matrices of ``term`` formed explicitly, one row at a time (one-hot sides as rows of eye)."""
+    out = []
+    for b in range(batch):
+        left = term.left[b] if term.left.dim() == 3 else torch.eye(term.width, dtype=torch.float64)[term.left[b]]
+        right = term.right[b]
+        out.append((left.T @ right).reshape(term.shape))
+    return torch.stack(out)
+
+
+def test_ghost_norms_equal_the_formed_gradients():
+    """‖Σ_k G_ik‖² from Gram matrices equals the norm of the per-row matrices formed explicitly: a dense term,
+    a one-hot (embedding) term, and both on one tied parameter; float64."""
+    torch.manual_seed(0)
+    batch, n, m, vocab, width = 3, 5, 4, 7, 6
+    head = Outer(torch.randn(batch, m, vocab, dtype=torch.float64), torch.randn(batch, m, width, dtype=torch.float64),
+                 torch.Size([vocab, width]))  # fmt: skip
+    embedding = Outer(torch.randint(0, vocab, (batch, n)), torch.randn(batch, n, width, dtype=torch.float64),
+                      torch.Size([vocab, width]), width=vocab)  # fmt: skip
+    for terms in ([head], [embedding], [head, embedding], [embedding, head]):
+        formed = sum(per_row(t, batch) for t in terms)
+        expected = formed.reshape(batch, -1).pow(2).sum(1)
+        assert torch.allclose(squared_norms(terms, batch), expected, rtol=1e-12)
+        assert torch.allclose(sum(t.total() for t in terms), formed.sum(0), rtol=1e-12)
+        for term in terms:
+            assert torch.allclose(term.rows(slice(0, batch)), per_row(term, batch), rtol=1e-12)

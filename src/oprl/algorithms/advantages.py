@@ -139,7 +139,7 @@ def _off_policy_optimal_baseline(rewards, keep, group, num_groups, count, tau, l
     if log_weights is None:
         raise ValueError(
             "baseline=off-policy-optimal needs log_weights (N,): log(w_i²·‖∇log π(y_i)‖²), which the oprl trainer "
-            "computes (one backward pass per response; oprl.algorithms.variance)"
+            "computes (Trainer.score_statistics; oprl.algorithms.variance)"
         )
     log_u = torch.where(keep, log_weights.to(rewards.dtype), torch.full_like(rewards, -math.inf))  # (N,)
     top = _segment_extreme(log_u, keep, group, num_groups, "amax")  # (G,)

@@ -22,8 +22,18 @@ Off-Policy RL for LLMs", arXiv 2602.17616; the authors' code, github.com/mit-han
       b* = Σ_i u_i·r_i / Σ_i u_i,      u_i = w_i² · ‖∇θ log π_θ(y_i | x_i)‖²
 
   (d/db of E‖w(r − b)∇log π‖² = 0). ``group_advantages(baseline="off-policy-optimal", log_weights=...)`` uses it
-  in place of the group mean (``advantages.py``); the trainer computes ‖∇θ log π_θ(y_i)‖² with one backward
-  pass per response (``Trainer.score_statistics``). On-policy with equal score norms it is the group mean.
+  in place of the group mean (``advantages.py``); the trainer computes ‖∇θ log π_θ(y_i)‖² for a whole batch in one
+  forward and backward pass (``Trainer.score_statistics``, ``oprl.trainer.score_norms``). On-policy with equal
+  score norms it is the group mean.
+
+- ``squared_norms``: ‖Σ_k G_ik‖²_F per row i of one parameter's per-row gradient, given as terms ``Outer``
+  (G_i = Σ_t left_it ⊗ right_it: a linear layer's Σ_t g_t a_tᵀ, an embedding's Σ_s e_{id_s} g_sᵀ) or any term
+  that forms its rows' matrices. One term, the cheaper of forming G_i and the "ghost norm" identity (Li et al.
+  2022, arXiv 2110.05679; Opacus' ghost clipping)
+
+      ‖Σ_t l_t r_tᵀ‖²_F = Σ_{t,s} (l_t·l_s)(r_t·r_s)
+
+  several Outer terms (a tied embedding and output head), Σ_{k,l} ⟨G_ik, G_il⟩ by the same identity.
 
 Weights are handled in the log domain (a response's Π_t ρ_t overflows float32 long before it is meaningless), and
 every per-token log-ratio is clamped to ±``MAX_LOG_RATIO`` as in the loss.
@@ -32,6 +42,7 @@ every per-token log-ratio is clamped to ±``MAX_LOG_RATIO`` as in the loss.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from oprl.algorithms.losses import MAX_LOG_RATIO, _normalized_ess
@@ -103,3 +114,110 @@ def baseline_gap(rewards: torch.Tensor, group_ids: torch.Tensor, baseline: torch
     sums = torch.zeros(len(distinct), dtype=rewards.dtype, device=rewards.device).index_add_(0, group, rewards)
     counts = torch.bincount(group, minlength=len(distinct)).to(rewards.dtype)
     return (baseline - (sums / counts)[group]).abs().mean().detach()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-response squared score norms: a parameter's per-row gradient as a sum of terms (the trainer's batched
+# pass, oprl.trainer.score_norms, builds the terms from one forward and backward pass).
+
+MATERIALISE_FLOATS = 2**26
+"""Row block of a materialised per-row gradient: at most this many floats (256 MiB) at a time."""
+
+
+@dataclass
+class Outer:
+    """Per-row matrices G_i = Σ_t left_it ⊗ right_it, reshaped to ``shape``. ``left``/``right``: (B, n, d) float, or
+    (B, n) long token ids standing for one-hot rows of width ``width`` (an embedding's vocabulary side)."""
+
+    left: torch.Tensor
+    right: torch.Tensor
+    shape: torch.Size
+    width: int = 0
+
+    def dims(self) -> tuple[int, int]:
+        return (
+            self.width if self.left.dim() == 2 else self.left.shape[-1],
+            self.width if self.right.dim() == 2 else self.right.shape[-1],
+        )
+
+    def rows(self, block: slice) -> torch.Tensor:
+        """The per-row gradients of rows ``block``, ``(b, *shape)``."""
+        left, right = self.left[block], self.right[block]
+        d_left, d_right = self.dims()
+        if left.dim() == 2:  # one-hot left side: scatter the right side's vectors into the id's row
+            b, n = left.shape
+            out = right.new_zeros(b * d_left, d_right)
+            index = (left + torch.arange(b, device=left.device)[:, None] * d_left).reshape(-1)
+            out.index_add_(0, index, right.reshape(b * n, d_right))
+            return out.reshape(b, *self.shape)
+        if right.dim() == 2:
+            raise ValueError("Outer: only the left side may be one-hot")
+        return torch.einsum("btl,btr->blr", left, right).reshape(left.shape[0], *self.shape)
+
+    def total(self) -> torch.Tensor:
+        """Σ_i G_i: the batch gradient these terms account for."""
+        d_left, d_right = self.dims()
+        if self.left.dim() == 2:
+            out = self.right.new_zeros(d_left, d_right)
+            out.index_add_(0, self.left.reshape(-1), self.right.reshape(-1, d_right))
+            return out.reshape(self.shape)
+        return torch.einsum("btl,btr->lr", self.left, self.right).reshape(self.shape)
+
+
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 at least (bfloat16 activations under autocast widened; float64 kept)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def gram(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(B, n1, n2) inner products of the rows' vectors x_t·y_s; a (B, n) long side is one-hot (``Outer``)."""
+    if x.dim() == 2 and y.dim() == 2:
+        return (x[:, :, None] == y[:, None, :]).to(torch.float32)
+    if x.dim() == 2:
+        return gram(y, x).transpose(1, 2)
+    if y.dim() == 2:  # e_{y_s}·x_t = x_t[y_s]
+        return torch.gather(x, 2, y[:, None, :].expand(-1, x.shape[1], -1))
+    return x @ y.transpose(1, 2)
+
+
+def outer_inner(a: Outer, b: Outer, cache: dict | None = None) -> torch.Tensor:
+    """(B,) ⟨G_i(a), G_i(b)⟩_F = Σ_{t,s} (left_t·left'_s)(right_t·right'_s), without forming either matrix.
+    ``cache``: Gram matrices by the identity of their two sides (layers sharing an input share its Gram matrix;
+    the caller keeps the sides alive)."""
+
+    def cached(x, y):
+        if cache is None:
+            return gram(x, y)
+        key = (id(x), id(y))
+        if key not in cache:
+            cache[key] = gram(x, y)
+        return cache[key]
+
+    return (cached(a.left, b.left) * cached(a.right, b.right)).sum(dim=(1, 2))
+
+
+def ghost_is_cheaper(term: Outer) -> bool:
+    """Per row: the Gram route costs n²·(d_l + d_r), the materialised one n·d_l·d_r (Opacus' rule)."""
+    n = term.left.shape[1]
+    d_left, d_right = term.dims()
+    return term.left.dim() == 2 or n * (d_left + d_right) <= d_left * d_right
+
+
+def squared_norms(terms: list, batch: int, cache: dict | None = None) -> torch.Tensor:
+    """(B,) ‖Σ_k G_ik‖²_F of one parameter's per-row gradient, the sum of ``terms``: ``Outer`` terms, or any
+    object with ``shape`` and ``rows(block) -> (b, *shape)`` (the rows' matrices formed; then every term is
+    formed, in row blocks of at most ``MATERIALISE_FLOATS`` floats). ``cache``: see ``outer_inner``."""
+    if all(isinstance(t, Outer) for t in terms) and (len(terms) > 1 or ghost_is_cheaper(terms[0])):
+        out = 0
+        for k, first in enumerate(terms):
+            for second in terms[k:]:
+                out = out + (1 if second is first else 2) * outer_inner(first, second, cache)
+        return out
+    numel = max(1, terms[0].shape.numel())
+    size = max(1, MATERIALISE_FLOATS // numel)
+    parts = []
+    for start in range(0, batch, size):
+        block = slice(start, min(batch, start + size))
+        grads = sum(t.rows(block) for t in terms)
+        parts.append(grads.reshape(grads.shape[0], -1).pow(2).sum(dim=1))
+    return torch.cat(parts)

@@ -47,6 +47,7 @@ from oprl.messages import Experience, TrainResult, batch_metrics
 from oprl.models.batching import right_pad_values
 from oprl.models.truncation import Sampling
 from oprl.schedule import stream_seed
+from oprl.trainer import score_norms
 from oprl.trainer.distributed import SingleProcess
 from oprl.trainer.staleness import mask_stale_tokens, token_lag_metrics
 from oprl.worker_parts import Clock, load_model, make_engine, trainable_weights
@@ -93,9 +94,10 @@ class Trainer:
         self.loss_params = LossParams.of(settings, normalizer=float(max_response_tokens) if fixed else None)
         self.recompute_proximal = settings["recompute_proximal"]  # the loss asks for π_prox (decoupled PPO)
         # VCPO (oprl.algorithms.variance): each step's learning rate scaled by the mini-batch's ESS, and the
-        # off-policy optimal baseline, whose per-response weights need one backward pass per response.
+        # off-policy optimal baseline, whose per-response weights need each response's score norm.
         self.ess_lr, self.ess_lr_base = settings["ess_lr"], settings["ess_lr_base"]
         self.weighted_baseline = settings["baseline"] in WEIGHTED_BASELINES
+        self.scores = score_norms.ScorePass(autocast)  # score_statistics' batched pass
         # Distillation: per-token advantages from the rows' teacher log-probs (oprl.algorithms.distill).
         self.distill_kwargs = {key: settings[key] for key in DISTILL_KEYS}
         self.teacher_logprob_floor = teacher_logprob_floor  # teacher.logprob_floor: −inf (outside its support) -> it
@@ -197,10 +199,20 @@ class Trainer:
     def score_statistics(self, rows: list[Experience]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(log w (N,), ‖∇θ Σ_t log π_θ(y_t)‖² (N,))`` of every row under the current (pre-update) weights: each
         response's log importance weight Σ_t log(π_θ/π_b) and the squared norm of the gradient of its summed
-        log-probs over the trainable parameters (VCPO's off-policy optimal baseline, oprl.algorithms.variance).
-        One forward and one backward pass per row (train mode, the loss's tokens: multi-turn environment tokens
-        and stale-masked tokens excluded); gradients are zeroed afterwards. Every data-parallel rank computes
-        every row in the same order, so the reduction averages equal gradients: each rank gets the row's own."""
+        log-probs over the trainable parameters (VCPO's off-policy optimal baseline, oprl.algorithms.variance),
+        train mode, the loss's tokens (multi-turn environment and stale-masked tokens excluded). Batched, chunks of
+        ``optim.micro_batch_size`` rows (``score_norms.ScorePass``); a model it refuses takes
+        ``looped_score_statistics``. Gradients are None afterwards."""
+        self.model.train()
+        out = self.scores.run(self.model, rows, self.pad_id, self.sampling, loss_mask_of, self.optim.micro_batch_size)
+        out = out or self.looped_score_statistics(rows)
+        self.optimizer.zero_grad(set_to_none=True)
+        return out
+
+    def looped_score_statistics(self, rows: list[Experience]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``score_statistics`` with one forward and backward per row through the trainer's own forward (the
+        fallback, and the batched pass's test reference). Every data-parallel rank computes every row in the same
+        order, so the reduction averages equal gradients: each rank gets the row's own."""
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         log_ratios, sq_norms = [], []
