@@ -498,14 +498,16 @@ def _engine_mode(engine_process: bool):
 def _children_allowed():
     """multiprocessing refuses children to a daemonic process (oprl's worker processes are daemonic, so that they
     end with the driver): the engine process is one, and its end is seen to by ``_follow_caller`` instead."""
-    process = multiprocessing.current_process()
-    daemon = process._config.get("daemon")
-    process._config["daemon"] = False
+    config = multiprocessing.current_process()._config
+    had, daemon = "daemon" in config, config.get("daemon")
+    config["daemon"] = False
     try:
         yield
     finally:
-        if daemon is not None:
-            process._config["daemon"] = daemon
+        if had:
+            config["daemon"] = daemon
+        else:
+            config.pop("daemon", None)
 
 
 class _EngineWatch:
