@@ -98,6 +98,7 @@ def test_a_preset_is_oprls_policy_loss_as_a_sum(client, rl_data, preset):
         ("ppo", {"clip": 0.2}, "loss_fn_config.clip"),
         ("importance_sampling", {"preset": "no-such-preset"}, "loss_fn_config.preset"),
         ("importance_sampling", {"preset": "grpo", "std_normalize": 1.0}, "loss_fn_config.std_normalize"),
+        ("importance_sampling", {"preset": "vcpo"}, "ess_lr=sqrt"),  # a step-size rule is not a loss
         ("stable_reinforce", None, "loss_fn"),
         ("gspo", None, "loss_fn"),
     ],

@@ -137,6 +137,12 @@ def _preset_settings(name: str, config: dict[str, Any]) -> dict[str, Any]:
         raise LossError(f"loss_fn_config.{exc.key}: {exc}") from None
     if settings["distill_coef"] > 0:
         raise LossError(f"loss_fn_config.preset: {preset!r} distils from a teacher, whose log-probs are not served")
+    if settings["ess_lr"] != "none":  # a step-size rule (VCPO), not a loss: optim_step's AdamParams set the rate
+        raise LossError(
+            f"loss_fn_config.preset: {preset!r} scales each optimizer step's learning rate by the batch's ESS "
+            f"(ess_lr={settings['ess_lr']}), which a loss cannot do (optim_step's AdamParams set the rate, and the "
+            "client computes the advantages, its baseline included); send 'ess_lr': 'none' for its loss alone"
+        )
     if normalizer is not None and not (isinstance(normalizer, float | int) and normalizer > 0):
         raise LossError(f"loss_fn_config.normalizer: a positive number, got {normalizer!r}")
     return {**settings, "normalizer": normalizer}
