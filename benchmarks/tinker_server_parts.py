@@ -1,0 +1,118 @@
+"""The Tinker server's two compute paths with and without what makes them cheaper, interleaved in one process (so
+that a shared machine's load drifts the same for both): sampling 16 requests of 8 replies as one batched engine
+call against one call per request (what the server did before batching), and one ``forward_backward`` of the 128
+datums with their 16 prompts run once against every datum run whole. The job's shape is
+``tinker_rl_loop.py``'s (the default task's first 16 training problems, 8 replies of up to 8 tokens, GRPO's
+preset; the warm-started tiny model, full fine-tuning), without HTTP: the server's backend is called directly.
+
+    python benchmarks/tinker_server_parts.py --threads 1 --json benchmarks/results/tinker_server_parts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1], help="torch threads; one run per value")
+    parser.add_argument("--repeats", type=int, default=6, help="interleaved repeats (the first is left out)")
+    parser.add_argument("--label", default=None, help="what ran, in the JSON (default: the tree's git commit)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    import numpy as np
+    import torch
+
+    from oprl.config import load_config
+    from oprl.models.chat import encode_problem
+    from oprl.serve.tinker import wire
+    from oprl.serve.tinker.backend import ModelTable, TinkerModels, tiny_directory
+    from oprl.serve.tinker.losses import loss_spec
+    from oprl.tasks import build_task
+
+    models = TinkerModels(ModelTable({"tiny": tiny_directory([])}, [], "cpu"), Path(tempfile.mkdtemp()))
+    policy = models.create_policy("p", "owner", "tiny", {"rank": 0, "seed": 0})
+    sampler = models.snapshot_sampler(policy, "s")
+    problems = list(build_task(load_config(None, ["seed=0"]).task).problems("train"))[:16]
+    prompts = [encode_problem(policy.tokenizer, p) for p in problems]
+    requests = [
+        {"prompt": {"chunks": [{"tokens": p}]}, "num_samples": 8, "sampling_params": {"max_tokens": 8, "seed": i}}
+        for i, p in enumerate(prompts)
+    ]
+    data = []  # the loop's datums: prompt + reply, advantage ±1 on the reply's positions
+    for prompt, body in zip(prompts, models.sample(sampler, requests), strict=True):
+        from tinker.proto import tinker_public_pb2 as pb
+
+        response = pb.SampleResponse()
+        response.ParseFromString(body)
+        for k, sequence in enumerate(response.sequences):
+            reply = np.frombuffer(sequence.tokens, np.int32).tolist()
+            full, pad = prompt + reply, len(prompt) - 1
+            logprobs = np.frombuffer(sequence.logprobs, np.float32).tolist()
+            inputs = {
+                "target_tokens": np.array(full[1:], np.int64),
+                "logprobs": np.array([0.0] * pad + logprobs, np.float32),
+                "advantages": np.array([0.0] * pad + [1.0 if k % 2 else -1.0] * len(reply), np.float32),
+            }
+            data.append(wire.Datum(full[:-1], inputs))
+    request = wire.ForwardBackward("p", 1, "importance_sampling", {"preset": "grpo"}, False, data)
+    spec = loss_spec("importance_sampling", {"preset": "grpo"})
+
+    def one_at_a_time():
+        for r in requests:
+            models.sample(sampler, [r])
+
+    def backward(shared: bool):
+        models.group_prefixes = shared
+        models.forward_backward(policy, request, spec)
+        policy.optimizer.zero_grad(set_to_none=True)
+
+    paths = {
+        "sample: one batched call": lambda: models.sample(sampler, requests),
+        "sample: one call per request": one_at_a_time,
+        "forward_backward: shared prompts once": lambda: backward(True),
+        "forward_backward: every datum whole": lambda: backward(False),
+    }
+    runs = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        seconds: dict[str, list[float]] = {name: [] for name in paths}
+        load_before = os.getloadavg()
+        for _ in range(args.repeats):
+            for name, run in paths.items():
+                start = time.perf_counter()
+                run()
+                seconds[name].append(time.perf_counter() - start)
+        medians = {name: statistics.median(values[1:]) for name, values in seconds.items()}
+        runs.append({"threads": threads, "load_average_1_5_15": [load_before, os.getloadavg()], "median_s": medians})
+        print(json.dumps(runs[-1], indent=2), flush=True)
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False)
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        "unknown",
+    )
+    result = {
+        "label": args.label or commit.stdout.strip(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "datums": len(data),
+        "runs": runs,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
