@@ -79,7 +79,19 @@ ALLOWED = {
     "judge": {"judge", "config", "episodes", "messages"},
     # Servers that speak another API over oprl's parts (``oprl serve tinker``): above the roles like the CLI; they
     # train through the pure loss and the models, warm-start through the API, never through the runtime.
-    "serve": {"serve", "algorithms", "api", "checkpoint", "errors", "models", "rollout", "tasks", "trainer"},
+    # backends: ``--workers processes|ray`` places each model on the backends the runtime places its workers on.
+    "serve": {
+        "serve",
+        "algorithms",
+        "api",
+        "backends",
+        "checkpoint",
+        "errors",
+        "models",
+        "rollout",
+        "tasks",
+        "trainer",
+    },
     # Leaves every layer may use.
     "errors": {"errors"},
     "progress": {"progress"},

@@ -2,10 +2,7 @@
 its AdamW), weight snapshots, sampling. Everything here runs on the server's one compute thread (``app.py``), in
 the order the requests of a model were numbered, so no lock is needed and no two computations share the CPU.
 
-Names -> models (``ModelTable``): each ``base_model`` name maps to what oprl's ``model.path`` takes: ``tiny`` (the
-embedded model, warm-started by oprl's recipe and cached), ``smollm2-135m-instruct``, a Hugging Face directory,
-a run directory (its ``final/``), a ``.gguf`` file. The tokenizer the SDK asks for is that local directory
-(``GetInfoResponse.model_data.tokenizer_id``), so nothing is fetched from the hub.
+Names -> models: ``names.py`` (``ModelTable``, ``DEFAULT_MODELS``, ``tiny_directory``, imported here too).
 
 Off-policy exactness: ``save_weights_for_sampler`` snapshots the trainable tensors (the LoRA adapters, or every
 parameter for full fine-tuning) with the optimizer-step count they belong to; a sampling session samples from
@@ -30,20 +27,13 @@ import torch
 from oprl.checkpoint.files import load_optimizer, load_weights, read_json, save_optimizer, save_weights, write_json
 from oprl.errors import OprlError
 from oprl.models.batching import right_pad
-from oprl.models.loading import dequantised_gguf, load_pretrained, quiet_transformers, resolve_model_path
+from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.models.logprobs import pack, prefix_shared_logprobs, response_logprobs
 from oprl.serve.tinker import wire
 from oprl.serve.tinker.errors import UserError, base_of, check_tokens, context_of
 from oprl.serve.tinker.losses import OPTIONAL_INPUTS, LossSpec, compute_loss
+from oprl.serve.tinker.names import DEFAULT_MODELS, ModelTable, tiny_directory  # noqa: F401  (this module's API too)
 from oprl.serve.tinker.sampling import SERVED, sample_batch
-
-DEFAULT_MODELS = {
-    "oprl/tiny": "tiny",
-    "tiny": "tiny",
-    "smollm2-135m-instruct": "smollm2-135m-instruct",
-    "HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m-instruct",
-}
-"""``base_model`` name -> ``model.path``, before ``--model NAME=PATH`` adds or replaces entries."""
 
 LORA_MODULES = {
     "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
@@ -109,50 +99,6 @@ class Sampler:
     policy_id: str | None = None
     snapshot: Snapshot | None = None
     model_path: str | None = None
-
-
-class ModelTable:
-    """``base_model`` names -> local model directories, resolved (and the tiny model built) on first use."""
-
-    def __init__(self, entries: dict[str, str], tiny_overrides: list[str], device: str):
-        self.entries = dict(entries)
-        self.tiny_overrides = list(tiny_overrides)
-        self.device = device
-        self.directories: dict[str, str] = {}
-
-    def check(self, name: str) -> None:
-        if name not in self.entries:
-            raise UserError(f"base_model: unknown model {name!r}; this server serves {', '.join(self.entries)}")
-
-    def directory(self, name: str) -> str:
-        self.check(name)
-        if name not in self.directories:
-            self.directories[name] = self._resolve(self.entries[name])
-        return self.directories[name]
-
-    def _resolve(self, path: str) -> str:
-        if path == "tiny":
-            return tiny_directory(self.tiny_overrides)
-        local = Path(path).expanduser()
-        if local.is_dir() and not (local / "config.json").is_file() and (local / "final" / "config.json").is_file():
-            return str(local / "final")  # a run directory: its final model
-        location, extra = resolve_model_path(path)
-        if "gguf_file" in extra:
-            return str(dequantised_gguf(Path(location) / extra["gguf_file"]))
-        return location
-
-
-def tiny_directory(overrides: list[str]) -> str:
-    """The embedded tiny model as ``oprl train`` builds it (warm-started on its task, cached): the default
-    ``RunConfig`` with ``overrides`` (e.g. a shorter warm start)."""
-    from oprl.api import resolve
-    from oprl.tasks import build_task
-    from oprl.trainer.warmstart import warm_started_model
-
-    config = resolve(None, ["progress=false", *overrides])
-    task = build_task(config.task)
-    path = warm_started_model(config.model, config.task, config.warmstart, task, log=lambda *_: None, progress=False)
-    return str(path)
 
 
 class TinkerModels:

@@ -14,8 +14,9 @@ import tempfile
 from pathlib import Path
 
 from oprl.errors import OprlError
-from oprl.serve.tinker.app import BATCH_ROWS, SAMPLE_WINDOW_S, TinkerServer, create_app, is_loopback
+from oprl.serve.tinker.app import TinkerServer, create_app, is_loopback
 from oprl.serve.tinker.backend import DEFAULT_MODELS, ModelTable, TinkerModels
+from oprl.serve.tinker.futures import BATCH_ROWS, SAMPLE_WINDOW_S
 
 
 def parser() -> argparse.ArgumentParser:

@@ -186,12 +186,12 @@ class PlacedModels(TinkerModels):
 
     def _stop(self, actors: list) -> None:
         """Stop some workers while the server goes on: ``Backend.shutdown`` would also end the Ray instance the
-        backend started, so on Ray each actor is killed alone."""
+        backend started, so on Ray each actor is asked to exit alone (``__ray_terminate__``, the method Ray adds to
+        every actor class: it exits after the calls queued before it; only ``backends/ray_backend.py`` imports
+        ray)."""
         if self.placement.name == "ray":
-            import ray
-
             for actor in actors:
-                ray.kill(actor.handle)
+                actor.handle.__ray_terminate__.remote()
         else:
             self.placement.shutdown(actors)
 
