@@ -116,3 +116,10 @@ def test_a_few_steps_train_the_tiny_model(tmp_path):
     logged = [row for row in trainer.state.log_history if "loss" in row]
     assert len(logged) == 3 and all(any(key.startswith("oprl/") for key in row) for row in logged)
     assert all(torch.isfinite(torch.tensor(row["loss"])) for row in logged)
+
+
+def test_a_preset_that_needs_oprls_trainer_is_refused(tmp_path):
+    """vcpo scales the optimizer step and needs per-response gradient norms: GRPOTrainer would drop both."""
+    with pytest.raises(ValueError, match="'vcpo' needs oprl's own trainer for ess_lr=sqrt"):
+        make_trainer(tmp_path, "vcpo")
+    make_trainer(tmp_path, "vcpo", ess_lr="none", baseline="mean")  # its loss alone is fine

@@ -48,6 +48,7 @@ from oprl.algorithms.presets import (
     advantage_settings,
     renamed_message,
     resolve_preset,
+    trainer_only,
     validate_settings,
 )
 from oprl.algorithms.surrogate import consistency_surrogate
@@ -102,5 +103,6 @@ __all__ = [
     "renamed_message",
     "resolve_preset",
     "sequence_log_ratios",
+    "trainer_only",
     "validate_settings",
 ]

@@ -12,7 +12,7 @@ Not here: the formulas (``advantages.py``, ``losses.py``) or config parsing (``o
 import math
 from typing import Any
 
-from oprl.algorithms.advantages import BASELINES, DROP_RULES
+from oprl.algorithms.advantages import BASELINES, DROP_RULES, WEIGHTED_BASELINES
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS
 from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS
 from oprl.algorithms.distill import DISTILL_MIXES
@@ -276,6 +276,15 @@ def resolve_preset(name: str, **overrides: Any) -> dict[str, Any]:
     settings = {**PRESETS[name], **overrides}
     validate_settings(settings)  # the whole set: some checks relate two settings (mask_low < mask_high)
     return settings
+
+
+def trainer_only(settings: dict[str, Any]) -> list[str]:
+    """The settings (``key=value``) in resolved ``settings`` that only oprl's own trainer applies, beyond the loss
+    and the advantages: VCPO's ESS-scaled step (``ess_lr``) and its baseline from per-response gradient norms
+    (``baseline=off-policy-optimal``). A host that takes only oprl's loss and advantages (TRL, verl, the Tinker
+    server) refuses a preset with any of them rather than drop them silently."""
+    found = [f"ess_lr={settings['ess_lr']}"] if settings["ess_lr"] != "none" else []
+    return found + ([f"baseline={settings['baseline']}"] if settings["baseline"] in WEIGHTED_BASELINES else [])
 
 
 def advantage_settings(settings: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,14 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from oprl.algorithms import LossParams, advantage_settings, group_advantages, policy_loss, resolve_preset
+from oprl.algorithms import (
+    LossParams,
+    advantage_settings,
+    group_advantages,
+    policy_loss,
+    resolve_preset,
+    trainer_only,
+)
 
 
 class OprlGRPOTrainer(GRPOTrainer):
@@ -48,6 +55,11 @@ class OprlGRPOTrainer(GRPOTrainer):
         self, *args: Any, preset: str = "rec-oneside-nois", algorithm: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
         self.oprl_settings = resolve_preset(preset, **(algorithm or {}))
+        if trainer_only(self.oprl_settings):  # GRPOTrainer owns the optimizer step and sees no gradient norms
+            raise ValueError(
+                f"OprlGRPOTrainer: preset {preset!r} needs oprl's own trainer for "
+                f"{', '.join(trainer_only(self.oprl_settings))}; train it with `oprl train`"
+            )
         self.advantage_kwargs = advantage_settings(self.oprl_settings)
         self.loss_params = LossParams.of(self.oprl_settings)
         super().__init__(*args, **kwargs)

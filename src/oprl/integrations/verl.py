@@ -39,19 +39,25 @@ from oprl.algorithms import (
     group_advantages,
     policy_loss,
     resolve_preset,
+    trainer_only,
 )
 
 PREFIX = "oprl-"
 
 
 def register_verl(presets: list[str] | None = None, seed: int = 0, **overrides: Any) -> list[str]:
-    """Register ``presets`` (default: all of ``oprl.algorithms.PRESETS``) as verl policy losses and advantage
-    estimators named ``oprl-<preset>``; ``overrides`` change the presets' settings (``eps_high=0.28``).
+    """Register ``presets`` (default: every preset of ``oprl.algorithms.PRESETS`` that verl can run, i.e. all but
+    those with ``trainer_only`` settings such as ``vcpo``, which verl's own actor would drop; naming one raises) as
+    verl policy losses and advantage estimators named ``oprl-<preset>``; ``overrides`` change the presets'
+    settings (``eps_high=0.28``).
     ``seed`` seeds RED-Drop's random choice. Calling it again is harmless. Returns the registered names."""
     names = []
-    for preset in presets or list(PRESETS):
+    for preset in presets or [p for p in PRESETS if not trainer_only(resolve_preset(p, **overrides))]:
         name = PREFIX + preset
         settings = resolve_preset(preset, **overrides)
+        if trainer_only(settings):
+            raise ValueError(f"register_verl: preset {preset!r} needs oprl's own trainer for "
+                             f"{', '.join(trainer_only(settings))}; train it with `oprl train`")  # fmt: skip
         core_algos.POLICY_LOSS_REGISTRY[name] = make_policy_loss(LossParams.of(settings))
         # Direct assignment: register_adv_est refuses to replace a function, so a second call would fail.
         core_algos.ADV_ESTIMATOR_REGISTRY[name] = make_advantage_estimator(advantage_settings(settings), seed)
