@@ -22,7 +22,7 @@ from oprl.metrics import deterministic_view, read_metrics
 from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import Sampling, VLLMEngine, vllm_engine
+from oprl.rollout import Sampling, VLLMEngine, vllm_engine, vllm_process
 from oprl.schedule import policy_version
 
 VLLM = ["rollout.engine=vllm", "tensorboard=false", "runtime.torch_threads=1"]
@@ -73,10 +73,10 @@ def test_after_a_sync_the_engine_samples_from_the_synced_version(tokenizer):
 def test_building_an_engine_leaves_child_processes_environment_alone(tokenizer):
     # vLLM's CPU platform preloads tcmalloc/libgomp through os.environ for its own engine processes; oprl's
     # engine is in-process, so every later subprocess (process workers, reward pools) must not inherit that.
-    before = {key: os.environ.get(key) for key in vllm_engine.CHILD_ENVIRONMENT}
+    before = {key: os.environ.get(key) for key in vllm_process.CHILD_ENVIRONMENT}
     model = build_model(tokenizer, hidden_size=64, num_layers=1, num_heads=2, seed=5)
     VLLMEngine(model, tokenizer, max_new_tokens=2).generate(_prompts(tokenizer, ["1+2="]), seed=0)
-    assert {key: os.environ.get(key) for key in vllm_engine.CHILD_ENVIRONMENT} == before
+    assert {key: os.environ.get(key) for key in vllm_process.CHILD_ENVIRONMENT} == before
     child = subprocess.run(
         [sys.executable, "-c", "import os; print(os.environ.get('LD_PRELOAD', ''))"],
         capture_output=True,

@@ -28,14 +28,9 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
 - **One engine per process and shape.** Building an ``LLM`` costs seconds, so engines are cached per process,
   keyed by (model config, dtype, device, KV-cache size); every ``VLLMEngine`` on the same architecture
   shares one (threads of one process, tests), and a call reloads when the ``LLM`` last served another engine.
-- **Or its engine core in a process of its own** (``rollout.engine_process=true``,
-  ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` for that engine; vLLM's CPU build adds a worker process under it): the
-  weights cross to it as bytes at each reload, and a dead engine process (killed, out of memory) is vLLM's
-  ``EngineDeadError`` in the calling worker, which the driver heals by restarting that worker with a fresh
-  engine (docs/runtime.md#self-healing-runs). Three things vLLM 0.32 does not do for a caller of its own are
-  done here: a call waiting on an engine that was killed raises instead of waiting forever (``_EngineWatch``),
-  the engine process ends when its caller is killed (``_follow_caller``), and a daemonic worker process may
-  start it (``_children_allowed``).
+- **Or its engine core in a process of its own** (``rollout.engine_process=true``): a dead engine process is
+  vLLM's ``EngineDeadError`` in the calling worker, which the driver heals (``oprl.rollout.vllm_process``, which
+  also undoes what building an ``LLM`` does to this process).
 
 Precision is ``rollout.dtype`` (float32 | bfloat16), independent of the trainer's ``model.dtype``: a bfloat16
 sampler with a float32 trainer is the paper's system (rho != 1 even on-policy). vLLM's CPU build is
@@ -48,19 +43,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import io
 import itertools
 import json
-import multiprocessing
-import multiprocessing.connection
-import multiprocessing.util
 import os
-import random
 import shutil
-import signal
 import tempfile
 import threading
-import time
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -68,7 +56,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from oprl.errors import OprlError
 from oprl.lazy import lazy_import
 from oprl.models.truncation import PLAIN, Sampling
+from oprl.rollout import vllm_process
 from oprl.rollout.base import EngineCapabilities, Rollout, Switch, check_switch
+from oprl.rollout.vllm_process import child_environment_kept, process_state_kept
 
 if TYPE_CHECKING:
     import torch
@@ -86,9 +76,6 @@ STEP_TOKENS = 4096
 are never split across steps (chunked prefill off): vLLM rewinds the seeded generator of a row whose prompt was
 cut at a step's edge, which a CPU generator cannot do (``RuntimeError: CPU Generator does not use offset``, hit by
 a 128-problem SmolLM2 evaluation); whole prompts that do not fit wait for the next step instead."""
-KILL_ENGINE = "OPRL_KILL_ENGINE"
-"""Set in a worker process by a test's fault (``oprl.backends.faults``, ``engine@step=N``): the next call of its
-engine SIGKILLs the engine's own process first, as the kernel's OOM killer would."""
 
 
 def require_vllm() -> None:
@@ -103,7 +90,7 @@ def _import_vllm():
     # process has to be spawned (which would need the __main__ guard in every user script).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its INFO lines would bury oprl's progress output
-    with warnings.catch_warnings(), _child_environment_kept():  # deprecated torch.distributed names inside
+    with warnings.catch_warnings(), child_environment_kept():  # deprecated torch.distributed names inside
         warnings.simplefilter("ignore", FutureWarning)
         import vllm
 
@@ -211,8 +198,7 @@ class VLLMEngine:
         salt = f"{self.key}/{self.generation}"
         prompts = [TokensPrompt(prompt_token_ids=list(p), cache_salt=salt) for p in prompt_ids]
         with shared.lock:
-            if os.environ.pop(KILL_ENGINE, None):  # a test's fault (oprl.backends.faults, engine@step=N)
-                shared.kill_engine()
+            vllm_process.take_fault(shared.watch)  # a test's fault (oprl.backends.faults, engine@step=N)
             shared.serve(self)
             if not self.prefix_reuse:  # each call starts from an empty cache: history cannot change numbers
                 shared.llm.reset_prefix_cache()
@@ -341,7 +327,7 @@ class SharedLLM:
     """``(engine key, its generation)`` whose weights vLLM holds; None before the first load."""
     reloads: int = 0
     """Weight loads so far (what tests and benchmarks count)."""
-    watch: _EngineWatch | None = None
+    watch: vllm_process.EngineWatch | None = None
     """``rollout.engine_process``: the engine's own process, watched (None: vLLM runs in this process)."""
 
     def serve(self, engine: ServedModel) -> None:
@@ -356,29 +342,14 @@ class SharedLLM:
         if self.watch is None:
             self.llm.collective_rpc(_reload, args=(weights,))
         else:
-            buffer = io.BytesIO()
-            torch.save(weights, buffer)
-            self.llm.collective_rpc(_reload_bytes, args=(buffer.getvalue(),))
+            vllm_process.send_weights(self.llm, weights)
         self.llm.reset_prefix_cache()  # cached keys/values were computed by the old weights
         self.serving, self.reloads = current, self.reloads + 1
-
-    def kill_engine(self) -> None:
-        """SIGKILL the engine's own process (a test's fault: ``KILL_ENGINE``) and return once this process knows it
-        is dead, so the call that follows raises ``EngineDeadError`` whatever the timing."""
-        if self.watch is None:
-            raise RuntimeError("a fault for a vLLM engine process, but this engine runs in-process")
-        os.kill(self.watch.process.pid, signal.SIGKILL)
-        self.watch.dead.wait(timeout=60)
 
 
 def _reload(worker, weights: dict[str, torch.Tensor]) -> None:
     """Runs on vLLM's worker (this process): in-place reload from checkpoint-format tensors."""
     worker.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
-
-
-def _reload_bytes(worker, data: bytes) -> None:
-    """``_reload`` on the worker of an engine process: the tensors come as ``torch.save``'s bytes."""
-    _reload(worker, torch.load(io.BytesIO(data), weights_only=True))
 
 
 # -- the per-process engine cache -------------------------------------------------------------------------------
@@ -435,7 +406,7 @@ def _build(
     try:
         with open(os.path.join(staging, "config.json"), "w") as f:
             json.dump(config, f)
-        with _process_state_kept(), _engine_mode(engine_process):
+        with process_state_kept(), vllm_process.engine_mode(engine_process):
             llm = vllm.LLM(
                 model=staging,
                 skip_tokenizer_init=True,
@@ -461,114 +432,8 @@ def _build(
     max_model_len = llm.llm_engine.model_config.max_model_len
     shared = SharedLLM(llm=llm, max_model_len=max_model_len, lock=threading.RLock())
     if engine_process:
-        shared.watch = _EngineWatch(llm)
-        llm.collective_rpc(_follow_caller, args=(os.getpid(),))
-        # Before multiprocessing joins this process's children at its exit (a worker process's return, the
-        # driver's exit): a live engine process would be waited for.
-        multiprocessing.util.Finalize(shared, _shut_down, args=(llm,), exitpriority=10)
+        shared.watch = vllm_process.attach(shared)
     return shared
-
-
-# -- an engine in a process of its own (rollout.engine_process) -------------------------------------------------
-@contextlib.contextmanager
-def _engine_mode(engine_process: bool):
-    """Build this engine in-process or with its own engine process, whatever was built before in this process:
-    vLLM reads ``VLLM_ENABLE_V1_MULTIPROCESSING`` as the ``LLM`` is built, from a cache that an in-process engine
-    turns on (``vllm.envs.enable_envs_cache``), so the cache is turned off for the build. An engine process
-    also needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``: oprl's reload is a function (``_reload_bytes``), which
-    vLLM's messages carry pickled only then; the sockets are this machine's, between this process and its own
-    engine."""
-    if not engine_process:
-        yield
-        return
-    import vllm.envs
-
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    with contextlib.suppress(AttributeError):
-        vllm.envs.disable_envs_cache()
-    try:
-        with _children_allowed():
-            yield
-    finally:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the next in-process engine of this process
-
-
-@contextlib.contextmanager
-def _children_allowed():
-    """multiprocessing refuses children to a daemonic process (oprl's worker processes are daemonic, so that they
-    end with the driver): the engine process is one, and its end is seen to by ``_follow_caller`` instead."""
-    config = multiprocessing.current_process()._config
-    had, daemon = "daemon" in config, config.get("daemon")
-    config["daemon"] = False
-    try:
-        yield
-    finally:
-        if had:
-            config["daemon"] = daemon
-        else:
-            config.pop("daemon", None)
-
-
-class _EngineWatch:
-    """Wakes the calls waiting on an engine process that died. vLLM 0.32's synchronous client notices the death
-    (its monitor marks the engine dead) but a ``generate`` waiting for outputs waits on forever (measured here:
-    SIGKILL of the engine process 0.5 s into a 0.7 s call, no return in 300 s). Once the process is gone, this
-    hands every waiter vLLM's own ``EngineDeadError``: the call raises it, and the driver restarts the worker."""
-
-    def __init__(self, llm):
-        from vllm.v1.engine.exceptions import EngineDeadError
-
-        self.client = llm.llm_engine.engine_core
-        self.process = self.client.resources.engine_manager.processes[0]
-        self.dead = threading.Event()
-        self._error = EngineDeadError
-        threading.Thread(target=self._watch, name="oprl-vllm-engine-watch", daemon=True).start()
-
-    def _watch(self) -> None:
-        multiprocessing.connection.wait([self.process.sentinel])
-        self.client.resources.engine_dead = True
-        self.client.outputs_queue.put_nowait(self._error())
-        for future in list(self.client.utility_results.values()):  # a reload or cache reset under way
-            if not future.done():
-                future.set_exception(self._error())
-        self.dead.set()
-
-
-def _follow_caller(worker, caller: int) -> None:
-    """Runs in vLLM's worker process: end the engine's processes (this one and those between it and ``caller``)
-    once ``caller`` dies. vLLM ends its workers with the engine process, but not the engine process with its
-    caller (measured: an engine process outlived its SIGKILLed caller by 20 s and more, till killed by hand); a
-    caller killed by a test or the OOM killer would leave it behind. Linux only (``/proc``); elsewhere a no-op."""
-    chain, pid = [], os.getpid()
-    while pid not in (caller, 0, 1):
-        chain.append(pid)
-        pid = _parent_of(pid)
-    if pid != caller:
-        return
-
-    def follow() -> None:
-        while _parent_of(chain[-1]) == caller:  # re-parented at the caller's death, before it is reaped
-            time.sleep(1.0)
-        for pid in reversed(chain):  # the engine process first, this one last
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-
-    threading.Thread(target=follow, name="oprl-follow-caller", daemon=True).start()
-
-
-def _parent_of(pid: int) -> int:
-    """``pid``'s parent (0 when it is gone or ``/proc`` is not there)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _shut_down(llm) -> None:
-    with contextlib.suppress(Exception):  # an engine that died already has nothing left to shut
-        llm.llm_engine.engine_core.shutdown()
 
 
 def _check_supported(config: dict, dtype: str, platform) -> None:
@@ -596,45 +461,3 @@ def _check_supported(config: dict, dtype: str, platform) -> None:
         pass
     except ValueError as exc:
         raise OprlError(f"rollout.dtype={dtype}: {str(exc).splitlines()[0][:200]}; use float32") from None
-
-
-CHILD_ENVIRONMENT = ("LD_PRELOAD", "LD_LIBRARY_PATH")
-"""Variables vLLM's CPU platform sets in ``os.environ`` for its own engine processes (tcmalloc and torch's
-libgomp preloaded, OpenCV's library path). oprl's engine is in-process, so they would only leak into every
-later subprocess of oprl (process workers, sweep workers, reward pools, tests) and change their allocator."""
-
-
-@contextlib.contextmanager
-def _child_environment_kept():
-    saved = {key: os.environ.get(key) for key in CHILD_ENVIRONMENT}
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextlib.contextmanager
-def _process_state_kept():
-    """Undo what building an in-process ``LLM`` does to the process: vLLM's CPU worker replaces
-    ``torch.set_num_threads`` by a no-op and sets 1 intra-op thread (right for a dedicated serving process,
-    wrong for oprl, whose workers set their own thread counts), and it seeds the global generators of
-    ``random``, numpy and torch (the trainer's and the other engines' streams must not depend on it); it also
-    preloads libraries for child processes (``CHILD_ENVIRONMENT``)."""
-    import numpy as np
-
-    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    python_state, numpy_state = random.getstate(), np.random.get_state()
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    try:
-        with torch.random.fork_rng(devices=devices), warnings.catch_warnings(), _child_environment_kept():
-            warnings.simplefilter("ignore", FutureWarning)  # deprecated torch.distributed names, inside vLLM
-            yield
-    finally:
-        torch.set_num_threads = set_threads
-        torch.set_num_threads(threads)
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
