@@ -210,7 +210,7 @@ def _table(summaries, metric: str, fmt: str) -> list[str]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="oprl report",
-        description="Figures and a markdown report of a sweep: per cell n, mean, sample SD and 95 %% t-interval; "
+        description="Figures and a markdown report of a sweep: per cell n, mean, sample SD and 95 % t-interval; "
         "the tiers of methods the seeds cannot separate; the smallest difference the design can detect.",
     )
     parser.add_argument("sweep_dir", type=Path, help="a sweep's output directory (run directories or results.csv)")
