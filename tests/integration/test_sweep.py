@@ -16,7 +16,7 @@ import yaml
 from conftest import SMALL
 from oprl import cli
 from oprl.errors import OprlError
-from oprl.experiments import report, sweep
+from oprl.experiments import report, sweep, sweep_local
 from oprl.metrics import deterministic_view, read_metrics
 
 
@@ -212,7 +212,7 @@ def test_the_sweep_gives_a_stale_runners_run_to_a_fresh_runner(tmp_path, monkeyp
         def close(self, stop=False):
             self.stdout.close()
 
-    monkeypatch.setattr(sweep, "_Runner", FakeRunner)
+    monkeypatch.setattr(sweep_local, "_Runner", FakeRunner)
     run = sweep.PlannedRun(name="a", labels={"seed": "0"}, overrides=())
     failures = sweep._execute([run], {}, tmp_path, 1, log=lambda *_: None)
     assert failures == [] and len(started) == 2
