@@ -36,7 +36,9 @@ def summarize(run: Path) -> dict:
         "final": evals[-1][1],
         "first_eval_5_below": next((s for s, a in evals if a < start - 0.05), None),
         "first_eval_10_below": next((s for s, a in evals if a < start - 0.10), None),
-        "lowest_5step_ess": min(sum(ess[i - ESS_STEPS + 1 : i + 1]) / ESS_STEPS for i in range(ESS_STEPS - 1, len(ess))),
+        "lowest_5step_ess": min(
+            sum(ess[i - ESS_STEPS + 1 : i + 1]) / ESS_STEPS for i in range(ESS_STEPS - 1, len(ess))
+        ),
         "warns_at": watch.first_step,
     }
 
