@@ -208,7 +208,7 @@ def squared_norms(terms: list, batch: int, cache: dict | None = None) -> torch.T
     object with ``shape`` and ``rows(block) -> (b, *shape)`` (the rows' matrices formed; then every term is
     formed, in row blocks of at most ``MATERIALISE_FLOATS`` floats). ``cache``: see ``outer_inner``."""
     if all(isinstance(t, Outer) for t in terms) and (len(terms) > 1 or ghost_is_cheaper(terms[0])):
-        out = 0
+        out = torch.zeros(batch)
         for k, first in enumerate(terms):
             for second in terms[k:]:
                 out = out + (1 if second is first else 2) * outer_inner(first, second, cache)

@@ -92,15 +92,15 @@ class RayPeer:
         return {"handle": self.handle, "name": self.name, "faults": self.faults}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)
 
     def call(self, method: str, *args):
         if self.faults and self._plan is None:
             self._plan = faults_module.FaultPlan.parse(self.faults)
         doomed = None if self._plan is None else self._plan.due(self.name, args)
         if doomed is None:
-            return ray.get(self.handle.call.remote(method, *args))  # type: ignore[attr-defined]
-        return ray.get(self.handle.doomed_call.remote(doomed, method, *args))  # type: ignore[attr-defined]
+            return ray.get(self.handle.call.remote(method, *args))
+        return ray.get(self.handle.doomed_call.remote(doomed, method, *args))
 
 
 class RayBackend:

@@ -244,7 +244,8 @@ def run_sweep(
     parallel = max(1, parallel or int(spec.get("parallel") or 1))
     retries = next(r for r in (retries, spec.get("retries"), 1) if r is not None)
     cpus_per_run = float(cpus_per_run or spec.get("cpus_per_run") or 1)
-    keep = Path(keep or spec.get("keep")) if (keep or spec.get("keep")) else None
+    kept_in = keep or spec.get("keep")
+    keep = Path(kept_in) if kept_in else None
     if keep is not None and not dry_run:
         restored = restore_kept(chosen, out, keep)
         if restored:

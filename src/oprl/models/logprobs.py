@@ -218,7 +218,10 @@ def prefix_shared_logprobs(
         [
             part
             for b, (row, n) in enumerate(zip(inputs, shared, strict=True))
-            for part in (prefix_hidden[b, width - n :], rest_hidden[b, : len(row) - n] if len(row) > n else None)
+            for part in (
+                prefix_hidden[b, width - n :],
+                rest_hidden[b, : len(row) - n] if rest_hidden is not None and len(row) > n else None,
+            )
             if part is not None
         ]
     )  # (N, H): every row's positions in order, which is the order of mask's True entries

@@ -41,7 +41,9 @@ the logits stay under ``LOGIT_BYTES``.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -70,8 +72,8 @@ class Unsupported(Exception):
 class PerRow:
     """Per-row gradients computed on demand for a block of rows (``torch.func`` on one module)."""
 
-    compute: object  # (block: slice) -> (b, *shape)
-    batch_total: object  # () -> shape
+    compute: Callable[[slice], torch.Tensor]  # (block: slice) -> (b, *shape)
+    batch_total: Callable[[], torch.Tensor]  # () -> shape
     shape: torch.Size
 
     def rows(self, block: slice) -> torch.Tensor:
@@ -85,7 +87,7 @@ class PerRow:
 # The watch: hooks on every module owning trainable parameters.
 
 
-def _plain(module: torch.nn.Module, kind: type) -> bool:
+def _plain(module: torch.nn.Module, kind: type[torch.nn.Module]) -> bool:
     """``module`` computes exactly ``kind``'s forward (no subclass or instance override)."""
     return isinstance(module, kind) and type(module).forward is kind.forward and "forward" not in vars(module)
 
@@ -160,7 +162,7 @@ class Watch:
         gradients at their ``outputs()``."""
         out: dict[torch.nn.Parameter, list[Outer | PerRow]] = {}
         calls = [(entry, call) for entry in self.watched for call in entry.calls]
-        self.prepared = {}
+        self.prepared: dict = {}
         for (entry, call), grad in zip(calls, grads, strict=True):
             if grad is None:  # the output reached no response's log-prob: no gradient
                 continue
@@ -234,7 +236,7 @@ class Watch:
                 with torch.autocast(**autocast):
                     return functional_call(module, p, tuple(call_args), kwargs)
 
-            _, pull = vjp(run, params)
+            pull = vjp(run, params)[1]
             return pull(out_grad)[0]
 
         def one_row(inputs, out_grad):
@@ -258,11 +260,7 @@ class Watch:
             param = entry.params[name]
             yield (
                 param,
-                PerRow(
-                    lambda block, position=position: compute(block, position),
-                    lambda position=position: total(position),
-                    param.shape,
-                ),
+                PerRow(functools.partial(compute, position=position), functools.partial(total, position), param.shape),
             )
 
 
@@ -336,8 +334,8 @@ def batched_score_norms(
         # The gradients at the watched modules' outputs; the parameters' own only to verify (else autograd
         # skips every weight-gradient product).
         wanted = outputs + (params if verify else [])
-        grads = torch.autograd.grad(total, wanted, allow_unused=True) if wanted and total.requires_grad else []
-        grads = list(grads) or [None] * len(wanted)
+        found = torch.autograd.grad(total, wanted, allow_unused=True) if wanted and total.requires_grad else ()
+        grads: list[torch.Tensor | None] = list(found) if found else [None] * len(wanted)
         with torch.no_grad():
             terms = watch.terms(grads[: len(outputs)], settings)
             if verify:

@@ -108,6 +108,7 @@ class Futures:
         loop = asyncio.get_running_loop()
 
         def run() -> None:
+            outcome: dict[str, Any]
             try:
                 body, media = work()
                 outcome = {"body": body, "media": media}
@@ -148,7 +149,8 @@ class Futures:
         one engine call; what is left is the next batch, scheduled at once."""
         with self.queue_lock:
             queue = self.queued[sampler.sampler_id]
-            taken, rows = [], 0
+            taken: list = []
+            rows = 0
             while queue and (not taken or rows + _rows(queue[0][0]) <= self.batch_rows):
                 rows += _rows(queue[0][0])
                 taken.append(queue.pop(0))

@@ -24,7 +24,7 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from oprl.errors import OprlError
 from oprl.serve.tinker import wire
@@ -197,7 +197,7 @@ class PlacedModels(TinkerModels):
 
     def _record(self, policy: PlacedPolicy) -> PlacedPolicy:
         with self.lock:
-            self.policies[policy.model_id] = policy
+            self.policies[policy.model_id] = policy  # type: ignore[assignment]  # stands in for a Policy: the attributes the table reads
         return policy
 
     # ---- training models -----------------------------------------------------------------------------------
@@ -292,7 +292,8 @@ class PlacedModels(TinkerModels):
         """Stop the workers of the session's training models (their snapshot samplers go with them); workers of
         files and base models stay for other sessions."""
         with self.lock:
-            mine = [p for p in self.policies.values() if p.owner == owner_session]
+            # Every model of this table is a placed one.
+            mine = [cast(PlacedPolicy, p) for p in self.policies.values() if p.owner == owner_session]
             super().close_owner(owner_session)
             for sampler_id in [s for s in self.sampler_homes if s not in self.samplers]:
                 del self.sampler_homes[sampler_id]
