@@ -9,7 +9,17 @@ trainer, FSDP wrapping, the lean engine; it checks this at the end). What it run
    (random weights rarely emit EOS, so nearly every row runs to the limit) from the explorer's bfloat16 copy;
 2. training: ``Trainer.step`` on those rows under ``trainer.sharding=fsdp`` at world size 1 (``fully_shard`` per
    decoder layer and root; float32 master weights, bfloat16 compute, float32 gradient reduction), GRPO loss;
-3. weight sync: the trainer's weights gathered into a ``FlatWeights`` (bfloat16, CPU) and loaded by the explorer.
+3. weight sync: the trainer's weights gathered into a ``FlatWeights`` (bfloat16, CPU) and loaded by the explorer;
+4. with ``--tinker`` (off by default; ``--steps 0 --tinker`` runs it alone), then, in this process, the Tinker
+   server's step (``tinker_section``) through its backend directly (no HTTP: the image has no fastapi, SDK or
+   protobuf, and the backend needs none of them): the shape's random weights saved as a model directory (in
+   ``--dtype``) with a word-level tokenizer of exactly the shape's vocabulary (``<pad>`` 0, ``<eos>`` 1, ...; the
+   embedded tiny model's tokenizer has fewer ids than any shape, and the backend refuses token ids past the
+   tokenizer's), a LoRA policy of ``--tinker-rank`` (0: full fine-tuning) loaded by the backend in float32 as it
+   always is; a saved sampler samples ``--groups`` prompts x ``--group-size`` (``TinkerModels.sample``: one
+   engine call), ``forward_backward`` with ``--tinker-loss`` on tinker-cookbook's RL datums whose behaviour
+   log-probs are the sampled ones (on-policy: max |ratio - 1| ~ 0 in float32, reported), ``optim_step`` with Adam
+   params. Each phase's seconds, tokens/s and peak GPU memory go under ``"tinker"`` in the result.
 
 Trainer MFU = model FLOPs / seconds / ``--peak-tflops`` (default 790: bf16 dense matmul measured on an H200).
 Model FLOPs per step = 3 x forward (backward = 2 forwards; the head's checkpointed recomputation is not
@@ -19,6 +29,7 @@ with G groups, P prompt tokens, T_b response tokens of row b, N_dense the weight
 d width, V vocabulary (causal attention: 4 d i FLOPs for a token at position i, per layer).
 
     python3 benchmarks/gpu_check.py                     # the H200 check (< 8 min), from the repository root
+    python3 benchmarks/gpu_check.py --steps 0 --tinker  # the Tinker server's step alone
     python benchmarks/gpu_check.py --shape tiny --device cpu --groups 2 --group-size 2 --response 8   # CPU smoke
 
 oprl need not be installed: the script imports it from the ``src/`` next to it. Each finished step prints a JSON
@@ -48,8 +59,12 @@ GPU_IMAGE = {
     "torch", "transformers", "numpy", "safetensors", "tokenizers", "huggingface_hub", "yaml", "pyarrow", "peft",
     "packaging", "tqdm", "typing_extensions",
 }  # fmt: skip
-ABSENT = {"pydantic", "pydantic_core", "vllm", "ray", "datasets", "math_verify"}
-"""Packages not on the GPU image that some oprl module imports inside a function: this script must not reach them."""
+ABSENT = {
+    "pydantic", "pydantic_core", "vllm", "ray", "datasets", "math_verify",
+    "fastapi", "starlette", "uvicorn", "tinker", "google.protobuf",  # the Tinker server's HTTP side (wire.py, app.py)
+}  # fmt: skip
+"""Packages not on the GPU image (or not sure to be: protobuf) that some oprl module imports inside a function or
+on a path this script does not take: it must not reach them."""
 
 SHAPES = {
     # Qwen2.5-1.5B-Instruct's config.json, as a Llama (Qwen2 = Llama + q/k/v biases).
@@ -186,9 +201,12 @@ def parse(argv=None):
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens")
     parser.add_argument("--response", type=int, default=512, help="max new tokens")
     parser.add_argument("--micro-batch", type=int, default=16, help="optim.micro_batch_size")
-    parser.add_argument("--steps", type=int, default=2, help="RL steps (the last one is reported)")
+    parser.add_argument("--steps", type=int, default=2, help="RL steps (the last one is reported; 0: none)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (CPU)")
     parser.add_argument("--peak-tflops", type=float, default=790.0, help="the chip's dense bf16 peak")
+    parser.add_argument("--tinker", action="store_true", help="then the Tinker server's step (module docstring)")
+    parser.add_argument("--tinker-rank", type=int, default=32, help="its LoRA rank (0: full fine-tuning)")
+    parser.add_argument("--tinker-loss", choices=["ppo", "importance_sampling"], default="ppo")
     return parser.parse_args(argv)
 
 
@@ -313,12 +331,133 @@ def rank_main(rank: int, args, port: int, results) -> None:
     result["per_rank"] = memory
     result["pydantic_imported"] = "pydantic" in sys.modules
     result["oprl_imports"] = oprl_imports()
-    result["not_on_gpu_image"] = sorted(
-        {name for name in result["oprl_imports"] if name not in GPU_IMAGE} | (ABSENT & set(sys.modules))
-    )
+    result["not_on_gpu_image"] = not_on_gpu_image(result["oprl_imports"])
     dist.destroy_process_group()
     if rank == 0:
         results.put(result)
+
+
+def not_on_gpu_image(imports: list[str]) -> list[str]:
+    """What this process imported that the GPU image lacks: module-level imports of oprl modules, and ``ABSENT``."""
+    return sorted({name for name in imports if name not in GPU_IMAGE} | (ABSENT & set(sys.modules)))
+
+
+def vocabulary_tokenizer(vocab: int):
+    """A word-level tokenizer of exactly ``vocab`` ids (``<pad>`` = PAD, ``<eos>`` = EOS, ``<unk>``, then ``t3``
+    ...) with a chat template (the backend's ``load_pretrained`` refuses a tokenizer without one)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {"<pad>": PAD, "<eos>": EOS, "<unk>": 2} | {f"t{i}": i for i in range(3, vocab)}
+    core = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    assert len(tokenizer) == vocab
+    return tokenizer
+
+
+def tinker_section(args) -> dict:
+    """The Tinker server's RL step through its backend (module docstring, 4.): seconds, tokens/s, peak memory."""
+    import tempfile
+
+    import numpy as np
+
+    from oprl.models.loading import quiet_transformers
+    from oprl.serve.tinker.backend import ModelTable, TinkerModels
+    from oprl.serve.tinker.losses import loss_spec
+    from oprl.serve.tinker.records import Datum, ForwardBackward
+
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    vocab = SHAPES[args.shape]["vocab_size"]
+    out: dict = {"shape": args.shape, "device": str(device), "lora_rank": args.tinker_rank, "loss_fn": args.tinker_loss}
+    peaks: dict[str, float] = {}
+    quiet_transformers()  # no progress bars from save_pretrained
+
+    def timed(phase: str, work):
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        synchronize(device)
+        tick = time.perf_counter()
+        value = work()
+        synchronize(device)
+        out[f"{phase}_s"] = time.perf_counter() - tick
+        if cuda:
+            peaks[phase] = torch.cuda.max_memory_allocated(device) / 2**30
+        return value
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-tinker-") as root:
+        directory = str(Path(root) / "model")
+
+        def save() -> None:
+            model = build_model(args.shape, device, getattr(torch, args.dtype))
+            model.save_pretrained(directory)
+            vocabulary_tokenizer(vocab).save_pretrained(directory)
+            del model
+
+        timed("save_model", save)
+        table = ModelTable({"gpu-check": directory}, [], str(device))
+        table.directories["gpu-check"] = directory  # resolved: nothing looks it up
+        models = TinkerModels(table, Path(root) / "state", str(device))
+        lora = {"rank": args.tinker_rank, "seed": 0}
+        policy = timed("create_model", lambda: models.create_policy("gpu-check:train:0", "owner", "gpu-check", lora))
+        out["trainable_params"] = sum(p.numel() for p in policy.trainable().values())
+        sampler = models.snapshot_sampler(policy, "gpu-check:sample:0")
+        generator = torch.Generator().manual_seed(1)
+        prompts = [torch.randint(3, vocab, (args.prompt,), generator=generator).tolist() for _ in range(args.groups)]
+        requests = [
+            {
+                "prompt": {"chunks": [{"tokens": prompt}]},
+                "num_samples": args.group_size,
+                "sampling_params": {"max_tokens": args.response, "seed": g},
+            }
+            for g, prompt in enumerate(prompts)
+        ]
+        outcomes = timed("sample", lambda: models.sample(sampler, requests))
+        data, behaviour = [], []
+        for prompt, sampled in zip(prompts, outcomes, strict=True):
+            assert not isinstance(sampled, Exception), sampled
+            for k, sequence in enumerate(sampled.sequences):  # tinker-cookbook's RL datum: loss on the reply only
+                full, pad = prompt + sequence.tokens, len(prompt) - 1
+                advantage = 1.0 if k % 2 else -1.0
+                inputs = {
+                    "target_tokens": np.array(full[1:], np.int64),
+                    "logprobs": np.array([0.0] * pad + sequence.logprobs, np.float32),
+                    "advantages": np.array([0.0] * pad + [advantage] * len(sequence.tokens), np.float32),
+                }
+                data.append(Datum(full[:-1], inputs))
+                behaviour.append((pad, np.array(sequence.logprobs, np.float32)))
+        sampled_tokens = sum(len(b) for _, b in behaviour)
+        out |= {
+            "rows": len(data),
+            "sampled_tokens": sampled_tokens,
+            "sample_tokens_per_s": sampled_tokens / out["sample_s"],
+        }
+        request = ForwardBackward(policy.model_id, 1, args.tinker_loss, {}, False, data)
+        spec = loss_spec(args.tinker_loss, {})
+        result = timed("forward_backward", lambda: models.forward_backward(policy, request, spec))
+        ratios = [
+            np.abs(np.exp(o["logprobs"][pad:].astype(np.float64) - lp) - 1).max(initial=0.0)
+            for o, (pad, lp) in zip(result.outputs, behaviour, strict=True)
+        ]
+        trained_tokens = sum(len(d.tokens) for d in data)
+        out |= {
+            "forward_backward_tokens": trained_tokens,
+            "forward_backward_tokens_per_s": trained_tokens / out["forward_backward_s"],
+            "loss": result.metrics["loss:sum"],
+            "max_abs_ratio_minus_1": float(max(ratios)),
+        }
+        adam = {"learning_rate": 1e-5, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "grad_clip_norm": 1.0}
+        step = timed("optim_step", lambda: models.optim_step(policy, adam))
+        out["grad_norm"] = step["metrics"]["grad_norm:mean"]
+        out["version"] = policy.version
+    if cuda:
+        out["peak_gpu_memory_gib"] = peaks
+    out["peak_rss_gib"] = peak_rss_gib()  # the whole process's (with --steps on one rank, the RL step's too)
+    out["elapsed_s"] = time.perf_counter() - args.started
+    return out
 
 
 def main(argv=None) -> dict:
@@ -326,16 +465,28 @@ def main(argv=None) -> dict:
 
     args = parse(argv)
     args.started = time.perf_counter()  # CLOCK_MONOTONIC on Linux: comparable in the spawned ranks
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    if args.world_size == 1:
-        rank_main(0, args, port, results)
-    else:
-        mp.start_processes(rank_main, args=(args, port, results), nprocs=args.world_size, start_method="spawn")
-    result = results.get()
+    result: dict = {}
+    if args.steps > 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        context = mp.get_context("spawn")
+        results = context.Queue()
+        if args.world_size == 1:
+            rank_main(0, args, port, results)
+        else:
+            mp.start_processes(rank_main, args=(args, port, results), nprocs=args.world_size, start_method="spawn")
+        result = results.get()
+    if args.tinker:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        result["tinker"] = tinker_section(args)
+        print(json.dumps({"tinker": result["tinker"]}), file=sys.stderr, flush=True)
+    # This process's imports too: the Tinker section's, and the ranks' when they were other processes.
+    imports = oprl_imports()
+    result["oprl_imports"] = sorted(set(result.get("oprl_imports", [])) | set(imports))
+    result["pydantic_imported"] = result.get("pydantic_imported", False) or "pydantic" in sys.modules
+    result["not_on_gpu_image"] = sorted(set(result.get("not_on_gpu_image", [])) | set(not_on_gpu_image(imports)))
     result["total_s"] = time.perf_counter() - args.started
     print(json.dumps(result, indent=1))
     if result["not_on_gpu_image"]:

@@ -33,9 +33,9 @@ def main() -> None:
 
     from oprl.config import load_config
     from oprl.models.chat import encode_problem
-    from oprl.serve.tinker import wire
     from oprl.serve.tinker.backend import ModelTable, TinkerModels, tiny_directory
     from oprl.serve.tinker.losses import loss_spec
+    from oprl.serve.tinker.records import Datum, ForwardBackward
     from oprl.tasks import build_task
 
     models = TinkerModels(ModelTable({"tiny": tiny_directory([])}, [], "cpu"), Path(tempfile.mkdtemp()))
@@ -48,22 +48,18 @@ def main() -> None:
         for i, p in enumerate(prompts)
     ]
     data = []  # the loop's datums: prompt + reply, advantage ±1 on the reply's positions
-    for prompt, body in zip(prompts, models.sample(sampler, requests), strict=True):
-        from tinker.proto import tinker_public_pb2 as pb
-
-        response = pb.SampleResponse()
-        response.ParseFromString(body)
-        for k, sequence in enumerate(response.sequences):
-            reply = np.frombuffer(sequence.tokens, np.int32).tolist()
+    for prompt, sampled in zip(prompts, models.sample(sampler, requests), strict=True):
+        for k, sequence in enumerate(sampled.sequences):
+            reply = sequence.tokens
             full, pad = prompt + reply, len(prompt) - 1
-            logprobs = np.frombuffer(sequence.logprobs, np.float32).tolist()
+            logprobs = sequence.logprobs
             inputs = {
                 "target_tokens": np.array(full[1:], np.int64),
                 "logprobs": np.array([0.0] * pad + logprobs, np.float32),
                 "advantages": np.array([0.0] * pad + [1.0 if k % 2 else -1.0] * len(reply), np.float32),
             }
-            data.append(wire.Datum(full[:-1], inputs))
-    request = wire.ForwardBackward("p", 1, "importance_sampling", {"preset": "grpo"}, False, data)
+            data.append(Datum(full[:-1], inputs))
+    request = ForwardBackward("p", 1, "importance_sampling", {"preset": "grpo"}, False, data)
     spec = loss_spec("importance_sampling", {"preset": "grpo"})
 
     def one_at_a_time():

@@ -279,8 +279,10 @@ def _run_from(worker, batches, first_step):
 
 def test_gpu_check_runs_on_cpu_without_pydantic():
     """benchmarks/gpu_check.py at a tiny shape: one JSON object, a finite loss, and no pydantic import (the GPU
-    machine it is written for has none)."""
+    machine it is written for has none); with ``--tinker``, the Tinker server's step through its backend: sane
+    numbers, on-policy ratio 1, and none of the server's HTTP side (fastapi, the SDK, protobuf) imported."""
     import json
+    import math
 
     script = Path(__file__).parents[2] / "benchmarks" / "gpu_check.py"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the script finds its own src/
@@ -306,6 +308,7 @@ def test_gpu_check_runs_on_cpu_without_pydantic():
             "4",
             "--micro-batch",
             "2",
+            "--tinker",
         ],
         capture_output=True,
         text=True,
@@ -322,6 +325,14 @@ def test_gpu_check_runs_on_cpu_without_pydantic():
     assert 0 < result["elapsed_s"] <= result["total_s"] and result["per_rank"][0]["peak_rss_gib"] > 0
     steps = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"shape"')]
     assert [s["step"] for s in steps] == [1, 2]  # one line per finished step, as it finishes
+    tinker = result["tinker"]  # not_on_gpu_image == [] above: no fastapi, starlette, tinker, google.protobuf
+    assert tinker["rows"] == 4 and tinker["sampled_tokens"] > 0 and tinker["version"] == 1
+    timings = [tinker[f"{phase}_s"] for phase in ("save_model", "create_model", "sample", "forward_backward")]
+    assert all(t > 0 for t in [*timings, tinker["optim_step_s"]])
+    numbers = ["sample_tokens_per_s", "forward_backward_tokens_per_s", "loss", "grad_norm", "peak_rss_gib"]
+    assert all(math.isfinite(tinker[name]) for name in numbers) and tinker["grad_norm"] > 0
+    assert tinker["max_abs_ratio_minus_1"] < 1e-4  # the sampler's log-probs are the trainer's (float32)
+    assert any(line.startswith('{"tinker"') for line in done.stderr.splitlines())
 
 
 def test_fsdp_refuses_a_model_without_decoder_layers_in_one_line():

@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("tinker")
-
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
@@ -24,7 +22,7 @@ def _rl_datums(rng):
     """Three prompts of different lengths, three replies each of different lengths: the layout of
     tinker-cookbook's RL datums (input = prompt + reply[:-1], targets shifted by one, logprobs and advantages 0 on
     the prompt's positions), plus one datum whose loss starts at its first position (nothing to share)."""
-    from oprl.serve.tinker import wire
+    from oprl.serve.tinker.records import Datum
 
     data = []
     for prompt_length in (5, 9, 7):
@@ -38,10 +36,10 @@ def _rl_datums(rng):
                 "logprobs": np.array([0.0] * pad + (-rng.random(reply_length) * 3).tolist(), np.float32),
                 "advantages": np.array([0.0] * pad + [advantage] * reply_length, np.float32),
             }
-            data.append(wire.Datum(full[:-1], inputs))
+            data.append(Datum(full[:-1], inputs))
     alone = rng.integers(3, 100, 6).tolist()
     data.append(
-        wire.Datum(
+        Datum(
             alone,
             {
                 "target_tokens": np.array(rng.integers(3, 100, 6), np.int64),
@@ -55,13 +53,13 @@ def _rl_datums(rng):
 
 @pytest.mark.parametrize(("loss", "config"), [("importance_sampling", {}), ("dro", {"beta": 0.5}), ("ppo", {})])
 def test_shared_prompts_run_once_and_give_what_whole_datums_give(models, loss, config):
-    from oprl.serve.tinker import wire
     from oprl.serve.tinker.backend import _shared_prefixes
     from oprl.serve.tinker.losses import loss_spec
+    from oprl.serve.tinker.records import ForwardBackward
 
     data = _rl_datums(np.random.default_rng(0))
     spec = loss_spec(loss, config)
-    request = wire.ForwardBackward("m", 1, loss, config, False, data)
+    request = ForwardBackward("m", 1, loss, config, False, data)
     outputs, grads = [], []
     for grouped in (True, False):
         policy = models.create_policy(f"m-{loss}-{grouped}", "owner", "tiny", {"rank": 4, "seed": 0})
@@ -73,19 +71,10 @@ def test_shared_prompts_run_once_and_give_what_whole_datums_give(models, loss, c
         finally:
             models.group_prefixes = True
         grads.append({n: p.grad.clone() for n, p in policy.trainable().items()})
-    from tinker.proto import tinker_public_pb2 as pb
-
-    decoded = []
-    for body in outputs:
-        message = pb.ForwardBackwardOutput()
-        message.ParseFromString(body)
-        decoded.append(message)
-    grouped, whole = decoded
+    grouped, whole = outputs
     assert grouped.metrics["loss:sum"] == pytest.approx(whole.metrics["loss:sum"], rel=1e-5, abs=1e-6)
-    for a, b in zip(grouped.loss_fn_outputs, whole.loss_fn_outputs, strict=True):
+    for a, b in zip(grouped.outputs, whole.outputs, strict=True):
         for name in ("logprobs", "elementwise_loss"):
-            x = np.frombuffer(a.fields[name].data, np.float32)
-            y = np.frombuffer(b.fields[name].data, np.float32)
-            np.testing.assert_allclose(x, y, atol=1e-5)
+            np.testing.assert_allclose(a[name], b[name], atol=1e-5)
     for name, value in grads[0].items():
         torch.testing.assert_close(value, grads[1][name], atol=1e-5, rtol=1e-4)

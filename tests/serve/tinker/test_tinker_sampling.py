@@ -23,15 +23,9 @@ def _request(tokens, n, max_tokens, seed=None, stop=None):
     return {"prompt": {"chunks": [{"tokens": tokens}]}, "num_samples": n, "sampling_params": params}
 
 
-def _decoded(body):
-    from tinker.proto import tinker_public_pb2 as pb
-
-    message = pb.SampleResponse()
-    message.ParseFromString(body)
-    return [
-        (np.frombuffer(s.tokens, np.int32).tolist(), np.frombuffer(s.logprobs, np.float32), s.stop_reason)
-        for s in message.sequences
-    ]
+def _decoded(sampled):
+    """A request's sequences as (tokens, float32 log-probs, stopped), what ``SampleResponse`` carries."""
+    return [(s.tokens, np.asarray(s.logprobs, np.float32), s.stopped) for s in sampled.sequences]
 
 
 def _requests(tokenizer):
@@ -54,7 +48,7 @@ def test_a_batch_returns_what_each_request_returns_alone(tiny):
     model, tokenizer = tiny
     requests = _requests(tokenizer)
     alone = [_decoded(sample(model, tokenizer, r, "cpu")) for r in requests]
-    together = [_decoded(body) for body in sample_batch(model, tokenizer, requests, "cpu")]
+    together = [_decoded(sampled) for sampled in sample_batch(model, tokenizer, requests, "cpu")]
     lengths = set()
     for one, batched, request in zip(alone, together, requests, strict=True):
         assert len(batched) == request["num_samples"]

@@ -264,7 +264,7 @@ def create_app(server: TinkerServer) -> FastAPI:
             raise UserError("data: empty")
 
         def work():
-            return server.backend.forward_backward(policy, decoded, spec), PROTO
+            return wire.encode_forward_backward_output(server.backend.forward_backward(policy, decoded, spec)), PROTO
 
         return future(server.submit(work, (decoded.model_id, decoded.seq_id)), model_id=decoded.model_id)
 

@@ -4,6 +4,10 @@ the order the requests of a model were numbered, so no lock is needed and no two
 
 Names -> models: ``names.py`` (``ModelTable``, ``DEFAULT_MODELS``, ``tiny_directory``, imported here too).
 
+Plain data in and out (``records.py``); ``wire.py`` encodes the results for the SDK on the HTTP side, so neither
+this module nor ``sampling.py``, ``losses.py`` or a placed model's worker imports the SDK, protobuf, fastapi or
+pydantic (tested; ``benchmarks/gpu_check.py --tinker`` drives them on a bare GPU image).
+
 Off-policy exactness: ``save_weights_for_sampler`` snapshots the trainable tensors (the LoRA adapters, or every
 parameter for full fine-tuning) with the optimizer-step count they belong to; a sampling session samples from
 *its* snapshot: when the live weights moved on, the snapshot is copied in for the call and the live weights
@@ -29,10 +33,10 @@ from oprl.errors import OprlError
 from oprl.models.batching import right_pad
 from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.models.logprobs import pack, prefix_shared_logprobs, response_logprobs
-from oprl.serve.tinker import wire
 from oprl.serve.tinker.errors import UserError, base_of, check_tokens, context_of
 from oprl.serve.tinker.losses import OPTIONAL_INPUTS, LossSpec, compute_loss
 from oprl.serve.tinker.names import DEFAULT_MODELS, ModelTable, tiny_directory  # noqa: F401  (this module's API too)
+from oprl.serve.tinker.records import Datum, ForwardBackward, ForwardOutput, Sampled
 from oprl.serve.tinker.sampling import SERVED, sample_batch
 
 LORA_MODULES = {
@@ -154,9 +158,10 @@ class TinkerModels:
             "model_name": policy.base_model,
         }
 
-    def forward_backward(self, policy: Policy, request: wire.ForwardBackward, spec: LossSpec) -> bytes:
-        """Per-datum target log-probs (and elementwise loss), the loss's gradient added to ``.grad`` unless
-        ``forward_only``; the encoded ``ForwardBackwardOutput``."""
+    def forward_backward(self, policy: Policy, request: ForwardBackward, spec: LossSpec) -> ForwardOutput:
+        """Per-datum target log-probs (and elementwise loss) and the metrics, the loss's gradient added to
+        ``.grad`` unless ``forward_only`` (``wire.encode_forward_backward_output`` makes the SDK's
+        ``ForwardBackwardOutput`` of it)."""
         rows = [self._checked_datum(policy, datum, spec, f"data[{i}]") for i, datum in enumerate(request.data)]
         outputs: list[dict[str, np.ndarray]] = []
         total, weights = 0.0, 0
@@ -182,9 +187,9 @@ class TinkerModels:
         reported = {"loss:sum": total} | {
             f"{key}:{_reduction(key)}": value / max(weights, 1) for key, value in metrics.items()
         }
-        return wire.encode_forward_backward_output(outputs, reported)
+        return ForwardOutput(outputs, reported)
 
-    def _checked_datum(self, policy: Policy, datum: wire.Datum, spec: LossSpec, where: str) -> dict[str, Any]:
+    def _checked_datum(self, policy: Policy, datum: Datum, spec: LossSpec, where: str) -> dict[str, Any]:
         """The datum's tokens, targets and float inputs, each (N,), after checking lengths and token ranges."""
         n, vocab = len(datum.tokens), len(policy.tokenizer)
         if n == 0:
@@ -344,9 +349,9 @@ class TinkerModels:
 
     # ---- sampling ------------------------------------------------------------------------------------------
 
-    def sample(self, sampler: Sampler, requests: list[dict[str, Any]]) -> list[bytes | UserError]:
+    def sample(self, sampler: Sampler, requests: list[dict[str, Any]]) -> list[Sampled | UserError]:
         """For each request, ``num_samples`` continuations of its prompt from the sampler's weights (and the
-        prompt's log-probs when asked) as an encoded ``SampleResponse``, or the ``UserError`` refusing it; the
+        prompt's log-probs when asked), or the ``UserError`` refusing it; the
         requests run as one engine call (``sampling.sample_batch``), on weights swapped in once."""
         model, tokenizer, restore = self._weights_for(sampler)
         try:

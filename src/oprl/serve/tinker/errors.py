@@ -1,11 +1,15 @@
-"""What the Tinker server's modules share: ``UserError`` (a request the client must fix) and the checks of
-token ids and context length that training and sampling both make."""
+"""What the Tinker server's modules share: ``UserError`` (a request the client must fix), ``WireError`` (a body
+``wire.py`` cannot decode) and the checks of token ids and context length that training and sampling both make."""
 
 from __future__ import annotations
 
 
 class UserError(ValueError):
     """A request the server refuses; the message starts with the field (HTTP 400, or a failed future)."""
+
+
+class WireError(ValueError):
+    """A request body the server cannot use (``wire.py``); the message starts with the field it is about."""
 
 
 def check_tokens(tokens: list[int], vocab: int, where: str) -> None:

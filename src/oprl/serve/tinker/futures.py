@@ -4,8 +4,9 @@ compute, and batched sampling (``app.py`` serves them over HTTP).
 Futures: every call that computes (create_model, forward_backward, optim_step, save/load, asample) answers at
 once with ``{"request_id": ...}``; the SDK then polls ``/api/v1/retrieve_future`` with it. The server holds each
 poll up to ``POLL_S`` seconds and answers the result (protobuf for ``ForwardBackwardOutput`` and
-``SampleResponse``, JSON otherwise), ``{"type": "try_again", ...}`` while it is still running, or ``{"error":
-..., "category": "user" | "server"}`` when it failed (the SDK raises ``RequestFailedError`` with it).
+``SampleResponse``, which ``wire.py`` encodes on the lane from the backend's plain results, JSON otherwise),
+``{"type": "try_again", ...}`` while it is still running, or ``{"error": ..., "category": "user" | "server"}``
+when it failed (the SDK raises ``RequestFailedError`` with it).
 
 Order and retries: the requests of one training model carry ``seq_id`` 1, 2, ... and run in that order on the
 model's lane, whatever order they arrive in (the SDK sends the chunks of one forward_backward in
@@ -161,8 +162,9 @@ class Futures:
         try:
             outcomes = self.backend.sample(sampler, [request for request, _ in taken])
             finished = [
-                _failure(o) if isinstance(o, Exception) else {"body": o, "media": PROTO} for o in outcomes
-            ]  # fmt: skip
+                _failure(o) if isinstance(o, Exception) else {"body": wire.encode_sample_response(o), "media": PROTO}
+                for o in outcomes
+            ]
         except Exception as exc:  # the whole call failed (the sampler's model closed, a bug): each request says so
             finished = [_failure(exc)] * len(taken)
         for (_, result), outcome in zip(taken, finished, strict=True):

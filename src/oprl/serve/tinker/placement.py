@@ -11,11 +11,13 @@ the in-process server's (``ModelHost`` wraps a ``TinkerModels`` holding that one
 computes the numbers an in-process one does (tested); what changes is that models in different workers compute
 at once (each has a lane of its own in ``app.py``) and that on Ray they sit where the GPUs are.
 
-What crosses to a worker are ids, the decoded request and the loss spec; what comes back are the encoded
-results. A ``UserError`` raised in a worker comes back as one (a 4xx-class failed future); a worker whose process
-died fails its model's requests (``internal error``) and the model is gone: the client starts again from its
-``save_state``. Checkpoints (``--state-dir``) must be on a filesystem the workers see (the same machine, or a
-shared one on a Ray cluster: the rule of ``oprl train``'s run directory).
+What crosses to a worker are ids, the decoded request (``records.py``'s plain data) and the loss spec; what comes
+back are plain results too (per-datum arrays and metrics, sampled sequences), which the server encodes for the SDK
+(``wire.py``, on the HTTP side): a worker's modules import neither the SDK nor protobuf, fastapi or pydantic, so a GPU
+machine that hosts workers needs none of them. A ``UserError`` raised in a worker comes back as one (a 4xx-class
+failed future); a worker whose process died fails its model's requests (``internal error``) and the model is gone:
+the client starts again from its ``save_state``. Checkpoints (``--state-dir``) must be on a filesystem the workers
+see (the same machine, or a shared one on a Ray cluster: the rule of ``oprl train``'s run directory).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from oprl.errors import OprlError
-from oprl.serve.tinker import wire
 from oprl.serve.tinker.backend import COMPUTE_LANE, ModelTable, Sampler, TinkerModels
-from oprl.serve.tinker.errors import UserError
+from oprl.serve.tinker.errors import UserError, WireError
 from oprl.serve.tinker.losses import LossError, LossSpec
+from oprl.serve.tinker.records import ForwardBackward, ForwardOutput, Sampled
 
-USER_ERRORS = {"UserError": UserError, "LossError": LossError, "WireError": wire.WireError, "OprlError": OprlError}
+USER_ERRORS = {"UserError": UserError, "LossError": LossError, "WireError": WireError, "OprlError": OprlError}
 """The exception types a worker raises for a request the client must fix, by name (the processes backend sends
 back a type's name and message)."""
 
@@ -55,7 +57,7 @@ class ModelHost:
         policy = self.models.create_from_checkpoint(model_id, owner, path, optimizer, None)
         return {"lora": policy.lora, "info": self.models.info(policy)}
 
-    def forward_backward(self, model_id: str, request: wire.ForwardBackward, spec: LossSpec) -> bytes:
+    def forward_backward(self, model_id: str, request: ForwardBackward, spec: LossSpec) -> ForwardOutput:
         return self.models.forward_backward(self.models.policies[model_id], request, spec)
 
     def optim_step(self, model_id: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -80,7 +82,7 @@ class ModelHost:
     def base_sampler(self, sampler_id: str, owner: str, base_model: str) -> None:
         self.models.base_sampler(sampler_id, owner, base_model)
 
-    def sample(self, sampler_id: str, requests: list[dict[str, Any]]) -> list[bytes | UserError]:
+    def sample(self, sampler_id: str, requests: list[dict[str, Any]]) -> list[Sampled | UserError]:
         return self.models.sample(self.models.samplers[sampler_id], requests)
 
 
@@ -229,7 +231,7 @@ class PlacedModels(TinkerModels):
     def info(self, policy) -> dict[str, Any]:
         return policy.info  # known since creation: get_info answers without waiting for the worker
 
-    def forward_backward(self, policy, request: wire.ForwardBackward, spec: LossSpec) -> bytes:
+    def forward_backward(self, policy, request: ForwardBackward, spec: LossSpec) -> ForwardOutput:
         return self._call(policy.home, "forward_backward", policy.model_id, request, spec)
 
     def optim_step(self, policy, params: dict[str, Any]) -> dict[str, Any]:
@@ -272,7 +274,7 @@ class PlacedModels(TinkerModels):
             self.pending[sampler.sampler_id] = (method, args, base_model)
         return sampler
 
-    def sample(self, sampler: Sampler, requests: list[dict[str, Any]]) -> list[bytes | UserError]:
+    def sample(self, sampler: Sampler, requests: list[dict[str, Any]]) -> list[Sampled | UserError]:
         home = self.sampler_homes[sampler.sampler_id]
         if sampler.policy_id is not None and sampler.policy_id not in self.policies:
             raise UserError(f"sampling_session_id: the model {sampler.policy_id} of this sampler was closed")

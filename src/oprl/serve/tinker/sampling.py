@@ -25,8 +25,8 @@ import torch
 from oprl.models.batching import cache_kwarg, output_cache, prefill_shared_prompts
 from oprl.models.truncation import PLAIN, Sampling
 from oprl.rollout.lean_engine import COMPACT_FRACTION, sample_token
-from oprl.serve.tinker import wire
 from oprl.serve.tinker.errors import UserError, check_tokens, context_of
+from oprl.serve.tinker.records import Sampled, Sequence
 
 SERVED = PLAIN
 """The one distribution served, temperature 1 without truncation: the one ``forward_backward`` scores under."""
@@ -97,7 +97,7 @@ def plan(tokenizer, model, request: dict[str, Any]) -> Planned:
 
 
 @torch.inference_mode()  # cheaper than no_grad (no version counters); nothing sampled here is trained through
-def sample(model, tokenizer, request: dict[str, Any], device) -> bytes:
+def sample(model, tokenizer, request: dict[str, Any], device) -> Sampled:
     """One request alone: ``sample_batch`` of one (the same draws it gets in any batch)."""
     (outcome,) = sample_batch(model, tokenizer, [request], device)
     if isinstance(outcome, Exception):
@@ -106,10 +106,11 @@ def sample(model, tokenizer, request: dict[str, Any], device) -> bytes:
 
 
 @torch.inference_mode()  # cheaper than no_grad (no version counters); nothing sampled here is trained through
-def sample_batch(model, tokenizer, requests: list[dict[str, Any]], device) -> list[bytes | UserError]:
-    """Each request's encoded ``SampleResponse`` (or the ``UserError`` that refuses it alone), the valid ones
-    sampled together in one decode loop (module docstring)."""
-    outcomes: list[bytes | UserError | None] = [None] * len(requests)
+def sample_batch(model, tokenizer, requests: list[dict[str, Any]], device) -> list[Sampled | UserError]:
+    """Each request's sequences and prompt log-probs (or the ``UserError`` that refuses it alone), the valid ones
+    sampled together in one decode loop (module docstring); ``wire.encode_sample_response`` makes the SDK's
+    ``SampleResponse`` of one."""
+    outcomes: list[Sampled | UserError | None] = [None] * len(requests)
     planned: list[tuple[int, Planned]] = []
     for i, request in enumerate(requests):
         try:
@@ -125,7 +126,7 @@ def sample_batch(model, tokenizer, requests: list[dict[str, Any]], device) -> li
         for (i, p), rows in zip(planned, sequences, strict=True):
             scored = p.request.get("prompt_logprobs")
             prompt_logprobs = _prompt_logprobs(model, p.prompt, p.request, device) if scored else None
-            outcomes[i] = wire.encode_sample_response(rows, prompt_logprobs)
+            outcomes[i] = Sampled(rows, prompt_logprobs)
     return outcomes  # type: ignore[return-value]  # every slot filled above
 
 
@@ -147,7 +148,7 @@ def _stops(stop, tokenizer) -> tuple[set[int], list[str]]:
     return tokens, strings
 
 
-def _decode(model, tokenizer, plans: list[Planned], generators, device) -> list[list[wire.Sequence]]:
+def _decode(model, tokenizer, plans: list[Planned], generators, device) -> list[list[Sequence]]:
     """The lean engine's decode loop over every row of every request (prompts left-padded, each distinct prompt
     prefilled once, the attention mask growing a column a step). Per step, each unfinished request draws one
     token for each of its rows with ``sample_token`` under ``SERVED`` from its generator; a row ends at a stop
@@ -201,7 +202,7 @@ def _decode(model, tokenizer, plans: list[Planned], generators, device) -> list[
             **{name: cache},
         )  # fmt: skip
         cache, logits, position = output_cache(out), out.logits[:, -1], position + 1
-    sequences = [wire.Sequence(t, lp, s) for t, lp, s in zip(tokens, logprobs, stopped, strict=True)]
+    sequences = [Sequence(t, lp, s) for t, lp, s in zip(tokens, logprobs, stopped, strict=True)]
     return [[sequences[r] for r in rows] for rows in members]
 
 

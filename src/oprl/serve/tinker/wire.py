@@ -7,40 +7,21 @@ reads ``ForwardBackwardOutput`` and ``SampleResponse`` results only as protobuf 
 is JSON. Tokens travel as int32 bytes, tensors as raw little-endian bytes with a dtype enum and a shape.
 
 Decoding errors raise ``WireError`` naming the field (``data[3].loss_fn_inputs.advantages``), which the app
-answers with HTTP 400.
+answers with HTTP 400. The plain data on this side (``records.py``) is what the backend computes on and answers
+with: only this module imports the SDK's protobuf classes.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
+from oprl.serve.tinker.errors import WireError  # raised here; app.py and futures.py name it wire.WireError
+from oprl.serve.tinker.records import Datum, ForwardBackward, ForwardOutput, Sampled
+
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
-
-
-class WireError(ValueError):
-    """A request body the server cannot use; the message starts with the field it is about."""
-
-
-@dataclass
-class Datum:
-    """One training row: ``tokens`` (N,) the model input, ``inputs`` the named per-position loss inputs."""
-
-    tokens: list[int]
-    inputs: dict[str, np.ndarray]
-
-
-@dataclass
-class ForwardBackward:
-    model_id: str
-    seq_id: int
-    loss_fn: str
-    config: dict[str, float | str]
-    forward_only: bool
-    data: list[Datum] = field(default_factory=list)
 
 
 def decode_forward_backward(body: bytes) -> ForwardBackward:
@@ -82,11 +63,12 @@ def tensor(message, where: str) -> np.ndarray:
     return values.reshape(shape) if shape else values
 
 
-def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]) -> bytes:
+def encode_forward_backward_output(result: ForwardOutput) -> bytes:
     """``ForwardBackwardOutput``: one ``ArrayRecord`` whose fields batch every datum's 1-D float32 arrays
     (byte offsets delimit the datums), plus the metrics (keys ``name:reduction``, the SDK folds chunks by it)."""
+    outputs = result.outputs
     message = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
-    message.metrics.update(metrics)
+    message.metrics.update(result.metrics)
     if outputs:
         record = message.loss_fn_outputs.add(num_datums=len(outputs))
         for name in outputs[0]:
@@ -99,24 +81,16 @@ def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics
     return message.SerializeToString()
 
 
-@dataclass
-class Sequence:
-    tokens: list[int]
-    logprobs: list[float]
-    stopped: bool
-    """True: a stop token or string ended it; False: ``max_tokens`` did."""
-
-
-def encode_sample_response(sequences: list[Sequence], prompt_logprobs: list[float] | None) -> bytes:
+def encode_sample_response(sampled: Sampled) -> bytes:
     """``SampleResponse``: tokens as int32, log-probs as float32; prompt log-probs with NaN where there is none
     (position 0, or before ``prompt_logprobs_last_n``), which the SDK reads as None."""
     message = pb.SampleResponse()
-    for s in sequences:
+    for s in sampled.sequences:
         message.sequences.add(
             stop_reason=pb.STOP_REASON_STOP if s.stopped else pb.STOP_REASON_LENGTH,
             tokens=np.asarray(s.tokens, dtype=np.int32).tobytes(),
             logprobs=np.asarray(s.logprobs, dtype=np.float32).tobytes(),
         )
-    if prompt_logprobs is not None:
-        message.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
+    if sampled.prompt_logprobs is not None:
+        message.prompt_logprobs = np.asarray(sampled.prompt_logprobs, dtype=np.float32).tobytes()
     return message.SerializeToString()
