@@ -52,7 +52,11 @@ def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     kept = tmp_path / "kept"  # what a user commits: the runs' light files (keep:)
     spec = write_spec(
         tmp_path,
-        report={"groups": {"clipping or not": ["grpo", "rec-oneside-nois"]}, "threshold_gain": 0.01},
+        report={
+            "groups": {"clipping or not": ["grpo", "rec-oneside-nois"]},
+            "threshold_gain": 0.01,
+            "panels": ["eval_accuracy", "kl", "clip_fraction", "ess"],
+        },
         keep=str(kept),
     )
     base = yaml.safe_load(spec.read_text())
@@ -97,6 +101,21 @@ def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     assert (out / "figures" / "kl_initial.png").is_file()  # logged because of algorithm.log_ref_kl_every
     assert "initial + 0.01" in text  # report.threshold_gain
     assert "## clipping or not" in text and (out / "figures" / "group-1.png").stat().st_size > 1000
+    # The kept directory is a sweep of its own (its sweep.yaml beside the runs): a fresh clone reports from it.
+    assert report.main([str(kept)]) == 0
+    assert (kept / "results.csv").read_text() == table and "## clipping or not" in (kept / "report.md").read_text()
+    # Part of a sweep: a group's preset the sweep plans but has not finished is named, not an error; one it never
+    # plans (a typo) is.
+    for run in kept.iterdir():
+        if "preset=rec-oneside-nois" in run.name:
+            shutil.rmtree(run)
+    assert report.main([str(kept)]) == 0
+    assert "Not finished yet: rec-oneside-nois." in (kept / "report.md").read_text()
+    spec_kept = yaml.safe_load((kept / "sweep.yaml").read_text())
+    spec_kept["report"]["groups"] = {"typo": ["grpo", "rec-onside-nois"]}
+    (kept / "sweep.yaml").write_text(yaml.safe_dump(spec_kept))
+    with pytest.raises(OprlError, match="rec-onside-nois"):
+        report.build_report(kept)
 
 
 def test_bad_specs_fail_with_one_line(tmp_path):
@@ -109,6 +128,9 @@ def test_bad_specs_fail_with_one_line(tmp_path):
         sweep.load_spec(path)
     path.write_text("grid: {seed: [0]}\nreport: {groups: {a: []}}\n")
     with pytest.raises(OprlError, match=r"report\.groups"):
+        sweep.load_spec(path)
+    path.write_text("grid: {seed: [0]}\nreport: {panels: [eval_accuracy, kl_behaviour]}\n")
+    with pytest.raises(OprlError, match=r"report\.panels.*ess"):
         sweep.load_spec(path)
     with pytest.raises(OprlError, match="no finished runs"):
         report.build_report(tmp_path)

@@ -36,7 +36,10 @@ PANELS = {
 SETTING_ORDER = ["on-policy", "lag", "stale", "infrequent", "sync", "offline"]
 NOT_A_SETTING = ("seed", "run_name", "output_dir", "resume", "overwrite", "progress", "tensorboard")
 """Config keys (and key prefixes below) that name, place or display a run without changing what it computes."""
-NOT_A_SETTING_PREFIXES = ("tracking.", "logging.", "checkpoint.", "eval.checkpoint")
+NOT_A_SETTING_PREFIXES = ("tracking.", "logging.", "checkpoint.", "eval.checkpoint", "runtime.max_restarts",
+                          "runtime.restart_window")  # fmt: skip
+# Healing after a dead worker changes no number (docs/runtime.md#self-healing-runs): runs of before and after those
+# settings existed are one curve.
 SHORT_NAMES = {
     "optim.lr": "lr",
     "sync.interval": "k",

@@ -36,11 +36,13 @@ from oprl.experiments.tiers import LAYOUT, row_label
 
 __all__ = ["LAYOUT", "build_report", "main", "row_label"]
 
-GROUP_ROWS = [
-    (*PANELS[name], 1 if name == "eval_accuracy" else 5)
-    for name in ("eval_accuracy", "train_reward", "clip_fraction", "kl_initial", "distill_reverse_kl")
-]
-"""Rows of a group figure: (metric key, y label, moving-average window)."""
+GROUP_PANELS = ("eval_accuracy", "train_reward", "clip_fraction", "kl_initial", "distill_reverse_kl")
+"""The rows of a group figure unless the spec names others (``report.panels``, names of ``curves.PANELS``)."""
+
+
+def group_rows(names) -> list[tuple[str, str, int]]:
+    """Rows of a group figure: (metric key, y label, moving-average window: 1 for evaluations, else 5)."""
+    return [(*PANELS[name], 1 if name == "eval_accuracy" else 5) for name in names]
 
 
 CELL = "{:.3f} ± {:.3f} [{:.3f}, {:.3f}]"
@@ -60,7 +62,7 @@ def build_report(sweep_dir: Path) -> Path:
     spec = _spec(sweep_dir)
     report = spec.get("report") or {}
     gain = threshold_gain(spec)
-    records = []
+    records, runs = [], None
     if from_csv:
         summaries = summaries_from_csv(sweep_dir / "results.csv", spec)
         figures: list[Path] = []
@@ -105,20 +107,24 @@ def build_report(sweep_dir: Path) -> Path:
     if tables:
         tables += tiers.loss_lines(summaries)
     lines += arena_section(summaries, sweep_dir / "figures", tables)  # a lag ladder (the arena): accuracy against lag
+    rows = group_rows(report.get("panels") or GROUP_PANELS)
+    planned_presets = {v for r in runs or [] for k, v in r.labels.items() if _canonical(k) == "preset"}
     for index, (title, presets) in enumerate((report.get("groups") or {}).items(), start=1):
         if from_csv:
             break  # the groups' figures are training curves: they need the runs
         chosen = [r for r in records if r.labels["preset"] in presets]
         missing = sorted(set(presets) - {r.labels["preset"] for r in chosen})
+        unknown = [p for p in missing if p not in planned_presets]
+        if unknown:  # a typo, or a preset this sweep never runs; one the sweep has not finished is only noted
+            raise OprlError(f"report group {title!r}: no run of preset(s) {', '.join(unknown)} in {sweep_dir}")
+        lines += [f"## {title}", ""]
         if missing:
-            raise OprlError(
-                f"report group {title!r}: no finished runs of preset(s) {', '.join(missing)} in {sweep_dir}"
-            )
-        figure = plot_grid(chosen, GROUP_ROWS, sweep_dir / "figures" / f"group-{index}.png", title=title)
+            lines += [f"Not finished yet: {', '.join(missing)}.", ""]
+        if not chosen:
+            continue
+        figure = plot_grid(chosen, rows, sweep_dir / "figures" / f"group-{index}.png", title=title)
         chosen_summaries = [(r.labels, summarize(r, gain)) for r in chosen]
         lines += [
-            f"## {title}",
-            "",
             "Final eval accuracy (mean ± sample SD [95 % t-interval]):",
             "",
             *_table(chosen_summaries, "final_accuracy", CELL),

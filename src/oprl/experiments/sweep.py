@@ -9,6 +9,7 @@ A sweep spec is YAML::
     report:                              # optional, for `oprl report`
       groups: {"IS or not": [grpo, rec-oneside-is, rec-oneside-nois]}   # one figure + table per group
       threshold_gain: 0.05               # "steps to threshold" = first eval at initial accuracy + this
+      panels: [eval_accuracy, kl, ess]   # the group figures' rows (curves.PANELS), instead of the default five
     grid:                                # the cartesian product of the axes
       algorithm.preset: [grpo, reinforce]          # a plain axis: one key, a list of values
       setting:                                      # a named axis: name -> overrides bundle
@@ -32,7 +33,8 @@ continues from it (``resume=true``: no row lost or repeated), any other unfinish
 that run starts over. Long sweeps (hours, across sessions) should therefore checkpoint every few steps. ``keep: DIR``
 (``--keep DIR``) copies each finished run's light files (``KEPT_FILES``: config, summary, metrics; no weights) into
 ``DIR/<run>/`` as it finishes, and restores them into the output directory before planning, so a sweep whose run
-directories were lost with a machine (runs/ is not committed; DIR can be) resumes where it stopped. Runs execute
+directories were lost with a machine (runs/ is not committed; DIR can be) resumes where it stopped; the spec is
+written beside them (``DIR/sweep.yaml``), so ``oprl report DIR`` reports the kept runs anywhere. Runs execute
 ``oprl train`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_runner``: torch and
 transformers are imported once per runner, not once per run); each run's output goes to ``logs/<run>.log``.
 ``backend: ray`` (``--backend ray``) spreads the runs over a Ray cluster's nodes instead, one Ray task per attempt,
@@ -53,6 +55,7 @@ import yaml
 from oprl.config.loading import read_yaml
 from oprl.errors import OprlError
 from oprl.experiments import sweep_local
+from oprl.experiments.curves import PANELS
 from oprl.experiments.results import THRESHOLD_GAIN, collect_results, write_table
 from oprl.experiments.sweep_local import terminate_raises
 
@@ -92,10 +95,15 @@ def load_spec(path: Path) -> dict:
     groups = report.get("groups", {}) if isinstance(report, dict) else None
     if not isinstance(groups, dict) or not all(isinstance(v, list) and v for v in groups.values()):
         raise OprlError(f"sweep spec {path}: 'report.groups' must map a figure title to a non-empty list of presets")
-    unknown_report = set(report) - {"groups", "threshold_gain"}
+    unknown_report = set(report) - {"groups", "threshold_gain", "panels"}
     if unknown_report:
         raise OprlError(
-            f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: groups, threshold_gain"
+            f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: groups, panels, threshold_gain"
+        )
+    panels = report.get("panels", list(PANELS))
+    if not isinstance(panels, list) or not panels or not set(map(str, panels)) <= set(PANELS):
+        raise OprlError(
+            f"sweep spec {path}: 'report.panels' must list rows of the group figures among {', '.join(PANELS)}"
         )
     grids = spec.get("grid")
     if isinstance(grids, list) and grids and all(isinstance(g, dict) and g for g in grids):
@@ -262,6 +270,9 @@ def run_sweep(
         return out
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    if keep is not None:  # beside the kept runs, so that `oprl report KEEP` reads them as this sweep's
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     kept = (lambda run: keep_run(out / run.name, keep / run.name)) if keep is not None else (lambda run: None)
     if backend == "ray":
         failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, kept)
