@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 from oprl.metrics import deterministic_view, read_metrics
 
 SMALL = [  # the test suite's small recipe (tests/conftest.py), with its warm start
@@ -56,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REWARD = '''"""The example arithmetic reward, and a kill: the reward process that scores the KILL_ROW-th row of the run
 (counted in a file, one byte per row) dies by SIGKILL, once."""
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -73,9 +76,8 @@ def reward(prompt, completion, reference, **row):
                 pass
             else:
                 os.kill(os.getpid(), signal.SIGKILL)
-    answer = completion.strip()
-    digits = answer.lstrip("-").isdigit()
-    return {"correct": float(digits and int(answer) == int(reference)), "format": 0.1 * digits}
+    numbers = re.findall(r"-?\\d+", completion)  # the last number is the answer (the tiny model's whole reply)
+    return {"correct": float(bool(numbers) and int(numbers[-1]) == int(reference)), "format": 0.1 * bool(numbers)}
 '''
 
 
@@ -179,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
             settings += ["rollout.engine=vllm", "rollout.engine_process=true"]
         if args.worker == "reward":
             (root / "bench_reward.py").write_text(REWARD)
+            if args.config is not None:  # its task section names another task's keys: the dataset task replaces it
+                config = yaml.safe_load(args.config.read_text()) or {}
+                config.pop("task", None)
+                (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+                settings[0] = str(root / "config.yaml")
             settings = [s for s in settings if not s.startswith("task.")] + [
                 "task.name=dataset",
                 f"task.train_file={ROOT / 'examples' / 'arithmetic_train.jsonl'}",
