@@ -1,9 +1,12 @@
 """The driver's scheduling logic with fake workers (no model): schedule, overlap, async pacing, failures.
 
 Fake workers sleep instead of computing, so these tests check *when* things run, on the real local backend
-(threads), the real buffer and synchronizer, in well under a second each.
+(threads), the real buffer and synchronizer, in well under a second each (a teacher's death, about one: it
+waits for the driver on purpose).
 """
 
+import functools
+import json
 import os
 import threading
 import time
@@ -13,14 +16,16 @@ import torch
 
 from oprl.backends.failure import WorkerFailure
 from oprl.backends.local import LocalBackend
+from oprl.backends.processes import RemoteError
 from oprl.buffer.buffer import ExperienceBuffer
 from oprl.checkpoint.board import board_file, posted_versions
 from oprl.config import load_config
 from oprl.explorer.explorer import ExploreResult, Timing
-from oprl.messages import Experience, TrainResult
-from oprl.roles import BufferHandle, BufferRole, ExplorerHandle, TrainerHandle
+from oprl.messages import Experience, ScoreResult, TrainResult
+from oprl.roles import BufferHandle, BufferRole, ExplorerHandle, TeacherHandle, TrainerHandle
 from oprl.runtime.batches import BatchTracker
 from oprl.runtime.driver import Driver
+from oprl.runtime.resume import check_versions_available
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.schedule import policy_version
 
@@ -144,6 +149,7 @@ def drive(
     explorer_type=FakeExplorer,
     backend=None,
     log=print,
+    teacher=None,
 ):
     config = load_config(
         None,
@@ -163,6 +169,7 @@ def drive(
         for i in range(explorers)
     ]
     buffer = BufferHandle(backend.start("buffer", ExperienceBuffer))
+    scorer = TeacherHandle(backend.start("teacher", teacher)) if teacher else None  # its factory
     sync = Synchronizer.of(config, explorers)
     if board is not None:  # partial rollouts: the synchronizer posts every published version (as run._start)
         sync.open_board(board, 0, backend.get)
@@ -181,13 +188,16 @@ def drive(
         pending=list(range(1, config.steps + 1)),
         ready=set(),
         log=log,
+        teacher=scorer,
     )
     driver.request_eval(0)
     start = time.perf_counter()
     try:
         driver.run()
     finally:
-        backend.shutdown([trainer.actor, buffer.actor, *(w.actor for w in workers)])
+        backend.shutdown(
+            [trainer.actor, buffer.actor, *(w.actor for w in workers), *([scorer.actor] if scorer else [])]
+        )
         sync.close()
     return rows.rows, timeline.events, time.perf_counter() - start
 
@@ -459,3 +469,88 @@ def test_an_engine_that_dies_under_a_thread_stops_the_run_naming_it(tmp_path):
     assert str(failed.value).startswith(
         "explorer 0 failed while generating batch 3: EngineDeadError: EngineCore encountered an issue"
     ), failed.value
+
+
+# -- distillation: the teacher's process dies while a checkpoint is due (#57) --------------------------------------
+SETTLE_S = 0.5
+"""Long enough for the driver to see a death before the worker that waits this long goes on (were it not, the
+tests would still pass with the fix, on another path than the one named)."""
+
+
+class Order:
+    """The order of the trainer's and the teacher's calls: events each sets and waits for."""
+
+    def __init__(self, dies_before_checkpoint: bool):
+        self.scoring, self.saving = threading.Event(), threading.Event()
+        self.dies_before_checkpoint = dies_before_checkpoint
+
+
+class HeldTrainer(TensorTrainer):
+    """Its part of a checkpoint says it is asked for (``saving``) and takes ``SETTLE_S`` to write; step ``hold``
+    trains only once the teacher has the next batch (``scoring``), and then, where the teacher dies before the
+    checkpoint, ``SETTLE_S`` later."""
+
+    def __init__(self, delay, timeline, fail_at=None, *, order, hold=None):
+        super().__init__(delay, timeline, fail_at)
+        self.order, self.hold = order, hold
+
+    def train(self, step, batch):
+        if step == self.hold:
+            assert self.order.scoring.wait(10), "the teacher never got the next batch"
+            time.sleep(SETTLE_S if self.order.dies_before_checkpoint else 0.0)
+        return super().train(step, batch)
+
+    def save(self, directory):
+        self.order.saving.set()
+        time.sleep(SETTLE_S)
+        return super().save(directory)
+
+
+class DyingTeacher:
+    """Hands each batch on as scored; "dies" as batch ``dies_at`` reaches it (once the trainer writes its checkpoint
+    part, unless it dies before the checkpoint), with the error of a worker process that died (``ProcessDied``
+    naming the teacher): the real ``LocalBackend.lost`` calls it the teacher's death, not the buffer's."""
+
+    def __init__(self, dies_at, order):
+        self.dies_at, self.order = dies_at, order
+
+    def score(self, batch, experiences):
+        if batch == self.dies_at:
+            self.order.scoring.set()
+            if not self.order.dies_before_checkpoint:
+                assert self.order.saving.wait(10), "the checkpoint was never started"
+            raise RemoteError("ProcessDied", "worker process exited (-9)", worker="teacher")
+        return experiences, ScoreResult(batch, 0.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "m, hold, dies_before_checkpoint",
+    [
+        (0, None, False),  # batch 4 is generated after step 3: still outstanding when checkpoint 3 starts
+        (1, 3, False),  # batch 4 is in the buffer's queue before step 3 is done; the teacher dies as 3 is written
+        (1, 3, True),  # ... and dies before step 3 is done: checkpoint 3 starts after the death
+    ],
+)
+def test_a_teacher_that_dies_leaves_the_checkpoint_due_to_heal_from(tmp_path, m, hold, dies_before_checkpoint):
+    """The buffer's put of batch 4 takes the teacher's scores unresolved, so the teacher's death fails it too (and
+    then the take and train of step 4). The teacher died, not the buffer nor the trainer: checkpoint 3 is committed,
+    and the run names the teacher as lost with it; batch 4 is not stored, so the checkpoint counts it to be made
+    again, with the version it needs. Before #57 the put was the buffer's failure: checkpoint 3 was abandoned and
+    the healed run began again from the start; once that was fixed, checkpoint 3 lacked batch 4's version 2, and
+    the healed run's resume refused it."""
+    order = Order(dies_before_checkpoint)
+    with pytest.raises(WorkerFailure) as failed:
+        drive(
+            tmp_path,
+            ["steps=6", "checkpoint.interval=3", f"sync.offset={m}"],
+            trainer_type=functools.partial(HeldTrainer, order=order, hold=hold),
+            teacher=functools.partial(DyingTeacher, 4, order),
+        )
+    error, checkpoint = failed.value, tmp_path / "checkpoints" / "step-000003"
+    assert str(error).startswith("teacher failed while scoring batch 4: ProcessDied: worker process exited (-9)")
+    assert (error.component, error.lost, error.checkpoint) == ("teacher", True, checkpoint), str(error)
+    state = json.loads((checkpoint / "state.json").read_text())
+    assert 4 not in state["ready"] and 4 in state["outstanding"], state
+    versions = Synchronizer(interval=1, offset=m, mode="scheduled", max_staleness=0, explorers=1)
+    versions.snapshots = dict.fromkeys(state["weights_versions"])
+    check_versions_available(checkpoint, versions, [b for b in range(4, 7) if b not in state["ready"]], 3)

@@ -79,6 +79,11 @@ class BatchTracker:
         if to_train:
             self.ready.add(batch)
 
+    def unstored(self, batch: int) -> None:
+        """``batch``'s put failed (the teacher died scoring it): it is outstanding again, to be generated again."""
+        self.ready.discard(batch)
+        self.pending = sorted({*self.pending, batch})
+
     def take(self, step: int) -> None:
         """Step ``completed + 1`` starts (its ``take`` and ``train`` are submitted)."""
         self.ready.discard(step)

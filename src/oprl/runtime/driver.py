@@ -129,6 +129,8 @@ class Driver:
         self.perf = PerfClock(len(explorers))
         self.checkpoints = CheckpointWriter(config, self.run_dir, backend, logger, self.perf.started)
         self.failure: Failure | None = None
+        self.unscored: set[int] = set()
+        """Batches whose put failed because the teacher died scoring them (``_teacher_lost_under``)."""
         # Self-healing: the restart budget, and when each explorer's running call began (its work lost if it dies).
         self.restarts = restarts or Restarts(config.runtime.max_restarts, config.runtime.restart_window_s, log)
         """The run's, shared with ``oprl.runtime.run`` (which restarts a lost trainer)."""
@@ -315,7 +317,8 @@ class Driver:
             snapshot = self.trainer.weights()
             self._submit(snapshot, Call("weights", "trainer", f"while publishing version {step}"))
             self.sync.publish(step, snapshot)
-        self.sync.release(outstanding)
+        storing = [c.batch for c in self.calls.values() if c.kind == "put" and self.teacher is not None]
+        self.sync.release(outstanding + storing)  # a put whose teacher dies leaves its batch to make again
         interval = self.cfg.eval.interval
         if step == self.steps or (interval and step % interval == 0):
             self.request_eval(step)
@@ -426,6 +429,30 @@ class Driver:
         )
         self.restarts.ready(call.restart, f"generating {again or 'no batch'} again")
 
+    def _teacher_lost_under(self, call: Call, exc: BaseException) -> int | None:
+        """The batch the teacher was scoring when its process died, if ``call`` failed only because of that death.
+        ``_score`` hands the scores on unresolved, so the teacher's death fails that batch's ``put`` too, with the
+        teacher's death as its error (``Backend.lost`` is true of the teacher, not of the buffer: the put never ran),
+        and then the ``take`` and ``train`` behind it (a batch never stored; seen after the put: ``_react``). The
+        buffer and the trainer are intact: naming them would abandon the pending checkpoint (``_on_failure``), and
+        a self-healing run would start again from the start, or not at all (#57). The batch is to be generated
+        again: a checkpoint counts it outstanding, with the versions it needs (``_on_train`` keeps them while its
+        put is in flight), also one already started (its buffer part, queued behind the put, lacks it)."""
+        if self.teacher is None or call.kind not in ("put", "train"):
+            return None
+        batch = call.batch if call.kind == "put" else call.step
+        if batch in self.unscored:  # the take and train of a batch whose put failed so
+            return batch
+        if call.kind == "train":  # offline, it took the teacher's scores: its take moved the cursor on, so no
+            return None  # checkpoint may follow (the trainer's failure: abandon)
+        # Both lost only where the backend cannot tell whose death it was (a Ray error naming no actor).
+        if not self.backend.lost(exc, self.teacher.actor) or self.backend.lost(exc, self.buffer.actor):
+            return None
+        self.unscored.add(batch)
+        self.batches.unstored(batch)
+        self.checkpoints.count_again(batch, {v: self.sync.snapshots[v] for v in self.sync.needed_versions([batch])})
+        return batch
+
     def _on_failure(self, call: Call, exc: BaseException) -> None:
         if self._heals(call, exc):
             self._restart_explorer(call, exc)
@@ -439,6 +466,8 @@ class Driver:
                 self.backend.get(call.stats)
             except Exception:  # ``take`` failed and the trainer only saw its error
                 component, doing = "buffer", f"while handing out batch {call.step}"
+        if (scored := self._teacher_lost_under(call, exc)) is not None:
+            component, doing = "teacher", f"while scoring batch {scored}"
         if self.failure is None:
             message = f"{component} failed {doing}: {self.backend.describe(exc)}"
             explorer_lost = call.kind == "explore" and (

@@ -169,6 +169,15 @@ class CheckpointWriter:
         ckpt.prune(self.run_dir, self.cfg.checkpoint.keep)  # only now: a newer checkpoint has verified
         self.last = final
 
+    def count_again(self, batch: int, snapshots: dict[int, object]) -> None:
+        """``batch`` went to the buffer before the pending checkpoints started, and its put failed (the teacher
+        died scoring it): their buffer parts lack it, so each counts it outstanding, with the older versions
+        (``snapshots``) a run resumed from it generates the batch with."""
+        for step, entry in self.pending.items():
+            if batch > step and batch not in entry.outstanding:
+                entry.outstanding = sorted([*entry.outstanding, batch])
+                entry.snapshots |= {v: snapshot for v, snapshot in snapshots.items() if v < step}
+
     def abandon(self) -> None:
         """The trainer or the buffer failed: its state can no longer be trusted; the last committed stands."""
         for entry in self.pending.values():  # their parts may be half written
