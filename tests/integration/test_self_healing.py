@@ -80,10 +80,11 @@ def test_an_explorer_killed_at_a_random_step_is_restarted_and_the_run_equals_the
 def test_a_trainer_killed_while_a_checkpoint_is_written_goes_on_from_the_one_before(undisturbed, monkeypatch, capsys):
     """The trainer dies as step 4's checkpoint asks it for its part (the buffer's part may be on disk: a torn
     checkpoint). The run goes on from step 2's checkpoint, the torn one is never read and never left behind, and
-    the numbers equal the undisturbed run's."""
+    the numbers equal the undisturbed run's. Started with overwrite=true, which the healed segment must not
+    carry (it would refuse the resume, or replace the run)."""
     root, args = undisturbed
     monkeypatch.setenv(VARIABLE, "trainer@save=4")
-    assert main(["train", *args, PROCESSES, "run_name=torn"]) == 0
+    assert main(["train", *args, PROCESSES, "run_name=torn", "overwrite=true"]) == 0
     out = capsys.readouterr()
     lines = [line for line in (out.out + out.err).splitlines() if " died (" in line]
     assert len(lines) == 1 and lines[0].startswith("trainer died (ProcessDied"), lines

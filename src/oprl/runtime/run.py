@@ -179,7 +179,10 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
                         if (how := healing.heals(failure)) is None:
                             raise
                         opened.lock.release()  # held again at once, by the resume of the same run
-                        opened = resume.open_run(opened.config.model_copy(update={"resume": how}), run_dir, log)
+                        # The next segment continues this run: overwrite=true (which replaced it at its start)
+                        # would now refuse the resume (config/run.py) or wipe what is healed from.
+                        healed = opened.config.model_copy(update={"resume": how, "overwrite": False})
+                        opened = resume.open_run(healed, run_dir, log)
                         started = time.perf_counter()  # this segment, as a resumed run counts it
             done = [r.record() for r in healing.restarts.done]
             return _finish(opened.config, run_dir, started, before, log, done)
