@@ -223,6 +223,10 @@ def significant_losses(summaries, metric: str = "final_accuracy") -> dict[str, t
     return out
 
 
+def _at(lag: str) -> str:
+    return lag if lag == "offline" else f"lag {lag}"
+
+
 def loss_lines(summaries) -> list[str]:
     seeds: dict[tuple[str, str], int] = defaultdict(int)
     for labels, _ in summaries:
@@ -233,7 +237,7 @@ def loss_lines(summaries) -> list[str]:
     if not any(lags for lags in losses.values()):
         return ["No method's final accuracy is significantly below its own lag 0 at any lag (Holm over its lags).", ""]
     parts = [
-        f"{method} lag {lag_label(found[0])} (−{points(found[1].mean)} ± {points(found[1].half_width)}, "
+        f"{method} {_at(lag_label(found[0]))} (−{points(found[1].mean)} ± {points(found[1].half_width)}, "
         f"{p_text(found[1].p_holm)})"
         for method, found in losses.items()
         if found is not None
