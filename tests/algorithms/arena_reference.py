@@ -149,6 +149,39 @@ def _weight(settings, rho, a):
     raise KeyError(name)
 
 
+def _quantile(values, q):
+    """numpy's / torch's default ('linear') quantile of a non-empty list."""
+    ranked = sorted(values)
+    position = q * (len(ranked) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ranked) - 1)
+    return ranked[below] + (position - below) * (ranked[above] - ranked[below])
+
+
+def _entropy_bands(settings, entropy, valid, rows):
+    """ASPO's code (use_dynamic_clip): per response, tokens above the entropy_quantile of its tokens' entropies
+    get ε_low = ε_high = entropy_eps, the others the preset's; ({token: (ε_low, ε_high)}, the wide tokens).
+    No ``entropy`` is a constant one: no token lies above its response's quantile."""
+    base = (settings["eps_low"], settings["eps_high"])
+    if settings.get("entropy_eps") is None or entropy is None:
+        return dict.fromkeys(valid, base), set()
+    wide = set()
+    for b in rows:
+        tokens = [k for k in valid if k[0] == b]
+        q = _quantile([entropy[b][t] for _, t in tokens], settings["entropy_quantile"])
+        wide |= {k for k in tokens if entropy[b][k[1]] > q}
+    return {k: (settings["entropy_eps"],) * 2 if k in wide else base for k in valid}, wide
+
+
+def _dual_clipped(settings, rho, a, low):
+    """Dual-clip PPO in verl's form: for A < 0, min(max(−A·ρ, −A·clip(ρ)), −A·c); the token is capped (no
+    gradient) where the constant −A·c is the smaller."""
+    c = settings.get("dual_clip")
+    if c is None or a >= 0:
+        return False
+    return -a * c < max(-a * rho, -a * max(rho, low))
+
+
 def _scale(settings, valid, rows, width):
     counts = {b: sum(1 for r, _ in valid if r == b) for b in rows}
     return {
@@ -159,14 +192,18 @@ def _scale(settings, valid, rows, width):
     }[settings["loss_agg"]]
 
 
-def reference_loss(settings, logprobs, log_ratios, advantages, mask):
-    """(loss, gradient as a list of lists, report) of ``policy_loss`` with ``settings`` (see the module doc)."""
+def reference_loss(settings, logprobs, log_ratios, advantages, mask, entropy=None):
+    """(loss, gradient as a list of lists, report) of ``policy_loss`` with ``settings`` (see the module doc);
+    ``entropy`` (lists of lists) is read only with ``entropy_eps``."""
     width = len(mask[0])
     valid = [(b, t) for b in range(len(mask)) for t in range(width) if mask[b][t]]
     rows = sorted({b for b, _ in valid})
     rho = {k: math.exp(_row_log_ratio(settings, log_ratios, mask, *k)) for k in valid}
     adv = {(b, t): advantages[b] for b, t in valid}
     report = {}
+    bands, wide = _entropy_bands(settings, entropy, valid, rows)
+    banded = {k: {**settings, "eps_low": bands[k][0], "eps_high": bands[k][1]} for k in valid}  # per-token ε
+    report["entropy_wide_frac"] = len(wide) / len(valid)
     mode = settings["clip_mode"]
     harmful = {k for k in valid if (adv[k] > 1e-12 and rho[k] > 1 + 1e-12) or (adv[k] < -1e-12 and rho[k] < 1 - 1e-12)}
     if mode == "m2-mask":
@@ -186,8 +223,12 @@ def reference_loss(settings, logprobs, log_ratios, advantages, mask):
         report["low"], report["high"] = low, high
         keep = {k: (adv[k] >= 0 and rho[k] <= high) or (adv[k] <= 0 and rho[k] >= low) for k in valid}
     else:
-        keep = {k: _keep(settings, rho[k], adv[k], logprobs[k[0]][k[1]], logprobs[k[0]][k[1]] - log_ratios[k[0]][k[1]])
+        keep = {k: _keep(banded[k], rho[k], adv[k], logprobs[k[0]][k[1]], logprobs[k[0]][k[1]] - log_ratios[k[0]][k[1]])
                 for k in valid}  # fmt: skip
+    low = report.get("low", 1 - settings["eps_low"])
+    capped = {k: _dual_clipped(settings, rho[k], adv[k], low) for k in valid}
+    report["dual_clip_frac"] = sum(capped.values()) / len(valid)
+    keep = {k: keep[k] and not capped[k] for k in valid}
     scale = _scale(settings, valid, rows, width)
     grad = [[0.0] * width for _ in mask]
     loss = 0.0
@@ -201,7 +242,7 @@ def reference_loss(settings, logprobs, log_ratios, advantages, mask):
                 grad[b][t] += 2 * beta * residual * len(tokens) * scale(b)
     else:
         for b, t in valid:
-            m_w_a = keep[b, t] * _weight(settings, rho[b, t], adv[b, t]) * adv[b, t]
+            m_w_a = keep[b, t] * _weight(banded[b, t], rho[b, t], adv[b, t]) * adv[b, t]
             loss += scale(b) * -m_w_a * logprobs[b][t]
             grad[b][t] += scale(b) * -m_w_a
     c = settings["regularizer_coef"]

@@ -67,7 +67,8 @@ def test_teacher_equal_to_student_gives_zero_advantage_and_zero_gradient(name):
                                              distill_mix="replace")  # fmt: skip
     assert (advantages == 0).all()
     assert metrics["reverse_kl"].item() == 0.0 and metrics["agreement"].item() == 1.0
-    loss, _ = policy_loss(logprobs, behavior, advantages, MASK, LossParams.of(loss_settings))
+    entropy = torch.rand(behavior.shape, dtype=torch.float64)  # read by aspo-entropy's band only
+    loss, _ = policy_loss(logprobs, behavior, advantages, MASK, LossParams.of(loss_settings), entropy=entropy)
     # A regulariser has its own gradient, teacher or not; so has OAPL's regression (β·log(π/π_b))² at A = 0.
     regularised = settings["regularizer"] != "none" or settings["objective"] == "advantage-regression"
     if not regularised:
@@ -85,7 +86,8 @@ def test_add_with_an_equal_teacher_is_the_group_advantage(name):
     outputs = []
     for advantages in (group, per_token):
         logprobs = (behavior + 0.3).requires_grad_(True)
-        loss, _ = policy_loss(logprobs, behavior, advantages, MASK, LossParams.of(loss_settings))
+        entropy = torch.arange(behavior.numel(), dtype=torch.float64).view_as(behavior)  # aspo-entropy's band
+        loss, _ = policy_loss(logprobs, behavior, advantages, MASK, LossParams.of(loss_settings), entropy=entropy)
         outputs.append((loss.item(), torch.autograd.grad(loss, logprobs)[0]))
     assert outputs[0][0] == pytest.approx(outputs[1][0], abs=1e-12)
     assert torch.allclose(outputs[0][1], outputs[1][1], atol=1e-12)

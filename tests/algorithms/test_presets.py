@@ -124,9 +124,12 @@ def test_preset_matches_reference(name):
     loss_settings = settings
     logprobs, behavior, mask = batch()
     grouped = grouped_advantages(settings)
+    # A constant entropy puts no token above its response's quantile: aspo-entropy is aspo here (its band is
+    # tested in test_turn4_options.py); every other preset ignores it.
     loss, metrics = policy_loss(
-        logprobs, behavior, grouped.advantages, mask & grouped.keep[:, None], LossParams.of(loss_settings)
-    )
+        logprobs, behavior, grouped.advantages, mask & grouped.keep[:, None], LossParams.of(loss_settings),
+        entropy=torch.zeros_like(behavior),
+    )  # fmt: skip
     loss.backward()
     expected_loss, expected_grad = reference(settings, grouped.advantages.tolist(), grouped.keep.tolist())
     assert loss.item() == pytest.approx(expected_loss, abs=1e-12)
@@ -238,7 +241,9 @@ def test_masked_positions_are_ignored_even_when_infinite(name, masked_value):
     extra = {}
     if settings["recompute_proximal"]:  # π_prox = π_θ before the update: ρ = 1 on valid tokens
         extra["proximal_logprobs"] = torch.where(mask, raw, torch.full_like(raw, masked_value))
-    loss, metrics = policy_loss(logprobs, behavior, grouped.advantages, mask, LossParams.of({**loss_settings, **extra}))
+    entropy = torch.where(mask, torch.ones_like(raw), torch.full_like(raw, masked_value))  # aspo-entropy's band
+    params = LossParams.of({**loss_settings, **extra})
+    loss, metrics = policy_loss(logprobs, behavior, grouped.advantages, mask, params, entropy=entropy)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
     assert (logprobs.grad[~mask] == 0).all()

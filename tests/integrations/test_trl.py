@@ -51,7 +51,7 @@ def make_trainer(tmp_path, preset, steps=2, **algorithm):
     )
 
 
-@pytest.mark.parametrize("preset", ["rec-oneside-nois", "opmd", "red-drop"])
+@pytest.mark.parametrize("preset", ["rec-oneside-nois", "opmd", "red-drop", "bapo-dual"])
 def test_loss_on_a_batch_equals_oprl_policy_loss(tmp_path, preset):
     trainer = make_trainer(tmp_path, preset)
     trainer.model.train()
@@ -123,3 +123,5 @@ def test_a_preset_that_needs_oprls_trainer_is_refused(tmp_path):
     with pytest.raises(ValueError, match="'vcpo' needs oprl's own trainer for ess_lr=sqrt"):
         make_trainer(tmp_path, "vcpo")
     make_trainer(tmp_path, "vcpo", ess_lr="none", baseline="mean")  # its loss alone is fine
+    with pytest.raises(ValueError, match=r"'aspo-entropy' needs oprl's own trainer for entropy_eps=0\.4"):
+        make_trainer(tmp_path, "aspo-entropy")  # its band reads the trainer forward's token entropies

@@ -21,6 +21,7 @@ Not here: the loss assembly, aggregation and the common metrics (``losses.py``),
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from oprl.lazy import lazy_import
@@ -218,6 +219,38 @@ def _bapo(ratio, advantages, params):
         "bapo_clip_high": high,
         "bapo_positive_share": share[index],
     }
+
+
+# --- options of any mask: ASPO's entropy-dependent band, dual-clip PPO ---------------------------------------
+
+
+def entropy_band(entropy, params):
+    """ASPO's entropy-dependent width (wizard-III/Archer2.0's ``use_dynamic_clip``): per response, q = the
+    ``entropy_quantile`` of its valid tokens' entropies (``torch.nanquantile``, linear interpolation); a token
+    with entropy > q gets ε_low = ε_high = ``entropy_eps``, the others keep eps_low / eps_high. Returns
+    ``(params, metrics)``: params with (B, T) tensors as eps_low / eps_high, read by the masks and weights that
+    use the band (one-side, two-side, ring, clipped-is); unchanged (and no metric) when entropy_eps is None."""
+    if params.entropy_eps is None:
+        return params, {}
+    if entropy is None:
+        raise ValueError("entropy_eps needs the token entropies: pass policy_loss(..., entropy=...)")
+    valid = _valid(params)
+    masked = torch.where(valid, entropy.detach().to(torch.float64), torch.nan)  # (B, T)
+    wide = valid & (masked > torch.nanquantile(masked, params.entropy_quantile, dim=-1, keepdim=True))  # (B, T)
+    wide_eps = torch.full(wide.shape, params.entropy_eps, dtype=params.logprobs.dtype, device=wide.device)
+    low = torch.where(wide, wide_eps, torch.full_like(wide_eps, params.eps_low))
+    high = torch.where(wide, wide_eps, torch.full_like(wide_eps, params.eps_high))
+    return replace(params, eps_low=low, eps_high=high), {"entropy_wide_frac": _mean(wide, params)}
+
+
+def dual_clip(keep, ratio, advantages, params):
+    """Dual-clip PPO (Ye et al. 2020; verl's ``clip_ratio_c``, BAPO's code with c = 3): for A < 0, PPO's loss
+    −A·max(ρ, clip(ρ)) is capped at −A·c, a constant: the tokens with A < 0 and ρ > c lose their gradient.
+    Returns ``(keep, metrics)``; unchanged when dual_clip is None."""
+    if params.dual_clip is None:
+        return keep, {}
+    capped = (advantages < 0) & (ratio > params.dual_clip) & _valid(params)  # (B, T)
+    return keep & ~capped, {"dual_clip_frac": _mean(capped, params)}
 
 
 # --- weights -----------------------------------------------------------------------------------------------

@@ -39,6 +39,9 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
     "bapo_target": 0.5,  # BAPO's ρ₀: the share of the clipped update the positive tokens must reach
     "bapo_low_max": 0.9,  # BAPO's b₋: c_low rises from 1 − eps_low up to this
     "bapo_high_max": 3.0,  # BAPO's b₊: c_high rises from 1 + eps_high up to this
+    "dual_clip": None,  # off; BAPO's code (and verl's clip_ratio_c) caps A < 0 tokens at c = 3: ρ > c gets no gradient
+    "entropy_eps": None,  # off; ASPO's code: ε of the tokens above a response's entropy quantile (0.4 there)
+    "entropy_quantile": 0.8,  # ASPO's code (token_entropy_quantile): tokens at or below it keep eps_low/eps_high
     "regression_beta": 1e-3,  # OAPL's β (β2 in the authors' scripts) on Σ_t log(π/π_b)
     "vespo_k_pos": 2.0,  # VESPO's shape k₊ for A ≥ 0 (arXiv 2602.10693; TRL's GRPOConfig defaults)
     "vespo_lambda_pos": 3.0,  # VESPO's rate λ₊ for A ≥ 0: φ peaks at w = k/λ < 1, damping w > 1

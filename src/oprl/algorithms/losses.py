@@ -101,6 +101,12 @@ class LossParams:
     """BAPO's b₋: the lower bound rises from 1 − eps_low up to this."""
     bapo_high_max: float = D["bapo_high_max"]
     """BAPO's b₊: the upper bound rises from 1 + eps_high up to this."""
+    dual_clip: float | None = D["dual_clip"]
+    """Dual-clip PPO's c (> 1; None = off): tokens with A < 0 and ρ > c get no gradient (BAPO's code, verl)."""
+    entropy_eps: float | None = D["entropy_eps"]
+    """ASPO's code: eps_low = eps_high = this for the tokens above their response's entropy_quantile (None = off)."""
+    entropy_quantile: float = D["entropy_quantile"]
+    """The per-response quantile of token entropy at or below which a token keeps eps_low / eps_high."""
     regression_beta: float = D["regression_beta"]
     """OAPL's β on each response's Σ_t log(π/π_b)."""
     vespo_k_pos: float = D["vespo_k_pos"]
@@ -271,6 +277,7 @@ def policy_loss(
     params: LossParams = LossParams(),
     *,
     proximal_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The REINFORCE-family loss and its diagnostics.
 
@@ -279,7 +286,8 @@ def policy_loss(
     ``mask`` (B, T) bool or float, 0 on prompt/padding (values of every input there
     are ignored, even ±inf or NaN: the loss does not depend on them and their gradient is 0);
     ``proximal_logprobs`` (B, T), optional: the trainer's log-probs under the pre-update weights
-    (decoupled PPO). The anchor a is π_prox if given, else π_b. With ρ = exp(clamp(logprobs − a, ±20))
+    (decoupled PPO); ``entropy`` (B, T), detached, needed only with ``entropy_eps`` (ASPO's entropy-dependent
+    band). The anchor a is π_prox if given, else π_b. With ρ = exp(clamp(logprobs − a, ±20))
     detached (``ratio_level=sequence``: each response's geometric mean, exp(mean_t log ρ_t), on all its
     tokens) and A broadcast over T (or given per token, A_bt):
       ℓ_bt = −M_bt·w_bt·v_bt·A_b·logprobs_bt + R_bt,   v = min(π_prox/π_b, C) with a proximal, else 1
@@ -292,6 +300,8 @@ def policy_loss(
     The methods after the paper (``corrections.py``, docs/algorithms.md#the-arena-methods): M dppo-tv,
     dppo-kl, m2-mask, m2-clip, bapo; w flipped-is, tapered, soft-gate; ratio_level sequence-sum (Π_t ρ_t);
     objective advantage-regression replaces −M·w·A·logprobs by OAPL's (β·Σ_t log(π/a) − A)² per response.
+    Two options of any mask: ``entropy_eps`` gives the tokens above their response's entropy quantile the band
+    ε_low = ε_high = entropy_eps; ``dual_clip`` c also masks the tokens with A < 0 and ρ > c (dual-clip PPO).
     Every setting named above is a field of ``params`` (``LossParams``: C = is_cap, T = weight_temperature,
     c = regularizer_coef, ...). loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor; metrics:
     detached 0-dim tensors, averaged over valid tokens (see ``_metrics``), plus what a rule reports (M2PO's
@@ -322,8 +332,10 @@ def policy_loss(
     token_advantages = torch.where(valid, token_advantages, torch.zeros_like(token_advantages))  # (B, T)
 
     params = replace(params, mask=mask, logprobs=current, anchor_logprobs=anchor)  # the rules' view of this call
+    params, band_metrics = corrections.entropy_band(entropy, params)  # per-token ε: ASPO's code (or unchanged)
 
     keep, keep_metrics = _with_metrics(keep_fn(ratio, token_advantages, params))  # (B, T) bool
+    keep, dual_metrics = corrections.dual_clip(keep, ratio, token_advantages, params)  # dual-clip PPO (or unchanged)
     weights, weight_metrics = _with_metrics(weight_fn(ratio, token_advantages, params))  # (B, T)
     if proximal_logprobs is not None:  # AReaL's behaviour weight, π_prox/π_b capped at C
         weights = weights * (anchor - behavior_logprobs).clamp(max=math.log(params.is_cap)).exp()
@@ -333,7 +345,8 @@ def policy_loss(
     pg_loss = aggregate(pg_tokens, mask, params.loss_agg, params.normalizer)  # ()
     reg_loss = aggregate(reg_tokens, mask, params.loss_agg, params.normalizer)  # ()
     metrics = _metrics(ratio, keep, weights, mask, pg_loss, reg_loss)
-    extra = {key: value.detach() for key, value in {**keep_metrics, **weight_metrics, **objective_metrics}.items()}
+    rules = {**band_metrics, **keep_metrics, **dual_metrics, **weight_metrics, **objective_metrics}
+    extra = {key: value.detach() for key, value in rules.items()}
     return pg_loss + reg_loss, metrics | extra
 
 

@@ -170,9 +170,34 @@ PRESETS: dict[str, dict[str, Any]] = {
         "bapo_low_max": 0.9,
         "bapo_high_max": 3.0,
     },
+    # BAPO with the authors' code's dual clip (WooooDyy/BAPO policy_loss.py, clip_ratio_c = 3): tokens with A < 0
+    # and ρ > 3 get no gradient.
+    "bapo-dual": {
+        **ALGORITHM_DEFAULTS,
+        **_STD,
+        **_IS,
+        "clip_mode": "bapo",
+        "eps_low": 0.4,
+        "eps_high": 0.2,
+        "bapo_target": 0.5,
+        "bapo_low_max": 0.9,
+        "bapo_high_max": 3.0,
+        "dual_clip": 3.0,
+    },
     # ASPO (Wang et al. 2025, arXiv 2510.06062; wizard-III/Archer2.0): one-side clip at 0.2, positive tokens
     # weighted by the flipped ratio 1/ρ, both signs capped at C = 3 (soft dual clip).
     "aspo": {**ALGORITHM_DEFAULTS, **_STD, "clip_mode": "one-side", "weight": "flipped-is", "is_cap": 3.0},
+    # ASPO with its code's entropy-dependent band (use_dynamic_clip): ε = 0.2 for the tokens at or below their
+    # response's 0.8 entropy quantile, 0.4 for the rest. Needs the trainer's token entropies (oprl train only).
+    "aspo-entropy": {
+        **ALGORITHM_DEFAULTS,
+        **_STD,
+        "clip_mode": "one-side",
+        "weight": "flipped-is",
+        "is_cap": 3.0,
+        "entropy_eps": 0.4,
+        "entropy_quantile": 0.8,
+    },
     # SAPO (Gao et al. 2025, arXiv 2511.20347; verl / Trinity-RFT sapo): the soft gate's gradient weight
     # 4σ(1 − σ)·ρ with τ+ = 1, τ− = 1.05, no mask, each response's token mean.
     "sapo": {
@@ -259,10 +284,34 @@ def validate_settings(settings: dict[str, Any]) -> None:
         raise SettingError("mean_normalize", message)
     if not 0 <= settings.get("bapo_target", 0.0) <= 1:
         raise SettingError("bapo_target", f"bapo_target must be in [0, 1] (a share), got {settings['bapo_target']!r}")
+    _check_turn4_options(settings)
     low, high = settings.get("mask_low", 0.0), settings.get("mask_high", math.inf)
     if not low < high:
         message = f"mask_low must be < mask_high (the band of clip_mode=mask), got {low!r} >= {high!r}"
         raise SettingError("mask_low", message)
+
+
+ENTROPY_BANDS = ("one-side", "two-side", "ring")
+"""The clip modes whose band [1 − ε_low, 1 + ε_high] ``entropy_eps`` can widen per token (and weight=clipped-is)."""
+
+
+def _check_turn4_options(settings: dict[str, Any]) -> None:
+    """dual_clip: None or > 1 (verl's assertion on clip_ratio_c); entropy_eps: None or >= 0, with a clip mode
+    that has a band; entropy_quantile in [0, 1]."""
+    cap = settings.get("dual_clip")
+    if cap is not None and not (isinstance(cap, int | float) and cap > 1):
+        raise SettingError("dual_clip", f"dual_clip must be > 1 (dual-clip PPO's c) or unset, got {cap!r}")
+    eps = settings.get("entropy_eps")
+    if eps is not None and not (isinstance(eps, int | float) and eps >= 0):
+        raise SettingError("entropy_eps", f"entropy_eps must be >= 0 or unset, got {eps!r}")
+    banded = settings.get("clip_mode", "none") in ENTROPY_BANDS or settings.get("weight") == "clipped-is"
+    if eps is not None and not banded:
+        message = (f"entropy_eps widens the band of clip_mode={'/'.join(ENTROPY_BANDS)} or weight=clipped-is; "
+                   f"clip_mode={settings.get('clip_mode')!r} has none")  # fmt: skip
+        raise SettingError("entropy_eps", message)
+    if not 0 <= settings.get("entropy_quantile", 0.8) <= 1:
+        message = f"entropy_quantile must be in [0, 1], got {settings['entropy_quantile']!r}"
+        raise SettingError("entropy_quantile", message)
 
 
 def resolve_preset(name: str, **overrides: Any) -> dict[str, Any]:
@@ -280,10 +329,12 @@ def resolve_preset(name: str, **overrides: Any) -> dict[str, Any]:
 
 def trainer_only(settings: dict[str, Any]) -> list[str]:
     """The settings (``key=value``) in resolved ``settings`` that only oprl's own trainer applies, beyond the loss
-    and the advantages: VCPO's ESS-scaled step (``ess_lr``) and its baseline from per-response gradient norms
-    (``baseline=off-policy-optimal``). A host that takes only oprl's loss and advantages (TRL, verl, the Tinker
-    server) refuses a preset with any of them rather than drop them silently."""
+    and the advantages: VCPO's ESS-scaled step (``ess_lr``), its baseline from per-response gradient norms
+    (``baseline=off-policy-optimal``) and ASPO's entropy-dependent band (``entropy_eps``: the loss needs the
+    trainer's token entropies, which those hosts do not pass). A host that takes only oprl's loss and advantages
+    (TRL, verl, the Tinker server) refuses a preset with any of them rather than drop them silently."""
     found = [f"ess_lr={settings['ess_lr']}"] if settings["ess_lr"] != "none" else []
+    found += [f"entropy_eps={settings['entropy_eps']}"] if settings.get("entropy_eps") is not None else []
     return found + ([f"baseline={settings['baseline']}"] if settings["baseline"] in WEIGHTED_BASELINES else [])
 
 

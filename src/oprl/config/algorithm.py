@@ -54,7 +54,8 @@ class AlgorithmConfig(_Section):
         "importance weights": ("weight", "is_cap", "weight_temperature", "recompute_proximal"),
         "objective, regulariser and aggregation": ("objective", "regularizer", "regularizer_coef", "loss_agg"),
         "methods after the paper": (
-            "m2_threshold", "tau_pos", "tau_neg", "bapo_target", "bapo_low_max", "bapo_high_max", "regression_beta",
+            "m2_threshold", "tau_pos", "tau_neg", "bapo_target", "bapo_low_max", "bapo_high_max", "dual_clip",
+            "entropy_eps", "entropy_quantile", "regression_beta",
             "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "ess_lr", "ess_lr_base",
         ),
         "distillation": ("distill_coef", "distill_mix"),
@@ -138,6 +139,16 @@ class AlgorithmConfig(_Section):
     """BAPO: the lower ratio bound rises from 1 - eps_low up to this."""
     bapo_high_max: float | None = None
     """BAPO: the upper ratio bound rises from 1 + eps_high up to this."""
+    dual_clip: float | None = None
+    """Dual-clip PPO's c (> 1; off unless a preset sets it, bapo-dual: 3, BAPO's code): tokens with A < 0 and
+    rho > c get no gradient (logged as loss/dual_clip_frac); inf is the same as off."""
+    entropy_eps: float | None = None
+    """ASPO's code's entropy-dependent band (off unless a preset sets it, aspo-entropy: 0.4): the tokens above
+    their response's entropy_quantile of token entropy use eps_low = eps_high = entropy_eps, the rest keep
+    eps_low/eps_high (clip_mode one-side/two-side/ring or weight=clipped-is; oprl train only, not TRL/verl/Tinker).
+    Logged as loss/entropy_wide_frac."""
+    entropy_quantile: float | None = None
+    """entropy_eps: the per-response quantile (0..1, 0.8 in ASPO's code) at or below which a token keeps the band."""
     regression_beta: float | None = None
     """OAPL (objective=advantage-regression): beta on each response's log-ratio sum_t log(pi/pi_b)."""
     vespo_k_pos: float | None = None

@@ -315,9 +315,9 @@ class Trainer:
         out = {f"distill/{k}": float(v) for k, v in distilled.items()}
         # Only decoupled PPO passes π_prox.
         proximal_logprobs = right_pad_values(proximal, mask.shape[1]).to(device) if proximal is not None else None
-        params = self.loss_params
+        params, band = self.loss_params, entropy.detach() if self.loss_params.entropy_eps is not None else None
         loss, metrics = policy_loss(
-            logprobs, behavior, advantages.to(device), mask, params, proximal_logprobs=proximal_logprobs
+            logprobs, behavior, advantages.to(device), mask, params, proximal_logprobs=proximal_logprobs, entropy=band
         )
         out |= {f"loss/{k}": float(v) for k, v in metrics.items()}
         out["entropy/mean"] = float(aggregate(entropy.detach(), mask, "token-mean"))

@@ -71,7 +71,9 @@ def test_built_in_losses_follow_their_formulas(client, rl_data, loss, config, ar
     assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-4)
 
 
-@pytest.mark.parametrize("preset", ["rec-oneside-nois", "grpo", "opmd", "cispo", "gspo", "m2po", "decoupled-ppo"])
+@pytest.mark.parametrize(
+    "preset", ["rec-oneside-nois", "grpo", "opmd", "cispo", "gspo", "m2po", "decoupled-ppo", "bapo-dual"]
+)
 def test_a_preset_is_oprls_policy_loss_as_a_sum(client, rl_data, preset):
     config = {"preset": preset, "eps_high": 0.1} if preset.startswith("rec") else {"preset": preset}
     out = client.forward(rl_data, "importance_sampling", config).result()
@@ -99,6 +101,7 @@ def test_a_preset_is_oprls_policy_loss_as_a_sum(client, rl_data, preset):
         ("importance_sampling", {"preset": "no-such-preset"}, "loss_fn_config.preset"),
         ("importance_sampling", {"preset": "grpo", "std_normalize": 1.0}, "loss_fn_config.std_normalize"),
         ("importance_sampling", {"preset": "vcpo"}, "ess_lr=sqrt"),  # a step-size rule is not a loss
+        ("importance_sampling", {"preset": "aspo-entropy"}, "loss_fn_config.entropy_eps"),  # no entropies served
         ("stable_reinforce", None, "loss_fn"),
         ("gspo", None, "loss_fn"),
     ],

@@ -143,6 +143,11 @@ def _preset_settings(name: str, config: dict[str, Any]) -> dict[str, Any]:
             f"(ess_lr={settings['ess_lr']}), which a loss cannot do (optim_step's AdamParams set the rate, and the "
             "client computes the advantages, its baseline included); send 'ess_lr': 'none' for its loss alone"
         )
+    if settings["entropy_eps"] is not None:  # ASPO's entropy-dependent band reads the trainer forward's entropies
+        raise LossError(
+            f"loss_fn_config.entropy_eps: {preset!r} widens the clip band of high-entropy tokens, which needs each "
+            "token's entropy under the policy; the served forward computes only log-probs: send 'entropy_eps': null"
+        )
     if normalizer is not None and not (isinstance(normalizer, float | int) and normalizer > 0):
         raise LossError(f"loss_fn_config.normalizer: a positive number, got {normalizer!r}")
     return {**settings, "normalizer": normalizer}
