@@ -225,7 +225,7 @@ def _bapo(ratio, advantages, params):
 
 
 def entropy_band(entropy, params):
-    """ASPO's entropy-dependent width (wizard-III/Archer2.0's ``use_dynamic_clip``): per response, q = the
+    """ASPO's entropy-dependent width (its code's ``use_dynamic_clip``, docs/algorithms.md#aspo): per response, q = the
     ``entropy_quantile`` of its valid tokens' entropies (``torch.nanquantile``, linear interpolation); a token
     with entropy > q gets ε_low = ε_high = ``entropy_eps``, the others keep eps_low / eps_high. Returns
     ``(params, metrics)``: params with (B, T) tensors as eps_low / eps_high, read by the masks and weights that

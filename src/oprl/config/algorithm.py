@@ -141,7 +141,7 @@ class AlgorithmConfig(_Section):
     """BAPO: the upper ratio bound rises from 1 + eps_high up to this."""
     dual_clip: float | None = None
     """Dual-clip PPO's c (> 1; off unless a preset sets it, bapo-dual: 3, BAPO's code): tokens with A < 0 and
-    rho > c get no gradient (logged as loss/dual_clip_frac); inf is the same as off."""
+    rho > c get no gradient (logged as loss/dual_clip_frac); off: the preset without it (bapo for bapo-dual)."""
     entropy_eps: float | None = None
     """ASPO's code's entropy-dependent band (off unless a preset sets it, aspo-entropy: 0.4): the tokens above
     their response's entropy_quantile of token entropy use eps_low = eps_high = entropy_eps, the rest keep
