@@ -25,6 +25,19 @@ _IS = {"weight": "importance-sampling"}  # w = ρ (detached)
 _STD = {"std_normalize": True}  # A = (r − mean)/(std + 1e-6)
 _DPPO = {"weight": "truncated-is", "is_cap": 20.0, "loss_agg": "seq-mean-token-sum-norm"}  # DPPO's TIS, clip_ratio_c
 
+_BAPO = {
+    **ALGORITHM_DEFAULTS,
+    **_STD,
+    **_IS,
+    "clip_mode": "bapo",
+    "eps_low": 0.4,
+    "eps_high": 0.2,
+    "bapo_target": 0.5,
+    "bapo_low_max": 0.9,
+    "bapo_high_max": 3.0,
+}  # BAPO's and its dual-clip variant's shared settings (below)
+_ASPO = {**ALGORITHM_DEFAULTS, **_STD, "clip_mode": "one-side", "weight": "flipped-is", "is_cap": 3.0}
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Group-relative REINFORCE exactly as derived (docs/paper.md#derivation); unregularised, drifts when off-policy.
     "reinforce": {**ALGORITHM_DEFAULTS},
@@ -159,45 +172,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "topr": {**ALGORITHM_DEFAULTS, "weight": "tapered", "ratio_level": "sequence-sum"},
     # BAPO (Xi et al. 2025, arXiv 2510.18927; WooooDyy/BAPO README): PPO's clip with c_low ∈ [0.6, 0.9] and
     # c_high ∈ [1.2, 3.0] raised until the positive tokens carry ρ₀ = 0.5 of the update.
-    "bapo": {
-        **ALGORITHM_DEFAULTS,
-        **_STD,
-        **_IS,
-        "clip_mode": "bapo",
-        "eps_low": 0.4,
-        "eps_high": 0.2,
-        "bapo_target": 0.5,
-        "bapo_low_max": 0.9,
-        "bapo_high_max": 3.0,
-    },
+    "bapo": {**_BAPO},
     # BAPO with the authors' code's dual clip (WooooDyy/BAPO policy_loss.py, clip_ratio_c = 3): tokens with A < 0
     # and ρ > 3 get no gradient.
-    "bapo-dual": {
-        **ALGORITHM_DEFAULTS,
-        **_STD,
-        **_IS,
-        "clip_mode": "bapo",
-        "eps_low": 0.4,
-        "eps_high": 0.2,
-        "bapo_target": 0.5,
-        "bapo_low_max": 0.9,
-        "bapo_high_max": 3.0,
-        "dual_clip": 3.0,
-    },
+    "bapo-dual": {**_BAPO, "dual_clip": 3.0},
     # ASPO (Wang et al. 2025, arXiv 2510.06062; wizard-III/Archer2.0): one-side clip at 0.2, positive tokens
     # weighted by the flipped ratio 1/ρ, both signs capped at C = 3 (soft dual clip).
-    "aspo": {**ALGORITHM_DEFAULTS, **_STD, "clip_mode": "one-side", "weight": "flipped-is", "is_cap": 3.0},
+    "aspo": {**_ASPO},
     # ASPO with its code's entropy-dependent band (use_dynamic_clip): ε = 0.2 for the tokens at or below their
     # response's 0.8 entropy quantile, 0.4 for the rest. Needs the trainer's token entropies (oprl train only).
-    "aspo-entropy": {
-        **ALGORITHM_DEFAULTS,
-        **_STD,
-        "clip_mode": "one-side",
-        "weight": "flipped-is",
-        "is_cap": 3.0,
-        "entropy_eps": 0.4,
-        "entropy_quantile": 0.8,
-    },
+    "aspo-entropy": {**_ASPO, "entropy_eps": 0.4, "entropy_quantile": 0.8},
     # SAPO (Gao et al. 2025, arXiv 2511.20347; verl / Trinity-RFT sapo): the soft gate's gradient weight
     # 4σ(1 − σ)·ρ with τ+ = 1, τ− = 1.05, no mask, each response's token mean.
     "sapo": {
