@@ -39,15 +39,16 @@ def random_batch(seed, rows=8, width=6, spread=1.5):
     return logprobs, log_ratios, mask, advantages
 
 
-def torch_loss(settings, logprobs, log_ratios, mask, advantages, garbage=None):
-    """``policy_loss`` on the batch, with every padded input replaced by ``garbage`` if given."""
+def torch_loss(settings, logprobs, log_ratios, mask, advantages, garbage=None, entropy=None):
+    """``policy_loss`` on the batch (and token ``entropy``), every padded input replaced by ``garbage`` if given."""
     behavior = logprobs - log_ratios
     lp = logprobs.clone()
     if garbage is not None:
         lp = torch.where(mask, lp, torch.full_like(lp, garbage))
         behavior = torch.where(mask, behavior, torch.full_like(behavior, garbage))
+        entropy = None if entropy is None else torch.where(mask, entropy, torch.full_like(entropy, garbage))
     lp.requires_grad_(True)
-    loss, metrics = policy_loss(lp, behavior, advantages, mask, LossParams.of(settings))
+    loss, metrics = policy_loss(lp, behavior, advantages, mask, LossParams.of(settings), entropy=entropy)
     loss.backward()
     return loss, lp.grad, metrics
 

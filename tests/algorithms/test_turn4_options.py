@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 from arena_reference import reference_loss
-from test_arena_methods import random_batch
+from test_arena_methods import random_batch, torch_loss
 
-from oprl.algorithms import PRESETS, LossParams, aggregate, policy_loss, resolve_preset, trainer_only
+from oprl.algorithms import PRESETS, aggregate, resolve_preset, trainer_only
 
 CASES = {
     "bapo-dual": ("bapo-dual", {}),
@@ -31,14 +31,7 @@ def random_entropy(seed, like):
 
 def run(settings, logprobs, log_ratios, mask, advantages, entropy=None, garbage=None):
     """``policy_loss`` with every padded input (entropy included) replaced by ``garbage`` if given."""
-    behavior, lp = logprobs - log_ratios, logprobs.clone()
-    if garbage is not None:
-        lp, behavior = (torch.where(mask, x, torch.full_like(x, garbage)) for x in (lp, behavior))
-        entropy = None if entropy is None else torch.where(mask, entropy, torch.full_like(entropy, garbage))
-    lp.requires_grad_(True)
-    loss, metrics = policy_loss(lp, behavior, advantages, mask, LossParams.of(settings), entropy=entropy)
-    loss.backward()
-    return loss, lp.grad, metrics
+    return torch_loss(settings, logprobs, log_ratios, mask, advantages, garbage=garbage, entropy=entropy)
 
 
 @pytest.mark.parametrize("case", list(CASES))
