@@ -8,8 +8,9 @@ under the eval-accuracy curve (a mean accuracy over training), and the first ste
 separable from the best and the methods below it, in words (every pairwise difference, Holm-adjusted, in
 ``stats.csv``); with two or more lags (``lag-N``, ``stale-N``, ``offline``) accuracy against lag with intervals
 and the tiers by lag (``oprl.experiments.arena``); then, for each of the spec's ``report.groups``, one figure
-(accuracy, reward, clip fraction, KL to the initial policy, reverse KL to a teacher × settings) and its table.
-Labels are the sweep's own (its setting names).
+(accuracy, reward, clip fraction, KL to the initial policy, reverse KL to a teacher × settings) and its table;
+then the spec's ``report.findings``, each decided holds / does not hold / undetermined (``oprl.experiments.findings``;
+``findings.csv``). Labels are the sweep's own (its setting names).
 
 A directory with a ``results.csv`` and no run directories (a committed sweep: docs/reproduction/arena) gets the
 same report from the CSV, less what needs the runs' curves (training-curve figures, groups). ``--plan DELTA``
@@ -27,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from oprl.errors import OprlError
-from oprl.experiments import stats, tiers
+from oprl.experiments import findings, stats, tiers
 from oprl.experiments.arena import arena_section
 from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
 from oprl.experiments.results import _canonical, collect_results, load_run, summarize, write_table
@@ -107,6 +108,12 @@ def build_report(sweep_dir: Path) -> Path:
     if tables:
         tables += tiers.loss_lines(summaries)
     lines += arena_section(summaries, sweep_dir / "figures", tables)  # a lag ladder (the arena): accuracy against lag
+    claims = findings.parse(report.get("findings"), f"sweep spec {sweep_dir / 'sweep.yaml'}")
+    if claims:
+        _check_cells(claims, summaries, plan(spec) if spec.get("grid") else [], sweep_dir)
+        decided = findings.decide(claims, summaries)
+        write_table(findings.rows(decided), sweep_dir / "findings.csv")
+        lines += findings.lines(decided)
     rows = group_rows(report.get("panels") or GROUP_PANELS)
     planned_presets = {v for r in runs or [] for k, v in r.labels.items() if _canonical(k) == "preset"}
     for index, (title, presets) in enumerate((report.get("groups") or {}).items(), start=1):
@@ -137,6 +144,19 @@ def build_report(sweep_dir: Path) -> Path:
     out = sweep_dir / "report.md"
     out.write_text("\n".join(lines) + "\n")
     return out
+
+
+def _check_cells(claims, summaries, planned, sweep_dir: Path) -> None:
+    """A finding's cell that no run has and the grid never plans is a typo: one line, not a silent "pending"."""
+    known = {(row_label(labels), labels["setting"]) for labels, _ in summaries}
+    known |= {(row_label(labels), labels["setting"]) for labels in
+              ({_canonical(k): v for k, v in r.labels.items()} for r in planned) if "setting" in labels}  # fmt: skip
+    for name, contrasts in claims.items():
+        for contrast in contrasts:
+            for method, setting in (contrast.a, contrast.b):
+                if (method, setting) not in known:
+                    raise OprlError(f"report finding {name!r}: no run of {method} at setting {setting} in {sweep_dir}"
+                                    " and the sweep plans none")  # fmt: skip
 
 
 def summaries_from_csv(path: Path, spec: dict) -> list[tuple[dict[str, str], dict[str, float]]]:

@@ -10,6 +10,7 @@ A sweep spec is YAML::
       groups: {"IS or not": [grpo, rec-oneside-is, rec-oneside-nois]}   # one figure + table per group
       threshold_gain: 0.05               # "steps to threshold" = first eval at initial accuracy + this
       panels: [eval_accuracy, kl, ess]   # the group figures' rows (curves.PANELS), instead of the default five
+      findings: {"clipping helps": [{a: grpo, b: reinforce, setting: stale}]}   # claims decided (findings.py)
     grid:                                # the cartesian product of the axes
       algorithm.preset: [grpo, reinforce]          # a plain axis: one key, a list of values
       setting:                                      # a named axis: name -> overrides bundle
@@ -54,7 +55,7 @@ import yaml
 
 from oprl.config.loading import read_yaml
 from oprl.errors import OprlError
-from oprl.experiments import sweep_local
+from oprl.experiments import findings, sweep_local
 from oprl.experiments.curves import PANELS
 from oprl.experiments.results import THRESHOLD_GAIN, collect_results, write_table
 from oprl.experiments.sweep_local import terminate_raises
@@ -95,11 +96,13 @@ def load_spec(path: Path) -> dict:
     groups = report.get("groups", {}) if isinstance(report, dict) else None
     if not isinstance(groups, dict) or not all(isinstance(v, list) and v for v in groups.values()):
         raise OprlError(f"sweep spec {path}: 'report.groups' must map a figure title to a non-empty list of presets")
-    unknown_report = set(report) - {"groups", "threshold_gain", "panels"}
+    unknown_report = set(report) - {"groups", "threshold_gain", "panels", "findings"}
     if unknown_report:
         raise OprlError(
-            f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: groups, panels, threshold_gain"
+            f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: findings, groups, panels, "
+            "threshold_gain"
         )
+    findings.parse(report.get("findings"), f"sweep spec {path}")
     panels = report.get("panels", list(PANELS))
     if not isinstance(panels, list) or not panels or not set(map(str, panels)) <= set(PANELS):
         raise OprlError(

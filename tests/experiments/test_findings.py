@@ -1,0 +1,128 @@
+"""``report.findings`` (oprl.experiments.findings): claims a − b > −margin decided by paired seeds, checked against
+scipy's paired t-interval at the Bonferroni level; every verdict (holds, does not hold, undetermined, pending), the
+cross-setting contrast, one-line errors for a bad spec, and ``oprl report`` writing the section and findings.csv."""
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats as distributions
+
+from oprl.errors import OprlError
+from oprl.experiments import findings, report
+
+SEEDS = ("0", "1", "2")
+
+
+def cells(table: dict[tuple[str, str], list[float]]):
+    """Summaries from ``{(preset, setting): [final accuracy per seed]}`` (AUC = half of it)."""
+    return [
+        ({"preset": p, "setting": s, "seed": seed}, {"final_accuracy": v, "accuracy_auc": v / 2})
+        for (p, s), values in table.items()
+        for seed, v in zip(SEEDS, values, strict=True)
+    ]
+
+
+def decide(spec: dict, table) -> dict[str, list[findings.Decided]]:
+    return findings.decide(findings.parse(spec, "spec"), cells(table))
+
+
+def test_two_methods_match_scipys_paired_interval_at_the_bonferroni_level():
+    a, b = [0.61, 0.55, 0.70], [0.20, 0.16, 0.27]
+    spec = {"F": [{"a": "x", "b": "y", "setting": "s"}], "G": [{"a": "y", "b": "x", "setting": "s", "margin": 0.5}]}
+    (d,), (e,) = decide(spec, {("x", "s"): a, ("y", "s"): b}).values()
+    reference = distributions.ttest_rel(a, b).confidence_interval(1 - 0.05 / 2)  # m = 2 contrasts
+    assert d.mean == pytest.approx(np.mean(np.subtract(a, b)))
+    assert (d.low, d.high) == pytest.approx((reference.low, reference.high))
+    assert d.df == 2 and d.n == 3 and d.verdict == "holds"
+    # y − x is ~-41 points: below a margin of 50 it still holds (no more than 50 below), its interval is the mirror
+    assert (e.low, e.high) == pytest.approx((-reference.high, -reference.low))
+    assert e.low > -0.5 and e.verdict == "holds"
+
+
+def test_each_verdict():
+    table = {
+        ("good", "lag-4"): [0.60, 0.62, 0.61],
+        ("bad", "lag-4"): [0.10, 0.12, 0.11],
+        ("close", "lag-4"): [0.58, 0.61, 0.59],
+        ("good", "lag-16"): [0.60, 0.62, 0.61],
+        ("noisy", "lag-16"): [0.10, 0.90, 0.40],  # at another setting: one setting's σ̂ is its own methods'
+    }
+    spec = {
+        "better": [{"a": "good", "b": "bad", "setting": "lag-4"}],
+        "reversed": [{"a": "bad", "b": "good", "setting": "lag-4"}],
+        "within margin": [{"a": "close", "b": "good", "setting": "lag-4", "margin": 0.1}],
+        "no margin": [{"a": "close", "b": "good", "setting": "lag-4"}],
+        "noise": [{"a": "noisy", "b": "good", "setting": "lag-16"}],
+        "missing": [{"a": "good", "b": "absent", "setting": "lag-4"}, {"a": "bad", "b": "good", "setting": "lag-4"}],
+    }
+    decided = decide(spec, table)
+    got = {name: findings.overall(rows) for name, rows in decided.items()}
+    assert got == {
+        "better": "holds",
+        "reversed": "does not hold",
+        "within margin": "holds",
+        "no margin": "does not hold",  # 1.7 points below, exactly measured: the claim "above" fails
+        "noise": "undetermined",
+        "missing": "does not hold",  # one contrast fails: the finding fails even with another pending
+    }
+    noise = decided["noise"][0]
+    assert math.isfinite(noise.mde) and noise.mde > abs(noise.mean)  # the design could not see an effect this size
+    assert decided["missing"][0].verdict == "pending"
+
+
+def test_a_cross_setting_contrast_uses_the_two_cells_pooled_sd():
+    a, b = [0.50, 0.55, 0.45], [0.80, 0.70, 0.75]
+    (d,) = decide({"A": [{"a": "grpo@lag-4", "b": "grpo@lag-0", "margin": 0.1}]},
+                  {("grpo", "lag-4"): a, ("grpo", "lag-0"): b})["A"]  # fmt: skip
+    sd = math.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2)
+    half = distributions.t.ppf(1 - 0.05 / 2, 4) * sd * math.sqrt(2 / 3)
+    assert d.df == 4 and (d.low, d.high) == pytest.approx((-0.25 - half, -0.25 + half))
+    assert d.verdict == "does not hold"  # 25 points below its lag 0, interval entirely below −10
+
+
+def test_a_setting_list_is_one_contrast_per_setting():
+    parsed = findings.parse({"F": [{"a": "x", "b": "y", "setting": ["lag-4", "offline"]}]}, "spec")
+    assert [(c.a, c.b) for c in parsed["F"]] == [(("x", "lag-4"), ("y", "lag-4")), (("x", "offline"), ("y", "offline"))]
+
+
+@pytest.mark.parametrize(
+    ("raw", "culprit"),
+    [
+        ({"F": [{"a": "x", "b": "y", "setting": "s", "margin": 5}]}, "'margin' must be"),
+        ({"F": [{"a": "x", "setting": "s"}]}, "needs both 'a' and 'b'"),
+        ({"F": [{"a": "x", "b": "y"}]}, "'a: x' names no setting"),
+        ({"F": [{"a": "x", "b": "y", "setting": "s", "metric": "reward"}]}, "'metric' must be one of"),
+        ({"F": [{"a": "x", "b": "y", "setting": "s", "sign": 1}]}, "unknown key(s) ['sign']"),
+        ({"F": []}, "report.findings['F'] must be a non-empty list"),
+        ([1, 2], "must map a finding's name"),
+    ],
+)
+def test_bad_findings_fail_in_one_line_naming_the_culprit(raw, culprit):
+    with pytest.raises(OprlError, match=None) as error:
+        findings.parse(raw, "spec s.yaml")
+    assert culprit in str(error.value) and "\n" not in str(error.value) and "spec s.yaml" in str(error.value)
+
+
+def test_report_writes_the_findings_and_refuses_a_cell_the_sweep_never_plans(tmp_path):
+    table = {("grpo", "lag-4"): [0.60, 0.62, 0.61], ("reinforce", "lag-4"): [0.10, 0.12, 0.11]}
+    with (tmp_path / "results.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["run", "preset", "setting", "seed", "final_accuracy", "accuracy_auc"])
+        for labels, numbers in cells(table):
+            writer.writerow(["r", labels["preset"], labels["setting"], labels["seed"], numbers["final_accuracy"],
+                             numbers["accuracy_auc"]])  # fmt: skip
+    spec = {"grid": {"algorithm.preset": ["grpo", "reinforce", "m2po"], "setting": {"lag-4": {}}, "seed": [0, 1, 2]},
+            "report": {"findings": {"F2": [{"a": "grpo", "b": "reinforce", "setting": "lag-4"}],
+                                    "later": [{"a": "m2po", "b": "grpo", "setting": "lag-4"}]}}}  # fmt: skip
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    text = report.build_report(tmp_path).read_text()
+    assert "- **F2**: holds" in text and "- **later**: pending" in text
+    rows = list(csv.DictReader((tmp_path / "findings.csv").open()))
+    assert [(r["finding"], r["verdict"]) for r in rows] == [("F2", "holds"), ("later", "pending")]
+    spec["report"]["findings"]["typo"] = [{"a": "grpoo", "b": "grpo", "setting": "lag-4"}]
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(OprlError, match="finding 'typo': no run of grpoo at setting lag-4"):
+        report.build_report(tmp_path)
