@@ -106,7 +106,7 @@ def test_bad_findings_fail_in_one_line_naming_the_culprit(raw, culprit):
     assert culprit in str(error.value) and "\n" not in str(error.value) and "spec s.yaml" in str(error.value)
 
 
-def test_report_writes_the_findings_and_refuses_a_cell_the_sweep_never_plans(tmp_path):
+def test_report_writes_the_findings_and_refuses_a_cell_the_sweep_never_plans(tmp_path, capsys):
     table = {("grpo", "lag-4"): [0.60, 0.62, 0.61], ("reinforce", "lag-4"): [0.10, 0.12, 0.11]}
     with (tmp_path / "results.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -122,6 +122,8 @@ def test_report_writes_the_findings_and_refuses_a_cell_the_sweep_never_plans(tmp
     assert "- **F2**: holds" in text and "- **later**: pending" in text
     rows = list(csv.DictReader((tmp_path / "findings.csv").open()))
     assert [(r["finding"], r["verdict"]) for r in rows] == [("F2", "holds"), ("later", "pending")]
+    assert report.main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ["F2: holds", "later: pending"]
     spec["report"]["findings"]["typo"] = [{"a": "grpoo", "b": "grpo", "setting": "lag-4"}]
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec))
     with pytest.raises(OprlError, match="finding 'typo': no run of grpoo at setting lag-4"):

@@ -251,6 +251,10 @@ def main(argv: list[str]) -> int:
     if args.plan is not None and not 0 < args.plan < 1:
         raise OprlError(f"report --plan {args.plan:g}: a difference of accuracy in (0, 1), e.g. 0.01 for 1 point")
     print(build_report(args.sweep_dir))
+    if (_spec(args.sweep_dir).get("report") or {}).get("findings"):  # the verdicts in words, as the report has them
+        with (Path(args.sweep_dir) / "findings.csv").open(newline="") as handle:
+            verdicts = {row["finding"]: row["finding_verdict"] for row in csv.DictReader(handle)}
+        print("\n".join(f"{name}: {verdict}" for name, verdict in verdicts.items()))
     if args.plan is not None:
         summaries = _summaries(args.sweep_dir)
         print("\n".join(tiers.plan_lines([tiers.analyse(summaries, m) for m in tiers.METRICS], args.plan)))
