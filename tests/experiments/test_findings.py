@@ -122,6 +122,8 @@ def test_report_writes_the_findings_and_refuses_a_cell_the_sweep_never_plans(tmp
     assert "- **F2**: holds" in text and "- **later**: pending" in text
     rows = list(csv.DictReader((tmp_path / "findings.csv").open()))
     assert [(r["finding"], r["verdict"]) for r in rows] == [("F2", "holds"), ("later", "pending")]
+    assert "![Findings](figures/findings.png)" in text
+    assert (tmp_path / "figures" / "findings.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report.main([str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines()[-2:] == ["F2: holds", "later: pending"]
     spec["report"]["findings"]["typo"] = [{"a": "grpoo", "b": "grpo", "setting": "lag-4"}]

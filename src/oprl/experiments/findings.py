@@ -34,6 +34,7 @@ import math
 from collections import defaultdict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from oprl.errors import OprlError
 from oprl.experiments import stats
@@ -199,6 +200,44 @@ def lines(decided: dict[str, list[Decided]], alpha: float = stats.ALPHA) -> list
     for name, rows in decided.items():
         out.append(f"- **{name}**: {overall(rows)}")
     return [*out, ""]
+
+
+COLORS = {"holds": "tab:green", "does not hold": "tab:red", "undetermined": "tab:gray"}
+
+
+def plot(decided: dict[str, list[Decided]], out: Path) -> Path | None:
+    """A forest plot: one row per decided contrast, d̄ with its 1 − α/m interval in points, the claim's threshold
+    −margin as a tick, coloured by verdict; None when no contrast has an interval yet."""
+    drawn = [(name, d) for name, rows in decided.items() for d in rows if not math.isnan(d.low)]
+    if not drawn:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(9, 0.45 * len(drawn) + 1.4))
+    for row, (_, d) in enumerate(reversed(drawn)):
+        color = COLORS[d.verdict]
+        axis.errorbar(100 * d.mean, row, xerr=[[100 * (d.mean - d.low)], [100 * (d.high - d.mean)]], color=color,
+                      marker="o", capsize=3, linewidth=1.5)  # fmt: skip
+        axis.plot([-100 * d.contrast.margin] * 2, [row - 0.35, row + 0.35], color="black", linewidth=1.2)
+    axis.axvline(0, color="black", linewidth=0.6, alpha=0.5)
+    labels = [f"{name.split(':')[0]}: {d.contrast.claim}" for name, d in reversed(drawn)]
+    axis.set_yticks(range(len(drawn)), labels, fontsize=7)
+    axis.set_xlabel("a − b (points); black tick: −margin, the claim a − b > −margin")
+    axis.grid(axis="x", alpha=0.3)
+    handles = [plt.Line2D([], [], color=c, marker="o", label=v) for v, c in COLORS.items()]
+    axis.legend(handles=handles, fontsize=7, loc="lower right")
+    m = sum(len(rows) for rows in decided.values())
+    axis.set_title(
+        f"Findings: a − b with its {100 * (1 - stats.ALPHA / max(1, m)):.2f} % interval (Bonferroni over {m})"
+    )
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight")  # the long claims on the left stay whole
+    plt.close(fig)
+    return out
 
 
 def rows(decided: dict[str, list[Decided]]) -> list[dict]:

@@ -114,6 +114,8 @@ def build_report(sweep_dir: Path) -> Path:
         decided = findings.decide(claims, summaries)
         write_table(findings.rows(decided), sweep_dir / "findings.csv")
         lines += findings.lines(decided)
+        forest = findings.plot(decided, sweep_dir / "figures" / "findings.png")
+        lines += [f"![Findings](figures/{forest.name})", ""] if forest else []
     rows = group_rows(report.get("panels") or GROUP_PANELS)
     planned_presets = {v for r in runs or [] for k, v in r.labels.items() if _canonical(k) == "preset"}
     for index, (title, presets) in enumerate((report.get("groups") or {}).items(), start=1):
