@@ -4,6 +4,7 @@ give the threads' numbers, resume keeps the teacher log-probs of the batches a c
 stale data with REC's clip, and offline from a store scored once by ``oprl teacher-score`` (equal to scoring
 on the fly, and to exploring with the teacher)."""
 
+import json
 import os
 import shutil
 
@@ -92,21 +93,31 @@ def test_worker_processes_give_the_threads_numbers(teacher_run):
 
 
 def test_resume_keeps_the_teacher_logprobs_of_the_checkpointed_batches(teacher_run, capsys):
-    """Step 2's checkpoint holds batch 3 (generated ahead, sync.offset=1) with its teacher log-probs; resuming
-    from it (the step-3 checkpoint removed) trains step 3 on them and logs the uninterrupted run's numbers."""
+    """Step 2's checkpoint holds batch 3 (generated ahead, sync.offset=1) with its teacher log-probs, or, where the
+    teacher was still scoring it when the buffer's part was written (a loaded machine), counts it outstanding with
+    the version it is generated from; resuming from it (the step-3 checkpoint removed) trains step 3 on the same
+    teacher log-probs either way and logs the uninterrupted run's numbers."""
     root, distill = teacher_run
     common = [*distill, "sync.offset=1", "checkpoint.interval=2", "steps=3"]
     assert main(["train", *common, "run_name=whole"]) == 0
     shutil.copytree(root / "runs" / "whole", root / "runs" / "cut")
     shutil.rmtree(root / "runs" / "cut" / "checkpoints" / "step-000003")
-    ready = root / "runs" / "cut" / "checkpoints" / "step-000002" / "buffer" / "ready-000003.parquet"
-    assert pq.read_table(ready).column("teacher_logprobs").null_count == 0
+    checkpoint = root / "runs" / "cut" / "checkpoints" / "step-000002"
+    ready = checkpoint / "buffer" / "ready-000003.parquet"
+    if ready.is_file():  # the usual order: the put of batch 3 ran before the buffer's checkpoint part
+        assert pq.read_table(ready).column("teacher_logprobs").null_count == 0
+        expected = [e.teacher_logprobs for e in read_parquet(ready)]
+    else:  # batch 3 still with the teacher: outstanding, to be generated again from the weights it was sampled by
+        state = json.loads((checkpoint / "state.json").read_text())
+        assert state["outstanding"] == [3] and (checkpoint / "weights" / "version-000001.safetensors").is_file()
+        whole = root / "runs" / "whole" / "experiences" / "batch-000003.parquet"
+        expected = [e.teacher_logprobs for e in read_parquet(whole)]
     capsys.readouterr()
     assert main(["train", *common, "run_name=cut", "resume=true"]) == 0
     assert "step-000002 (step 2 of 3)" in capsys.readouterr().out
     assert deterministic_view(rows_of(root, "cut")) == deterministic_view(rows_of(root, "whole"))
     resumed = read_parquet(root / "runs" / "cut" / "experiences" / "batch-000003.parquet")
-    assert [e.teacher_logprobs for e in resumed] == [e.teacher_logprobs for e in read_parquet(ready)]
+    assert [e.teacher_logprobs for e in resumed] == expected
 
 
 def test_stale_distillation_with_rec_clipping(teacher_run):
