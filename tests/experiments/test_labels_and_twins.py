@@ -69,3 +69,13 @@ def test_an_identical_run_is_drawn_dashed_and_named():
     assert styles == {"reinforce": "-", "rec-oneside-nois": "--", "grpo": "-"}
     (note,) = ax.texts
     assert note.get_text() == "identical runs (dashed):\nrec-oneside-nois = reinforce"
+
+
+def test_a_config_saved_before_engine_process_had_a_default_is_the_same_curve():
+    from oprl.experiments.curves import flat_settings
+
+    old = flat_settings({"rollout": {"engine_process": None, "engine": "vllm"}, "seed": 0})
+    new = flat_settings({"rollout": {"engine_process": False, "engine": "vllm"}, "seed": 1})
+    assert old == new == {"rollout.engine_process": False, "rollout.engine": "vllm"}
+    assert flat_settings({"rollout": {"engine": "vllm"}}) == new  # saved before the key existed
+    assert flat_settings({"rollout": {"engine_process": True}}) == {"rollout.engine_process": True}
