@@ -31,14 +31,13 @@ undetermined otherwise.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from oprl.errors import OprlError
 from oprl.experiments import stats
-from oprl.experiments.tiers import METRICS, points, row_label
+from oprl.experiments.tiers import METRICS, points, values_by_setting
 
 CONTRAST_KEYS = ("a", "b", "setting", "margin", "metric")
 
@@ -124,29 +123,19 @@ def _cell(text: object, setting: object, where: str, key: str) -> tuple[str, str
 
 def decide(findings: Mapping[str, list[Contrast]], summaries, alpha: float = stats.ALPHA) -> dict[str, list[Decided]]:
     """Every contrast of ``findings`` decided on the sweep's ``(labels, numbers)`` summaries (module docstring)."""
-    m = sum(len(c) for c in findings.values())
-    level = alpha / max(1, m)
-    cells: dict[str, dict[tuple[str, str], dict[Hashable, float]]] = defaultdict(lambda: defaultdict(dict))
-    for labels, numbers in summaries:
-        for metric in METRICS:
-            value = float(numbers.get(metric, math.nan))
-            if not math.isnan(value):
-                cells[metric][(row_label(labels), labels["setting"])][labels["seed"]] = value
-    noise: dict[tuple[str, str], stats.Noise] = {}
+    level = alpha / max(1, sum(len(c) for c in findings.values()))
+    tables = {metric: values_by_setting(summaries, metric) for metric in METRICS}  # {setting: {method: {seed: v}}}
     out: dict[str, list[Decided]] = {}
     for name, contrasts in findings.items():
         out[name] = []
         for c in contrasts:
-            a, b = cells[c.metric].get(c.a, {}), cells[c.metric].get(c.b, {})
+            table = tables[c.metric]
+            a, b = (table.get(setting, {}).get(method, {}) for method, setting in (c.a, c.b))
             if not a or not b:
                 out[name].append(Decided(c, 0, math.nan, math.nan, math.nan, 0, math.nan, "pending"))
                 continue
             if c.a[1] == c.b[1]:  # one setting: its methods' residual σ̂ (the pairing takes the seed out)
-                key = (c.metric, c.a[1])
-                if key not in noise:
-                    at = {method: v for (method, s), v in cells[c.metric].items() if s == c.a[1]}
-                    noise[key] = stats.residual_noise(at)
-                sigma = noise[key]
+                sigma = stats.residual_noise(table[c.a[1]])
             else:  # two settings: the two cells' own pooled sample SD
                 sigma = stats.Noise(*stats.pooled_sd([list(a.values()), list(b.values())]))
             d = stats.difference(a, b, sigma, alpha=level)
@@ -172,13 +161,19 @@ def overall(decided: list[Decided]) -> str:
     return "holds" if verdicts == {"holds"} else "undetermined"
 
 
+def confidence(decided: dict[str, list[Decided]], alpha: float = stats.ALPHA) -> tuple[int, str]:
+    """m, the number of contrasts, and the confidence of their intervals, 1 − α/m, as a percentage text."""
+    m = sum(len(d) for d in decided.values())
+    return m, f"{100 * (1 - alpha / max(1, m)):.2f} %"
+
+
 def lines(decided: dict[str, list[Decided]], alpha: float = stats.ALPHA) -> list[str]:
     """The report's findings section: one table row per contrast, one verdict line per finding."""
-    m = sum(len(d) for d in decided.values())
+    m, level = confidence(decided, alpha)
     out = [
         "## Findings (`report.findings`)",
         "",
-        f"Each claim is a − b > −margin, paired over seeds; intervals are {100 * (1 - alpha / max(1, m)):.2f} % "
+        f"Each claim is a − b > −margin, paired over seeds; intervals are {level} "
         f"(Bonferroni over the {m} contrasts, so all verdicts together err with probability ≤ {alpha:g}); holds: "
         "the interval lies above −margin, does not hold: below it, else undetermined (MDE: the difference found "
         "with 80 % power at that level). Points = 0.01 of accuracy.",
@@ -229,10 +224,8 @@ def plot(decided: dict[str, list[Decided]], out: Path) -> Path | None:
     axis.grid(axis="x", alpha=0.3)
     handles = [plt.Line2D([], [], color=c, marker="o", label=v) for v, c in COLORS.items()]
     axis.legend(handles=handles, fontsize=7, loc="lower right")
-    m = sum(len(rows) for rows in decided.values())
-    axis.set_title(
-        f"Findings: a − b with its {100 * (1 - stats.ALPHA / max(1, m)):.2f} % interval (Bonferroni over {m})"
-    )
+    m, level = confidence(decided)
+    axis.set_title(f"Findings: a − b with its {level} interval (Bonferroni over {m})")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")  # the long claims on the left stay whole
