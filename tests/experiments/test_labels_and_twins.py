@@ -2,6 +2,7 @@
 where the reward is (console line, figures); a run identical to another is drawn dashed on top and named, rather
 than hidden under its twin."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -71,11 +72,23 @@ def test_an_identical_run_is_drawn_dashed_and_named():
     assert note.get_text() == "identical runs (dashed):\nrec-oneside-nois = reinforce"
 
 
-def test_a_config_saved_before_engine_process_had_a_default_is_the_same_curve():
+def test_a_config_saved_before_a_key_existed_is_the_same_curve_as_todays():
+    """Keys added since a run was saved read as their defaults (``oprl.config.read_saved``): the SmolLM2 stale
+    arena's runs of older trees lack rollout.engine_process, algorithm.ess_lr and dual_clip, and are one curve with
+    today's runs of the same settings; a key set to another value is still told apart."""
+    from oprl.config import load_config
     from oprl.experiments.curves import flat_settings
 
-    old = flat_settings({"rollout": {"engine_process": None, "engine": "vllm"}, "seed": 0})
-    new = flat_settings({"rollout": {"engine_process": False, "engine": "vllm"}, "seed": 1})
-    assert old == new == {"rollout.engine_process": False, "rollout.engine": "vllm"}
-    assert flat_settings({"rollout": {"engine": "vllm"}}) == new  # saved before the key existed
-    assert flat_settings({"rollout": {"engine_process": True}}) == {"rollout.engine_process": True}
+    today = load_config(None, ["algorithm.preset=grpo"]).model_dump(mode="json")
+    old = copy.deepcopy(today)
+    for section, key in (("rollout", "engine_process"), ("algorithm", "ess_lr"), ("algorithm", "dual_clip")):
+        del old[section][key]
+    assert flat_settings(old) == flat_settings(today)
+    assert flat_settings(old)["rollout.engine_process"] is False
+    other = copy.deepcopy(today)
+    other["rollout"]["engine_process"] = True
+    assert flat_settings(other)["rollout.engine_process"] is True
+    assert len(curve_groups([RunRecord(Path(f"r{i}"), {}, c, []) for i, c in enumerate((old, today, other))])) == 2
+    # A config that no longer validates (a removed key) is read as saved, not dropped or completed.
+    stale = {"rollout": {"engine": "vllm", "removed_key": 1}, "seed": 0}
+    assert flat_settings(stale) == {"rollout.engine": "vllm", "rollout.removed_key": 1}

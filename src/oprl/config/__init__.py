@@ -9,7 +9,7 @@ the one list of what the package exports.
 
 from oprl.config.algorithm import AlgorithmConfig
 from oprl.config.judge import JudgeConfig
-from oprl.config.loading import describe_fields, help_lines, load_config, save_config
+from oprl.config.loading import describe_fields, help_lines, load_config, read_saved, save_config
 from oprl.config.run import RunConfig, algorithm_settings, resolve_algorithm
 from oprl.config.sections import (
     BufferConfig,
@@ -58,6 +58,7 @@ __all__ = [
     "describe_fields",
     "help_lines",
     "load_config",
+    "read_saved",
     "resolve_algorithm",
     "save_config",
 ]

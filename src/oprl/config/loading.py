@@ -66,6 +66,18 @@ def save_config(config: RunConfig, path: Path) -> None:
     atomic_write_text(path, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
 
+def read_saved(saved: dict[str, Any]) -> dict[str, Any]:
+    """A run's saved ``config.yaml`` as today's loader reads it: every key added since the run was saved gets its
+    default (an algorithm key its preset's value), so a run of an older tree and one of today's with the same
+    settings compare equal (the SmolLM2 stale arena spans trees from before ``rollout.engine_process``,
+    ``algorithm.ess_lr`` and ``dual_clip``). A saved config that no longer validates (a key since renamed or
+    removed) is returned as saved: still read, only not completed."""
+    try:
+        return resolve_algorithm(RunConfig.model_validate(saved)).model_dump(mode="json")
+    except (ValidationError, OprlError):
+        return saved
+
+
 ECHO_CHARS = 200
 """At most this much of a value is quoted in an error message."""
 MAX_YAML_NODES = 100_000

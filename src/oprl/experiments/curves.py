@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from oprl.config import read_saved
 from oprl.experiments.results import RunRecord, load_run, objective_of
 
 PANELS = {
@@ -62,25 +63,19 @@ def _setting_rank(name: str) -> tuple[int, tuple[int, ...], str]:
     return rank, tuple(int(n) for n in re.findall(r"\d+", name)), name
 
 
-SAVED_BEFORE_DEFAULT = {"rollout.engine_process": False, "algorithm.ess_lr": "none", "algorithm.ess_lr_base": 1.0}
-"""Keys that configs saved before they existed lack (or hold as None): read as their default, so that a run of an
-older tree and one of today's with the same settings are one curve (the SmolLM2 stale arena's pilot, saved without
-engine_process, ran in-process like its later seeds' False)."""
-
-
 def flat_settings(config: dict, prefix: str = "") -> dict[str, Any]:
-    """The config as dotted keys, without the keys that do not change a run's numbers (``NOT_A_SETTING``)."""
+    """The config as dotted keys, without the keys that do not change a run's numbers (``NOT_A_SETTING``); a saved
+    config is first read as today's loader reads it (``oprl.config.read_saved``: keys added since get their
+    defaults), so runs of an older tree join their method's curve instead of one of their own."""
     out: dict[str, Any] = {}
-    for key, value in config.items():
+    for key, value in (config if prefix else read_saved(config)).items():
         dotted = f"{prefix}{key}"
         if dotted in NOT_A_SETTING or dotted.startswith(NOT_A_SETTING_PREFIXES):
             continue
         if isinstance(value, dict):
             out |= flat_settings(value, f"{dotted}.")
         else:
-            out[dotted] = SAVED_BEFORE_DEFAULT[dotted] if value is None and dotted in SAVED_BEFORE_DEFAULT else value
-    if not prefix:
-        out |= {k: v for k, v in SAVED_BEFORE_DEFAULT.items() if k not in out and k.split(".")[0] in config}
+            out[dotted] = value
     return out
 
 
