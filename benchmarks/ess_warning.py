@@ -4,10 +4,12 @@ For each run directory under ``DIR/runs`` (or directly under ``DIR``, as a sweep
 eval accuracy, the first evaluation 5 and 10 points below the start, the lowest 5-step mean of ``rho/ess``, and the
 step at which ``oprl.runtime.health.EssWatch`` (the rule a run applies) warns, replayed on the run's own rows.
 Extra arguments keep only the runs whose name contains one of them; ``--csv FILE`` also writes the rows as CSV
-(a sweep's run files are too heavy to commit, the CSV is not).
+(a sweep's run files are too heavy to commit, the CSV is not); ``--series`` shows every evaluation's accuracy
+instead of start -> final (docs/reproduction.md's stale-arena run table).
 
     python benchmarks/ess_warning.py docs/reproduction/ess-warning
     python benchmarks/ess_warning.py runs/arena2 --csv docs/reproduction/arena2/ess.csv
+    python benchmarks/ess_warning.py docs/reproduction/smollm2-stale-arena --series
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def summarize(run: Path) -> dict:
             sum(ess[i - ESS_STEPS + 1 : i + 1]) / ESS_STEPS for i in range(ESS_STEPS - 1, len(ess))
         ),
         "warns_at": watch.first_step,
+        "series": [a for _, a in evals],
     }
 
 
@@ -54,18 +57,21 @@ def main() -> None:
     parser.add_argument("root", nargs="?", default="docs/reproduction/ess-warning")
     parser.add_argument("keep", nargs="*", help="keep only runs whose name contains one of these")
     parser.add_argument("--csv", help="also write the rows to this CSV file")
+    parser.add_argument("--series", action="store_true", help="every evaluation's accuracy, not start -> final")
     args = parser.parse_args()
     rows = [summarize(run) for run in runs_under(Path(args.root), args.keep)]
-    print("| run | eval accuracy start -> final | first eval 5 / 10 points below | lowest 5-step rho/ess | warns at |")
+    accuracy = "eval accuracy at each evaluation" if args.series else "eval accuracy start -> final"
+    print(f"| run | {accuracy} | first eval 5 / 10 points below | lowest 5-step rho/ess | warns at |")
     print("|---|---|---|---|---|")
     for r in rows:
+        shown = " / ".join(f"{a:.3f}" for a in r["series"]) if args.series else f"{r['start']:.3f} -> {r['final']:.3f}"
         print(
-            f"| {r['run']} | {r['start']:.3f} -> {r['final']:.3f} | {r['first_eval_5_below'] or '-'} / "
+            f"| {r['run']} | {shown} | {r['first_eval_5_below'] or '-'} / "
             f"{r['first_eval_10_below'] or '-'} | {r['lowest_5step_ess']:.2f} | {r['warns_at'] or 'none'} |"
         )
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, COLUMNS)
+            writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
 
