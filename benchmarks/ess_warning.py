@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("keep", nargs="*", help="keep only runs whose name contains one of these")
     parser.add_argument("--csv", help="also write the rows to this CSV file")
     parser.add_argument("--series", action="store_true", help="every evaluation's accuracy, not start -> final")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # options before, between or after the positionals
     rows = [summarize(run) for run in runs_under(Path(args.root), args.keep)]
     accuracy = "eval accuracy at each evaluation" if args.series else "eval accuracy start -> final"
     print(f"| run | {accuracy} | first eval 5 / 10 points below | lowest 5-step rho/ess | warns at |")
