@@ -223,7 +223,8 @@ def plot(decided: dict[str, list[Decided]], out: Path) -> Path | None:
     axis.set_xlabel("a − b (points); black tick: −margin, the claim a − b > −margin")
     axis.grid(axis="x", alpha=0.3)
     handles = [plt.Line2D([], [], color=c, marker="o", label=v) for v, c in COLORS.items()]
-    axis.legend(handles=handles, fontsize=7, loc="lower right")
+    # Beside the axes, not inside: inside it covered the lowest claim's interval on a short plot.
+    axis.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     m, level = confidence(decided)
     axis.set_title(f"Findings: a − b with its {level} interval (Bonferroni over {m})")
     fig.tight_layout()
