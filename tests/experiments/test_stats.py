@@ -58,6 +58,21 @@ def test_residual_noise_recovers_sigma_without_the_seed_effect():
     assert noise.df == 3 * 7 * 39 and noise.sd == pytest.approx(SIGMA, rel=0.08)
 
 
+def test_a_method_missing_seeds_does_not_cut_the_others_noise_estimate():
+    """A sweep in progress: 4 methods x 3 seeds and one with 2. The complete 4 x 3 block (df 6) is σ̂'s, not the
+    5 x 2 block that every method shares (df 4); the newcomer's own contrasts still pair over its 2 seeds."""
+    values, _ = simulate(np.random.default_rng(3), [0.5, 0.5, 0.45, 0.4], seeds=3)
+    whole = stats.residual_noise(values)
+    values["new"] = {u: v + 0.1 for u, v in list(values["m0"].items())[:2]}
+    noise = stats.residual_noise(values)
+    assert (noise.df, noise.sd) == (whole.df, whole.sd) == (6, whole.sd)
+    # Once it has every seed it joins: (5 - 1)(3 - 1).
+    values["new"] = {u: v + 0.1 + 0.01 * i for i, (u, v) in enumerate(values["m0"].items())}
+    assert stats.residual_noise(values).df == 8
+    pair = stats.difference(values["new"], values["m2"], noise)
+    assert pair.n == 3
+
+
 def test_identical_runs_are_one_measurement_and_a_tie():
     rng = np.random.default_rng(1)
     values, _ = simulate(rng, [0.5, 0.5, 0.45])

@@ -99,23 +99,37 @@ class Noise:
 
 def residual_noise(values: Mapping[str, Mapping[Any, float]], strata: Mapping[Any, Any] | None = None) -> Noise:
     """σ̂² = SS_E / df_E of the additive model y_{m,u} = μ + α_m + β_u + ε (method m, unit u) fitted within each
-    stratum (a lag) over the units every method has there, SS_E and df_E = (k − 1)(b − 1) summed over strata:
+    stratum (a lag) over the units every method has there (or, when more degrees of freedom remain that way, over
+    the methods that have every unit: ``_block``), SS_E and df_E = (k − 1)(b − 1) summed over strata:
     SS_E = Σ (y_{m,u} − ȳ_{m·} − ȳ_{·u} + ȳ_{··})². The unit term β_u takes out what a seed does to every method
     alike (the pairing); what remains is each run's own noise. Without ``strata`` all units form one stratum."""
     squares, df = 0.0, 0
     for units in _by_stratum(values, strata).values():
         methods = [m for m in values if any(u in values[m] for u in units)]
-        common = [u for u in units if all(u in values[m] and not math.isnan(values[m][u]) for m in methods)]
-        # Methods whose runs are one run (equal at every unit: the same loss on-policy) are one measurement:
-        # counted k times they would shrink σ̂ and add degrees of freedom that no new seed brought.
-        rows = list({tuple(values[m][u] for u in common): None for m in methods})
-        if len(rows) < 2 or len(common) < 2:
+        # A method still missing units (a sweep in progress) would cut every method's block down to its units:
+        # it is left out of σ̂ when the methods that have every unit give more degrees of freedom.
+        whole = [m for m in methods if all(_has(values[m], u) for u in units)]
+        blocks = [_block(values, methods, units), _block(values, whole, units)]
+        y = max(blocks, key=lambda rows: (rows.shape[0] - 1) * (rows.shape[1] - 1) if rows.size else 0)
+        if y.shape[0] < 2 or y.shape[1] < 2:
             continue
-        y = np.asarray(rows, dtype=float)  # (k distinct methods, b units)
         residual = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + y.mean()
         squares += float((residual**2).sum())
-        df += (len(rows) - 1) * (len(common) - 1)
+        df += (y.shape[0] - 1) * (y.shape[1] - 1)
     return Noise(math.sqrt(squares / df), df) if df else Noise(math.nan, 0)
+
+
+def _has(per_unit: Mapping[Any, float], unit: Hashable) -> bool:
+    return unit in per_unit and not math.isnan(per_unit[unit])
+
+
+def _block(values: Mapping[str, Mapping[Any, float]], methods: list[str], units: list[Hashable]) -> np.ndarray:
+    """(k distinct methods, b units) over the units every one of ``methods`` has. Methods whose runs are one run
+    (equal at every unit: the same loss on-policy) are one measurement: counted k times they would shrink σ̂ and
+    add degrees of freedom that no new seed brought."""
+    common = [u for u in units if all(_has(values[m], u) for m in methods)]
+    rows = list({tuple(values[m][u] for u in common): None for m in methods})
+    return np.asarray(rows, dtype=float).reshape(len(rows), len(common))
 
 
 def _by_stratum(values: Mapping[str, Mapping[Any, float]], strata: Mapping[Any, Any] | None) -> dict:
