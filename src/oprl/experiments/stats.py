@@ -109,14 +109,19 @@ def residual_noise(values: Mapping[str, Mapping[Any, float]], strata: Mapping[An
         # A method still missing units (a sweep in progress) would cut every method's block down to its units:
         # it is left out of σ̂ when the methods that have every unit give more degrees of freedom.
         whole = [m for m in methods if all(_has(values[m], u) for u in units)]
-        blocks = [_block(values, methods, units), _block(values, whole, units)]
-        y = max(blocks, key=lambda rows: (rows.shape[0] - 1) * (rows.shape[1] - 1) if rows.size else 0)
-        if y.shape[0] < 2 or y.shape[1] < 2:
+        y = max(_block(values, methods, units), _block(values, whole, units), key=_df)
+        if not _df(y):
             continue
         residual = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + y.mean()
         squares += float((residual**2).sum())
-        df += (y.shape[0] - 1) * (y.shape[1] - 1)
+        df += _df(y)
     return Noise(math.sqrt(squares / df), df) if df else Noise(math.nan, 0)
+
+
+def _df(block: np.ndarray) -> int:
+    """(k − 1)(b − 1) of a (k methods, b units) block; 0 below two of either."""
+    k, b = block.shape
+    return (k - 1) * (b - 1) if k >= 2 and b >= 2 else 0
 
 
 def _has(per_unit: Mapping[Any, float], unit: Hashable) -> bool:
