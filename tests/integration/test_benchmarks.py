@@ -86,3 +86,24 @@ def test_vs_trl_counts_the_memory_of_worker_processes():
     rss = json.loads(out.stdout.strip().splitlines()[-1])
     assert rss["before"] == 0
     assert rss["after"] >= 390  # the 400 MiB child, touched page by page
+
+
+def test_ess_warning_drift_counts_a_run_by_hand(tmp_path):
+    """--drift's counts come from the run's rows: KL past 1 / 100, its max, the mean and max clip fraction."""
+    ess_warning = load("ess_warning")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    rows = [
+        {"step": 0, "eval/accuracy": 0.5, "rho/ess": 1.0, "kl/behavior_k3": 0.5, "loss/clip_frac": 0.0},
+        {"step": 1, "rho/ess": 0.9, "kl/behavior_k3": 2.0, "loss/clip_frac": 0.1},
+        {"step": 2, "rho/ess": 0.8, "kl/behavior_k3": 300.0, "loss/clip_frac": 0.2},
+        {"step": 3, "rho/ess": 0.9, "kl/behavior_k3": 1.0, "loss/clip_frac": 0.3},
+        {"step": 4, "eval/accuracy": 0.3, "rho/ess": 1.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (r,) = [ess_warning.summarize(p) for p in ess_warning.runs_under(tmp_path, [])]
+    assert (r["kl_steps_over_1"], r["kl_steps_over_100"], r["kl_max"]) == (2, 1, 300.0)
+    assert r["clip_frac_mean"] == pytest.approx(0.15) and r["clip_frac_max"] == 0.3
+    assert r["first_eval_10_below"] == 4 and r["series"] == [0.5, 0.3]
+    assert ess_warning._num(None, ".3g") == "-"
