@@ -232,6 +232,18 @@ def test_one_seed_per_cell_says_nothing_can_be_told_apart():
     assert "cannot be tested with one seed per cell" in tiers.loss_lines(one_seed)[0]
 
 
+def test_a_sweep_in_progress_names_the_cells_still_missing_seeds():
+    """A partial sweep's design table describes the finished design; the cells short of seeds are named under it."""
+    partial = [(lab, num) for lab, num in summaries() if not (lab["preset"] == "m2po" and lab["seed"] == "1")]
+    text = "\n".join(tiers.design_lines([tiers.analyse(partial, metric) for metric in tiers.METRICS]))
+    assert (
+        "Seeds still missing: m2po (lag-0) 1 of 2, m2po (lag-1) 1 of 2, m2po (lag-4) 1 of 2, m2po (offline) 1 of 2."
+        in text
+    )
+    complete = "\n".join(tiers.design_lines([tiers.analyse(summaries(), m) for m in tiers.METRICS]))
+    assert "Seeds still missing" not in complete
+
+
 def test_a_results_csv_alone_keeps_a_column_that_varies_within_a_cell_apart(tmp_path):
     """Without its sweep.yaml (a committed results.csv), a learning rate swept as its own axis still makes its own
     rows: its values differ between the rows of one preset x setting cell. sync_offset does not (the setting fixes

@@ -57,6 +57,8 @@ class Analysis:
     methods: int
     seeds: int
     """Seeds per cell (the most common count)."""
+    short: dict[str, int]
+    """Cells with fewer seeds than ``seeds`` (a sweep in progress): ``{"m2po (lag-4)": 1}``."""
 
     @property
     def pairs(self) -> int:
@@ -85,7 +87,11 @@ def analyse(summaries, metric: str) -> Analysis:
     counts = [len(per) for values in by_setting.values() for per in values.values()]
     seeds = max(set(counts), key=counts.count) if counts else 0
     methods = len({m for values in by_setting.values() for m in values})
-    return Analysis(metric, per_setting, pooled, ladder, stats.residual_noise(everything, strata), methods, seeds)
+    short = {
+        f"{m} ({s})": len(per) for s, values in by_setting.items() for m, per in values.items() if len(per) < seeds
+    }
+    noise = stats.residual_noise(everything, strata)
+    return Analysis(metric, per_setting, pooled, ladder, noise, methods, seeds, short)
 
 
 def _stack(by_setting, settings: list[str]):
@@ -131,6 +137,16 @@ def design_lines(analyses: list[Analysis]) -> list[str]:
             )
     if len(lines) == 6:  # no metric has a noise estimate: no table under the header
         lines[4:] = ["(No σ̂: every cell has one seed, so no difference can be tested; run two seeds or more.)"]
+    elif short := next((a.short for a in analyses if a.short), None):
+        # A sweep in progress: the rows are the finished design's; σ̂ is from the runs there are, and a method
+        # still missing seeds is left out of it when that leaves more degrees of freedom (stats.residual_noise).
+        cells = ", ".join(f"{cell} {n} of {analyses[0].seeds}" for cell, n in short.items())
+        lines += [
+            "",
+            f"Seeds still missing: {cells}. The MDEs are the design's once every cell has its seeds; "
+            "σ̂ and its df are from the runs finished (a cell short of seeds is left out of σ̂ when the cells "
+            "with every seed give more degrees of freedom).",
+        ]
     return [*lines, ""]
 
 
