@@ -232,6 +232,19 @@ def test_one_seed_per_cell_says_nothing_can_be_told_apart():
     assert "cannot be tested with one seed per cell" in tiers.loss_lines(one_seed)[0]
 
 
+def test_the_pooled_comparison_takes_only_the_methods_run_at_every_lag():
+    """A method run at one lag of the ladder only (an on-policy anchor) stays out of the pooled comparison: its one
+    lag's mean is not set beside the others' means over every lag; with one method left there is nothing to pool."""
+    anchor = [(lab, num) for lab, num in summaries() if lab["preset"] != "grpo" or lab["setting"] == "lag-0"]
+    analysis = tiers.analyse(anchor, "final_accuracy")
+    assert set(analysis.pooled.means) == {"m2po", "reinforce"} and "grpo" in analysis.per_setting["lag-0"].means
+    alone = [(lab, num) for lab, num in anchor if lab["preset"] != "m2po"]
+    assert tiers.analyse(alone, "final_accuracy").pooled is None
+    assert not any(
+        line.startswith("- **pooled") for line in tiers.verdict_lines(tiers.analyse(alone, "final_accuracy"))
+    )
+
+
 def test_a_sweep_in_progress_names_the_cells_still_missing_seeds():
     """A partial sweep's design table describes the finished design; the cells short of seeds are named under it."""
     partial = [(lab, num) for lab, num in summaries() if not (lab["preset"] == "m2po" and lab["seed"] == "1")]

@@ -3,9 +3,9 @@
 From per-run summaries (``(labels, numbers)`` pairs, ``results.summarize`` or a results.csv) and the pure
 statistics of ``oprl.experiments.stats``: for each metric where higher is better (final eval accuracy, its AUC),
 one comparison per setting (the methods at that lag, paired over seeds) and, with two or more settings on the lag
-ladder, one pooled over them (paired over seeds × lags, each lag weighing the same). Each gives the tier not
-separable from the best and the methods below it, by how much; the design's minimum detectable difference goes at
-the top of the report, and ``oprl report --plan DELTA`` turns the same noise into seeds needed. Verdicts are words
+ladder, one pooled over them (the methods run at every lag of it, paired over seeds × lags, each lag weighing the
+same). Each gives the tier not separable from the best and the methods below it, by how much; the design's minimum
+detectable difference goes at the top of the report, and ``oprl report --plan DELTA`` turns the same noise into seeds needed. Verdicts are words
 that never order the members of a tier. Differences are in points (1 point = 0.01 of accuracy).
 
 Not here: the statistics themselves (``stats``), the lag figure (``arena``), the per-cell tables (``report``).
@@ -80,10 +80,13 @@ def analyse(summaries, metric: str) -> Analysis:
     per_setting = {setting: stats.compare(values) for setting, values in by_setting.items()}
     ladder = sorted((s for s in by_setting if lag_of(s) is not None), key=lambda s: lag_of(s) or 0.0)
     everything, strata = _stack(by_setting, list(by_setting))
+    # Pooled over the ladder: the methods run at every lag of it. A method at one lag only (the stale arena's
+    # lag-0 anchor is GRPO alone) would set its single lag's mean beside the others' means over every lag.
+    everywhere = [m for m in by_setting[ladder[0]] if all(m in by_setting[s] for s in ladder)] if ladder else []
     pooled = None
-    if len(ladder) >= 2:
-        ladder_values, ladder_strata = _stack(by_setting, ladder)
-        pooled = stats.compare(ladder_values, ladder_strata)
+    if len(ladder) >= 2 and len(everywhere) >= 2:
+        on_ladder = {s: {m: by_setting[s][m] for m in everywhere} for s in ladder}
+        pooled = stats.compare(*_stack(on_ladder, ladder))
     counts = [len(per) for values in by_setting.values() for per in values.values()]
     seeds = max(set(counts), key=counts.count) if counts else 0
     methods = len({m for values in by_setting.values() for m in values})
