@@ -5,8 +5,9 @@ statistics of ``oprl.experiments.stats``: for each metric where higher is better
 one comparison per setting (the methods at that lag, paired over seeds) and, with two or more settings on the lag
 ladder, one pooled over them (the methods run at every lag of it, paired over seeds × lags, each lag weighing the
 same). Each gives the tier not separable from the best and the methods below it, by how much; the design's minimum
-detectable difference goes at the top of the report, and ``oprl report --plan DELTA`` turns the same noise into seeds needed. Verdicts are words
-that never order the members of a tier. Differences are in points (1 point = 0.01 of accuracy).
+detectable difference goes at the top of the report, and ``oprl report --plan DELTA`` turns the same noise into
+seeds needed. Verdicts are words that never order the members of a tier. Differences are in points (1 point = 0.01
+of accuracy).
 
 Not here: the statistics themselves (``stats``), the lag figure (``arena``), the per-cell tables (``report``).
 """
