@@ -141,10 +141,10 @@ def design_lines(analyses: list[Analysis]) -> list[str]:
             )
     if len(lines) == 6:  # no metric has a noise estimate: no table under the header
         lines[4:] = ["(No σ̂: every cell has one seed, so no difference can be tested; run two seeds or more.)"]
-    elif short := next((a.short for a in analyses if a.short), None):
+    elif partial := next((a for a in analyses if a.short), None):
         # A sweep in progress: the rows are the finished design's; σ̂ is from the runs there are, and a method
         # still missing seeds is left out of it when that leaves more degrees of freedom (stats.residual_noise).
-        cells = ", ".join(f"{cell} {n} of {analyses[0].seeds}" for cell, n in short.items())
+        cells = ", ".join(f"{cell} {n} of {partial.seeds}" for cell, n in partial.short.items())
         lines += [
             "",
             f"Seeds still missing: {cells}. The MDEs are the design's once every cell has its seeds; "
