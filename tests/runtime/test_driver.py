@@ -8,6 +8,7 @@ waits for the driver on purpose).
 import functools
 import json
 import os
+import re
 import threading
 import time
 
@@ -396,7 +397,10 @@ def test_an_explorer_that_dies_is_restarted_and_the_rows_equal_the_undisturbed_r
         lines[0].startswith("explorer ")
         and " died (Died: worker process exited (-9) at batch 3); restarted in " in lines[0]
     )
-    assert f"generating batch 3 (version {policy_version(3, k, m)}) again" in lines[0], lines[0]
+    # Batch 3 is regenerated first at its version; with an offset, the batches after it that were already in
+    # flight when the explorer died (timing-dependent) are regenerated with it and listed after it.
+    again = rf"generating batch 3 \(version {policy_version(3, k, m)}\)(, batch \d+ \(version \d+\))* again;"
+    assert re.search(again, lines[0]), lines[0]
 
 
 def test_past_the_restart_budget_the_run_stops_as_before_with_a_checkpoint(tmp_path):
