@@ -119,3 +119,50 @@ def test_kept_runs_count_as_finished_and_replace_unfinished_leftovers(tmp_path):
     assert sorted(p.name for p in (out / name).iterdir()) == sorted(sweep.KEPT_FILES)
     assert not (out / "preset=grpo__setting=lag-0__seed=0").exists()
     assert sweep.restore_kept(sweep.plan(SPEC), out, kept) == 0  # already there: nothing copied twice
+
+
+def test_drop_checkpoints_deletes_a_finished_runs_checkpoints_as_it_finishes(tmp_path, monkeypatch):
+    """``drop_checkpoints: true`` (docs/sweeps.md): each run's ``checkpoints/`` go the moment it finishes, after its
+    light files were kept, before the next run starts (27 checkpointed SmolLM2 runs once filled a disk); its
+    ``final/`` model stays, and a failed run keeps the checkpoint it will resume from."""
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    spec = {**SPEC, "grid": {"algorithm.preset": ["grpo", "reinforce", "m2po"], "seed": [0]}, "keep": str(kept)}
+    path = write(tmp_path, {**spec, "drop_checkpoints": True})
+    names = [r.name for r in sweep.plan(spec)]
+    seen_before_start = []
+
+    def execute(todo, parallel, *, prepare, log_path, log, on_success=None):
+        failed = []
+        for run in todo:
+            seen_before_start.append(sorted(p.name for p in out.glob("*/checkpoints")))
+            (out / run.name / "checkpoints" / "step-000010").mkdir(parents=True)
+            (out / run.name / "checkpoints" / "step-000010" / "optimizer.safetensors").write_bytes(b"x" * 4096)
+            if run.name.startswith("preset=m2po"):  # this one fails: no summary, its checkpoint resumes it
+                failed.append(run.name)
+                continue
+            (out / run.name / "final").mkdir()
+            for file in sweep.KEPT_FILES:
+                (out / run.name / file).write_text(file)
+            on_success(run)
+        return failed
+
+    monkeypatch.setattr(sweep.sweep_local, "execute", execute)
+    monkeypatch.setattr(sweep, "collect_results", lambda *a, **k: [])  # the files above are placeholders
+    logged = []
+    with pytest.raises(OprlError, match="1 run\\(s\\) failed"):
+        sweep.run_sweep(path, log=logged.append)
+    assert seen_before_start == [[], [], []]  # the first two were dropped as they finished, not at the end
+    for name in names[:2]:
+        assert not (out / name / "checkpoints").exists() and (out / name / "final").is_dir()
+        assert (kept / name / "summary.json").is_file()
+    assert (out / names[2] / "checkpoints" / "step-000010").is_dir()
+    assert f"run {names[0]}: finished, its checkpoints dropped (0.00 GiB)" in logged
+    # Off by default; --drop-checkpoints (drop_checkpoints=True) turns it on for runs finished before, too.
+    (out / names[0] / "checkpoints").mkdir()
+    monkeypatch.setattr(sweep.sweep_local, "execute", lambda todo, *a, **k: [])
+    sweep.run_sweep(write(tmp_path, spec), log=logged.append)
+    assert (out / names[0] / "checkpoints").is_dir()
+    sweep.run_sweep(write(tmp_path, spec), drop_checkpoints=True, log=logged.append)
+    assert not (out / names[0] / "checkpoints").exists() and (out / names[2] / "checkpoints").is_dir()
+    with pytest.raises(OprlError, match="'drop_checkpoints' must be true or false, not 'yes'"):
+        sweep.load_spec(write(tmp_path, {**spec, "drop_checkpoints": "yes"}))

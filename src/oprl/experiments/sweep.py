@@ -35,7 +35,11 @@ that run starts over. Long sweeps (hours, across sessions) should therefore chec
 (``--keep DIR``) copies each finished run's light files (``KEPT_FILES``: config, summary, metrics; no weights) into
 ``DIR/<run>/`` as it finishes, and restores them into the output directory before planning, so a sweep whose run
 directories were lost with a machine (runs/ is not committed; DIR can be) resumes where it stopped; the spec is
-written beside them (``DIR/sweep.yaml``), so ``oprl report DIR`` reports the kept runs anywhere. Runs execute
+written beside them (``DIR/sweep.yaml``), so ``oprl report DIR`` reports the kept runs anywhere.
+``drop_checkpoints: true`` (``--drop-checkpoints``) deletes a run's ``checkpoints/`` the moment it finishes (after
+``keep``): they exist to resume an unfinished run, and each holds the weights and the optimizer state (~3x the
+model), so a sweep of many checkpointed runs would otherwise fill a disk (27 SmolLM2 runs kept ~1.5 GB each, and
+one failed for want of space); the run's ``final/`` model stays. Runs execute
 ``oprl train`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_runner``: torch and
 transformers are imported once per runner, not once per run); each run's output goes to ``logs/<run>.log``.
 ``backend: ray`` (``--backend ray``) spreads the runs over a Ray cluster's nodes instead, one Ray task per attempt,
@@ -62,7 +66,7 @@ from oprl.experiments.sweep_local import terminate_raises
 
 SPEC_KEYS = (
     "output_dir", "parallel", "config", "overrides", "final_overrides", "grid", "report",
-    "backend", "retries", "cpus_per_run", "keep",
+    "backend", "retries", "cpus_per_run", "keep", "drop_checkpoints",
 )  # fmt: skip
 KEPT_FILES = ("config.yaml", "summary.json", "metrics.jsonl")
 """What ``keep:`` copies of a finished run: all that its results row, report and curves are read from."""
@@ -102,6 +106,8 @@ def load_spec(path: Path) -> dict:
             f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: findings, groups, panels, "
             "threshold_gain"
         )
+    if not isinstance(spec.get("drop_checkpoints", False), bool):
+        raise OprlError(f"sweep spec {path}: 'drop_checkpoints' must be true or false, not {spec['drop_checkpoints']!r}")
     findings.parse(report.get("findings"), f"sweep spec {path}")
     panels = report.get("panels", list(PANELS))
     if not isinstance(panels, list) or not panels or not set(map(str, panels)) <= set(PANELS):
@@ -228,6 +234,7 @@ def run_sweep(
     cpus_per_run: float | None = None,
     address: str | None = None,
     keep: Path | None = None,
+    drop_checkpoints: bool = False,
     log=print,
 ) -> Path:
     """Run the spec's unfinished runs (module docstring). ``only``: run just the runs matching these
@@ -235,7 +242,8 @@ def run_sweep(
     ``sets``: ``key=value`` overrides on every run (``with_overrides``); such runs differ from the spec's, so they go
     to ``<output_dir>+<key=value,...>`` unless ``out_dir`` says where. ``backend``, ``retries``, ``cpus_per_run``:
     the spec's keys of these names, replaced; ``address``: the Ray cluster to use (``backend="ray"`` only);
-    ``keep``: the spec's ``keep:``, replaced (``restore_kept`` and ``keep_run``)."""
+    ``keep``: the spec's ``keep:``, replaced (``restore_kept`` and ``keep_run``); ``drop_checkpoints``: true turns
+    the spec's ``drop_checkpoints:`` on (``drop_checkpoints``)."""
     check_backend_options(backend, retries, cpus_per_run)
     spec = load_spec(spec_path)
     backend = backend or spec.get("backend") or "local"
@@ -276,15 +284,21 @@ def run_sweep(
     if keep is not None:  # beside the kept runs, so that `oprl report KEEP` reads them as this sweep's
         keep.mkdir(parents=True, exist_ok=True)
         (keep / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    kept = (lambda run: keep_run(out / run.name, keep / run.name)) if keep is not None else (lambda run: None)
+    drop = drop_checkpoints or bool(spec.get("drop_checkpoints"))
+
+    def finished(run: PlannedRun) -> None:  # after each run that succeeded, and for every finished run at the end
+        if keep is not None and not (keep / run.name / "summary.json").is_file():
+            keep_run(out / run.name, keep / run.name)
+        if drop:
+            drop_run_checkpoints(out / run.name, log)
+
     if backend == "ray":
-        failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, kept)
+        failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, finished)
     else:
-        failures = _execute(todo, spec, out, parallel, log, kept)
-    if keep is not None:  # runs that finished before the sweep kept anything (or under another command) too
-        for run in chosen:
-            if (out / run.name / "summary.json").is_file() and not (keep / run.name / "summary.json").is_file():
-                keep_run(out / run.name, keep / run.name)
+        failures = _execute(todo, spec, out, parallel, log, finished)
+    for run in chosen:  # runs that finished before the sweep kept (or dropped) anything, or under another command
+        if (out / run.name / "summary.json").is_file():
+            finished(run)
     table = collect_results(out, runs, threshold_gain=threshold_gain(spec))
     write_table(table, out / "results.csv")
     log(f"results: {out / 'results.csv'} ({len(table)} finished runs)")
@@ -301,6 +315,16 @@ def keep_run(run_dir: Path, kept: Path) -> None:
     for name in sorted(KEPT_FILES, key=lambda n: n == "summary.json"):
         if (run_dir / name).is_file():
             shutil.copyfile(run_dir / name, kept / name)
+
+
+def drop_run_checkpoints(run_dir: Path, log=print) -> None:
+    """Delete a finished run's ``checkpoints/`` (resume states, weights and optimizer; ``final/`` stays). Refuses
+    nothing and guesses nothing: only a run with a ``summary.json`` is finished, and only its checkpoints go."""
+    root = run_dir / "checkpoints"
+    if (run_dir / "summary.json").is_file() and root.is_dir():
+        size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+        shutil.rmtree(root)
+        log(f"run {run_dir.name}: finished, its checkpoints dropped ({size / 2**30:.2f} GiB)")
 
 
 def restore_kept(runs: list[PlannedRun], out: Path, keep: Path) -> int:
@@ -434,6 +458,12 @@ def main(argv: list[str]) -> int:
         type=Path,
         help="copy each finished run's config, summary and metrics here (and restore them from here before "
         "planning), so the sweep resumes on a machine that lost its run directories (default: the spec's keep:)",
+    )
+    parser.add_argument(
+        "--drop-checkpoints",
+        action="store_true",
+        help="delete each run's checkpoints/ once it finished (its final/ model stays), so a long sweep of "
+        "checkpointed runs does not fill the disk (default: the spec's drop_checkpoints:)",
     )
     args = vars(parser.parse_args(argv))
     run_sweep(args.pop("spec"), out_dir=args.pop("out"), **args)
