@@ -106,8 +106,9 @@ def load_spec(path: Path) -> dict:
             f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: findings, groups, panels, "
             "threshold_gain"
         )
-    if not isinstance(spec.get("drop_checkpoints", False), bool):
-        raise OprlError(f"sweep spec {path}: 'drop_checkpoints' must be true or false, not {spec['drop_checkpoints']!r}")
+    drop = spec.get("drop_checkpoints", False)
+    if not isinstance(drop, bool):
+        raise OprlError(f"sweep spec {path}: 'drop_checkpoints' must be true or false, not {drop!r}")
     findings.parse(report.get("findings"), f"sweep spec {path}")
     panels = report.get("panels", list(PANELS))
     if not isinstance(panels, list) or not panels or not set(map(str, panels)) <= set(PANELS):
