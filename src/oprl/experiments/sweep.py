@@ -287,19 +287,19 @@ def run_sweep(
         (keep / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     drop = drop_checkpoints or bool(spec.get("drop_checkpoints"))
 
-    def finished(run: PlannedRun) -> None:  # after each run that succeeded, and for every finished run at the end
+    def on_finish(run: PlannedRun) -> None:  # after each run that succeeded, and for every finished run at the end
         if keep is not None and not (keep / run.name / "summary.json").is_file():
             keep_run(out / run.name, keep / run.name)
         if drop:
             drop_run_checkpoints(out / run.name, log)
 
     if backend == "ray":
-        failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, finished)
+        failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, on_finish)
     else:
-        failures = _execute(todo, spec, out, parallel, log, finished)
+        failures = _execute(todo, spec, out, parallel, log, on_finish)
     for run in chosen:  # runs that finished before the sweep kept (or dropped) anything, or under another command
         if (out / run.name / "summary.json").is_file():
-            finished(run)
+            on_finish(run)
     table = collect_results(out, runs, threshold_gain=threshold_gain(spec))
     write_table(table, out / "results.csv")
     log(f"results: {out / 'results.csv'} ({len(table)} finished runs)")
