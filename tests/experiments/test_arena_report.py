@@ -65,6 +65,7 @@ def test_verdicts_name_the_tier_without_ranking_it_and_the_rest_by_how_much():
     assert "- **lag-0**: all 3 tied (means 0.550-0.620): nothing separable." in text
     assert "- **lag-4**: grpo, m2po tied best (means 0.500-0.540); below: reinforce 14.0 ± 6.1 (p̃ = 0.030)." in text
     assert "pooled over lag-0, lag-1, lag-4, offline" in text
+    assert "Pooled: the mean over the lags" in text  # its legend, where a pooled line follows
 
 
 def test_significant_losses_need_a_lag_zero_and_a_loss_beyond_the_noise():
@@ -240,9 +241,8 @@ def test_the_pooled_comparison_takes_only_the_methods_run_at_every_lag():
     assert set(analysis.pooled.means) == {"m2po", "reinforce"} and "grpo" in analysis.per_setting["lag-0"].means
     alone = [(lab, num) for lab, num in anchor if lab["preset"] != "m2po"]
     assert tiers.analyse(alone, "final_accuracy").pooled is None
-    assert not any(
-        line.startswith("- **pooled") for line in tiers.verdict_lines(tiers.analyse(alone, "final_accuracy"))
-    )
+    lines = tiers.verdict_lines(tiers.analyse(alone, "final_accuracy"))
+    assert not any(line.startswith("- **pooled") or "Pooled:" in line for line in lines)  # nor its legend
 
 
 def test_a_sweep_in_progress_names_the_cells_still_missing_seeds():

@@ -157,14 +157,13 @@ def design_lines(analyses: list[Analysis]) -> list[str]:
 def verdict_lines(analysis: Analysis) -> list[str]:
     """A line per setting and one pooled over the lags: the tier (unordered), the methods below it and by how
     much (d̄ ± the 95 % half-width, points; Holm's p̃), the identical runs."""
-    lines = [
-        f"### Verdicts: {METRICS[analysis.metric]}",
-        "",
+    legend = (
         "Tied = not separable from the best at α = 0.05 after Holm over every pair (listed by name: not ranked); "
-        "below = separable, by d̄ ± the 95 % half-width in points. Pooled: the mean over the lags, each lag "
-        "weighing the same.",
-        "",
-    ]
+        "below = separable, by d̄ ± the 95 % half-width in points."
+    )
+    if analysis.pooled is not None:  # said only where a pooled line follows
+        legend += " Pooled: the mean over the lags, each lag weighing the same."
+    lines = [f"### Verdicts: {METRICS[analysis.metric]}", "", legend, ""]
     named = [(setting, c) for setting, c in analysis.per_setting.items()]
     if analysis.pooled is not None:
         named.append((f"pooled over {', '.join(analysis.ladder)}", analysis.pooled))
