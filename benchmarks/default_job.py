@@ -4,6 +4,9 @@ Measures wall time including the first-time warm start, and eval accuracy before
 Each seed runs in a fresh process with a fresh cache directory, so every run pays for the warm start.
 
     python benchmarks/default_job.py --seeds 0 1 2 [--out benchmarks/results/default_job.json]
+
+The results file names the commit and the CPU (model, cores, avx512_bf16, AMX): the warm start's step count and
+accuracy depend on the CPU's float kernels, and the RL gain with them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from restart_explorer import cpu  # benchmarks/ is the script's directory, so on sys.path
 
 
 def run_once(seed: int, workdir: Path) -> dict:
@@ -62,7 +67,13 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             results.append(run_once(seed, Path(tmp)))
         print(json.dumps(results[-1]), flush=True)
-    report = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}", "runs": results}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    report = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}",
+        "cpu": cpu(),
+        "commit": commit,
+        "runs": results,
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))
