@@ -131,7 +131,7 @@ def test_drop_checkpoints_deletes_a_finished_runs_checkpoints_as_it_finishes(tmp
     names = [r.name for r in sweep.plan(spec)]
     seen_before_start = []
 
-    def execute(todo, parallel, *, prepare, log_path, log, on_success=None):
+    def execute(todo, parallel, *, prepare, log_path, log, on_success=None, retries=0):
         failed = []
         for run in todo:
             seen_before_start.append(sorted(p.name for p in out.glob("*/checkpoints")))

@@ -238,3 +238,26 @@ def test_the_sweep_gives_a_stale_runners_run_to_a_fresh_runner(tmp_path, monkeyp
     run = sweep.PlannedRun(name="a", labels={"seed": "0"}, overrides=())
     failures = sweep._execute([run], {}, tmp_path, 1, log=lambda *_: None)
     assert failures == [] and len(started) == 2
+
+
+def test_the_local_pool_tries_a_failed_run_again(tmp_path, monkeypatch, capsys):
+    """``retries`` on the local pool (as on Ray): a run that fails is given again, with a line and a header in its
+    log where the retry's output begins; one still failing after its retries is named in the sweep's one-line
+    error, and the others finish. Failures injected through ``oprl train`` itself (``OPRL_SWEEP_FAULT``)."""
+    spec = write_spec(tmp_path, parallel=1, retries=1)
+    base = yaml.safe_load(spec.read_text())
+    base["overrides"] = [o for o in base["overrides"] if not o.startswith("steps=")] + ["steps=2"]
+    base["grid"] = {"algorithm.preset": ["grpo", "reinforce"], "seed": [0]}
+    spec.write_text(yaml.safe_dump(base))
+    flaky, broken = (r.name for r in sweep.plan(sweep.load_spec(spec)))
+    monkeypatch.setenv("OPRL_SWEEP_FAULT", f"{flaky}@1,{broken}@2")
+    with pytest.raises(OprlError, match=f"1 run\\(s\\) failed, see their logs in .*: {broken}$"):
+        sweep.main([str(spec)])
+    out = capsys.readouterr().out
+    logs = tmp_path / "sweep" / "logs"
+    assert f"run {flaky} failed (exit 2); trying again (retry 1 of 1); see {logs / flaky}.log" in out
+    assert f"run {broken} failed (exit 2) after 2 attempts; see {logs / broken}.log" in out
+    assert (tmp_path / "sweep" / flaky / "summary.json").is_file()
+    assert not (tmp_path / "sweep" / broken / "summary.json").exists()
+    log = (logs / f"{flaky}.log").read_text()
+    assert "sweep_fault" in log.split("# oprl sweep: attempt 2 of 2")[0]  # the first attempt's error stays

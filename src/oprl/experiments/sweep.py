@@ -296,7 +296,7 @@ def run_sweep(
     if backend == "ray":
         failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, on_finish)
     else:
-        failures = _execute(todo, spec, out, parallel, log, on_finish)
+        failures = _execute(todo, spec, out, parallel, log, on_finish, retries)
     for run in chosen:  # runs that finished before the sweep kept (or dropped) anything, or under another command
         if (out / run.name / "summary.json").is_file():
             on_finish(run)
@@ -346,11 +346,14 @@ def threshold_gain(spec: dict) -> float:
     return float((spec.get("report") or {}).get("threshold_gain", THRESHOLD_GAIN))
 
 
-def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log, on_success=None) -> list[str]:
-    """Run ``todo`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_local``), each run
-    prepared by ``_prepare``; ``on_success(run)`` after each run that succeeded."""
+def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log, on_success=None, retries=0):
+    """Run ``todo`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_local``), each attempt
+    prepared by ``_prepare``, a failed run tried again up to ``retries`` times; ``on_success(run)`` after each run
+    that succeeded. The names of the runs that still failed."""
     prepare, log_path = (lambda run: _prepare(run, spec, out, log)), (lambda name: _log_path(out, name))
-    return sweep_local.execute(todo, parallel, prepare=prepare, log_path=log_path, log=log, on_success=on_success)
+    return sweep_local.execute(
+        todo, parallel, prepare=prepare, log_path=log_path, log=log, on_success=on_success, retries=retries
+    )
 
 
 def _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, on_success=None) -> list[str]:
@@ -452,7 +455,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=None, help="the output directory (default: the spec's)")
     parser.add_argument("--backend", choices=BACKENDS, help="local runner processes (default) or Ray tasks")
     parser.add_argument("--address", help="Ray: the cluster (default $RAY_ADDRESS, else a local Ray for the sweep)")
-    parser.add_argument("--retries", type=int, help="Ray: times a failed run is tried again (default 1)")
+    parser.add_argument(
+        "--retries", type=int, help="times a failed run is tried again, from its checkpoint if any (default 1)"
+    )
     parser.add_argument("--cpus-per-run", type=float, help="Ray: CPUs each run holds (default 1)")
     parser.add_argument(
         "--keep",

@@ -23,7 +23,8 @@ everywhere): a task refuses to start when the sweep's ``logs/`` directory, made 
 
 Fault injection, a test tool (as ``OPRL_FAULT`` is for workers): ``OPRL_SWEEP_FAULT="RUN@N[,RUN@N...]"`` makes
 the first ``N`` attempts of run ``RUN`` fail as a typo would, through ``oprl train`` itself: they get the unknown
-override ``sweep_fault=injected`` (exit 2). Read by the driver only; nothing else of oprl reads it.
+override ``sweep_fault=injected`` (exit 2). Read by the driver only (either pool's: ``sweep_local.faults``); nothing
+else of oprl reads it.
 """
 
 from __future__ import annotations
@@ -40,10 +41,8 @@ from pathlib import Path
 import ray
 
 from oprl.errors import OprlError
+from oprl.experiments.sweep_local import FAULT_OVERRIDE, FAULT_VARIABLE, faults
 
-FAULT_VARIABLE = "OPRL_SWEEP_FAULT"
-FAULT_OVERRIDE = "sweep_fault=injected"
-"""What an injected failure adds to a run's arguments: a key ``oprl train`` refuses."""
 STOP_GRACE_S = 120.0
 """How long a cancelled attempt waits for its ``oprl train`` to stop at a step boundary (SIGTERM) before SIGKILL."""
 
@@ -171,18 +170,6 @@ class RayCluster:
         if self._started:
             ray.shutdown()
             self._started = False
-
-
-def faults(variable: str | None = None) -> dict[str, int]:
-    """``OPRL_SWEEP_FAULT``'s run name -> how many of its first attempts fail (module docstring)."""
-    text = os.environ.get(FAULT_VARIABLE, "") if variable is None else variable
-    plan: dict[str, int] = {}
-    for item in filter(None, text.split(",")):
-        name, _, count = item.rpartition("@")
-        if not name or not count.isdigit():
-            raise OprlError(f"{FAULT_VARIABLE}={text!r}: expected RUN@ATTEMPTS[,RUN@ATTEMPTS...], e.g. run-a@1")
-        plan[name] = int(count)
-    return plan
 
 
 def forwarded_env(cpus_per_run: float) -> dict[str, str]:
