@@ -85,13 +85,8 @@ def execute(todo: list, parallel: int, *, prepare, log_path, log, on_success=Non
                         idle.append(_Runner(env))
                         continue
                     idle.append(runner if runner.alive() else _Runner(env))  # a runner that died is replaced
-                    if rc != 0 and attempt <= retries:
+                    if rc != 0 and try_again(queue, run, attempt, retries, f"(exit {rc})", log_path, log):
                         retried += 1
-                        log(
-                            f"run {run.name} failed (exit {rc}); trying again (retry {attempt} of {retries}); "
-                            f"see {log_path(run.name)}"
-                        )
-                        queue.insert(0, (run, attempt + 1))
                         continue
                     done += 1
                     if rc != 0:
@@ -113,6 +108,17 @@ def execute(todo: list, parallel: int, *, prepare, log_path, log, on_success=Non
         for runner in idle:
             runner.close()
     return failures
+
+
+def try_again(queue: list, run, attempt: int, retries: int, cause: str, log_path, log) -> bool:
+    """The retry rule of both pools: a failed ``attempt`` (1-based) of ``run`` is tried again while
+    ``attempt <= retries``, first in ``queue`` (as ``(run, attempt + 1)``), with a line naming ``cause``. Whether it
+    was."""
+    if attempt > retries:
+        return False
+    log(f"run {run.name} failed {cause}; trying again (retry {attempt} of {retries}); see {log_path(run.name)}")
+    queue.insert(0, (run, attempt + 1))
+    return True
 
 
 def faults(variable: str | None = None) -> dict[str, int]:

@@ -41,7 +41,7 @@ from pathlib import Path
 import ray
 
 from oprl.errors import OprlError
-from oprl.experiments.sweep_local import FAULT_OVERRIDE, FAULT_VARIABLE, faults
+from oprl.experiments.sweep_local import FAULT_OVERRIDE, FAULT_VARIABLE, faults, try_again
 
 STOP_GRACE_S = 120.0
 """How long a cancelled attempt waits for its ``oprl train`` to stop at a step boundary (SIGTERM) before SIGKILL."""
@@ -216,13 +216,9 @@ def execute(
                     run, attempt = flying.pop(ref)
                     outcome = cluster.result(ref)
                     where = f"on node {outcome.node} " if outcome.node != "?" else ""
-                    if not outcome.ok and attempt <= retries:
+                    cause = f"{where}({outcome.cause})"
+                    if not outcome.ok and try_again(queue, run, attempt, retries, cause, log_path, log):
                         retried += 1
-                        log(
-                            f"run {run.name} failed {where}({outcome.cause}); trying again "
-                            f"(retry {attempt} of {retries}); see {log_path(run.name)}"
-                        )
-                        queue.insert(0, (run, attempt + 1))
                         continue
                     done += 1
                     if not outcome.ok:
