@@ -56,7 +56,10 @@ def test_only_runs_into_the_sweeps_own_directory(tmp_path):
     logged = []
     out = sweep.run_sweep(write(tmp_path), dry_run=True, only=["preset=reinforce", "seed=0"], log=logged.append)
     assert out == tmp_path / "out"  # the same runs as the whole sweep's: finished ones are shared
-    assert logged[0] == f"sweep {out}: 12 runs, 3 selected by --only, 0 already finished, 3 to run, 1 at a time"
+    assert logged[0] == (
+        f"sweep {out}: 12 runs, 3 selected by --only, 0 already finished, 3 to run, 1 at a time, "
+        "a failed run tried again up to 1 time(s)"  # retries: default 1 on either pool
+    )
     assert all("algorithm.preset=reinforce" in line and "seed=0" in line for line in logged[1:])
     (out / "preset=reinforce__setting=lag-0__seed=0").mkdir(parents=True)
     (out / "preset=reinforce__setting=lag-0__seed=0" / "summary.json").write_text("{}")

@@ -273,8 +273,8 @@ def run_sweep(
     done_in = [out] + ([keep] if keep is not None else [])  # a dry run restores nothing but counts kept runs
     todo = [r for r in chosen if not any((d / r.name / "summary.json").is_file() for d in done_in)]
     selected = f", {len(chosen)} selected by --only" if only else ""
-    how = f"on Ray, {cpus_per_run:g} CPU(s) each, a failed run tried again up to {retries} time(s)"
-    how, finished = f"{parallel} at a time" if backend == "local" else how, len(chosen) - len(todo)
+    where = f"{parallel} at a time" if backend == "local" else f"on Ray, {cpus_per_run:g} CPU(s) each"
+    how, finished = f"{where}, a failed run tried again up to {retries} time(s)", len(chosen) - len(todo)
     log(f"sweep {out}: {len(runs)} runs{selected}, {finished} already finished, {len(todo)} to run, {how}")
     if dry_run:  # prints, writes nothing
         for r in todo:
