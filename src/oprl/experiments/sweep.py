@@ -39,7 +39,8 @@ written beside them (``DIR/sweep.yaml``), so ``oprl report DIR`` reports the kep
 ``drop_checkpoints: true`` (``--drop-checkpoints``) deletes a run's ``checkpoints/`` the moment it finishes (after
 ``keep``): they exist to resume an unfinished run, and each holds the weights and the optimizer state (~3x the
 model), so a sweep of many checkpointed runs would otherwise fill a disk (27 SmolLM2 runs kept ~1.5 GB each, and
-one failed for want of space); the run's ``final/`` model stays. Runs execute
+one failed for want of space); the run's ``final/`` model stays, but it can no longer be extended
+(``resume=true steps=N``). Runs execute
 ``oprl train`` on ``parallel`` long-lived runner processes (``oprl.experiments.sweep_runner``: torch and
 transformers are imported once per runner, not once per run); each run's output goes to ``logs/<run>.log``.
 ``backend: ray`` (``--backend ray``) spreads the runs over a Ray cluster's nodes instead, one Ray task per attempt,
