@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "reproduction.md"
 RUNS = ROOT / "docs" / "reproduction" / "smollm2-stale-arena" / "runs"
 
