@@ -298,8 +298,8 @@ def run_sweep(
         failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, on_finish)
     else:
         failures = _execute(todo, spec, out, parallel, log, on_finish, retries)
-    for run in chosen:  # runs that finished before the sweep kept (or dropped) anything, or under another command
-        if (out / run.name / "summary.json").is_file():
+    for run in chosen:  # runs finished before this sweep (or under another command); its own were handled above
+        if run not in todo and (out / run.name / "summary.json").is_file():
             on_finish(run)
     table = collect_results(out, runs, threshold_gain=threshold_gain(spec))
     write_table(table, out / "results.csv")
@@ -320,8 +320,8 @@ def keep_run(run_dir: Path, kept: Path) -> None:
 
 
 def drop_run_checkpoints(run_dir: Path, log=print) -> None:
-    """Delete a finished run's ``checkpoints/`` (resume states, weights and optimizer; ``final/`` stays). Refuses
-    nothing and guesses nothing: only a run with a ``summary.json`` is finished, and only its checkpoints go."""
+    """Delete a finished run's ``checkpoints/`` (resume states, weights and optimizer; ``final/`` stays). A run
+    without a ``summary.json`` is unfinished and keeps them: its next attempt resumes from them."""
     root = run_dir / "checkpoints"
     if (run_dir / "summary.json").is_file() and root.is_dir():
         size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
