@@ -189,28 +189,50 @@ def test_the_smollm2_stale_arena_runs_its_priority_order_on_three_paired_seeds()
         assert config.checkpoint.interval > 0
 
 
-def test_the_f1_follow_up_is_the_stale_arena_on_new_seeds_paired_seed_by_seed():
-    """configs/sweeps/smollm2-f1-auc.yaml: REC-OneSide-NoIS and GRPO at lag 4 on seeds 3-10 (none of the stale
-    arena's seeds 0-2, whose noise chose the metric), both methods of a seed before the next seed, every run the
-    stale arena's config but for its seed; one declared finding, F1 on the AUC at a 10-point margin."""
+def test_the_smollm2_follow_up_is_the_stale_arena_on_new_seeds_paired_seed_by_seed():
+    """configs/sweeps/smollm2-f1-auc.yaml: the stale arena's recipe on seeds 3-14 (none of its seeds 0-2, whose
+    noise chose the metric), every method of a seed before the next seed, every run the stale arena's config but
+    for its seed (and the two 96-step REINFORCE runs' steps); its declared findings: F1 on the AUC, F5 on both
+    metrics, the anchor on the AUC, F2 (issues #66, #73)."""
     from oprl.experiments import findings
 
     spec = sweep.load_spec(SPECS / "smollm2-f1-auc.yaml")
     arena = sweep.load_spec(SPECS / "smollm2-stale-arena.yaml")
     assert (spec["config"], spec["overrides"]) == (arena["config"], arena["overrides"])
     runs = sweep.plan(spec)
-    order = [(r.labels["algorithm.preset"], r.labels["seed"]) for r in runs]
-    assert order == [(p, str(seed)) for seed in range(3, 11) for p in ("rec-oneside-nois", "grpo")]
+    order = [(r.labels["setting"], r.labels["algorithm.preset"], r.labels["seed"]) for r in runs]
+    expected = []
+    for seed in range(3, 15):
+        lag4 = ("rec-oneside-nois", "grpo", "red-weight") + (("reinforce",) if seed <= 8 else ())
+        expected += [("lag-4", p, str(seed)) for p in lag4] + ([("lag-0", "grpo", str(seed))] if seed <= 9 else [])
+        expected += [("lag-4-96", "reinforce", "3"), ("lag-4-96", "reinforce", "4")] if seed == 8 else []
+    assert order == expected
     twin = {
         (r.labels["algorithm.preset"], r.labels["setting"]): r for r in sweep.plan(arena) if r.labels["seed"] == "0"
     }
     base = SPECS.parents[1] / spec["config"]
-    for run in runs[:2]:
+    for run in runs:
+        if run.labels["seed"] != "3":
+            continue
         config = load_config(base, list(run.overrides)).model_dump()
-        other = twin[(run.labels["algorithm.preset"], "lag-4")]
-        assert config == {**load_config(base, list(other.overrides)).model_dump(), "seed": config["seed"]}
-    (declared,) = findings.parse(spec["report"]["findings"], "spec").values()
-    assert declared == [findings.Contrast(("rec-oneside-nois", "lag-4"), ("grpo", "lag-4"), 0.1, "accuracy_auc")]
+        setting = run.labels["setting"]
+        other = twin[(run.labels["algorithm.preset"], setting.removesuffix("-96"))]
+        steps = 96 if setting == "lag-4-96" else 48
+        assert config == {**load_config(base, list(other.overrides)).model_dump(), "seed": 3, "steps": steps}
+    declared = findings.parse(spec["report"]["findings"], "spec")
+    C = findings.Contrast
+    assert list(declared.values()) == [
+        [C(("rec-oneside-nois", "lag-4"), ("grpo", "lag-4"), 0.1, "accuracy_auc")],
+        [
+            C(("red-weight", "lag-4"), ("rec-oneside-nois", "lag-4"), 0.1, "final_accuracy"),
+            C(("red-weight", "lag-4"), ("rec-oneside-nois", "lag-4"), 0.1, "accuracy_auc"),
+        ],
+        [C(("grpo", "lag-4"), ("grpo", "lag-0"), 0.1, "accuracy_auc")],
+        [
+            C(("grpo", "lag-4"), ("reinforce", "lag-4"), 0.0, "final_accuracy"),
+            C(("rec-oneside-nois", "lag-4"), ("reinforce", "lag-4"), 0.0, "final_accuracy"),
+        ],
+    ]
 
 
 def test_a_grid_list_is_the_union_of_its_grids_in_order(tmp_path):
