@@ -46,6 +46,11 @@ REFUSED = {
         "sync.offset=4 is not read with sync.mode=async: an async run's lag is bounded by sync.max_staleness (set "
         "sync.max_staleness=4",
     ),
+    # issue #71: buffer.max_ready=4 (then the default) held sync.max_staleness=8 at lag 3
+    "async-pacing-below-staleness": (
+        ["sync.mode=async", "sync.max_staleness=8", "buffer.max_ready=4"],
+        "buffer.max_ready=4 holds an async run's lag at 3, below sync.max_staleness=8: set buffer.max_ready >= 9",
+    ),
     "scheduled-staleness": (["sync.max_staleness=3"], "sync.max_staleness=3 is not read with sync.mode=scheduled"),
     "switch-step-async": (
         ["sync.partial=true", "sync.mode=async", "sync.switch_step=4"],
@@ -108,6 +113,9 @@ ACCEPTED = [
     ["sync.mode=async", "sync.interval=4", "sync.max_staleness=3"],
     ["sync.interval=4", "sync.max_staleness=1"],  # scheduled: max_staleness at its default
     ["sync.mode=async", "sync.max_staleness=4", "sync.offset=0"],  # async: the bound, offset at its default
+    ["sync.mode=async", "sync.max_staleness=8", "buffer.max_ready=9"],
+    ["sync.interval=20", "buffer.max_ready=2"],  # scheduled: pacing only
+    ["mode=explore", "sync.mode=async", "sync.max_staleness=8", "buffer.max_ready=2"],  # explore trains nothing
     ["sync.partial=true", "sync.switch_step=4", "sync.offset=1"],
     ["sync.partial=false", "sync.switch_step=4", "sync.partial_kv=recompute"],  # inert: an A/B turns partial off
     # a run's saved config or a shared YAML keeps its schedule under mode=explore / eval: not refused
@@ -198,3 +206,17 @@ def test_async_with_an_offset_is_refused_on_every_backend(backend, tmp_path, cap
     config = load_config(None, [*backend, "sync.mode=async", "sync.max_staleness=4"])
     assert "-k1-async4-" in run_label(config) and config.sync.describe() == "k=1 async, lag <= 4"
     assert api._start_line(config).endswith("(grpo, k=1 async, lag <= 4, 300 steps)")
+
+
+def test_buffer_max_ready_follows_an_async_runs_staleness():
+    """#71: unset, ``buffer.max_ready`` lets an async run reach ``sync.max_staleness`` (max_staleness + 1 batches
+    ahead); a scheduled run keeps 4, pacing only."""
+    from oprl.runtime.synchronizer import Synchronizer
+
+    def reach(*settings):
+        return Synchronizer.of(load_config(None, list(settings)), 1).max_ready
+
+    assert reach("sync.mode=async", "sync.max_staleness=8") == 9
+    assert reach("sync.mode=async", "sync.max_staleness=8", "buffer.max_ready=12") == 12
+    assert reach("sync.interval=20") == 4 and reach("buffer.max_ready=2") == 2
+    assert reach("mode=explore", "sync.mode=async", "sync.max_staleness=8") is None

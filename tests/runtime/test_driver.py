@@ -261,6 +261,14 @@ def test_async_mode_paces_the_explorer_within_max_staleness(tmp_path, explore_de
     assert "lag/scheduled" not in rows[1][1]
 
 
+def test_async_lag_reaches_max_staleness_when_generation_is_fast(tmp_path):
+    """#71: pacing (``buffer.max_ready``) held lag/max at 3 for any sync.max_staleness; it now reaches the bound."""
+    rows, _events, _ = drive(
+        tmp_path, ["steps=14", "sync.mode=async", "sync.max_staleness=6"], explore_delay=0.0, train_delay=0.02
+    )
+    assert max(row["lag/max"] for _, row in rows[1:]) == 6
+
+
 def test_a_dying_explorer_stops_the_run_naming_it(tmp_path):
     with pytest.raises(WorkerFailure, match=r"explorer 0 failed while generating batch 4: ValueError: reward"):
         drive(tmp_path, ["steps=8", "checkpoint.interval=100"], explorer_fail=4)

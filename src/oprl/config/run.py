@@ -154,6 +154,14 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _staleness_reachable(self) -> RunConfig:
+        """An async run's pacing does not hold its lag below ``sync.max_staleness``
+        (``SyncConfig.effective_max_ready``)."""
+        if self.mode == "both":
+            self.sync.effective_max_ready(self.buffer.max_ready)
+        return self
+
+    @model_validator(mode="after")
     def _groups_compare(self) -> RunConfig:
         """Group-relative advantages need two responses per group, unless the baseline is shifted (AsymRE)."""
         if self.mode == "both" and self.rollout.group_size == 1 and not self._setting("baseline_shift"):

@@ -377,10 +377,11 @@ class BufferConfig(_Section):
     last one (its model, warmstart and task settings must be this run's). Without it such a store is refused."""
     passes: int = Field(1, gt=0)
     """mode=offline: passes over the stored groups before the run stops with an error for lack of data."""
-    max_ready: int = Field(4, gt=0)
-    """Explorers work at most this many batches ahead of the trainer's next step (they pause beyond it).
-    Pacing only: no number changes. It bounds memory when the schedule lets generation run far ahead (the
-    offline setting k=300, m=199 would otherwise hold every batch of the run at once)."""
+    max_ready: int | None = Field(None, gt=0)
+    """Explorers work at most this many batches ahead of the trainer's next step (they pause beyond it); it
+    bounds memory (the offline setting k=300, m=199 would otherwise hold every batch of the run at once).
+    sync.mode=scheduled: pacing only, no number changes; None = 4. sync.mode=async: it also bounds the lag
+    (at most max_ready - 1), so None = sync.max_staleness + 1 and a smaller value is refused."""
 
 
 class ReplayConfig(_Section):

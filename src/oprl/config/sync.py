@@ -70,6 +70,24 @@ class SyncConfig(_Section):
             raise OprlError(f"sync.{key}={getattr(self, key)} is not read {why}")
         return self
 
+    def effective_max_ready(self, max_ready: int | None) -> int:
+        """How many batches explorers may work ahead of the trainer's next step, from ``buffer.max_ready``
+        (None = this mode's default). Scheduled: 4; pacing only, since the schedule fixes every batch's version.
+        Async: batch b is dispatched only while b <= completed + max_ready, with the newest version v <= completed,
+        and trained at step b, so its lag b - 1 - v reaches at most max_ready - 1 (one step after a publication):
+        the default follows, max_staleness + 1, and a smaller value is refused (issue #71: the old default 4
+        silently held ``sync.max_staleness=8`` at lag 3)."""
+        if self.mode != "async":
+            return 4 if max_ready is None else max_ready
+        needed = self.max_staleness + 1
+        if max_ready is not None and max_ready < needed:
+            raise OprlError(
+                f"buffer.max_ready={max_ready} holds an async run's lag at {max_ready - 1}, below "
+                f"sync.max_staleness={self.max_staleness}: set buffer.max_ready >= {needed} (or leave it unset: it "
+                f"follows sync.max_staleness), or sync.max_staleness={max_ready - 1}"
+            )
+        return needed if max_ready is None else max_ready
+
     def describe(self) -> str:
         """The schedule as it is read, for headlines: ``k=1 m=4`` (scheduled), ``k=1 async, lag <= 1``."""
         if self.mode == "async":

@@ -14,7 +14,8 @@ class BatchTracker:
     - ``pending`` (ascending): batches no explorer has been given yet. Only the head goes out next, and it
       stays pending while it is held back: by the lag rule (the synchronizer has not yet published the
       version that must generate it: ``Synchronizer.version_for(b)`` is None), by ``buffer.max_ready``
-      (``b > completed + max_ready``; not in mode=explore), or because every explorer holds ``capacity``
+      (``b > completed + max_ready``, ``Synchronizer.max_ready``: 4, or max_staleness + 1 in async mode, where
+      it bounds the lag too; not in mode=explore), or because every explorer holds ``capacity``
       calls.
     - ``in_flight``: b -> the explorer generating it (running, or queued behind that explorer's running
       call). An explorer holds ``held(i)`` of them, at most ``capacity``: 1, or 2 in overlapped scheduled

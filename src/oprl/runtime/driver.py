@@ -223,8 +223,7 @@ class Driver:
 
     def _launch(self) -> None:
         batches = self.batches
-        max_ready = None if self.explore_only else self.cfg.buffer.max_ready
-        while batches.pending and self._may_submit() and batches.in_reach(max_ready):
+        while batches.pending and self._may_submit() and batches.in_reach(self.sync.max_ready):
             index = batches.explorer_with_room()
             if index is None:
                 break
