@@ -92,3 +92,28 @@ def test_a_config_saved_before_a_key_existed_is_the_same_curve_as_todays():
     # A config that no longer validates (a removed key) is read as saved, not dropped or completed.
     stale = {"rollout": {"engine": "vllm", "removed_key": 1}, "seed": 0}
     assert flat_settings(stale) == {"rollout.engine": "vllm", "rollout.removed_key": 1}
+
+
+def test_async_runs_get_a_panel_of_their_own_labelled_async(tmp_path):
+    """#71: an async run's k=1, m=0 put it in the on-policy panel of ``oprl plot`` beside the scheduled run; it is
+    drawn in a panel of its own, named by its bound."""
+    import json
+
+    import yaml
+
+    from oprl.config import load_config
+    from oprl.experiments.results import load_run, setting_of
+
+    runs = []
+    for name, settings in (("on", []), ("async", ["sync.mode=async", "sync.max_staleness=8"])):
+        run = tmp_path / name
+        run.mkdir()
+        config = load_config(None, ["steps=2", *settings]).model_dump(mode="json")
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+        runs.append(load_run(run))
+    assert [r.labels["setting"] for r in runs] == ["on-policy", "async-8"]
+    assert setting_of({**runs[1].config, "mode": "offline"}) == "offline"
+    fig = draw_grid(runs, [(*PANELS["eval_accuracy"], 1)])
+    assert [ax.get_title() for ax in fig.axes] == ["on-policy", "async, lag <= 8"]
+    assert [len(ax.get_lines()) for ax in fig.axes] == [1, 1]

@@ -1,4 +1,5 @@
 """Paper-style figures from run records: one panel per off-policy setting, one curve per configuration.
+The setting is the sweep's label, else ``results.setting_of`` (async runs get panels of their own, ``async, lag <= S``).
 
 Runs are averaged only when their configs differ in nothing but the seed (``curve_groups``): such a group is
 one curve, the mean over its seeds with a min-max band; every other run is its own curve over its own steps.
@@ -34,7 +35,7 @@ PANELS = {
     # Distillation's own signal (docs/algorithms.md#distillation): drawn for the runs that log it, beside the reward.
     "distill_reverse_kl": ("distill/reverse_kl", "reverse KL to the teacher (per token)"),
 }
-SETTING_ORDER = ["on-policy", "lag", "stale", "infrequent", "sync", "offline"]
+SETTING_ORDER = ["on-policy", "lag", "stale", "infrequent", "sync", "async", "offline"]
 NOT_A_SETTING = ("seed", "run_name", "output_dir", "resume", "overwrite", "progress", "tensorboard")
 """Config keys (and key prefixes below) that name, place or display a run without changing what it computes."""
 NOT_A_SETTING_PREFIXES = ("tracking.", "logging.", "checkpoint.", "eval.checkpoint", "runtime.max_restarts",
@@ -61,6 +62,12 @@ def _setting_rank(name: str) -> tuple[int, tuple[int, ...], str]:
     """Settings in schedule order, numbers compared as numbers: lag-0, lag-0-bf16, lag-1, ..., lag-64, offline."""
     rank = next((i for i, prefix in enumerate(SETTING_ORDER) if name.startswith(prefix)), len(SETTING_ORDER))
     return rank, tuple(int(n) for n in re.findall(r"\d+", name)), name
+
+
+def setting_title(setting: str) -> str:
+    """A panel's title: the setting's name, an async one's spelled out (``async-8`` -> ``async, lag <= 8``)."""
+    bound = re.fullmatch(r"async-(\d+)", setting)
+    return f"async, lag <= {bound.group(1)}" if bound else setting
 
 
 def flat_settings(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -245,7 +252,7 @@ def draw_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], title:
                 # KL spans orders of magnitude between stable and collapsing runs; linear near 0 (it starts at 0).
                 ax.set_yscale("symlog", linthresh=1e-2)
             if row == 0:
-                ax.set_title(setting)
+                ax.set_title(setting_title(setting))
             if row == len(rows) - 1:
                 ax.set_xlabel("trainer step")
             ax.set_ylabel(ylabel + (f"\n(moving average, {smooth} steps)" if smooth > 1 else ""), fontsize=8)

@@ -34,10 +34,14 @@ class RunRecord:
 
 
 def setting_of(config: dict) -> str:
-    """A readable off-policy setting name from the schedule (docs/paper.md#off-policy)."""
+    """A readable off-policy setting name from the schedule (docs/paper.md#off-policy); an async run's is
+    ``async-S`` (lag <= sync.max_staleness S, which timing decides), never a scheduled one's (issue #71: it was
+    drawn in the on-policy panel, its k=1 and m=0 being the scheduled on-policy run's)."""
     k, m, steps = config["sync"]["interval"], config["sync"]["offset"], config["steps"]
     if m + k >= steps or config.get("mode") == "offline":  # mode=offline: a stored experience directory
         return "offline"
+    if config["sync"].get("mode") == "async":
+        return f"async-{config['sync'].get('max_staleness', 1)}"
     if k == 1 and m == 0:
         return "on-policy"
     if k == 1:
