@@ -125,7 +125,7 @@ def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSetti
             _sample(engine, endpoint, batch, s.seed)
             calls += 1
     episodes = [_episode(endpoint, run, tokenizer) for run in runs]
-    _report(endpoint, runs, calls, getattr(task.config, "max_failed_batches", 0))
+    _report(endpoint, runs, calls, getattr(task.config, "max_failed_batches", 0), task.config.agent)
     return episodes
 
 
@@ -282,9 +282,10 @@ def _episode(endpoint: Endpoint, run: AgentRun, tokenizer) -> Episode:
             run.fault, run.result = "no_request", "the agent returned without asking the model"
     if run.fault == "raised" and episode.truncated:  # the 400 of a spent budget, re-raised: truncation, not a fault
         run.fault = ""
+    notes: dict[str, Any] = {}
     if not run.fault and not episode.truncated:
-        try:
-            episode.reward = agent_reward(run.result)
+        try:  # a NaN, an inf or 1e30 never reaches the advantages (the dataset path's bound, one home)
+            episode.reward, notes = agent_reward(run.result)
         except TypeError as exc:
             run.fault, run.result = "bad_return", str(exc)
     if run.fault or episode.reward is None:
@@ -296,18 +297,23 @@ def _episode(endpoint: Endpoint, run: AgentRun, tokenizer) -> Episode:
         "refused_requests": float(s.refused),
         "agent_failed": float(bool(run.fault)),
     }
+    if notes:
+        episode.info["agent_notes"] = notes
     return episode
 
 
-def _report(endpoint: Endpoint, runs: list[AgentRun], calls: int, stop_after: int = 0) -> None:
-    """One line per failed episode; when every episode failed, one line with the most common cause instead,
-    and an ``OprlError`` once ``stop_after`` batches in a row failed whole (0: never)."""
+def _report(endpoint: Endpoint, runs: list[AgentRun], calls: int, stop_after: int = 0, agent: str = "") -> None:
+    """One line per failed episode naming ``agent`` (``task.agent``); when every episode failed, one line with
+    the most common cause instead, and an ``OprlError`` once ``stop_after`` batches in a row failed whole (0:
+    never)."""
     faults = Counter(r.fault for r in runs if r.fault)
     causes = Counter(f"{r.fault}: {str(r.result)[:240]}" for r in runs if r.fault)
     if runs and len(causes) and sum(causes.values()) == len(runs):
         endpoint.failed_batches += 1
         cause, count = causes.most_common(1)[0]
-        log.warning("agent: all %d episodes of this batch failed; most common cause (%d): %s", len(runs), count, cause)
+        log.warning(
+            "agent %s: all %d episodes of this batch failed; most common cause (%d): %s", agent, len(runs), count, cause
+        )
         if stop_after and endpoint.failed_batches >= stop_after:
             raise OprlError(
                 f"task.agent: every episode of the last {stop_after} batches failed (most common cause: {cause}); "
@@ -318,7 +324,12 @@ def _report(endpoint: Endpoint, runs: list[AgentRun], calls: int, stop_after: in
         for run in runs:
             if run.fault:
                 log.warning(
-                    "agent episode %d (%s) scores 0: %s: %s", run.index, run.problem.task_id, run.fault, run.result
+                    "agent %s, episode %d (%s) scores 0: %s: %s",
+                    agent,
+                    run.index,
+                    run.problem.task_id,
+                    run.fault,
+                    run.result,
                 )
     rewritten = sum(r.session.segments > 1 for r in runs)
     if rewritten:

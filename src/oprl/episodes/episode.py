@@ -19,7 +19,7 @@ function of (seed, problems, weights), like a single-turn batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from oprl.models.chat import encode_problem, render
 from oprl.tasks.base import Reward
@@ -45,9 +45,10 @@ class Episode:
     truncated: bool = False
     turns: int = 0
     """Model turns taken."""
-    info: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
     """Per-episode counts stored with the experience and averaged into ``episode/*`` (agent episodes:
-    segments, dropped_tokens, refused_requests, agent_failed; ``oprl.episodes.agents``)."""
+    segments, dropped_tokens, refused_requests, agent_failed; ``oprl.episodes.agents``), and an agent's
+    ``agent_notes``: the non-numeric entries of its returned dict, stored, never averaged."""
     behavior_versions: list[int] = field(default_factory=list)
     """Partial rollouts: the policy version of each response token (environment tokens: the last model token's);
     empty when the sampler reported none (one policy)."""

@@ -26,6 +26,7 @@ from pydantic import Field
 
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward, Task
+from oprl.tasks.rewards.user import reward_value
 from oprl.tasks.section import TaskSection, task_section
 
 
@@ -36,8 +37,9 @@ class AgentTaskConfig(TaskSection):
     name: Literal["agent"] = "agent"
     agent: str = ""
     """The agent: ``path/to/file.py:function`` or ``package.module:function``, a function
-    ``rollout(client: openai.OpenAI, problem: dict) -> float | dict[str, float]`` (an ``async def`` gets an
-    ``openai.AsyncOpenAI``); a dict's ``reward`` entry is the total, the others are logged components."""
+    ``rollout(client: openai.OpenAI, problem: dict) -> float | dict`` (an ``async def`` gets an
+    ``openai.AsyncOpenAI``); a dict's ``reward`` entry is the total, its other numeric entries logged components,
+    the rest kept with the episode (``agent_reward``)."""
     problems: dict[str, Any] = Field(default_factory=lambda: {"name": "tool-arithmetic"})
     """The task whose problems the agent gets (its ``task`` section: ``task.problems.name=arithmetic``,
     ``task.problems.train_size=600``); the agent is handed each as a dict (task_id, messages, answer, tools) and
@@ -103,17 +105,41 @@ def problem_dict(problem: Problem) -> dict:
     return data
 
 
-def agent_reward(value) -> Reward:
-    """The agent's return as a ``Reward``: a number is the total; a dict's ``reward`` is the total and every
-    entry a component. Anything else is the agent's error (``TypeError``, counted as a failed episode)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | dict):
-        raise TypeError(f"the agent returned {type(value).__name__}; return a float or a dict with 'reward'")
-    if isinstance(value, dict):
-        if "reward" not in value:
-            raise TypeError(f"the agent's dict has no 'reward' entry (keys: {sorted(value)[:8]})")
-        components = {str(k): float(v) for k, v in value.items()}
-        return Reward(total=components["reward"], components=components)
-    return Reward(total=float(value), components={"reward": float(value)})
+def agent_reward(value) -> tuple[Reward, dict[str, Any]]:
+    """The agent's return as a ``Reward`` and the episode's notes, checked as a dataset reward is
+    (``oprl.tasks.rewards.user.reward_value``: anything with ``__float__`` but a bool, finite, within
+    ±``MAX_ABS_REWARD``). A number is the total; a dict's ``reward`` is the total and every numeric entry a
+    component; its other entries (text, bools, lists: ``{"reward": 1.0, "final_answer": "42"}``) are the notes,
+    kept with the episode (``NOTE_CHARS`` characters each). Anything else, a non-finite or out-of-range number
+    included, is the agent's error (``TypeError`` naming the value; the episode scores 0, counted as failed)."""
+    if not isinstance(value, dict):
+        total = _number(value, "")
+        return Reward(total=total, components={"reward": total}), {}
+    if "reward" not in value:
+        raise TypeError(f"returned a dict without a 'reward' entry (keys: {sorted(map(str, value))[:8]})")
+    components, notes = {}, {}
+    for key, item in value.items():
+        if key == "reward" or (not isinstance(item, bool) and hasattr(item, "__float__")):
+            components[str(key)] = _number(item, f"{key!r}: ")
+        else:
+            notes[str(key)] = item if isinstance(item, bool | None) else str(item)[:NOTE_CHARS]
+    return Reward(total=components["reward"], components=components), notes
+
+
+NOTE_CHARS = 1000
+"""Characters of a non-numeric entry of the agent's dict kept with the episode (a long final answer is cut)."""
+
+
+def _number(value, where: str) -> float:
+    """``value`` as a reward (``reward_value``'s rule), or one ``TypeError`` naming it."""
+    try:
+        number = reward_value(value)
+    except (TypeError, ValueError, ArithmeticError, RuntimeError) as exc:  # float() of 10**400, of a 2-vector
+        why = str(exc) if str(exc).startswith("returned") else f"returned {type(value).__name__}: {exc}"
+        raise TypeError(f"{where}{why}") from None
+    if not isinstance(number, float):  # a dict inside the dict
+        raise TypeError(f"{where}returned a dict; need a float")
+    return number
 
 
 def load_agent(spec: str) -> Callable:
