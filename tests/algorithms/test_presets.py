@@ -48,11 +48,18 @@ def batch():
 
 def grouped_advantages(settings):
     """``group_advantages`` of REWARDS/GROUPS under ``settings``; a weighted baseline (VCPO's) gets unequal
-    per-response log-weights, as the trainer would pass (tests/algorithms/test_variance.py checks its formula)."""
+    per-response log-weights, as the trainer would pass (tests/algorithms/test_variance.py checks its formula),
+    and every preset the responses' token counts (test_red_weight.py checks adaptive RED-Weight's rule)."""
     rewards, groups = torch.tensor(REWARDS, dtype=torch.float64), torch.tensor(GROUPS)
     weights = {"log_weights": torch.linspace(-1.0, 1.0, 5)} if settings["baseline"] in WEIGHTED_BASELINES else {}
+    lengths = torch.tensor(MASK).sum(-1)  # (5,) each response's tokens (adaptive RED-Weight's L_i)
     return group_advantages(
-        rewards, groups, generator=torch.Generator().manual_seed(0), **advantage_settings(settings), **weights
+        rewards,
+        groups,
+        generator=torch.Generator().manual_seed(0),
+        response_lengths=lengths,
+        **advantage_settings(settings),
+        **weights,
     )
 
 

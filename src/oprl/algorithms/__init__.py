@@ -1,6 +1,7 @@
 """Pure math of the REINFORCE / GRPO / REC / RED family: tensors and plain scalars in, tensors out.
 
 - ``advantages``: group-relative advantages (mean / soft baseline, std, AsymRE shift, RED-Drop).
+- ``red_weight``: adaptive RED-Weight, the advantages reshaped where their token-weighted sum is negative.
 - ``losses``: the token-level policy loss ℓ = −M·w·A·logprobs + regulariser and its metrics.
 - ``corrections``: the masks, weights and objective of DPPO, M2PO, BAPO, ASPO, TOPR, SAPO and OAPL.
 - ``aggregation``: the one place where (B, T) values become a scalar.
@@ -51,6 +52,7 @@ from oprl.algorithms.presets import (
     trainer_only,
     validate_settings,
 )
+from oprl.algorithms.red_weight import RED_WEIGHT_LEVELS, RED_WEIGHT_RULES, red_weight_advantages
 from oprl.algorithms.surrogate import consistency_surrogate
 from oprl.algorithms.variance import (
     ESS_LR_RULES,
@@ -75,6 +77,8 @@ __all__ = [
     "OBJECTIVES",
     "PRESETS",
     "RATIO_LEVELS",
+    "RED_WEIGHT_LEVELS",
+    "RED_WEIGHT_RULES",
     "REGISTRIES",
     "REGULARIZERS",
     "RENAMED_SETTINGS",
@@ -100,6 +104,7 @@ __all__ = [
     "off_policy_baseline_log_weights",
     "policy_loss",
     "ratio_stats",
+    "red_weight_advantages",
     "renamed_message",
     "resolve_preset",
     "sequence_log_ratios",

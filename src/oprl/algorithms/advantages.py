@@ -10,6 +10,7 @@ negative responses first and computes every statistic over the responses it keep
 Not here: token masks, ratios or any loss; responses flagged ``keep=False`` must be removed by the caller
 (zero their token mask), which makes them count in no loss denominator. With ``keep_dropped`` the dropped
 responses stay (``keep=True``, A = 0) and count in the denominators, as in Trinity-RFT's final RED-Drop.
+Adaptive RED-Weight (``red_weight``) reshapes the finished advantages last (``red_weight.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from oprl.algorithms.defaults import ALGORITHM_DEFAULTS as D
+from oprl.algorithms.red_weight import red_weight_advantages, red_weight_metrics
 from oprl.algorithms.registry import lookup
 from oprl.lazy import lazy_import
 
@@ -49,6 +51,9 @@ class GroupAdvantages:
     """(N,) bool; the responses the drop rule selected out (their advantage is 0 whether or not they are kept)."""
     baseline: torch.Tensor
     """(N,) float; the baseline b of each response's group (before the shift δ and any normalisation)."""
+    metrics: dict[str, torch.Tensor]
+    """Scalar tensors of the step's advantage shaping (adaptive RED-Weight's ``red_weight_temperature`` and
+    ``red_weight_fired_frac``; empty without ``red_weight``)."""
 
 
 def _segment_sum(values: torch.Tensor, group: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -174,8 +179,11 @@ def group_advantages(
     baseline_shift: float = D["baseline_shift"],
     baseline: str = D["baseline"],
     tau: float = D["tau"],
+    red_weight: str = D["red_weight"],
+    red_weight_level: str = D["red_weight_level"],
     generator: torch.Generator | None = None,
     log_weights: torch.Tensor | None = None,
+    response_lengths: torch.Tensor | None = None,
 ) -> GroupAdvantages:
     """Advantages of ``rewards`` (N,) within the groups of ``group_ids`` (N,).
 
@@ -196,6 +204,10 @@ def group_advantages(
     drops negatives uniformly at random (``generator``) until the counts are equal, ``probabilistic`` drops
     each negative with probability 1 − #pos/#neg. Dropped rows get A = 0 and keep=False, or keep=True with
     ``keep_dropped`` (they then count in the loss denominators).
+    Adaptive RED-Weight (``red_weight`` = adaptive / shift, over the batch or each group: ``red_weight_level``)
+    then reshapes the A_i of the rows not dropped, given ``response_lengths`` (N,), each response's loss tokens:
+    where Σ A_i·L_i < 0, A_i·exp(A_i/T) with T the bisection root of Σ A_i·exp(A_i/T)·L_i = 0 in [0.8, 100], or
+    A_i − Σ A_j·L_j/Σ L_j (``oprl.algorithms.red_weight``).
     """
     drop_rule = lookup(DROP_RULES, drop, "drop")
     baseline_fn = lookup(BASELINES, baseline, "baseline")
@@ -203,6 +215,8 @@ def group_advantages(
         raise ValueError(f"tau must be > 0 (the logavgexp temperature), got {tau!r}")
     if std_normalize and mean_normalize:
         raise ValueError("std_normalize and mean_normalize are alternatives (GRPO's std, MaxRL's mean): choose one")
+    if red_weight != "none" and response_lengths is None:
+        raise ValueError(f"red_weight={red_weight} needs response_lengths (N,): each response's loss token count")
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.get_default_dtype())
 
@@ -228,5 +242,13 @@ def group_advantages(
         mean = (_segment_sum(rewards * in_stats, group, num_groups) / count)[group]  # (N,)
         centered = torch.where(mean > 0, centered / mean.clamp(min=STD_EPS), torch.zeros_like(centered))
     advantages = torch.where(chosen, centered + baseline_shift, torch.zeros_like(rewards))
+    metrics: dict[str, torch.Tensor] = {}
+    if red_weight != "none":
+        assert response_lengths is not None  # checked above
+        shaped = red_weight_advantages(
+            advantages, response_lengths, group, rule=red_weight, level=red_weight_level, members=chosen
+        )
+        advantages = shaped.advantages
+        metrics = red_weight_metrics(shaped.fired, shaped.temperature)
     keep = torch.ones_like(chosen) if keep_dropped else chosen
-    return GroupAdvantages(advantages=advantages, keep=keep, dropped=~chosen, baseline=center[group])
+    return GroupAdvantages(advantages=advantages, keep=keep, dropped=~chosen, baseline=center[group], metrics=metrics)

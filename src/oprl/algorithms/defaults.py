@@ -17,6 +17,8 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
     "baseline_shift": 0.0,  # AsymRE's δ: baseline = mean − δ
     "baseline": "mean",  # or "logavgexp" (OPMD's soft baseline)
     "tau": 1.0,  # temperature of the logavgexp baseline
+    "red_weight": "none",  # adaptive RED-Weight (arXiv 2606.20002): "adaptive" or "shift" where Σ A·L < 0
+    "red_weight_level": "batch",  # its set: the whole batch (Trinity-RFT's default) or each prompt's "group"
     # policy_loss
     "clip_mode": "none",  # M = 1: REINFORCE as derived, nothing masked (the presets choose a clip)
     "weight": "none",  # w = 1: "NoIS", the group-relative gradient without importance weights (paper, finding 1)
@@ -57,9 +59,11 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
 }
 
 ADVANTAGE_KEYS: tuple[str, ...] = (
-    "std_normalize", "mean_normalize", "drop", "keep_dropped", "baseline_shift", "baseline", "tau",
+    "std_normalize", "mean_normalize", "drop", "keep_dropped", "baseline_shift", "baseline", "tau", "red_weight",
+    "red_weight_level",
 )  # fmt: skip
-"""Settings of ``group_advantages`` (``advantage_settings``). The loss's are the fields of
+"""Settings of ``group_advantages`` (``advantage_settings``; ``red_weight`` also needs each response's token count,
+which the caller passes as ``response_lengths``). The loss's are the fields of
 ``oprl.algorithms.losses.LossParams``."""
 DISTILL_KEYS: tuple[str, ...] = ("distill_coef", "distill_mix")
 """Settings of ``distill_advantages``: the trainer calls it when ``distill_coef`` > 0 (rows need teacher log-probs)."""

@@ -17,6 +17,7 @@ from oprl.algorithms.aggregation import LOSS_AGGREGATIONS
 from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS
 from oprl.algorithms.distill import DISTILL_MIXES
 from oprl.algorithms.losses import CLIP_MODES, OBJECTIVES, RATIO_LEVELS, REGULARIZERS, WEIGHTS
+from oprl.algorithms.red_weight import RED_WEIGHT_LEVELS, RED_WEIGHT_RULES
 from oprl.algorithms.registry import unknown_name_message
 from oprl.algorithms.variance import ESS_LR_RULES
 
@@ -66,6 +67,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "red-drop": {**ALGORITHM_DEFAULTS, "drop": "balance"},
     # RED-Weight: shape the data (P2) by weighting responses with exp(A/T), T = 1.
     "red-weight": {**ALGORITHM_DEFAULTS, "weight": "advantage", "weight_temperature": 1.0},
+    # Adaptive RED-Weight (arXiv 2606.20002; Trinity-RFT's cod advantage, examples/research_cod): where the batch's
+    # token-weighted advantage sum is negative, A = s·exp(s/T) with T ∈ [0.8, 100] bisected to bring it to 0; with
+    # REC-OneSide-NoIS's loss (ε = 0.2), as in the authors' runs.
+    "red-weight-adaptive": {**ALGORITHM_DEFAULTS, "clip_mode": "one-side", "red_weight": "adaptive"},
+    # Its shift variant (red_weight_adv_shift): subtract the negative token-weighted mean instead.
+    "red-weight-shift": {**ALGORITHM_DEFAULTS, "clip_mode": "one-side", "red_weight": "shift"},
     # RED-Drop as Trinity-RFT first had it: drop negatives with probability 1 − pos/neg, baseline of all K.
     "red-drop-probabilistic": {**ALGORITHM_DEFAULTS, "drop": "probabilistic"},
     # RED-Drop as Trinity-RFT has it now: balanced and re-centred, dropped rows kept with A = 0.
@@ -205,6 +212,8 @@ REGISTRIES: dict[str, dict[str, Any]] = {
     "objective": OBJECTIVES,
     "distill_mix": DISTILL_MIXES,
     "ess_lr": ESS_LR_RULES,
+    "red_weight": RED_WEIGHT_RULES,
+    "red_weight_level": dict.fromkeys(RED_WEIGHT_LEVELS),
 }
 """The settings whose value is a registry key: the registry is the one list of valid strings (``oprl.config``
 builds its ``Literal`` types from it)."""
@@ -269,6 +278,10 @@ def validate_settings(settings: dict[str, Any]) -> None:
     if not 0 <= settings.get("bapo_target", 0.0) <= 1:
         raise SettingError("bapo_target", f"bapo_target must be in [0, 1] (a share), got {settings['bapo_target']!r}")
     _check_turn4_options(settings)
+    if settings.get("red_weight", "none") != "none" and settings.get("weight") == "advantage":
+        message = (f"red_weight={settings['red_weight']} reshapes the advantages that weight=advantage (RED-Weight's "
+                   "fixed exp(A/T)) would weight again: use one of them")  # fmt: skip
+        raise SettingError("red_weight", message)
     low, high = settings.get("mask_low", 0.0), settings.get("mask_high", math.inf)
     if not low < high:
         message = f"mask_low must be < mask_high (the band of clip_mode=mask), got {low!r} >= {high!r}"
@@ -316,8 +329,11 @@ def trainer_only(settings: dict[str, Any]) -> list[str]:
     and the advantages: VCPO's ESS-scaled step (``ess_lr``), its baseline from per-response gradient norms
     (``baseline=off-policy-optimal``) and ASPO's entropy-dependent band (``entropy_eps``: the loss needs the
     trainer's token entropies, which those hosts do not pass). A host that takes only oprl's loss and advantages
-    (TRL, verl, the Tinker server) refuses a preset with any of them rather than drop them silently."""
+    (TRL, verl, the Tinker server) refuses a preset with any of them rather than drop them silently. Adaptive
+    RED-Weight (``red_weight``) is one too: it needs each response's loss token count, which their advantage
+    hooks are not given."""
     found = [f"ess_lr={settings['ess_lr']}"] if settings["ess_lr"] != "none" else []
+    found += [f"red_weight={settings['red_weight']}"] if settings.get("red_weight", "none") != "none" else []
     found += [f"entropy_eps={settings['entropy_eps']}"] if settings.get("entropy_eps") is not None else []
     return found + ([f"baseline={settings['baseline']}"] if settings["baseline"] in WEIGHTED_BASELINES else [])
 

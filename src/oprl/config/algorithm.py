@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, TypeAlias
 
 from pydantic import AfterValidator, Field
 
-from oprl.algorithms import ESS_LR_RULES, KL_ESTIMATORS
+from oprl.algorithms import ESS_LR_RULES, KL_ESTIMATORS, RED_WEIGHT_LEVELS, RED_WEIGHT_RULES
 from oprl.config.choices import CHOICE_SETTINGS, resolve_choice
 from oprl.tasks.section import Section as _Section
 
@@ -27,12 +27,16 @@ if TYPE_CHECKING:  # the type checker sees strings; at run time each is the Lite
     Objective: TypeAlias = str
     KlEstimator: TypeAlias = str
     EssLr: TypeAlias = str
+    RedWeight: TypeAlias = str
+    RedWeightLevel: TypeAlias = str
 else:  # the live registries in oprl.algorithms are the one list of valid names, plug-ins join them (choices.py)
     Drop, Baseline, ClipMode, Weight, RatioLevel, Regularizer, LossAgg, Objective = (
         Annotated[str, AfterValidator(functools.partial(resolve_choice, key))] for key in CHOICE_SETTINGS
     )
     KlEstimator = Literal[tuple(KL_ESTIMATORS)]
     EssLr = Literal[tuple(ESS_LR_RULES)]
+    RedWeight = Literal[tuple(RED_WEIGHT_RULES)]
+    RedWeightLevel = Literal[RED_WEIGHT_LEVELS]
 
 
 class AlgorithmConfig(_Section):
@@ -46,7 +50,10 @@ class AlgorithmConfig(_Section):
 
     GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
         "preset": ("preset",),
-        "advantages": ("std_normalize", "mean_normalize", "drop", "keep_dropped", "baseline_shift", "baseline", "tau"),
+        "advantages": (
+            "std_normalize", "mean_normalize", "drop", "keep_dropped", "baseline_shift", "baseline", "tau",
+            "red_weight", "red_weight_level",
+        ),
         "clip band and masks": (
             "clip_mode", "ratio_level", "eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "mask_low",
             "mask_high",
@@ -86,6 +93,15 @@ class AlgorithmConfig(_Section):
     pass per response)."""
     tau: float | None = None
     """Temperature of the logavgexp baseline (> 0)."""
+    red_weight: RedWeight | None = None
+    """Adaptive RED-Weight (arXiv 2606.20002; Trinity-RFT's cod advantage), applied only where the token-weighted
+    sum of the advantages sum_i A_i*L_i is negative (L_i = response i's loss tokens): ``adaptive`` = A_i*exp(A_i/T),
+    T in [0.8, 100] bisected to make the sum 0 (preset red-weight-adaptive); ``shift`` = A_i minus the token-weighted
+    mean (red-weight-shift); ``none``. Logged as adv/red_weight_temperature and adv/red_weight_fired_frac. Not with
+    weight=advantage (the fixed-T RED-Weight); oprl train only (not TRL/verl)."""
+    red_weight_level: RedWeightLevel | None = None
+    """The set red_weight balances: ``batch`` (the whole training batch, Trinity-RFT's default) or ``group`` (each
+    prompt's responses, Trinity-RFT's ``task`` level)."""
     clip_mode: ClipMode | None = None
     """Token mask M: none, one-side (where PPO-clip has gradient), two-side, ring, mask (rho outside
     [mask_low, mask_high] gets no gradient); dppo-tv, dppo-kl, m2-mask, m2-mask-areal, m2-clip, bapo

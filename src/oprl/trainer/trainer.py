@@ -144,8 +144,14 @@ class Trainer:
             log_weights = off_policy_baseline_log_weights(log_ratios, score_sq_norms)
             totals["perf/train_score_s"] = time.perf_counter() - tick
             baseline_metrics["vcpo/score_norm_mean"] = float(score_sq_norms.sqrt().mean())
+        lengths = loss_mask_of(batch, max(len(e.response_ids) for e in batch)).sum(-1)  # (N,) red_weight's L_i
         adv = group_advantages(
-            rewards, group_ids, generator=generator, log_weights=log_weights, **self.advantage_kwargs
+            rewards,
+            group_ids,
+            generator=generator,
+            log_weights=log_weights,
+            response_lengths=lengths,
+            **self.advantage_kwargs,
         )
         if log_weights is not None:  # how far the weighted baseline moved from the group mean, in reward units
             baseline_metrics["vcpo/baseline_gap"] = float(baseline_gap(rewards, group_ids, adv.baseline))
@@ -170,6 +176,7 @@ class Trainer:
         out = {key: value if key.startswith("perf/") else value / max(updates, 1) for key, value in totals.items()}
         out |= extremes | baseline_metrics
         out.update(self._batch_metrics(sampled, adv, self.version))
+        out |= {f"adv/{key}": float(value) for key, value in adv.metrics.items()}  # adaptive RED-Weight's
         if masked_frac is not None:
             out["batch/stale_token_masked_frac"] = masked_frac
         self.version += 1
