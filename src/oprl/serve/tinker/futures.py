@@ -10,7 +10,9 @@ when it failed (the SDK raises ``RequestFailedError`` with it).
 
 Order and retries: the requests of one training model carry ``seq_id`` 1, 2, ... and run in that order on the
 model's lane, whatever order they arrive in (the SDK sends the chunks of one forward_backward in
-parallel); a request whose ``(model_id, seq_id)`` (or ``(sampling_session_id, seq_id)``) was seen before gets
+parallel). A request refused on arrival (a 400: an unknown loss, a bad config, an unknown checkpoint) still takes
+its turn (``Futures.turn``): the SDK moves its own turn on when a request fails, so the model's next request
+must not wait for it. A request whose ``(model_id, seq_id)`` (or ``(sampling_session_id, seq_id)``) was seen before gets
 the first one's ``request_id``, so a retried POST never computes twice.
 
 Batched sampling: sample requests of one sampling client wait in a queue; the first to arrive schedules, after
@@ -27,10 +29,11 @@ the cores), one lane per worker when they are placed (``placement.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +133,25 @@ class Futures:
                 ordered.next_seq += 1
         self._trim()
         return request_id
+
+    @contextlib.contextmanager
+    def turn(self, key: tuple[str, int]) -> Iterator[None]:
+        """The checks a route makes on arrival of request ``key`` = (model_id, seq_id), before it submits the
+        request's work: when one refuses the request (the route answers 4xx), the refusal takes the request's turn
+        in the model's order, as a failed request (a retried POST of that seq_id gets its failure), so the model's
+        later requests run. The caller's ownership of the model is checked before: another key's refused request
+        must not move a model's order."""
+        try:
+            yield
+        except Exception as exc:  # a bug's 500 too: the SDK moves its turn on either way
+            refusal = exc  # ``exc`` itself is unbound when the except clause ends
+
+            def refused() -> tuple[bytes, str]:
+                raise refusal
+
+            with contextlib.suppress(UserError):  # a seq_id older than the next expected: its turn has passed
+                self.submit(refused, key)
+            raise
 
     def submit_sample(self, sampler: Sampler, request: dict[str, Any]) -> str:
         """Queue a sample request for its sampler's next batch (module docstring); returns the request id."""

@@ -1,0 +1,56 @@
+"""The sampling clients' routes: create one (on a checkpoint path or a base model), describe it, and ``asample``
+(queued for the sampler's next batch, ``Futures.submit_sample``). Sampling requests are not ordered: a retried
+one is recognised by its ``(sampling_session_id, seq_id)``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from oprl.serve.tinker.errors import UserError
+from oprl.serve.tinker.routes.common import body_json, future, server_of
+from oprl.serve.tinker.sampling import check_sampling_params
+
+router = APIRouter()
+
+
+@router.post("/api/v1/create_sampling_session")
+async def create_sampling_session(request: Request):
+    server, data = server_of(request), await body_json(request)
+    session_id = data["session_id"]
+    server.session(session_id, server.owner_of(request))
+    sampler_id = f"{session_id}:sample:{data['sampling_session_seq_id']}"
+    if data.get("model_path"):
+        server.backend.path_sampler(sampler_id, session_id, data["model_path"])
+    elif data.get("base_model"):
+        server.backend.base_sampler(sampler_id, session_id, data["base_model"])
+    else:
+        raise UserError("model_path: give a model_path or a base_model")
+    return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+
+@router.get("/api/v1/samplers/{sampler_id}")
+async def get_sampler(sampler_id: str, request: Request):
+    server = server_of(request)
+    sampler = server.sampler(sampler_id, server.owner_of(request))
+    return {"sampler_id": sampler_id, "base_model": sampler.base_model, "model_path": sampler.model_path}
+
+
+@router.post("/api/v1/asample")
+async def asample(request: Request):
+    server, data = server_of(request), await body_json(request)
+    if data.get("sampling_session_id") is None:
+        raise UserError("sampling_session_id: required (create a sampling client first)")
+    sampler = server.sampler(data["sampling_session_id"], server.owner_of(request))
+    check_sampling_params(data.get("sampling_params") or {})
+    for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+        if data.get(name):
+            raise UserError(f"{name}: not served (only the sampled tokens' and the prompt's own log-probs)")
+    if data.get("target_prompt_logprobs") is not None:
+        raise UserError("target_prompt_logprobs: not served")
+    n = int(data.get("num_samples", 1))
+    key = (sampler.sampler_id, int(data.get("seq_id") or server.next_id(sampler.sampler_id)))
+    if key in server.sampled:  # a retried sample
+        request_id = server.sampled[key]
+    else:
+        request_id = server.sampled[key] = server.submit_sample(sampler, data)
+    return future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(n)])

@@ -1,0 +1,152 @@
+"""The training models' routes: create (fresh, or from a checkpoint), info, forward_backward, optim_step, save and
+load. Each request that computes carries the model's ``seq_id`` and runs in that order (``futures.py``); the checks
+made on arrival run inside ``server.turn(...)``, so a refused request (a 400) still takes its turn and the client's
+next call answers."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from oprl.serve.tinker import wire
+from oprl.serve.tinker.errors import UserError
+from oprl.serve.tinker.futures import PROTO
+from oprl.serve.tinker.losses import loss_spec
+from oprl.serve.tinker.routes.common import as_json, body_bytes, body_json, future, server_of
+
+router = APIRouter()
+
+
+@router.post("/api/v1/create_model")
+async def create_model(request: Request):
+    server, data = server_of(request), await body_json(request)
+    session_id = data["session_id"]
+    server.session(session_id, server.owner_of(request))
+    model_id = f"{session_id}:train:{data['model_seq_id']}"
+    base, lora = data["base_model"], data.get("lora_config") or {"rank": 32}
+    server.backend.table.check(base)
+    optimizer = (data.get("optimizer_config") or {}).get("type", "adamw")
+    if optimizer != "adamw":
+        raise UserError(f"optimizer_config.type: {optimizer!r} is not served; only adamw")
+
+    def work():
+        if model_id not in server.backend.policies:  # a retried create_model finds it made
+            server.backend.create_policy(model_id, session_id, base, lora)
+        return as_json({"type": "create_model", "model_id": model_id})
+
+    return future(server.submit(work, (model_id, 0)), model_id=model_id)
+
+
+@router.post("/api/v1/get_info")
+async def get_info(request: Request):
+    server, data = server_of(request), await body_json(request)
+    return server.backend.info(server.policy(data["model_id"], server.owner_of(request)))
+
+
+@router.post("/api/v1/forward_backward")
+async def forward_backward(request: Request):
+    server, raw = server_of(request), await body_bytes(request)
+    if request.headers.get("content-encoding") == "zstd":
+        import zstandard
+
+        raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=server.max_body)
+    decoded = wire.decode_forward_backward(raw)
+    policy = server.policy(decoded.model_id, server.owner_of(request))
+    key = (policy.model_id, decoded.seq_id)
+    with server.turn(key):
+        spec = loss_spec(decoded.loss_fn, decoded.config)
+        if not decoded.data:
+            raise UserError("data: empty")
+
+    def work():
+        return wire.encode_forward_backward_output(server.backend.forward_backward(policy, decoded, spec)), PROTO
+
+    return future(server.submit(work, key), model_id=policy.model_id)
+
+
+@router.post("/api/v1/optim_step")
+async def optim_step(request: Request):
+    server, data = server_of(request), await body_json(request)
+    policy = server.policy(data["model_id"], server.owner_of(request))
+    key = (policy.model_id, int(data["seq_id"]))
+    with server.turn(key):
+        params = data.get("adam_params")
+        if params is None:
+            raise UserError("optimizer_params: only AdamParams are served (the model's optimizer is adamw)")
+
+    def work():
+        return as_json(server.backend.optim_step(policy, params))
+
+    return future(server.submit(work, key), model_id=policy.model_id)
+
+
+@router.post("/api/v1/save_weights")
+async def save_weights(request: Request):
+    server, data = server_of(request), await body_json(request)
+    policy = server.policy(data["model_id"], server.owner_of(request))
+    key = (policy.model_id, int(data["seq_id"]))
+
+    def work():
+        path = server.backend.save(policy, "weights", str(data.get("path") or ""), optimizer=True)
+        return as_json({"type": "save_weights", "path": path})
+
+    return future(server.submit(work, key), model_id=policy.model_id)
+
+
+@router.post("/api/v1/save_weights_for_sampler")
+async def save_weights_for_sampler(request: Request):
+    server, data = server_of(request), await body_json(request)
+    policy = server.policy(data["model_id"], server.owner_of(request))
+    key = (policy.model_id, int(data["seq_id"]))
+    with server.turn(key):
+        if data.get("kind", "snapshot") != "snapshot":
+            raise UserError(f"kind: {data['kind']!r} is not served; only snapshot sampling clients")
+    name = data.get("path")
+    sampler_id = f"{policy.owner}:sample:{uuid.uuid4().hex[:8]}"
+
+    def work():
+        if name:  # a named sampler checkpoint on disk
+            path = server.backend.save(policy, "sampler_weights", str(name), optimizer=False)
+            return as_json({"type": "save_weights_for_sampler", "path": path})
+        server.backend.snapshot_sampler(policy, sampler_id)
+        return as_json({"type": "save_weights_for_sampler", "sampling_session_id": sampler_id})
+
+    return future(server.submit(work, key), model_id=policy.model_id)
+
+
+@router.post("/api/v1/load_weights")
+async def load_weights(request: Request):
+    """Weights (and the optimizer) from a checkpoint: into a new training model when the body names a session
+    (``create_training_client_from_state``), else into the named model (``load_state``)."""
+    server, data = server_of(request), await body_json(request)
+    path, optimizer = str(data["path"]), bool(data.get("optimizer", False))
+    if data.get("session_id") is not None:
+        return _create_from_checkpoint(request, data, path, optimizer)
+    policy = server.policy(data["model_id"], server.owner_of(request))
+    key = (policy.model_id, int(data["seq_id"]))
+    with server.turn(key):
+        server.backend.checkpoint(path)  # a bad path is a 400 now
+
+    def load():
+        server.backend.load(policy, path, optimizer)
+        return as_json({"type": "load_weights", "path": path, "model_id": policy.model_id})
+
+    return future(server.submit(load, key), model_id=policy.model_id)
+
+
+def _create_from_checkpoint(request: Request, data: dict[str, Any], path: str, optimizer: bool):
+    server = server_of(request)
+    server.backend.checkpoint(path)  # a bad path is a 400 now
+    session_id = data["session_id"]
+    server.session(session_id, server.owner_of(request))
+    model_id = f"{session_id}:train:{data['model_seq_id']}"
+    base = data.get("base_model")
+
+    def create():
+        if model_id not in server.backend.policies:
+            server.backend.create_from_checkpoint(model_id, session_id, path, optimizer, base)
+        return as_json({"type": "load_weights", "path": path, "model_id": model_id})
+
+    return future(server.submit(create, (model_id, 0)), model_id=model_id)
