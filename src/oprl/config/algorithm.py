@@ -96,9 +96,9 @@ class AlgorithmConfig(_Section):
     red_weight: RedWeight | None = None
     """Adaptive RED-Weight (arXiv 2606.20002; Trinity-RFT's cod advantage), applied only where the token-weighted
     sum of the advantages sum_i A_i*L_i is negative (L_i = response i's loss tokens): ``adaptive`` = A_i*exp(A_i/T),
-    T in [0.8, 100] bisected to make the sum 0 (preset red-weight-adaptive); ``shift`` = A_i minus the token-weighted
-    mean (red-weight-shift); ``none``. Logged as adv/red_weight_temperature and adv/red_weight_fired_frac. Not with
-    weight=advantage (the fixed-T RED-Weight); oprl train only (not TRL/verl)."""
+    T in [0.8, 100] bisected to bring the sum to about 0 (preset red-weight-adaptive); ``shift`` = A_i minus the
+    token-weighted mean (red-weight-shift); ``none``. Logged as adv/red_weight_temperature and
+    adv/red_weight_fired_frac. Not with weight=advantage (the fixed-T RED-Weight); oprl train only (not TRL/verl)."""
     red_weight_level: RedWeightLevel | None = None
     """The set red_weight balances: ``batch`` (the whole training batch, Trinity-RFT's default) or ``group`` (each
     prompt's responses, Trinity-RFT's ``task`` level)."""
