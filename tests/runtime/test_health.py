@@ -71,7 +71,7 @@ def test_a_falling_effective_sample_size_warns_once_before_the_collapse():
     """#55: the 5-step mean of rho/ess below 0.7 warns (once) on a run that collapses, never on one that holds."""
     lines, step = ess_lines(REINFORCE_OFFLINE)
     assert step == 17 and len(lines) == 1  # (0.85 + 0.71 + 0.83 + 0.68 + 0.3) / 5 = 0.67
-    assert "rho/ess averaged 0.67 over the last 5 steps (step 17" in lines[0] and "rec-oneside-nois" in lines[0]
+    assert "rho/ess averaged 0.67 over the last 5 steps (step 17" in lines[0]
     assert ess_lines(GRPO_LAG16) == ([], None)
     assert ess_lines([0.1] * 4) == ([], None)  # fewer than 5 steps: no judgement yet
 
@@ -82,3 +82,50 @@ def test_the_signal_warning_carries_the_ess_watch():
     for step in range(1, 8):
         health.observe({"step": step, "rho/ess": 0.2})
     assert health.ess.first_step == 5 and len(lines) == 1
+
+
+def test_the_ess_warning_names_the_step_of_a_live_row():
+    """#71: live rows carry no ``step`` (the logger writes it), so the line said "(step 0, ..." when it fired at
+    step 6-7; ``RowLog`` hands the step with the row."""
+    from oprl.runtime.rows import RowLog
+
+    class Quiet:
+        def log(self, step, row):
+            pass
+
+        def update(self, *args, **kwargs):
+            pass
+
+    lines: list[str] = []
+    health = SignalHealth(8, lines.append, warm_started=True, ess_advice="a lower optim.lr=0.001")
+    log = RowLog(list(range(1, 9)), Quiet(), Quiet(), health)
+    for step in range(1, 9):
+        log.add(step, {"rho/ess": 0.2 if step > 1 else 1.0})
+        log.flush()
+    (line,) = lines
+    assert "(step 5, below 0.7)" in line and line.endswith("; a lower optim.lr=0.001 keeps it up")
+
+
+def advice(*settings):
+    from oprl.config import load_config
+    from oprl.runtime.health import ess_advice
+
+    return ess_advice(load_config(None, list(settings)))
+
+
+def test_the_ess_advice_fits_the_runs_mode_and_method():
+    """#71: an offline REC-OneSide-NoIS run was told to use rec-oneside-nois and a smaller sync.offset; the advice
+    names only settings the run can change, with their present values."""
+    offline = advice("mode=offline", "buffer.path=runs/x", "algorithm.preset=rec-oneside-nois")
+    assert "preset=" not in offline and "sync." not in offline
+    assert offline == (
+        "a narrower clip band (algorithm.eps_low=0.2, algorithm.eps_high=0.2), fewer steps on this fixed data "
+        "(mode=offline: every step moves away from its sampler) or a lower optim.lr=0.0003"
+    )
+    stale = advice("algorithm.preset=reinforce", "sync.offset=4")
+    assert stale.startswith("a clipped loss (algorithm.preset=rec-oneside-nois or grpo; this run: reinforce), ")
+    assert "a smaller sync.offset=4 or a lower optim.lr" in stale and "interval" not in stale
+    assert "a smaller sync.offset=1 or sync.interval=4 " in advice("sync.offset=1", "sync.interval=4")
+    assert "a smaller sync.max_staleness=8 " in advice("sync.mode=async", "sync.max_staleness=8")
+    assert "sync." not in advice() and "on-policy" in advice()
+    assert "a narrower mask (algorithm.mask_low=0.5" in advice("algorithm.clip_mode=mask")

@@ -31,10 +31,16 @@ class SignalHealth:
     """``observe(row)`` for each metrics row in step order; ``warn`` gets at most one line."""
 
     def __init__(
-        self, max_new_tokens: int, warn: Callable[[str], object], *, warm_started: bool, distills: bool = False
+        self,
+        max_new_tokens: int,
+        warn: Callable[[str], object],
+        *,
+        warm_started: bool,
+        distills: bool = False,
+        ess_advice: str = "a lower optim.lr",
     ):
         """``distills``: the run learns from a teacher's per-token log-probs (``algorithm.distill_coef > 0``),
-        which carry signal whatever the rewards: no warning."""
+        which carry signal whatever the rewards: no warning. ``ess_advice``: the end of ``EssWatch``'s line."""
         self.max_new_tokens, self.warn, self.warm_started = max_new_tokens, warn, warm_started
         self.distills = distills
         self.zero: list[float] = []
@@ -42,7 +48,7 @@ class SignalHealth:
         self.rewards: list[float] = []
         self.message: str | None = None
         """The warning written, if any."""
-        self.ess = EssWatch(warn)
+        self.ess = EssWatch(warn, ess_advice)
         """The second rule: the importance weights' effective sample size (``EssWatch``)."""
 
     def observe(self, row: dict) -> None:
@@ -99,8 +105,9 @@ class EssWatch:
     ~0.97 per token). It is not early there: the embedded model's collapses show in an evaluation every 2 steps
     3-5 steps before it (docs/metrics.md, "The ESS warning")."""
 
-    def __init__(self, warn: Callable[[str], object]):
-        self.warn = warn
+    def __init__(self, warn: Callable[[str], object], advice: str = "a lower optim.lr"):
+        """``advice``: what keeps the ESS up in this run (``ess_advice``), ending the warning."""
+        self.warn, self.advice = warn, advice
         self.recent: list[float] = []
         self.first_step: int | None = None
 
@@ -114,6 +121,37 @@ class EssWatch:
             self.warn(
                 f"warning: the importance weights' effective sample size rho/ess averaged {mean:.2f} over the last "
                 f"{ESS_STEPS} steps (step {self.first_step}, below {ESS_LEVEL}): the trained policy has drifted far "
-                "from the one that sampled the data, as in an off-policy collapse; a clipped or masked "
-                "loss (algorithm.preset=rec-oneside-nois, grpo), a smaller sync.offset or a lower optim.lr keeps it up"
+                f"from the one that sampled the data, as in an off-policy collapse; {self.advice} keeps it up"
             )
+
+
+def ess_advice(config) -> str:
+    """What keeps ``rho/ess`` up in the run of ``config`` (a ``RunConfig``, its algorithm resolved), for
+    ``EssWatch``'s line: a remedy for its loss (a clipped loss for an unclipped one, a narrower band for a clipped
+    one), for its data (fresher: a smaller offset, interval or staleness; mode=offline's data never refresh, so
+    fewer steps on them) and always a lower learning rate; never a setting the run already has (issue #71: an
+    offline REC-OneSide-NoIS run was told to use rec-oneside-nois and a smaller sync.offset)."""
+    algorithm, sync = config.algorithm, config.sync
+    schedule = {"offset": (sync.offset, 0), "interval": (sync.interval, 1)}  # (value, its on-policy value)
+    stale = [f"sync.{key}={value}" for key, (value, fresh) in schedule.items() if value > fresh]
+    remedies = []
+    if algorithm.clip_mode in (None, "none"):
+        remedies.append(f"a clipped loss (algorithm.preset=rec-oneside-nois or grpo; this run: {algorithm.preset})")
+    elif algorithm.clip_mode in ("one-side", "two-side", "ring"):
+        remedies.append(
+            f"a narrower clip band (algorithm.eps_low={algorithm.eps_low:g}, algorithm.eps_high={algorithm.eps_high:g})"
+        )
+    elif algorithm.clip_mode == "mask":
+        remedies.append(
+            f"a narrower mask (algorithm.mask_low={algorithm.mask_low:g}, mask_high={algorithm.mask_high:g})"
+        )
+    if config.mode == "offline":
+        remedies.append("fewer steps on this fixed data (mode=offline: every step moves away from its sampler)")
+    elif sync.mode == "async":
+        remedies.append(f"a smaller sync.max_staleness={sync.max_staleness}")
+    elif stale:
+        remedies.append("a smaller " + " or ".join(stale))
+    else:  # on-policy: the ratio is the sampler's log-probs against the trainer's, not a drift
+        remedies.append("a sampler whose log-probs match the trainer's (this run is on-policy: k=1, m=0)")
+    remedies.append(f"a lower optim.lr={config.optim.lr:g}")
+    return ", ".join(remedies[:-1]) + " or " + remedies[-1]

@@ -50,8 +50,8 @@ class RowLog:
             self.logger.log(step, row)
             if "eval/accuracy" in row:
                 self.last_eval = (step, row["eval/accuracy"])
-            if self.health is not None:
-                self.health.observe(row)
+            if self.health is not None:  # a live row has no step (the logger writes it): its warnings name it
+                self.health.observe({"step": step, **row})
             self.progress.update(max(step, 0), progress_text(row, self.last_eval), line="eval/accuracy" in row)
 
     def logged_through(self, step: int) -> bool:

@@ -42,7 +42,7 @@ from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, JudgeClien
 from oprl.runtime import resume
 from oprl.runtime.driver import Driver
 from oprl.runtime.healing import Healing
-from oprl.runtime.health import SignalHealth
+from oprl.runtime.health import SignalHealth, ess_advice
 from oprl.runtime.preflight import check_lengths, noop_warnings, outcome_warnings
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.tasks import build_task
@@ -226,6 +226,7 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
                 log,
                 warm_started=wants_warm_start(config.model, config.warmstart),
                 distills=(config.algorithm.distill_coef or 0.0) > 0,
+                ess_advice=ess_advice(config),
             )
             try:
                 driver = Driver(
