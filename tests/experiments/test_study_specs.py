@@ -193,7 +193,7 @@ def test_the_smollm2_follow_up_is_the_stale_arena_on_new_seeds_paired_seed_by_se
     """configs/sweeps/smollm2-f1-auc.yaml: the stale arena's recipe on seeds 3-14 (none of its seeds 0-2, whose
     noise chose the metric), every method of a seed before the next seed, every run the stale arena's config but
     for its seed (and the two 96-step REINFORCE runs' steps); its declared findings: F1 on the AUC, F5 on both
-    metrics, the anchor on the AUC, F2 (issues #66, #73)."""
+    metrics, the anchor on the AUC, F2 (issues #66, #73), adaptive RED-Weight on the AUC (#70)."""
     from oprl.experiments import findings
 
     spec = sweep.load_spec(SPECS / "smollm2-f1-auc.yaml")
@@ -203,7 +203,7 @@ def test_the_smollm2_follow_up_is_the_stale_arena_on_new_seeds_paired_seed_by_se
     order = [(r.labels["setting"], r.labels["algorithm.preset"], r.labels["seed"]) for r in runs]
     expected = []
     for seed in range(3, 15):
-        lag4 = ("rec-oneside-nois", "grpo", "red-weight") + (("reinforce",) if seed <= 8 else ())
+        lag4 = ("rec-oneside-nois", "grpo", "red-weight") + (("reinforce", "red-weight-adaptive") if seed <= 8 else ())
         expected += [("lag-4", p, str(seed)) for p in lag4] + ([("lag-0", "grpo", str(seed))] if seed <= 9 else [])
         expected += [("lag-4-96", "reinforce", "3"), ("lag-4-96", "reinforce", "4")] if seed == 8 else []
     assert order == expected
@@ -215,10 +215,12 @@ def test_the_smollm2_follow_up_is_the_stale_arena_on_new_seeds_paired_seed_by_se
         if run.labels["seed"] != "3":
             continue
         config = load_config(base, list(run.overrides)).model_dump()
-        setting = run.labels["setting"]
-        other = twin[(run.labels["algorithm.preset"], setting.removesuffix("-96"))]
+        preset, setting = run.labels["algorithm.preset"], run.labels["setting"]
+        arena_preset = "rec-oneside-nois" if preset == "red-weight-adaptive" else preset  # not run by the arena
+        other = load_config(base, list(twin[(arena_preset, setting.removesuffix("-96"))].overrides)).model_dump()
+        other["algorithm"] = config["algorithm"] if preset == "red-weight-adaptive" else other["algorithm"]
         steps = 96 if setting == "lag-4-96" else 48
-        assert config == {**load_config(base, list(other.overrides)).model_dump(), "seed": 3, "steps": steps}
+        assert config == {**other, "seed": 3, "steps": steps}
     declared = findings.parse(spec["report"]["findings"], "spec")
     C = findings.Contrast
     assert list(declared.values()) == [
@@ -232,6 +234,7 @@ def test_the_smollm2_follow_up_is_the_stale_arena_on_new_seeds_paired_seed_by_se
             C(("grpo", "lag-4"), ("reinforce", "lag-4"), 0.0, "final_accuracy"),
             C(("rec-oneside-nois", "lag-4"), ("reinforce", "lag-4"), 0.0, "final_accuracy"),
         ],
+        [C(("red-weight-adaptive", "lag-4"), ("rec-oneside-nois", "lag-4"), 0.1, "accuracy_auc")],
     ]
 
 
