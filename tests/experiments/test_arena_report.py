@@ -21,16 +21,28 @@ FINAL = {
 SETTINGS = {"lag-0": (1, 0), "lag-1": (1, 1), "lag-4": (1, 4), "offline": (1000, 0)}
 
 
-SHIFTS = {"grpo": (-0.01, 0.01), "m2po": (0.01, -0.01), "reinforce": (0.0, 0.0)}
-"""Each method's two seeds around its mean: noise of each run's own (σ̂ = 0.014), no seed effect."""
+SHIFTS = {
+    "grpo": (-0.01, 0.01, 0.005, -0.005),
+    "m2po": (0.01, -0.01, -0.005, 0.005),
+    "reinforce": (0.0, 0.002, -0.002, 0.0),
+}
+"""Each method's four seeds around its mean: noise of each run's own, no seed effect (grpo − m2po's paired
+differences have SD 0.018, reinforce's pairs about half that); ``shift`` turns them by the lag, so that a method's
+own lags differ by noise too."""
+
+
+def shift(preset: str, setting: str, seed: int) -> float:
+    turn = (0, 1, 1, 3)[list(SETTINGS).index(setting.removesuffix("-bf16"))]
+    return SHIFTS[preset][(seed + turn) % 4]
 
 
 def summaries():
     out = []
     for preset, values in FINAL.items():
         for (setting, _), value in zip(SETTINGS.items(), values, strict=True):
-            for seed, shift in enumerate(SHIFTS[preset]):
-                numbers = {"final_accuracy": value + shift, "accuracy_auc": (0.40 + value + shift) / 2}
+            for seed in range(4):
+                final = value + shift(preset, setting, seed)
+                numbers = {"final_accuracy": final, "accuracy_auc": (0.40 + final) / 2}
                 out.append(({"preset": preset, "setting": setting, "seed": str(seed)}, numbers))
     return out
 
@@ -52,30 +64,36 @@ def test_tier_table_bolds_the_tier_and_says_how_far_below_the_rest_are():
     assert rows[0] == "| method | lag 0 | lag 1 | lag 4 | offline | pooled |"
     body = {row.split(" | ")[0].removeprefix("| "): row for row in rows[2:]}
     assert list(body) == ["grpo", "m2po", "reinforce"]  # by name: a tier is not ranked
-    # Lag 0: 7 points between the highest and the lowest mean, within two seeds' noise: all bold, none ranked.
-    assert all(row.split(" | ")[1].startswith("**") for row in rows[2:])
-    # Lag 4: m2po and grpo tied (4 points apart), reinforce 14 points below the best; offline grpo falls off too.
-    assert body["grpo"].endswith("| **0.500** | 0.300 (−22.0) | 0.495 (−4.8) |")
+    # Lag 1: grpo and m2po 2 points apart within their pair's noise: both bold, not ranked; reinforce 8 below.
+    assert [row.split(" | ")[2] for row in rows[2:]] == ["**0.580**", "**0.560**", "0.500 (−8.0)"]
+    # Lag 4: grpo 4 points under m2po, separable with all four seeds but not without seed 1, 2 or 3: fragile (†).
+    assert body["grpo"].endswith("| **0.580** | 0.500 (−4.0)† | 0.300 (−22.0) | 0.495 (−4.8) |")
     assert body["reinforce"].endswith("| 0.400 (−14.0) | 0.200 (−32.0) | 0.430 (−11.3) |")
 
 
 def test_verdicts_name_the_tier_without_ranking_it_and_the_rest_by_how_much():
     analysis = tiers.analyse(summaries(), "final_accuracy")
     text = "\n".join(tiers.verdict_lines(analysis))
-    assert "- **lag-0**: all 3 tied (means 0.550-0.620): nothing separable." in text
-    assert "- **lag-4**: grpo, m2po tied best (means 0.500-0.540); below: reinforce 14.0 ± 6.1 (p̃ = 0.030)." in text
+    assert (
+        "- **lag-1**: grpo, m2po in the tier of the best (means 0.560-0.580); below: reinforce 8.0 under grpo "
+        "(≥ 6.6, p̃ < 0.001)." in text
+    )
+    assert "below: grpo† 4.0 under m2po (≥ 1.1, p̃ = 0.022)" in text and "† grpo without seed 1, 2, 3" in text
     assert "pooled over lag-0, lag-1, lag-4, offline" in text
-    assert "Pooled: the mean over the lags" in text  # its legend, where a pooled line follows
+    assert "Pooled: per seed the mean over the lags" in text  # its legend, where a pooled line follows
 
 
-def test_significant_losses_need_a_lag_zero_and_a_loss_beyond_the_noise():
+def test_significant_losses_are_one_family_with_each_pairs_own_noise():
     losses = tiers.significant_losses(summaries())
-    assert losses["m2po"] is None  # 0.55 -> 0.52 offline: within its spread
-    assert losses["reinforce"] is not None and losses["reinforce"][0] == 1.0
-    assert losses["reinforce"][1].mean == pytest.approx(0.12)
-    assert losses["grpo"] is not None and losses["grpo"][0] == 4.0  # its 2 points at lag 1 are within the noise
+    assert losses["reinforce"].lag == 1.0 and losses["reinforce"].difference.mean == pytest.approx(0.12)
+    assert losses["grpo"].lag == 4.0  # its 2 points at lag 1 are within the noise
+    # m2po's 3 points offline: significant after Holm over all 9 method × lag tests, but seeds 0, 2 or 3 left out
+    # undo it: fragile, and the seeds named.
+    assert losses["m2po"].lag == arena.OFFLINE and losses["m2po"].fragile == ("0", "2", "3")
+    assert losses["m2po"].difference.p_adjusted == pytest.approx(min(1, 4 * losses["m2po"].difference.p))
+    assert "Holm over all 9 method × lag tests" in "\n".join(tiers.loss_lines(summaries()))
     no_zero = [(labels, numbers) for labels, numbers in summaries() if labels["setting"] != "lag-0"]
-    assert all(found is None for found in tiers.significant_losses(no_zero).values())
+    assert all(found.lag is None for found in tiers.significant_losses(no_zero).values())
 
 
 def test_identical_runs_are_named_at_their_lag():
@@ -96,7 +114,7 @@ def test_report_of_a_synthetic_arena_has_the_lag_figure_and_tables(tmp_path):
                 **{name: {"sync.interval": k, "sync.offset": m} for name, (k, m) in SETTINGS.items()},
                 "lag-0-bf16": {"sync.interval": 1, "sync.offset": 0, "rollout.dtype": "bfloat16"},
             },
-            "seed": [0, 1],
+            "seed": [0, 1, 2, 3],
         },
     }
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -107,9 +125,8 @@ def test_report_of_a_synthetic_arena_has_the_lag_figure_and_tables(tmp_path):
         run_dir.mkdir()
         save_config(load_config(overrides=list(run.overrides)), run_dir / "config.yaml")
         setting = run.labels["setting"].removesuffix("-bf16")
-        final = (
-            FINAL[run.labels["algorithm.preset"]][list(SETTINGS).index(setting)]
-            + (SHIFTS[run.labels["algorithm.preset"]][int(run.labels["seed"])])
+        final = FINAL[run.labels["algorithm.preset"]][list(SETTINGS).index(setting)] + shift(
+            run.labels["algorithm.preset"], run.labels["setting"], int(run.labels["seed"])
         )
         rows = [{"step": 0, "eval/accuracy": 0.40}, {"step": 20, "reward/mean": 0.5, "loss/clip_frac": 0.1},
                 {"step": 40, "eval/accuracy": final, "reward/mean": 0.6}]  # fmt: skip
@@ -118,16 +135,16 @@ def test_report_of_a_synthetic_arena_has_the_lag_figure_and_tables(tmp_path):
     text = report.build_report(tmp_path).read_text()
     assert "## Accuracy against lag" in text and (tmp_path / "figures" / "arena-lag.png").stat().st_size > 10_000
     assert text.index("## What these seeds can tell apart") < text.index("## Final eval accuracy")
-    assert "| final eval accuracy | " in text and "(3 pairs) |" in text  # the MDE, Holm over 3 pairs of methods
+    assert "| final eval accuracy | lag-4 | 4 | " in text and "(3 methods) |" in text  # the MDE against the best
     assert "Tiers by lag, final eval accuracy" in text and "First lag with a significant loss" in text
-    assert "| m2po | **0.550** | **0.560** | **0.540** | **0.520** | **0.542** |" in text
+    assert "| m2po | 0.550 (−7.0) | **0.560** | **0.540** | **0.520** | **0.542** |" in text
     assert "Settings not on the lag ladder (not in the tiers by lag): lag-0-bf16." in text
     assert (tmp_path / "stats.csv").is_file()
     # The bf16 runs repeat their float32 pair's numbers: the mismatch table shows a change of 0.
     assert (
         "## The bfloat16 sampler at equal staleness" in text and (tmp_path / "figures" / "arena-mismatch.png").is_file()
     )
-    assert "| grpo | 0.600 → 0.600 (+0.000 ± 0.061) |" in text  # ± the spread of a new seed, not of these copies
+    assert "| grpo | 0.600 → 0.600 (+0.000 ± 0.016) |" in text  # ± the spread of a new seed, not of these copies
 
 
 def test_mismatch_pairs_match_each_bf16_setting_with_its_float32_twin():
@@ -150,8 +167,8 @@ def test_fewer_than_two_lags_add_nothing(tmp_path):
 
 @pytest.mark.parametrize("metric", list(arena.METRICS))
 def test_by_method_and_lag_drops_nan(metric):
-    data = [*summaries(), ({"preset": "grpo", "setting": "lag-1", "seed": "2"}, {metric: float("nan")})]
-    assert len(arena.by_method_and_lag(data, metric)["grpo"][1.0]) == 2
+    data = [*summaries(), ({"preset": "grpo", "setting": "lag-1", "seed": "4"}, {metric: float("nan")})]
+    assert len(arena.by_method_and_lag(data, metric)["grpo"][1.0]) == 4
 
 
 def test_tables_keep_a_sweep_axis_apart_from_the_mean_over_seeds():
@@ -214,9 +231,9 @@ def test_the_report_of_a_committed_results_csv_and_its_plan(tmp_path, capsys):
     write_table(rows, tmp_path / "results.csv")
     assert report.main([str(tmp_path), "--plan", "0.01"]) == 0
     out = capsys.readouterr().out
-    assert "Seeds per cell to find a true difference of 1.0 points" in out and "pooled over 4 lags" in out
+    assert "Seeds to find a true difference of 1.0 points" in out and "final eval accuracy, pooled: median pair" in out
     text = (tmp_path / "report.md").read_text()
-    assert "24 runs, read from results.csv" in text and "## Figures (all presets)" not in text
+    assert "48 runs, read from results.csv" in text and "## Figures (all presets)" not in text
     assert "Tiers by lag" in text and (tmp_path / "figures" / "arena-lag.png").is_file()
     assert not (tmp_path / "figures" / "eval_accuracy.png").exists()
     with pytest.raises(OprlError, match="--plan 2"):
@@ -228,7 +245,7 @@ def test_the_report_of_a_committed_results_csv_and_its_plan(tmp_path, capsys):
 def test_one_seed_per_cell_says_nothing_can_be_told_apart():
     one_seed = [(labels, numbers) for labels, numbers in summaries() if labels["seed"] == "0"]
     analyses = [tiers.analyse(one_seed, metric) for metric in tiers.METRICS]
-    assert "(No σ̂: every cell has one seed" in "\n".join(tiers.design_lines(analyses))
+    assert "(No noise: no two methods share two seeds" in "\n".join(tiers.design_lines(analyses))
     assert "nothing can be told apart" in "\n".join(tiers.verdict_lines(analyses[0]))
     assert "cannot be tested with one seed per cell" in tiers.loss_lines(one_seed)[0]
 
@@ -250,7 +267,7 @@ def test_a_sweep_in_progress_names_the_cells_still_missing_seeds():
     partial = [(lab, num) for lab, num in summaries() if not (lab["preset"] == "m2po" and lab["seed"] == "1")]
     text = "\n".join(tiers.design_lines([tiers.analyse(partial, metric) for metric in tiers.METRICS]))
     assert (
-        "Seeds still missing: m2po (lag-0) 1 of 2, m2po (lag-1) 1 of 2, m2po (lag-4) 1 of 2, m2po (offline) 1 of 2."
+        "Seeds still missing: m2po (lag-0) 3 of 4, m2po (lag-1) 3 of 4, m2po (lag-4) 3 of 4, m2po (offline) 3 of 4."
         in text
     )
     complete = "\n".join(tiers.design_lines([tiers.analyse(summaries(), m) for m in tiers.METRICS]))

@@ -1,8 +1,10 @@
 """``report.findings``: claims declared before the data, decided by the seeds, in words: holds, does not hold, or
-undetermined with the smallest effect the design could have seen.
+undetermined with the smallest effect the design could have seen; each verdict checked for robustness and dated
+against its runs.
 
-A finding is a list of **contrasts**, each a claim about a − b, two cells of the sweep (a cell: a method at a
-setting, paired over seeds), on one metric (default final eval accuracy; ``accuracy_auc`` for "learns faster"):
+A finding is a list of **contrasts**, each a one-sided claim about a − b, two cells of the sweep (a cell: a method
+at a setting, paired over seeds), on one metric (default final eval accuracy; ``accuracy_auc`` for "learns
+faster"):
 
     a − b > −margin        (margin 0: "a is better than b"; margin δ > 0: "a is no worse than b by δ or more")
 
@@ -13,19 +15,24 @@ Spec (``report.findings`` in a sweep spec; ``setting`` may be a list, one contra
       "F1: dropping IS costs little": [{a: rec-oneside-nois, b: grpo, setting: lag-4, margin: 0.1}]
       "Anchor": [{a: grpo@lag-4, b: grpo@lag-0, margin: 0.1}]     # cells of two settings: preset@setting
 
-Statistics (``oprl.experiments.stats``): d̄ the paired mean difference over the seeds both cells have. Within one
-setting SE = σ̂ · sqrt(2 / n) with σ̂ the residual SD of that setting's methods (method + seed model, as the report's
-tiers); across two settings the seeds are not one block, so σ̂ is the two cells' pooled sample SD (as the loss
-against a method's own lag 0). Every interval is a 1 − α/m interval, m = the number of contrasts of all the
-findings (Bonferroni), so all the verdicts together are wrong with probability ≤ α = 0.05:
+Statistics (``oprl.experiments.stats``): each contrast with its own noise, ``stats.contrast``: paired over the
+seeds both cells have (SE = s_d / √n of its paired differences, n − 1 df), or Welch's test where they share fewer
+than two; ``report.noise: pooled`` declares the pooled σ̂ instead (the setting's residual σ̂ within one setting,
+the two cells' pooled sample SD across two), printed beside Brown–Forsythe's test. **One family per report**: the
+m contrasts of all the findings, Bonferroni: each claim's two one-sided bounds d̄ ∓ t_{1−α/m, df} · SE, so all
+the verdicts together are wrong with probability ≤ α = 0.05 (a contrast can err only in the direction its truth
+allows):
 
-- **holds** when the interval lies above −margin; **does not hold** when it lies below −margin;
-- **undetermined** otherwise, with the design's minimum detectable difference (80 % power at α/m, ``stats.mde``):
-  an effect at least that large would most likely have been decided;
+- **holds** when the lower bound lies above −margin; **does not hold** when the upper bound lies below −margin;
+- **undetermined** otherwise, with the design's minimum detectable difference (the a − b + margin that the
+  one-sided test at α/m finds with 80 % power, ``stats.mde``): an effect that large would most likely have been
+  decided;
 - **pending** when a cell has no finished run yet (a sweep in progress).
 
 A finding holds when all of its contrasts hold, does not hold when any does not, is pending while any is, and is
-undetermined otherwise.
+undetermined otherwise. **Robust** or **fragile**: each verdict is decided again with each seed left out (and,
+with a pooled σ̂, each other method of the setting left out of σ̂); one that changes is fragile, and what changes
+it is named. The declaration (``oprl.experiments.declared``) is added by the report.
 """
 
 from __future__ import annotations
@@ -34,10 +41,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from oprl.errors import OprlError
 from oprl.experiments import stats
 from oprl.experiments.tiers import METRICS, points, values_by_setting
+
+if TYPE_CHECKING:  # declared imports this module
+    from oprl.experiments.declared import Status
 
 CONTRAST_KEYS = ("a", "b", "setting", "margin", "metric")
 
@@ -62,17 +73,24 @@ class Contrast:
 
 @dataclass(frozen=True)
 class Decided:
-    """One contrast decided: d̄ and its 1 − α/m interval (accuracy units), σ̂'s df, the MDE, the verdict."""
+    """One contrast decided: d̄, its two one-sided bounds at α/m (accuracy units), the one-sided p of the claim,
+    df and procedure, the MDE, the verdict, the seeds each cell used, the leave-one-out flips
+    ``((left out, verdict), ...)``."""
 
     contrast: Contrast
     n: int
     mean: float
     low: float
     high: float
-    df: int
+    df: float
     mde: float
     verdict: str
     """``holds``, ``does not hold``, ``undetermined`` or ``pending``."""
+    procedure: str = stats.PAIRED
+    p: float = math.nan
+    seeds: tuple = ()
+    """``((cell, seed), ...)``: the runs the contrast used."""
+    flips: tuple = ()
 
 
 def parse(raw: object, where: str) -> dict[str, list[Contrast]]:
@@ -121,27 +139,59 @@ def _cell(text: object, setting: object, where: str, key: str) -> tuple[str, str
     return method.strip(), str(chosen).strip()
 
 
-def decide(findings: Mapping[str, list[Contrast]], summaries, alpha: float = stats.ALPHA) -> dict[str, list[Decided]]:
+def decide(
+    findings: Mapping[str, list[Contrast]], summaries, alpha: float = stats.ALPHA, noise: str = "own"
+) -> dict[str, list[Decided]]:
     """Every contrast of ``findings`` decided on the sweep's ``(labels, numbers)`` summaries (module docstring)."""
     level = alpha / max(1, sum(len(c) for c in findings.values()))
     tables = {metric: values_by_setting(summaries, metric) for metric in METRICS}  # {setting: {method: {seed: v}}}
     out: dict[str, list[Decided]] = {}
     for name, contrasts in findings.items():
-        out[name] = []
-        for c in contrasts:
-            table = tables[c.metric]
-            a, b = (table.get(setting, {}).get(method, {}) for method, setting in (c.a, c.b))
-            if not a or not b:
-                out[name].append(Decided(c, 0, math.nan, math.nan, math.nan, 0, math.nan, "pending"))
-                continue
-            if c.a[1] == c.b[1]:  # one setting: its methods' residual σ̂ (the pairing takes the seed out)
-                sigma = stats.residual_noise(table[c.a[1]])
-            else:  # two settings: the two cells' own pooled sample SD
-                sigma = stats.Noise(*stats.pooled_sd([list(a.values()), list(b.values())]))
-            d = stats.difference(a, b, sigma, alpha=level)
-            effect = stats.mde(d.se, d.df, alpha=level) if d.se == d.se else math.inf
-            out[name].append(Decided(c, d.n, d.mean, d.low, d.high, d.df, effect, _verdict(d.low, d.high, c.margin)))
+        out[name] = [_decided(c, tables[c.metric], level, noise) for c in contrasts]
     return out
+
+
+def _decided(c: Contrast, table, level: float, noise: str) -> Decided:
+    """One contrast: its verdict, then the same with each seed (and, pooled, each other method) left out."""
+    a, b = (table.get(setting, {}).get(method, {}) for method, setting in (c.a, c.b))
+    if not a or not b:
+        return Decided(c, 0, math.nan, math.nan, math.nan, 0, math.nan, "pending")
+    d = _test(c, a, b, table, level, noise)
+    effect = stats.mde(d.se, d.df, alpha=level, tails=1) if d.se == d.se else math.inf
+    verdict = _verdict(d.low, d.high, c.margin)
+    used = sorted(set(a) & set(b), key=str) if d.procedure != stats.WELCH else sorted({*a, *b}, key=str)
+    seeds = tuple((cell, seed) for seed in used for cell, values in ((c.a, a), (c.b, b)) if seed in values)
+
+    def without(left) -> str:
+        kind, unit = left
+        if kind == "seed":
+            drop = {k: v for k, v in a.items() if k != unit}, {k: v for k, v in b.items() if k != unit}
+            rest = {m: {k: v for k, v in per.items() if k != unit} for m, per in table.get(c.a[1], {}).items()}
+            return _verdict_of(_test(c, *drop, {**table, c.a[1]: rest}, level, noise), c.margin)
+        rest = {m: per for m, per in table.get(c.a[1], {}).items() if m != unit}
+        return _verdict_of(_test(c, a, b, {**table, c.a[1]: rest}, level, noise), c.margin)
+
+    leave = [("seed", u) for u in used]
+    if noise == "pooled" and c.a[1] == c.b[1]:  # the pool's other methods: would one of them decide it?
+        leave += [("method", m) for m in sorted(table.get(c.a[1], {})) if m not in (c.a[0], c.b[0])]
+    flips = tuple((f"{'seed ' if kind == 'seed' else 'σ̂ without '}{unit}", v)
+                  for (kind, unit), v in stats.flips(verdict, without, leave))  # fmt: skip
+    return Decided(c, d.n, d.mean, d.low, d.high, d.df, effect, verdict, d.procedure, d.p, seeds, flips)
+
+
+def _test(c: Contrast, a, b, table, level: float, noise: str) -> stats.Difference:
+    """a − b > −margin, one-sided at α/m: its own noise, or the declared pooled σ̂."""
+    if noise != "pooled":
+        return stats.contrast(a, b, alpha=level, tails=1, threshold=-c.margin)
+    if c.a[1] == c.b[1]:  # one setting: its methods' residual σ̂ (the pairing takes the seed out)
+        sigma = stats.residual_noise(table[c.a[1]])
+    else:  # two settings: the two cells' own pooled sample SD
+        sigma = stats.Noise(*stats.pooled_sd([list(a.values()), list(b.values())]))
+    return stats.difference(a, b, sigma, alpha=level, tails=1, threshold=-c.margin)
+
+
+def _verdict_of(d: stats.Difference, margin: float) -> str:
+    return _verdict(d.low, d.high, margin) if d.n else "pending"
 
 
 def _verdict(low: float, high: float, margin: float) -> str:
@@ -153,56 +203,99 @@ def _verdict(low: float, high: float, margin: float) -> str:
 
 
 def overall(decided: list[Decided]) -> str:
-    verdicts = {d.verdict for d in decided}
+    return _overall([d.verdict for d in decided])
+
+
+def _overall(verdicts: list[str]) -> str:
     if "does not hold" in verdicts:
         return "does not hold"
     if "pending" in verdicts:
         return "pending"
-    return "holds" if verdicts == {"holds"} else "undetermined"
+    return "holds" if set(verdicts) == {"holds"} else "undetermined"
+
+
+def robustness(decided: list[Decided]) -> str:
+    """``robust``, or ``fragile: <what> → <verdict>`` for each left-out unit that changes the finding's verdict
+    (the contrasts' own flips, taken together)."""
+    verdict = overall(decided)
+    units = sorted({unit for d in decided for unit, _ in d.flips}, key=_unit_rank)
+    changes = []
+    for unit in units:
+        again = _overall([dict(d.flips).get(unit, d.verdict) for d in decided])
+        if again != verdict:
+            changes.append(f"{unit} → {again}")
+    return "fragile: " + "; ".join(changes) if changes else "robust"
+
+
+def _unit_rank(unit: str) -> tuple:
+    """Left-out units in order: seeds numerically, then the methods left out of a pooled σ̂."""
+    last = unit.rsplit(" ", 1)[-1]
+    return (0, int(last), unit) if unit.startswith("seed ") and last.isdigit() else (1, 0, unit)
 
 
 def confidence(decided: dict[str, list[Decided]], alpha: float = stats.ALPHA) -> tuple[int, str]:
-    """m, the number of contrasts, and the confidence of their intervals, 1 − α/m, as a percentage text."""
+    """m, the number of contrasts, and the confidence of each one-sided bound, 1 − α/m, as a percentage text."""
     m = sum(len(d) for d in decided.values())
     return m, f"{100 * (1 - alpha / max(1, m)):.2f} %"
 
 
-def lines(decided: dict[str, list[Decided]], alpha: float = stats.ALPHA) -> list[str]:
-    """The report's findings section: one table row per contrast, one verdict line per finding."""
+def _df(df: float) -> str:
+    return f"{df:.0f}" if float(df).is_integer() else f"{df:.1f}"
+
+
+def lines(
+    decided: dict[str, list[Decided]], status: Mapping[str, Status] | None = None, alpha: float = stats.ALPHA,
+    noise: str = "own",
+) -> list[str]:  # fmt: skip
+    """The report's findings section: one table row per contrast, one line per finding with its verdict, its
+    robustness and (``status``, from ``declared``) whether it was declared before its data."""
     m, level = confidence(decided, alpha)
+    how = "the pooled σ̂ (declared: `report.noise: pooled`)" if noise == "pooled" else "each contrast's own noise"
     out = [
         "## Findings (`report.findings`)",
         "",
-        f"Each claim is a − b > −margin, paired over seeds; intervals are {level} "
-        f"(Bonferroni over the {m} contrasts, so all verdicts together err with probability ≤ {alpha:g}); holds: "
-        "the interval lies above −margin, does not hold: below it, else undetermined (MDE: the difference found "
-        "with 80 % power at that level). Points = 0.01 of accuracy.",
+        f"Each claim is a − b > −margin, one-sided, with {how}: paired over the seeds both cells have (paired t, "
+        f"n − 1 df), or Welch's t where they share fewer than two. One family: the {m} contrasts of this report, "
+        f"Bonferroni; the bounds are the two one-sided {level} bounds (α/{m} each side), so all verdicts together "
+        f"err with probability ≤ {alpha:g}. Holds: the lower bound lies above −margin; does not hold: the upper "
+        "bound lies below it; else undetermined (MDE: the a − b + margin that the one-sided test finds with 80 % "
+        "power). Robust: no verdict changes when any one seed is left out; fragile: what changes it. Declared: "
+        "`oprl.experiments.declared` (the spec's git history against each run's first commit). Points = 0.01 of "
+        "accuracy.",
         "",
-        "| finding | claim | n | a − b (points) | interval | df | MDE | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| finding | claim | n | a − b (points) | bounds | p | test (df) | MDE | verdict | robustness |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in decided.items():
         for index, d in enumerate(rows):
             name = name if index == 0 else ""  # the finding once, above its contrasts
             if d.verdict == "pending":
-                out.append(f"| {name} | {d.contrast.claim} | 0 | — | — | — | — | pending (no run yet) |")
+                out.append(f"| {name} | {d.contrast.claim} | 0 | — | — | — | — | — | pending (no run yet) | — |")
                 continue
-            interval = "—" if math.isnan(d.low) else f"[{points(d.low)}, {points(d.high)}]"
+            bounds = "—" if math.isnan(d.low) else f"[{points(d.low)}, {points(d.high)}]"
             mde = "∞" if math.isinf(d.mde) else ("—" if math.isnan(d.mde) else points(d.mde))
-            out.append(f"| {name} | {d.contrast.claim} | {d.n} | {points(d.mean)} | {interval} | {d.df} | {mde} | "
-                       f"{d.verdict} |")  # fmt: skip
+            p = "—" if math.isnan(d.p) else f"{d.p:.2g}"
+            flips = "; ".join(f"{unit} → {v}" for unit, v in d.flips) if d.flips else "robust"
+            out.append(f"| {name} | {d.contrast.claim} | {d.n} | {points(d.mean)} | {bounds} | {p} | {d.procedure} "
+                       f"({_df(d.df)}) | {mde} | {d.verdict} | {flips} |")  # fmt: skip
     out.append("")
     for name, rows in decided.items():
-        out.append(f"- **{name}**: {overall(rows)}")
+        declared = f"; {status[name].label}{_when(status[name])}" if status and name in status else ""
+        out.append(f"- **{name}**: {overall(rows)} ({robustness(rows)}{declared})")
     return [*out, ""]
+
+
+def _when(status: Status) -> str:
+    d = status.declared
+    return f", commit {d.commit[:7]} {d.at:%Y-%m-%d %H:%M} UTC" if d.commit and d.at else ""
 
 
 COLORS = {"holds": "tab:green", "does not hold": "tab:red", "undetermined": "tab:gray"}
 
 
 def plot(decided: dict[str, list[Decided]], out: Path) -> Path | None:
-    """A forest plot: one row per decided contrast, d̄ with its 1 − α/m interval in points, the claim's threshold
-    −margin as a tick, coloured by verdict; None when no contrast has an interval yet."""
+    """A forest plot: one row per decided contrast, d̄ between its one-sided 1 − α/m bounds in points, the claim's
+    threshold −margin as a tick, coloured by verdict; None when no contrast has an interval yet."""
     drawn = [(name, d) for name, rows in decided.items() for d in rows if not math.isnan(d.low)]
     if not drawn:
         return None
@@ -226,7 +319,7 @@ def plot(decided: dict[str, list[Decided]], out: Path) -> Path | None:
     # Beside the axes, not inside: inside it covered the lowest claim's interval on a short plot.
     axis.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     m, level = confidence(decided)
-    axis.set_title(f"Findings: a − b with its {level} interval (Bonferroni over {m})")
+    axis.set_title(f"Findings: a − b between its one-sided {level} bounds (Bonferroni over {m})")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")  # the long claims on the left stay whole
@@ -234,15 +327,28 @@ def plot(decided: dict[str, list[Decided]], out: Path) -> Path | None:
     return out
 
 
-def rows(decided: dict[str, list[Decided]]) -> list[dict]:
-    """``findings.csv``: one row per contrast, accuracy units."""
+def _declared_columns(found: Status | None) -> dict:
+    if found is None:
+        return {"declaration": "", "declared_commit": "", "declared_at": "", "runs": "", "runs_before": ""}
+    at = found.declared.at.isoformat() if found.declared.at else ""
+    return {"declaration": found.label, "declared_commit": found.declared.commit or "", "declared_at": at,
+            "runs": found.runs, "runs_before": found.before}  # fmt: skip
+
+
+def rows(decided: dict[str, list[Decided]], status: Mapping[str, Status] | None = None) -> list[dict]:
+    """``findings.csv``: one row per contrast, accuracy units; the finding's verdict, robustness and declaration
+    on each of its rows."""
     out = []
     for name, contrasts in decided.items():
+        found = (status or {}).get(name)
+        declared = _declared_columns(found)
         for d in contrasts:
             c = d.contrast
-            numbers = {"mean_a_minus_b": d.mean, "low": d.low, "high": d.high, "mde": d.mde}
+            numbers = {"mean_a_minus_b": d.mean, "low": d.low, "high": d.high, "p": d.p, "mde": d.mde}
             out.append({"finding": name, "a": c.a[0], "a_setting": c.a[1], "b": c.b[0], "b_setting": c.b[1],
-                        "metric": c.metric, "margin": c.margin, "n": d.n, "df": d.df,
-                        **{k: float(f"{v:.6g}") for k, v in numbers.items()}, "verdict": d.verdict,
-                        "finding_verdict": overall(contrasts)})  # fmt: skip
+                        "metric": c.metric, "margin": c.margin, "n": d.n, "procedure": d.procedure,
+                        "df": float(f"{d.df:.4g}"), **{k: float(f"{v:.6g}") for k, v in numbers.items()},
+                        "verdict": d.verdict, "robustness": "; ".join(f"{u} → {v}" for u, v in d.flips) or "robust",
+                        "finding_verdict": overall(contrasts), "finding_robustness": robustness(contrasts),
+                        **declared})  # fmt: skip
     return out

@@ -1,16 +1,20 @@
 """``oprl report SWEEP_DIR``: figures plus a markdown report with the sweep's tables and what its seeds can tell.
 
-First what the design can detect (the noise of a run, 2 SE and the minimum detectable difference at 80 % power,
+First what the design can detect (each pair's own noise, 2 SE and the minimum detectable difference at 80 % power,
 ``oprl.experiments.tiers``); then per cell (preset × setting; a row per value of any other sweep axis:
 ``aspo lr=0.0001``) n, mean, **sample** SD (n − 1) and the 95 % t-interval of final eval accuracy and of the area
 under the eval-accuracy curve (a mean accuracy over training), and the first step reaching initial accuracy +
-``report.threshold_gain`` (default 0.05); then per setting and pooled over the lag ladder the tier of methods not
-separable from the best and the methods below it, in words (every pairwise difference, Holm-adjusted, in
-``stats.csv``); with two or more lags (``lag-N``, ``stale-N``, ``offline``) accuracy against lag with intervals
-and the tiers by lag (``oprl.experiments.arena``); then, for each of the spec's ``report.groups``, one figure
+``report.threshold_gain`` (default 0.05); then per setting and pooled over the lag ladder the tier of the best
+(Hsu's MCB, each pair with its own noise) and the methods below it, in words, each place checked with one seed left
+out (every pairwise difference, Holm-adjusted, in ``stats.csv``); with two or more lags (``lag-N``, ``stale-N``,
+``offline``) accuracy against lag with intervals, the tiers by lag (``oprl.experiments.arena``) and the losses
+against each method's own lag 0 (one family, Holm); then, for each of the spec's ``report.groups``, one figure
 (accuracy, reward, clip fraction, KL to the initial policy, reverse KL to a teacher × settings) and its table;
-then the spec's ``report.findings``, each decided holds / does not hold / undetermined (``oprl.experiments.findings``;
-``findings.csv``). Labels are the sweep's own (its setting names).
+then the spec's ``report.findings``, one family (Bonferroni), each decided holds / does not hold / undetermined,
+robust or fragile (``oprl.experiments.findings``) and declared before its data or not (``oprl.experiments.declared``:
+the spec's git history against each run's first commit); all in ``findings.csv``. ``report.noise: pooled``
+declares the pooled σ̂ instead of each pair's own noise (printed beside Brown–Forsythe's test). Labels are the
+sweep's own (its setting names).
 
 A directory with a ``results.csv`` and no run directories (a committed sweep: docs/reproduction/arena) gets the
 same report from the CSV, less what needs the runs' curves (training-curve figures, groups). ``--plan DELTA``
@@ -28,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from oprl.errors import OprlError
-from oprl.experiments import findings, stats, tiers
+from oprl.experiments import declared, findings, stats, tiers
 from oprl.experiments.arena import arena_section
 from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
 from oprl.experiments.results import _canonical, collect_results, load_run, summarize, write_table
@@ -54,18 +58,26 @@ NUMBERS = ("final_accuracy", "initial_accuracy", "best_accuracy", "accuracy_auc"
 """The summary columns of a results.csv (``results.summarize``) read back as numbers."""
 
 
-def build_report(sweep_dir: Path) -> Path:
+def build_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
+    """The report of ``sweep_dir`` (its runs, or its results.csv), written with its tables and figures to
+    ``out_dir`` (default: the sweep directory itself)."""
     sweep_dir = Path(sweep_dir)
+    out_dir = Path(out_dir) if out_dir is not None else sweep_dir
     run_dirs = [d for d in sorted(sweep_dir.iterdir()) if (d / "summary.json").is_file()] if sweep_dir.is_dir() else []
     from_csv = not run_dirs and (sweep_dir / "results.csv").is_file()
     if not run_dirs and not from_csv:
         raise OprlError(f"report: no finished runs (directories with summary.json) and no results.csv in {sweep_dir}")
     spec = _spec(sweep_dir)
     report = spec.get("report") or {}
+    noise = report.get("noise", "own")
+    if noise not in tiers.NOISES:
+        raise OprlError(f"sweep spec {sweep_dir / 'sweep.yaml'}: report.noise must be one of {', '.join(tiers.NOISES)}"
+                        f", not {noise!r}")  # fmt: skip
     gain = threshold_gain(spec)
     records, runs = [], None
     if from_csv:
         summaries = summaries_from_csv(sweep_dir / "results.csv", spec)
+        names = _run_names(summaries, [row.get("run") for row in _csv_rows(sweep_dir / "results.csv")])
         figures: list[Path] = []
         source = f"{len(summaries)} runs, read from results.csv (no run directories: no training-curve figures)."
     else:
@@ -74,14 +86,16 @@ def build_report(sweep_dir: Path) -> Path:
         planned = {r.name: r.labels for r in runs or []}
         records = [load_run(d, planned.get(d.name)) for d in run_dirs]
         table = collect_results(sweep_dir, runs, threshold_gain=gain)
-        write_table(table, sweep_dir / "results.csv")
-        figures = plot_all(records, sweep_dir / "figures")
+        write_table(table, out_dir / "results.csv")
+        figures = plot_all(records, out_dir / "figures")
         summaries = [(r.labels, summarize(r, gain)) for r in records]
+        names = _run_names(summaries, [r.run_dir.name for r in records])
         source = f"{len(records)} finished runs."
-    analyses = [tiers.analyse(summaries, metric) for metric in tiers.METRICS]
-    write_table(tiers.pair_rows(analyses), sweep_dir / "stats.csv")
+    analyses = [tiers.analyse(summaries, metric, noise) for metric in tiers.METRICS]
+    write_table(tiers.pair_rows(analyses), out_dir / "stats.csv")
     lines = [f"# Sweep report: {sweep_dir.name}", "", source, "", *tiers.design_lines(analyses)]
-    lines += [f"Regenerate: `oprl report {sweep_dir}`. Every pairwise difference (Holm-adjusted): `stats.csv`.", ""]
+    lines += [f"Regenerate: `oprl report {sweep_dir}`. Every pairwise difference (two-sided, Holm over the pairs "
+              "of a comparison): `stats.csv`.", ""]  # fmt: skip
     for metric, title in (
         ("final_accuracy", "Final eval accuracy"),
         ("accuracy_auc", "Area under the eval-accuracy curve (mean accuracy over training)"),
@@ -103,18 +117,20 @@ def build_report(sweep_dir: Path) -> Path:
     for analysis in analyses:
         if analysis.pooled is not None:
             title = tiers.METRICS[analysis.metric]
-            tables += [f"Tiers by lag, {title} (mean over seeds; **bold**: tied with the best at that lag, else "
-                       "(−points below the best)):", "", *tiers.tier_table(analysis), ""]  # fmt: skip
+            tables += [f"Tiers by lag, {title} (mean over seeds; **bold**: in the tier of the best at that lag (MCB), "
+                       "else (−points below the method that puts it below); †: one seed left out changes the "
+                       "place):", "", *tiers.tier_table(analysis), ""]  # fmt: skip
     if tables:
         tables += tiers.loss_lines(summaries)
-    lines += arena_section(summaries, sweep_dir / "figures", tables)  # a lag ladder (the arena): accuracy against lag
+    lines += arena_section(summaries, out_dir / "figures", tables)  # a lag ladder (the arena): accuracy against lag
     claims = findings.parse(report.get("findings"), f"sweep spec {sweep_dir / 'sweep.yaml'}")
     if claims:
         _check_cells(claims, summaries, plan(spec) if spec.get("grid") else [], sweep_dir)
-        decided = findings.decide(claims, summaries)
-        write_table(findings.rows(decided), sweep_dir / "findings.csv")
-        lines += findings.lines(decided)
-        forest = findings.plot(decided, sweep_dir / "figures" / "findings.png")
+        decided = findings.decide(claims, summaries, noise=noise)
+        status = _declarations(sweep_dir, spec, decided, names)
+        write_table(findings.rows(decided, status), out_dir / "findings.csv")
+        lines += findings.lines(decided, status, noise=noise)
+        forest = findings.plot(decided, out_dir / "figures" / "findings.png")
         lines += [f"![Findings](figures/{forest.name})", ""] if forest else []
     rows = group_rows(report.get("panels") or GROUP_PANELS)
     planned_presets = {v for r in runs or [] for k, v in r.labels.items() if _canonical(k) == "preset"}
@@ -131,7 +147,7 @@ def build_report(sweep_dir: Path) -> Path:
             lines += [f"Not finished yet: {', '.join(missing)}.", ""]
         if not chosen:
             continue
-        figure = plot_grid(chosen, rows, sweep_dir / "figures" / f"group-{index}.png", title=title)
+        figure = plot_grid(chosen, rows, out_dir / "figures" / f"group-{index}.png", title=title)
         chosen_summaries = [(r.labels, summarize(r, gain)) for r in chosen]
         lines += [
             "Final eval accuracy (mean ± sample SD [95 % t-interval]):",
@@ -143,9 +159,34 @@ def build_report(sweep_dir: Path) -> Path:
     if figures:
         lines += ["## Figures (all presets)", ""]
         lines += [f"![{f.stem}](figures/{f.name})" for f in figures]
-    out = sweep_dir / "report.md"
+    out = out_dir / "report.md"
     out.write_text("\n".join(lines) + "\n")
     return out
+
+
+def _run_names(summaries, names: list[str | None]) -> dict[tuple[str, str, str], tuple[str | None, float]]:
+    """``{(method, setting, seed): (run name, seconds)}``: which run a finding's cell and seed is."""
+    return {(row_label(labels), labels["setting"], labels["seed"]): (name, numbers.get("seconds", math.nan))
+            for (labels, numbers), name in zip(summaries, names, strict=True)}  # fmt: skip
+
+
+def _declarations(sweep_dir: Path, spec: dict, decided, names) -> dict[str, declared.Status]:
+    """Each finding's declaration against its runs (``oprl.experiments.declared``)."""
+    source, why = declared.source_spec(sweep_dir, spec)
+    contrasts = [d.contrast for rows in decided.values() for d in rows]
+    when = declared.declarations(source, contrasts, why)
+    dates = declared.run_dates(sweep_dir)
+    out = {}
+    for name, rows in decided.items():
+        cells = dict.fromkeys((m, s, seed) for d in rows for (m, s), seed in d.seeds)  # a run in two contrasts: once
+        runs = [names.get(cell, (None, math.nan)) for cell in cells]
+        out[name] = declared.status([when[d.contrast] for d in rows], runs, dates)
+    return out
+
+
+def _csv_rows(path: Path) -> list[dict]:
+    with Path(path).open(newline="") as handle:
+        return list(csv.DictReader(handle))
 
 
 def _check_cells(claims, summaries, planned, sweep_dir: Path) -> None:
@@ -166,8 +207,7 @@ def summaries_from_csv(path: Path, spec: dict) -> list[tuple[dict[str, str], dic
     (where a sweep.yaml lies beside it), numbers the summary columns (``NUMBERS``)."""
     grids = spec.get("grid") or {}
     axes = {_canonical(axis) for grid in (grids if isinstance(grids, list) else [grids]) for axis in grid}
-    with Path(path).open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
+    rows = _csv_rows(path)
     missing = [c for c in ("preset", "setting", "seed") if rows and c not in rows[0]]
     if missing:
         raise OprlError(f"report: {path} has no column(s) {', '.join(missing)}")
@@ -254,12 +294,13 @@ def main(argv: list[str]) -> int:
         raise OprlError(f"report --plan {args.plan:g}: a difference of accuracy in (0, 1), e.g. 0.01 for 1 point")
     print(build_report(args.sweep_dir))
     if (_spec(args.sweep_dir).get("report") or {}).get("findings"):  # the verdicts in words, as the report has them
-        with (Path(args.sweep_dir) / "findings.csv").open(newline="") as handle:
-            verdicts = {row["finding"]: row["finding_verdict"] for row in csv.DictReader(handle)}
-        print("\n".join(f"{name}: {verdict}" for name, verdict in verdicts.items()))
+        verdicts = {row["finding"]: row for row in _csv_rows(Path(args.sweep_dir) / "findings.csv")}
+        print("\n".join(f"{name}: {row['finding_verdict']} ({row['finding_robustness']}; {row['declaration']})"
+                        for name, row in verdicts.items()))  # fmt: skip
     if args.plan is not None:
         summaries = _summaries(args.sweep_dir)
-        print("\n".join(tiers.plan_lines([tiers.analyse(summaries, m) for m in tiers.METRICS], args.plan)))
+        noise = (_spec(args.sweep_dir).get("report") or {}).get("noise", "own")
+        print("\n".join(tiers.plan_lines([tiers.analyse(summaries, m, noise) for m in tiers.METRICS], args.plan)))
     return 0
 
 

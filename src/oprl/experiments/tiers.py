@@ -3,11 +3,13 @@
 From per-run summaries (``(labels, numbers)`` pairs, ``results.summarize`` or a results.csv) and the pure
 statistics of ``oprl.experiments.stats``: for each metric where higher is better (final eval accuracy, its AUC),
 one comparison per setting (the methods at that lag, paired over seeds) and, with two or more settings on the lag
-ladder, one pooled over them (the methods run at every lag of it, paired over seeds × lags, each lag weighing the
-same). Each gives the tier not separable from the best and the methods below it, by how much; the design's minimum
-detectable difference goes at the top of the report, and ``oprl report --plan DELTA`` turns the same noise into
-seeds needed. Verdicts are words that never order the members of a tier. Differences are in points (1 point = 0.01
-of accuracy).
+ladder, one pooled over them (the methods run at every lag of it: per seed, the mean over the lags, each lag
+weighing the same; then paired over seeds). Each pair of methods carries its own noise (the SD of its paired
+differences) unless the spec declares ``report.noise: pooled``; the tier of the best is Hsu's MCB (``stats``),
+and every place in it is checked with each seed left out. Then each method's losses against its own lag 0, one
+family of every method × lag (Holm). The design's minimum detectable differences go at the top of the report,
+and ``oprl report --plan DELTA`` turns the same noise into seeds needed. Verdicts are words that never order
+the members of a tier. Differences are in points (1 point = 0.01 of accuracy).
 
 Not here: the statistics themselves (``stats``), the lag figure (``arena``), the per-cell tables (``report``).
 """
@@ -15,9 +17,10 @@ Not here: the statistics themselves (``stats``), the lag figure (``arena``), the
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oprl.experiments import stats
 from oprl.experiments.arena import lag_label, lag_of
@@ -28,6 +31,9 @@ METRICS = {"final_accuracy": "final eval accuracy", "accuracy_auc": "eval-accura
 
 LAYOUT = ("preset", "setting", "seed")
 """Labels a table lays out itself (rows, columns, the spread over seeds); any other sweep axis joins the row."""
+
+NOISES = ("own", "pooled")
+"""``report.noise``: each contrast with its own noise (the default), or the pooled σ̂ declared (``stats``)."""
 
 
 def row_label(labels: dict[str, str]) -> str:
@@ -51,19 +57,23 @@ class Analysis:
     metric: str
     per_setting: dict[str, stats.Comparison]
     pooled: stats.Comparison | None
+    """Pooled over the lag ladder (per seed the mean over its lags), or None."""
     ladder: list[str]
     """The settings pooled over, in lag order."""
-    noise: stats.Noise
-    """σ̂ of one run, pooled over every setting."""
     methods: int
     seeds: int
     """Seeds per cell (the most common count)."""
     short: dict[str, int]
     """Cells with fewer seeds than ``seeds`` (a sweep in progress): ``{"m2po (lag-4)": 1}``."""
+    noise: str = "own"
+    """``report.noise``: ``own`` (each pair's paired differences) or ``pooled`` (σ̂, declared)."""
+    spread: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    """With a pooled σ̂: per setting Brown–Forsythe's (W, p, methods) (``stats.spread_test``)."""
 
     @property
-    def pairs(self) -> int:
-        return self.methods * (self.methods - 1) // 2
+    def named(self) -> list[tuple[str, stats.Comparison]]:
+        """Every comparison with its name: the settings, then ``pooled`` over the ladder."""
+        return list(self.per_setting.items()) + ([("pooled", self.pooled)] if self.pooled is not None else [])
 
 
 def values_by_setting(summaries, metric: str) -> dict[str, dict[str, dict[Hashable, float]]]:
@@ -76,26 +86,40 @@ def values_by_setting(summaries, metric: str) -> dict[str, dict[str, dict[Hashab
     return {s: dict(table[s]) for s in sorted(table, key=_setting_rank)}
 
 
-def analyse(summaries, metric: str) -> Analysis:
+def analyse(summaries, metric: str, noise: str = "own") -> Analysis:
     by_setting = values_by_setting(summaries, metric)
-    per_setting = {setting: stats.compare(values) for setting, values in by_setting.items()}
+    pooled_noise = noise == "pooled"
+    per_setting = {setting: stats.compare(values, pooled=pooled_noise) for setting, values in by_setting.items()}
     ladder = sorted((s for s in by_setting if lag_of(s) is not None), key=lambda s: lag_of(s) or 0.0)
-    everything, strata = _stack(by_setting, list(by_setting))
     # Pooled over the ladder: the methods run at every lag of it. A method at one lag only (the stale arena's
     # lag-0 anchor is GRPO alone) would set its single lag's mean beside the others' means over every lag.
     everywhere = [m for m in by_setting[ladder[0]] if all(m in by_setting[s] for s in ladder)] if ladder else []
     pooled = None
     if len(ladder) >= 2 and len(everywhere) >= 2:
         on_ladder = {s: {m: by_setting[s][m] for m in everywhere} for s in ladder}
-        pooled = stats.compare(*_stack(on_ladder, ladder))
+        if pooled_noise:  # σ̂ fitted per lag (units: lag × seed, strata: the lags)
+            values, strata = _stack(on_ladder, ladder)
+            pooled = stats.compare(values, pooled=True, strata=strata)
+        else:
+            pooled = stats.compare(_over_lags(on_ladder, ladder))
     counts = [len(per) for values in by_setting.values() for per in values.values()]
     seeds = max(set(counts), key=counts.count) if counts else 0
     methods = len({m for values in by_setting.values() for m in values})
     short = {
         f"{m} ({s})": len(per) for s, values in by_setting.items() for m, per in values.items() if len(per) < seeds
     }
-    noise = stats.residual_noise(everything, strata)
-    return Analysis(metric, per_setting, pooled, ladder, noise, methods, seeds, short)
+    spread = {s: stats.spread_test(values) for s, values in by_setting.items()} if pooled_noise else {}
+    return Analysis(metric, per_setting, pooled, ladder, methods, seeds, short, noise, spread)
+
+
+def _over_lags(on_ladder, ladder: list[str]) -> dict[str, dict[Hashable, float]]:
+    """``{method: {seed: mean over the ladder's lags}}`` over the seeds a method has at every lag: the unit of a
+    pooled comparison is the seed (one seed's prompts at every lag), so its lags are averaged before pairing."""
+    out: dict[str, dict[Hashable, float]] = {}
+    for method in on_ladder[ladder[0]]:
+        seeds = [u for u in on_ladder[ladder[0]][method] if all(u in on_ladder[s][method] for s in ladder)]
+        out[method] = {u: statistics.fmean(on_ladder[s][method][u] for s in ladder) for u in seeds}
+    return out
 
 
 def _stack(by_setting, settings: list[str]):
@@ -110,64 +134,106 @@ def _stack(by_setting, settings: list[str]):
     return dict(values), strata
 
 
+def pair_sds(comparison: stats.Comparison) -> list[tuple[float, stats.Difference]]:
+    """(s_d, pair) of every paired pair of a comparison with its own noise: s_d = SE · √n, the SD of the paired
+    differences, largest first."""
+    found = [(d.se * math.sqrt(d.n), d) for d in comparison.pairs if d.procedure == stats.PAIRED and d.se == d.se]
+    return sorted(found, key=lambda x: -x[0])
+
+
 def design_lines(analyses: list[Analysis]) -> list[str]:
-    """The report's first section: the noise, and the smallest difference the design finds (2 SE, 80 % power)."""
+    """The report's first section: the noise of a contrast and the smallest difference the design finds."""
+    if analyses and analyses[0].noise == "pooled":
+        return _pooled_design_lines(analyses)
     lines = [
         "## What these seeds can tell apart",
         "",
         "Differences between two methods in points (0.01 of accuracy), paired over seeds (same prompts, same "
-        "evaluation samples); σ̂ is one run's seed-to-seed SD once the seed's effect on every method is taken "
-        "out (the residual of method + seed, per setting, identical runs counted once); 80 % power with Holm over "
-        "every pair of methods is its worst case (a single true difference among them). Formulas: "
-        "`oprl.experiments.stats`.",
+        "evaluation samples), each pair with its own noise: s_d, the SD of its paired differences, SE = s_d/√n "
+        "on n − 1 df. The noise differs from pair to pair (a collapsing seed makes a method's every pair noisy), "
+        "so the table gives the median pair and the noisiest. 80 % power; against the best: the one-sided test "
+        "at α/(k − 1) of the tier (Hsu's MCB). Formulas: `oprl.experiments.stats`.",
         "",
-        "| metric | σ̂ of a run (df) | comparison | pairs of runs | 2 SE | MDE, 80 % power, one test | "
-        "MDE, 80 % power, Holm over the pairs |",
+        "| metric | comparison | seeds | s_d of a pair: median (largest: pair) | 2 SE, median pair | "
+        "MDE, one test, median pair | MDE, one test, noisiest pair | MDE against the best, median pair |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for a in analyses:
+        for name, comparison in a.named:
+            found = pair_sds(comparison)
+            if not found:
+                continue
+            n = max(d.n for _, d in found)
+            median = statistics.median(sd for sd, _ in found)
+            (largest, pair), k = found[0], len(comparison.means)
+            se = median / math.sqrt(n)
+            lines.append(
+                f"| {METRICS[a.metric]} | {name} | {n} | {points(median, 2)} ({points(largest, 2)}: {pair.a} − "
+                f"{pair.b}) | {points(2 * se, 2)} | {points(stats.mde(se, n - 1), 2)} | "
+                f"{points(stats.mde(largest / math.sqrt(n), n - 1), 2)} | "
+                f"{points(stats.mde(se, n - 1, comparisons=max(1, k - 1), tails=1), 2)} ({k} methods) |"
+            )
+    if len(lines) == 6:  # no pair has two shared seeds: no table under the header
+        lines[4:] = ["(No noise: no two methods share two seeds, so no difference can be tested; run two seeds or "
+                     "more.)"]  # fmt: skip
+    return lines + _missing(analyses) + [""]
+
+
+def _missing(analyses: list[Analysis]) -> list[str]:
+    """A sweep in progress: the cells still short of seeds, named."""
+    partial = next((a for a in analyses if a.short), None)
+    if partial is None:
+        return []
+    cells = ", ".join(f"{cell} {n} of {partial.seeds}" for cell, n in partial.short.items())
+    return ["", f"Seeds still missing: {cells}. A pair is tested over the seeds both its methods have."]
+
+
+def _pooled_design_lines(analyses: list[Analysis]) -> list[str]:
+    """The design with the declared pooled σ̂, beside Brown–Forsythe's test of one noise level per setting."""
+    lines = [
+        "## What these seeds can tell apart (pooled σ̂, declared: `report.noise: pooled`)",
+        "",
+        "σ̂ is one run's seed-to-seed SD once the seed's effect on every method is taken out (the residual of "
+        "method + seed, per setting, identical runs counted once), assumed the same for every method of a setting; "
+        "Brown–Forsythe's test of that assumption is beside it (a small p: the methods' noise differs, and σ̂ "
+        "understates the noise of any pair with a noisy member). Formulas: `oprl.experiments.stats`.",
+        "",
+        "| metric | setting | σ̂ of a run (df) | Brown–Forsythe W (p), methods | 2 SE | MDE, one test | "
+        "MDE against the best |",
         "|---|---|---|---|---|---|---|",
     ]
     for a in analyses:
-        if math.isnan(a.noise.sd):
-            continue
-        designs = [(f"one setting, {a.methods} methods", 1)]
-        if a.pooled is not None:
-            designs.append((f"pooled over {len(a.ladder)} lags", len(a.ladder)))
-        for name, strata in designs:
-            se = stats.design_se(a.noise.sd, a.seeds, strata)
-            df = stats.design_df(a.methods, a.seeds, strata)
+        for name, comparison in a.per_setting.items():
+            noise = comparison.noise
+            if noise is None or math.isnan(noise.sd):
+                continue
+            w, p, k = a.spread.get(name, (math.nan, math.nan, 0))
+            se, df = stats.design_se(noise.sd, a.seeds), noise.df
+            test = "—" if math.isnan(w) else f"{w:.2f} ({p:.3g}), {k}"
             lines.append(
-                f"| {METRICS[a.metric]} | {points(a.noise.sd, 2)} ({a.noise.df}) | {name} | {a.seeds * strata} | "
-                f"{points(2 * se, 2)} | {points(stats.mde(se, df), 2)} | "
-                f"{points(stats.mde(se, df, comparisons=a.pairs), 2)} ({a.pairs} pairs) |"
+                f"| {METRICS[a.metric]} | {name} | {points(noise.sd, 2)} ({df}) | {test} | {points(2 * se, 2)} | "
+                f"{points(stats.mde(se, df), 2)} | "
+                f"{points(stats.mde(se, df, comparisons=max(1, k - 1), tails=1), 2)} |"
             )
-    if len(lines) == 6:  # no metric has a noise estimate: no table under the header
+    if len(lines) == 6:
         lines[4:] = ["(No σ̂: every cell has one seed, so no difference can be tested; run two seeds or more.)"]
-    elif partial := next((a for a in analyses if a.short), None):
-        # A sweep in progress: the rows are the finished design's; σ̂ is from the runs there are, and a method
-        # still missing seeds is left out of it when that leaves more degrees of freedom (stats.residual_noise).
-        cells = ", ".join(f"{cell} {n} of {partial.seeds}" for cell, n in partial.short.items())
-        lines += [
-            "",
-            f"Seeds still missing: {cells}. The MDEs are the design's once every cell has its seeds; "
-            "σ̂ and its df are from the runs finished (a cell short of seeds is left out of σ̂ when the cells "
-            "with every seed give more degrees of freedom).",
-        ]
-    return [*lines, ""]
+    return lines + _missing(analyses) + [""]
 
 
 def verdict_lines(analysis: Analysis) -> list[str]:
     """A line per setting and one pooled over the lags: the tier (unordered), the methods below it and by how
-    much (d̄ ± the 95 % half-width, points; Holm's p̃), the identical runs."""
+    much (j − method with its one-sided bound at α/(k − 1), MCB's p̃), the fragile places, the identical runs."""
+    noise = "the pooled σ̂ (declared)" if analysis.noise == "pooled" else "each pair's own noise"
     legend = (
-        "Tied = not separable from the best at α = 0.05 after Holm over every pair (listed by name: not ranked); "
-        "below = separable, by d̄ ± the 95 % half-width in points."
+        f"Tier = not separable from the best by Hsu's MCB at α = 0.05 ({noise}; listed by name: not ranked); "
+        "below = some method is above it in the one-sided test at α/(k − 1): the difference, ≥ its lower bound. "
+        "† fragile: the method's place changes when the named seed is left out."
     )
     if analysis.pooled is not None:  # said only where a pooled line follows
-        legend += " Pooled: the mean over the lags, each lag weighing the same."
+        legend += " Pooled: per seed the mean over the lags, each lag weighing the same."
     lines = [f"### Verdicts: {METRICS[analysis.metric]}", "", legend, ""]
-    named = [(setting, c) for setting, c in analysis.per_setting.items()]
-    if analysis.pooled is not None:
-        named.append((f"pooled over {', '.join(analysis.ladder)}", analysis.pooled))
-    for name, comparison in named:
+    for name, comparison in analysis.named:
+        name = f"pooled over {', '.join(analysis.ladder)}" if name == "pooled" else name
         lines.append(f"- **{name}**: {verdict(comparison)}")
     return [*lines, ""]
 
@@ -175,28 +241,39 @@ def verdict_lines(analysis: Analysis) -> list[str]:
 def verdict(comparison: stats.Comparison) -> str:
     if not comparison.means:
         return "no runs."
-    if not comparison.noise.df:
+    if not any(d.se == d.se for d in comparison.pairs):
         values = list(comparison.means.values())
         return (f"{len(values)} method(s), means {min(values):.3f}-{max(values):.3f}: no noise estimate (one seed, or "
                 "no seed shared by two methods), so nothing can be told apart.")  # fmt: skip
-    tier = comparison.tier
+    tier, mark = comparison.tier, _marker(comparison)
     span = [comparison.means[m] for m in tier]
     spread = f"means {min(span):.3f}-{max(span):.3f}" if len(tier) > 1 else f"mean {span[0]:.3f}"
+    names = ", ".join(mark(m) for m in tier)
     if not comparison.below:
-        head = f"all {len(tier)} tied ({spread}): nothing separable" if len(tier) > 1 else f"{tier[0]} alone ({spread})"
+        head = f"all {len(tier)} in the tier ({spread}): nothing separable" if len(tier) > 1 else f"{names} alone"
     else:
-        head = f"{', '.join(tier)} tied best ({spread})" if len(tier) > 1 else f"{tier[0]} best ({spread})"
+        head = f"{names} in the tier of the best ({spread})" if len(tier) > 1 else f"{names} best ({spread})"
         head += "; below: " + ", ".join(
-            f"{d.b} {points(d.mean)} ± {points(d.half_width)} ({p_text(d.p_holm)})" for d in comparison.below
+            f"{mark(d.b)} {points(d.mean)} under {d.a} (≥ {points(d.low)}, {p_text(d.p_adjusted)})"
+            for d in comparison.below
+        )
+    if comparison.fragile:
+        head += "; † " + "; ".join(
+            f"{m} without seed {', '.join(map(str, units))}" for m, units in sorted(comparison.fragile.items())
         )
     if comparison.identical:
         head += "; identical runs: " + "; ".join(" = ".join(group) for group in comparison.identical)
     return head + "."
 
 
+def _marker(comparison: stats.Comparison):
+    return lambda method: method + ("†" if method in comparison.fragile else "")
+
+
 def tier_table(analysis: Analysis) -> list[str]:
     """Markdown: a row per method (by name), per lag its mean, **bold** in the tier of the best, else its
-    distance below the best in points; the pooled column last."""
+    distance below the method that puts it below, in points (MCB); † a place that one seed left out changes;
+    the pooled column last."""
     columns = [(lag_label(lag_of(s) or 0.0), analysis.per_setting[s]) for s in analysis.ladder]
     if analysis.pooled is not None:
         columns.append(("pooled", analysis.pooled))
@@ -206,40 +283,75 @@ def tier_table(analysis: Analysis) -> list[str]:
     for method in methods:
         cells = []
         for _, comparison in columns:
+            dagger = "†" if method in comparison.fragile else ""
             if method not in comparison.means:
                 cells.append("—")
             elif method in comparison.tier:
-                cells.append(f"**{comparison.means[method]:.3f}**")
+                cells.append(f"**{comparison.means[method]:.3f}**{dagger}")
             else:
                 below = next(d for d in comparison.below if d.b == method)
-                cells.append(f"{comparison.means[method]:.3f} (−{points(below.mean)})")
+                cells.append(f"{comparison.means[method]:.3f} (−{points(below.mean)}){dagger}")
         rows.append(f"| {method} | " + " | ".join(cells) + " |")
     return rows
 
 
-def significant_losses(summaries, metric: str = "final_accuracy") -> dict[str, tuple[float, stats.Difference] | None]:
-    """Per method, the first lag whose mean is significantly below the method's own lag 0 (paired over seeds,
-    Holm over the method's lags, σ̂ the method's own cells' pooled sample SD: seeds are not a shared block
-    across lags), with the difference lag 0 − lag; None where no lag is, or there is no lag 0."""
+@dataclass(frozen=True)
+class Loss:
+    """A method's answer in the losses' family: its first lag significantly below its own lag 0 (None: no lag is),
+    lag 0 − that lag (one-sided, Holm's p̃ over the family), and the seeds whose leaving out changes the answer."""
+
+    lag: float | None
+    difference: stats.Difference | None = None
+    fragile: tuple = ()
+
+
+def significant_losses(summaries, metric: str = "final_accuracy") -> dict[str, Loss]:
+    """Per method, the first lag whose mean is significantly below the method's own lag 0: lag 0 − lag paired over
+    seeds with its own noise (``stats.contrast``, one-sided: a loss), Holm over **every method × lag** (one family:
+    "which methods lose at which lag"), no lag where none is or there is no lag 0; each method's answer checked
+    with each seed left out (``Loss.fragile``)."""
     by_method: dict[str, dict[float, dict[Hashable, float]]] = defaultdict(lambda: defaultdict(dict))
     for labels, numbers in summaries:
         lag, value = lag_of(labels["setting"]), float(numbers.get(metric, math.nan))
         if lag is not None and not math.isnan(value):
             by_method[row_label(labels)][lag][labels["seed"]] = value
-    out: dict[str, tuple[float, stats.Difference] | None] = {}
-    for method, lags in sorted(by_method.items()):
-        out[method] = None
-        if 0.0 not in lags or len(lags) < 2:
-            continue
-        noise = stats.Noise(*stats.pooled_sd([list(v.values()) for v in lags.values()]))
-        later = sorted(lag for lag in lags if lag > 0)
-        losses = [stats.difference(lags[0.0], lags[lag], noise, ("lag 0", lag_label(lag))) for lag in later]
-        for lag, loss, adjusted in zip(later, losses, stats.holm([d.p for d in losses]), strict=True):
-            if adjusted < stats.ALPHA and loss.mean > 0:
-                loss.p_holm = adjusted
-                out[method] = (lag, loss)
-                break
+    found = _first_losses(by_method)
+    seeds = sorted({u for lags in by_method.values() for per in lags.values() for u in per}, key=str)
+    without = {seed: _first_losses(_without(by_method, seed)) for seed in seeds}
+    out = {}
+    for method, (lag, difference) in found.items():
+        fragile = tuple(seed for seed in seeds if without[seed][method][0] != lag)
+        out[method] = Loss(lag, difference, fragile)
     return out
+
+
+def _without(by_method, seed) -> dict:
+    return {m: {lag: {u: v for u, v in per.items() if u != seed} for lag, per in lags.items()}
+            for m, lags in by_method.items()}  # fmt: skip
+
+
+def _first_losses(by_method) -> dict[str, tuple[float | None, stats.Difference | None]]:
+    """The family: every method × later lag, one-sided, Holm over all of them; per method its first lag below."""
+    tests = []
+    for method, lags in sorted(by_method.items()):
+        if 0.0 in lags:
+            for lag in sorted(lag for lag in lags if lag > 0):
+                names = (f"{method} lag 0", f"lag {lag_label(lag)}")
+                tests.append((method, lag, stats.contrast(lags[0.0], lags[lag], names, tails=1)))
+    for (_, _, d), adjusted in zip(tests, stats.holm([d.p for _, _, d in tests]), strict=True):
+        d.p_adjusted = adjusted
+    out: dict[str, tuple[float | None, stats.Difference | None]] = dict.fromkeys(by_method, (None, None))
+    for method, lag, d in tests:
+        if out[method][0] is None and d.p_adjusted < stats.ALPHA and d.mean > 0:
+            out[method] = (lag, d)
+    return dict(sorted(out.items()))
+
+
+def family_size(summaries) -> int:
+    """The losses' family: every (method, later lag) of a method that has a lag 0."""
+    cells = {(row_label(labels), lag_of(labels["setting"])) for labels, _ in summaries}
+    with_zero = {m for m, lag in cells if lag == 0.0}
+    return sum(1 for m, lag in cells if m in with_zero and lag is not None and lag > 0)
 
 
 def _at(lag: str) -> str:
@@ -253,55 +365,69 @@ def loss_lines(summaries) -> list[str]:
     if max(seeds.values(), default=0) < 2:
         return ["A loss against a method's own lag 0 cannot be tested with one seed per cell.", ""]
     losses = significant_losses(summaries)
-    if not any(lags for lags in losses.values()):
-        return ["No method's final accuracy is significantly below its own lag 0 at any lag (Holm over its lags).", ""]
+    how = (
+        f"paired over seeds, each method × lag with its own noise, one-sided, Holm over all {family_size(summaries)} "
+        "method × lag tests; †: the answer changes when the named seed is left out"
+    )
+    lost = {m: loss for m, loss in losses.items() if loss.lag is not None and loss.difference is not None}
+    if not lost:
+        return [f"No method's final accuracy is significantly below its own lag 0 at any lag ({how}).", ""]
     parts = [
-        f"{method} {_at(lag_label(found[0]))} (−{points(found[1].mean)} ± {points(found[1].half_width)}, "
-        f"{p_text(found[1].p_holm)})"
-        for method, found in losses.items()
-        if found is not None
+        f"{method}{_dagger(loss)} {_at(lag_label(loss.lag))} (−{points(loss.difference.mean)}, "
+        f"{p_text(loss.difference.p_adjusted)})"
+        for method, loss in lost.items()
+        if loss.lag is not None and loss.difference is not None
     ]
-    held = [method for method, found in losses.items() if found is None]
+    held = [method + _dagger(loss) for method, loss in losses.items() if method not in lost]
     return [
-        "**First lag with a significant loss of final accuracy against the method's own lag 0** (paired over "
-        "seeds, the method's own pooled sample SD, Holm over its lags): " + "; ".join(parts) + ". "
-        f"None at any lag: {', '.join(held) or 'no method'}.",
+        f"**First lag with a significant loss of final accuracy against the method's own lag 0** ({how}): "
+        + "; ".join(parts)
+        + f". None at any lag: {', '.join(held) or 'no method'}.",
         "",
     ]
 
 
+def _dagger(loss: Loss) -> str:
+    return f"† (seed {', '.join(map(str, loss.fragile))})" if loss.fragile else ""
+
+
 def pair_rows(analyses: list[Analysis]) -> list[dict]:
-    """Every pairwise difference of every comparison, for ``stats.csv``."""
+    """Every pairwise difference of every comparison (two-sided, Holm over the comparison's pairs), for
+    ``stats.csv``."""
     rows = []
     for a in analyses:
-        named = list(a.per_setting.items()) + ([("pooled", a.pooled)] if a.pooled is not None else [])
-        for name, comparison in named:
+        for name, comparison in a.named:
             for d in comparison.pairs:
-                numbers = {"mean_a_minus_b": d.mean, "se": d.se, "low": d.low, "high": d.high, "p": d.p,
-                           "p_holm": d.p_holm}  # fmt: skip
-                rows.append({"metric": a.metric, "comparison": name, "a": d.a, "b": d.b, "n": d.n, "df": d.df,
-                             **{k: float(f"{v:.6g}") for k, v in numbers.items()},  # a readable file, diffable
+                numbers = {"mean_a_minus_b": d.mean, "se": d.se, "df": d.df, "low": d.low, "high": d.high, "p": d.p,
+                           "p_holm": d.p_adjusted}  # fmt: skip
+                rows.append({"metric": a.metric, "comparison": name, "a": d.a, "b": d.b, "procedure": d.procedure,
+                             "n": d.n, **{k: float(f"{v:.6g}") for k, v in numbers.items()},  # a readable file
                              "a_in_tier": d.a in comparison.tier, "b_in_tier": d.b in comparison.tier})  # fmt: skip
     return rows
 
 
 def plan_lines(analyses: list[Analysis], delta: float) -> list[str]:
-    """``--plan DELTA``: the seeds per cell that resolve a true difference Δ at 80 % power (Holm over the pairs),
-    from this sweep's σ̂ taken as a pilot's, per setting and pooled over its lags."""
-    lines = [f"Seeds per cell to find a true difference of {points(delta)} points at 80 % power (Holm over every "
-             "pair of methods), with this sweep's σ̂ as the pilot's:"]  # fmt: skip
+    """``--plan DELTA``: the paired seeds that resolve a true difference Δ at 80 % power, from this sweep's pair
+    noise taken as a pilot's (the median pair and the noisiest), one two-sided test and against the best."""
+    lines = [
+        f"Seeds to find a true difference of {points(delta)} points at 80 % power, each pair with its own noise "
+        "(this sweep's as the pilot's): one two-sided test / against the best (one-sided, α/(k − 1)):"
+    ]
     for a in analyses:
-        if math.isnan(a.noise.sd):
-            lines.append(f"  {METRICS[a.metric]}: no σ̂ (one seed per cell?)")
-            continue
-        parts = []
-        for name, strata in [("at one setting", 1)] + ([(f"pooled over {len(a.ladder)} lags", len(a.ladder))]
-                                                        if a.pooled is not None else []):  # fmt: skip
-            need = stats.seeds_needed(delta, a.noise.sd, a.methods, strata)
-            parts.append(f"{name} {need if need is not None else '> 10000'}")
-        lines.append(
-            f"  {METRICS[a.metric]} (σ̂ {points(a.noise.sd, 2)} points, {a.methods} methods, {a.pairs} pairs): "
-            + ", ".join(parts)
-            + f" (this sweep: {a.seeds})"
-        )
+        for name, comparison in a.named:
+            found = pair_sds(comparison)
+            if not found:
+                lines.append(f"  {METRICS[a.metric]}, {name}: no pair noise (one seed per cell?)")
+                continue
+            k = len(comparison.means)
+            parts = []
+            for which, sd in (("median pair", statistics.median(s for s, _ in found)), ("noisiest", found[0][0])):
+                one = stats.seeds_needed(delta, sd)
+                best = stats.seeds_needed(delta, sd, comparisons=max(1, k - 1), tails=1)
+                parts.append(f"{which} (s_d {points(sd, 2)}) {_count(one)} / {_count(best)}")
+            lines.append(f"  {METRICS[a.metric]}, {name}: " + ", ".join(parts) + f" (this sweep: {a.seeds})")
     return lines
+
+
+def _count(n: int | None) -> str:
+    return "> 10000" if n is None else str(n)
