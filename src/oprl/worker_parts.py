@@ -107,7 +107,8 @@ def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
     """The ``rollout.engine`` sampler over ``model``, behind the sampling lock, built with the rollouts'
     ``Sampling`` (``rollout.temperature``, ``rollout.top_k``, ``rollout.top_p``). ``prefix_reuse=`` and
     ``kv_cache_gb=`` go to engines that declare ``capabilities.prefix_reuse`` (``oprl.rollout.EngineCapabilities``),
-    ``engine_process=`` to those that declare ``capabilities.engine_process``."""
+    ``engine_process=`` to those that declare ``capabilities.engine_process``, ``lora_sync=`` and ``lora_slots=``
+    (``lora_serving``) to those that declare more than one ``capabilities.lora_sync`` mode."""
     rollout = config.rollout
     engine = plugins.resolve("engine", rollout.engine, ENGINES, key="rollout.engine")
     options: dict[str, object] = {}
@@ -115,12 +116,35 @@ def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
         options |= {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
     if capabilities_of(engine).engine_process:
         options |= {"engine_process": rollout.engine_process}
+    serving = lora_serving(config)
+    if serving is not None:
+        modes = capabilities_of(engine).lora_sync
+        if serving[0] not in modes:
+            raise OprlError(
+                f"model.lora_sync={serving[0]}: rollout.engine={rollout.engine} serves a LoRA policy as "
+                f"{' or '.join(modes)} only; set model.lora_sync={modes[0]}"
+            )
+        if len(modes) > 1:
+            options |= {"lora_sync": serving[0], "lora_slots": serving[1]}
     sampling = Sampling.of(rollout)
     return LockedEngine(engine(model, tokenizer, sampling=sampling, max_new_tokens=rollout.max_new_tokens, **options))
 
 
+def lora_serving(config: RunConfig) -> tuple[str, int] | None:
+    """``(model.lora_sync, live policy versions)`` of a LoRA run (None for a full fine-tune): the mode (adapter unless
+    set) and how many versions a sampler may need at once, the newest plus every one a batch in flight can still
+    be sampled under: ``sync.max_staleness + 1`` in async mode, ``sync.offset + 1`` scheduled (a partial rollout
+    switches to a newer version, never back)."""
+    if config.model.lora.r == 0:
+        return None
+    sync = config.sync
+    versions = sync.max_staleness + 1 if sync.mode == "async" else sync.offset + 1
+    return config.model.lora_sync or "adapter", versions
+
+
 def trainable_weights(model, *, to_cpu: bool) -> FlatWeights:
-    """A copy of the weights that training changes (all of them, or only LoRA adapters)."""
+    """A copy of the weights that training changes: all of them, or only a LoRA policy's adapters (``lora_A``,
+    ``lora_B`` of each adapted layer under peft's names; the frozen base never travels: ``oprl.models.adapters``)."""
     trainable = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     return FlatWeights.copy_of(trainable, device="cpu" if to_cpu else None)
 

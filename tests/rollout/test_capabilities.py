@@ -57,7 +57,12 @@ def test_the_built_in_engines_declare_this_table():
         "lean": EngineCapabilities(partial_kv=("keep", "recompute"), prefix_reuse=True, exact_truncation=True),
         "hf-generate": EngineCapabilities(exact_truncation=True),
         "vllm": EngineCapabilities(
-            partial_kv=("recompute",), prefix_reuse=True, row_seeds=True, exact_truncation=True, engine_process=True
+            partial_kv=("recompute",),
+            prefix_reuse=True,
+            row_seeds=True,
+            exact_truncation=True,
+            engine_process=True,
+            lora_sync=("adapter", "merged"),
         ),
     }
     assert set(engines_with(lambda c: c.exact_truncation)) == TRUNCATING_ENGINES

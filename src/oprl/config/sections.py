@@ -53,12 +53,27 @@ class ModelConfig(_Section):
     device: str = "cpu"
     """Where the policy lives: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available, else cpu)."""
     lora: LoraConfig = LoraConfig()
+    lora_sync: Literal["adapter", "merged"] | None = None
+    """How a LoRA policy's versions reach the sampler (docs/runtime.md#lora). ``adapter`` (the default when
+    model.lora.r > 0): only the adapters cross, the base loads once; vllm serves each live version as a LoRA
+    adapter of its own (``enable_lora``), lean and hf-generate apply it through peft. ``merged`` (vllm only): the
+    whole model with each adapter folded in, ``W + (alpha/r) B A``, reloaded at every sync (docs/performance.md
+    has both costs). ``adapter`` without LoRA is refused; None = adapter under LoRA, the full weights otherwise."""
     hidden_size: int = Field(128, gt=0)
     """Embedded tiny model only: width of the residual stream."""
     num_layers: int = Field(2, gt=0)
     """Embedded tiny model only: number of transformer blocks."""
     num_heads: int = Field(4, gt=0)
     """Embedded tiny model only: attention heads (must divide hidden_size)."""
+
+    @model_validator(mode="after")
+    def _adapters_need_lora(self) -> ModelConfig:
+        if self.lora_sync == "adapter" and self.lora.r == 0:
+            raise OprlError(
+                "model.lora_sync=adapter needs a LoRA policy: set model.lora.r > 0 (a full fine-tune syncs every "
+                "weight), or drop model.lora_sync"
+            )
+        return self
 
 
 class WarmStartConfig(_Section):

@@ -72,6 +72,12 @@ class EngineCapabilities:
     of its own; an engine whose process died raises an error whose type (or a base's) is named ``EngineDeadError``
     (vLLM's), which the driver heals as a lost worker (``oprl.backends.failure.engine_died``)."""
 
+    lora_sync: tuple[str, ...] = ("adapter",)
+    """The ``model.lora_sync`` modes the engine serves a LoRA policy in: ``adapter`` (what ``load_weights`` hands
+    every engine under LoRA: the adapters alone, applied at each forward, as the torch engines do through peft) and
+    ``merged`` (the base with each adapter folded in). An engine declaring both is built with ``lora_sync=`` and
+    ``lora_slots=`` (the policy versions it holds at once: ``oprl.worker_parts.lora_serving``)."""
+
     @property
     def partial(self) -> bool:
         """Whether the engine offers partial rollouts at all."""

