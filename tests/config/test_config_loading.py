@@ -3,6 +3,7 @@ and line, the key), and ``save_config`` / ``load_config`` round trips. (Moved he
 first six tests, through ``oprl train``.)"""
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,8 @@ from oprl.cli import main
 from oprl.config import load_config, save_config
 from oprl.config.loading import read_yaml
 from oprl.errors import OprlError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
 
 
 @pytest.fixture
@@ -152,3 +155,11 @@ def test_a_yaml_file_reads_yes_as_text_and_booleans_still_take_it(tmp_path):
     assert (config.judge.yes_text, config.judge.no_text) == ("yes", "no")
     assert config.progress is False and config.tensorboard is False
     assert read_yaml("a: yes\nb: true\nc: 1.5") == {"a": "yes", "b": True, "c": 1.5}
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_an_example_config_runs_again_under_a_fresh_name(example):
+    """#71: the examples fixed their run_name, so the docs' own command failed the second time it was run
+    ("already holds a run"). Each one names no run (the default name carries the time), or says it overwrites."""
+    config = load_config(EXAMPLES / example)
+    assert config.run_name is None or config.overwrite, f"{example}: run_name {config.run_name} without overwrite"

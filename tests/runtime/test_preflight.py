@@ -167,6 +167,27 @@ def test_a_runs_path_is_local_even_before_any_run_exists(tmp_path, monkeypatch, 
     assert "error: model.path: 'runs/nope' not found" in capsys.readouterr().err and no_network == []
 
 
+def test_a_missing_store_and_a_name_in_use_are_refused_before_the_headline(tmp_path, monkeypatch, capsys, no_model):
+    """#71: ``mode=offline buffer.path=runs/nope`` failed after the headline and the warm start (5.6 s warm, 3
+    minutes cold), a ``run_name`` in use after the headline (3 s); both are one line before it now. A store
+    directory without batches is refused before the warm start (``ExperienceStore.locate``)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "mode=offline", "buffer.path=runs/nope", "progress=false"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: buffer.path: runs/nope is not a directory; mode=offline reads the experience")
+    assert out == "" and not (tmp_path / "runs").exists()
+    run = tmp_path / "runs" / "taken"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\n")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["train", "run_name=taken", "progress=false"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "error: run_name: runs/taken already holds a run; choose another run_name" in err
+    (tmp_path / "empty").mkdir()
+    assert main(["train", "mode=offline", "buffer.path=empty", "progress=false"]) == 2  # no_model: no warm start
+    assert "error: buffer.path: no batch-*.parquet files in empty" in capsys.readouterr().err
+
+
 def test_no_chat_template_is_refused_before_any_model_with_how_to_set_one(
     own_model, tmp_path, capsys, no_model, no_pretrained
 ):

@@ -33,5 +33,7 @@ def test_the_smollm2_distillation_example_is_the_rl_example_with_a_teacher():
         f"algorithm.{k}"
         for k in student["algorithm"]  # the preset's own resolved values
     }
-    assert student["teacher"]["path"] == f"{rl['output_dir']}/{rl['run_name']}"
+    # The RL example names no run (a second run of it gets a fresh name, #71): its header's command names the teacher.
+    assert student["teacher"]["path"] == f"{rl['output_dir']}/smollm2-arithmetic-vllm"
+    assert "run_name=smollm2-arithmetic-vllm" in (examples / "smollm2-distill.yaml").read_text()
     assert student["steps"] == rl["steps"] and student["optim"]["lr"] == rl["optim"]["lr"]

@@ -92,10 +92,9 @@ def mark_incomplete(run_dir: Path, reason: str) -> None:
         pass
 
 
-def open_new(run_dir: Path, *, overwrite: bool = False, log=print) -> RunLock:
-    """Lock ``run_dir`` for a new run (creating it); refuse one that is not oprl's, and one that holds a run
-    unless ``overwrite`` (then its outputs are deleted, under the lock) or that run never reached step 1
-    (``never_started``: replaced, with a line saying so)."""
+def check_new(run_dir: Path, *, overwrite: bool = False) -> None:
+    """``open_new``'s refusals, made without the lock so that a run makes them before it prints anything
+    (``oprl.runtime.preflight.check_paths``); ``open_new`` makes them again, the last one under the lock."""
     if run_dir.exists() and not run_dir.is_dir():
         raise OprlError(f"run_name: {run_dir} exists and is not a directory")
     others = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
@@ -104,9 +103,29 @@ def open_new(run_dir: Path, *, overwrite: bool = False, log=print) -> RunLock:
             f"run_name: {run_dir} exists and is not an oprl run directory (it holds {others[0]!r}"
             f"{' ...' if len(others) > 1 else ''}); choose another run_name or output_dir"
         )
+    if _holds_run(run_dir) and not overwrite and not never_started(run_dir):
+        raise _in_use(run_dir)
+
+
+def _holds_run(run_dir: Path) -> bool:
+    return (run_dir / "metrics.jsonl").exists() or (run_dir / "config.yaml").exists()
+
+
+def _in_use(run_dir: Path) -> OprlError:
+    return OprlError(
+        f"run_name: {run_dir} already holds a run; choose another run_name, resume=true to continue it "
+        "or overwrite=true to replace it"
+    )
+
+
+def open_new(run_dir: Path, *, overwrite: bool = False, log=print) -> RunLock:
+    """Lock ``run_dir`` for a new run (creating it); refuse one that is not oprl's, and one that holds a run
+    unless ``overwrite`` (then its outputs are deleted, under the lock) or that run never reached step 1
+    (``never_started``: replaced, with a line saying so)."""
+    check_new(run_dir, overwrite=overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir).acquire()
-    if (run_dir / "metrics.jsonl").exists() or (run_dir / "config.yaml").exists():  # checked under the lock
+    if _holds_run(run_dir):  # checked again under the lock
         if overwrite:
             clear(run_dir)
             return lock
@@ -115,10 +134,7 @@ def open_new(run_dir: Path, *, overwrite: bool = False, log=print) -> RunLock:
             clear(run_dir)
             return lock
         lock.release()
-        raise OprlError(
-            f"run_name: {run_dir} already holds a run; choose another run_name, resume=true to continue it "
-            "or overwrite=true to replace it"
-        )
+        raise _in_use(run_dir)
     return lock
 
 

@@ -15,8 +15,9 @@ the memory check of a batch (``oprl.rollout.base``).
 The other checks that need the machine, in the order a run makes them (each one line naming its setting):
 - ``check_paths``, before anything is imported or printed: ``model.path``, ``teacher.path`` and ``judge.path``
   exist (a local typo names the nearest run directories, never reaches the hub: ``oprl.models.loading``), a
-  local model directory's files hold a chat template, and a local teacher's ``tokenizer.json`` has the local
-  student's vocabulary;
+  local model directory's files hold a chat template, a local teacher's ``tokenizer.json`` has the local
+  student's vocabulary, ``run_name`` holds no run (unless ``overwrite``) and mode=offline's ``buffer.path`` is
+  a directory (``_check_outputs``);
 - in ``check_lengths``, from the tokenizers it reads anyway: the student has a chat template (a hub model, or
   a directory whose files could not tell; the advice says how to give one), a teacher speaks the student's
   tokens (``check_teacher_tokens``);
@@ -62,6 +63,26 @@ def check_paths(config) -> None:
         if key == "model.path" and not extra and lacks_chat_template(location):  # the judge reads plain text
             raise OprlError(no_chat_template(key, path, location))
     _check_teacher_files(config)
+    _check_outputs(config)
+
+
+def _check_outputs(config) -> None:
+    """The directories a new run writes to and reads from, checked before its headline (issue #71: these two came
+    after it, and an offline run's store after the warm start, 170 s on a cold cache): a ``run_name`` that holds
+    a run (``rundir.check_new``), and mode=offline's ``buffer.path`` that is no directory. Whether that directory
+    holds batches is ``ExperienceStore.locate``'s (its module imports torch), made before the warm start
+    (``oprl.runtime.run``)."""
+    from pathlib import Path
+
+    from oprl.checkpoint import rundir
+
+    if config.run_name:  # a default name carries the time: it is new
+        rundir.check_new(Path(config.output_dir) / config.run_name, overwrite=config.overwrite)
+    if config.mode == "offline" and not Path(config.buffer.path).expanduser().is_dir():
+        raise OprlError(
+            f"buffer.path: {config.buffer.path} is not a directory; mode=offline reads the experience store of an "
+            "explore or both run (its run directory, or the store's own directory)"
+        )
 
 
 def _check_teacher_files(config) -> None:

@@ -161,6 +161,9 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
     opened = resume.open_run(config, run_dir, log=log)
     try:
         with reward_log(run_dir / REWARD_LOG):  # reward processes print there
+            offline_store = opened.config.buffer.path if opened.config.mode == "offline" else None
+            if offline_store:  # its batches, before the warm start (minutes on a cold cache)
+                ExperienceStore.locate(offline_store)
             if task is None or opened.config.task != config.task:
                 task = build_task(opened.config.task)
             if not (checked and opened.config == config):  # before the warm start and the workers
