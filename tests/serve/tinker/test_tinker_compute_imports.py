@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-COMPUTE = ("backend", "sampling", "losses", "names", "records", "errors", "placement")
+COMPUTE = ("backend", "sampling", "losses", "names", "records", "errors", "finite", "placement")
 HTTP_SIDE = ("pydantic", "fastapi", "starlette", "uvicorn", "tinker", "google.protobuf")
 
 

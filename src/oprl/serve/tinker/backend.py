@@ -34,6 +34,7 @@ from oprl.models.batching import right_pad
 from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.models.logprobs import pack, prefix_shared_logprobs, response_logprobs
 from oprl.serve.tinker.errors import UserError, base_of, check_tokens, context_of
+from oprl.serve.tinker.finite import CallGradient, checked_adam_params, refusal, suspect_rows
 from oprl.serve.tinker.losses import OPTIONAL_INPUTS, LossSpec, compute_loss
 from oprl.serve.tinker.names import DEFAULT_MODELS, ModelTable, tiny_directory  # noqa: F401  (this module's API too)
 from oprl.serve.tinker.records import Datum, ForwardBackward, ForwardOutput, Sampled
@@ -161,29 +162,40 @@ class TinkerModels:
     def forward_backward(self, policy: Policy, request: ForwardBackward, spec: LossSpec) -> ForwardOutput:
         """Per-datum target log-probs (and elementwise loss) and the metrics, the loss's gradient added to
         ``.grad`` unless ``forward_only`` (``wire.encode_forward_backward_output`` makes the SDK's
-        ``ForwardBackwardOutput`` of it)."""
+        ``ForwardBackwardOutput`` of it). A call whose loss or gradient is not finite adds nothing and fails
+        naming its datums (``finite.py``)."""
         rows = [self._checked_datum(policy, datum, spec, f"data[{i}]") for i, datum in enumerate(request.data)]
         outputs: list[dict[str, np.ndarray]] = []
-        total, weights = 0.0, 0
+        total, weights, suspects = 0.0, 0, []
         metrics: dict[str, float] = {}
+        gradient = None if request.forward_only else CallGradient(list(policy.trainable().values()))
         # A preset's rules may look at the whole call's tokens (M2PO, BAPO): one micro-batch then.
         budget = math.inf if spec.preset is not None else MICRO_BATCH_TOKENS
-        for micro in _micro_batches(rows, budget):
-            with torch.set_grad_enabled(not request.forward_only):
-                logprobs, inputs, mask = self._target_logprobs(policy, micro)
-                loss, elementwise, values = compute_loss(spec, logprobs, inputs, mask)
-                if not request.forward_only:
-                    loss.backward()
-            total += float(loss.detach())
-            for key, value in values.items():  # token-weighted over micro-batches
-                metrics[key] = metrics.get(key, 0.0) + value * int(mask.sum())
-            weights += int(mask.sum())
-            for i in range(len(micro)):
-                valid = mask[i]
-                out = {"logprobs": logprobs[i][valid].detach().float().cpu().numpy()}
-                if elementwise is not None:
-                    out["elementwise_loss"] = elementwise[i][valid].float().cpu().numpy()
-                outputs.append(out)
+        try:
+            for micro in _micro_batches(rows, budget):
+                with torch.set_grad_enabled(gradient is not None):
+                    logprobs, inputs, mask = self._target_logprobs(policy, micro)
+                    loss, elementwise, values = compute_loss(spec, logprobs, inputs, mask)
+                    loss_value = float(loss.detach())
+                    if gradient is not None and not math.isfinite(loss_value):
+                        rows_here = suspect_rows(logprobs, inputs, mask, elementwise, ratio=False)
+                        raise refusal("loss", [len(outputs) + i for i in rows_here], loss_value)
+                    if gradient is not None:
+                        loss.backward()
+                suspects += [len(outputs) + i for i in suspect_rows(logprobs, inputs, mask, elementwise, ratio=True)]
+                total += loss_value
+                for key, value in values.items():  # token-weighted over micro-batches
+                    metrics[key] = metrics.get(key, 0.0) + value * int(mask.sum())
+                weights += int(mask.sum())
+                outputs += _datum_outputs(logprobs, elementwise, mask)
+            if gradient is not None and not gradient.finite():
+                raise refusal("gradient", suspects)
+        except BaseException:
+            if gradient is not None:
+                gradient.close(keep=False)
+            raise
+        if gradient is not None:
+            gradient.close(keep=True)
         reported = {"loss:sum": total} | {
             f"{key}:{_reduction(key)}": value / max(weights, 1) for key, value in metrics.items()
         }
@@ -260,14 +272,20 @@ class TinkerModels:
         """One AdamW step with this call's ``AdamParams`` (learning_rate, beta1, beta2, eps, weight_decay:
         decoupled, as torch.optim.AdamW; grad_clip_norm: global norm, 0 = off), then the gradients are cleared."""
         fields = {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12, "weight_decay": 0.0}
-        values = {key: float(params.get(key, default)) for key, default in fields.items()}
-        clip = float(params.get("grad_clip_norm", 0.0))
+        values = checked_adam_params(params, {**fields, "grad_clip_norm": 0.0})
+        clip = values.pop("grad_clip_norm")
         if values["learning_rate"] < 0 or not 0 <= values["beta1"] < 1 or not 0 <= values["beta2"] < 1:
             raise UserError("adam_params: learning_rate must be >= 0 and beta1, beta2 in [0, 1)")
         trainable = list(policy.trainable().values())
         grads = [p.grad for p in trainable if p.grad is not None]
         norms = [torch.linalg.vector_norm(g) for g in grads]
         norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0  # before clipping
+        if not math.isfinite(norm):  # each call's gradient was finite (forward_backward): their sum overflowed
+            policy.optimizer.zero_grad(set_to_none=True)
+            raise UserError(
+                f"optim_step: the accumulated gradient's norm is {norm}; the step was not taken and the gradient "
+                "was cleared (the weights and optimizer state are untouched)"
+            )
         if clip > 0 and grads:
             torch.nn.utils.clip_grad_norm_(trainable, clip)
         for group in policy.optimizer.param_groups:
@@ -467,6 +485,18 @@ def _shared_prefixes(rows: list[dict[str, Any]]) -> list[int] | None:
         lengths.append(max(1, first))
     starts = Counter(tuple(row["tokens"][:n]) for row, n in zip(rows, lengths, strict=True))
     return lengths if any(count > 1 and len(start) > 1 for start, count in starts.items()) else None
+
+
+def _datum_outputs(logprobs: torch.Tensor, elementwise: torch.Tensor | None, mask: torch.Tensor):
+    """Per row of a micro-batch, its valid positions' ``logprobs`` (and ``elementwise_loss``) as float32 (N,)."""
+    outputs = []
+    for i in range(mask.shape[0]):
+        valid = mask[i]
+        out = {"logprobs": logprobs[i][valid].detach().float().cpu().numpy()}
+        if elementwise is not None:
+            out["elementwise_loss"] = elementwise[i][valid].float().cpu().numpy()
+        outputs.append(out)
+    return outputs
 
 
 def _micro_batches(rows: list[dict[str, Any]], budget: float) -> list[list[dict[str, Any]]]:

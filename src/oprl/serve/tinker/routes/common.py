@@ -36,8 +36,9 @@ async def body_json(request: Request) -> dict[str, Any]:
 
 
 def as_json(data: dict[str, Any]) -> tuple[bytes, str]:
-    """A result body as computed work returns it (``Futures.submit``)."""
-    return json.dumps(data).encode(), "application/json"
+    """A result body as computed work returns it (``Futures.submit``). Strict JSON: a NaN or ±inf fails the
+    request (a server error) instead of reaching the SDK as a bare ``NaN``, which its parser refuses."""
+    return json.dumps(data, allow_nan=False).encode(), "application/json"
 
 
 def future(request_id: str, **extra: Any) -> JSONResponse:
