@@ -32,6 +32,11 @@ $(STAMP): pyproject.toml
 	# second line is its other declared dependencies not already here, plus pylatexenc (its math-rl extra: the
 	# recipe's math grader imports it). Everything else it declares is already installed; no pin moves.
 	$(BIN)/python -m pip install -q --no-deps tinker-cookbook==0.6.1
+	# Trinity-RFT 0.6.0's REC loss and group advantages, compared with oprl's on identical tensors by the default
+	# suite (tests/integrations/test_native_trinity.py). --no-deps: it declares transformers>=5.12.1 and verl>=0.7.1,
+	# which pip meets by replacing verl 0.9.1 with 0.8.0 (and moving numpy, omegaconf); the modules the test
+	# imports need only torch.
+	$(BIN)/python -m pip install -q --no-deps trinity-rft==0.6.0
 	$(BIN)/python -m pip install -q chz==0.4.0 pyrage==1.4.0 termcolor==3.3.0 blobfile==3.3.0 pylatexenc==2.11
 	touch $(STAMP)
 
