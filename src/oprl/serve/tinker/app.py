@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import itertools
 import time
 import uuid
 from dataclasses import dataclass
@@ -57,7 +56,6 @@ class TinkerServer(Futures):
         self.max_body = max_body
         self.sessions: dict[str, ClientSession] = {}
         self.sampled: dict[tuple[str, int], str] = {}
-        self.counters: dict[str, itertools.count] = {}
 
     # ---- sessions ------------------------------------------------------------------------------------------
 
@@ -110,9 +108,6 @@ class TinkerServer(Futures):
                     lane.shutdown(wait=False)
 
         self.lane(COMPUTE_LANE).submit(free)
-
-    def next_id(self, scope: str) -> int:
-        return next(self.counters.setdefault(scope, itertools.count()))
 
 
 class NotFound(LookupError):

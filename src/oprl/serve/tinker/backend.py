@@ -302,11 +302,17 @@ class TinkerModels:
 
     # ---- weights on disk and in memory ---------------------------------------------------------------------
 
-    def save(self, policy: Policy, kind: str, name: str, optimizer: bool) -> str:
-        """Trainable weights (and the optimizer) under ``state_dir/<model_id>/<kind>/<name>``; the tinker path."""
+    def save(self, policy: Policy, kind: str, name: str, optimizer: bool, overwrite: bool = True) -> str:
+        """Trainable weights (and the optimizer) under ``state_dir/<model_id>/<kind>/<name>``; the tinker path.
+        ``overwrite=False`` (``save_state``'s default in the SDK) refuses a name this model saved before."""
         if not name or "/" in name or name.startswith("."):
             raise UserError(f"path: {name!r} is not a checkpoint name (no '/', not empty)")
         directory = self.state_dir / policy.model_id / kind / name
+        if not overwrite and (directory / "meta.json").is_file():
+            raise UserError(
+                f"path: checkpoint {name!r} of this model exists (tinker://{policy.model_id}/{kind}/{name}); "
+                "save_state(name, overwrite=True) replaces it"
+            )
         save_weights(policy.trainable(), directory / "weights.safetensors")
         if optimizer:
             save_optimizer(policy.optimizer, directory)

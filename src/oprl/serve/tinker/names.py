@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oprl.models.loading import dequantised_gguf, resolve_model_path
+from oprl.errors import OprlError
+from oprl.models.loading import SMOLLM2_ALIAS, dequantised_gguf, resolve_model_path
 from oprl.serve.tinker.errors import UserError
 
 DEFAULT_MODELS = {
@@ -34,6 +35,12 @@ class ModelTable:
         if name not in self.entries:
             raise UserError(f"base_model: unknown model {name!r}; this server serves {', '.join(self.entries)}")
 
+    def servable(self) -> list[str]:
+        """The names whose model can load here: every entry but those whose path needs a package (or a local
+        file) that is missing (``smollm2-135m-instruct`` without its wheel or ``gguf``). Cheap: nothing is loaded,
+        nothing built, no hub asked (a hub id is listed as named; its errors come at create_model)."""
+        return [name for name, path in self.entries.items() if _loads_here(path)]
+
     def directory(self, name: str) -> str:
         self.check(name)
         if name not in self.directories:
@@ -50,6 +57,21 @@ class ModelTable:
         if "gguf_file" in extra:
             return str(dequantised_gguf(Path(location) / extra["gguf_file"]))
         return location
+
+
+def _loads_here(path: str) -> bool:
+    if path == "tiny":
+        return True
+    if path.lower() != SMOLLM2_ALIAS and not Path(path).expanduser().exists():
+        return True  # a hub id (or a path that may appear): said at create_model if it does not load
+    run_final = Path(path).expanduser() / "final"
+    if (run_final / "config.json").is_file():
+        path = str(run_final)  # a run directory serves its final model (ModelTable._resolve)
+    try:
+        resolve_model_path(path)  # the alias: its wheel and gguf; a local path: its files
+    except OprlError:
+        return False
+    return True
 
 
 def tiny_directory(overrides: list[str]) -> str:

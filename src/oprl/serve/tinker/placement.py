@@ -63,8 +63,8 @@ class ModelHost:
     def optim_step(self, model_id: str, params: dict[str, Any]) -> dict[str, Any]:
         return self.models.optim_step(self.models.policies[model_id], params)
 
-    def save(self, model_id: str, kind: str, name: str, optimizer: bool) -> str:
-        return self.models.save(self.models.policies[model_id], kind, name, optimizer)
+    def save(self, model_id: str, kind: str, name: str, optimizer: bool, overwrite: bool) -> str:
+        return self.models.save(self.models.policies[model_id], kind, name, optimizer, overwrite)
 
     def load(self, model_id: str, path: str, optimizer: bool) -> None:
         self.models.load(self.models.policies[model_id], path, optimizer)
@@ -237,8 +237,8 @@ class PlacedModels(TinkerModels):
     def optim_step(self, policy, params: dict[str, Any]) -> dict[str, Any]:
         return self._call(policy.home, "optim_step", policy.model_id, params)
 
-    def save(self, policy, kind: str, name: str, optimizer: bool) -> str:
-        return self._call(policy.home, "save", policy.model_id, kind, name, optimizer)
+    def save(self, policy, kind: str, name: str, optimizer: bool, overwrite: bool = True) -> str:
+        return self._call(policy.home, "save", policy.model_id, kind, name, optimizer, overwrite)
 
     def load(self, policy, path: str, optimizer: bool) -> None:
         self.checkpoint(path)  # a bad path is the client's error before the worker is asked

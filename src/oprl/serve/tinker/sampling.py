@@ -42,6 +42,8 @@ def requested_sampling(params: dict[str, Any]) -> Sampling:
 def check_sampling_params(params: dict[str, Any]) -> None:
     """Refuse what the trainer cannot reproduce: ``forward_backward`` scores under ``SERVED``, so only samples
     from that distribution have behaviour log-probs it can compare with."""
+    if not isinstance(params, dict):
+        raise UserError(f"sampling_params: an object of SamplingParams fields, got a {type(params).__name__}")
     asked = requested_sampling(params)
     if asked.temperature != SERVED.temperature:
         raise UserError(
@@ -80,12 +82,17 @@ def plan(tokenizer, model, request: dict[str, Any]) -> Planned:
     if not 1 <= n <= 1024:
         raise UserError(f"num_samples: must be between 1 and 1024, got {n}")
     limit = context_of(model) or 10**9
-    room = limit - len(prompt)
+    if len(prompt) > limit:
+        raise UserError(f"prompt: {len(prompt)} tokens exceed the model's context of {limit}")
+    # The last sampled token is never fed back (nothing is drawn after it), so a prompt filling the context can
+    # still draw one: a sequence of limit + 1 tokens, whose model input (all but its last token) forward_backward
+    # takes too. compute_logprobs of a full-context sequence is such a request (max_tokens=1).
+    room = limit - len(prompt) + 1
     max_tokens = room if params.get("max_tokens") is None else int(params["max_tokens"])
     if max_tokens > room:
         raise UserError(
             f"sampling_params.max_tokens: prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed the "
-            f"model's context of {limit}"
+            f"model's context of {limit} by more than the last sampled token (never fed back)"
         )
     if request.get("prompt_logprobs") and request.get("prompt_logprobs_last_n") is not None:
         last = int(request["prompt_logprobs_last_n"])
@@ -139,11 +146,14 @@ def _generator(seed: int | None, device) -> torch.Generator:
 
 
 def _stops(stop, tokenizer) -> tuple[set[int], list[str]]:
-    """Stop token ids and stop strings (``SamplingParams.stop``: a string, strings, or token ids); EOS always."""
-    items = [stop] if isinstance(stop, str) else list(stop or [])
+    """Stop token ids and stop strings (``SamplingParams.stop``: a string, strings, or token ids) and EOS, as the
+    SDK defines them: ``None`` stops at EOS only, ``[]`` at nothing (a row runs to ``max_tokens``), and
+    stops given keep EOS too."""
+    items = [stop] if isinstance(stop, str) else list(stop if stop is not None else [])
     tokens = {int(s) for s in items if isinstance(s, int)}
     strings = [s for s in items if isinstance(s, str)]
-    if tokenizer.eos_token_id is not None:
+    disabled = stop is not None and not items
+    if tokenizer.eos_token_id is not None and not disabled:
         tokens.add(int(tokenizer.eos_token_id))
     return tokens, strings
 

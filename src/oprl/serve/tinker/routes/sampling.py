@@ -1,6 +1,6 @@
 """The sampling clients' routes: create one (on a checkpoint path or a base model), describe it, and ``asample``
 (queued for the sampler's next batch, ``Futures.submit_sample``). Sampling requests are not ordered: a retried
-one is recognised by its ``(sampling_session_id, seq_id)``."""
+one is recognised by its ``(sampling_session_id, seq_id)``; one without a ``seq_id`` is never taken for another."""
 
 from __future__ import annotations
 
@@ -48,9 +48,12 @@ async def asample(request: Request):
     if data.get("target_prompt_logprobs") is not None:
         raise UserError("target_prompt_logprobs: not served")
     n = int(data.get("num_samples", 1))
-    key = (sampler.sampler_id, int(data.get("seq_id") or server.next_id(sampler.sampler_id)))
-    if key in server.sampled:  # a retried sample
-        request_id = server.sampled[key]
+    if data.get("seq_id") is None:  # nothing identifies a retry of it (the SDK always numbers its requests)
+        request_id = server.submit_sample(sampler, data)
     else:
-        request_id = server.sampled[key] = server.submit_sample(sampler, data)
+        key = (sampler.sampler_id, int(data["seq_id"]))  # seq_id 0 is an id like any other
+        if key in server.sampled:  # a retried sample
+            request_id = server.sampled[key]
+        else:
+            request_id = server.sampled[key] = server.submit_sample(sampler, data)
     return future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(n)])

@@ -23,8 +23,13 @@ async def healthz():
 @router.post("/api/v1/client/config")
 async def client_config():
     # Plain API keys (no JWT exchange), uncompressed protobuf forward_backward bodies (zstd is accepted too),
-    # per-request polling, custom losses on the client.
-    return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False}
+    # per-request polling, custom losses (create_custom_loss too) run by the SDK on the client.
+    return {
+        "pjwt_auth_enabled": False,
+        "proto_compress_fwdbwd": False,
+        "sample_use_retrieve_futures": False,
+        "custom_loss_server_side": False,
+    }
 
 
 @router.post("/api/v1/client/dynamic_config")
@@ -39,7 +44,7 @@ async def telemetry():
 
 @router.get("/api/v1/get_server_capabilities")
 async def capabilities(request: Request):
-    names = server_of(request).backend.table.entries
+    names = server_of(request).backend.table.servable()  # not a model whose package is missing
     return {"supported_models": [{"model_name": name, "trainable": True, "sampleable": True} for name in names]}
 
 

@@ -88,8 +88,10 @@ async def save_weights(request: Request):
     policy = server.policy(data["model_id"], server.owner_of(request))
     key = (policy.model_id, int(data["seq_id"]))
 
+    overwrite = bool(data.get("overwrite", False))  # the SDK's SaveWeightsRequest default
+
     def work():
-        path = server.backend.save(policy, "weights", str(data.get("path") or ""), optimizer=True)
+        path = server.backend.save(policy, "weights", str(data.get("path") or ""), optimizer=True, overwrite=overwrite)
         return as_json({"type": "save_weights", "path": path})
 
     return future(server.submit(work, key), model_id=policy.model_id)
