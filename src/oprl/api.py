@@ -57,6 +57,14 @@ class RunResult:
     seconds: float = float("nan")
     """Wall-clock seconds of the run."""
 
+    def __repr__(self) -> str:
+        """One line: where the run is and how it went (the generated repr printed the whole config and summary,
+        which stay attributes)."""
+        return (
+            f"RunResult(run_dir={str(self.run_dir)!r}, mode={self.config.mode}, "
+            f"accuracy {self.accuracy_before:.3f} -> {self.accuracy_after:.3f}, {self.seconds:.0f} s)"
+        )
+
     @property
     def metrics_path(self) -> Path:
         """``metrics.jsonl``: one JSON row per trainer step and per evaluation."""
@@ -290,7 +298,9 @@ def _start_line(config: RunConfig) -> str:
         what = f"checkpoint {_newest_checkpoint(config.eval.checkpoint)} (task {config.task.name})"
     if config.mode == "eval":
         return f"oprl: eval of {what} ({config.eval.num_problems} problems at most)"
-    schedule = f"{config.algorithm.preset}, {config.sync.describe()}, {config.steps} steps"
+    # An offline run reads no schedule (its data's versions are the store's): it names the store instead of k and m.
+    data = f"stored batches of {config.buffer.path}" if config.mode == "offline" else config.sync.describe()
+    schedule = f"{config.algorithm.preset}, {data}, {config.steps} steps"
     return f"oprl: {'train' if config.mode == 'both' else config.mode} on {what} ({schedule})"
 
 
