@@ -4,9 +4,9 @@ Three measurements on one endpoint (the tiny model's tokenizer), an agent's requ
 
 - **slowloris**: ``--slow`` connections that open, send a header line, then one byte every 2 s; how many the
   endpoint has closed after ``--wait`` seconds (bound: all, ``REQUEST_TIMEOUT_S`` = 10 s after they opened).
-- **idle flood**: with the process's soft file limit set to ``--nofile`` (1,024, a common default), a child
-  process opens ``--idle`` idle connections (1,100); whether the endpoint still serves, and the most file
-  descriptors this process held (bound: below the limit; the endpoint keeps at most a quarter of it).
+- **idle flood**: with the process's file limit (soft and hard) set to ``--nofile`` (1,024, a common default), a
+  child process opens ``--idle`` idle connections (1,100); whether the endpoint still serves, and the most file
+  descriptors this process held (bound: below the limit; the endpoint keeps at most half of what is free).
 - **empty messages**: one chat request of ``--messages`` empty messages (100,000: 3.15 MiB, under the 4 MiB
   body limit) against a 2,048-position context; its latency, the latency of another session's small request
   sent meanwhile (the event loop stays free), and the growth of this process's peak RSS.
@@ -131,7 +131,7 @@ def idle_flood(endpoint: Endpoint, count: int, nofile: int) -> dict:
     return {
         "connections_opened_by_the_client": opened,
         "nofile_soft_limit": nofile,
-        "endpoint_max_connections": getattr(endpoint, "max_connections", None),
+        "endpoint_max_connections": getattr(getattr(endpoint, "limits", None), "bound", None),
         "peak_open_files": peak[0],
         "agent_request_accepted_s": None if seconds is None else round(seconds, 3),
     }
@@ -180,8 +180,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # the whole run under the limit, as a run would be
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(args.nofile, hard), hard))
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # the whole run under the limit, as a run would be;
+    limit = min(args.nofile, hard)  # hard too: the endpoint raises the soft limit to the hard one (#67)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
     endpoint = Endpoint(build_tokenizer())
     results = {
         "empty_messages": empty_messages(endpoint, args.messages),

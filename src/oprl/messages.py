@@ -102,7 +102,8 @@ class Timing:
     generated_tokens: float
     """Response tokens sampled (episodes: the tokens the policy wrote, ``sum(loss_mask)``)."""
     shaping: dict[str, float] = field(default_factory=dict)
-    """Data-shaping counts of the batch (``dynamic/*`` under dynamic sampling; ``oprl.explorer.shaping``)."""
+    """Counts of the batch, summed over sampling rounds: ``dynamic/*`` under dynamic sampling
+    (``oprl.explorer.shaping``), ``episode/lost`` for episodic tasks (``oprl.explorer.explorer``)."""
     switch_wait_s: float | None = None
     """Partial rollouts: wall seconds the batch waited at a scheduled switch for its version (inside
     ``generate_s``); None without ``sync.partial``."""
@@ -117,7 +118,7 @@ class Timing:
             self.generate_s + other.generate_s,
             self.reward_s + other.reward_s,
             self.generated_tokens + other.generated_tokens,
-            self.shaping | other.shaping,
+            {k: self.shaping.get(k, 0.0) + other.shaping.get(k, 0.0) for k in self.shaping | other.shaping},
             sum(waits) if waits else None,
             sum(judged) if judged else None,
         )

@@ -17,11 +17,15 @@ seeded ``seed + t``, so the same agent logic gives the same rows as ``run_episod
 A session closes when its agent returns, raises or times out (later requests get 404; a reply sampled for it
 after that is not recorded), so the stored row is the conversation the agent saw. Faults, each counted and
 logged in one line, never stopping the run: an agent that raises, returns something other than a number or a
-dict with ``reward``, or runs past ``rollout.episode_timeout`` seconds (the thread is left behind, it cannot be
-killed) scores 0 and keeps the tokens it had sampled (an agent that failed before its first request: one
+dict with ``reward`` (finite, within ±1e6: ``oprl.tasks.agent.agent_reward``), or runs past
+``rollout.episode_timeout`` seconds (the thread is left behind, it cannot be killed) scores 0 and keeps the
+tokens it had sampled (an agent that failed before its first request: one
 end-of-turn token, mask 0, so its row carries no gradient). Requests past the turn or token budget or the
 model's context get a 400 and truncate the episode (scores 0, ``response/truncated_frac``), as the built-in
-episodes do; an agent that raises on that 400 is truncated, not failed. A batch in which every episode failed
+episodes do; an agent that raises on that 400 is truncated, not failed. An episode whose agent failed on the
+infrastructure (a connection error or timeout of its client, a 5xx: ``lost_to``) is **lost**, not scored 0:
+``Episode.lost``, which the explorer leaves out of its group (``episode/lost``). The endpoint's connections are
+sized from the batch (``Endpoint.expect``). A batch in which every episode failed
 is one warning line with the most common cause; ``task.max_failed_batches`` of them in a row stop the run
 (``OprlError``). An engine call refused by the engine's own checks fails its requests with a 400.
 """
@@ -60,7 +64,8 @@ class AgentRun:
     done: threading.Event = field(default_factory=threading.Event)
     result: object = None
     fault: str = ""
-    """Why the episode failed: raised, timeout, bad_return ("" = it did not)."""
+    """Why the episode failed: raised, lost (to the infrastructure: ``lost_to``), timeout, bad_return, no_request
+    ("" = it did not)."""
 
 
 def endpoint_of(task, tokenizer, port: int | None = None) -> Endpoint:
@@ -107,6 +112,7 @@ def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSetti
             "sync.partial=true: agent tasks (task.name=agent) sample without switching weights; set sync.partial=false"
         )
     endpoint, s = endpoint_of(task, tokenizer), settings
+    endpoint.expect(len(problems))  # connection limits sized for this batch (one line if the files cannot hold it)
     sampling = engine.sampling if s.sampling is None else s.sampling
     endpoint.served = Served(sampling, engine.max_new_tokens, context_length(engine))
     runs = [AgentRun(i, p, Session(i, tokenizer, s.max_turns, s.max_tokens)) for i, p in enumerate(problems)]
@@ -154,7 +160,7 @@ def _start(task, endpoint: Endpoint, run: AgentRun, timeout: float) -> None:
                 client = _client(endpoint, openai).with_options(base_url=url, timeout=timeout)
                 result = task.rollout(client, problem)
         except BaseException as exc:  # the agent's failure is its episode's, never the run's
-            fault, result = "raised", f"{type(exc).__name__}: {str(exc)[:200]}"
+            fault, result = ("lost" if lost_to(exc) else "raised"), f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:  # the session closes with its agent: a later request is a 404 and cannot touch the row
             with endpoint.lock:
                 if not run.done.is_set():  # else it timed out: that verdict stands
@@ -175,13 +181,35 @@ async def _run_async(rollout, client, problem: dict):
         return await rollout(client, problem)
 
 
+def lost_to(exc: BaseException) -> bool:
+    """Whether the agent failed on the infrastructure rather than on its own: a connection error or timeout of
+    the client (``openai.APIConnectionError``, ``APITimeoutError``; ``httpx.TransportError``) or a 5xx reply,
+    raised as is or wrapped by a framework (its ``__cause__`` / ``__context__`` chain)."""
+    import httpx
+    import openai
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, openai.APIConnectionError | httpx.TransportError):
+            return True
+        if isinstance(current, openai.APIStatusError) and current.status_code >= 500:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _client(endpoint: Endpoint, openai):
     """The endpoint's shared ``openai.OpenAI`` (thread-safe); each session gets a copy with its own URL. Its
     connection pool ignores ``close()`` (one agent's ``with client:`` or ``client.close()`` would close every
     sync agent's pool): ``Endpoint.stop`` closes it."""
     with endpoint.lock:
         if endpoint.client is None:
-            http = _shared_pool(openai.DefaultHttpxClient)()
+            import httpx
+
+            bound = endpoint.limits.bound  # past it, requests wait for a pooled connection (files are spent)
+            http = _shared_pool(openai.DefaultHttpxClient)(limits=httpx.Limits(max_connections=bound))
             endpoint.client = openai.OpenAI(
                 base_url=endpoint.base_url("-"), api_key=endpoint.token, max_retries=0, http_client=http
             )
@@ -282,6 +310,7 @@ def _episode(endpoint: Endpoint, run: AgentRun, tokenizer) -> Episode:
             run.fault, run.result = "no_request", "the agent returned without asking the model"
     if run.fault == "raised" and episode.truncated:  # the 400 of a spent budget, re-raised: truncation, not a fault
         run.fault = ""
+    episode.lost = run.fault == "lost"
     notes: dict[str, Any] = {}
     if not run.fault and not episode.truncated:
         try:  # a NaN, an inf or 1e30 never reaches the advantages (the dataset path's bound, one home)
@@ -321,8 +350,19 @@ def _report(endpoint: Endpoint, runs: list[AgentRun], calls: int, stop_after: in
             )
     else:
         endpoint.failed_batches = 0
+        lost = [r for r in runs if r.fault == "lost"]
+        if lost:  # one line, not one per episode: a connection failure rarely comes alone
+            log.warning(
+                "agent %s: %d of %d episodes lost to the infrastructure, left out of their groups (episode/lost); "
+                "e.g. episode %d: %s",
+                agent,
+                len(lost),
+                len(runs),
+                lost[0].index,
+                lost[0].result,
+            )
         for run in runs:
-            if run.fault:
+            if run.fault and run.fault != "lost":
                 log.warning(
                     "agent %s, episode %d (%s) scores 0: %s: %s",
                     agent,

@@ -49,6 +49,9 @@ class Episode:
     """Per-episode counts stored with the experience and averaged into ``episode/*`` (agent episodes:
     segments, dropped_tokens, refused_requests, agent_failed; ``oprl.episodes.agents``), and an agent's
     ``agent_notes``: the non-numeric entries of its returned dict, stored, never averaged."""
+    lost: bool = False
+    """Lost to the infrastructure (agent episodes: a connection error, a timeout or a 5xx reply): its reward
+    measures no policy, so the explorer leaves it out of its group (counted in ``episode/lost``)."""
     behavior_versions: list[int] = field(default_factory=list)
     """Partial rollouts: the policy version of each response token (environment tokens: the last model token's);
     empty when the sampler reported none (one policy)."""

@@ -92,7 +92,7 @@ class Explorer:
             group_size=self.group_size,
             first_group_id=(step - 1) * self.prompts_per_step,
         )
-        timing.shaping = counts
+        timing.shaping = timing.shaping | counts  # the rounds' episode/lost, summed by Timing.__add__
         return self._waits(experiences, timing)
 
     def _waits(self, experiences: list[Experience], timing: Timing) -> tuple[list[Experience], Timing]:
@@ -150,6 +150,9 @@ class Explorer:
             episode_timeout=self.episode_timeout,
             **self._switch(),
         )
+        # An episode lost to the infrastructure (an agent's connection error) measures no policy: it leaves its
+        # group, so the others' advantages are computed on real rewards (all lost: kept, every reward 0).
+        kept = [i for i, e in enumerate(episodes) if not e.lost] or list(range(len(episodes)))
         experiences = [
             Experience(
                 prompt_ids=e.prompt_ids,
@@ -166,10 +169,11 @@ class Explorer:
                 extra={"turns": e.turns, **e.info},
                 behavior_versions=e.behavior_versions or None,
             )
-            for i, e in enumerate(episodes)
+            for i, e in ((i, episodes[i]) for i in kept)
         ]
         tokens = float(sum(sum(e.loss_mask) for e in episodes))
-        return experiences, Timing(time.perf_counter() - start, 0.0, tokens)  # rewards come with the episodes
+        lost = {"episode/lost": float(sum(e.lost for e in episodes))}
+        return experiences, Timing(time.perf_counter() - start, 0.0, tokens, lost)  # rewards come with the episodes
 
     def _oldest(self, version: int, versions: list[list[int]] | None, row: int) -> int:
         """A row's ``policy_version``: the version of its oldest token. That is the batch's ``version`` except

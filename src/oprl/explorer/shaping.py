@@ -97,6 +97,17 @@ SampleFn = Callable[[list, int], tuple[list[Experience], Any]]
 """``sample(problems, round_index) -> (experiences, timing)``: K responses per problem, rows grouped in order."""
 
 
+def _groups(experiences: list[Experience], group_size: int) -> list[list[Experience]]:
+    """A sampling round's groups: consecutive rows of one group id, at most ``group_size`` (K) of them (fewer
+    when episodes were lost to the infrastructure: ``oprl.explorer.explorer``)."""
+    groups: list[list[Experience]] = []
+    for e in experiences:
+        if not groups or groups[-1][0].group_id != e.group_id or len(groups[-1]) == group_size:
+            groups.append([])
+        groups[-1].append(e)
+    return groups
+
+
 def dynamic_batch(
     sample: SampleFn,
     own: list,
@@ -116,8 +127,7 @@ def dynamic_batch(
     dropped: list[list[Experience]] = []
     drawn = rounds = 0
     while True:
-        for start in range(0, len(experiences), group_size):
-            group = experiences[start : start + group_size]
+        for group in _groups(experiences, group_size):  # a group may have lost rows (agents' lost episodes)
             (dropped if is_degenerate(group) else kept).append(group)
         missing = wanted - len(kept)
         if missing <= 0 or drawn >= len(extras):

@@ -192,14 +192,15 @@ def test_an_async_agent_that_cancels_a_request_leaves_no_traceback(tokenizer, ca
 
 
 def test_idle_and_surplus_connections_are_closed_and_the_endpoint_serves_on(tokenizer, monkeypatch):
-    """Item 7, functionally (bounds in benchmarks/agent_endpoint_abuse.py): past ``max_connections`` open ones a
-    connection is closed at once, one that sends nothing or trickles its headers is closed after
+    """Item 7, functionally (bounds in benchmarks/agent_endpoint_abuse.py): past ``ConnectionLimits.bound`` open
+    ones a connection is closed at once, one that sends nothing or trickles its headers is closed after
     ``REQUEST_TIMEOUT_S``, and an agent is served all along (4db1016: none closed, the process ran out of files)."""
     import oprl.episodes.endpoint.server as endpoint_module
+    from oprl.episodes.endpoint.connections import ConnectionLimits
 
     monkeypatch.setattr(endpoint_module, "REQUEST_TIMEOUT_S", 0.5)
-    monkeypatch.setattr(endpoint_module, "max_connections", lambda: 8)
     endpoint = endpoint_module.Endpoint(tokenizer)
+    endpoint.limits = ConnectionLimits(bound=8, needed=8, per_session=8)
     try:
         idle = [socket.create_connection((endpoint.host, endpoint.port)) for _ in range(12)]
         idle[0].sendall(b"POST /s/x/v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # headers never finished
@@ -208,7 +209,7 @@ def test_idle_and_surplus_connections_are_closed_and_the_endpoint_serves_on(toke
             sock.settimeout(3.0)
             try:
                 closed.append(sock.recv(1) == b"")  # EOF: the endpoint closed it
-            except ConnectionResetError:  # aborted: refused past max_connections
+            except ConnectionResetError:  # aborted: refused past ConnectionLimits.bound
                 closed.append(True)
             except TimeoutError:  # still open after 3 s
                 closed.append(False)

@@ -28,7 +28,9 @@ refusal is counted in the session's ``refused`` (``episode/refused_requests_mean
   required or a named function, ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``,
   image / audio parts.
 
-``/v1/responses`` (the Responses API) is translated to a chat request and back (``responses_api``).
+``/v1/responses`` (the Responses API) is translated to a chat request and back (``responses_api``). Connections
+are bounded by the process's files and a session may have ``ConnectionLimits.per_session`` requests open (a 429
+past it): ``oprl.episodes.endpoint.connections``.
 
 Requests wait in ``Endpoint.pending`` until ``take`` hands them to the explorer thread as one engine call
 (``oprl.episodes.agents``); the reply comes back through a future. Token bookkeeping is
@@ -43,12 +45,21 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from oprl.episodes.endpoint import responses_api
+from oprl.episodes.endpoint.connections import (
+    MIN_CONNECTIONS,
+    RESERVED_FILES,
+    connection_limits,
+    file_limits,
+    guarded,
+    open_files,
+)
 from oprl.episodes.endpoint.openai_api import ChatRequest, CompletionRequest, _Request, parse, response, stream_events
 from oprl.episodes.endpoint.sessions import Choice, RequestRefused, Session
 from oprl.episodes.episode import Episode
@@ -153,8 +164,11 @@ class Endpoint:
         self.host, self.port = host, sock.getsockname()[1]
         config = uvicorn.Config(_app(self), log_level="error", access_log=False, lifespan="off")
         config.load()  # the protocol class uvicorn picked, guarded (Server.run keeps a loaded config)
-        self.max_connections = max_connections()
-        config.http_protocol_class = _guarded(config.http_protocol_class, self.max_connections, REQUEST_TIMEOUT_S)
+        self.episodes = 0
+        """Episodes of the current batch (``expect``): what the connection limits are sized for."""
+        self.limits = connection_limits(0)
+        self.warned: set[tuple[int, int]] = set()
+        config.http_protocol_class = guarded(config.http_protocol_class, self, REQUEST_TIMEOUT_S)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [sock]}, name=f"oprl-endpoint-{self.port}", daemon=True
@@ -165,6 +179,30 @@ class Endpoint:
             time.sleep(0.01)
         if not self.server.started:
             raise OprlError(f"task: the agent endpoint on {host}:{self.port} did not start")
+        LIVE.add(self)
+
+    def expect(self, episodes: int) -> None:
+        """Size the connection limits for a batch of ``episodes`` agent runs (with every other live endpoint's,
+        e.g. an evaluation's, in the file budget); one warning line when the process's file limit, raised to
+        its hard limit first, cannot give each running episode a connection."""
+        self.episodes = episodes
+        running = sum(e.episodes for e in list(LIVE))
+        self.limits = connection_limits(episodes, running)
+        if self.limits.bound >= self.limits.needed or (self.limits.bound, running) in self.warned:
+            return
+        self.warned.add((self.limits.bound, running))
+        soft, hard = file_limits()
+        log.warning(
+            "agent endpoint: the open-file limit (soft %d, hard %d) holds %d agent connections (2 files each) for "
+            "%d episodes at once (rollout.prompts_per_step x rollout.group_size, plus evaluation's): the shared "
+            "client's requests wait for a connection, other clients' may fail (their episodes are lost: left "
+            "out of their groups, counted in episode/lost); raise it: ulimit -n %d",
+            soft,
+            hard,
+            self.limits.bound,
+            running,
+            2 * (2 * running + MIN_CONNECTIONS) + open_files() + RESERVED_FILES,
+        )
 
     def base_url(self, session_id: str) -> str:
         return f"http://{self.host}:{self.port}/s/{session_id}/v1"
@@ -209,6 +247,8 @@ class Endpoint:
     def stop(self) -> None:
         """Stop listening (the server's thread ends, its socket closes) and close the shared client."""
         self.server.should_exit = True
+        self.episodes = 0
+        LIVE.discard(self)
         self.thread.join(timeout=5)
         for close in self.closers:
             close()
@@ -256,83 +296,19 @@ class Endpoint:
 
     def refuse(self, session: Session | None, exc: RequestRefused) -> None:
         """Count a refusal: by reason for the run's log, in the session for ``episode/refused_requests_mean``."""
-        reason = "budget" if "episode over" in exc.message else {413: "too_large", 404: "closed"}.get(exc.status)
+        reason = (
+            "budget"
+            if "episode over" in exc.message
+            else {413: "too_large", 404: "closed", 429: "busy"}.get(exc.status)
+        )
         with self.lock:
             self.counts["refused/" + (reason or "request")] += 1
             if session is not None and exc.status != 404:
                 session.refused += 1
 
 
-def max_connections() -> int:
-    """Most connections the endpoint holds open: a quarter of the process's file limit (soft), the rest left to
-    the run (checkpoints, data, the engine), at least 16; 1,024 files (a common default) -> 256 connections."""
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return 4096 if soft == resource.RLIM_INFINITY else max(soft // 4, 16)
-
-
-def _guarded(base: Any, limit: int, timeout: float) -> Any:
-    """uvicorn's HTTP protocol class ``base`` with two guards: at most ``limit`` connections are open (at the limit
-    a new one replaces the oldest idle one, one with no request being served, or is closed at once when none
-    is idle: the process never runs out of files, and idle connections cannot lock agents out), and one that
-    has not delivered a request's headers ``timeout`` seconds after it opened or after its last reply is closed
-    (slowloris)."""
-
-    class Guarded(base):
-        refused = False
-        deadline: asyncio.TimerHandle | None = None
-        timed: Any = None
-        """The request cycle the deadline was armed after: a newer one means headers arrived."""
-        opened = 0.0
-
-        def connection_made(self, transport) -> None:
-            if len(self.server_state.connections) >= limit:
-                idle = [c for c in self.server_state.connections if c.cycle is None or c.cycle.response_complete]
-                if not idle:
-                    self.refused = True
-                    transport.abort()
-                    return
-                oldest = min(idle, key=lambda c: c.opened)
-                self.server_state.connections.discard(oldest)  # counted out now; its connection_lost comes later
-                oldest.transport.abort()
-            self.opened = time.monotonic()
-            super().connection_made(transport)
-            self._arm()
-
-        def connection_lost(self, exc) -> None:
-            if self.refused:
-                return
-            self._disarm()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self.cycle is not None and self.cycle is not self.timed:
-                self._disarm()  # a request's headers arrived; its body has read_body's deadline
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm()
-
-        def _arm(self) -> None:
-            self._disarm()
-            if self.cycle is not None and not self.cycle.response_complete:  # a pipelined request runs already
-                return
-            self.timed = self.cycle
-            self.deadline = self.loop.call_later(timeout, self._expire)
-
-        def _disarm(self) -> None:
-            if self.deadline is not None:
-                self.deadline.cancel()
-                self.deadline = None
-
-        def _expire(self) -> None:
-            self.deadline = None
-            if not self.transport.is_closing() and (self.cycle is None or self.cycle is self.timed):
-                self.transport.close()
-
-    return Guarded
+LIVE: "weakref.WeakSet[Endpoint]" = weakref.WeakSet()
+"""Endpoints listening in this process (an explorer's, an evaluation's): they share its files."""
 
 
 def message_tokens(tokenizer) -> int:
@@ -399,10 +375,12 @@ async def read_body(request, limit: int) -> bytes:
 def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads the handlers' types
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
+    from starlette.requests import ClientDisconnect
 
     app = FastAPI(title="oprl explorer endpoint", docs_url=None, redoc_url=None, openapi_url=None)
     kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
     kinds[408] = kinds[413] = kinds[400]
+    kinds[429] = "rate_limit_error"
 
     def error(status: int, message: str) -> JSONResponse:
         body = {"error": {"message": message, "type": kinds.get(status, "server_error"), "code": status}}
@@ -419,9 +397,17 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
         if not authorized(request):
             return error(401, "missing or wrong API key: use the token the explorer handed the agent")
         session = endpoint.sessions.get(session_id)
+        opened = False
         try:
             if session is None:
                 raise RequestRefused(404, f"no open session {session_id!r} (finished, timed out, or never opened)")
+            if session.open_requests >= endpoint.limits.per_session:  # before its body is read: nothing held
+                raise RequestRefused(
+                    429,
+                    f"this session has {session.open_requests} requests open, the most one episode may have "
+                    f"({endpoint.limits.per_session}); wait for a reply",
+                )
+            session.open_requests, opened = session.open_requests + 1, True
             try:
                 raw = await asyncio.wait_for(read_body(request, endpoint.max_request_bytes), REQUEST_TIMEOUT_S)
             except TimeoutError:
@@ -436,10 +422,16 @@ def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads
         except RequestRefused as exc:
             endpoint.refuse(session, exc)
             return error(exc.status, exc.message)
-        except Exception as exc:  # a bug of ours: one line, one 500, the run goes on
+        except ClientDisconnect:  # the client closed its connection mid-body: nobody to answer, nothing of ours
+            endpoint.counts["refused/disconnected"] += 1
+            return error(400, "the client disconnected before its request arrived")
+        except Exception as exc:  # a bug of ours: one line, one 500, the run goes on (an agent raising on it: lost)
             endpoint.counts["errors"] += 1
             log.warning("agent endpoint: 500 on %s: %s: %s", request.url.path, type(exc).__name__, str(exc)[:200])
             return error(500, f"internal error: {type(exc).__name__} (logged by the explorer)")
+        finally:
+            if opened:
+                session.open_requests -= 1  # type: ignore[union-attr]
         endpoint.counts["served"] += 1
         return reply
 

@@ -124,6 +124,9 @@ class Session:
     """Requests answered with an error (malformed, refused options, over budget or context)."""
     inflight: int = 0
     """Requests accepted and not yet answered: their turns are reserved."""
+    open_requests: int = 0
+    """Requests of this session the endpoint is handling (body, parsing, waiting for the engine): at most
+    ``ConnectionLimits.per_session``, so one agent cannot hold every connection."""
     closed: bool = False
     """The agent returned, failed or timed out: replies are no longer recorded."""
     overflowed: bool = False
