@@ -128,7 +128,7 @@ def test_refusals_name_the_field_and_keys_isolate_sessions(running, service, cli
         client.forward(bad, "cross_entropy").result()
     sampler = client.save_weights_and_get_sampling_client().result()
     with pytest.raises(Exception, match=r"sampling_params\.temperature"):
-        sampler.sample(types.ModelInput.from_ints(tokens), 1, types.SamplingParams(temperature=0.7)).result()
+        sampler.sample(types.ModelInput.from_ints(tokens), 1, types.SamplingParams(temperature=0.0)).result()
     # Another API key sees none of this session's models or samplers.
     other = {"X-API-Key": "tml-someone-else"}
     reply = httpx.post(f"{running.url}/api/v1/get_info", json={"model_id": client.model_id}, headers=other)

@@ -93,3 +93,59 @@ def test_concurrent_seeded_requests_through_the_sdk_are_one_engine_call_and_equa
         for a, b in zip(one.sequences, batched.sequences, strict=True):
             assert a.tokens == b.tokens and a.stop_reason == b.stop_reason
             np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(0.7, -1, 1.0), (1.3, 5, 1.0), (1.0, -1, 0.6), (0.5, 8, 0.9)]
+)
+def test_temperature_top_k_top_p_through_the_sdk_return_the_behaviour_logprobs(
+    running, service, temperature, top_k, top_p
+):
+    """The SDK's SamplingParams draw from μ = softmax(logits / T) over the top-k, then top-p, kept set, and each
+    sampled token's returned log-prob is log μ(y), checked against an independent transformers forward of the
+    served model; ``forward`` scores the same tokens at temperature 1 untruncated, log π(y), so ρ = π / μ."""
+    import torch
+    from tinker_server import datum
+    from transformers import AutoModelForCausalLM
+
+    from oprl.models.truncation import kept_tokens
+
+    sampler = service.create_sampling_client(base_model=TINY).result()
+    prompt = [5, 17, 9, 30, 12]
+    params = types.SamplingParams(max_tokens=6, seed=4, temperature=temperature, top_k=top_k, top_p=top_p)
+    sequences = sampler.sample(types.ModelInput.from_ints(prompt), 3, params).result().sequences
+    model = AutoModelForCausalLM.from_pretrained(running.model_dir, dtype=torch.float32).eval()
+    trainer = service.create_lora_training_client(base_model=TINY, rank=1, seed=0).result()
+    for sequence in sequences:
+        full = torch.tensor([prompt + sequence.tokens])
+        with torch.no_grad():
+            logits = model(full).logits[0, len(prompt) - 1 : -1].float()  # (N, V): the scores of each drawn token
+        scores = logits / temperature
+        kept = kept_tokens(scores, 0 if top_k == -1 else top_k, top_p)
+        behaviour = torch.log_softmax(scores.masked_fill(~kept, float("-inf")), dim=-1)
+        drawn = torch.tensor(sequence.tokens)[:, None]
+        assert kept.gather(-1, drawn).all()  # every drawn token is in its step's kept set
+        np.testing.assert_allclose(sequence.logprobs, behaviour.gather(-1, drawn).squeeze(-1), atol=1e-5)
+        scored = trainer.forward([datum(prompt + sequence.tokens, weights=[0.0] * (len(full[0]) - 1))], "cross_entropy")
+        model_logprobs = scored.result().loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :]
+        np.testing.assert_allclose(
+            model_logprobs, torch.log_softmax(logits, -1).gather(-1, drawn).squeeze(-1), atol=1e-5
+        )
+
+
+def test_top_k_1_is_greedy_with_log_prob_0(service):
+    sampler = service.create_sampling_client(base_model=TINY).result()
+    params = types.SamplingParams(max_tokens=5, top_k=1, temperature=0.3)
+    a, b = (sampler.sample(types.ModelInput.from_ints([5, 17, 9]), 2, params).result().sequences for _ in "ab")
+    assert a[0].tokens == a[1].tokens == b[0].tokens  # unseeded, still one path: the argmax
+    assert np.allclose(a[0].logprobs, 0.0)  # μ puts all its mass on the kept token
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("temperature", 0.0), ("temperature", -1.0), ("top_k", -2), ("top_p", 0.0), ("top_p", 1.5)]
+)
+def test_sampling_params_out_of_range_are_400s_naming_the_field(service, field, value):
+    sampler = service.create_sampling_client(base_model=TINY).result()
+    params = types.SamplingParams(max_tokens=2, **{field: value})
+    with pytest.raises(tinker.BadRequestError, match=rf"sampling_params\.{field}"):
+        sampler.sample(types.ModelInput.from_ints([5, 17, 9]), 1, params).result()

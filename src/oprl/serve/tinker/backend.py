@@ -12,7 +12,8 @@ Off-policy exactness: ``save_weights_for_sampler`` snapshots the trainable tenso
 parameter for full fine-tuning) with the optimizer-step count they belong to; a sampling session samples from
 *its* snapshot: when the live weights moved on, the snapshot is copied in for the call and the live weights
 back after. Sampling and ``forward_backward`` compute log-probs in float32 from the same modules (prefill +
-cached decoding vs. one packed forward), so on-policy ρ = 1 up to float rounding.
+cached decoding vs. one packed forward), so on-policy ρ = 1 up to float rounding at the default sampling
+parameters (with a temperature or truncation, ρ = π / μ: ``sampling.py``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """Sampling for the Tinker server: ``num_samples`` continuations of a prompt from whatever weights the caller put
 in the module, with each sampled token's log-prob under the distribution it was drawn from (the lean engine's
-``sample_token`` under ``SERVED``), and the prompt's own log-probs (``compute_logprobs``).
+``sample_token``), and the prompt's own log-probs (``compute_logprobs``).
 
-Only ``SERVED``, temperature 1 without top-k/top-p truncation, is served: ``forward_backward`` scores under it,
-so only those samples carry behaviour log-probs the trainer reproduces (ρ = 1 on-policy, tested).
+Temperature, top-k and top-p (Tinker's ``SamplingParams``; its ``top_k`` -1 is off) are oprl's ``Sampling``
+(``oprl.models.truncation``): scores s = logits / temperature, top-k then top-p on them, and the token drawn from
+μ = softmax over the kept set. **The log-prob returned for a sampled token is log μ(y)**, the behaviour
+distribution's, not the model's: ``forward_backward`` scores π(y) at temperature 1 untruncated, so the loss sees
+ρ = π(y) / μ(y), the exact importance weight of a token drawn from μ (ρ = 1 on-policy only at the defaults,
+tested). Prompt log-probs are always the model's own (temperature 1, untruncated), whatever the parameters.
 
 Batching: ``sample_batch`` runs several requests on the same weights as one engine call (the server gathers the
 requests of one sampling client that arrive together, ``app.py``): every distinct prompt is prefilled once, and
@@ -29,7 +33,8 @@ from oprl.serve.tinker.errors import UserError, check_tokens, context_of
 from oprl.serve.tinker.records import Sampled, Sequence
 
 SERVED = PLAIN
-"""The one distribution served, temperature 1 without truncation: the one ``forward_backward`` scores under."""
+"""The distribution ``forward_backward`` scores under (temperature 1, nothing truncated), the prompt log-probs'
+too, and the sampler's at the default ``SamplingParams``."""
 
 
 def requested_sampling(params: dict[str, Any]) -> Sampling:
@@ -39,23 +44,20 @@ def requested_sampling(params: dict[str, Any]) -> Sampling:
     return Sampling(temperature, 0 if top_k == -1 else top_k, top_p)
 
 
-def check_sampling_params(params: dict[str, Any]) -> None:
-    """Refuse what the trainer cannot reproduce: ``forward_backward`` scores under ``SERVED``, so only samples
-    from that distribution have behaviour log-probs it can compare with."""
+def check_sampling_params(params: dict[str, Any]) -> Sampling:
+    """The ``Sampling`` a request asks for, after checking each field's range (``UserError`` naming it)."""
     if not isinstance(params, dict):
         raise UserError(f"sampling_params: an object of SamplingParams fields, got a {type(params).__name__}")
     asked = requested_sampling(params)
-    if asked.temperature != SERVED.temperature:
-        raise UserError(
-            f"sampling_params.temperature: {params['temperature']} is not 1.0; forward_backward scores at "
-            "temperature 1, so the sampler's log-probs would not be the trainer's (ρ ≠ 1 on-policy)"
-        )
-    if asked.top_k != SERVED.top_k:
-        raise UserError("sampling_params.top_k: truncated sampling is not reproducible by forward_backward; use -1")
-    if asked.top_p != SERVED.top_p:
-        raise UserError("sampling_params.top_p: truncated sampling is not reproducible by forward_backward; use 1.0")
+    if not (math.isfinite(asked.temperature) and asked.temperature > 0):
+        raise UserError(f"sampling_params.temperature: must be > 0, got {params.get('temperature')}")
+    if asked.top_k < 0:
+        raise UserError(f"sampling_params.top_k: -1 (off) or >= 1, got {params.get('top_k')}")
+    if not 0 < asked.top_p <= 1:
+        raise UserError(f"sampling_params.top_p: must be in (0, 1], got {params.get('top_p')}")
     if params.get("max_tokens") is not None and int(params["max_tokens"]) < 1:
         raise UserError(f"sampling_params.max_tokens: must be >= 1, got {params['max_tokens']}")
+    return asked
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Planned:
     stop_tokens: set[int]
     stop_strings: list[str]
     seed: int | None
+    sampling: Sampling
     request: dict[str, Any]
 
 
@@ -75,6 +78,7 @@ def plan(tokenizer, model, request: dict[str, Any]) -> Planned:
     """Check a sample request against the model (``UserError`` naming the field) before anything runs."""
     prompt = [t for chunk in request["prompt"]["chunks"] for t in chunk.get("tokens", [])]
     params = request.get("sampling_params") or {}
+    sampling = check_sampling_params(params)
     n = int(request.get("num_samples", 1))
     check_tokens(prompt, len(tokenizer), "prompt")
     if not prompt:
@@ -100,7 +104,8 @@ def plan(tokenizer, model, request: dict[str, Any]) -> Planned:
             raise UserError(f"prompt_logprobs_last_n: must be between 1 and {len(prompt) - 1}, got {last}")
     stop_tokens, stop_strings = _stops(params.get("stop"), tokenizer)
     seed = params.get("seed")
-    return Planned(prompt, n, max_tokens, stop_tokens, stop_strings, None if seed is None else int(seed), request)
+    seed = None if seed is None else int(seed)
+    return Planned(prompt, n, max_tokens, stop_tokens, stop_strings, seed, sampling, request)
 
 
 @torch.inference_mode()  # cheaper than no_grad (no version counters); nothing sampled here is trained through
@@ -161,7 +166,7 @@ def _stops(stop, tokenizer) -> tuple[set[int], list[str]]:
 def _decode(model, tokenizer, plans: list[Planned], generators, device) -> list[list[Sequence]]:
     """The lean engine's decode loop over every row of every request (prompts left-padded, each distinct prompt
     prefilled once, the attention mask growing a column a step). Per step, each unfinished request draws one
-    token for each of its rows with ``sample_token`` under ``SERVED`` from its generator; a row ends at a stop
+    token for each of its rows with ``sample_token`` under its own ``Sampling`` from its generator; a row ends at a stop
     token (kept) or once its text holds a stop string, a request once all its rows ended or it drew
     ``max_tokens``. Rows of finished requests leave the batch (in bulk, as in the lean engine)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -186,7 +191,7 @@ def _decode(model, tokenizer, plans: list[Planned], generators, device) -> list[
                 continue
             rows = members[k]
             index = torch.tensor([where[r] for r in rows], device=logits.device)
-            token, logprob = sample_token(logits[index], SERVED, generators[k])  # (n,), (n,)
+            token, logprob = sample_token(logits[index], p.sampling, generators[k])  # (n,), (n,): log μ(y)
             fed[index] = token
             for row, t, lp in zip(rows, token.tolist(), logprob.tolist(), strict=True):
                 if done[row]:
