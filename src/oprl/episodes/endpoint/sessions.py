@@ -32,7 +32,8 @@ dropped (counted in ``dropped_tokens``), so a row never joins one request's prom
 The stored episode is the last segment, the one the agent's return value scores (one row per episode, so groups
 keep K rows); ``segments`` and ``dropped_tokens`` count what was set aside. With ``n > 1`` choices, the one the
 next request continues is kept and the others are dropped (counted); the last call's first choice ends the
-episode.
+episode. A completion prompt continues the longest choice it starts with (by text, or by token ids), so a choice
+that is a prefix of another ("4" and "42") is never taken for it (``_longest``).
 
 Budgets are the built-in episodes': ``max_turns`` sampled turns, ``max_tokens`` tokens after the prompt, a
 reply that stops at the length limit without EOS: the episode is truncated and scores 0, whatever the agent
@@ -57,6 +58,7 @@ Deliberately not here: HTTP (``oprl.episodes.endpoint.server``), running agents 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,17 +183,21 @@ class Session:
         at most ``room`` tokens (else a 400, the episode truncated)."""
         self._check_open()
         if isinstance(prompt, list):
-            history = self._history_ids()
-            if self._extends("completion") and prompt[: len(history)] == history:
-                return self._extend_completion(prompt[len(history) :], None, room)
+            if self._extends("completion") and prompt[: len(self._context())] == self._context():
+                after = prompt[len(self._context()) :]
+                choice = _longest([c for c in self.choices if after[: len(c.ids)] == c.ids], lambda c: c.ids)
+                if choice is not None or not self.choices:
+                    new_ids = after[len(choice.ids) :] if choice is not None else after
+                    return self._extend_completion(new_ids, None, room, choice)
             self._check_budget()
             self._new_segment("completion", list(prompt), room)
             self.text = self.tokenizer.decode(prompt)
             return self._context()
-        if self._extends("completion") and self.choices:
-            for choice in self.choices:
-                if prompt.startswith(self.text + choice.text):
-                    return self._extend_completion(None, prompt[len(self.text + choice.text) :], room, choice)
+        if self._extends("completion") and self.choices and prompt.startswith(self.text):
+            tail = prompt[len(self.text) :]
+            choice = _longest([c for c in self.choices if tail.startswith(c.text)], lambda c: c.text)
+            if choice is not None:
+                return self._extend_completion(None, tail[len(choice.text) :], room, choice)
         self._check_size(len(prompt), 0, room)
         self._check_budget()
         self._new_segment("completion", self.tokenizer(prompt, add_special_tokens=False).input_ids, room)
@@ -199,8 +205,6 @@ class Session:
         return self._context()
 
     def _extend_completion(self, ids: list[int] | None, text: str | None, room: int | None, choice=None):
-        if choice is None:  # token ids: the history includes the first choice (ids were compared to it)
-            choice = self.choices[0] if self.choices else None
         if choice is not None:
             self._continue(choice)
             self.text += choice.text
@@ -359,9 +363,22 @@ class Session:
         assert self.episode is not None
         return self.episode.prompt_ids + self.episode.response_ids
 
-    def _history_ids(self) -> list[int]:
-        first = self.choices[0].ids if self.choices else []
-        return self._context() + first if self.episode is not None else []
+
+def _longest(matches: list[Choice], key: Callable[[Choice], Any]) -> Choice | None:
+    """The choice a completion prompt continues, among those it starts with (``matches``): the longest, by
+    ``key`` (its text or ids). One choice that is a prefix of another ("4" and "42") matches a prompt that
+    continues the other too; the longer one is what the prompt holds whole. A 400 when two choices of that
+    length differ (same text, other tokens: which was sampled cannot be told)."""
+    if not matches:
+        return None
+    longest = max(len(key(c)) for c in matches)
+    tied = [c for c in matches if len(key(c)) == longest]
+    if any(c.ids != tied[0].ids for c in tied[1:]):
+        raise RequestRefused(
+            400,
+            f"the prompt continues {len(tied)} of the n choices alike (the same text, other tokens); send token ids",
+        )
+    return tied[0]
 
 
 def _overflow(tokens: int, room: int, at_least: bool = False) -> str:
