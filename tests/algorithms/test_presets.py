@@ -110,6 +110,8 @@ def reference(settings, advantages, keep):
             "squared-log-ratio": (c * log_rho**2, 2 * c * log_rho),
             "forward-kl": (-c * lp, -c),
         }[settings["regularizer"]]
+        eta = settings["delight_temperature"]  # DG's gate σ(A·(−lp)/η), detached
+        w *= 1.0 if eta is None else 1 / (1 + math.exp(a * lp / eta))
         token_loss[b, t] = -m * w * a * lp + reg
         token_grad[b, t] = -m * w * a + reg_grad
     rows = sorted({b for b, _ in valid})

@@ -5,6 +5,7 @@
 - ``losses``: the token-level policy loss ℓ = −M·w·A·logprobs + regulariser and its metrics.
 - ``corrections``: the masks, weights and objective of DPPO, M2PO, BAPO, ASPO, TOPR, SAPO and OAPL.
 - ``aggregation``: the one place where (B, T) values become a scalar.
+- ``delight``: advantage × surprisal: DG's per-token gate and the Kondo gate on each response's backward pass.
 - ``distill``: the teacher's per-token advantage log π_teacher − log π_b, added to or replacing the group one.
 - ``variance``: VCPO's controls: the step size scaled by the responses' ESS, the off-policy optimal baseline's weights.
 - ``kl``: KL-to-reference estimators k1/k2/k3 (the entropy is computed with the log-probs in ``oprl.models``).
@@ -26,6 +27,7 @@ from oprl.algorithms.advantages import (
 )
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate, aggregation_count
 from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, DISTILL_KEYS, TRAINER_KEYS
+from oprl.algorithms.delight import KondoGate, delight_gate, kondo_gate, kondo_price, response_delight
 from oprl.algorithms.distill import DISTILL_MIXES, distill_advantages, distill_metrics
 from oprl.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from oprl.algorithms.losses import (
@@ -88,6 +90,7 @@ __all__ = [
     "WEIGHTS",
     "DropRule",
     "GroupAdvantages",
+    "KondoGate",
     "LossParams",
     "SettingError",
     "advantage_settings",
@@ -95,18 +98,22 @@ __all__ = [
     "aggregation_count",
     "baseline_gap",
     "consistency_surrogate",
+    "delight_gate",
     "distill_advantages",
     "distill_metrics",
     "effective_sample_size",
     "ess_lr_scale",
     "group_advantages",
     "kl_penalty",
+    "kondo_gate",
+    "kondo_price",
     "off_policy_baseline_log_weights",
     "policy_loss",
     "ratio_stats",
     "red_weight_advantages",
     "renamed_message",
     "resolve_preset",
+    "response_delight",
     "sequence_log_ratios",
     "trainer_only",
     "validate_settings",

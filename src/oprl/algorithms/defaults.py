@@ -44,6 +44,7 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
     "dual_clip": None,  # off; BAPO's code (and verl's clip_ratio_c) caps A < 0 tokens at c = 3: ρ > c gets no gradient
     "entropy_eps": None,  # off; ASPO's code: ε of the tokens above a response's entropy quantile (0.4 there)
     "entropy_quantile": 0.8,  # ASPO's code (token_entropy_quantile): tokens at or below it keep eps_low/eps_high
+    "delight_temperature": None,  # off; DG (arXiv 2603.14608): each token's term times σ(A·(−log π)/η), η = 1 there
     "regression_beta": 1e-3,  # OAPL's β (β2 in the authors' scripts) on Σ_t log(π/π_b)
     "vespo_k_pos": 2.0,  # VESPO's shape k₊ for A ≥ 0 (arXiv 2602.10693; TRL's GRPOConfig defaults)
     "vespo_lambda_pos": 3.0,  # VESPO's rate λ₊ for A ≥ 0: φ peaks at w = k/λ < 1, damping w > 1
@@ -56,6 +57,9 @@ ALGORITHM_DEFAULTS: dict[str, Any] = {
     "recompute_proximal": False,  # decoupled PPO: the trainer recomputes π_prox before the update
     "ess_lr": "none",  # the learning rate as configured; VCPO (arXiv 2602.17616) scales it by √min(1, ESS/base)
     "ess_lr_base": 1.0,  # VCPO's base_ess_ratio (the authors' scripts): any ESS < 1 shrinks the step
+    "kondo_rate": None,  # off; the Kondo gate (arXiv 2603.20526): ρ, the share of responses given a backward pass
+    "kondo_temperature": 1.0,  # η of its pass probability σ((χ − λ)/η): the paper's and DG's scale of delight
+    "kondo_window": 1024,  # responses whose (1 − ρ)-quantile of delight is the price λ (oprl's choice: ~8 steps)
 }
 
 ADVANTAGE_KEYS: tuple[str, ...] = (
@@ -67,9 +71,12 @@ which the caller passes as ``response_lengths``). The loss's are the fields of
 ``oprl.algorithms.losses.LossParams``."""
 DISTILL_KEYS: tuple[str, ...] = ("distill_coef", "distill_mix")
 """Settings of ``distill_advantages``: the trainer calls it when ``distill_coef`` > 0 (rows need teacher log-probs)."""
-TRAINER_KEYS: tuple[str, ...] = ("recompute_proximal", "ess_lr", "ess_lr_base")
+TRAINER_KEYS: tuple[str, ...] = (
+    "recompute_proximal", "ess_lr", "ess_lr_base", "kondo_rate", "kondo_temperature", "kondo_window",
+)  # fmt: skip
 """Settings the trainer reads: ``recompute_proximal`` makes it pass ``proximal_logprobs`` to ``policy_loss``;
-``ess_lr`` / ``ess_lr_base`` scale each optimizer step's learning rate by ``oprl.algorithms.variance.ess_lr_scale``."""
+``ess_lr`` / ``ess_lr_base`` scale each optimizer step's learning rate by ``oprl.algorithms.variance.ess_lr_scale``;
+``kondo_*`` gate each response's backward pass (``oprl.algorithms.delight.kondo_gate``)."""
 
 
 __all__ = ["ADVANTAGE_KEYS", "ALGORITHM_DEFAULTS", "DISTILL_KEYS", "TRAINER_KEYS"]

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from oprl.algorithms import corrections
+from oprl.algorithms import corrections, delight
 from oprl.algorithms.aggregation import aggregate
 from oprl.algorithms.defaults import ALGORITHM_DEFAULTS as D
 from oprl.algorithms.registry import lookup
@@ -107,6 +107,8 @@ class LossParams:
     """ASPO's code: eps_low = eps_high = this for the tokens above their response's entropy_quantile (None = off)."""
     entropy_quantile: float = D["entropy_quantile"]
     """The per-response quantile of token entropy at or below which a token keeps eps_low / eps_high."""
+    delight_temperature: float | None = D["delight_temperature"]
+    """DG's η (None = off): each token's policy-gradient term times σ(A·(−logprobs)/η), detached (``delight.py``)."""
     regression_beta: float = D["regression_beta"]
     """OAPL's β on each response's Σ_t log(π/π_b)."""
     vespo_k_pos: float = D["vespo_k_pos"]
@@ -302,6 +304,7 @@ def policy_loss(
     objective advantage-regression replaces −M·w·A·logprobs by OAPL's (β·Σ_t log(π/a) − A)² per response.
     Two options of any mask: ``entropy_eps`` gives the tokens above their response's entropy quantile the band
     ε_low = ε_high = entropy_eps; ``dual_clip`` c also masks the tokens with A < 0 and ρ > c (dual-clip PPO).
+    One of any weight: ``delight_temperature`` η multiplies w by DG's gate σ(A·(−logprobs)/η), detached.
     Every setting named above is a field of ``params`` (``LossParams``: C = is_cap, T = weight_temperature,
     c = regularizer_coef, ...). loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor; metrics:
     detached 0-dim tensors, averaged over valid tokens (see ``_metrics``), plus what a rule reports (M2PO's
@@ -339,13 +342,17 @@ def policy_loss(
     weights, weight_metrics = _with_metrics(weight_fn(ratio, token_advantages, params))  # (B, T)
     if proximal_logprobs is not None:  # AReaL's behaviour weight, π_prox/π_b capped at C
         weights = weights * (anchor - behavior_logprobs).clamp(max=math.log(params.is_cap)).exp()
+    delight_metrics: dict[str, torch.Tensor] = {}
+    if params.delight_temperature is not None:  # DG: the gate σ(A·ℓ/η) on top of any mask and weight
+        gate, delight_metrics = delight.delight_gate(current, token_advantages, mask, params.delight_temperature)
+        weights = weights * gate  # (B, T)
     pg_tokens, objective_metrics = objective_fn(logprobs, anchor, token_advantages, mask, keep, weights, params)
     reg_tokens = regularizer_fn(logprobs, behavior_logprobs, params.regularizer_coef)  # (B, T)
 
     pg_loss = aggregate(pg_tokens, mask, params.loss_agg, params.normalizer)  # ()
     reg_loss = aggregate(reg_tokens, mask, params.loss_agg, params.normalizer)  # ()
     metrics = _metrics(ratio, keep, weights, mask, pg_loss, reg_loss)
-    rules = {**band_metrics, **keep_metrics, **dual_metrics, **weight_metrics, **objective_metrics}
+    rules = {**band_metrics, **keep_metrics, **dual_metrics, **weight_metrics, **delight_metrics, **objective_metrics}
     extra = {key: value.detach() for key, value in rules.items()}
     return pg_loss + reg_loss, metrics | extra
 

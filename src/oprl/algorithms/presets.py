@@ -189,6 +189,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # ASPO with its code's entropy-dependent band (use_dynamic_clip): ε = 0.2 for the tokens at or below their
     # response's 0.8 entropy quantile, 0.4 for the rest. Needs the trainer's token entropies (oprl train only).
     "aspo-entropy": {**_ASPO, "entropy_eps": 0.4, "entropy_quantile": 0.8},
+    # Delightful policy gradient (Osband 2026, arXiv 2603.14608): each token's term times σ(A·(−log π)/η), η = 1,
+    # with no clip and no importance weight (the paper's "no importance ratios"); GRPO's advantages, the unit scale
+    # η = 1 assumes (open-instruct PR 1628 gates GRPO's), token mean.
+    "dg": {**ALGORITHM_DEFAULTS, **_STD, "delight_temperature": 1.0},
+    # DG with the Kondo gate (Osband 2026, arXiv 2603.20526): a response's backward pass runs with probability
+    # σ((χ − λ)/1), λ the 0.5-quantile of the last 1024 responses' delight (ρ = 0.5: open-instruct PR 1628's test
+    # script); the skipped train with A = 0. Needs oprl's trainer (a screening forward per step).
+    "dg-kondo": {**ALGORITHM_DEFAULTS, **_STD, "delight_temperature": 1.0, "kondo_rate": 0.5},
     # SAPO (Gao et al. 2025, arXiv 2511.20347; verl / Trinity-RFT sapo): the soft gate's gradient weight
     # 4σ(1 − σ)·ρ with τ+ = 1, τ− = 1.05, no mask, each response's token mean.
     "sapo": {
@@ -228,7 +236,7 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
 
 _POSITIVE = (
     "tau", "weight_temperature", "is_cap", "mask_high", "tau_pos", "tau_neg", "bapo_high_max", "vespo_lambda_pos",
-    "vespo_lambda_neg", "ess_lr_base",
+    "vespo_lambda_neg", "ess_lr_base", "kondo_temperature",
 )  # fmt: skip
 _NON_NEGATIVE = (
     "eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "regularizer_coef", "mask_low", "distill_coef",
@@ -278,6 +286,7 @@ def validate_settings(settings: dict[str, Any]) -> None:
     if not 0 <= settings.get("bapo_target", 0.0) <= 1:
         raise SettingError("bapo_target", f"bapo_target must be in [0, 1] (a share), got {settings['bapo_target']!r}")
     _check_turn4_options(settings)
+    _check_delight_options(settings)
     if settings.get("red_weight", "none") != "none" and settings.get("weight") == "advantage":
         message = (f"red_weight={settings['red_weight']} reshapes the advantages that weight=advantage (RED-Weight's "
                    "fixed exp(A/T)) would weight again: use one of them")  # fmt: skip
@@ -286,6 +295,27 @@ def validate_settings(settings: dict[str, Any]) -> None:
     if not low < high:
         message = f"mask_low must be < mask_high (the band of clip_mode=mask), got {low!r} >= {high!r}"
         raise SettingError("mask_low", message)
+
+
+def _check_delight_options(settings: dict[str, Any]) -> None:
+    """delight_temperature: None or > 0, on the policy-gradient objective; kondo_rate: None or in (0, 1], on a
+    loss without a regulariser (a skipped response keeps only what A = 0 leaves); kondo_window: an integer >= 1."""
+    eta = settings.get("delight_temperature")
+    if eta is not None and not (isinstance(eta, int | float) and eta > 0):
+        raise SettingError("delight_temperature", f"delight_temperature must be > 0 (DG's eta) or unset, got {eta!r}")
+    if eta is not None and settings.get("objective", "policy-gradient") != "policy-gradient":
+        message = f"delight_temperature gates the policy-gradient term; objective={settings['objective']} has none"
+        raise SettingError("delight_temperature", message)
+    rate = settings.get("kondo_rate")
+    if rate is not None and not (isinstance(rate, int | float) and 0 < rate <= 1):
+        raise SettingError("kondo_rate", f"kondo_rate must be in (0, 1] (the share with a backward pass), got {rate!r}")
+    if rate is not None and settings.get("regularizer", "none") != "none":
+        message = (f"kondo_rate skips a response's backward pass by zeroing its advantage, which leaves "
+                   f"regularizer={settings['regularizer']} acting on it: use one of them")  # fmt: skip
+        raise SettingError("kondo_rate", message)
+    size = settings.get("kondo_window", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise SettingError("kondo_window", f"kondo_window must be an integer >= 1 (responses), got {size!r}")
 
 
 ENTROPY_BANDS = ("one-side", "two-side", "ring")
@@ -331,9 +361,10 @@ def trainer_only(settings: dict[str, Any]) -> list[str]:
     trainer's token entropies, which those hosts do not pass). A host that takes only oprl's loss and advantages
     (TRL, verl, the Tinker server) refuses a preset with any of them rather than drop them silently. Adaptive
     RED-Weight (``red_weight``) is one too: it needs each response's loss token count, which their advantage
-    hooks are not given."""
+    hooks are not given; and the Kondo gate (``kondo_rate``): a screening forward and a window kept across steps."""
     found = [f"ess_lr={settings['ess_lr']}"] if settings["ess_lr"] != "none" else []
     found += [f"red_weight={settings['red_weight']}"] if settings.get("red_weight", "none") != "none" else []
+    found += [f"kondo_rate={settings['kondo_rate']}"] if settings.get("kondo_rate") is not None else []
     found += [f"entropy_eps={settings['entropy_eps']}"] if settings.get("entropy_eps") is not None else []
     return found + ([f"baseline={settings['baseline']}"] if settings["baseline"] in WEIGHTED_BASELINES else [])
 

@@ -65,6 +65,7 @@ class AlgorithmConfig(_Section):
             "entropy_eps", "entropy_quantile", "regression_beta",
             "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "ess_lr", "ess_lr_base",
         ),
+        "delight (DG, the Kondo gate)": ("delight_temperature", "kondo_rate", "kondo_temperature", "kondo_window"),
         "distillation": ("distill_coef", "distill_mix"),
         "reference KL and entropy": ("kl_coef", "kl_estimator", "log_ref_kl_every", "entropy_coef"),
     }  # fmt: skip
@@ -181,6 +182,19 @@ class AlgorithmConfig(_Section):
     authors' rule for AdamW), linear, or none (the configured rate). Logged as vcpo/lr_scale and vcpo/ess."""
     ess_lr_base: float | None = None
     """VCPO: the ESS (0..1] at or above which ess_lr leaves the step unscaled (the authors' base_ess_ratio, 1.0)."""
+    delight_temperature: float | None = None
+    """Delightful policy gradient (arXiv 2603.14608; preset dg): each token's policy-gradient term times
+    sigmoid(A*(-log pi)/eta), eta = this (> 0; 1 in the paper), detached, on top of any clip and weight; off unless
+    a preset sets it. Logged as loss/delight_mean and loss/delight_gate_mean."""
+    kondo_rate: float | None = None
+    """The Kondo gate (arXiv 2603.20526; preset dg-kondo: 0.5): rho in (0, 1], the share of responses whose
+    backward pass runs; each passes with probability sigmoid((chi - lambda)/kondo_temperature), chi its token-mean
+    delight, lambda the (1 - rho)-quantile of chi over the last kondo_window responses; a skipped one trains with
+    A = 0. Costs one forward without grad per step; oprl train only (not TRL/verl). Logged as kondo/*."""
+    kondo_temperature: float | None = None
+    """The Kondo gate's eta (> 0; 1.0)."""
+    kondo_window: int | None = None
+    """The Kondo gate's rolling window, in responses (this step's included; 1024)."""
     distill_coef: float | None = None
     """Distillation (docs/algorithms.md#distillation; needs teacher.path or a store scored by ``oprl
     teacher-score``): c in the per-token advantage A_t = A_group + c*(log pi_teacher(y_t) - log pi_behaviour(y_t)),

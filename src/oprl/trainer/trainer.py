@@ -15,6 +15,7 @@ loss and gradient.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
@@ -35,6 +36,7 @@ from oprl.algorithms import (
     ess_lr_scale,
     group_advantages,
     kl_penalty,
+    kondo_gate,
     off_policy_baseline_log_weights,
     policy_loss,
     ratio_stats,
@@ -97,6 +99,9 @@ class Trainer:
         # off-policy optimal baseline, whose per-response weights need each response's score norm.
         self.ess_lr, self.ess_lr_base = settings["ess_lr"], settings["ess_lr_base"]
         self.weighted_baseline = settings["baseline"] in WEIGHTED_BASELINES
+        # The Kondo gate (oprl.algorithms.delight): its settings and the recent responses' delights, across steps.
+        self.kondo = {key: settings[key] for key in ("kondo_rate", "kondo_temperature", "kondo_window")}
+        self.kondo_delights = torch.zeros(0)
         self.scores = score_norms.ScorePass(autocast)  # score_statistics' batched pass
         # Distillation: per-token advantages from the rows' teacher log-probs (oprl.algorithms.distill).
         self.distill_kwargs = {key: settings[key] for key in DISTILL_KEYS}
@@ -155,6 +160,9 @@ class Trainer:
         )
         if log_weights is not None:  # how far the weighted baseline moved from the group mean, in reward units
             baseline_metrics["vcpo/baseline_gap"] = float(baseline_gap(rewards, group_ids, adv.baseline))
+        if self.kondo["kondo_rate"] is not None:  # rows the gate skips train with A = 0
+            adv, kondo_metrics = self._kondo_gate(batch, adv, generator)
+            baseline_metrics |= kondo_metrics
         kept = adv.keep.nonzero().squeeze(-1)
         # π_prox: the weights before this step's first update, for every row, whatever the mini-batch order.
         proximal = self.proximal_logprobs(batch) if self.recompute_proximal else None
@@ -183,6 +191,27 @@ class Trainer:
         out["perf/train_s"] = time.perf_counter() - start
         out["perf/train_tokens_per_s"] = out["response/tokens"] * self.optim.epochs / out["perf/train_s"]
         return out
+
+    def _kondo_gate(self, batch: list[Experience], adv, generator: torch.Generator):
+        """``(adv with the skipped rows' advantages 0, kondo/* metrics)``: ``kondo_gate`` on the current policy's
+        log-probs of ``batch`` (one forward without grad, ``proximal_logprobs``); the window is kept for the next
+        step."""
+        width = max(len(e.response_ids) for e in batch)
+        screen = right_pad_values(self.proximal_logprobs(batch), width)  # (N, T)
+        rate, temperature, window = (self.kondo[key] for key in ("kondo_rate", "kondo_temperature", "kondo_window"))
+        gate = kondo_gate(
+            adv.advantages,
+            screen,
+            loss_mask_of(batch, width),
+            self.kondo_delights,
+            rate=rate,
+            temperature=temperature,
+            window_size=window,
+            generator=generator,
+        )
+        self.kondo_delights = gate.window
+        metrics = {f"kondo/{key}": float(value) for key, value in gate.metrics.items()}
+        return dataclasses.replace(adv, advantages=gate.advantages), metrics
 
     @torch.no_grad()
     def proximal_logprobs(self, rows: list[Experience]) -> list[list[float]]:
