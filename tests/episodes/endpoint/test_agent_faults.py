@@ -282,3 +282,48 @@ def test_closing_a_session_twice_does_nothing(tokenizer):
         assert endpoint.close(session_id) is not None and endpoint.close(session_id) is None
     finally:
         endpoint.stop()
+
+
+@pytest.mark.parametrize("size", [20_000, 300])
+def test_a_refused_tool_result_keeps_the_reply_the_agent_was_given(tokenizer, size):
+    """Issue 67, item 4: a tool result past the context ends the episode (400, truncated) with the reply the agent
+    had been given stored, sampled tokens and log-probs, whether it is refused before tokenizing (20,000
+    characters; 9790d4b: 0 tokens stored and 0 counted dropped) or after (300, the smaller over-limit result,
+    which kept it already)."""
+
+    def agent(client, problem):
+        messages = list(problem["messages"])
+        reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message
+        messages += [{"role": "assistant", "content": reply.content}, {"role": "tool", "content": "7" * size}]
+        r = post(client, "chat/completions", json.dumps({"messages": messages}).encode())
+        seen.append((r.status_code, r.json()["error"]["message"]))
+        return 1.0
+
+    seen: list = []
+    engine = ContextEngine(tokenizer)
+    engine.sampled = []
+    task = agent_task(agent)
+    [episode] = run(engine, tokenizer, task, task.problems("train")[:1])
+    [(status, message)] = seen
+    assert status == 400 and "past the 118" in message
+    [[sampled]] = engine.sampled  # the one reply: "[2*3]" and EOS
+    assert episode.truncated and episode.outcome.total == 0.0
+    assert episode.response_ids == sampled and episode.loss_mask == [1] * len(sampled)
+    assert episode.behavior_logprobs == [-0.25] * len(sampled) and episode.info["dropped_tokens"] == 0
+
+
+def test_a_reply_that_arrives_after_its_segment_ended_is_counted_dropped(tokenizer):
+    """A request in flight while another of the session is refused past the context: the segment ends
+    truncated, and the reply that comes after is counted in ``dropped_tokens`` (9790d4b: neither stored nor
+    counted)."""
+    from oprl.episodes.endpoint.sessions import Choice, RequestRefused, Session
+
+    session = Session(0, tokenizer, max_turns=4, max_tokens=48, token_chars=4)
+    messages = [{"role": "user", "content": "2*3="}]
+    session.chat_context(messages, [], room=118)
+    segment = session.reserve()  # its reply is being sampled
+    with pytest.raises(RequestRefused, match="past the 118"):
+        session.chat_context([*messages, {"role": "user", "content": "7" * 2000}], [], room=118)
+    session.record([Choice(ids=[28, 26, 2], logprobs=[-0.1] * 3, text="42", ended=True)], segment)
+    episode = session.finish()
+    assert episode.truncated and session.dropped_tokens == 3 and 28 not in episode.response_ids

@@ -37,8 +37,10 @@ that is a prefix of another ("4" and "42") is never taken for it (``_longest``).
 
 Budgets are the built-in episodes': ``max_turns`` sampled turns, ``max_tokens`` tokens after the prompt, a
 reply that stops at the length limit without EOS: the episode is truncated and scores 0, whatever the agent
-returns. Turns are reserved when a request is accepted (``inflight``), so concurrent requests of one session
-cannot pass ``max_turns``; a request past the budget truncates the current segment rather than starting an
+returns. Every refusal that ends a segment (budget, context, size before tokenizing) keeps the reply the agent
+was given (``_end_segment``); a reply that arrives after its segment ended is counted in ``dropped_tokens``.
+Turns are reserved when a request is accepted (``inflight``), so concurrent requests of one session cannot pass
+``max_turns``; a request past the budget truncates the current segment rather than starting an
 empty one (a row always holds a response token: ``finish`` adds the documented end-of-turn token, mask 0, to a
 segment whose reply never came). A context longer than ``room`` (the model's context less the engine's
 ``max_new_tokens``) is refused with a 400 naming the limit, and the episode is truncated (nothing longer than
@@ -268,8 +270,7 @@ class Session:
     def _new_segment(self, mode: str, prompt_ids: list[int], room: int | None = None) -> None:
         if room is not None and len(prompt_ids) > room:  # never stored: the segment before it ends truncated
             self.overflowed = True
-            if self._open():
-                _truncate(self.episode, self.max_tokens)  # type: ignore[arg-type]
+            self._end_segment()
             raise RequestRefused(400, _overflow(len(prompt_ids), room))
         if self.episode is not None:
             self.dropped_tokens += sum(self.episode.loss_mask) + sum(len(c.ids) for c in self.choices)
@@ -277,15 +278,21 @@ class Session:
         self.mode, self.choices, self.waiting = mode, [], False
         self.episode = Episode(prompt_ids=list(prompt_ids))
 
+    def _end_segment(self) -> None:
+        """A request refused (budget, context): the current segment ends truncated, with the reply the agent was
+        already given (the pending first choice, as the stored episode ends with it: ``finish``) and the others
+        counted as dropped; a row never loses a reply the agent saw."""
+        if self._open() and self.choices:
+            self._continue(self.choices[0], end_turn=False)
+        if self._open():
+            _truncate(self.episode, self.max_tokens)  # type: ignore[arg-type]
+
     def _check_budget(self) -> None:
         """Before a new segment: with the turn budget spent, the current segment is kept, with its pending reply,
         and truncated (an empty segment would be a row without a response token)."""
         if self.turns + self.inflight < self.max_turns:
             return
-        if self._open() and self.choices:
-            self._continue(self.choices[0], end_turn=False)
-        if self._open():
-            _truncate(self.episode, self.max_tokens)  # type: ignore[arg-type]
+        self._end_segment()
         why = f"turn budget of {self.max_turns} model turns (rollout.max_turns) used up"
         raise RequestRefused(400, f"episode over: {why} (truncated; it scores 0)")
 
@@ -300,7 +307,8 @@ class Session:
         assert episode is not None
         self.dropped_tokens += sum(len(c.ids) for c in self.choices if c is not chosen)
         self.choices = []
-        if not self._open():
+        if not self._open():  # a reply recorded after its segment ended (truncated meanwhile): counted, not stored
+            self.dropped_tokens += len(chosen.ids)
             return episode
         episode.add(chosen.ids, chosen.logprobs)
         if chosen.stop and end_turn and self.mode == "chat":  # cut at a stop: the template's end of turn follows
@@ -324,8 +332,7 @@ class Session:
         if room is None or not self.token_chars or tokens + chars // self.token_chars <= room:
             return
         self.overflowed = True
-        if self._open():
-            _truncate(self.episode, self.max_tokens)  # type: ignore[arg-type]
+        self._end_segment()
         raise RequestRefused(400, _overflow(tokens + chars // self.token_chars, room, at_least=True))
 
     def _grow(self, ids: list[int], room: int | None) -> None:
@@ -348,7 +355,7 @@ class Session:
 
     def _truncate_because(self, message: str) -> None:
         assert self.episode is not None
-        _truncate(self.episode, self.max_tokens)
+        self._end_segment()
         raise RequestRefused(400, message)
 
     def _check_open(self) -> None:
