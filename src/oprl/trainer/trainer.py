@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
+import math
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
@@ -59,6 +61,11 @@ if TYPE_CHECKING:
 
 # ``Trainer`` imports no config, task or evaluation module (they need pydantic): benchmarks/gpu_check.py runs it
 # on a machine without pydantic. ``TrainerWorker`` imports them where it uses them.
+
+log = logging.getLogger("oprl.trainer")
+
+SKIPPED = "optim/skipped_updates"
+"""The optimizer updates of a step skipped for a non-finite loss or gradient norm (``Trainer._skip_nonfinite``)."""
 
 AGGREGATED_METRICS = ("loss/pg_loss", "loss/reg_loss", "loss/total", "kl/ref")
 """Micro-batch metrics aggregated like the loss (``loss_agg``), so averaged with the loss's micro-batch shares."""
@@ -180,8 +187,9 @@ class Trainer:
                 )
                 updates += 1
                 merge_metrics(totals, extremes, metrics)
-        # Metrics are averaged over the optimizer updates of this step; seconds add up.
-        out = {key: value if key.startswith("perf/") else value / max(updates, 1) for key, value in totals.items()}
+        # Metrics are averaged over the optimizer updates of this step; seconds and skipped updates add up.
+        out = {key: value if key.startswith("perf/") or key == SKIPPED else value / max(updates, 1)
+               for key, value in totals.items()}  # fmt: skip
         out |= extremes | baseline_metrics
         out.update(self._batch_metrics(sampled, adv, self.version))
         out |= {f"adv/{key}": float(value) for key, value in adv.metrics.items()}  # adaptive RED-Weight's
@@ -314,14 +322,35 @@ class Trainer:
                 group["lr"] = lr * float(scale)
             scaled = {"vcpo/lr_scale": float(scale), "vcpo/ess": float(ess)}
         lr_used = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        # Reduced before the step: every rank then sees the same loss and norm, so all of them skip or none.
+        sums, extremes = self.parallel.reduce_metrics(dict(sums), extremes)
+        skipped = self._skip_nonfinite(sums.get("loss/total", 0.0), grad_norm)
+        if not skipped:
+            self.optimizer.step()
         for group, lr in zip(self.optimizer.param_groups, configured, strict=True):
             group["lr"] = lr  # the scale is this step's only
-        sums["perf/train_optimizer_s"] += time.perf_counter() - tick
-        sums, extremes = self.parallel.reduce_metrics(dict(sums), extremes)
+        sums["perf/train_optimizer_s"] = time.perf_counter() - tick
         sums["optim/grad_norm"] = float(grad_norm)
         sums["optim/lr"] = lr_used
+        sums[SKIPPED] = float(skipped)
         return sums | extremes | scaled
+
+    def _skip_nonfinite(self, loss: float, grad_norm: float) -> bool:
+        """Whether this update is skipped: a non-finite loss or gradient norm (a NaN reward or log-prob upstream)
+        would write NaN into every weight and the AdamW moments. Then the gradients are dropped and the weights
+        and optimizer state stay as they are; one warning line names the step and what was non-finite."""
+        values = (("loss", loss), ("gradient norm", grad_norm))
+        bad = [f"{name} {value}" for name, value in values if not math.isfinite(value)]
+        if not bad:
+            return False
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.parallel.rank == 0:
+            log.warning(
+                "train step %d: non-finite %s: optimizer update skipped, weights and optimizer state unchanged",
+                self.version + 1,
+                " and ".join(bad),
+            )
+        return True
 
     def _micro_loss(
         self,
