@@ -214,3 +214,46 @@ def test_an_agent_task_refuses_a_weight_switch_naming_the_key():
 
     with pytest.raises(OprlError, match=r"^sync\.partial=true: agent tasks .* set sync\.partial=false$"):
         run_agent_episodes(None, None, None, [], EpisodeSettings(seed=0, max_turns=1, max_tokens=8, switch=object()))
+
+
+UNHONOURED = {
+    "ignore_eos": True,
+    "min_tokens": 5,
+    "stop_token_ids": [2],
+    "guided_json": {"type": "object"},
+    "structured_outputs": {"json": {"type": "object"}},
+    "reasoning_effort": "high",
+    "chat_template_kwargs": {"enable_thinking": False},
+    "echo": True,
+    "best_of": 2,
+    "use_beam_search": True,
+    "continue_final_message": True,
+    "add_generation_prompt": False,
+}
+
+
+def test_every_option_the_endpoint_does_not_honour_is_a_400_naming_it(tokenizer):
+    """Issue 67, item 6 (9790d4b: each got a 200 and unconstrained sampling; ``continue_final_message`` started a
+    new turn; Responses' ``top_logprobs`` was dropped while chat's is a 400). At their neutral value they are
+    accepted, through the openai client's ``extra_body`` as frameworks send them."""
+    refused, served = {}, []
+
+    def agent(client, problem):
+        for name, value in UNHONOURED.items():
+            refused[name] = _error(client, {"messages": problem["messages"], name: value})
+        headers = {"Authorization": f"Bearer {client.api_key}"}
+        r = httpx.post(str(client.base_url) + "completions", json={"prompt": "1=", "min_tokens": 3}, headers=headers)
+        refused["completions min_tokens"] = (r.status_code, r.json()["error"]["message"])
+        with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+            client.responses.create(model="policy", input="hi", top_logprobs=2)
+        neutral = {"ignore_eos": False, "min_tokens": 0, "continue_final_message": False, "echo": False}
+        reply = client.chat.completions.create(model="policy", messages=problem["messages"], extra_body=neutral)
+        served.append(reply.choices[0].message.content)
+        return 1.0
+
+    task = agent_task(agent)
+    [episode] = run(ScriptEngine(tokenizer), tokenizer, task, task.problems("train")[:1])
+    for name, (status, message) in refused.items():
+        assert status == 400 and message.startswith(name.split()[-1] + "="), (name, message)
+    assert "/v1/completions" in refused["continue_final_message"][1]
+    assert served == [ScriptEngine.REPLY] and episode.info["refused_requests"] == len(UNHONOURED) + 2

@@ -5,8 +5,8 @@ Every request is refused with one 4xx line naming the culprit before it can reac
 not a JSON object, nests deeper than ``MAX_DEPTH`` levels, or holds text that is not valid Unicode (a lone
 surrogate: the tokenizer cannot encode it); a message without a known ``role``, with malformed ``tool_calls``,
 or with image / audio / file content parts (text only); and every option whose effect the endpoint cannot
-give (``OPTIONS``: honoured, or refused with the value that is accepted). Text content parts are joined with
-``"\\n"`` (vLLM's rule), so an assistant reply echoed back in parts is the reply the endpoint returned.
+give (``UNSERVED``, ``NEUTRAL``: honoured, or refused with the value that is accepted). Text content parts are
+joined with ``"\\n"`` (vLLM's rule), so an assistant reply echoed back in parts is the reply the endpoint returned.
 
 Deliberately not here: sessions and tokens (``oprl.episodes.endpoint.sessions``), HTTP and the engine
 (``oprl.episodes.endpoint.server``).
@@ -139,8 +139,6 @@ class CompletionRequest(_Request):
     prompt: str | list[int]
     """Text or token ids, never empty (the engine cannot sample from an empty context)."""
     logprobs: int | None = Field(None, ge=0, le=5)
-    echo: bool = False
-    best_of: int | None = None
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -223,12 +221,55 @@ def _where(path: tuple) -> str:
 
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "min_p": 0.0}
 """Sampling options accepted only at the value that changes nothing (the engine samples plain softmax)."""
+UNSERVED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "ignore_eos": ((False,), "the engine stops at EOS"),
+    "min_tokens": ((0,), "the engine may stop at EOS at any length"),
+    "stop_token_ids": (([],), "send stop as text"),
+    "include_stop_str_in_output": ((False,), "stop sequences are cut from the reply"),
+    "skip_special_tokens": ((True,), "special tokens are left out of the text"),
+    "spaces_between_special_tokens": ((True,), "the text is the tokenizer's decoding"),
+    "bad_words": (([],), "sampling is not constrained here"),
+    "allowed_token_ids": ((), "sampling is not constrained here"),
+    "logits_processors": ((), "sampling is not constrained here"),
+    "guided_json": ((), "output is not constrained here; ask in the prompt"),
+    "guided_regex": ((), "output is not constrained here; ask in the prompt"),
+    "guided_choice": ((), "output is not constrained here; ask in the prompt"),
+    "guided_grammar": ((), "output is not constrained here; ask in the prompt"),
+    "guided_decoding_backend": ((), "output is not constrained here; ask in the prompt"),
+    "structured_outputs": ((), "output is not constrained here; ask in the prompt"),
+    "reasoning_effort": ((), "the policy is what it is"),
+    "verbosity": ((), "the policy is what it is"),
+    "chat_template": ((), "the model's own template renders every request"),
+    "chat_template_kwargs": (({},), "the model's own template renders every request, with its defaults"),
+    "add_generation_prompt": ((True,), "every chat request starts a new assistant turn"),
+    "continue_final_message": (
+        (False,),
+        "a chat request starts a new assistant turn; to continue a reply, send it as a /v1/completions prompt",
+    ),
+    "documents": ((), "the model's own template renders every request"),
+    "echo": ((False,), "the reply is the sampled text only"),
+    "best_of": ((1,), "every sampled choice is returned (use n)"),
+    "use_beam_search": ((False,), "the engine samples"),
+    "length_penalty": ((1.0,), "the engine samples"),
+    "truncate_prompt_tokens": ((), "a context past the model's is refused, never cut"),
+    "prompt_logprobs": ((0,), "prompt log-probs are not computed"),
+    "web_search_options": ((), "the endpoint has no tools of its own"),
+}
+"""Options of OpenAI's API or vLLM's server that would change what is sampled or returned, and the endpoint does
+not honour: each a 400 naming it, unless absent, null or at the value that changes nothing (the first of the
+tuple's values; none for options with no such value). Options outside this list and the request's fields are
+ignored only when they change nothing sampled (``IGNORED``)."""
 
 
 def check_options(body: _Request) -> None:
     """Refuse every option whose effect the endpoint cannot give (module docstring); ``stream``, ``stop``,
     ``tool_choice`` auto/none and ``logprobs`` (the recorded behaviour log-probs) are served."""
     extra = body.model_extra or {}
+    for name, (neutrals, why) in UNSERVED.items():
+        value = getattr(body, name, None) if name in type(body).model_fields else extra.get(name)
+        if value is not None and value not in neutrals:
+            shown = json.dumps(value)[:80] if not isinstance(value, str) else value[:80]
+            raise RequestRefused(400, f"{name}={shown}: not supported ({why}); omit it")
     for name, neutral in NEUTRAL.items():
         value = getattr(body, name, None) if name in type(body).model_fields else extra.get(name)
         if value is not None and value != neutral:
@@ -245,8 +286,8 @@ def check_options(body: _Request) -> None:
     elif isinstance(body, CompletionRequest):
         if body.logprobs:
             raise RequestRefused(400, f"logprobs={body.logprobs}: top alternatives are not recorded; use logprobs=0")
-        if body.echo or (body.best_of or 1) > 1 or body.suffix:
-            raise RequestRefused(400, "echo, best_of and suffix are not supported")
+        if body.suffix:
+            raise RequestRefused(400, "suffix: not supported (the reply continues the prompt, nothing after it)")
 
 
 def _check_chat(body: ChatRequest) -> None:

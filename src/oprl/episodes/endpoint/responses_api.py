@@ -11,8 +11,8 @@ each output item's ``response.output_item.done`` and ``response.completed`` with
 
 Refused with a 400 naming the field: other item types (reasoning, built-in tools' calls, images), tools that are
 not functions, ``previous_response_id`` / ``conversation`` (the endpoint stores nothing: send the whole input),
-``text.format`` other than text, ``reasoning.effort`` (the model is what it is). The chat checks then apply
-(``oprl.episodes.endpoint.openai_api``). Deliberately not here: sessions, HTTP.
+``text.format`` other than text, ``reasoning.effort`` (the model is what it is), ``top_logprobs`` > 0 (as
+chat). The chat checks then apply (``oprl.episodes.endpoint.openai_api``). Deliberately not here: sessions, HTTP.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
         raise RequestRefused(400, "text.format: output is not constrained here; ask in the prompt")
     if reasoning.get("effort"):
         raise RequestRefused(400, "reasoning.effort: not supported (the policy is what it is); omit it")
+    if data.get("top_logprobs"):  # as chat's: the engine records no alternatives
+        raise RequestRefused(400, f"top_logprobs={data['top_logprobs']}: the engine records no alternatives; use 0")
     if data.get("tools") is not None and not isinstance(data["tools"], list):
         raise RequestRefused(400, "tools: expected a list of function tools")
     if data.get("instructions") is not None and not isinstance(data["instructions"], str):
