@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from tinker_server import serve
 
 pytest.importorskip("tinker_cookbook.recipes.math_rl.train")
 
@@ -26,8 +27,8 @@ def _recipe(running, log_path, **overrides):
         "max_tokens": 4,
         "learning_rate": 1e-3,
         "lora_rank": 4,
-        # The recipe's default, stable_reinforce, has no published objective (refused here,
-        # test_stable_reinforce_is_refused_with_a_400_naming_the_alternatives; docs/tinker.md says what is missing).
+        # The recipe's default, stable_reinforce, has no published objective: refused unless the server was started
+        # with --stable-reinforce PRESET (both tested below; docs/tinker.md says what is missing).
         "loss_fn": "importance_sampling",
         "max_steps": 2,
         "eval_every": 0,
@@ -65,3 +66,20 @@ def test_stable_reinforce_is_refused_with_a_400_naming_the_alternatives(running,
     done = _recipe(running, tmp_path / "run", loss_fn="stable_reinforce", max_steps=1)
     assert done.returncode != 0
     assert "loss_fn: 'stable_reinforce' is refused" in done.stderr and "importance_sampling" in done.stderr
+    assert "--stable-reinforce PRESET" in done.stderr
+
+
+@pytest.mark.slow  # 15-30 s: the recipe as it ships, its default loss, on a server whose operator chose its preset
+def test_math_rl_with_its_default_loss_against_a_server_started_with_stable_reinforce(tmp_path):
+    chosen = serve(tmp_path / "server", stable_reinforce="rec-oneside-nois")
+    try:
+        config = {"loss_fn": "stable_reinforce", "max_steps": 2}
+        done = _recipe(chosen, tmp_path / "run", **config)
+    finally:
+        chosen.stop()
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if "env/all/reward/total" in row]
+    assert [row["step"] for row in steps] == [0, 1] and all(row["tokens/trained"] > 0 for row in steps)
+    # The recipe logs optim_step's metrics, which repeat the announcement of the loss its gradient came from.
+    assert all(row["stable_reinforce=rec-oneside-nois:max"] == 1.0 for row in steps)

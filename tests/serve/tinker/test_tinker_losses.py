@@ -102,7 +102,7 @@ def test_a_preset_is_oprls_policy_loss_as_a_sum(client, rl_data, preset):
         ("importance_sampling", {"preset": "grpo", "std_normalize": 1.0}, "loss_fn_config.std_normalize"),
         ("importance_sampling", {"preset": "vcpo"}, "ess_lr=sqrt"),  # a step-size rule is not a loss
         ("importance_sampling", {"preset": "aspo-entropy"}, "loss_fn_config.entropy_eps"),  # no entropies served
-        ("stable_reinforce", None, "loss_fn"),
+        ("stable_reinforce", None, r"loss_fn: .*--stable-reinforce PRESET"),  # names the option
         ("gspo", None, "loss_fn"),
     ],
 )

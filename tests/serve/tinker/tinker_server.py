@@ -49,6 +49,18 @@ class Running:
         self.thread.join(timeout=10)
 
 
+def serve(root, **options):
+    """A second server on the random tiny model, started with ``build_server``'s ``options`` (those the module's
+    ``running`` fixture does not set, e.g. ``stable_reinforce``); serves it as ``TINY`` and under its path."""
+    from oprl.serve.tinker import build_server
+
+    model = tiny_model_dir(root / "model")
+    server = build_server(models=[f"{TINY}={model}", f"{model}={model}"], state_dir=root / "state", **options)
+    up = Running(server)
+    up.model_dir = model
+    return up
+
+
 def datum(tokens, **inputs):
     """A Tinker datum: model input ``tokens[:-1]``, targets ``tokens[1:]``, other per-position inputs as given."""
     from tinker import types

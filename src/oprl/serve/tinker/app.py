@@ -49,8 +49,11 @@ class TinkerServer(Futures):
         sample_window: float = SAMPLE_WINDOW_S,
         batch_rows: int = BATCH_ROWS,
         threads: int | None = None,
+        stable_reinforce: str | None = None,
     ):
         super().__init__(backend, sample_window=sample_window, batch_rows=batch_rows, threads=threads)
+        self.stable_reinforce = stable_reinforce
+        """The oprl preset ``loss_fn="stable_reinforce"`` is served as (``--stable-reinforce``); None: refused."""
         self.api_keys = set(api_keys)
         self.session_timeout = session_timeout
         self.max_body = max_body

@@ -87,6 +87,9 @@ class Policy:
     optimizer: torch.optim.Optimizer
     version: int = 0
     snapshots: OrderedDict[str, Snapshot] = field(default_factory=OrderedDict)
+    announced: dict[str, float] = field(default_factory=dict)
+    """What the gradient accumulated since the last step announces (``LossSpec.announcement``): the next
+    ``optim_step``'s metrics repeat it, where recipes log them (tinker-cookbook logs no forward_backward metric)."""
 
     def trainable(self) -> dict[str, torch.Tensor]:
         return {name: p for name, p in self.model.named_parameters() if p.requires_grad}
@@ -197,10 +200,11 @@ class TinkerModels:
             raise
         if gradient is not None:
             gradient.close(keep=True)
+            policy.announced |= spec.announcement()
         reported = {"loss:sum": total} | {
             f"{key}:{_reduction(key)}": value / max(weights, 1) for key, value in metrics.items()
         }
-        return ForwardOutput(outputs, reported)
+        return ForwardOutput(outputs, reported | spec.announcement())
 
     def _checked_datum(self, policy: Policy, datum: Datum, spec: LossSpec, where: str) -> dict[str, Any]:
         """The datum's tokens, targets and float inputs, each (N,), after checking lengths and token ranges."""
@@ -283,6 +287,7 @@ class TinkerModels:
         norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0  # before clipping
         if not math.isfinite(norm):  # each call's gradient was finite (forward_backward): their sum overflowed
             policy.optimizer.zero_grad(set_to_none=True)
+            policy.announced.clear()
             raise UserError(
                 f"optim_step: the accumulated gradient's norm is {norm}; the step was not taken and the gradient "
                 "was cleared (the weights and optimizer state are untouched)"
@@ -299,7 +304,8 @@ class TinkerModels:
         policy.optimizer.step()
         policy.optimizer.zero_grad(set_to_none=True)
         policy.version += 1
-        return {"metrics": {"grad_norm:mean": norm, "learning_rate:mean": values["learning_rate"]}}
+        announced, policy.announced = policy.announced, {}
+        return {"metrics": {"grad_norm:mean": norm, "learning_rate:mean": values["learning_rate"], **announced}}
 
     # ---- weights on disk and in memory ---------------------------------------------------------------------
 
@@ -342,6 +348,7 @@ class TinkerModels:
             load_optimizer(policy.optimizer, directory)
         policy.version += 1  # the live weights changed: snapshots of before are other weights
         policy.optimizer.zero_grad(set_to_none=True)
+        policy.announced.clear()
 
     def create_from_checkpoint(self, model_id: str, owner: str, path: str, optimizer: bool, base: str | None) -> Policy:
         _, meta = self.checkpoint(path)

@@ -17,6 +17,7 @@ from oprl.errors import OprlError
 from oprl.serve.tinker.app import TinkerServer, create_app, is_loopback
 from oprl.serve.tinker.backend import DEFAULT_MODELS, ModelTable, TinkerModels
 from oprl.serve.tinker.futures import BATCH_ROWS, SAMPLE_WINDOW_S
+from oprl.serve.tinker.losses import LossError, stable_reinforce_check
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
                    "for (default 1 with model.device=cuda, else 0)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the compute thread, or of "
                    "each model worker with --workers (default: torch's, the machine's cores)")  # fmt: skip
+    p.add_argument("--stable-reinforce", default=None, metavar="PRESET", help="serve tinker-cookbook's default "
+                   "RL loss, stable_reinforce (Tinker publishes no objective for it), as this oprl preset, e.g. "
+                   "rec-oneside-nois; announced at start and in each result's metrics (default: a 400)")  # fmt: skip
     return p
 
 
@@ -67,8 +71,14 @@ def build_server(
     ray_address: str | None = None,
     gpus_per_model: float | None = None,
     threads: int | None = None,
+    stable_reinforce: str | None = None,
 ) -> TinkerServer:
     """The server object (``create_app(server)`` is its ASGI app); arguments as on the command line."""
+    if stable_reinforce is not None:
+        try:
+            stable_reinforce_check(stable_reinforce)
+        except LossError as exc:
+            raise OprlError(str(exc)) from None
     if sample_window_ms < 0:
         raise OprlError(f"--sample-window-ms: must be >= 0, got {sample_window_ms}")
     if batch_rows < 1:
@@ -110,6 +120,7 @@ def build_server(
         sample_window=sample_window_ms / 1000,
         batch_rows=batch_rows,
         threads=threads if workers == "threads" else None,  # placed: the workers compute, with their own
+        stable_reinforce=stable_reinforce,
     )
 
 
@@ -132,11 +143,18 @@ def main(argv: list[str]) -> int:
         ray_address=args.ray_address,
         gpus_per_model=args.gpus_per_model,
         threads=args.threads,
+        stable_reinforce=args.stable_reinforce,
     )
     import uvicorn
 
     url = f"http://{args.host}:{args.port}"
     print(f"oprl Tinker server on {url} (TINKER_BASE_URL); state in {server.backend.state_dir}")
+    if server.stable_reinforce is not None:
+        print(
+            f"stable_reinforce: served as oprl's preset {server.stable_reinforce!r} (--stable-reinforce; Tinker "
+            "publishes no objective for it), on importance_sampling's inputs; each result's metrics carry "
+            f"stable_reinforce={server.stable_reinforce}:max"
+        )
     try:
         uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")
     finally:

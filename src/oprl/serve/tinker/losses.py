@@ -18,6 +18,10 @@ convention, no normalisation), so the gradients of several ``forward_backward`` 
 the inputs of ``importance_sampling``) are ``oprl.algorithms.policy_loss`` with the preset's loss settings,
 turned into a sum by multiplying by ``aggregation_count`` (the tokens for ``token-mean``, the sequences for the
 ``seq-mean-*`` modes), so they accumulate across calls the same way (docs/tinker.md).
+
+``stable_reinforce`` (tinker-cookbook's default RL loss) has no published objective: refused, unless the server's
+operator names the oprl preset to serve it as (``oprl serve tinker --stable-reinforce PRESET``); each result then
+says so in its metrics (``stable_reinforce=PRESET:max``).
 """
 
 from __future__ import annotations
@@ -59,20 +63,25 @@ CONFIG_KEYS: dict[str, dict[str, float | None]] = {
 REFUSED = {
     "gspo": "the server does not implement Tinker's gspo; {'preset': 'gspo'} with importance_sampling is "
     "oprl's GSPO (sequence-level ratio, one-sided clip)",
-    # Not computable here: tinker 0.38 and tinker-cookbook 0.6.1 send stable_reinforce the inputs of
+    # Not computable as Tinker's: tinker 0.38 and tinker-cookbook 0.6.1 send stable_reinforce the inputs of
     # importance_sampling plus provenance (each position's sampled sequence_id), and the hosted service combines
     # them with "stability information" it records at sampling (record_stability_info=True); neither the SDK,
     # the cookbook nor the public docs say what that information is or what objective uses it (docs/tinker.md).
+    # Served only as an oprl preset the operator names (STABLE_REINFORCE_OPTION), never by a guess of ours.
     "stable_reinforce": "Tinker does not publish its objective (it combines the datums with stability "
     "information the hosted service records at sampling, which its SDK and docs do not define), so it cannot be "
     "computed exactly; use importance_sampling, ppo, cispo, dro or an oprl preset "
-    "(loss_fn_config={'preset': ...})",
+    "(loss_fn_config={'preset': ...}), or have the server started with `oprl serve tinker --stable-reinforce "
+    "PRESET` to serve it as that oprl preset (the operator's choice, announced in each result's metrics)",
     "custom": "server-side custom losses are not served; forward_backward_custom runs the loss on the client",
 }
 """Loss names the SDK knows that this server refuses, with the reason (the 400's message)."""
 
 PRESET_LOSS_FNS = ("importance_sampling",)
 """A preset rides on a built-in name the SDK accepts: its inputs are importance_sampling's."""
+STABLE_REINFORCE = "stable_reinforce"
+STABLE_REINFORCE_OPTION = "--stable-reinforce"
+"""The server option that serves ``stable_reinforce`` as an oprl preset (``loss_spec``'s ``stable_reinforce``)."""
 
 
 class LossError(ValueError):
@@ -86,14 +95,34 @@ class LossSpec:
     name: str
     config: dict[str, Any]
     preset: dict[str, Any] | None = None
+    served_as: str | None = None
+    """The preset name when the client asked for ``stable_reinforce`` and the operator mapped it to a preset."""
 
     @property
     def inputs(self) -> tuple[str, ...]:
         return BUILT_IN_INPUTS[self.name]
 
+    def announcement(self) -> dict[str, float]:
+        """The metric that tells the client which loss answered it: ``stable_reinforce=<preset>:max`` = 1 when
+        ``stable_reinforce`` ran as an operator-chosen preset (a ``ForwardBackwardOutput`` carries no other
+        metadata: its metrics are the one field the SDK passes on, name:reduction keys with float values)."""
+        return {} if self.served_as is None else {f"{STABLE_REINFORCE}={self.served_as}:max": 1.0}
 
-def loss_spec(name: str, config: dict[str, float | str]) -> LossSpec:
-    """Check ``loss_fn`` and ``loss_fn_config`` before anything runs; ``LossError`` names the culprit."""
+
+def loss_spec(name: str, config: dict[str, float | str], stable_reinforce: str | None = None) -> LossSpec:
+    """Check ``loss_fn`` and ``loss_fn_config`` before anything runs; ``LossError`` names the culprit.
+
+    ``stable_reinforce``: the oprl preset the server's operator serves ``loss_fn="stable_reinforce"`` as
+    (``oprl serve tinker --stable-reinforce PRESET``); None refuses it. The client's ``loss_fn_config`` then
+    holds overrides of that preset, as ``{"preset": ...}``'s do (the cookbook sends none)."""
+    if name == STABLE_REINFORCE and stable_reinforce is not None:
+        if "preset" in config:
+            raise LossError(
+                f"loss_fn_config.preset: the server serves stable_reinforce as {stable_reinforce!r} "
+                f"({STABLE_REINFORCE_OPTION}); send importance_sampling with {{'preset': ...}} for another preset"
+            )
+        settings = _preset_settings("importance_sampling", {"preset": stable_reinforce, **config})
+        return LossSpec("importance_sampling", {}, settings, served_as=stable_reinforce)
     if name in REFUSED:
         raise LossError(f"loss_fn: {name!r} is refused: {REFUSED[name]}")
     if name not in BUILT_IN_INPUTS:
@@ -114,6 +143,16 @@ def loss_spec(name: str, config: dict[str, float | str]) -> LossSpec:
     if name in ("ppo", "cispo") and not 0 <= settings["clip_low_threshold"] <= settings["clip_high_threshold"]:
         raise LossError("loss_fn_config.clip_low_threshold: must satisfy 0 <= clip_low <= clip_high")
     return LossSpec(name, settings)
+
+
+def stable_reinforce_check(preset: str) -> None:
+    """Refuse, at the server's start, a ``--stable-reinforce`` preset that ``loss_spec`` would refuse (one line
+    naming the option: an unknown preset, a distillation or step-size preset, ...)."""
+    try:
+        loss_spec(STABLE_REINFORCE, {}, preset)
+    except LossError as exc:
+        reason = str(exc).split(": ", 1)[-1]
+        raise LossError(f"{STABLE_REINFORCE_OPTION}: {reason}") from None
 
 
 def _preset_settings(name: str, config: dict[str, Any]) -> dict[str, Any]:

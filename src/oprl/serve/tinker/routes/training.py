@@ -56,7 +56,7 @@ async def forward_backward(request: Request):
     policy = server.policy(decoded.model_id, server.owner_of(request))
     key = (policy.model_id, decoded.seq_id)
     with server.turn(key):
-        spec = loss_spec(decoded.loss_fn, decoded.config)
+        spec = loss_spec(decoded.loss_fn, decoded.config, server.stable_reinforce)
         if not decoded.data:
             raise UserError("data: empty")
 
