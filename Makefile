@@ -20,7 +20,9 @@ STAMP := $(VENV)/.oprl-installed
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)" --index-url $(TORCH_INDEX)
+	# --no-deps: only torch itself from TORCH_INDEX; its dependencies (filelock, sympy, ...) come with oprl's from
+	# the ordinary index, so a TORCH_INDEX that mirrors torch alone is enough.
+	$(BIN)/python -m pip install -q --no-deps "$(TORCH)" --index-url $(TORCH_INDEX)
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
