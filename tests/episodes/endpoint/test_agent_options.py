@@ -97,7 +97,7 @@ def test_stop_on_completions_extends_by_text(tokenizer):
     assert conversation(tokenizer, episode) == "<|user|>1+1=</s><|assistant|>12 Obs: ok\n12 "
 
 
-def test_content_parts_echo_extends_and_tool_choice_none_hides_the_tools(tokenizer):
+def test_content_parts_echo_extends_and_tool_choice_none_keeps_the_tools_in_the_prompt(tokenizer):
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
     seen = {}
 
@@ -113,9 +113,9 @@ def test_content_parts_echo_extends_and_tool_choice_none_hides_the_tools(tokeniz
 
     task = agent_task(agent)
     [episode] = run(ScriptEngine(tokenizer), tokenizer, task, task.problems("train")[:1], max_turns=5, max_tokens=200)
-    assert seen["none"] == (ScriptEngine.REPLY, None)  # no <tools> in the prompt: a plain reply
-    assert episode.info["segments"] == 1 and "<tools>" not in conversation(tokenizer, episode)
-    assert conversation(tokenizer, episode).startswith("<|user|>2+\n1=</s>")  # text parts joined by a newline
+    assert seen["none"] == (CALL, None)  # the tools in the prompt (as OpenAI shows them), the reply as text
+    assert episode.info["segments"] == 1 and "<tools>" in conversation(tokenizer, episode)
+    assert "<|user|>2+\n1=</s>" in conversation(tokenizer, episode)  # text parts joined by a newline
 
 
 def _error(client, body):
@@ -257,3 +257,47 @@ def test_every_option_the_endpoint_does_not_honour_is_a_400_naming_it(tokenizer)
         assert status == 400 and message.startswith(name.split()[-1] + "="), (name, message)
     assert "/v1/completions" in refused["continue_final_message"][1]
     assert served == [ScriptEngine.REPLY] and episode.info["refused_requests"] == len(UNHONOURED) + 2
+
+
+TWO_CALLS = CALL + CALL.replace('"a": 1', '"a": 5')
+
+
+class ParallelEngine(ScriptEngine):
+    """With tools in the prompt: two parallel calls the first turn, then "3"; without: ``REPLY``."""
+
+    max_new_tokens = 200
+
+    def generate(self, prompt_ids, *, seed, sampling=None, batch_size=None, row_seeds=None):
+        rows = []
+        for context in prompt_ids:
+            text = self.tokenizer.decode(context)
+            reply = (TWO_CALLS if "<|tool|>" not in text else "3") if "<tools>" in text else self.REPLY
+            rows.append([*self.tokenizer(reply, add_special_tokens=False).input_ids, self.tokenizer.eos_token_id])
+        self.sampled.append(rows)
+        logprobs = [[-0.01 * (k + 1) for k in range(len(r))] for r in rows]
+        return Rollout(rows, logprobs, self.tokenizer.batch_decode(rows, skip_special_tokens=True), [False] * len(rows))
+
+
+@pytest.mark.parametrize("last", ["auto", "none"])
+def test_parallel_calls_echoed_in_another_order_and_a_last_tool_choice_none_extend_the_segment(tokenizer, last):
+    """Issue 67, item 7: a framework that echoes parallel calls in the order they finished, and one that asks its
+    last turn with ``tool_choice="none"``, extend the segment: every sampled token stored once (9790d4b: each
+    started a new segment and the calls' tokens were dropped)."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+
+    def agent(client, problem):
+        messages = [{"role": "user", "content": "1+2 and 5+2?"}]
+        message = client.chat.completions.create(model="policy", messages=messages, tools=tools).choices[0].message
+        calls = [c.model_dump() for c in message.tool_calls][::-1]  # the second call finished first
+        messages.append({"role": "assistant", "content": message.content, "tool_calls": calls})
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": str(k)} for k, c in enumerate(calls)]
+        client.chat.completions.create(model="policy", messages=messages, tools=tools, tool_choice=last)
+        return 1.0
+
+    engine = ParallelEngine(tokenizer)
+    task = agent_task(agent)
+    [episode] = run(engine, tokenizer, task, task.problems("train")[:1], max_turns=5, max_tokens=1000)
+    assert episode.info["segments"] == 1 and episode.info["dropped_tokens"] == 0
+    first, second = engine.sampled[0][0], engine.sampled[1][0]
+    assert episode.response_ids[: len(first)] == first and episode.response_ids[-len(second) :] == second
+    assert sum(episode.loss_mask) == len(first) + len(second)

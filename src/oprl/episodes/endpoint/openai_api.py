@@ -129,10 +129,14 @@ class ChatRequest(_Request):
         return out
 
     def chat_tools(self) -> list[dict]:
-        """The tools to render: none under ``tool_choice="none"``."""
-        if self.tool_choice == "none":
-            return []
+        """The tools to render, under ``tool_choice="none"`` too (OpenAI keeps them visible, and a conversation's
+        last turn asked so then extends the same segment); ``calls_parsed`` says whether replies may call them."""
         return list(self._raw.get("tools") or [])
+
+    @property
+    def calls_parsed(self) -> bool:
+        """Whether the reply's ``<tool_call>`` blocks are returned as ``tool_calls`` (tools sent, not "none")."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class CompletionRequest(_Request):

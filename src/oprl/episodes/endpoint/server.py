@@ -17,7 +17,8 @@ vocabulary, a context past the model's, budgets); an unexpected error is one 500
 refusal is counted in the session's ``refused`` (``episode/refused_requests_mean``).
 
 - honoured: ``messages`` / ``prompt`` (text or token ids), ``tools`` with ``tool_choice`` auto / none (none:
-  not rendered), replies' ``<tool_call>{json}</tool_call>`` blocks returned as ``tool_calls``, ``n``,
+  rendered, as OpenAI shows them, and the reply returned as text), replies' ``<tool_call>{json}</tool_call>``
+  blocks returned as ``tool_calls``, ``n``,
   ``max_tokens`` / ``max_completion_tokens`` up to ``rollout.max_new_tokens`` (the reply is cut there, which is
   what sampling with that limit gives), ``stop`` (``oprl.episodes.endpoint.sessions.stop_at``), ``stream`` (Server-Sent
   Events, sent once sampling is done) with ``stream_options.include_usage``, ``logprobs`` (the behaviour
@@ -288,7 +289,13 @@ class Endpoint:
                 context = session.completion_context(body.prompt, room)
             segment = session.reserve()  # its turn reserved, its reply bound to this segment
             pending = PendingReply(
-                session, context, segment, body.n, max_tokens, with_tools=bool(tools), stops=body.stops
+                session,
+                context,
+                segment,
+                body.n,
+                max_tokens,
+                with_tools=isinstance(body, ChatRequest) and body.calls_parsed,
+                stops=body.stops,
             )
             self.pending.append(pending)
             self.lock.notify_all()

@@ -5,14 +5,15 @@ session's history; the sampled tokens are kept as sampled, never decoded and re-
 
 - **Chat** (``/v1/chat/completions``): the request extends the history when its messages start with every
   message of the previous request as the agent sent it, then the assistant message the endpoint returned
-  (content and tool calls compared, tool-call ids and extra fields ignored; content ``None`` = ``""``). An
+  (content and tool calls compared, tool-call ids, their order and extra fields ignored; content ``None`` =
+  ``""``). An
   echoed reply is compared with what the endpoint *returned* (a tool call as ``tool_calls``, whatever content
   the framework puts beside it), never with the raw sampled text, so tool conversations extend turn after turn;
   the tokens stored for it are the ones sampled. Only the new messages after it (tool results, user turns) are
   tokenized: the chat template's text for them plus the next assistant header (``episodes.observation_ids``,
   the rule the built-in multi-turn tasks use), with loss mask 0. What a framework may change in the history
-  without starting a new segment: nothing but tool-call ids, ``content: null`` for ``""``, and text parts for a
-  string; anything else (a message edited, dropped or inserted) starts one, counted in ``segments``.
+  without starting a new segment: nothing but tool-call ids and order, ``content: null`` for ``""``, and text
+  parts for a string; anything else (a message edited, dropped or inserted) starts one, counted in ``segments``.
 - **Completions** (``/v1/completions``): a prompt of token ids extends the history when it starts with the
   history's tokens; a text prompt when it starts with the history's text (prompts and returned completions
   concatenated; a sampled EOS stays in the tokens though the returned text omits it). The rest is tokenized
@@ -442,14 +443,20 @@ def _content(message: dict) -> str:
 
 def _key(message: dict) -> tuple:
     """What must stay equal for a message to be "the same" in a later request: role, text content (``None`` =
-    ``""``), name, tool_call_id, and the tool calls as (name, arguments) pairs (their ids may change)."""
+    ``""``), name, tool_call_id, and the tool calls as a set of (name, arguments) pairs (their ids may change;
+    frameworks that run parallel calls concurrently echo them in the order they finished)."""
     return (
         message.get("role"),
         _content(message),
         message.get("name"),
         message.get("tool_call_id"),
-        json.dumps(_calls(message), sort_keys=True, default=str),
+        json.dumps(_call_set(message), default=str),
     )
+
+
+def _call_set(message: dict) -> list[str]:
+    """The message's tool calls in an order of their own (sorted JSON): compared as a multiset."""
+    return sorted(json.dumps(call, sort_keys=True, default=str) for call in _calls(message))
 
 
 def _same_reply(returned: dict, sent: dict, stop: str = "") -> bool:
@@ -458,7 +465,7 @@ def _same_reply(returned: dict, sent: dict, stop: str = "") -> bool:
     content, echoed = returned.get("content") or "", sent.get("content") or ""
     if sent.get("role") != "assistant" or not (echoed == content or (stop and echoed == content + stop)):
         return False
-    return _calls(sent) == _calls(returned)
+    return _call_set(sent) == _call_set(returned)
 
 
 def _calls(message: dict) -> list[tuple[Any, Any]]:
