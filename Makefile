@@ -49,8 +49,12 @@ $(STAMP): $(DEMO_STAMP)
 	# Trinity-RFT 0.6.0's REC loss and group advantages, compared with oprl's on identical tensors by the default
 	# suite (tests/integrations/test_native_trinity.py). --no-deps: it declares transformers>=5.12.1 and verl>=0.7.1,
 	# which pip meets by replacing verl 0.9.1 with 0.8.0 (and moving numpy, omegaconf); the modules the test
-	# imports need only torch.
-	$(BIN)/python -m pip install -q --no-deps trinity-rft==0.6.0
+	# imports need only torch. Into a folder of its own, its dist-info removed: Trinity-RFT registers a
+	# `vllm.general_plugins` entry point that vLLM runs in every engine it starts, and 0.6.0's imports a parser
+	# vLLM 0.32 lacks, so every vLLM engine (oprl's own runs too) failed to start beside it. The test puts the
+	# folder on sys.path; without its dist-info no entry point of it is found.
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/trinity-rft trinity-rft==0.6.0
+	rm -rf $(VENV)/trinity-rft/trinity_rft-*.dist-info $(VENV)/trinity-rft/bin
 	# vLLM's CPU build (the default suite exercises rollout.engine=vllm) declares torchvision, torchaudio and
 	# torchcodec; their wheels are built against another torch and fail to load next to torch 2.13.0+cpu
 	# ("operator torchvision::nms does not exist", "libtorchcodec_image.so"). oprl serves text models only, and

@@ -16,10 +16,18 @@ advantage modules import only torch and its own code). On identical tensors:
 The table is docs/algorithms.md#native-cross-checks.
 """
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-trinity = pytest.importorskip("trinity", reason="trinity-rft 0.6.0 is installed --no-deps by `make test` (Makefile)")
+# `make test` installs Trinity-RFT into a folder of its own without its dist-info (Makefile: its vLLM plugin entry
+# point breaks every vLLM engine), so it is importable only from here.
+VENDORED = Path(sys.prefix) / "trinity-rft"
+if VENDORED.is_dir() and str(VENDORED) not in sys.path:
+    sys.path.append(str(VENDORED))
+trinity = pytest.importorskip("trinity", reason="trinity-rft 0.6.0 is installed by `make test` into .venv/trinity-rft")
 
 from trinity.algorithm.advantage_fn.rec_advantage import RECGroupedAdvantage  # noqa: E402
 from trinity.algorithm.policy_loss_fn.rec_policy_loss import RECPolicyLossFn  # noqa: E402
@@ -164,3 +172,13 @@ def test_m2po_equals_trinitys_mask_and_gradient():
     assert float(metrics["m2"]) == pytest.approx(m2_before, rel=1e-5)
     assert float(metrics["m2_kept"]) == pytest.approx(m2_after, rel=1e-5)
     assert float(metrics["clip_frac"]) == pytest.approx(float((mask.bool() & ~kept).sum() / mask.sum()), abs=1e-6)
+
+
+def test_no_installed_vllm_plugin_fails_to_load():
+    """vLLM runs every ``vllm.general_plugins`` entry point in each engine it starts: Trinity-RFT 0.6.0's (when
+    installed with its dist-info) imported a parser vLLM 0.32 lacks, and every vLLM engine failed to start."""
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group="vllm.general_plugins"):
+        assert not point.value.startswith("trinity"), f"{point}: Trinity-RFT's vLLM plugin is installed"
+        point.load()  # raises where the plugin's module cannot be imported
