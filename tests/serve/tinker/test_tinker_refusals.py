@@ -36,7 +36,6 @@ REFUSALS = {
     ),
     "preset": (lambda c, d: c.forward(d, "importance_sampling", {"preset": "no-such-preset"}), "preset"),
     "load_state": (_load_unknown, "path"),
-    "inflight": (lambda c, d: c.save_weights_and_get_sampling_client(kind="inflight"), "kind"),
 }
 
 

@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from oprl.errors import OprlError
 from oprl.serve.tinker import wire
 from oprl.serve.tinker.backend import COMPUTE_LANE, Sampler, TinkerModels
-from oprl.serve.tinker.errors import UserError
+from oprl.serve.tinker.errors import NotFound, UserError
 from oprl.serve.tinker.futures import BATCH_ROWS, SAMPLE_WINDOW_S, Futures, _error
 from oprl.serve.tinker.losses import LossError
 from oprl.serve.tinker.routes import sampling, service, training
@@ -111,10 +111,6 @@ class TinkerServer(Futures):
                     lane.shutdown(wait=False)
 
         self.lane(COMPUTE_LANE).submit(free)
-
-
-class NotFound(LookupError):
-    """An id this caller may not see (unknown, or another key's): HTTP 404 naming the field."""
 
 
 def is_loopback(host: str) -> bool:

@@ -14,6 +14,11 @@ parameter for full fine-tuning) with the optimizer-step count they belong to; a 
 back after. Sampling and ``forward_backward`` compute log-probs in float32 from the same modules (prefill +
 cached decoding vs. one packed forward), so on-policy ρ = 1 up to float rounding at the default sampling
 parameters (with a temperature or truncation, ρ = π / μ: ``sampling.py``).
+
+In-flight samplers (``kind="inflight"``) read the model's published in-flight weights (``Policy.inflight``, which
+each in-flight save replaces) at every decode step: ``begin_sample`` / ``sample_step`` decode a batch a few steps
+per call, the lane running the model's other requests in between (``futures.py``), so a running sequence goes on
+under newly published weights with its cache kept; each token records its weights' version.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import warnings
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -39,7 +44,7 @@ from oprl.serve.tinker.finite import CallGradient, checked_adam_params, refusal,
 from oprl.serve.tinker.losses import OPTIONAL_INPUTS, LossSpec, compute_loss
 from oprl.serve.tinker.names import DEFAULT_MODELS, ModelTable, tiny_directory  # noqa: F401  (this module's API too)
 from oprl.serve.tinker.records import Datum, ForwardBackward, ForwardOutput, Sampled
-from oprl.serve.tinker.sampling import SERVED, sample_batch
+from oprl.serve.tinker.sampling import SERVED, SampleBatch, sample_batch
 
 LORA_MODULES = {
     "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
@@ -88,6 +93,9 @@ class Policy:
     version: int = 0
     snapshots: OrderedDict[str, Snapshot] = field(default_factory=OrderedDict)
     announced: dict[str, float] = field(default_factory=dict)
+    inflight: Snapshot | None = None
+    """The weights this model's in-flight samplers share: each ``kind="inflight"`` save publishes the live weights
+    here, for the in-flight samplers made before it too (``sample_step``)."""
     """What the gradient accumulated since the last step announces (``LossSpec.announcement``): the next
     ``optim_step``'s metrics repeat it, where recipes log them (tinker-cookbook logs no forward_backward metric)."""
 
@@ -108,6 +116,8 @@ class Sampler:
     policy_id: str | None = None
     snapshot: Snapshot | None = None
     model_path: str | None = None
+    inflight: bool = False
+    """Samples from its model's published in-flight weights as they are at each decode step (``Policy.inflight``)."""
 
 
 class TinkerModels:
@@ -367,6 +377,18 @@ class TinkerModels:
         self.samplers[sampler_id] = sampler
         return sampler
 
+    serves_inflight = True
+    """In-flight samplers (``inflight_sampler``) are served: their decoding lives on between lane turns here."""
+
+    def inflight_sampler(self, policy: Policy, sampler_id: str) -> Sampler:
+        """``save_weights_and_get_sampling_client(kind="inflight")``: publish the live weights as the model's
+        in-flight weights (for every in-flight sampler of the model, this one and the earlier ones) and return a
+        sampler that reads them at each decode step."""
+        policy.inflight = policy.snapshot()
+        sampler = Sampler(sampler_id, policy.owner, policy.base_model, policy.model_id, inflight=True)
+        self.samplers[sampler_id] = sampler
+        return sampler
+
     def path_sampler(self, sampler_id: str, owner: str, path: str) -> Sampler:
         _, meta = self.checkpoint(path, "model_path")
         sampler = Sampler(sampler_id, owner, meta["base_model"], model_path=path)
@@ -386,12 +408,39 @@ class TinkerModels:
         prompt's log-probs when asked), or the ``UserError`` refusing it; the
         requests run as one engine call (``sampling.sample_batch``), on weights swapped in once."""
         model, tokenizer, restore = self._weights_for(sampler)
+        version = sampler.snapshot.version if sampler.snapshot is not None else 0
         try:
-            outcomes = sample_batch(model, tokenizer, requests, self.device)
+            outcomes = sample_batch(model, tokenizer, requests, self.device, version)
         finally:
             restore()
         self.sample_batches.append(len(requests))
         return outcomes
+
+    def begin_sample(self, sampler: Sampler, requests: list[dict[str, Any]]) -> SampleBatch:
+        """An in-flight sampler's requests, checked, to decode a few steps at a time (``sample_step``)."""
+        policy = self._inflight_policy(sampler)
+        self.sample_batches.append(len(requests))
+        return SampleBatch(policy.model, policy.tokenizer, requests, self.device)
+
+    def sample_step(self, sampler: Sampler, batch: SampleBatch, steps: int) -> list[Sampled | UserError] | None:
+        """Up to ``steps`` decode steps of an in-flight batch under the model's in-flight weights as published
+        now (each token records their version), the cache of earlier steps kept; the outcomes once done, else
+        None. Between two calls the model's other requests run (the lane's turn passes: ``futures.py``), so a
+        ``kind="inflight"`` save there moves the running sequences onto the new weights."""
+        policy = self._inflight_policy(sampler)
+        target = cast(Snapshot, policy.inflight)
+        model, _, restore = self._swapped(policy, target)
+        try:
+            done = batch.advance(model, steps, target.version)
+            return batch.outcomes(model) if done else None
+        finally:
+            restore()
+
+    def _inflight_policy(self, sampler: Sampler) -> Policy:
+        policy = self.policies.get(cast(str, sampler.policy_id))
+        if policy is None or policy.inflight is None:
+            raise UserError(f"sampling_session_id: the model {sampler.policy_id} of this sampler was closed")
+        return policy
 
     def _weights_for(self, sampler: Sampler):
         """``(module, tokenizer, restore)``: a module holding the sampler's weights for one call."""

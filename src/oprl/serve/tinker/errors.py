@@ -1,5 +1,6 @@
 """What the Tinker server's modules share: ``UserError`` (a request the client must fix), ``WireError`` (a body
-``wire.py`` cannot decode) and the checks of token ids and context length that training and sampling both make."""
+``wire.py`` cannot decode), ``NotFound`` (an id the caller may not see) and the checks of token ids and context
+length that training and sampling both make."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ class UserError(ValueError):
 
 class WireError(ValueError):
     """A request body the server cannot use (``wire.py``); the message starts with the field it is about."""
+
+
+class NotFound(LookupError):
+    """An id this caller may not see (unknown, or another key's): HTTP 404 naming the field."""
 
 
 def check_tokens(tokens: list[int], vocab: int, where: str) -> None:

@@ -20,6 +20,9 @@ Batched sampling: sample requests of one sampling client wait in a queue; the fi
 ``batch_rows`` sampled rows) and answers them from one engine call (``TinkerModels.sample``). tinker-cookbook sends
 a batch's prompts (or a group's members) as separate requests at once; one at a time, each paid a prefill and a
 decode loop of its own. What a request gets does not depend on its batch (``sampling.py``).
+An in-flight sampler's batch decodes ``INFLIGHT_STEPS`` steps per turn of its lane and then queues its next turn
+behind whatever arrived meanwhile (a training step, an in-flight save), so its sequences continue on the weights
+published between two steps. Each sample result keeps its tokens' weight versions (``Result.versions``).
 
 Lanes: a lane is one thread running the requests of the models of one home (``backend.home_of``) in the order
 they were released: every model while they live in this process (one compute thread: on a CPU no two jobs share
@@ -53,6 +56,9 @@ SAMPLE_WINDOW_S = 0.01
 concurrent requests arrive within milliseconds, one engine call takes tens of them at least."""
 BATCH_ROWS = 256
 """Most sampled rows (sum of ``num_samples``) one engine call takes; the rest wait for the next (bounds memory)."""
+INFLIGHT_STEPS = 1
+"""Decode steps an in-flight batch takes per turn of its lane: between two turns the model's other requests run,
+so a ``kind="inflight"`` save moves the running sequences onto its weights at the next step."""
 MAX_RESULTS = 4096
 """Finished results kept for (re)retrieval, oldest dropped first: bounds memory over a long session."""
 PROTO = "application/x-protobuf"
@@ -67,6 +73,10 @@ class Result:
     media: str = "application/json"
     error: str | None = None
     category: str = "server"
+    owner: str | None = None
+    """The session of a sample request's sampler (who may read ``versions``)."""
+    versions: list[list[int]] | None = None
+    """A sample request's sequences: per token, the version of the weights it was drawn under."""
 
 
 @dataclass
@@ -156,7 +166,7 @@ class Futures:
     def submit_sample(self, sampler: Sampler, request: dict[str, Any]) -> str:
         """Queue a sample request for its sampler's next batch (module docstring); returns the request id."""
         request_id = uuid.uuid4().hex
-        result = self.results[request_id] = Result()
+        result = self.results[request_id] = Result(owner=sampler.owner)
         loop = asyncio.get_running_loop()
         with self.queue_lock:
             first = sampler.sampler_id not in self.queued  # no batch of this sampler is scheduled yet
@@ -181,15 +191,45 @@ class Futures:
                 self.lane(self.backend.home_of(sampler.sampler_id)).submit(self._sample_batch, sampler, loop)
             else:
                 del self.queued[sampler.sampler_id]  # the next request schedules a new batch
+        if sampler.inflight:
+            self._inflight_batch(sampler, taken, loop)
+            return
         try:
-            outcomes = self.backend.sample(sampler, [request for request, _ in taken])
-            finished = [
-                _failure(o) if isinstance(o, Exception) else {"body": wire.encode_sample_response(o), "media": PROTO}
-                for o in outcomes
-            ]
+            self._answer(taken, self.backend.sample(sampler, [request for request, _ in taken]), loop)
         except Exception as exc:  # the whole call failed (the sampler's model closed, a bug): each request says so
-            finished = [_failure(exc)] * len(taken)
-        for (_, result), outcome in zip(taken, finished, strict=True):
+            self._answer(taken, [exc] * len(taken), loop)
+
+    def _inflight_batch(self, sampler: Sampler, taken: list, loop: asyncio.AbstractEventLoop) -> None:
+        """An in-flight sampler's batch, ``INFLIGHT_STEPS`` decode steps per turn of the lane: each turn goes back
+        to the end of the lane's queue, behind the requests that arrived meanwhile (a training step, a new
+        in-flight save), so the running sequences continue on whatever weights those published."""
+        lane = self.lane(self.backend.home_of(sampler.sampler_id))
+
+        def turn(batch) -> None:
+            try:
+                outcomes = self.backend.sample_step(sampler, batch, INFLIGHT_STEPS)
+            except Exception as exc:  # the model closed, a bug: each request says so
+                self._answer(taken, [exc] * len(taken), loop)
+                return
+            if outcomes is None:
+                lane.submit(turn, batch)
+            else:
+                self._answer(taken, outcomes, loop)
+
+        try:
+            turn(self.backend.begin_sample(sampler, [request for request, _ in taken]))
+        except Exception as exc:
+            self._answer(taken, [exc] * len(taken), loop)
+
+    def _answer(self, taken: list, outcomes: list, loop: asyncio.AbstractEventLoop) -> None:
+        """Each taken request's result: its ``SampleResponse`` (and its tokens' weight versions), or its failure."""
+        for (_, result), o in zip(taken, outcomes, strict=True):
+            outcome: dict[str, Any]
+            if isinstance(o, Exception):
+                outcome = _failure(o)
+            else:
+                body = wire.encode_sample_response(o)
+                outcome = {"body": body, "media": PROTO, "versions": [s.versions for s in o.sequences]}
             loop.call_soon_threadsafe(self._finish, result, outcome)
 
     def _finish(self, result: Result, outcome: dict[str, Any]) -> None:

@@ -253,6 +253,10 @@ class PlacedModels(TinkerModels):
             self.registered.add(sampler_id)
         return sampler
 
+    serves_inflight = False
+    """An in-flight batch keeps its decoding (KV cache, generators) between lane turns; a worker would have to hold
+    it across calls, which ``ModelHost`` does not: ``kind="inflight"`` is refused with ``--workers``."""
+
     # ---- sampling-only models: one worker per checkpoint file or base model --------------------------------
 
     def path_sampler(self, sampler_id: str, owner: str, path: str) -> Sampler:

@@ -46,6 +46,9 @@ class Sequence:
     logprobs: list[float]
     stopped: bool
     """True: a stop token or string ended it; False: ``max_tokens`` did."""
+    versions: list[int] = field(default_factory=list)
+    """Per token, the optimizer-step version of the weights it was drawn under (in-flight samplers: they change
+    during a sequence; otherwise all the snapshot's)."""
 
 
 @dataclass

@@ -16,6 +16,10 @@ each decode step is one model call for every row of every request. Each request 
 its own rows only, and a request draws exactly as many steps as it would alone: what a request gets does not
 depend on what it was batched with, up to the float rounding of a wider padded batch (tokens equal, log-probs
 within 1e-5 on the CPU, tested).
+
+The decode loop (``Decoding``, driven by ``SampleBatch``) is resumable between steps: an in-flight sampler runs it
+a step at a time while the weights in the module change in between (the cache kept), each token recording the
+version of the weights it was drawn under; ``sample_batch`` runs it to the end at once.
 """
 
 from __future__ import annotations
@@ -118,28 +122,50 @@ def sample(model, tokenizer, request: dict[str, Any], device) -> Sampled:
 
 
 @torch.inference_mode()  # cheaper than no_grad (no version counters); nothing sampled here is trained through
-def sample_batch(model, tokenizer, requests: list[dict[str, Any]], device) -> list[Sampled | UserError]:
+def sample_batch(
+    model, tokenizer, requests: list[dict[str, Any]], device, version: int = 0
+) -> list[Sampled | UserError]:
     """Each request's sequences and prompt log-probs (or the ``UserError`` that refuses it alone), the valid ones
-    sampled together in one decode loop (module docstring); ``wire.encode_sample_response`` makes the SDK's
-    ``SampleResponse`` of one."""
-    outcomes: list[Sampled | UserError | None] = [None] * len(requests)
-    planned: list[tuple[int, Planned]] = []
-    for i, request in enumerate(requests):
-        try:
-            planned.append((i, plan(tokenizer, model, request)))
-        except UserError as exc:
-            outcomes[i] = exc
-    if planned:
-        plans = [p for _, p in planned]
+    sampled together in one decode loop (module docstring), every token under the weights of ``version``;
+    ``wire.encode_sample_response`` makes the SDK's ``SampleResponse`` of one."""
+    batch = SampleBatch(model, tokenizer, requests, device)
+    while not batch.advance(model, math.inf, version):
+        pass
+    return batch.outcomes(model)
+
+
+class SampleBatch:
+    """Sample requests checked and decoding together, resumable between decode steps (``advance``): what an
+    in-flight sampler runs a few steps at a time, the weights in the module changing in between."""
+
+    def __init__(self, model, tokenizer, requests: list[dict[str, Any]], device):
+        self.device = device
+        self.results: list[Sampled | UserError | None] = [None] * len(requests)
+        self.planned: list[tuple[int, Planned]] = []
+        for i, request in enumerate(requests):
+            try:
+                self.planned.append((i, plan(tokenizer, model, request)))
+            except UserError as exc:
+                self.results[i] = exc
+        plans = [p for _, p in self.planned]
         # Generators in arrival order; an unseeded request takes one draw of the process's generator, so the
         # next unseeded request (cookbook groups: one num_samples=1 request per member) draws something else.
         generators = [_generator(p.seed, device) for p in plans]
-        sequences = _decode(model, tokenizer, plans, generators, device)
-        for (i, p), rows in zip(planned, sequences, strict=True):
-            scored = p.request.get("prompt_logprobs")
-            prompt_logprobs = _prompt_logprobs(model, p.prompt, p.request, device) if scored else None
-            outcomes[i] = Sampled(rows, prompt_logprobs)
-    return outcomes  # type: ignore[return-value]  # every slot filled above
+        self.decoding = Decoding(model, tokenizer, plans, generators, device) if plans else None
+
+    def advance(self, model, steps: float, version: int) -> bool:
+        """Up to ``steps`` decode steps under ``model``'s weights now (their ``version``); True once done."""
+        return self.decoding is None or self.decoding.advance(model, steps, version)
+
+    @torch.inference_mode()
+    def outcomes(self, model) -> list[Sampled | UserError]:
+        """Once done: each request's ``Sampled`` (prompt log-probs under ``model``'s weights now) or refusal."""
+        if self.decoding is not None:
+            for (i, p), rows in zip(self.planned, self.decoding.sequences(), strict=True):
+                scored = p.request.get("prompt_logprobs")
+                prompt_logprobs = _prompt_logprobs(model, p.prompt, p.request, self.device) if scored else None
+                self.results[i] = Sampled(rows, prompt_logprobs)
+        return self.results  # type: ignore[return-value]  # every slot filled above
 
 
 def _generator(seed: int | None, device) -> torch.Generator:
@@ -163,62 +189,102 @@ def _stops(stop, tokenizer) -> tuple[set[int], list[str]]:
     return tokens, strings
 
 
-def _decode(model, tokenizer, plans: list[Planned], generators, device) -> list[list[Sequence]]:
-    """The lean engine's decode loop over every row of every request (prompts left-padded, each distinct prompt
-    prefilled once, the attention mask growing a column a step). Per step, each unfinished request draws one
-    token for each of its rows with ``sample_token`` under its own ``Sampling`` from its generator; a row ends at a stop
-    token (kept) or once its text holds a stop string, a request once all its rows ended or it drew
-    ``max_tokens``. Rows of finished requests leave the batch (in bulk, as in the lean engine)."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    owner = [k for k, p in enumerate(plans) for _ in range(p.n)]  # batch row -> request
-    members = [[r for r, o in enumerate(owner) if o == k] for k in range(len(plans))]  # request -> batch rows
-    prompts = [p.prompt for p in plans for _ in range(p.n)]
-    prefill = prefill_shared_prompts(model, prompts, pad, device, logits_to_keep=1)
-    cache, name = prefill.cache, cache_kwarg(model)
-    logits = prefill.output.logits[:, -1][prefill.rows]  # (B, V)
-    attention, position = prefill.attention, prefill.next_position  # (B, P) grows a column a step; (B,)
-    live = list(range(len(owner)))  # batch row of each cache row
-    tokens: list[list[int]] = [[] for _ in owner]
-    logprobs: list[list[float]] = [[] for _ in owner]
-    done, stopped = [False] * len(owner), [False] * len(owner)
-    finished = [False] * len(plans)
-    step = 0
-    while True:
-        where = {row: c for c, row in enumerate(live)}  # batch row -> cache row
-        fed = torch.full((len(live),), pad, dtype=torch.long, device=logits.device)  # (L,)
-        for k, p in enumerate(plans):
-            if finished[k]:
+class Decoding:
+    """The lean engine's decode loop over every row of every request, resumable between steps (in-flight
+    sampling: the weights in ``model`` may change between two ``advance`` calls; the cache keeps what earlier
+    weights computed, as in oprl's partial rollouts). Prompts left-padded, each distinct prompt prefilled once,
+    the attention mask growing a column a step. Per step, each unfinished request draws one token for each of its
+    rows with ``sample_token`` under its own ``Sampling`` from its generator; a row ends at a stop token (kept) or
+    once its text holds a stop string, a request once all its rows ended or it drew ``max_tokens``. Rows of
+    finished requests leave the batch (in bulk, as in the lean engine). Each sampled token records the weights'
+    ``version`` it was drawn under (the version ``advance`` was given)."""
+
+    def __init__(self, model, tokenizer, plans: list[Planned], generators, device):
+        self.tokenizer, self.plans, self.generators = tokenizer, plans, generators
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.owner = [k for k, p in enumerate(plans) for _ in range(p.n)]  # batch row -> request
+        self.members = [[r for r, o in enumerate(self.owner) if o == k] for k in range(len(plans))]  # request -> rows
+        self.prompts = [p.prompt for p in plans for _ in range(p.n)]
+        self.device = device
+        self.cache: Any = None  # prefilled at the first step, under the weights of that step
+        self.live = list(range(len(self.owner)))  # batch row of each cache row
+        self.tokens: list[list[int]] = [[] for _ in self.owner]
+        self.logprobs: list[list[float]] = [[] for _ in self.owner]
+        self.versions: list[list[int]] = [[] for _ in self.owner]
+        self.done, self.stopped = [False] * len(self.owner), [False] * len(self.owner)
+        self.finished = [False] * len(plans)
+        self.step = 0
+
+    @torch.inference_mode()
+    def advance(self, model, steps: float, version: int = 0) -> bool:
+        """Up to ``steps`` decode steps under the weights ``model`` holds now (``version``); True once done."""
+        if self.cache is None:
+            prefill = prefill_shared_prompts(model, self.prompts, self.pad, self.device, logits_to_keep=1)
+            self.cache, self.logits = prefill.cache, prefill.output.logits[:, -1][prefill.rows]  # (B, V)
+            self.attention, self.position = prefill.attention, prefill.next_position  # (B, P), (B,)
+        elif not all(self.finished):
+            self._feed(model)
+        taken = 0
+        while taken < steps:
+            self._draw(version)
+            taken += 1
+            if all(self.finished):
+                return True
+            if taken < steps:
+                self._feed(model)
+        return all(self.finished)
+
+    def _draw(self, version: int) -> None:
+        """One token for each row of each unfinished request, from the current logits."""
+        logits = self.logits
+        where = {row: c for c, row in enumerate(self.live)}  # batch row -> cache row
+        self.fed = torch.full((len(self.live),), self.pad, dtype=torch.long, device=logits.device)  # (L,)
+        for k, p in enumerate(self.plans):
+            if self.finished[k]:
                 continue
-            rows = members[k]
+            rows = self.members[k]
             index = torch.tensor([where[r] for r in rows], device=logits.device)
-            token, logprob = sample_token(logits[index], p.sampling, generators[k])  # (n,), (n,): log μ(y)
-            fed[index] = token
+            token, logprob = sample_token(logits[index], p.sampling, self.generators[k])  # (n,), (n,): log μ(y)
+            self.fed[index] = token
             for row, t, lp in zip(rows, token.tolist(), logprob.tolist(), strict=True):
-                if done[row]:
+                if self.done[row]:
                     continue
-                tokens[row].append(t)
-                logprobs[row].append(lp)
-                text = tokenizer.decode(tokens[row]) if p.stop_strings else ""
+                self.tokens[row].append(t)
+                self.logprobs[row].append(lp)
+                self.versions[row].append(version)
+                text = self.tokenizer.decode(self.tokens[row]) if p.stop_strings else ""
                 if t in p.stop_tokens or any(s in text for s in p.stop_strings):
-                    done[row] = stopped[row] = True
-            finished[k] = step + 1 >= p.max_tokens or all(done[r] for r in rows)
-        step += 1
-        if all(finished):
-            break
-        leaving = [c for c, row in enumerate(live) if finished[owner[row]]]
+                    self.done[row] = self.stopped[row] = True
+            self.finished[k] = self.step + 1 >= p.max_tokens or all(self.done[r] for r in rows)
+        self.step += 1
+
+    def _feed(self, model) -> None:
+        """The drawn tokens through the model (the rows of finished requests leaving first): the next logits."""
+        live, fed, attention, position = self.live, self.fed, self.attention, self.position
+        leaving = [c for c, row in enumerate(live) if self.finished[self.owner[row]]]
         if leaving and len(leaving) >= max(1, COMPACT_FRACTION * len(live)):
-            keep = torch.tensor([c for c in range(len(live)) if not finished[owner[live[c]]]], device=logits.device)
-            cache.reorder_cache(keep)
-            live = [live[c] for c in keep.tolist()]
-            attention, position, fed = attention[keep], position[keep], fed[keep]
+            keep = [c for c in range(len(live)) if not self.finished[self.owner[live[c]]]]
+            index = torch.tensor(keep, device=fed.device)
+            self.cache.reorder_cache(index)
+            live = self.live = [live[c] for c in keep]
+            attention, position, fed = attention[index], position[index], fed[index]
         attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
         out = model(
             input_ids=fed[:, None], attention_mask=attention, position_ids=position[:, None], use_cache=True,
-            **{name: cache},
+            **{cache_kwarg(model): self.cache},
         )  # fmt: skip
-        cache, logits, position = output_cache(out), out.logits[:, -1], position + 1
-    sequences = [Sequence(t, lp, s) for t, lp, s in zip(tokens, logprobs, stopped, strict=True)]
-    return [[sequences[r] for r in rows] for rows in members]
+        self.cache, self.logits, self.position, self.attention = (
+            output_cache(out),
+            out.logits[:, -1],
+            position + 1,
+            attention,
+        )
+
+    def sequences(self) -> list[list[Sequence]]:
+        """Per request, its rows' sequences (tokens, log μ, stopped, the version of each token)."""
+        rows = zip(self.tokens, self.logprobs, self.stopped, self.versions, strict=True)
+        sequences = [Sequence(t, lp, s, v) for t, lp, s, v in rows]
+        return [[sequences[r] for r in rows] for rows in self.members]
 
 
 def _prompt_logprobs(model, prompt: list[int], request: dict[str, Any], device) -> list[float]:

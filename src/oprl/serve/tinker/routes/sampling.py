@@ -1,12 +1,14 @@
 """The sampling clients' routes: create one (on a checkpoint path or a base model), describe it, and ``asample``
 (queued for the sampler's next batch, ``Futures.submit_sample``). Sampling requests are not ordered: a retried
-one is recognised by its ``(sampling_session_id, seq_id)``; one without a ``seq_id`` is never taken for another."""
+one is recognised by its ``(sampling_session_id, seq_id)``; one without a ``seq_id`` is never taken for another.
+oprl's own route ``/api/v1/oprl/sequence_versions/{sequence_id}`` answers which weights drew each token of a
+sampled sequence (the SDK's responses carry no such field)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from oprl.serve.tinker.errors import UserError
+from oprl.serve.tinker.errors import NotFound, UserError
 from oprl.serve.tinker.routes.common import body_json, future, server_of
 from oprl.serve.tinker.sampling import check_sampling_params
 
@@ -57,3 +59,20 @@ async def asample(request: Request):
         else:
             request_id = server.sampled[key] = server.submit_sample(sampler, data)
     return future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(n)])
+
+
+@router.get("/api/v1/oprl/sequence_versions/{sequence_id}")
+async def sequence_versions(sequence_id: str, request: Request):
+    """Per token of a sampled sequence (``SampledSequence.sequence_id``), the optimizer-step version of the weights
+    it was drawn under: one value for a snapshot sampler, rising within a sequence for an in-flight sampler whose
+    model published new weights while it ran. Not part of the Tinker API; kept while the request's result is."""
+    server = server_of(request)
+    request_id, _, index = sequence_id.rpartition(":")
+    result = server.results.get(request_id)
+    if result is None or result.owner is None or server.sessions[result.owner].owner != server.owner_of(request):
+        raise NotFound(f"sequence_id: no sampled sequence {sequence_id!r} of this API key (or it expired)")
+    if not result.done.is_set() or result.versions is None or not index.isdigit():
+        raise NotFound(f"sequence_id: {sequence_id!r} is not a finished sampled sequence")
+    if int(index) >= len(result.versions):
+        raise NotFound(f"sequence_id: {sequence_id!r}: its request sampled {len(result.versions)} sequences")
+    return {"sequence_id": sequence_id, "versions": result.versions[int(index)]}

@@ -102,13 +102,20 @@ async def save_weights_for_sampler(request: Request):
     server, data = server_of(request), await body_json(request)
     policy = server.policy(data["model_id"], server.owner_of(request))
     key = (policy.model_id, int(data["seq_id"]))
+    kind, name = data.get("kind", "snapshot"), data.get("path")
     with server.turn(key):
-        if data.get("kind", "snapshot") != "snapshot":
-            raise UserError(f"kind: {data['kind']!r} is not served; only snapshot sampling clients")
-    name = data.get("path")
+        if kind not in ("snapshot", "inflight"):
+            raise UserError(f"kind: {kind!r} is not a sampling client kind (snapshot, inflight)")
+        if kind == "inflight" and not server.backend.serves_inflight:
+            raise UserError("kind: 'inflight' sampling clients are served without --workers only (docs/tinker.md)")
+        if kind == "inflight" and name:
+            raise UserError("path: an in-flight save publishes weights for sampling, it writes no checkpoint")
     sampler_id = f"{policy.owner}:sample:{uuid.uuid4().hex[:8]}"
 
     def work():
+        if kind == "inflight":  # the model's shared in-flight weights, published anew
+            server.backend.inflight_sampler(policy, sampler_id)
+            return as_json({"type": "save_weights_for_sampler", "sampling_session_id": sampler_id})
         if name:  # a named sampler checkpoint on disk
             path = server.backend.save(policy, "sampler_weights", str(name), optimizer=False)
             return as_json({"type": "save_weights_for_sampler", "path": path})
