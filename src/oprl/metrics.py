@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from oprl.errors import OprlError
@@ -59,7 +60,10 @@ class MetricsLogger:
             self._events = Path(self._writer.file_writer.event_writer._file_name)
 
     def log(self, step: int, row: dict[str, float]) -> None:
-        self._append((json.dumps({"step": step, **row}, sort_keys=True) + "\n").encode())
+        # perf/wall_time: when the row was written (Unix seconds), in metrics.jsonl only: the first row dates the
+        # run's start, which `oprl report` weighs against when its findings were declared (experiments/declared.py).
+        record = {"step": step, **row, "perf/wall_time": time.time()}
+        self._append((json.dumps(record, sort_keys=True) + "\n").encode())
         if self._writer is not None:
             with _naming(self._events):
                 for key, value in row.items():

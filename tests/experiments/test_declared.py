@@ -123,3 +123,28 @@ def test_a_spec_outside_git_says_so(tmp_path):
     (contrast,) = findings.parse({"F2": [F2]}, "s")["F2"]
     status = declared.status([declared.declarations(None, [contrast], "the spec is not in git")[contrast]], [], {})
     assert status.label == "undated (the spec is not in git)"
+
+
+def test_a_recorded_start_dates_a_run_before_its_commit_does(tmp_path):
+    """A run's metrics.jsonl records when it started (perf/wall_time, metrics.MetricsLogger): a run committed
+    after the declaration but started before it makes the finding exploratory, which the commit bound (commit less
+    seconds) cannot see when the run's seconds are short of the gap (a resumed run's pauses are not in its seconds)."""
+    from datetime import UTC, datetime
+
+    from oprl.metrics import MetricsLogger
+
+    (tmp_path / "grpo-0").mkdir()
+    logger = MetricsLogger(tmp_path / "grpo-0", tensorboard=False)
+    logger.log(0, {"eval/accuracy": 0.5})
+    logger.close(quiet=True)
+    (tmp_path / "grpo-0" / "metrics.jsonl").open("a").write("torn")
+    started = declared.recorded_starts(tmp_path)
+    assert abs(started["grpo-0"].timestamp() - datetime.now(UTC).timestamp()) < 60
+    at = datetime(2026, 12, 7, 12, tzinfo=UTC)
+    when = declared.Declared("c0ffee", at)
+    committed = {"grpo-0": datetime(2026, 12, 7, 13, tzinfo=UTC)}  # committed an hour after the declaration
+    run = [("grpo-0", 60.0)]
+    assert declared.status([when], run, committed).label == declared.BEFORE  # by the commit bound alone
+    early = {"grpo-0": datetime(2026, 12, 7, 11, tzinfo=UTC)}
+    assert declared.status([when], run, committed, early).label == "exploratory (declared after 1 of 1 runs)"
+    assert declared.status([when], run, {}, early).label == "exploratory (declared after 1 of 1 runs)"

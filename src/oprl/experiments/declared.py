@@ -11,14 +11,14 @@ rewriting history:
   ``output_dir`` and findings are those of the ``sweep.yaml`` beside the runs (that copy is written when a sweep
   starts, so its own history dates the copy, not the claim); where no source is tracked, the copy's own history.
   A contrast in no commit (an uncommitted edit), a spec outside git or a shallow clone get no date, and say so.
-- **A run**: runs record no start time (``summary.json`` has the seconds a run took, not when it began; a kept run
-  directory is a copy, so its file times are the copy's). What exists is the first commit holding the run's
-  results: its ``summary.json`` (kept run directories) or its row of ``results.csv``. That commit's date, less
-  the run's seconds, is the latest the run can have started.
+- **A run**: its recorded start, the ``perf/wall_time`` of the first row of its ``metrics.jsonl`` (written by the
+  run itself since 2026-12-07; a kept run directory is a copy, so its file times are the copy's). A run without
+  one (older runs) is dated by the first commit holding its results: its ``summary.json`` (kept run directories)
+  or its row of ``results.csv``. That commit's date, less the run's seconds, is the latest it can have started.
 
 A finding's runs are its contrasts' cells at the seeds the contrasts use. It is **declared before data** when its
-declaration (the latest of its contrasts') precedes the latest start of every one of its runs: by the commit
-record, since no run records a start. It is **exploratory (declared after k of n runs)** when k of its runs had
+declaration (the latest of its contrasts') precedes the start of every one of its runs (recorded, or the latest
+the commit record allows). It is **exploratory (declared after k of n runs)** when k of its runs had
 started before it was declared; **undated** when a date is missing, with the reason.
 
 Not here: deciding the findings (``findings``), running git beyond ``log``/``show``/``ls-files``/``grep``.
@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -184,16 +185,40 @@ def run_dates(sweep_dir: Path) -> dict[str, datetime]:
     return out
 
 
-def status(declared: list[Declared], runs: list[tuple[str | None, float]], dates: Mapping[str, datetime]) -> Status:
-    """A finding's label from its contrasts' declarations and its runs ``(run name, seconds)``: the latest start
-    of a run is its first commit less its seconds (module docstring)."""
+def recorded_starts(sweep_dir: Path) -> dict[str, datetime]:
+    """``{run: start}`` from each run directory's first ``metrics.jsonl`` row that has ``perf/wall_time``."""
+    out: dict[str, datetime] = {}
+    for path in sorted(Path(sweep_dir).glob("*/metrics.jsonl")):
+        with path.open() as handle:
+            for line in handle:
+                try:
+                    wall = json.loads(line).get("perf/wall_time")
+                except json.JSONDecodeError:  # a torn line: the run's other rows still date it
+                    continue
+                if isinstance(wall, int | float):
+                    out[path.parent.name] = datetime.fromtimestamp(wall, tz=UTC)
+                    break
+    return out
+
+
+def status(
+    declared: list[Declared],
+    runs: list[tuple[str | None, float]],
+    dates: Mapping[str, datetime],
+    started: Mapping[str, datetime] | None = None,
+) -> Status:
+    """A finding's label from its contrasts' declarations and its runs ``(run name, seconds)``: a run starts at
+    its recorded start (``started``) where it has one, else at the latest its first commit allows, that commit
+    less its seconds (module docstring)."""
+    started = started or {}
     missing = next((d for d in declared if d.at is None), None)
     if missing is not None or not declared:
         missing = missing or Declared(None, None, "no contrast")
         return Status(f"undated ({missing.why})", missing, len(runs), 0)
     latest = max(declared, key=lambda d: d.at or datetime.min)
     assert latest.at is not None
-    starts = [dates[name] - timedelta(seconds=seconds if seconds == seconds else 0.0) if name in dates else None
+    starts = [started.get(name) or (dates[name] - timedelta(seconds=seconds if seconds == seconds else 0.0)
+                                     if name in dates else None)
               for name, seconds in ((n or "", s) for n, s in runs)]  # fmt: skip
     before = sum(1 for start in starts if start is not None and start < latest.at)
     if before:

@@ -175,12 +175,12 @@ def _declarations(sweep_dir: Path, spec: dict, decided, names) -> dict[str, decl
     source, why = declared.source_spec(sweep_dir, spec)
     contrasts = [d.contrast for rows in decided.values() for d in rows]
     when = declared.declarations(source, contrasts, why)
-    dates = declared.run_dates(sweep_dir)
+    dates, started = declared.run_dates(sweep_dir), declared.recorded_starts(sweep_dir)
     out = {}
     for name, rows in decided.items():
         cells = dict.fromkeys((m, s, seed) for d in rows for (m, s), seed in d.seeds)  # a run in two contrasts: once
         runs = [names.get(cell, (None, math.nan)) for cell in cells]
-        out[name] = declared.status([when[d.contrast] for d in rows], runs, dates)
+        out[name] = declared.status([when[d.contrast] for d in rows], runs, dates, started)
     return out
 
 
