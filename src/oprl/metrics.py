@@ -178,9 +178,23 @@ def deterministic_view(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(NONDETERMINISTIC_PREFIX)} for row in rows]
 
 
+REVERSE_KL = "distill/reverse_kl"
+"""A distillation run's signal (``oprl.algorithms.distill``): drawn on its own axis by ``plot_run``."""
+
+
 def plot_run(rows: list[dict], out: Path, title: str = "", subtitle: str = "") -> None:
-    """Training reward and eval accuracy against step, one PNG; ``title`` names the run, ``subtitle`` its
-    settings."""
+    """``draw_run``'s figure as one PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_run(rows, title, subtitle)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def draw_run(rows: list[dict], title: str = "", subtitle: str = ""):
+    """Training reward and eval accuracy against step; a distillation run's reverse KL to its teacher
+    (``REVERSE_KL``, nats per token: not on the 0-1 scale) on a right-hand axis. ``title`` names the run,
+    ``subtitle`` its settings."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,6 +202,7 @@ def plot_run(rows: list[dict], out: Path, title: str = "", subtitle: str = "") -
 
     train = [r for r in rows if "reward/mean" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
+    distill = [r for r in rows if REVERSE_KL in r]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([r["step"] for r in train], [r["reward/mean"] for r in train], label="train reward (batch mean)", lw=1)
     ax.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], "o-", label="eval accuracy (pass@1)")
@@ -195,8 +210,15 @@ def plot_run(rows: list[dict], out: Path, title: str = "", subtitle: str = "") -
     ax.set_ylabel("reward / accuracy (0-1)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    handles, labels = ax.get_legend_handles_labels()
+    if distill:
+        kl = ax.twinx()
+        kl.plot([r["step"] for r in distill], [r[REVERSE_KL] for r in distill], color="tab:red", lw=1,
+                label="reverse KL to the teacher (per token, right axis)")  # fmt: skip
+        kl.set_ylabel("reverse KL (nats per token)")
+        more = kl.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, loc="lower right", fontsize=8)
     ax.set_title(f"{title}\n{subtitle}" if subtitle else title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig
