@@ -1,6 +1,6 @@
 """#53 items 8 and 9 on synthetic run records (no training): distillation is labelled by what it optimises and shown
-where the reward is (console line, figures); a run identical to another is drawn dashed on top and named, rather
-than hidden under its twin."""
+where the reward is (console line, figures); a curve equal to another is drawn dashed on top and named as coinciding
+(not as an identical run: its config differs), rather than hidden under its twin."""
 
 import copy
 from pathlib import Path
@@ -69,7 +69,26 @@ def test_an_identical_run_is_drawn_dashed_and_named():
     styles = {line.get_label().split(" (")[0]: line.get_linestyle() for line in ax.get_lines()}
     assert styles == {"reinforce": "-", "rec-oneside-nois": "--", "grpo": "-"}
     (note,) = ax.texts
-    assert note.get_text() == "identical runs (dashed):\nrec-oneside-nois = reinforce"
+    assert note.get_text() == "coinciding curves (dashed; their configs differ):\nrec-oneside-nois = reinforce"
+
+
+def test_offline_distillation_runs_sharing_a_kl_curve_are_not_called_identical():
+    """#71: two offline distillation configs whose reverse KL coincides and whose accuracy does not: the KL panel
+    names a coinciding curve, never "identical runs", and the accuracy panel names nothing."""
+    kl = [{"step": s, "distill/reverse_kl": 1.0 / (1 + s)} for s in (1, 2)]
+    accuracy = ({"step": 2, "eval/accuracy": 0.45}, {"step": 2, "eval/accuracy": 0.30})
+    records = [
+        record("distill", rows=[*kl, score], distill_coef=coef, distill_mix="replace")
+        for score, coef in zip(accuracy, (1.0, 0.5), strict=True)
+    ]
+    fig = draw_grid(records, [(*PANELS["distill_reverse_kl"], 1), (*PANELS["eval_accuracy"], 1)])
+    kl_panel, accuracy_panel = fig.axes[:2]
+    (note,) = kl_panel.texts
+    assert (
+        note.get_text()
+        == "coinciding curves (dashed; their configs differ):\ndistill distill_coef=0.5 = distill distill_coef=1"
+    )
+    assert not accuracy_panel.texts
 
 
 def test_a_config_saved_before_a_key_existed_is_the_same_curve_as_todays():

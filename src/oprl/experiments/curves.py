@@ -3,7 +3,8 @@ The setting is the sweep's label, else ``results.setting_of`` (async runs get pa
 
 Runs are averaged only when their configs differ in nothing but the seed (``curve_groups``): such a group is
 one curve, the mean over its seeds with a min-max band; every other run is its own curve over its own steps.
-A curve identical to another of its panel (every seed's points equal) is drawn dashed on top and named in the panel.
+A curve equal to another of its panel (every seed's points equal) is drawn dashed on top and named in the panel as a
+coinciding curve: two curves are two configs, so equal points of one metric do not make them identical runs.
 Distillation runs are labelled by what they optimise (``results.objective_of``) and get a reverse-KL figure.
 A curve is labelled by its preset and the settings that tell it apart from the other curves of its panel
 (``lr=0.001``, ``k=4``, ``group=16``, ...). A moving average is stated in the y label. ``oprl plot RUN_DIRS...``
@@ -233,8 +234,10 @@ def draw_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], title:
     for row, (key, ylabel, smooth) in enumerate(rows):
         for col, setting in enumerate(settings):
             ax = axes[row][col]
-            # A run identical to another curve's (REC-OneSide-NoIS is REINFORCE on-policy: ρ ≡ 1) would hide under
-            # it and look missing: it is drawn dashed on top, and the panel names the pair.
+            # A curve equal to another's (REC-OneSide-NoIS is REINFORCE on-policy: ρ ≡ 1) would hide under it and
+            # look missing: it is drawn dashed on top, and the panel names the pair. Their configs differ (else they
+            # would be one curve), and one metric's coinciding says nothing of the rest (offline distillation runs
+            # can share a KL curve and part on accuracy): "coinciding curves", never "identical runs".
             drawn: dict[tuple, str] = {}
             twins = []
             for curve in columns[setting]:
@@ -246,7 +249,7 @@ def draw_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], title:
                 elif signature:
                     drawn[signature] = _short_label(curve.label)
             if twins:
-                ax.text(0.02, 0.02, "identical runs (dashed):\n" + "\n".join(twins), transform=ax.transAxes,
+                ax.text(0.02, 0.02, TWINS_NOTE + "\n".join(twins), transform=ax.transAxes,
                         fontsize=6, va="bottom", ha="left", alpha=0.8)  # fmt: skip
             if key.startswith("kl/"):
                 # KL spans orders of magnitude between stable and collapsing runs; linear near 0 (it starts at 0).
@@ -262,6 +265,10 @@ def draw_grid(records: list[RunRecord], rows: list[tuple[str, str, int]], title:
     names = "   ".join(f"{short} = {key}" for short, key in sorted(abbreviations.items()))
     _legend(fig, axes, names or None)
     return fig
+
+
+TWINS_NOTE = "coinciding curves (dashed; their configs differ):\n"
+"""The head of a panel's note naming the curves drawn dashed on an equal curve of another config."""
 
 
 def _signature(curve: Curve, key: str) -> tuple:
