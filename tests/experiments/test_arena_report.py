@@ -182,7 +182,9 @@ def test_tables_keep_a_sweep_axis_apart_from_the_mean_over_seeds():
     # The sample SD (n − 1): 0.014 for 0.50 and 0.52 (the population SD would say 0.010), and the t-interval.
     assert rows[2:] == [
         "| grpo lr=0.0001 | 0.510 ± 0.014 [0.383, 0.637] |",
-        "| grpo lr=0.001 | 0.110 ± 0.014 [-0.017, 0.237] |",
+        "| grpo lr=0.001 | 0.110 ± 0.014 [0.000, 0.237]‡ |",  # the t-interval's −0.017, clipped
+        "",
+        report.CLIPPED_NOTE,
     ]
     data += [({"preset": "grpo", "setting": "lag-0", "seed": "0", "lr": "3e-05"}, {"final_accuracy": 0.4})]
     assert [row.split(" | ")[0] for row in report._table(data, "final_accuracy", "{:.3f}")[2:]] == [
@@ -250,6 +252,21 @@ def test_one_seed_per_cell_says_nothing_can_be_told_apart():
     assert "cannot be tested with one seed per cell" in tiers.loss_lines(one_seed)[0]
 
 
+def test_one_seed_bolds_no_cell_of_the_tier_table(tmp_path):
+    """#71: with one seed every method is "in the tier" only because nothing can be told apart; the table shows plain
+    means and the report says there are no tiers (before: 0.082 bold beside 0.472)."""
+    one_seed = [(labels, numbers) for labels, numbers in summaries() if labels["seed"] == "0"]
+    rows = tiers.tier_table(tiers.analyse(one_seed, "final_accuracy"))
+    assert not any("**" in row for row in rows[2:]) and rows[2].startswith("| grpo | 0.")
+    from oprl.experiments.results import write_table
+
+    rows = [{"run": f"{labels['preset']}-{labels['setting']}-0", **labels, "lr": 1e-4, **numbers}
+            for labels, numbers in one_seed]  # fmt: skip
+    write_table(rows, tmp_path / "results.csv")
+    text = report.build_report(tmp_path).read_text()
+    assert "(one run per cell: no tiers with one seed)" in text and "Tiers by lag" not in text
+
+
 def test_the_pooled_comparison_takes_only_the_methods_run_at_every_lag():
     """A method run at one lag of the ladder only (an on-policy anchor) stays out of the pooled comparison: its one
     lag's mean is not set beside the others' means over every lag; with one method left there is nothing to pool."""
@@ -291,3 +308,16 @@ def test_a_results_csv_alone_keeps_a_column_that_varies_within_a_cell_apart(tmp_
     report.build_report(tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "| grpo lr=0.0003 | 0.601 ± 0.001" in text and "| grpo lr=0.0001 | 0.501 ± 0.001" in text
+
+
+def test_an_accuracy_interval_is_clipped_to_zero_one_and_says_so():
+    """#71: three seeds of an accuracy near 0 gave [-0.049, 0.439]; an accuracy lies in [0, 1]."""
+    seeds = [({"preset": "grpo", "setting": "lag-0", "seed": str(s)}, {"final_accuracy": v})
+             for s, v in enumerate((0.0, 0.0, 0.3))]  # fmt: skip
+    rows = report._table(seeds, "final_accuracy", report.CELL)
+    assert rows[2] == "| grpo | 0.100 ± 0.173 [0.000, 0.530]‡ |"  # t(2) interval: 0.1 ± 0.430
+    assert rows[-1] == report.CLIPPED_NOTE
+    near_one = [(labels, {"final_accuracy": 1.0 - n["final_accuracy"]}) for labels, n in seeds]
+    assert report._table(near_one, "final_accuracy", report.CELL)[2] == "| grpo | 0.900 ± 0.173 [0.470, 1.000]‡ |"
+    inside = [(labels, {"final_accuracy": 0.5 + 0.1 * n["final_accuracy"]}) for labels, n in seeds]
+    assert report.CLIPPED_NOTE not in report._table(inside, "final_accuracy", report.CELL)

@@ -53,6 +53,11 @@ def group_rows(names) -> list[tuple[str, str, int]]:
 CELL = "{:.3f} ± {:.3f} [{:.3f}, {:.3f}]"
 """A cell of the accuracy tables: mean ± sample SD [95 % t-interval of the mean]."""
 
+CLIPPED = "‡"
+CLIPPED_NOTE = (f"{CLIPPED}: the t-interval reached past [0, 1], where an accuracy lies; clipped to it (few seeds "
+                "and a wide spread: the interval says little there).")  # fmt: skip
+"""The mark of an accuracy cell whose interval ``_table`` clipped to [0, 1], and the line under such a table."""
+
 NUMBERS = ("final_accuracy", "initial_accuracy", "best_accuracy", "accuracy_auc", "steps_to_threshold",
            "late_train_reward", "seconds")  # fmt: skip
 """The summary columns of a results.csv (``results.summarize``) read back as numbers."""
@@ -117,9 +122,13 @@ def build_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
     for analysis in analyses:
         if analysis.pooled is not None:
             title = tiers.METRICS[analysis.metric]
-            tables += [f"Tiers by lag, {title} (mean over seeds; **bold**: in the tier of the best at that lag (MCB), "
-                       "else (−points below the method that puts it below); †: one seed left out changes the "
-                       "place):", "", *tiers.tier_table(analysis), ""]  # fmt: skip
+            if not any(tiers.testable(c) for _, c in analysis.named):  # bold would mark every cell as tied
+                head = f"Means by lag, {title} (one run per cell: no tiers with one seed):"
+            else:
+                head = (f"Tiers by lag, {title} (mean over seeds; **bold**: in the tier of the best at that lag (MCB), "
+                        "else (−points below the method that puts it below); †: one seed left out changes the "
+                        "place):")  # fmt: skip
+            tables += [head, "", *tiers.tier_table(analysis), ""]
     if tables:
         tables += tiers.loss_lines(summaries)
     lines += arena_section(summaries, out_dir / "figures", tables)  # a lag ladder (the arena): accuracy against lag
@@ -245,6 +254,8 @@ def _row_rank(label: str) -> list[tuple[int, float | str]]:
 
 
 def _table(summaries, metric: str, fmt: str) -> list[str]:
+    """Markdown: a row per preset, a column per setting, ``fmt`` of the cell's seeds; with a "±" format (an
+    accuracy) mean ± SD [t-interval clipped to [0, 1], ``CLIPPED`` where it was, ``CLIPPED_NOTE`` under the table]."""
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     for labels, numbers in summaries:
         cells[(row_label(labels), labels["setting"])].append(numbers.get(metric, math.nan))
@@ -261,10 +272,12 @@ def _table(summaries, metric: str, fmt: str) -> list[str]:
                 row.append("—")
             elif "±" in fmt and len(values) == 1:  # one seed: no spread to show
                 row.append(fmt.split(" ±")[0].format(values[0]) + " (1 seed)")
-            elif "±" in fmt:
+            elif "±" in fmt:  # an accuracy: its interval clipped to [0, 1] (a t-interval ignores the bounds)
                 cell = stats.describe(values)
+                low, high = max(cell.low, 0.0), min(cell.high, 1.0)
+                mark = CLIPPED if (low, high) != (cell.low, cell.high) else ""
                 row.append(
-                    fmt.format(cell.mean, cell.sd, cell.low, cell.high) + ("" if cell.n == usual else f" n={cell.n}")
+                    fmt.format(cell.mean, cell.sd, low, high) + mark + ("" if cell.n == usual else f" n={cell.n}")
                 )
             else:
                 row.append(
@@ -272,7 +285,7 @@ def _table(summaries, metric: str, fmt: str) -> list[str]:
                     + ("" if len(values) == len(cells[(preset, setting)]) else "*")
                 )
         rows.append(f"| {preset} | " + " | ".join(row) + " |")
-    return rows
+    return rows + (["", CLIPPED_NOTE] if any(CLIPPED in row for row in rows) else [])
 
 
 def main(argv: list[str]) -> int:

@@ -241,7 +241,7 @@ def verdict_lines(analysis: Analysis) -> list[str]:
 def verdict(comparison: stats.Comparison) -> str:
     if not comparison.means:
         return "no runs."
-    if not any(d.se == d.se for d in comparison.pairs):
+    if not testable(comparison):
         values = list(comparison.means.values())
         return (f"{len(values)} method(s), means {min(values):.3f}-{max(values):.3f}: no noise estimate (one seed, or "
                 "no seed shared by two methods), so nothing can be told apart.")  # fmt: skip
@@ -266,6 +266,12 @@ def verdict(comparison: stats.Comparison) -> str:
     return head + "."
 
 
+def testable(comparison: stats.Comparison) -> bool:
+    """Whether some pair has a noise estimate (two seeds shared by two methods): else there is no tier, and
+    every method is "in" the best's only because nothing can be told apart."""
+    return any(d.se == d.se for d in comparison.pairs)
+
+
 def _marker(comparison: stats.Comparison):
     return lambda method: method + ("†" if method in comparison.fragile else "")
 
@@ -273,7 +279,7 @@ def _marker(comparison: stats.Comparison):
 def tier_table(analysis: Analysis) -> list[str]:
     """Markdown: a row per method (by name), per lag its mean, **bold** in the tier of the best, else its
     distance below the method that puts it below, in points (MCB); † a place that one seed left out changes;
-    the pooled column last."""
+    the pooled column last. A column without a noise estimate (one seed: ``testable``) has plain means: no tier."""
     columns = [(lag_label(lag_of(s) or 0.0), analysis.per_setting[s]) for s in analysis.ladder]
     if analysis.pooled is not None:
         columns.append(("pooled", analysis.pooled))
@@ -286,6 +292,8 @@ def tier_table(analysis: Analysis) -> list[str]:
             dagger = "†" if method in comparison.fragile else ""
             if method not in comparison.means:
                 cells.append("—")
+            elif not testable(comparison):
+                cells.append(f"{comparison.means[method]:.3f}")
             elif method in comparison.tier:
                 cells.append(f"**{comparison.means[method]:.3f}**{dagger}")
             else:
