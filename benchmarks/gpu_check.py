@@ -215,6 +215,7 @@ def rank_main(rank: int, args, port: int, results) -> None:
     import torch.distributed as dist
 
     from oprl.algorithms import PRESETS
+    from oprl.algorithms.method import Method
     from oprl.messages import Experience
     from oprl.models.truncation import Sampling
     from oprl.rollout.lean_engine import LeanEngine
@@ -245,10 +246,9 @@ def rank_main(rank: int, args, port: int, results) -> None:
     trainer = Trainer(
         policy,
         pad_id=PAD,
-        settings=PRESETS["grpo"],
+        method=Method.of(PRESETS["grpo"], max_response_tokens=args.response),
         optim=optim,
         sampling=Sampling(),
-        max_response_tokens=args.response,
         parallel=parallel,
     )
     trainer_rss = peak_rss_gib()

@@ -47,6 +47,8 @@ JOBS: dict[str, list[str]] = {
     "stale_mask": [STEPS, "sync.offset=1", "sync.partial=true", "sync.max_token_lag=0", "sync.switch_step=2"],
     # Adaptive RED-Weight: the advantages reshaped from each response's loss-token count.
     "red_weight": [STEPS, "algorithm.preset=red-weight-adaptive"],
+    # Delightful policy gradient with the Kondo gate: a screening forward and a window carried across steps.
+    "dg_kondo": [STEPS, "algorithm.preset=dg-kondo"],
     # SmolLM2-135M-Instruct, one step of its CPU example.
     "smollm2": ["configs/examples/smollm2-arithmetic-cpu.yaml", "steps=1", "rollout.prompts_per_step=2"],
 }

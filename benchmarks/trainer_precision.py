@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from oprl.algorithms import PRESETS
+from oprl.algorithms.method import Method
 from oprl.config import LoraConfig, OptimConfig
 from oprl.messages import Experience
 from oprl.models.loading import SMOLLM2_ALIAS, load_pretrained
@@ -74,10 +75,9 @@ def build(rank: int, autocast, args) -> Trainer:
     return Trainer(
         model,
         pad_id=tokenizer.pad_token_id,
-        settings=PRESETS["grpo"],
+        method=Method.of(PRESETS["grpo"], max_response_tokens=args.response),
         optim=OptimConfig(lr=3e-5, micro_batch_size=args.micro_batch),
         sampling=Sampling(),
-        max_response_tokens=args.response,
         autocast=autocast,
     )
 

@@ -1,5 +1,5 @@
-"""VCPO's score pass on a real default-job batch: the per-response loop (``Trainer.looped_score_statistics``, one
-forward and backward per response) against the batched pass (``Trainer.score_statistics``, oprl.trainer.score_norms),
+"""VCPO's score pass on a real default-job batch: the per-response loop (``Inputs.looped_score_statistics``, one
+forward and backward per response) against the batched pass (``Inputs.score_statistics``, oprl.trainer.score_norms),
 A/B in one process, alternating, so a machine shared with other work loads both alike.
 
 The batch and the weights are those of a real run: ``oprl train algorithm.preset=vcpo steps=1`` (the embedded tiny
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-import oprl.trainer.trainer as trainer_module
 from oprl.config import load_config
 from oprl.models.precision import cpu_flags
 from oprl.runtime.run import run
+from oprl.trainer.inputs import Inputs
 
 
 def cpu_name() -> str:
@@ -41,16 +41,16 @@ def cpu_name() -> str:
 
 
 def capture(overrides: list[str], out: Path):
-    """(trainer, batch) of the first score pass of a one-step ``vcpo`` run."""
+    """(the trainer's ``Inputs``, batch) of the first score pass of a one-step ``vcpo`` run."""
     kept: dict = {}
-    original = trainer_module.Trainer.score_statistics
+    original = Inputs.score_statistics
 
     def spy(self, rows):
         kept.setdefault("trainer", self)
         kept.setdefault("rows", rows)
         return original(self, rows)
 
-    trainer_module.Trainer.score_statistics = spy
+    Inputs.score_statistics = spy  # type: ignore[method-assign]
     try:
         config = load_config(
             None,
@@ -59,7 +59,7 @@ def capture(overrides: list[str], out: Path):
         )  # fmt: skip
         run(config, log=lambda *_: None)
     finally:
-        trainer_module.Trainer.score_statistics = original
+        Inputs.score_statistics = original  # type: ignore[method-assign]
     return kept["trainer"], kept["rows"]
 
 

@@ -5,6 +5,7 @@ puts tests/ (the root conftest's directory) on sys.path."""
 import torch
 
 from oprl.algorithms import PRESETS
+from oprl.algorithms.method import Method
 from oprl.config import OptimConfig
 from oprl.messages import Experience
 from oprl.models.tiny import build_model, build_tokenizer
@@ -42,10 +43,9 @@ def make_trainer(preset="grpo", seed=0, num_layers=1, activation_checkpointing=F
     trainer = Trainer(
         model,
         pad_id=tokenizer.pad_token_id,
-        settings=PRESETS[preset],
+        method=Method.of(PRESETS[preset], max_response_tokens=8),
         optim=OptimConfig(**optim),
         sampling=Sampling(),
-        max_response_tokens=8,
         seed=seed,
         activation_checkpointing=activation_checkpointing,
         autocast=autocast,

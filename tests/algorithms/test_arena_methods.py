@@ -321,7 +321,7 @@ def test_each_preset_trains_two_steps(preset):
     for seed in range(2):
         batch = make_batch(tokenizer, seed=seed)
         noise = torch.Generator().manual_seed(seed)
-        for row, own in zip(batch, trainer.proximal_logprobs(batch), strict=True):  # near-policy: ρ ≈ 1 ± 0.1
+        for row, own in zip(batch, trainer.inputs.proximal_logprobs(batch), strict=True):  # near-policy: ρ ≈ 1 ± 0.1
             row.behavior_logprobs = [v + 0.2 * (float(torch.rand(1, generator=noise)) - 0.5) for v in own]
         metrics = trainer.step(batch)
         assert all(math.isfinite(value) for value in metrics.values()), preset

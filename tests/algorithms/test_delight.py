@@ -200,7 +200,7 @@ def test_the_presets_train_two_steps_repeatably(preset):
         assert all(math.isfinite(value) for value in row.values())
         assert 0 < row["loss/delight_gate_mean"] < 1
     if preset == "dg-kondo":
-        assert len(trainer.kondo_delights) == 24  # two batches of 12 responses, inside the 1024 window
+        assert len(trainer.carry.kondo_window) == 24  # two batches of 12 responses, inside the 1024 window
         assert all(0 <= row["kondo/pass_frac"] <= 1 for row in runs[0])
         assert any(0 < row["kondo/pass_frac"] < 1 for row in runs[0])
     else:

@@ -204,7 +204,7 @@ def test_each_variant_trains_two_steps(preset, metric):
     for seed in range(2):
         batch = make_batch(tokenizer, seed=seed)
         noise = torch.Generator().manual_seed(seed)
-        for row, own in zip(batch, trainer.proximal_logprobs(batch), strict=True):  # ρ ≈ e^±1.5: some above 3
+        for row, own in zip(batch, trainer.inputs.proximal_logprobs(batch), strict=True):  # ρ ≈ e^±1.5: some above 3
             row.behavior_logprobs = [v + 3 * (float(torch.rand(1, generator=noise)) - 0.5) for v in own]
         metrics = trainer.step(batch)
         assert all(math.isfinite(value) for value in metrics.values()) and metric in metrics, preset

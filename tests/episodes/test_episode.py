@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from oprl.algorithms import group_advantages
+from oprl.algorithms.method import Method
 from oprl.algorithms.presets import resolve_preset
 from oprl.checkpoint.store import SCHEMA, read_parquet, write_parquet
 from oprl.episodes.episode import run_episodes, teacher_forced
@@ -19,7 +20,7 @@ from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import Rollout, Sampling
 from oprl.tasks.base import EpisodicTask, Problem
 from oprl.tasks.tool_arithmetic import ToolArithmeticTask
-from oprl.trainer import trainer as trainer_module
+from oprl.trainer.inputs import loss_mask_of
 from oprl.trainer.trainer import Trainer
 
 
@@ -188,11 +189,9 @@ def make_trainer(model, tokenizer):
     return Trainer(
         model,
         pad_id=tokenizer.pad_token_id,
-        settings=settings,
+        method=Method.of(settings, max_response_tokens=64, entropy_coef=0.01),
         optim=optim,
         sampling=Sampling(),
-        max_response_tokens=64,
-        entropy_coef=0.01,
     )
 
 
@@ -212,10 +211,10 @@ def test_environment_tokens_get_exactly_zero_gradient(task, tokenizer):
         return logprobs, entropy, mask
 
     trainer.policy = keeping
-    loss, _ = trainer._micro_loss(rows, torch.tensor([1.0, -1.0, 0.5, -0.5]), None)
+    loss = trainer._micro_loss(rows, torch.tensor([1.0, -1.0, 0.5, -0.5]), None).loss
     kept["entropy"].retain_grad()
     loss.backward()
-    model_mask = trainer_module.loss_mask_of(rows, kept["logprobs"].shape[1])
+    model_mask = loss_mask_of(rows, kept["logprobs"].shape[1])
     padding = torch.tensor([[t < len(e.response_ids) for t in range(model_mask.shape[1])] for e in rows])
     environment = padding & ~model_mask
     assert int(environment.sum()) == sum(len(r.response_ids) - sum(r.loss_mask) for r in rows) > 0
@@ -229,10 +228,10 @@ def test_environment_tokens_behaviour_logprobs_do_not_matter(task, tokenizer):
     trainer = make_trainer(model, tokenizer)
     rows = episode_experiences(task, tokenizer)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    loss, metrics = trainer._micro_loss(rows, advantages, None)
+    loss, metrics, _ = trainer._micro_loss(rows, advantages, None)
     for e in rows:
         e.behavior_logprobs = [b if m else -50.0 for b, m in zip(e.behavior_logprobs, e.loss_mask, strict=True)]
-    changed, changed_metrics = trainer._micro_loss(rows, advantages, None)
+    changed, changed_metrics, _ = trainer._micro_loss(rows, advantages, None)
     assert float(loss.detach()) == float(changed.detach()) and metrics == changed_metrics
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_distributed import _config, _save_model, assert_ranks_equal_one_process
 
-import oprl.trainer.trainer as trainer_module
+import oprl.algorithms.step as step_module
 from oprl.models.logprobs import pack, response_logprobs
 from trainer_helpers import make_batch, make_trainer
 
@@ -40,8 +40,8 @@ def test_proximal_logprobs_equal_a_forward_with_the_pre_update_weights(monkeypat
         seen.append((args[3].clone(), proximal_logprobs.clone()))
         return policy_loss(*args, proximal_logprobs=proximal_logprobs, **kwargs)
 
-    policy_loss = trainer_module.policy_loss
-    monkeypatch.setattr(trainer_module, "policy_loss", spy)
+    policy_loss = step_module.policy_loss
+    monkeypatch.setattr(step_module, "policy_loss", spy)
     metrics = trainer.step(batch)
     # Three mini-batches (three optimizer updates), each with π_prox from the weights before the first one.
     flat_expected = sorted(v for row in expected for v in row)
@@ -53,8 +53,8 @@ def test_proximal_logprobs_equal_a_forward_with_the_pre_update_weights(monkeypat
 def test_without_recompute_the_loss_gets_no_proximal(monkeypatch):
     trainer, tokenizer = make_trainer("grpo")
     calls = []
-    original = trainer_module.policy_loss
-    monkeypatch.setattr(trainer_module, "policy_loss", lambda *a, **k: calls.append(k) or original(*a, **k))
+    original = step_module.policy_loss
+    monkeypatch.setattr(step_module, "policy_loss", lambda *a, **k: calls.append(k) or original(*a, **k))
     trainer.step(make_batch(tokenizer))
     assert calls and all(k.get("proximal_logprobs") is None for k in calls)  # the loss anchors at π_b
 

@@ -36,6 +36,7 @@ from trl.trainer.utils import nanstd
 
 from oprl.algorithms import PRESETS, advantage_settings, group_advantages
 from oprl.algorithms.advantages import STD_EPS
+from oprl.algorithms.method import Method
 from oprl.config import OptimConfig
 from oprl.messages import Experience
 from oprl.models.tiny import build_model, build_tokenizer
@@ -92,10 +93,9 @@ def make_pair(tmp_path):
     oprl = Trainer(
         oprl_model,
         pad_id=tokenizer.pad_token_id,
-        settings=PRESETS["grpo"],
+        method=Method.of(PRESETS["grpo"], max_response_tokens=MAX_NEW),
         optim=OptimConfig(lr=LR, grad_clip=CLIP, weight_decay=0.0, betas=(0.9, 0.999)),
         sampling=Sampling(),
-        max_response_tokens=MAX_NEW,
         seed=0,
     )
     return trl, oprl, tokenizer
@@ -143,7 +143,7 @@ def test_one_grpo_update_equals_trls(tmp_path, monkeypatch, stale):
 
     # oprl's behaviour log-probs: its trainer's own log-probs of the batch (TRL on-policy uses the current ones).
     rows = experiences(inputs, rewards, [[0.0] * MAX_NEW] * len(rewards))
-    current = oprl.proximal_logprobs(rows)
+    current = oprl.inputs.proximal_logprobs(rows)
     # The log-probs both sides score: TRL's (left-padded prompt + completion, one forward) and oprl's (each
     # prompt once per group, its cache shared by the group's responses).
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)

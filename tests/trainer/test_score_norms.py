@@ -1,5 +1,5 @@
 """VCPO's per-response score norms in one pass (oprl.trainer.score_norms): the batched norms equal the
-per-response loop's (``Trainer.looped_score_statistics``, one forward and backward per row) on the embedded tiny
+per-response loop's (``Inputs.looped_score_statistics``, one forward and backward per row) on the embedded tiny
 model, on a Llama built from a config (grouped-query attention, untied head, biases), with LoRA, truncated
 sampling, activation checkpointing and bfloat16 autocast; padded prompts and responses of different lengths and
 loss-masked tokens included. A model the pass cannot handle exactly falls back to the loop, with a debug log."""
@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from oprl.algorithms import resolve_preset
+from oprl.algorithms.method import Method
 from oprl.config import OptimConfig
 from oprl.messages import Experience
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.models.truncation import Sampling
 from oprl.trainer import score_norms
-from oprl.trainer.trainer import Trainer, loss_mask_of
+from oprl.trainer.inputs import loss_mask_of
+from oprl.trainer.trainer import Trainer
 
 RTOL = 1e-4
 
@@ -68,19 +70,18 @@ def make_trainer(model, tokenizer, micro_batch_size=256, sampling=None, **kwargs
     return Trainer(
         model,
         pad_id=tokenizer.pad_token_id,
-        settings=resolve_preset("vcpo"),
+        method=Method.of(resolve_preset("vcpo"), max_response_tokens=8),
         optim=OptimConfig(lr=3e-4, micro_batch_size=micro_batch_size),
         sampling=sampling or Sampling(),
-        max_response_tokens=8,
         **kwargs,
     )
 
 
 def assert_batched_equals_loop(trainer, batch, rtol=RTOL, log_atol=1e-5):
-    looped = trainer.looped_score_statistics(batch)
-    batched = trainer.score_statistics(batch)
-    assert trainer.scores.batched, "the batched pass fell back to the loop"
-    assert trainer.scores.verified
+    looped = trainer.inputs.looped_score_statistics(batch)
+    batched = trainer.inputs.score_statistics(batch)
+    assert trainer.inputs.scores.batched, "the batched pass fell back to the loop"
+    assert trainer.inputs.scores.verified
     assert batched[0].tolist() == pytest.approx(looped[0].tolist(), abs=log_atol)
     assert batched[1].tolist() == pytest.approx(looped[1].tolist(), rel=rtol)
     assert all(p.grad is None for p in trainer.model.parameters())
@@ -166,10 +167,10 @@ def test_a_parameter_used_outside_its_module_falls_back_to_the_loop(tokenizer, c
     head.forward = lambda x: torch.nn.functional.linear(x, head.weight) * model.head_scale
     trainer = make_trainer(model, tokenizer)
     batch = ragged_batch(tokenizer)
-    expected = trainer.looped_score_statistics(batch)
+    expected = trainer.inputs.looped_score_statistics(batch)
     with caplog.at_level(logging.DEBUG, logger="oprl.trainer"):
-        got = trainer.score_statistics(batch)
-    assert not trainer.scores.batched
+        got = trainer.inputs.score_statistics(batch)
+    assert not trainer.inputs.scores.batched
     assert "one forward and backward per response" in caplog.text and "do not add up" in caplog.text
     assert torch.equal(got[1], expected[1])
 

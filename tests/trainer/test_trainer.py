@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from oprl.algorithms import PRESETS
+from oprl.algorithms.method import Method
 from oprl.config import OptimConfig
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
@@ -50,10 +51,9 @@ def test_seq_mean_token_sum_norm_micro_batching_uses_fixed_normaliser():
         trainer = Trainer(
             model,
             pad_id=tokenizer.pad_token_id,
-            settings=settings,
+            method=Method.of(settings, max_response_tokens=8),
             optim=OptimConfig(micro_batch_size=size),
             sampling=Sampling(),
-            max_response_tokens=8,
         )
         trainer.optimizer.step = lambda: None
         trainer.step(make_batch(tokenizer))
@@ -86,12 +86,10 @@ def test_log_ref_kl_every_logs_kl_to_initial_policy_without_changing_the_update(
             Trainer(
                 model,
                 pad_id=tokenizer.pad_token_id,
-                settings=PRESETS["reinforce"],
+                method=Method.of(PRESETS["reinforce"], max_response_tokens=8, log_ref_kl_every=every),
                 optim=OptimConfig(lr=1e-2),
                 sampling=Sampling(),
-                max_response_tokens=8,
                 seed=0,
-                log_ref_kl_every=every,
             )
         )
     plain, logged = trainers

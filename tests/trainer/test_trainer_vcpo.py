@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-import oprl.trainer.trainer as trainer_module
+import oprl.algorithms.step as step_module
 from oprl.algorithms import resolve_preset
+from oprl.algorithms.method import Method
 from oprl.config import OptimConfig
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
@@ -36,10 +37,9 @@ def vcpo_trainer(lr=LR, micro_batch_size=256, **overrides):
     trainer = Trainer(
         model,
         pad_id=tokenizer.pad_token_id,
-        settings=resolve_preset("vcpo", **overrides),
+        method=Method.of(resolve_preset("vcpo", **overrides), max_response_tokens=8),
         optim=OptimConfig(lr=lr, micro_batch_size=micro_batch_size),
         sampling=Sampling(),
-        max_response_tokens=8,
     )
     return trainer, tokenizer
 
@@ -84,7 +84,7 @@ def test_score_statistics_are_a_separate_forward_and_backward():
     trainer.step(make_batch(tokenizer))  # off the initial weights first
     batch = make_batch(tokenizer, seed=1)
     expected = separate_statistics(trainer.model, batch, tokenizer.pad_token_id)
-    log_w, squared = trainer.score_statistics(batch)
+    log_w, squared = trainer.inputs.score_statistics(batch)
     assert log_w.tolist() == pytest.approx([e[0] for e in expected], rel=1e-5, abs=1e-5)
     assert squared.tolist() == pytest.approx([e[1] for e in expected], rel=1e-4)
     assert all(p.grad is None for p in trainer.model.parameters())  # nothing left for the update to add to
@@ -95,8 +95,8 @@ def test_the_loss_gets_the_off_policy_optimal_advantages(monkeypatch):
     batch = make_batch(tokenizer)
     expected = reference_advantages(batch, separate_statistics(trainer.model, batch, tokenizer.pad_token_id))
     seen = []
-    original = trainer_module.policy_loss
-    monkeypatch.setattr(trainer_module, "policy_loss", lambda *a, **k: seen.append(a[2].clone()) or original(*a, **k))
+    original = step_module.policy_loss
+    monkeypatch.setattr(step_module, "policy_loss", lambda *a, **k: seen.append(a[2].clone()) or original(*a, **k))
     metrics = trainer.step(batch)
     assert len(seen) == 1 and seen[0].tolist() == pytest.approx(expected, rel=1e-4, abs=1e-5)
     assert any(a > 0 for a in expected) and any(a < 0 for a in expected)

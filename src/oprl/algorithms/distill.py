@@ -127,3 +127,29 @@ def distill_metrics(
         "teacher_logprob": (teacher * weights).sum() / total,
         "outside_teacher_support": outside.sum() / total,
     }
+
+
+def teacher_advantages(
+    advantages: torch.Tensor,
+    behavior_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    distill_coef: float = D["distill_coef"],
+    distill_mix: str = D["distill_mix"],
+    logprob_floor: float = LOGPROB_FLOOR,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(advantages, distill_metrics)`` of rows that carry the teacher's log-probs: with ``distill_coef`` > 0 the
+    per-token advantages (B, T) of ``distill_advantages``; at 0 the group ``advantages`` unchanged and the teacher
+    only measured (a run with a teacher and another objective still logs how far the student is from it)."""
+    if distill_coef == 0:
+        return advantages, distill_metrics(behavior_logprobs, teacher_logprobs, mask, logprob_floor=logprob_floor)
+    return distill_advantages(
+        advantages,
+        behavior_logprobs,
+        teacher_logprobs,
+        mask,
+        distill_coef=distill_coef,
+        distill_mix=distill_mix,
+        logprob_floor=logprob_floor,
+    )

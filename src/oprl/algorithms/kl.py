@@ -7,8 +7,8 @@ KL(π‖π_ref) is estimated on tokens sampled from (about) π with r = π_ref/�
   k3 = (r − 1) − log r                                 unbiased, always ≥ 0 (the usual choice)
 Each returns a (B, T) tensor that keeps the gradient of ``logprobs``; aggregate it with ``aggregate``.
 
-Not here: the coefficient, masking or aggregation (the trainer's), computing log-probs or logits, and the
-entropy (computed with the log-probs, chunk by chunk, in ``oprl.models.logprobs``).
+Not here: the coefficient (``algorithms.step.loss_terms``), masking or aggregation, computing log-probs or logits,
+and the entropy (computed with the log-probs, chunk by chunk, in ``oprl.models.logprobs``).
 """
 
 from __future__ import annotations

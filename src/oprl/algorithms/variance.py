@@ -23,7 +23,7 @@ Off-Policy RL for LLMs", arXiv 2602.17616; the authors' code, github.com/mit-han
 
   (d/db of E‖w(r − b)∇log π‖² = 0). ``group_advantages(baseline="off-policy-optimal", log_weights=...)`` uses it
   in place of the group mean (``advantages.py``); the trainer computes ‖∇θ log π_θ(y_i)‖² for a whole batch in one
-  forward and backward pass (``Trainer.score_statistics``, ``oprl.trainer.score_norms``). On-policy with equal
+  forward and backward pass (``Inputs.score_statistics`` in ``oprl.trainer.inputs``). On-policy with equal
   score norms it is the group mean.
 
 - ``squared_norms``: ‖Σ_k G_ik‖²_F per row i of one parameter's per-row gradient, given as terms ``Outer``
@@ -221,3 +221,10 @@ def squared_norms(terms: list, batch: int, cache: dict | None = None) -> torch.T
         grads = sum(t.rows(block) for t in terms)
         parts.append(grads.reshape(grads.shape[0], -1).pow(2).sum(dim=1))
     return torch.cat(parts)
+
+
+def step_size(log_weights: torch.Tensor, rule: str, base: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(scale, metrics)`` of one optimizer step: ``ess_lr_scale`` of the mini-batch's responses' ``log_weights``
+    (N,) (every rank's, ``sequence_log_ratios``), and ``vcpo/lr_scale`` and ``vcpo/ess`` to log."""
+    scale, ess = ess_lr_scale(log_weights, rule, base)
+    return scale, {"vcpo/lr_scale": scale, "vcpo/ess": ess}

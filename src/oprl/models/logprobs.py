@@ -72,29 +72,52 @@ def response_logprobs(
     of the last hidden state (logit soft-capping, logit scaling) take the fallback: full logits of the
     response positions, then the same chunked log-softmax.
     """
-    num_targets = targets.shape[1]
-    mask = attention_mask[:, -num_targets:].bool()  # (B, T): pack() puts the response mask there
-    position_ids = positions(attention_mask)  # (B, L), as generate builds them
+    mask = attention_mask[:, -targets.shape[1] :].bool()  # (B, T): pack() puts the response mask there
+    features, head = response_features(model, input_ids, attention_mask, targets.shape[1])  # (B, T, ·)
+    features = features[mask]  # (N, H) or (N, V), valid tokens only
+    chosen = targets.to(features.device)[mask.to(features.device)]  # (N,)
+    return _chunked_logprobs(
+        head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen
+    )
+
+
+def response_features(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_targets: int
+) -> tuple[torch.Tensor, torch.nn.Module]:
+    """The model's forward over packed rows ``(B, L)`` (``pack``), up to the head: ``(features (B, T, H), head)``
+    at the ``num_targets`` positions that predict the response tokens (L-T-1 .. L-2; the last position predicts
+    nothing), position ids from the attention mask as generate builds them. A model whose logits are not a plain
+    linear map of the last hidden state (soft-capping, logit scaling) runs its own forward: ``(logits (B, T, V),
+    Identity)``. ``head(features)`` are the logits either way; every row's tensors stay (B, ·, ·)."""
+    position_ids = positions(attention_mask)  # (B, L)
     head = _plain_head(model)
     if head is not None:
         hidden = _decoder(model)(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state  # (B, L, H)
-        # Positions L-T-1 .. L-2 predict the T response tokens; the last position predicts nothing.
-        features = hidden[:, -num_targets - 1 : -1][mask]  # (N, H), valid tokens only
-    else:
-        head = torch.nn.Identity()
-        features = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            logits_to_keep=num_targets + 1,
-            use_cache=False,
-        ).logits[:, :-1][mask]  # (N, V)
-    chosen = targets.to(features.device)[mask.to(features.device)]  # (N,)
-    return _chunked_logprobs(
-        head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen
+        return hidden[:, -num_targets - 1 : -1], head
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=num_targets + 1,
+        use_cache=False,
+    ).logits[:, :-1]  # (B, T, V)
+    return logits, torch.nn.Identity()
+
+
+def row_logprobs(model, input_ids, attention_mask, targets, sampling: Sampling = PLAIN) -> torch.Tensor:
+    """(B, T) log-probs of ``targets`` (B, T) with every row's tensors kept (B, ·, ·) through the forward and the
+    head (``response_features``), the same numbers as ``response_logprobs`` without flattening tokens across
+    rows: per-row gradients (``oprl.trainer.score_norms``) need each row's slice. Padding positions hold their
+    targets' log-probs (mask them); float32 logits of the whole (B, T, V) are formed, unchunked."""
+    features, head = response_features(model, input_ids, attention_mask, targets.shape[1])
+    logits = head(features)  # (B, T, V)
+    batch, width, vocab = logits.shape
+    logprobs, _ = _token_logprobs(
+        torch.nn.Identity(), logits.reshape(batch * width, vocab), targets.reshape(-1), sampling, False, False
     )
+    return logprobs.reshape(batch, width)
 
 
 def packed_response_logprobs(

@@ -1,5 +1,5 @@
 """Per-response squared score norms ‖∇θ Σ_t log π_θ(y_it)‖² of a batch in one forward and one backward pass
-(VCPO's off-policy optimal baseline, ``Trainer.score_statistics``; docs/algorithms.md#vcpo).
+(VCPO's off-policy optimal baseline, ``Inputs.score_statistics`` in ``oprl.trainer.inputs``; docs/algorithms.md#vcpo).
 
 The gradient of a loss summed over responses is the sum of the responses' gradients; their norms need each
 response's own. Instead of one backward pass per response, the batch runs once and every module that owns
@@ -50,8 +50,8 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from oprl.algorithms.variance import Outer, sequence_log_ratios, squared_norms, wide
-from oprl.models.batching import positions, right_pad_values
-from oprl.models.logprobs import _decoder, _plain_head, _token_logprobs, pack
+from oprl.models.batching import right_pad_values
+from oprl.models.logprobs import pack, row_logprobs
 from oprl.models.truncation import Sampling
 
 log = logging.getLogger("oprl.trainer")
@@ -275,33 +275,6 @@ class ScoreBatch:
     sq_norms: torch.Tensor  # (B,) float32
 
 
-def packed_logprobs(model, input_ids, attention_mask, targets, sampling: Sampling) -> torch.Tensor:
-    """(B, T) log-probs of ``targets`` with every row's tensors kept (B, ·, ·): the decoder over the packed rows,
-    the head over the response positions; the same numbers as ``response_logprobs``, without flattening tokens
-    across rows (the hooks need each row's slice)."""
-    num_targets = targets.shape[1]
-    head = _plain_head(model)
-    position_ids = positions(attention_mask)
-    if head is not None:
-        hidden = _decoder(model)(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state  # (B, L, H)
-        logits = head(hidden[:, -num_targets - 1 : -1])  # (B, T, V)
-    else:  # logit soft-capping or scaling: the model's own head
-        logits = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            logits_to_keep=num_targets + 1,
-            use_cache=False,
-        ).logits[:, :-1]  # (B, T, V)
-    batch, width, vocab = logits.shape
-    logprobs, _ = _token_logprobs(
-        torch.nn.Identity(), logits.reshape(batch * width, vocab), targets.reshape(-1), sampling, False, False
-    )
-    return logprobs.reshape(batch, width)
-
-
 def batched_score_norms(
     model,
     prompt_ids: list[list[int]],
@@ -327,7 +300,7 @@ def batched_score_norms(
     with Watch(model) as watch:
         watch.batch, watch.active = len(prompt_ids), True
         with torch.autocast(**settings):
-            logprobs = packed_logprobs(model, input_ids, attention_mask, targets, sampling)
+            logprobs = row_logprobs(model, input_ids, attention_mask, targets, sampling)  # (B, T)
         watch.active = False
         total = torch.where(mask, logprobs, torch.zeros_like(logprobs)).sum()
         outputs = watch.outputs()

@@ -10,6 +10,7 @@ import openai
 import pytest
 import torch
 
+from oprl.algorithms.method import Method
 from oprl.episodes.agents import task_episodes
 from oprl.episodes.endpoint.server import Endpoint, bind
 from oprl.episodes.episode import run_episodes
@@ -262,7 +263,7 @@ def test_environment_tokens_of_agent_episodes_get_zero_gradient(tokenizer):
 
     from oprl.algorithms.presets import resolve_preset
     from oprl.messages import Experience
-    from oprl.trainer import trainer as trainer_module
+    from oprl.trainer.inputs import loss_mask_of
     from oprl.trainer.trainer import Trainer
 
     task = agent_task(calculator_agent)
@@ -293,11 +294,9 @@ def test_environment_tokens_of_agent_episodes_get_zero_gradient(tokenizer):
     trainer = Trainer(
         model,
         pad_id=tokenizer.pad_token_id,
-        settings=settings,
+        method=Method.of(settings, max_response_tokens=64, entropy_coef=0.01),
         optim=optim,
         sampling=Sampling(),
-        max_response_tokens=64,
-        entropy_coef=0.01,
     )
     kept = {}
     real = trainer.policy
@@ -309,9 +308,9 @@ def test_environment_tokens_of_agent_episodes_get_zero_gradient(tokenizer):
         return logprobs, entropy, mask
 
     trainer.policy = keeping
-    loss, _ = trainer._micro_loss(rows, torch.tensor([1.0, -1.0, 0.5, -0.5]), None)
+    loss = trainer._micro_loss(rows, torch.tensor([1.0, -1.0, 0.5, -0.5]), None).loss
     loss.backward()
-    model_mask = trainer_module.loss_mask_of(rows, kept["logprobs"].shape[1])
+    model_mask = loss_mask_of(rows, kept["logprobs"].shape[1])
     padding = torch.tensor([[t < len(e.response_ids) for t in range(model_mask.shape[1])] for e in rows])
     grad = kept["logprobs"].grad
     assert torch.all(grad[padding & ~model_mask] == 0.0) and torch.all(grad[model_mask] != 0.0)
