@@ -169,3 +169,36 @@ def test_drop_checkpoints_deletes_a_finished_runs_checkpoints_as_it_finishes(tmp
     assert not (out / names[0] / "checkpoints").exists() and (out / names[2] / "checkpoints").is_dir()
     with pytest.raises(OprlError, match="'drop_checkpoints' must be true or false, not 'yes'"):
         sweep.load_spec(write(tmp_path, {**spec, "drop_checkpoints": "yes"}))
+
+
+def test_a_report_after_only_awaits_only_the_selected_runs(tmp_path):
+    """#71: after ``--only preset=grpo`` the report's group of grpo and reinforce listed reinforce as "not finished
+    yet", though this sweep never runs it; the selection is saved with the spec, and the report awaits only it."""
+    import json
+
+    from oprl.config import load_config
+    from oprl.config.loading import save_config
+    from oprl.experiments import report
+
+    spec = {**SPEC, "report": {"groups": {"RL": ["grpo", "reinforce"]}}}
+    out = tmp_path / "out"
+    for run in sweep.select(sweep.plan(spec), ["preset=grpo"]):  # finished, as a sweep would leave them
+        (out / run.name).mkdir(parents=True)
+        save_config(load_config(overrides=list(run.overrides)), out / run.name / "config.yaml")
+        rows = [{"step": 0, "eval/accuracy": 0.4}, {"step": 20, "eval/accuracy": 0.5, "reward/mean": 0.5}]
+        (out / run.name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (out / run.name / "summary.json").write_text(json.dumps({"seconds": 1.0}))
+    logged: list[str] = []
+    sweep.run_sweep(write(tmp_path, spec), only=["preset=grpo"], log=logged.append)
+    assert "6 selected by --only, 6 already finished, 0 to run" in logged[0]
+    assert yaml.safe_load((out / "sweep.yaml").read_text())["only"] == ["preset=grpo"]
+    text = report.build_report(out).read_text()
+    assert "## RL" in text and "Not finished yet" not in text
+    # The whole sweep (no `only:`) still awaits reinforce.
+    (out / "sweep.yaml").write_text(yaml.safe_dump({**spec, "output_dir": str(out)}))
+    assert "Not finished yet: reinforce." in report.build_report(out).read_text()
+
+
+def test_a_bad_only_in_the_spec_is_one_line(tmp_path):
+    with pytest.raises(OprlError, match="'only' must list axis=value"):
+        sweep.load_spec(write(tmp_path, {**SPEC, "only": "preset=grpo"}))

@@ -36,7 +36,7 @@ from oprl.experiments import declared, findings, stats, tiers
 from oprl.experiments.arena import arena_section
 from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
 from oprl.experiments.results import _canonical, collect_results, load_run, summarize, write_table
-from oprl.experiments.sweep import plan, threshold_gain
+from oprl.experiments.sweep import plan, selected_runs, threshold_gain
 from oprl.experiments.tiers import LAYOUT, row_label
 
 __all__ = ["LAYOUT", "build_report", "main", "row_label"]
@@ -143,6 +143,9 @@ def build_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
         lines += [f"![Findings](figures/{forest.name})", ""] if forest else []
     rows = group_rows(report.get("panels") or GROUP_PANELS)
     planned_presets = {v for r in runs or [] for k, v in r.labels.items() if _canonical(k) == "preset"}
+    awaited = {
+        v for r in (selected_runs(spec) if runs else []) for k, v in r.labels.items() if _canonical(k) == "preset"
+    }
     for index, (title, presets) in enumerate((report.get("groups") or {}).items(), start=1):
         if from_csv:
             break  # the groups' figures are training curves: they need the runs
@@ -151,9 +154,12 @@ def build_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
         unknown = [p for p in missing if p not in planned_presets]
         if unknown:  # a typo, or a preset this sweep never runs; one the sweep has not finished is only noted
             raise OprlError(f"report group {title!r}: no run of preset(s) {', '.join(unknown)} in {sweep_dir}")
+        waiting = [p for p in missing if p in awaited]  # not one the spec's `only:` (a --only sweep) leaves out
+        if not chosen and not waiting:
+            continue
         lines += [f"## {title}", ""]
-        if missing:
-            lines += [f"Not finished yet: {', '.join(missing)}.", ""]
+        if waiting:
+            lines += [f"Not finished yet: {', '.join(waiting)}.", ""]
         if not chosen:
             continue
         figure = plot_grid(chosen, rows, out_dir / "figures" / f"group-{index}.png", title=title)

@@ -25,7 +25,9 @@ format, with the command-line options: docs/sweeps.md.
 once). A long sweep lists its runs by priority this way, so that a partial sweep is already a result (e.g. a pilot
 run first, an on-policy anchor for one method only; configs/sweeps/smollm2-stale-arena.yaml).
 
-``--only axis=value,...`` runs a subset of the grid into the sweep's own directory (they are its runs);
+``--only axis=value,...`` runs a subset of the grid into the sweep's own directory (they are its runs; the spec's
+``only:`` list, which it replaces, and the spec saved beside the runs records it, so that ``oprl report`` awaits
+only the selected runs);
 ``--set key=value`` changes every run, which then go to ``<output_dir>+key=value`` (``--out`` to choose).
 
 Finished runs (a ``summary.json`` in their directory) are skipped, so an interrupted sweep is resumed by
@@ -67,7 +69,7 @@ from oprl.experiments.sweep_local import terminate_raises
 
 SPEC_KEYS = (
     "output_dir", "parallel", "config", "overrides", "final_overrides", "grid", "report",
-    "backend", "retries", "cpus_per_run", "keep", "drop_checkpoints",
+    "backend", "retries", "cpus_per_run", "keep", "drop_checkpoints", "only",
 )  # fmt: skip
 KEPT_FILES = ("config.yaml", "summary.json", "metrics.jsonl")
 """What ``keep:`` copies of a finished run: all that its results row, report and curves are read from."""
@@ -107,6 +109,9 @@ def load_spec(path: Path) -> dict:
             f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: findings, groups, panels, "
             "threshold_gain"
         )
+    only = spec.get("only", [])
+    if not isinstance(only, list) or not all(isinstance(item, str) for item in only):
+        raise OprlError(f"sweep spec {path}: 'only' must list axis=value[,value...] selections, as --only takes")
     drop = spec.get("drop_checkpoints", False)
     if not isinstance(drop, bool):
         raise OprlError(f"sweep spec {path}: 'drop_checkpoints' must be true or false, not {drop!r}")
@@ -171,6 +176,13 @@ def _plan_grid(grid: dict, base: tuple[str, ...], last: tuple[str, ...] = ()) ->
         overrides = base + tuple(o for _, bundle in combo for o in bundle) + last
         runs.append(PlannedRun(name=name, labels=labels, overrides=overrides))
     return runs
+
+
+def selected_runs(spec: dict) -> list[PlannedRun]:
+    """The runs the spec will run: its grid's, less those its ``only:`` leaves out (a sweep run with ``--only``
+    saves that selection in the spec beside its runs)."""
+    runs = plan(spec)
+    return select(runs, spec["only"]) if spec.get("only") else runs
 
 
 def select(runs: list[PlannedRun], only: list[str]) -> list[PlannedRun]:
@@ -258,6 +270,9 @@ def run_sweep(
             out = out.with_name(out.name + "+" + ",".join(sets).replace("/", "_"))
     if out_dir is not None or sets:
         spec["output_dir"] = str(out)  # the spec saved beside the runs says where they are
+    only = list(only or spec.get("only") or [])
+    if only:  # saved with the spec: the report then awaits only these runs (``selected_runs``)
+        spec["only"] = only
     runs = plan(spec)
     chosen = select(runs, only) if only else runs
     if not chosen:
