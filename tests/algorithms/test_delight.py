@@ -225,3 +225,25 @@ def test_a_bad_kondo_setting_is_one_line_and_a_non_zero_exit(small_overrides, ca
     assert main(["train", *small_overrides, "algorithm.preset=dg-kondo", "algorithm.kondo_rate=2"])
     err = capsys.readouterr().err
     assert "algorithm.kondo_rate" in err and "(0, 1]" in err and "Traceback" not in err
+
+
+def test_a_resumed_dg_kondo_run_gates_as_the_undisturbed_one(small_overrides, tmp_path):
+    """The Kondo gate's window lives in the checkpoint (``trainer/carry.safetensors``): 3 steps straight equal 2
+    steps, then ``resume=true steps=3`` (with an empty window after the resume, step 3's price and draws differ)."""
+    from oprl.cli import main
+    from oprl.metrics import deterministic_view, read_metrics
+
+    args = [*small_overrides, "eval.interval=0", "tensorboard=false", "algorithm.preset=dg-kondo",
+            "algorithm.kondo_window=64", "algorithm.kondo_rate=0.1", "checkpoint.interval=1"]  # fmt: skip
+    assert main(["train", *args, "steps=3", "run_name=straight"]) == 0
+    assert main(["train", *args, "steps=2", "run_name=split"]) == 0
+    checkpoints = sorted((tmp_path / "runs" / "split" / "checkpoints").glob("step-*"))
+    assert (checkpoints[-1] / "trainer" / "carry.safetensors").is_file()
+    assert main(["train", *args, "steps=3", "run_name=split", "resume=true"]) == 0
+
+    def trained(name):  # the training rows' numbers (the split run also evaluates where its first part ends)
+        rows = deterministic_view(read_metrics(tmp_path / "runs" / name / "metrics.jsonl"))
+        return [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in rows if "kondo/price" in r]
+
+    straight = trained("straight")
+    assert len(straight) == 3 and trained("split") == straight

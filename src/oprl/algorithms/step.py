@@ -43,6 +43,17 @@ class Carry:
     kondo_window: torch.Tensor | None = None
     """(H,) the Kondo gate's recent responses' delights (None before the first gated step)."""
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tensors a checkpoint keeps (``trainer/carry.safetensors``), so a resumed run gates as the
+        undisturbed one does; fields still None are left out."""
+        fields = (f.name for f in dataclasses.fields(self))
+        return {name: value for name in fields if (value := getattr(self, name)) is not None}
+
+    @classmethod
+    def of(cls, tensors: dict[str, torch.Tensor]) -> Carry:
+        """Inverse of ``tensors`` (unknown names are an error: a checkpoint of another oprl)."""
+        return cls(**tensors)
+
 
 class BatchInputs(NamedTuple):
     """What the advantages stage reads of a batch of N responses, computed by the trainer (``Method.needs``)."""

@@ -4,7 +4,9 @@ A checkpoint is ``<run_dir>/checkpoints/step-NNNNNN/``, assembled under a tempor
 complete, so a ``kill -9`` leaves either a whole checkpoint or none. Inside:
 
 - ``trainer/model.safetensors`` (every weight, ``safetensors.torch.save_model``), ``trainer/optimizer.*``
-  (tensors in safetensors, the rest in JSON), ``trainer/rng.safetensors``, ``trainer/trainer.json``; with
+  (tensors in safetensors, the rest in JSON), ``trainer/rng.safetensors``, ``trainer/trainer.json``,
+  ``trainer/carry.safetensors`` (what a method carries between steps, e.g. the Kondo gate's window; absent when
+  it carries nothing); with
   ``trainer.sharding`` ddp/fsdp the ranks' ``torch.distributed.checkpoint`` shards in ``trainer/dcp/`` in place
   of model and optimizer (``load_full_weights`` assembles them into one unsharded model for mode=eval);
 - ``buffer/`` (``ExperienceBuffer.save``: unconsumed batches and the replay pool, parquet + JSON);
@@ -180,6 +182,24 @@ def save_rng(directory: Path) -> None:
         save_file(tensors, str(directory / "rng.safetensors"))
     version, internal, gauss = random.getstate()
     write_json(directory / "rng.json", {"python": [version, list(internal), gauss]})
+
+
+def save_carry(directory: str | Path, tensors: dict[str, torch.Tensor]) -> None:
+    """What the method carries from step to step (``oprl.algorithms.step.Carry.tensors``) as
+    ``carry.safetensors``; no file when it carries nothing."""
+    if tensors:
+        path = Path(directory) / "carry.safetensors"
+        with named(path):
+            save_file({name: value.detach().cpu().contiguous() for name, value in tensors.items()}, str(path))
+
+
+def load_carry(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Inverse of ``save_carry``: ``{}`` where a checkpoint holds no carry."""
+    path = Path(directory) / "carry.safetensors"
+    if not path.is_file():
+        return {}
+    with loading(path):
+        return load_file(str(path))
 
 
 def load_rng(directory: Path) -> None:

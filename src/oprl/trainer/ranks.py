@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from oprl.algorithms.step import Carry
 from oprl.backends.failure import process_died
-from oprl.checkpoint.files import SHARDS, load_rng, read_json, save_rng, write_json
+from oprl.checkpoint.files import SHARDS, load_carry, load_rng, read_json, save_carry, save_rng, write_json
 from oprl.config.sections import check_trainer_device
 from oprl.errors import OprlError
 from oprl.trainer.distributed import DataParallel, gather_weights, init_process_group, load_sharded, save_sharded
@@ -163,6 +164,7 @@ class TrainerRank:
         save_sharded(self.model, self.trainer.optimizer, root / SHARDS)
         if self.rank == 0:
             save_rng(root)
+            save_carry(root, self.trainer.carry.tensors())  # every rank computes the same carry
             write_json(
                 root / "trainer.json",
                 {
@@ -182,6 +184,7 @@ class TrainerRank:
             )
         load_sharded(self.model, self.trainer.optimizer, root / SHARDS)
         load_rng(root)
+        self.trainer.carry = Carry.of(load_carry(root))
         self.trainer.version = read_json(root / "trainer.json")["version"]
         return self.trainer.version
 

@@ -29,7 +29,7 @@ import torch
 
 from oprl.algorithms.method import Method
 from oprl.algorithms.step import Carry, LossTerms, loss_terms, step_advantages, step_scale
-from oprl.checkpoint.files import load_trainer_state, save_trainer_state
+from oprl.checkpoint.files import load_carry, load_trainer_state, save_carry, save_trainer_state
 from oprl.messages import Experience, TrainResult
 from oprl.models.truncation import Sampling
 from oprl.schedule import stream_seed
@@ -274,10 +274,12 @@ class TrainerWorker:
         """Model, optimizer, RNG and version into ``directory`` (part of a checkpoint)."""
         with self.clock.work():
             save_trainer_state(directory, self.model, self.trainer.optimizer, self.trainer.version)
+            save_carry(directory, self.trainer.carry.tensors())
         return self.trainer.version
 
     def restore(self, directory: str) -> int:
         self.trainer.version = load_trainer_state(directory, self.model, self.trainer.optimizer)
+        self.trainer.carry = Carry.of(load_carry(directory))
         return self.trainer.version
 
     def save_final(self, directory: str) -> None:
