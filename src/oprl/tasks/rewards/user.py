@@ -24,6 +24,9 @@ failed row. Before any of that, a run calls each function on its first train row
 the reply (``UserRewards.probe``, ``oprl.runtime.preflight.check_rewards``): one that fails on every such row
 is that one line before any model loads.
 
+``model:PATH`` names a sequence-classification model instead (``oprl.tasks.rewards.classifier``): it scores in this
+process, batched, and its score joins the functions' as the component ``reward_model``.
+
 Run one reward process by hand: ``echo '{"fn": 0, "prompt": "1+1=", "completion": "2", "reference": "2", "row": {}}'
 | python -m oprl.tasks.rewards.user '{"specs": ["examples/arithmetic_reward.py:reward"], "columns": []}'``.
 """
@@ -45,6 +48,7 @@ from typing import Any
 from oprl import plugins
 from oprl.errors import OprlError
 from oprl.tasks.base import Reward
+from oprl.tasks.rewards.classifier import ClassifierReward, is_model_spec
 from oprl.tasks.rewards.processes import RewardPool, fatal, serve, start_reward_process
 
 KEY = "task.reward"
@@ -127,21 +131,30 @@ class UserRewards:
     ):
         if not specs or not all(specs):
             raise OprlError(f"{KEY}: task.name=dataset needs a reward function: {KEY}=path/to/file.py:function")
-        self.specs = [reward_spec(spec) for spec in specs]
+        self.specs = [spec if is_model_spec(spec) else reward_spec(spec) for spec in specs]
         self.weights = [1.0] * len(self.specs) if weights is None else [float(w) for w in weights]
         if len(self.weights) != len(self.specs):
             raise OprlError(f"task.reward_weights: {len(self.weights)} weights for {len(self.specs)} reward functions")
-        for spec in self.specs:
+        # Classifiers (model:PATH) score here, batched, on this process's device; functions in the reward processes.
+        self.models = {i: ClassifierReward(spec) for i, spec in enumerate(self.specs) if is_model_spec(spec)}
+        self.functions = [spec for i, spec in enumerate(self.specs) if i not in self.models]
+        for spec in self.functions:
             _check_spec(spec)
-        self.names = [attribute_name(spec) for spec in self.specs]
+        self.names = [self.models[i].name if i in self.models else attribute_name(s) for i, s in enumerate(self.specs)]
         self.memory_mb = memory_mb
         self.max_error_fraction = max_error_fraction
+        self.counts = {"calls": 0, "timeout": 0, "error": 0}
+        self._warned: set[tuple[str, str]] = set()
+        self._probing = False
+        self.pool: RewardPool | None = None
+        if not self.functions:
+            return
         self.pool = RewardPool(
-            ["oprl.tasks.rewards.user", json.dumps({"specs": self.specs, "columns": list(extra_columns)})],
+            ["oprl.tasks.rewards.user", json.dumps({"specs": self.functions, "columns": list(extra_columns)})],
             processes,
             timeout,
             startup_timeout=import_timeout,
-            what=f"{KEY}: the reward process for {','.join(self.specs)}",
+            what=f"{KEY}: the reward process for {','.join(self.functions)}",
             memory_mb=memory_mb or None,
         )
         try:
@@ -155,15 +168,13 @@ class UserRewards:
             if "did not start within" in message:
                 message += f" (task.reward_import_timeout={import_timeout:g})"
             raise OprlError(message) from None
-        self.counts = {"calls": 0, "timeout": 0, "error": 0}
-        self._warned: set[tuple[str, str]] = set()
-        self._probing = False
 
     @contextlib.contextmanager
     def probe(self) -> Iterator[None]:
         """Scores made inside are the pre-run check (``oprl.runtime.preflight.check_rewards``): rows given their
         reference as the reply, where a function that fails on every row is one ``OprlError`` line saying so,
-        and one that fails on some says nothing (the run counts those)."""
+        and one that fails on some says nothing (the run counts those). A classifier (``model:PATH``) scores 0
+        here: its config was checked when it was named, and its weights load where the rewards are scored."""
         self._probing = True
         try:
             yield
@@ -173,8 +184,11 @@ class UserRewards:
     def score(self, rows: Sequence[dict[str, Any]], ids: Sequence[str] | None = None) -> list[Reward]:
         """Rewards of ``rows``, each ``{"prompt", "completion", "reference", "row"}``; ``ids`` name the rows
         in messages. A call that fails scores 0 and is counted; ``_check_failures`` decides whether to stop."""
-        requests = [dict(row, fn=f) for row in rows for f in range(len(self.specs))]
-        replies = self.pool.run(requests) if requests else []
+        requests = [dict(row, fn=f) for row in rows for f in range(len(self.functions))]
+        answered = iter(self.pool.run(requests) if self.pool is not None and requests else [])
+        scored = {i: [0.0] * len(rows) if self._probing else model.score(rows) for i, model in self.models.items()}
+        replies = [{"value": scored[f][r]} if f in scored else next(answered)
+                   for r in range(len(rows)) for f in range(len(self.specs))]  # fmt: skip
         ids = list(ids) if ids is not None else [f"row {i}" for i in range(len(rows))]
         self._check_failures(replies, ids)
         per_row = len(self.specs)
@@ -203,7 +217,8 @@ class UserRewards:
 
     def _why(self, reply: dict) -> str:
         if reply.get("verdict") == "timeout":
-            return f"timed out after {self.pool.timeout:g}s (task.reward_timeout)"
+            timeout = self.pool.timeout if self.pool is not None else math.nan
+            return f"timed out after {timeout:g}s (task.reward_timeout)"
         why = str(reply.get("error") or "failed")
         return f"{why} (task.reward_memory_mb={self.memory_mb})" if reply.get("memory") else why
 
@@ -245,7 +260,8 @@ class UserRewards:
                 )
 
     def close(self) -> None:
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()
 
 
 def _check_spec(spec: str) -> None:
@@ -289,6 +305,9 @@ def canonical_spec(spec: str) -> str:
     top-level ``module:function`` as the path of the file it would import (found without importing it);
     an entry point's name as the function it names; anything else as given. A function passed as an object
     (``module:function``) and the same function named by its file then key the same warm start."""
+    if is_model_spec(spec):  # a classifier: keyed by its directory
+        path = spec.partition(":")[2]
+        return f"model:{Path(path).resolve()}" if Path(path).exists() else spec
     if ":" not in spec:  # an entry point's name: keyed as the function it names
         spec = plugins.entry_point("reward", spec) or spec
     target, sep, attribute = spec.rpartition(":")
