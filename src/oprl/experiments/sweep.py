@@ -66,6 +66,7 @@ from oprl.experiments import findings, sweep_local
 from oprl.experiments.curves import PANELS
 from oprl.experiments.results import THRESHOLD_GAIN, collect_results, write_table
 from oprl.experiments.sweep_local import terminate_raises
+from oprl.experiments.tiers import NOISES
 
 SPEC_KEYS = (
     "output_dir", "parallel", "config", "overrides", "final_overrides", "grid", "report",
@@ -103,12 +104,14 @@ def load_spec(path: Path) -> dict:
     groups = report.get("groups", {}) if isinstance(report, dict) else None
     if not isinstance(groups, dict) or not all(isinstance(v, list) and v for v in groups.values()):
         raise OprlError(f"sweep spec {path}: 'report.groups' must map a figure title to a non-empty list of presets")
-    unknown_report = set(report) - {"groups", "threshold_gain", "panels", "findings"}
+    unknown_report = set(report) - {"groups", "threshold_gain", "panels", "findings", "noise"}
     if unknown_report:
         raise OprlError(
-            f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: findings, groups, panels, "
-            "threshold_gain"
+            f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: findings, groups, noise, "
+            "panels, threshold_gain"
         )
+    if report.get("noise", "own") not in NOISES:  # oprl report reads it: each pair's own noise, or a pooled one
+        raise OprlError(f"sweep spec {path}: report.noise must be one of {', '.join(NOISES)}, not {report['noise']!r}")
     only = spec.get("only", [])
     if not isinstance(only, list) or not all(isinstance(item, str) for item in only):
         raise OprlError(f"sweep spec {path}: 'only' must list axis=value[,value...] selections, as --only takes")
