@@ -207,5 +207,5 @@ def test_a_bad_only_in_the_spec_is_one_line(tmp_path):
 def test_report_noise_is_a_spec_key_oprl_sweep_accepts(tmp_path):
     """``report.noise: pooled`` (read by oprl report) is accepted by oprl sweep; anything else is one line."""
     sweep.load_spec(write(tmp_path, {**SPEC, "report": {"noise": "pooled"}}))
-    with pytest.raises(OprlError, match="report.noise must be one of own, pooled, not 'pool'"):
+    with pytest.raises(OprlError, match=r"report\.noise must be one of own, pooled, not 'pool'"):
         sweep.load_spec(write(tmp_path, {**SPEC, "report": {"noise": "pool"}}))
