@@ -129,7 +129,7 @@ def test_a_recorded_start_dates_a_run_before_its_commit_does(tmp_path):
     """A run's metrics.jsonl records when it started (perf/wall_time, metrics.MetricsLogger): a run committed
     after the declaration but started before it makes the finding exploratory, which the commit bound (commit less
     seconds) cannot see when the run's seconds are short of the gap (a resumed run's pauses are not in its seconds)."""
-    from datetime import UTC, datetime
+    from datetime import datetime, timezone
 
     from oprl.metrics import MetricsLogger
 
@@ -139,12 +139,12 @@ def test_a_recorded_start_dates_a_run_before_its_commit_does(tmp_path):
     logger.close(quiet=True)
     (tmp_path / "grpo-0" / "metrics.jsonl").open("a").write("torn")
     started = declared.recorded_starts(tmp_path)
-    assert abs(started["grpo-0"].timestamp() - datetime.now(UTC).timestamp()) < 60
-    at = datetime(2026, 12, 7, 12, tzinfo=UTC)
+    assert abs(started["grpo-0"].timestamp() - datetime.now(timezone.utc).timestamp()) < 60
+    at = datetime(2026, 12, 7, 12, tzinfo=timezone.utc)
     when = declared.Declared("c0ffee", at)
-    committed = {"grpo-0": datetime(2026, 12, 7, 13, tzinfo=UTC)}  # committed an hour after the declaration
+    committed = {"grpo-0": datetime(2026, 12, 7, 13, tzinfo=timezone.utc)}  # committed an hour after the declaration
     run = [("grpo-0", 60.0)]
     assert declared.status([when], run, committed).label == declared.BEFORE  # by the commit bound alone
-    early = {"grpo-0": datetime(2026, 12, 7, 11, tzinfo=UTC)}
+    early = {"grpo-0": datetime(2026, 12, 7, 11, tzinfo=timezone.utc)}
     assert declared.status([when], run, committed, early).label == "exploratory (declared after 1 of 1 runs)"
     assert declared.status([when], run, {}, early).label == "exploratory (declared after 1 of 1 runs)"

@@ -32,7 +32,7 @@ import json
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import yaml
@@ -196,7 +196,7 @@ def recorded_starts(sweep_dir: Path) -> dict[str, datetime]:
                 except json.JSONDecodeError:  # a torn line: the run's other rows still date it
                     continue
                 if isinstance(wall, int | float):
-                    out[path.parent.name] = datetime.fromtimestamp(wall, tz=UTC)
+                    out[path.parent.name] = datetime.fromtimestamp(wall, tz=timezone.utc)
                     break
     return out
 
