@@ -54,11 +54,12 @@ class ModelConfig(_Section):
     """Where the policy lives: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available, else cpu)."""
     lora: LoraConfig = LoraConfig()
     lora_sync: Literal["adapter", "merged"] | None = None
-    """How a LoRA policy's versions reach the sampler (docs/runtime.md#lora). ``adapter`` (the default when
-    model.lora.r > 0): only the adapters cross, the base loads once; vllm serves each live version as a LoRA
-    adapter of its own (``enable_lora``), lean and hf-generate apply it through peft. ``merged`` (vllm only): the
-    whole model with each adapter folded in, ``W + (alpha/r) B A``, reloaded at every sync (docs/performance.md
-    has both costs). ``adapter`` without LoRA is refused; None = adapter under LoRA, the full weights otherwise."""
+    """How a LoRA policy's versions reach the sampler (docs/runtime.md#lora-weight-sync). ``adapter`` (the
+    default when model.lora.r > 0): only the adapters cross, the base loads once; vllm serves each live version
+    as a LoRA adapter of its own (``enable_lora``), lean and hf-generate apply it through peft. ``merged`` (vllm
+    only): the whole model with each adapter folded in, ``W + (alpha/r) B A``, reloaded at every sync
+    (docs/performance.md section 13 has both costs). ``adapter`` without LoRA is refused; None = adapter under
+    LoRA, the full weights otherwise."""
     hidden_size: int = Field(128, gt=0)
     """Embedded tiny model only: width of the residual stream."""
     num_layers: int = Field(2, gt=0)
