@@ -7,6 +7,7 @@ heads of 32 dimensions (vLLM's CPU attention has no kernel for 16)."""
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,9 +136,10 @@ def test_vllm_serves_each_synced_version_as_an_adapter_and_loads_the_base_once(t
         assert gap(trainer, prompts, rollout) < 1e-4  # measured: 3e-6 (float32, CPU punica)
         assert engine.shared.adapter_bytes == sum(t.numel() * t.element_size() for t in snapshot.values())
     assert engine.shared.reloads == 1
-    assert len(engine.shared.adapters) == 2 and engine.shared.llm.llm_engine.list_loras() == {
-        request.lora_int_id for request in engine.shared.adapters.values()
-    }
+    held = engine.shared.adapters.values()
+    assert len(held) == 2 and engine.shared.llm.llm_engine.list_loras() == {r.lora_int_id for r in held}
+    folders = {str(path) for path in Path(engine.shared.adapter_root).iterdir()}  # removed at exit (atexit)
+    assert {r.lora_path for r in held} <= folders and len(folders) == len(engine.shared.adapters)  # dropped: gone
     with trainer.disable_adapter():  # the adapters act: sampling from the base alone would not match
         assert gap(trainer, prompts, rollout) > 1e-2
 

@@ -19,6 +19,7 @@ Deliberately not here: sampling (``oprl.rollout.vllm_engine``), the engine proce
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import itertools
 import json
@@ -124,6 +125,8 @@ class SharedLLM:
     ``lora.slots``)."""
     adapter_bytes: int = 0
     """The tensor bytes of the last adapter handed to vLLM (what benchmarks count)."""
+    adapter_root: str | None = None
+    """The folder of the adapter directories vLLM reads (removed at exit; a dropped adapter's at once)."""
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 
     def serve(self, engine: ServedModel):
@@ -165,7 +168,10 @@ class SharedLLM:
             return request
         self._drop_adapters(keep=self.lora.slots - 1)  # before adding: vLLM then never evicts one on its own
         number = next(self._ids)
-        directory = tempfile.mkdtemp(prefix=f"oprl-lora-{number}-")
+        if self.adapter_root is None:  # one folder per engine, removed when the process exits
+            self.adapter_root = tempfile.mkdtemp(prefix="oprl-lora-")
+            atexit.register(shutil.rmtree, self.adapter_root, True)
+        directory = tempfile.mkdtemp(prefix=f"{number}-", dir=self.adapter_root)
         try:
             self.adapter_bytes = write_adapter(engine.model, directory)
             request = LoRARequest(f"oprl-{number}", number, directory)
