@@ -317,7 +317,7 @@ def _teacher_score(args: list[str]) -> int:
         hint = missing_path(path, "teacher-score").partition("; use ")[0]  # the nearest run directories
         raise OprlError(f"{hint}: give a run directory (its store and config) or a YAML config with buffer.path")
     config = load_config(path, overrides)
-    check_paths(config)  # teacher.path=runs/nope: one line now, not after loading the student
+    check_paths(config, outputs=False)  # teacher.path=runs/nope: one line now; the store is the run's own
 
     import torch
 

@@ -24,7 +24,8 @@ def make_commands(target: str, *settings: str) -> list[str]:
     """The shell commands ``make TARGET`` runs from scratch (``-B``: as on a fresh clone), comments left out."""
     if shutil.which("make") is None:
         pytest.skip("no make")
-    out = subprocess.run(["make", "-n", "-B", target, *settings], cwd=ROOT, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}  # under `make test`
+    out = subprocess.run(["make", "-n", "-B", target, *settings], cwd=ROOT, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     return [line for line in out.stdout.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 

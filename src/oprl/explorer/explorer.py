@@ -172,7 +172,13 @@ class Explorer:
             for i, e in ((i, episodes[i]) for i in kept)
         ]
         tokens = float(sum(sum(e.loss_mask) for e in episodes))
-        lost = {"episode/lost": float(sum(e.lost for e in episodes))}
+        # Counted where episodes can be lost (the agent task), so a built-in environment's rows equal the same
+        # rows read back from a store (mode=offline), which has no such count.
+        lost = (
+            {"episode/lost": float(sum(e.lost for e in episodes))}
+            if getattr(self.task, "loses_episodes", False)
+            else {}
+        )
         return experiences, Timing(time.perf_counter() - start, 0.0, tokens, lost)  # rewards come with the episodes
 
     def _oldest(self, version: int, versions: list[list[int]] | None, row: int) -> int:

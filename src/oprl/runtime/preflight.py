@@ -43,7 +43,7 @@ class ModelLimits:
     """How a message names the model: ``the embedded tiny model``, ``model.path=...``."""
 
 
-def check_paths(config) -> None:
+def check_paths(config, outputs: bool = True) -> None:
     """``model.path``, ``teacher.path`` and ``judge.path`` point at something, checked without loading it (module
     docstring): a path that exists nowhere is one ``OprlError`` line naming the key, the path and the nearest
     existing directories. What a directory holds is checked where it loads."""
@@ -63,7 +63,8 @@ def check_paths(config) -> None:
         if key == "model.path" and not extra and lacks_chat_template(location):  # the judge reads plain text
             raise OprlError(no_chat_template(key, path, location))
     _check_teacher_files(config)
-    _check_outputs(config)
+    if outputs:  # a command that opens no new run (oprl teacher-score scores a run's own store) skips them
+        _check_outputs(config)
 
 
 def _check_outputs(config) -> None:

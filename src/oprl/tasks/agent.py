@@ -64,6 +64,10 @@ class AgentTask:
 
     Config = AgentTaskConfig
 
+    loses_episodes = True
+    """An agent's episode can be lost to the infrastructure (a connection error, a timeout, a 5xx): the explorer
+    leaves it out of its group and counts it in ``episode/lost`` (tasks without this attribute lose none)."""
+
     nested = "problems"
     """The field holding another task's section: ``oprl.tasks.build_task`` builds that task and hands it over as
     ``inner`` (so this module never imports the registry that imports it)."""
