@@ -247,3 +247,17 @@ def test_a_resumed_dg_kondo_run_gates_as_the_undisturbed_one(small_overrides, tm
 
     straight = trained("straight")
     assert len(straight) == 3 and trained("split") == straight
+
+
+def test_a_carry_of_unknown_tensors_is_one_line(tmp_path):
+    from oprl.algorithms.step import Carry
+    from oprl.checkpoint.files import load_carry, save_carry
+    from oprl.errors import OprlError
+
+    window = torch.tensor([0.1, 0.2])
+    save_carry(tmp_path, Carry(kondo_window=window).tensors())
+    assert torch.equal(load_carry(tmp_path, Carry.of).kondo_window, window)
+    assert load_carry(tmp_path / "none", Carry.of) == Carry() and Carry().tensors() == {}
+    save_carry(tmp_path, {"other": window})
+    with pytest.raises(OprlError, match=r"carry\.safetensors: ValueError: unknown tensor\(s\) \['other'\]"):
+        load_carry(tmp_path, Carry.of)

@@ -51,7 +51,11 @@ class Carry:
 
     @classmethod
     def of(cls, tensors: dict[str, torch.Tensor]) -> Carry:
-        """Inverse of ``tensors`` (unknown names are an error: a checkpoint of another oprl)."""
+        """Inverse of ``tensors``; a name this oprl does not carry (another version's checkpoint) is a ValueError,
+        which ``checkpoint.files.load_carry`` reports as one line naming the file."""
+        unknown = set(tensors) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown tensor(s) {sorted(unknown)}: a checkpoint of another oprl")
         return cls(**tensors)
 
 

@@ -28,8 +28,10 @@ import json
 import random
 import re
 import shutil
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
@@ -43,6 +45,7 @@ SHARDS = "dcp"
 """Directory (inside a checkpoint's ``trainer/``) of the ``torch.distributed.checkpoint`` shards."""
 NOTHING_DELETED = "nothing was deleted; resume=restart runs it again from step 0 (deleting its rows and experiences)"
 _STEP_DIR = re.compile(r"step-(\d+)")
+T = TypeVar("T")
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
@@ -193,13 +196,14 @@ def save_carry(directory: str | Path, tensors: dict[str, torch.Tensor]) -> None:
             save_file({name: value.detach().cpu().contiguous() for name, value in tensors.items()}, str(path))
 
 
-def load_carry(directory: str | Path) -> dict[str, torch.Tensor]:
-    """Inverse of ``save_carry``: ``{}`` where a checkpoint holds no carry."""
+def load_carry(directory: str | Path, of: Callable[[dict[str, torch.Tensor]], T]) -> T:
+    """Inverse of ``save_carry``: ``of(tensors)`` (``Carry.of``), ``of({})`` where a checkpoint holds no carry; a
+    file ``of`` refuses is one line naming it."""
     path = Path(directory) / "carry.safetensors"
     if not path.is_file():
-        return {}
+        return of({})
     with loading(path):
-        return load_file(str(path))
+        return of(load_file(str(path)))
 
 
 def load_rng(directory: Path) -> None:

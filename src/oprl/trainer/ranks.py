@@ -184,7 +184,7 @@ class TrainerRank:
             )
         load_sharded(self.model, self.trainer.optimizer, root / SHARDS)
         load_rng(root)
-        self.trainer.carry = Carry.of(load_carry(root))
+        self.trainer.carry = load_carry(root, Carry.of)
         self.trainer.version = read_json(root / "trainer.json")["version"]
         return self.trainer.version
 

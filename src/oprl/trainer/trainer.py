@@ -279,7 +279,7 @@ class TrainerWorker:
 
     def restore(self, directory: str) -> int:
         self.trainer.version = load_trainer_state(directory, self.model, self.trainer.optimizer)
-        self.trainer.carry = Carry.of(load_carry(directory))
+        self.trainer.carry = load_carry(directory, Carry.of)
         return self.trainer.version
 
     def save_final(self, directory: str) -> None:
