@@ -10,7 +10,7 @@ import yaml
 from oprl.config import load_config
 from oprl.config.loading import save_config
 from oprl.errors import OprlError
-from oprl.experiments import arena, report, tiers
+from oprl.experiments import arena, lag_losses, report, sensitivity, tiers
 
 # method -> final accuracy at lag 0, 1, 4, offline (each seed adds ±0.01); eval starts at 0.40 for every run.
 FINAL = {
@@ -84,16 +84,16 @@ def test_verdicts_name_the_tier_without_ranking_it_and_the_rest_by_how_much():
 
 
 def test_significant_losses_are_one_family_with_each_pairs_own_noise():
-    losses = tiers.significant_losses(summaries())
+    losses = lag_losses.significant_losses(summaries())
     assert losses["reinforce"].lag == 1.0 and losses["reinforce"].difference.mean == pytest.approx(0.12)
     assert losses["grpo"].lag == 4.0  # its 2 points at lag 1 are within the noise
     # m2po's 3 points offline: significant after Holm over all 9 method × lag tests, but seeds 0, 2 or 3 left out
     # undo it: fragile, and the seeds named.
     assert losses["m2po"].lag == arena.OFFLINE and losses["m2po"].fragile == ("0", "2", "3")
     assert losses["m2po"].difference.p_adjusted == pytest.approx(min(1, 4 * losses["m2po"].difference.p))
-    assert "Holm over all 9 method × lag tests" in "\n".join(tiers.loss_lines(summaries()))
+    assert "Holm over all 9 method × lag tests" in "\n".join(lag_losses.loss_lines(summaries()))
     no_zero = [(labels, numbers) for labels, numbers in summaries() if labels["setting"] != "lag-0"]
-    assert all(found.lag is None for found in tiers.significant_losses(no_zero).values())
+    assert all(found.lag is None for found in lag_losses.significant_losses(no_zero).values())
 
 
 def test_identical_runs_are_named_at_their_lag():
@@ -247,9 +247,9 @@ def test_the_report_of_a_committed_results_csv_and_its_plan(tmp_path, capsys):
 def test_one_seed_per_cell_says_nothing_can_be_told_apart():
     one_seed = [(labels, numbers) for labels, numbers in summaries() if labels["seed"] == "0"]
     analyses = [tiers.analyse(one_seed, metric) for metric in tiers.METRICS]
-    assert "(No noise: no two methods share two seeds" in "\n".join(tiers.design_lines(analyses))
+    assert "(No noise: no two methods share two seeds" in "\n".join(sensitivity.design_lines(analyses))
     assert "nothing can be told apart" in "\n".join(tiers.verdict_lines(analyses[0]))
-    assert "cannot be tested with one seed per cell" in tiers.loss_lines(one_seed)[0]
+    assert "cannot be tested with one seed per cell" in lag_losses.loss_lines(one_seed)[0]
 
 
 def test_one_seed_bolds_no_cell_of_the_tier_table(tmp_path):
@@ -282,12 +282,12 @@ def test_the_pooled_comparison_takes_only_the_methods_run_at_every_lag():
 def test_a_sweep_in_progress_names_the_cells_still_missing_seeds():
     """A partial sweep's design table describes the finished design; the cells short of seeds are named under it."""
     partial = [(lab, num) for lab, num in summaries() if not (lab["preset"] == "m2po" and lab["seed"] == "1")]
-    text = "\n".join(tiers.design_lines([tiers.analyse(partial, metric) for metric in tiers.METRICS]))
+    text = "\n".join(sensitivity.design_lines([tiers.analyse(partial, metric) for metric in tiers.METRICS]))
     assert (
         "Seeds still missing: m2po (lag-0) 3 of 4, m2po (lag-1) 3 of 4, m2po (lag-4) 3 of 4, m2po (offline) 3 of 4."
         in text
     )
-    complete = "\n".join(tiers.design_lines([tiers.analyse(summaries(), m) for m in tiers.METRICS]))
+    complete = "\n".join(sensitivity.design_lines([tiers.analyse(summaries(), m) for m in tiers.METRICS]))
     assert "Seeds still missing" not in complete
 
 

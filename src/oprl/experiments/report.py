@@ -27,12 +27,13 @@ import argparse
 import csv
 import math
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from oprl.errors import OprlError
-from oprl.experiments import declared, findings, stats, tiers
+from oprl.experiments import declared, findings, lag_losses, sensitivity, stats, tiers
 from oprl.experiments.arena import arena_section
 from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
 from oprl.experiments.results import _canonical, collect_results, load_run, summarize, write_table
@@ -65,13 +66,9 @@ NUMBERS = ("final_accuracy", "initial_accuracy", "best_accuracy", "accuracy_auc"
 
 def build_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
     """The report of ``sweep_dir`` (its runs, or its results.csv), written with its tables and figures to
-    ``out_dir`` (default: the sweep directory itself)."""
+    ``out_dir`` (default: the sweep directory itself): the stages below, in the order the report reads."""
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir) if out_dir is not None else sweep_dir
-    run_dirs = [d for d in sorted(sweep_dir.iterdir()) if (d / "summary.json").is_file()] if sweep_dir.is_dir() else []
-    from_csv = not run_dirs and (sweep_dir / "results.csv").is_file()
-    if not run_dirs and not from_csv:
-        raise OprlError(f"report: no finished runs (directories with summary.json) and no results.csv in {sweep_dir}")
     spec = _spec(sweep_dir)
     report = spec.get("report") or {}
     noise = report.get("noise", "own")
@@ -79,28 +76,66 @@ def build_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
         raise OprlError(f"sweep spec {sweep_dir / 'sweep.yaml'}: report.noise must be one of {', '.join(tiers.NOISES)}"
                         f", not {noise!r}")  # fmt: skip
     gain = threshold_gain(spec)
-    records, runs = [], None
-    if from_csv:
-        summaries = summaries_from_csv(sweep_dir / "results.csv", spec)
-        names = _run_names(summaries, [row.get("run") for row in _csv_rows(sweep_dir / "results.csv")])
-        figures: list[Path] = []
-        source = f"{len(summaries)} runs, read from results.csv (no run directories: no training-curve figures)."
-    else:
-        # The sweep's own axis labels (e.g. setting names) where the run was planned by it, else derived ones.
-        runs = plan(spec) if spec.get("grid") else None
-        planned = {r.name: r.labels for r in runs or []}
-        records = [load_run(d, planned.get(d.name)) for d in run_dirs]
-        table = collect_results(sweep_dir, runs, threshold_gain=gain)
-        write_table(table, out_dir / "results.csv")
-        figures = plot_all(records, out_dir / "figures")
-        summaries = [(r.labels, summarize(r, gain)) for r in records]
-        names = _run_names(summaries, [r.run_dir.name for r in records])
-        source = f"{len(records)} finished runs."
-    analyses = [tiers.analyse(summaries, metric, noise) for metric in tiers.METRICS]
+    read = _read(sweep_dir, out_dir, spec, gain)
+    analyses = [tiers.analyse(read.summaries, metric, noise) for metric in tiers.METRICS]
     write_table(tiers.pair_rows(analyses), out_dir / "stats.csv")
-    lines = [f"# Sweep report: {sweep_dir.name}", "", source, "", *tiers.design_lines(analyses)]
+    lines = [f"# Sweep report: {sweep_dir.name}", "", read.source, "", *sensitivity.design_lines(analyses)]
     lines += [f"Regenerate: `oprl report {sweep_dir}`. Every pairwise difference (two-sided, Holm over the pairs "
               "of a comparison): `stats.csv`.", ""]  # fmt: skip
+    lines += _cell_sections(read.summaries, gain)
+    lines += _separation_sections(analyses, read.summaries, out_dir)
+    lines += _findings_section(report, spec, read, sweep_dir, out_dir, noise)
+    if not read.from_csv:  # the groups' figures are training curves: they need the runs
+        lines += _group_sections(report, spec, read, sweep_dir, out_dir, gain)
+    if read.figures:
+        lines += ["## Figures (all presets)", ""]
+        lines += [f"![{f.stem}](figures/{f.name})" for f in read.figures]
+    out = out_dir / "report.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+@dataclass
+class _Read:
+    """What a report reads of a sweep: ``(labels, numbers)`` per run, which run each cell and seed is, and where
+    runs exist, the runs (``records``), the grid's plan and the training-curve figures drawn from them."""
+
+    summaries: list
+    names: dict
+    source: str
+    """The report's line on what it read."""
+    from_csv: bool
+    records: list = field(default_factory=list)
+    runs: list | None = None
+    """The sweep's planned runs (None: not planned by ``oprl sweep``, or read from a results.csv)."""
+    figures: list[Path] = field(default_factory=list)
+
+
+def _read(sweep_dir: Path, out_dir: Path, spec: dict, gain: float) -> _Read:
+    """The sweep's finished runs (writing their results.csv and figures to ``out_dir``), else its results.csv."""
+    run_dirs = [d for d in sorted(sweep_dir.iterdir()) if (d / "summary.json").is_file()] if sweep_dir.is_dir() else []
+    if not run_dirs:
+        if not (sweep_dir / "results.csv").is_file():
+            raise OprlError(f"report: no finished runs (directories with summary.json) and no results.csv in "
+                            f"{sweep_dir}")  # fmt: skip
+        summaries = summaries_from_csv(sweep_dir / "results.csv", spec)
+        names = _run_names(summaries, [row.get("run") for row in _csv_rows(sweep_dir / "results.csv")])
+        source = f"{len(summaries)} runs, read from results.csv (no run directories: no training-curve figures)."
+        return _Read(summaries, names, source, from_csv=True)
+    # The sweep's own axis labels (e.g. setting names) where the run was planned by it, else derived ones.
+    runs = plan(spec) if spec.get("grid") else None
+    planned = {r.name: r.labels for r in runs or []}
+    records = [load_run(d, planned.get(d.name)) for d in run_dirs]
+    write_table(collect_results(sweep_dir, runs, threshold_gain=gain), out_dir / "results.csv")
+    figures = plot_all(records, out_dir / "figures")
+    summaries = [(r.labels, summarize(r, gain)) for r in records]
+    names = _run_names(summaries, [r.run_dir.name for r in records])
+    return _Read(summaries, names, f"{len(records)} finished runs.", False, records, runs, figures)
+
+
+def _cell_sections(summaries, gain: float) -> list[str]:
+    """Per cell: final accuracy and its AUC (mean ± SD [t-interval]), then the first step past the threshold."""
+    lines = []
     for metric, title in (
         ("final_accuracy", "Final eval accuracy"),
         ("accuracy_auc", "Area under the eval-accuracy curve (mean accuracy over training)"),
@@ -113,9 +148,14 @@ def build_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
         "",
         *_table(summaries, "steps_to_threshold", "{:.0f}"),
         "",
-        "## What the seeds separate",
-        "",
     ]
+    return lines
+
+
+def _separation_sections(analyses, summaries, out_dir: Path) -> list[str]:
+    """What the seeds separate: the verdicts, then on a lag ladder the tiers by lag, the losses against lag 0 and
+    accuracy against lag (``arena``)."""
+    lines = ["## What the seeds separate", ""]
     for analysis in analyses:
         lines += tiers.verdict_lines(analysis)
     tables = []
@@ -130,26 +170,35 @@ def build_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
                         "place):")  # fmt: skip
             tables += [head, "", *tiers.tier_table(analysis), ""]
     if tables:
-        tables += tiers.loss_lines(summaries)
-    lines += arena_section(summaries, out_dir / "figures", tables)  # a lag ladder (the arena): accuracy against lag
+        tables += lag_losses.loss_lines(summaries)
+    return lines + arena_section(summaries, out_dir / "figures", tables)  # a lag ladder: accuracy against lag
+
+
+def _findings_section(report: dict, spec: dict, read: _Read, sweep_dir: Path, out_dir: Path, noise: str) -> list[str]:
+    """The spec's ``report.findings``, decided (``findings``) and dated (``declared``); ``findings.csv``."""
     claims = findings.parse(report.get("findings"), f"sweep spec {sweep_dir / 'sweep.yaml'}")
-    if claims:
-        _check_cells(claims, summaries, plan(spec) if spec.get("grid") else [], sweep_dir)
-        decided = findings.decide(claims, summaries, noise=noise)
-        status = _declarations(sweep_dir, spec, decided, names)
-        write_table(findings.rows(decided, status), out_dir / "findings.csv")
-        lines += findings.lines(decided, status, noise=noise)
-        forest = findings.plot(decided, out_dir / "figures" / "findings.png")
-        lines += [f"![Findings](figures/{forest.name})", ""] if forest else []
+    if not claims:
+        return []
+    _check_cells(claims, read.summaries, plan(spec) if spec.get("grid") else [], sweep_dir)
+    decided = findings.decide(claims, read.summaries, noise=noise)
+    status = _declarations(sweep_dir, spec, decided, read.names)
+    write_table(findings.rows(decided, status), out_dir / "findings.csv")
+    lines = findings.lines(decided, status, noise=noise)
+    forest = findings.plot(decided, out_dir / "figures" / "findings.png")
+    return lines + ([f"![Findings](figures/{forest.name})", ""] if forest else [])
+
+
+def _group_sections(report: dict, spec: dict, read: _Read, sweep_dir: Path, out_dir: Path, gain: float) -> list[str]:
+    """Per ``report.groups`` entry, its figure of training curves and its table; a preset still awaited is noted,
+    one the sweep never runs is a typo (one line)."""
     rows = group_rows(report.get("panels") or GROUP_PANELS)
-    planned_presets = {v for r in runs or [] for k, v in r.labels.items() if _canonical(k) == "preset"}
+    planned_presets = {v for r in read.runs or [] for k, v in r.labels.items() if _canonical(k) == "preset"}
     awaited = {
-        v for r in (selected_runs(spec) if runs else []) for k, v in r.labels.items() if _canonical(k) == "preset"
+        v for r in (selected_runs(spec) if read.runs else []) for k, v in r.labels.items() if _canonical(k) == "preset"
     }
+    lines: list[str] = []
     for index, (title, presets) in enumerate((report.get("groups") or {}).items(), start=1):
-        if from_csv:
-            break  # the groups' figures are training curves: they need the runs
-        chosen = [r for r in records if r.labels["preset"] in presets]
+        chosen = [r for r in read.records if r.labels["preset"] in presets]
         missing = sorted(set(presets) - {r.labels["preset"] for r in chosen})
         unknown = [p for p in missing if p not in planned_presets]
         if unknown:  # a typo, or a preset this sweep never runs; one the sweep has not finished is only noted
@@ -171,12 +220,7 @@ def build_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
             "",
             *([f"![{title}](figures/{figure.name})", ""] if figure else []),  # None: the runs log none of its rows
         ]
-    if figures:
-        lines += ["## Figures (all presets)", ""]
-        lines += [f"![{f.stem}](figures/{f.name})" for f in figures]
-    out = out_dir / "report.md"
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return lines
 
 
 def _run_names(summaries, names: list[str | None]) -> dict[tuple[str, str, str], tuple[str | None, float]]:
@@ -319,7 +363,8 @@ def main(argv: list[str]) -> int:
     if args.plan is not None:
         summaries = _summaries(args.sweep_dir)
         noise = (_spec(args.sweep_dir).get("report") or {}).get("noise", "own")
-        print("\n".join(tiers.plan_lines([tiers.analyse(summaries, m, noise) for m in tiers.METRICS], args.plan)))
+        analyses = [tiers.analyse(summaries, m, noise) for m in tiers.METRICS]
+        print("\n".join(sensitivity.plan_lines(analyses, args.plan)))
     return 0
 
 

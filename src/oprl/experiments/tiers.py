@@ -1,4 +1,4 @@
-"""The statistical sections of ``oprl report``: what a sweep's seeds can and cannot tell apart, in tables and words.
+"""The tiers of ``oprl report``: per metric, which methods a sweep's seeds cannot separate from the best, in words.
 
 From per-run summaries (``(labels, numbers)`` pairs, ``results.summarize`` or a results.csv) and the pure
 statistics of ``oprl.experiments.stats``: for each metric where higher is better (final eval accuracy, its AUC),
@@ -6,12 +6,12 @@ one comparison per setting (the methods at that lag, paired over seeds) and, wit
 ladder, one pooled over them (the methods run at every lag of it: per seed, the mean over the lags, each lag
 weighing the same; then paired over seeds). Each pair of methods carries its own noise (the SD of its paired
 differences) unless the spec declares ``report.noise: pooled``; the tier of the best is Hsu's MCB (``stats``),
-and every place in it is checked with each seed left out. Then each method's losses against its own lag 0, one
-family of every method × lag (Holm). The design's minimum detectable differences go at the top of the report,
-and ``oprl report --plan DELTA`` turns the same noise into seeds needed. Verdicts are words that never order
-the members of a tier. Differences are in points (1 point = 0.01 of accuracy).
+and every place in it is checked with each seed left out. Verdicts are words that never order the members of a
+tier. Differences are in points (1 point = 0.01 of accuracy).
 
-Not here: the statistics themselves (``stats``), the lag figure (``arena``), the per-cell tables (``report``).
+Not here: the statistics themselves (``stats``), what the design can detect and the seeds a difference needs
+(``sensitivity``), each method's losses against its own lag 0 (``lag_losses``), the lag figure (``arena``), the
+per-cell tables (``report``).
 """
 
 from __future__ import annotations
@@ -134,92 +134,6 @@ def _stack(by_setting, settings: list[str]):
     return dict(values), strata
 
 
-def pair_sds(comparison: stats.Comparison) -> list[tuple[float, stats.Difference]]:
-    """(s_d, pair) of every paired pair of a comparison with its own noise: s_d = SE · √n, the SD of the paired
-    differences, largest first."""
-    found = [(d.se * math.sqrt(d.n), d) for d in comparison.pairs if d.procedure == stats.PAIRED and d.se == d.se]
-    return sorted(found, key=lambda x: -x[0])
-
-
-def design_lines(analyses: list[Analysis]) -> list[str]:
-    """The report's first section: the noise of a contrast and the smallest difference the design finds."""
-    if analyses and analyses[0].noise == "pooled":
-        return _pooled_design_lines(analyses)
-    lines = [
-        "## What these seeds can tell apart",
-        "",
-        "Differences between two methods in points (0.01 of accuracy), paired over seeds (same prompts, same "
-        "evaluation samples), each pair with its own noise: s_d, the SD of its paired differences, SE = s_d/√n "
-        "on n − 1 df. The noise differs from pair to pair (a collapsing seed makes a method's every pair noisy), "
-        "so the table gives the median pair and the noisiest. 80 % power; against the best: the one-sided test "
-        "at α/(k − 1) of the tier (Hsu's MCB). Formulas: `oprl.experiments.stats`.",
-        "",
-        "| metric | comparison | seeds | s_d of a pair: median (largest: pair) | 2 SE, median pair | "
-        "MDE, one test, median pair | MDE, one test, noisiest pair | MDE against the best, median pair |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for a in analyses:
-        for name, comparison in a.named:
-            found = pair_sds(comparison)
-            if not found:
-                continue
-            n = max(d.n for _, d in found)
-            median = statistics.median(sd for sd, _ in found)
-            (largest, pair), k = found[0], len(comparison.means)
-            se = median / math.sqrt(n)
-            lines.append(
-                f"| {METRICS[a.metric]} | {name} | {n} | {points(median, 2)} ({points(largest, 2)}: {pair.a} − "
-                f"{pair.b}) | {points(2 * se, 2)} | {points(stats.mde(se, n - 1), 2)} | "
-                f"{points(stats.mde(largest / math.sqrt(n), n - 1), 2)} | "
-                f"{points(stats.mde(se, n - 1, comparisons=max(1, k - 1), tails=1), 2)} ({k} methods) |"
-            )
-    if len(lines) == 6:  # no pair has two shared seeds: no table under the header
-        lines[4:] = ["(No noise: no two methods share two seeds, so no difference can be tested; run two seeds or "
-                     "more.)"]  # fmt: skip
-    return lines + _missing(analyses) + [""]
-
-
-def _missing(analyses: list[Analysis]) -> list[str]:
-    """A sweep in progress: the cells still short of seeds, named."""
-    partial = next((a for a in analyses if a.short), None)
-    if partial is None:
-        return []
-    cells = ", ".join(f"{cell} {n} of {partial.seeds}" for cell, n in partial.short.items())
-    return ["", f"Seeds still missing: {cells}. A pair is tested over the seeds both its methods have."]
-
-
-def _pooled_design_lines(analyses: list[Analysis]) -> list[str]:
-    """The design with the declared pooled σ̂, beside Brown–Forsythe's test of one noise level per setting."""
-    lines = [
-        "## What these seeds can tell apart (pooled σ̂, declared: `report.noise: pooled`)",
-        "",
-        "σ̂ is one run's seed-to-seed SD once the seed's effect on every method is taken out (the residual of "
-        "method + seed, per setting, identical runs counted once), assumed the same for every method of a setting; "
-        "Brown–Forsythe's test of that assumption is beside it (a small p: the methods' noise differs, and σ̂ "
-        "understates the noise of any pair with a noisy member). Formulas: `oprl.experiments.stats`.",
-        "",
-        "| metric | setting | σ̂ of a run (df) | Brown–Forsythe W (p), methods | 2 SE | MDE, one test | "
-        "MDE against the best |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for a in analyses:
-        for name, comparison in a.per_setting.items():
-            noise = comparison.noise
-            if noise is None or math.isnan(noise.sd):
-                continue
-            w, p, k = a.spread.get(name, (math.nan, math.nan, 0))
-            se, df = stats.design_se(noise.sd, a.seeds), noise.df
-            test = "—" if math.isnan(w) else f"{w:.2f} ({p:.3g}), {k}"
-            lines.append(
-                f"| {METRICS[a.metric]} | {name} | {points(noise.sd, 2)} ({df}) | {test} | {points(2 * se, 2)} | "
-                f"{points(stats.mde(se, df), 2)} | "
-                f"{points(stats.mde(se, df, comparisons=max(1, k - 1), tails=1), 2)} |"
-            )
-    if len(lines) == 6:
-        lines[4:] = ["(No σ̂: every cell has one seed, so no difference can be tested; run two seeds or more.)"]
-    return lines + _missing(analyses) + [""]
-
-
 def verdict_lines(analysis: Analysis) -> list[str]:
     """A line per setting and one pooled over the lags: the tier (unordered), the methods below it and by how
     much (j − method with its one-sided bound at α/(k − 1), MCB's p̃), the fragile places, the identical runs."""
@@ -303,102 +217,6 @@ def tier_table(analysis: Analysis) -> list[str]:
     return rows
 
 
-@dataclass(frozen=True)
-class Loss:
-    """A method's answer in the losses' family: its first lag significantly below its own lag 0 (None: no lag is),
-    lag 0 − that lag (one-sided, Holm's p̃ over the family), and the seeds whose leaving out changes the answer."""
-
-    lag: float | None
-    difference: stats.Difference | None = None
-    fragile: tuple = ()
-
-
-def significant_losses(summaries, metric: str = "final_accuracy") -> dict[str, Loss]:
-    """Per method, the first lag whose mean is significantly below the method's own lag 0: lag 0 − lag paired over
-    seeds with its own noise (``stats.contrast``, one-sided: a loss), Holm over **every method × lag** (one family:
-    "which methods lose at which lag"), no lag where none is or there is no lag 0; each method's answer checked
-    with each seed left out (``Loss.fragile``)."""
-    by_method: dict[str, dict[float, dict[Hashable, float]]] = defaultdict(lambda: defaultdict(dict))
-    for labels, numbers in summaries:
-        lag, value = lag_of(labels["setting"]), float(numbers.get(metric, math.nan))
-        if lag is not None and not math.isnan(value):
-            by_method[row_label(labels)][lag][labels["seed"]] = value
-    found = _first_losses(by_method)
-    seeds = sorted({u for lags in by_method.values() for per in lags.values() for u in per}, key=str)
-    without = {seed: _first_losses(_without(by_method, seed)) for seed in seeds}
-    out = {}
-    for method, (lag, difference) in found.items():
-        fragile = tuple(seed for seed in seeds if without[seed][method][0] != lag)
-        out[method] = Loss(lag, difference, fragile)
-    return out
-
-
-def _without(by_method, seed) -> dict:
-    return {m: {lag: {u: v for u, v in per.items() if u != seed} for lag, per in lags.items()}
-            for m, lags in by_method.items()}  # fmt: skip
-
-
-def _first_losses(by_method) -> dict[str, tuple[float | None, stats.Difference | None]]:
-    """The family: every method × later lag, one-sided, Holm over all of them; per method its first lag below."""
-    tests = []
-    for method, lags in sorted(by_method.items()):
-        if 0.0 in lags:
-            for lag in sorted(lag for lag in lags if lag > 0):
-                names = (f"{method} lag 0", f"lag {lag_label(lag)}")
-                tests.append((method, lag, stats.contrast(lags[0.0], lags[lag], names, tails=1)))
-    for (_, _, d), adjusted in zip(tests, stats.holm([d.p for _, _, d in tests]), strict=True):
-        d.p_adjusted = adjusted
-    out: dict[str, tuple[float | None, stats.Difference | None]] = dict.fromkeys(by_method, (None, None))
-    for method, lag, d in tests:
-        if out[method][0] is None and d.p_adjusted < stats.ALPHA and d.mean > 0:
-            out[method] = (lag, d)
-    return dict(sorted(out.items()))
-
-
-def family_size(summaries) -> int:
-    """The losses' family: every (method, later lag) of a method that has a lag 0."""
-    cells = {(row_label(labels), lag_of(labels["setting"])) for labels, _ in summaries}
-    with_zero = {m for m, lag in cells if lag == 0.0}
-    return sum(1 for m, lag in cells if m in with_zero and lag is not None and lag > 0)
-
-
-def _at(lag: str) -> str:
-    return lag if lag == "offline" else f"lag {lag}"
-
-
-def loss_lines(summaries) -> list[str]:
-    seeds: dict[tuple[str, str], int] = defaultdict(int)
-    for labels, _ in summaries:
-        seeds[(row_label(labels), labels["setting"])] += 1
-    if max(seeds.values(), default=0) < 2:
-        return ["A loss against a method's own lag 0 cannot be tested with one seed per cell.", ""]
-    losses = significant_losses(summaries)
-    how = (
-        f"paired over seeds, each method × lag with its own noise, one-sided, Holm over all {family_size(summaries)} "
-        "method × lag tests; †: the answer changes when the named seed is left out"
-    )
-    lost = {m: loss for m, loss in losses.items() if loss.lag is not None and loss.difference is not None}
-    if not lost:
-        return [f"No method's final accuracy is significantly below its own lag 0 at any lag ({how}).", ""]
-    parts = [
-        f"{method}{_dagger(loss)} {_at(lag_label(loss.lag))} (−{points(loss.difference.mean)}, "
-        f"{p_text(loss.difference.p_adjusted)})"
-        for method, loss in lost.items()
-        if loss.lag is not None and loss.difference is not None
-    ]
-    held = [method + _dagger(loss) for method, loss in losses.items() if method not in lost]
-    return [
-        f"**First lag with a significant loss of final accuracy against the method's own lag 0** ({how}): "
-        + "; ".join(parts)
-        + f". None at any lag: {', '.join(held) or 'no method'}.",
-        "",
-    ]
-
-
-def _dagger(loss: Loss) -> str:
-    return f"† (seed {', '.join(map(str, loss.fragile))})" if loss.fragile else ""
-
-
 def pair_rows(analyses: list[Analysis]) -> list[dict]:
     """Every pairwise difference of every comparison (two-sided, Holm over the comparison's pairs), for
     ``stats.csv``."""
@@ -412,30 +230,3 @@ def pair_rows(analyses: list[Analysis]) -> list[dict]:
                              "n": d.n, **{k: float(f"{v:.6g}") for k, v in numbers.items()},  # a readable file
                              "a_in_tier": d.a in comparison.tier, "b_in_tier": d.b in comparison.tier})  # fmt: skip
     return rows
-
-
-def plan_lines(analyses: list[Analysis], delta: float) -> list[str]:
-    """``--plan DELTA``: the paired seeds that resolve a true difference Δ at 80 % power, from this sweep's pair
-    noise taken as a pilot's (the median pair and the noisiest), one two-sided test and against the best."""
-    lines = [
-        f"Seeds to find a true difference of {points(delta)} points at 80 % power, each pair with its own noise "
-        "(this sweep's as the pilot's): one two-sided test / against the best (one-sided, α/(k − 1)):"
-    ]
-    for a in analyses:
-        for name, comparison in a.named:
-            found = pair_sds(comparison)
-            if not found:
-                lines.append(f"  {METRICS[a.metric]}, {name}: no pair noise (one seed per cell?)")
-                continue
-            k = len(comparison.means)
-            parts = []
-            for which, sd in (("median pair", statistics.median(s for s, _ in found)), ("noisiest", found[0][0])):
-                one = stats.seeds_needed(delta, sd)
-                best = stats.seeds_needed(delta, sd, comparisons=max(1, k - 1), tails=1)
-                parts.append(f"{which} (s_d {points(sd, 2)}) {_count(one)} / {_count(best)}")
-            lines.append(f"  {METRICS[a.metric]}, {name}: " + ", ".join(parts) + f" (this sweep: {a.seeds})")
-    return lines
-
-
-def _count(n: int | None) -> str:
-    return "> 10000" if n is None else str(n)
