@@ -131,15 +131,9 @@ def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
 
 
 def lora_serving(config: RunConfig) -> tuple[str, int] | None:
-    """``(model.lora_sync, live policy versions)`` of a LoRA run (None for a full fine-tune): the mode (adapter unless
-    set) and how many versions a sampler may need at once, the newest plus every one a batch in flight can still
-    be sampled under: ``sync.max_staleness + 1`` in async mode, ``sync.offset + 1`` scheduled (a partial rollout
-    switches to a newer version, never back)."""
-    if config.model.lora.r == 0:
-        return None
-    sync = config.sync
-    versions = sync.max_staleness + 1 if sync.mode == "async" else sync.offset + 1
-    return config.model.lora_sync or "adapter", versions
+    """``(model.lora_sync, live policy versions)`` of a LoRA run, None for a full fine-tune
+    (``oprl.config.sections.ModelConfig.lora_serving``: the rule the config check refuses by)."""
+    return config.model.lora_serving(config.sync)
 
 
 def trainable_weights(model, *, to_cpu: bool) -> FlatWeights:

@@ -63,6 +63,7 @@ def test_the_built_in_engines_declare_this_table():
             exact_truncation=True,
             engine_process=True,
             lora_sync=("adapter", "merged"),
+            lora_versions=16,
         ),
     }
     assert set(engines_with(lambda c: c.exact_truncation)) == TRUNCATING_ENGINES

@@ -212,9 +212,43 @@ def test_lora_serving_follows_the_lag_and_defaults_to_adapters():
     assert lora_serving(load_config(None, async_run)) == ("merged", 4)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["model.lora_sync=adapter"], r"model\.lora_sync=adapter needs a LoRA policy: set model\.lora\.r > 0"),
+        (
+            ["model.lora.r=4", "rollout.engine=vllm", "sync.offset=16"],
+            r"model\.lora_sync=adapter: sync\.offset=16 keeps 17 policy versions live .* rollout\.engine=vllm holds "
+            r"at most 16 adapters; lower sync\.offset or use model\.lora_sync=merged",
+        ),
+        (
+            ["model.lora.r=4", "rollout.engine=vllm", "sync.mode=async", "sync.max_staleness=16"],
+            r"model\.lora_sync=adapter: sync\.max_staleness=16 keeps 17 policy versions live .* at most 16 adapters; "
+            r"lower sync\.max_staleness",
+        ),
+    ],
+)
+def test_what_the_sampler_cannot_serve_is_refused_at_config_load_in_one_line(overrides, line, tmp_path, capsys):
+    """Before anything is built or written: ``oprl train`` exits 2 with the one line, and no run directory."""
+    from oprl.cli import main
+
+    with pytest.raises(OprlError, match=f"^{line}"):
+        load_config(None, overrides)
+    assert main(["train", *overrides, f"output_dir={tmp_path}", "run_name=refused"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: model.lora_sync=adapter") and not any(tmp_path.iterdir())
+
+
+def test_the_live_versions_an_engine_can_hold_pass_and_merged_or_unbounded_engines_are_not_limited():
+    for overrides in (
+        ["model.lora.r=4", "rollout.engine=vllm", "sync.offset=15"],  # 16 live: vLLM's most
+        ["model.lora.r=4", "rollout.engine=vllm", "sync.offset=16", "model.lora_sync=merged"],  # one model at a time
+        ["model.lora.r=4", "sync.offset=16"],  # lean: peft holds the one model it samples
+    ):
+        load_config(None, overrides)
+
+
 def test_refusals_are_one_line_before_anything_samples(tokenizer, VLLMEngine):
-    with pytest.raises(OprlError, match=r"^model\.lora_sync=adapter needs a LoRA policy: set model\.lora\.r > 0"):
-        load_config(None, ["model.lora_sync=adapter"])
     config = load_config(None, ["model.lora.r=4", "model.lora_sync=merged"])  # lean: peft's forward only
     with pytest.raises(OprlError, match=r"^model\.lora_sync=merged: rollout\.engine=lean serves a LoRA policy"):
         make_engine(config, lora_policy(tokenizer), tokenizer)

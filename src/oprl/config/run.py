@@ -232,6 +232,15 @@ class RunConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _lora_versions_fit(self) -> RunConfig:
+        """An adapter-synced LoRA run keeps no more policy versions live than its engine holds adapters
+        (``ModelConfig.check_lora_serving``, ``EngineCapabilities.lora_versions``)."""
+        if self.model.lora.r and self.model.lora_sync != "merged":
+            held = capabilities(self.rollout.engine).lora_versions
+            self.model.check_lora_serving(self.sync, self.rollout.engine, held)
+        return self
+
+    @model_validator(mode="after")
     def _partial_fits(self) -> RunConfig:
         """``sync.partial`` needs an engine that declares the ``sync.partial_kv`` mode (``oprl.rollout.capabilities``,
         read without building it) and overlapped workers (docs/runtime.md#partial-rollouts)."""

@@ -22,6 +22,7 @@ from oprl.tasks.section import Section as _Section
 
 if TYPE_CHECKING:
     from oprl.config.run import RunConfig
+    from oprl.config.sync import SyncConfig
 
 
 class LoraConfig(_Section):
@@ -75,6 +76,30 @@ class ModelConfig(_Section):
                 "weight), or drop model.lora_sync"
             )
         return self
+
+    def lora_serving(self, sync: SyncConfig) -> tuple[str, int] | None:
+        """``(lora_sync, live policy versions)`` of a LoRA policy (None for a full fine-tune): the mode (adapter
+        unless set) and how many versions a sampler may need at once, the newest plus every one a batch in flight
+        can still be sampled under: ``sync.max_staleness + 1`` in async mode, ``sync.offset + 1`` scheduled (a
+        partial rollout switches to a newer version, never back)."""
+        if self.lora.r == 0:
+            return None
+        versions = sync.max_staleness + 1 if sync.mode == "async" else sync.offset + 1
+        return self.lora_sync or "adapter", versions
+
+    def check_lora_serving(self, sync: SyncConfig, engine: str, held: int) -> None:
+        """Refuse, in one line before the run starts, an adapter-synced LoRA run whose live versions
+        (``lora_serving``) exceed the ``held`` adapters ``rollout.engine=engine`` holds at once
+        (``EngineCapabilities.lora_versions``; 0 = no bound)."""
+        serving = self.lora_serving(sync)
+        if serving is None or serving[0] != "adapter" or not held or serving[1] <= held:
+            return
+        lag = f"sync.max_staleness={sync.max_staleness}" if sync.mode == "async" else f"sync.offset={sync.offset}"
+        raise OprlError(
+            f"model.lora_sync=adapter: {lag} keeps {serving[1]} policy versions live (each batch is sampled under "
+            f"its own adapter) but rollout.engine={engine} holds at most {held} adapters; lower "
+            f"{lag.partition('=')[0]} or use model.lora_sync=merged"
+        )
 
 
 class WarmStartConfig(_Section):

@@ -77,6 +77,10 @@ class EngineCapabilities:
     every engine under LoRA: the adapters alone, applied at each forward, as the torch engines do through peft) and
     ``merged`` (the base with each adapter folded in). An engine declaring both is built with ``lora_sync=`` and
     ``lora_slots=`` (the policy versions it holds at once: ``oprl.worker_parts.lora_serving``)."""
+    lora_versions: int = 0
+    """Most LoRA policy versions the engine holds at once under ``model.lora_sync=adapter`` (vLLM: its
+    ``max_loras``, allocated at start-up); 0 = no bound. An adapter-synced run whose lag keeps more live is refused
+    at config load (``oprl.config.sections.ModelConfig.check_lora_serving``)."""
 
     @property
     def partial(self) -> bool:

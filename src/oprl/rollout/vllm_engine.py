@@ -61,6 +61,7 @@ from oprl.rollout.base import EngineCapabilities, Rollout, Switch, check_switch
 from oprl.rollout.vllm_shared import (  # noqa: F401
     _ENGINE_KEYS,
     INSTALL_HINT,
+    MAX_LORA_SLOTS,
     _check_supported,
     lora_slots_for,
     require_vllm,
@@ -83,6 +84,7 @@ class VLLMEngine:
         exact_truncation=True,  # logprobs_mode="processed_logprobs" over vLLM's apply_top_k_top_p
         engine_process=True,  # VLLM_ENABLE_V1_MULTIPROCESSING=1 for this engine
         lora_sync=("adapter", "merged"),  # enable_lora adapters, or the merged model reloaded
+        lora_versions=MAX_LORA_SLOTS,  # max_loras: every slot allocated at start-up
     )
 
     def __init__(
