@@ -6,7 +6,7 @@ complete, so a ``kill -9`` leaves either a whole checkpoint or none. Inside:
 - ``trainer/model.safetensors`` (every weight, ``safetensors.torch.save_model``), ``trainer/optimizer.*``
   (tensors in safetensors, the rest in JSON), ``trainer/rng.safetensors``, ``trainer/trainer.json``,
   ``trainer/carry.safetensors`` (what a method carries between steps, e.g. the Kondo gate's window; absent when
-  it carries nothing); with
+  it carries nothing), ``trainer/schedule.json`` (the learning-rate schedule's position); with
   ``trainer.sharding`` ddp/fsdp the ranks' ``torch.distributed.checkpoint`` shards in ``trainer/dcp/`` in place
   of model and optimizer (``load_full_weights`` assembles them into one unsharded model for mode=eval);
 - ``buffer/`` (``ExperienceBuffer.save``: unconsumed batches and the replay pool, parquet + JSON);
@@ -204,6 +204,25 @@ def load_carry(directory: str | Path, of: Callable[[dict[str, torch.Tensor]], T]
         return of({})
     with loading(path):
         return of(load_file(str(path)))
+
+
+def save_schedule(directory: str | Path, slot: int, schedule) -> None:
+    """The learning-rate schedule's position as ``schedule.json``: the update slot reached and the schedule
+    (``oprl.trainer.lr_schedule.LrSchedule``: kind, warmup and total slots) it followed."""
+    write_json(Path(directory) / "schedule.json",
+               {"slot": slot, "kind": schedule.kind, "warmup": schedule.warmup, "total": schedule.total})  # fmt: skip
+
+
+def load_schedule(directory: str | Path) -> dict | None:
+    """Inverse of ``save_schedule``; None for a checkpoint written before schedules were saved (a constant rate)."""
+    path = Path(directory) / "schedule.json"
+    if not path.is_file():
+        return None
+    with loading(path):
+        data = read_json(path)
+        if not all(isinstance(data.get(key), int) for key in ("slot", "warmup", "total")):
+            raise ValueError("expected integer slot, warmup and total")
+        return data
 
 
 def load_rng(directory: Path) -> None:

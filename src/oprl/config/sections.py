@@ -283,7 +283,19 @@ class RolloutConfig(_Section):
 
 class OptimConfig(_Section):
     lr: float = Field(3e-4, gt=0.0)
-    """AdamW learning rate (constant). 3e-4 suits the embedded tiny model; the paper used 1e-6 for 1.5B models."""
+    """AdamW learning rate: the peak of ``lr_schedule`` (the rate itself under ``constant``). 3e-4 suits the embedded
+    tiny model; the paper used 1e-6 for 1.5B models."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """The rate over the run (transformers' formulas, TRL's ``lr_scheduler_type``; ``oprl.trainer.lr_schedule``):
+    ``constant``; ``linear`` decay to 0 at the last step; ``cosine`` half a cosine down to 0 at the last step; each
+    after the warmup, if any. It moves at every optimizer update (``epochs * mini_batches`` per step) over
+    ``steps`` steps; a resume that adds steps stretches what is left of it. Logged as ``optim/lr``."""
+    warmup_steps: int | None = Field(None, ge=0)
+    """Trainer steps of linear warmup from rate 0 to ``lr`` (the first update runs at 0, as in transformers); not
+    with ``warmup_ratio``. None = no warmup."""
+    warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0)
+    """Warmup as a fraction of the run's updates (``ceil(ratio * steps * epochs * mini_batches)``, TRL's
+    rounding); not with ``warmup_steps``. None = no warmup."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -296,6 +308,15 @@ class OptimConfig(_Section):
     """Passes over each batch (paper: 1)."""
     micro_batch_size: int = Field(256, gt=0)
     """Rows per forward/backward pass; gradients are accumulated exactly, so this only trades memory."""
+
+    @model_validator(mode="after")
+    def _one_warmup(self) -> OptimConfig:
+        if self.warmup_steps is not None and self.warmup_ratio is not None:
+            raise OprlError(
+                f"optim.warmup_steps={self.warmup_steps} and optim.warmup_ratio={self.warmup_ratio}: give one of "
+                "them (warmup_steps in trainer steps, warmup_ratio as a fraction of the run)"
+            )
+        return self
 
 
 class EvalConfig(_Section):

@@ -27,7 +27,16 @@ import torch
 
 from oprl.algorithms.step import Carry
 from oprl.backends.failure import process_died
-from oprl.checkpoint.files import SHARDS, load_carry, load_rng, read_json, save_carry, save_rng, write_json
+from oprl.checkpoint.files import (
+    SHARDS,
+    load_carry,
+    load_rng,
+    read_json,
+    save_carry,
+    save_rng,
+    save_schedule,
+    write_json,
+)
 from oprl.config.sections import check_trainer_device
 from oprl.errors import OprlError
 from oprl.trainer.distributed import DataParallel, gather_weights, init_process_group, load_sharded, save_sharded
@@ -165,6 +174,7 @@ class TrainerRank:
         if self.rank == 0:
             save_rng(root)
             save_carry(root, self.trainer.carry.tensors())  # every rank computes the same carry
+            save_schedule(root, self.trainer.lr_slot, self.trainer.schedule)  # and the same schedule position
             write_json(
                 root / "trainer.json",
                 {
@@ -176,6 +186,8 @@ class TrainerRank:
         return self.trainer.version
 
     def restore(self, directory: str) -> int:
+        from oprl.trainer.trainer import restore_schedule
+
         root = Path(directory)
         if not (root / SHARDS).is_dir():
             raise OprlError(
@@ -186,6 +198,7 @@ class TrainerRank:
         load_rng(root)
         self.trainer.carry = load_carry(root, Carry.of)
         self.trainer.version = read_json(root / "trainer.json")["version"]
+        self.trainer.lr_slot = restore_schedule(root, self.trainer)
         return self.trainer.version
 
     def save_final(self, directory: str) -> None:

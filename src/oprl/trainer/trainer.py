@@ -23,18 +23,27 @@ import logging
 import math
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from oprl.algorithms.method import Method
 from oprl.algorithms.step import Carry, LossTerms, loss_terms, step_advantages, step_scale
-from oprl.checkpoint.files import load_carry, load_trainer_state, save_carry, save_trainer_state
+from oprl.checkpoint.files import (
+    load_carry,
+    load_schedule,
+    load_trainer_state,
+    save_carry,
+    save_schedule,
+    save_trainer_state,
+)
 from oprl.messages import Experience, TrainResult
 from oprl.models.truncation import Sampling
 from oprl.schedule import stream_seed
 from oprl.trainer.distributed import SingleProcess
-from oprl.trainer.inputs import Inputs, RowInputs, StepInputs, method_of
+from oprl.trainer.inputs import Inputs, RowInputs, StepInputs
+from oprl.trainer.lr_schedule import LrSchedule
 from oprl.trainer.staleness import mask_stale_tokens
 from oprl.trainer.step_metrics import SKIPPED, StepMetrics, advantage_metrics, batch_step_metrics, floats, step_means
 from oprl.worker_parts import Clock, load_model, make_engine, trainable_weights
@@ -72,8 +81,13 @@ class Trainer:
         activation_checkpointing: bool = False,
         autocast: torch.dtype | None = None,
         max_token_lag: int | None = None,
+        schedule: LrSchedule | None = None,
     ):
         self.model, self.pad_id, self.optim, self.seed = model, pad_id, optim, seed
+        self.schedule = schedule or LrSchedule()
+        """The learning rate of every update slot (``oprl.trainer.lr_schedule``; constant by default)."""
+        self.lr_slot = 0
+        """The schedule's position: update slots run so far (``version * epochs * mini_batches`` after a step)."""
         self.method = method
         """The algorithm: its settings by stage and what a step computes for it (``Method.needs``)."""
         self.sampling = sampling
@@ -113,8 +127,10 @@ class Trainer:
         for _ in range(self.optim.epochs):
             order = kept[torch.randperm(len(kept), generator=generator)] if self.optim.mini_batches > 1 else kept
             for rows in order.tensor_split(self.optim.mini_batches):
+                self._schedule_lr()
                 if len(rows):
                     updates.append(self._update(batch, rows.tolist(), adv.advantages, inputs))
+                self.lr_slot += 1  # every slot, run or not: the rate is a function of (step, slot) alone
         out |= step_means(updates, inputs.seconds) | advantage_metrics(batch, adv) | floats(adv_metrics)
         self.version += 1
         out["perf/train_s"] = time.perf_counter() - start
@@ -179,6 +195,12 @@ class Trainer:
         tensors = (given or RowInputs()).padded(rows, mask)  # the loss's tokens and its other (B, T) inputs
         return loss_terms(logprobs, entropy, advantages.to(mask.device), tensors, self.method)
 
+    def _schedule_lr(self) -> None:
+        """Every parameter group at ``optim.lr`` times the schedule's factor at slot ``lr_slot``."""
+        rate = self.optim.lr * self.schedule.factor(self.lr_slot)
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate
+
     def _optimizer_step(self, scale: float, skipped: bool) -> float:
         """AdamW's step at the learning rate times ``scale`` (this update only), unless ``skipped``; the rate used."""
         configured = [group["lr"] for group in self.optimizer.param_groups]
@@ -217,15 +239,33 @@ def train_result(metrics: dict[str, float], version: int, batch: list[Experience
     return TrainResult(metrics, version, start_version, busy_s=totals["busy_s"], idle_s=totals["idle_s"])
 
 
+def restore_schedule(directory: str | Path, trainer: Trainer) -> int:
+    """The schedule's slot saved in checkpoint ``directory`` (``version * epochs * mini_batches`` for a checkpoint
+    from before schedules were saved: every such run had the constant rate). A resume that changed the run's
+    length (``steps``) goes on from that slot on the schedule over the new length, and says so in one line."""
+    saved = load_schedule(directory)
+    if saved is None:
+        return trainer.version * trainer.optim.epochs * trainer.optim.mini_batches
+    was = LrSchedule(saved["kind"], saved["warmup"], saved["total"])
+    slot = saved["slot"]
+    if was != trainer.schedule:
+        log.warning("optim.lr_schedule: the run now has %d updates (was %d): from update %d the rate follows %s "
+                    "(%.3g, was %.3g on the old schedule)", trainer.schedule.total, was.total, slot,
+                    trainer.schedule.describe(), trainer.optim.lr * trainer.schedule.factor(slot),
+                    trainer.optim.lr * was.factor(slot))  # fmt: skip
+    return slot
+
+
 def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess | None = None) -> Trainer:
     """The ``Trainer`` of ``config`` around ``model`` (one process, or one rank of ``parallel``)."""
+    from oprl.config import algorithm_of
     from oprl.models.loading import resolve_device
     from oprl.models.precision import autocast_dtype
 
     return Trainer(
         model,
         pad_id=pad_id,
-        method=method_of(config),
+        method=algorithm_of(config),
         optim=config.optim,
         sampling=Sampling.of(config.rollout),
         seed=config.seed,
@@ -233,6 +273,7 @@ def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess
         activation_checkpointing=config.trainer.activation_checkpointing,
         autocast=autocast_dtype(config.trainer.autocast, resolve_device(config.model.device)),
         max_token_lag=config.sync.max_token_lag,
+        schedule=LrSchedule.of(config.optim, config.steps),
     )
 
 
@@ -275,11 +316,13 @@ class TrainerWorker:
         with self.clock.work():
             save_trainer_state(directory, self.model, self.trainer.optimizer, self.trainer.version)
             save_carry(directory, self.trainer.carry.tensors())
+            save_schedule(directory, self.trainer.lr_slot, self.trainer.schedule)
         return self.trainer.version
 
     def restore(self, directory: str) -> int:
         self.trainer.version = load_trainer_state(directory, self.model, self.trainer.optimizer)
         self.trainer.carry = load_carry(directory, Carry.of)
+        self.trainer.lr_slot = restore_schedule(directory, self.trainer)
         return self.trainer.version
 
     def save_final(self, directory: str) -> None:
