@@ -68,29 +68,48 @@ def gap(model, prompts, rollout) -> float:
 
 
 # -- what crosses ----------------------------------------------------------------------------------------------
-def test_a_lora_snapshot_is_the_adapters_alone_and_crosses_a_process_byte_equal(tokenizer):
-    """The trainer's snapshot of a LoRA policy holds lora_A / lora_B only (no base tensor travels); through a worker
-    process's pipe (backend=processes) it arrives byte-equal and loads into a fresh policy exactly."""
-    from oprl.backends.processes import ProcessActor
+def backend_of(name: str):
+    """A backend of kind ``name`` (threads, processes, ray: a local 1-CPU Ray started here, shut down by
+    ``shutdown``)."""
+    if name == "ray":
+        pytest.importorskip("ray")
+        from oprl.backends.ray_backend import RayBackend
 
+        return RayBackend(address=None, num_cpus=1, workers=1)
+    from oprl.backends.local import LocalBackend
+
+    return LocalBackend(workers=name)
+
+
+@pytest.mark.parametrize("backend_name", ["threads", "processes", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_lora_snapshot_is_the_adapters_alone_and_crosses_every_backend_byte_equal(tokenizer, backend_name, tmp_path):
+    """The trainer's snapshot of a LoRA policy holds lora_A / lora_B only (no base tensor travels); through a
+    worker of each backend (threads: by reference; processes: the worker pipe and shared memory; Ray: its object
+    store) it arrives byte-equal, loads into a fresh policy exactly, and what vLLM then reads (``write_adapter``)
+    is the trainer's own adapter file, byte for byte."""
     model = lora_policy(tokenizer)
-    snapshot = trainable_weights(model, to_cpu=True)
+    backend = backend_of(backend_name)
+    snapshot = trainable_weights(model, to_cpu=backend.cpu_snapshots)
     assert snapshot and all(".lora_A." in name or ".lora_B." in name for name in snapshot)
     adapter_bytes = sum(t.numel() * t.element_size() for t in snapshot.values())
     whole = sum(t.numel() * t.element_size() for t in merged_weights(model).values())
     assert adapter_bytes * 10 < whole
-    actor = ProcessActor("echo", dict, (), threads=1)
+    actor = backend.start("echo", dict, threads=1)
     try:
-        back = actor.call("setdefault", "weights", snapshot).result(timeout=120)
+        backend.wait_ready(actor)
+        back = backend.get(actor.call("setdefault", "weights", snapshot))
     finally:
-        actor.stop()
-        actor.join()
+        backend.shutdown([actor])
+    assert back.keys() == snapshot.keys()
     for name, tensor in snapshot.items():
         assert back[name].dtype == tensor.dtype and back[name].numpy().tobytes() == tensor.numpy().tobytes()
     fresh = lora_policy(tokenizer, seed=3)
     step(fresh, 99)  # other adapters, the same base
     LeanEngine(fresh, tokenizer).load_weights(back)
     assert all(torch.equal(p, dict(model.named_parameters())[n]) for n, p in fresh.named_parameters())
+    assert write_adapter(fresh, tmp_path / "sampler") == write_adapter(model, tmp_path / "trainer") == adapter_bytes
+    for file in ("adapter_model.safetensors", "adapter_config.json"):
+        assert (tmp_path / "sampler" / file).read_bytes() == (tmp_path / "trainer" / file).read_bytes()
 
 
 def test_the_adapter_directory_holds_the_snapshot_byte_equal(tokenizer, tmp_path):
@@ -201,6 +220,53 @@ def test_a_batch_across_a_switch_records_each_token_under_its_own_adapter(tokeni
     assert (under_new - behaviour)[:, 4:][mask[:, 4:]].abs().max() < 1e-4
     assert (under_old - behaviour)[:, 4:][mask[:, 4:]].abs().max() > 1e-2
     assert gap(new, prompts, other.generate(prompts, seed=6)) < 1e-4
+
+
+def test_a_batch_in_flight_across_two_syncs_samples_each_token_under_its_own_adapter(tokenizer, VLLMEngine, tmp_path):
+    """One batch, two syncs while it decodes (partial rollouts, recompute): tokens 0-2 under version 0's adapter,
+    3-5 under version 1's, the rest under version 2's; each token's recorded version is the one whose policy gives
+    its behaviour log-prob (within the kernels' 1e-4), not a neighbour's; the engine holds at most its 2 slots
+    and loads the base once (at its first call), never at a sync."""
+    from oprl.checkpoint.board import post_weights
+    from oprl.explorer.switcher import Switcher
+
+    class TwoSyncs(Switcher):
+        """Loads version v at decode step ``at`` for each ``(at, v)`` of ``plan``."""
+
+        def __init__(self, engine, board, plan):
+            super().__init__(engine, board, 0, kv="recompute")
+            self.plan = plan
+
+        def before(self, step):
+            due = [v for at, v in self.plan if at <= step and v > self.version]
+            return self._load(due[-1], wait=True, step=step) if due else False
+
+        def next_point(self, step):
+            return min((at for at, v in self.plan if at > step and v > self.version), default=None)
+
+    policies = [lora_policy(tokenizer, seed=21)]
+    for version in (1, 2):
+        policies.append(copy.deepcopy(policies[-1]))
+        step(policies[-1], 21 + version)
+        post_weights(tmp_path / "board", version, trainable_weights(policies[-1], to_cpu=True))
+    prompts = prompts_of(tokenizer)
+    engine = VLLMEngine(copy.deepcopy(policies[0]), tokenizer, max_new_tokens=12, lora_sync="adapter", lora_slots=2)
+    reloads = engine.shared.reloads
+    rollout = engine.generate(prompts, seed=9, switch=TwoSyncs(engine, tmp_path / "board", [(3, 1), (6, 2)]))
+    assert max(len(r) for r in rollout.response_ids) > 6
+    for i, response in enumerate(rollout.response_ids):
+        expected = [0] * min(3, len(response)) + [1] * max(0, min(6, len(response)) - 3) + [2] * (len(response) - 6)
+        assert rollout.behavior_versions[i] == expected[: len(response)]
+    _, behaviour, mask = recomputed(policies[0], prompts, rollout)
+    versions = torch.zeros_like(mask, dtype=torch.long)
+    for i, row in enumerate(rollout.behavior_versions):
+        versions[i, : len(row)] = torch.tensor(row)
+    for version, policy in enumerate(policies):
+        under, _, _ = recomputed(policy, prompts, rollout)
+        own, others = mask & (versions == version), mask & (versions != version)
+        assert own.any() and (under - behaviour)[own].abs().max() < 1e-4
+        assert (under - behaviour)[others].abs().max() > 1e-2  # the versions differ where they are told apart
+    assert len(engine.shared.adapters) <= 2 and engine.shared.reloads <= reloads + 1  # its base once, then adapters
 
 
 # -- configuration ---------------------------------------------------------------------------------------------
