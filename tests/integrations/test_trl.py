@@ -10,7 +10,7 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from oprl.algorithms import LossParams, advantage_settings, group_advantages, policy_loss, resolve_preset
-from oprl.integrations.trl import OprlGRPOTrainer
+from oprl.integrations.trl import OprlGRPOTrainer, grpo_schedule
 from oprl.models.tiny import build_model, build_tokenizer
 
 
@@ -19,7 +19,7 @@ def digits_reward(completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
-def make_trainer(tmp_path, preset, steps=2, **algorithm):
+def make_trainer(tmp_path, preset, steps=2, schedule=None, **algorithm):
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
@@ -39,6 +39,7 @@ def make_trainer(tmp_path, preset, steps=2, **algorithm):
         beta=0.0,
         seed=0,
         temperature=1.0,
+        **(schedule or {}),
     )
     return OprlGRPOTrainer(
         model=model,
@@ -125,3 +126,26 @@ def test_a_preset_that_needs_oprls_trainer_is_refused(tmp_path):
     make_trainer(tmp_path, "vcpo", ess_lr="none", baseline="mean")  # its loss alone is fine
     with pytest.raises(ValueError, match=r"'aspo-entropy' needs oprl's own trainer for entropy_eps=0\.4"):
         make_trainer(tmp_path, "aspo-entropy")  # its band reads the trainer forward's token entropies
+
+
+@pytest.mark.parametrize(
+    ("kind", "warmup"),
+    [("cosine", {"warmup_ratio": 0.25}), ("linear", {"warmup_steps": 2}), ("constant", {"warmup_steps": 3})],
+)
+def test_grpo_schedule_gives_oprls_rates_in_trl(tmp_path, kind, warmup):
+    from oprl.config import OptimConfig
+    from oprl.trainer.lr_schedule import LrSchedule
+
+    steps = 10
+    trainer = make_trainer(tmp_path, "rec-oneside-nois", steps=steps, schedule=grpo_schedule(kind, **warmup))
+    trainer.create_optimizer_and_scheduler(num_training_steps=steps)  # what TRL's train() builds
+    ours = LrSchedule.of(OptimConfig(lr=5e-2, lr_schedule=kind, **warmup), steps)
+    rates = []
+    for _ in range(steps):
+        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    assert rates == pytest.approx([5e-2 * ours.factor(t) for t in range(steps)], abs=1e-12)
+    assert ours.warmup > 0 and rates[0] == 0.0
+    with pytest.raises(ValueError, match="give one of them"):
+        grpo_schedule("cosine", warmup_steps=1, warmup_ratio=0.1)

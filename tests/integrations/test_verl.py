@@ -98,3 +98,32 @@ def test_advantage_estimator_equals_oprl(preset):
     torch.testing.assert_close(adv, expected.advantages[:, None] * mask)
     torch.testing.assert_close(returns, adv)
     assert adv.abs().sum() > 0
+
+
+@pytest.mark.parametrize(("kind", "warmup"), [("cosine", {"warmup_ratio": 0.25}), ("constant", {"warmup_steps": 3})])
+def test_verl_schedule_gives_oprls_rates_in_verls_fsdp_actor(kind, warmup):
+    from types import SimpleNamespace
+
+    from verl.workers.config.optimizer import FSDPOptimizerConfig
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    from oprl.config import OptimConfig
+    from oprl.integrations.verl import VERL_OPTIM, verl_schedule
+    from oprl.trainer.lr_schedule import LrSchedule
+
+    steps = 10
+    overrides = verl_schedule(kind, total_steps=steps, **warmup)
+    fields = {key.removeprefix(VERL_OPTIM): value for key, value in (o.split("=", 1) for o in overrides)}
+    config = OmegaConf.merge(OmegaConf.structured(FSDPOptimizerConfig(lr=0.1, total_training_steps=steps)), fields)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    engine = SimpleNamespace(optimizer_config=OmegaConf.to_object(config), rank=1)
+    scheduler = FSDPEngine._build_lr_scheduler(engine, optimizer)  # verl's own construction from its config
+    ours = LrSchedule.of(OptimConfig(lr=0.1, lr_schedule=kind, **warmup), steps)
+    rates = []
+    for _ in range(steps):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([0.1 * ours.factor(t) for t in range(steps)], abs=1e-12)
+    with pytest.raises(ValueError, match="constant and cosine"):
+        verl_schedule("linear")

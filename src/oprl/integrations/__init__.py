@@ -1,4 +1,5 @@
 """oprl's algorithms inside other trainers: ``oprl.integrations.trl`` (TRL's ``GRPOTrainer``).
 
-Each integration imports its library lazily and only the pure math of ``oprl.algorithms``.
+Each integration imports its library lazily and only the pure math of ``oprl.algorithms`` (and the learning-rate
+schedule's formulas, ``oprl.trainer.lr_schedule``, which ``grpo_schedule`` / ``verl_schedule`` map to theirs).
 """

@@ -23,14 +23,18 @@ through the loss instead of a reference model), text models. ``pip install 'oprl
     trainer = OprlGRPOTrainer(model=..., reward_funcs=[...], args=GRPOConfig(...), train_dataset=...,
                               preset="rec-oneside-nois")
     trainer.train()
+
+``grpo_schedule`` gives the ``GRPOConfig`` arguments of an oprl learning-rate schedule (``optim.lr_schedule`` with
+``warmup_steps`` | ``warmup_ratio``): ``GRPOConfig(..., **grpo_schedule("cosine", warmup_ratio=0.1))``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from oprl.algorithms import (
     LossParams,
@@ -40,6 +44,30 @@ from oprl.algorithms import (
     resolve_preset,
     trainer_only,
 )
+from oprl.trainer.lr_schedule import KINDS, warmup_slots
+
+TRL_SCHEDULER = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+"""oprl's ``optim.lr_schedule`` as transformers' ``lr_scheduler_type``. TRL's ``constant`` ignores the warmup, so
+oprl's constant is ``constant_with_warmup`` (with no warmup the two are the same constant rate)."""
+
+
+def grpo_schedule(
+    lr_schedule: str = "constant", warmup_steps: int | None = None, warmup_ratio: float | None = None
+) -> dict[str, Any]:
+    """``GRPOConfig`` keyword arguments whose learning rate follows oprl's schedule ``lr_schedule`` (``constant``,
+    ``linear``, ``cosine``; ``oprl.trainer.lr_schedule``, the same formulas) with ``warmup_steps`` optimizer steps
+    or ``warmup_ratio`` of them (not both). transformers 5 takes a ratio as ``warmup_steps`` below 1 (rounded up
+    to whole steps, as oprl); older releases have ``warmup_ratio``."""
+    if lr_schedule not in KINDS:
+        raise ValueError(f"grpo_schedule: lr_schedule {lr_schedule!r} is not one of {', '.join(KINDS)}")
+    warmup_slots(warmup_steps, warmup_ratio, total=1)  # refuses both at once
+    args: dict[str, Any] = {"lr_scheduler_type": TRL_SCHEDULER[lr_schedule]}
+    if warmup_steps is not None:
+        args["warmup_steps"] = warmup_steps
+    elif warmup_ratio is not None:
+        fields = {field.name for field in dataclasses.fields(GRPOConfig)}
+        args["warmup_ratio" if "warmup_ratio" in fields else "warmup_steps"] = warmup_ratio
+    return args
 
 
 class OprlGRPOTrainer(GRPOTrainer):

@@ -20,10 +20,15 @@ its full dependency set in an environment of its own.
 
     from oprl.integrations.verl import register_verl
     register_verl()  # in verl's entry point (or a module it imports) before the trainer starts
+
+``verl_schedule`` gives the Hydra overrides of verl's actor optimizer for an oprl learning-rate schedule
+(``optim.lr_schedule`` with ``warmup_steps`` | ``warmup_ratio``): verl's FSDP actor has ``constant`` and ``cosine``
+(the same formulas: ``min_lr_ratio=0``, ``num_cycles=0.5``), not ``linear``; its rate moves once per trainer step.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -41,8 +46,37 @@ from oprl.algorithms import (
     resolve_preset,
     trainer_only,
 )
+from oprl.trainer.lr_schedule import KINDS, warmup_slots
 
 PREFIX = "oprl-"
+VERL_OPTIM = "actor_rollout_ref.actor.optim."
+"""Where verl's PPO trainer config holds the actor's optimizer (``FSDPOptimizerConfig``)."""
+
+
+def verl_schedule(
+    lr_schedule: str = "constant",
+    warmup_steps: int | None = None,
+    warmup_ratio: float | None = None,
+    total_steps: int | None = None,
+) -> list[str]:
+    """verl overrides (``key=value``) whose actor learning rate follows oprl's schedule ``lr_schedule``
+    (``oprl.trainer.lr_schedule``) with ``warmup_steps`` trainer steps or ``warmup_ratio`` of the run (not both).
+    verl rounds a ratio down; with ``total_steps`` (verl's ``trainer.total_training_steps``) the warmup is given
+    in steps, rounded up as oprl and TRL do. ``linear`` is refused: verl's FSDP actor has constant and cosine."""
+    if lr_schedule not in KINDS:
+        raise ValueError(f"verl_schedule: lr_schedule {lr_schedule!r} is not one of {', '.join(KINDS)}")
+    if lr_schedule == "linear":
+        raise ValueError("verl_schedule: verl's FSDP actor schedules are constant and cosine (no linear decay)")
+    warmup_slots(warmup_steps, warmup_ratio, total=1)  # refuses both at once
+    overrides = [f"{VERL_OPTIM}lr_scheduler_type={lr_schedule}", f"{VERL_OPTIM}min_lr_ratio=0.0",
+                 f"{VERL_OPTIM}num_cycles=0.5"]  # fmt: skip
+    if warmup_ratio is not None and total_steps is not None:
+        warmup_steps = math.ceil(warmup_ratio * total_steps)
+    if warmup_steps:  # verl reads lr_warmup_steps <= 0 as "use the ratio"
+        overrides.append(f"{VERL_OPTIM}lr_warmup_steps={warmup_steps}")
+    elif warmup_ratio is not None:
+        overrides.append(f"{VERL_OPTIM}lr_warmup_steps_ratio={warmup_ratio}")
+    return overrides
 
 
 def register_verl(presets: list[str] | None = None, seed: int = 0, **overrides: Any) -> list[str]:
