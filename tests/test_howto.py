@@ -11,7 +11,7 @@ import torch
 import recipes
 from oprl.algorithms import LossParams, losses
 from oprl.cli import main
-from oprl.config import algorithm_settings, load_config
+from oprl.config import algorithm_of, load_config
 from oprl.rollout import ENGINES, LeanEngine, Sampling
 
 
@@ -23,7 +23,7 @@ def _only_positive(ratio, advantages, params):
 def test_a_loss_variant_is_a_function_and_a_registry_entry(monkeypatch):
     monkeypatch.setitem(losses.CLIP_MODES, "only-positive", _only_positive)
     config = load_config(None, ["algorithm.clip_mode=only-positive"])  # the config checks the live registry
-    assert algorithm_settings(config)["clip_mode"] == "only-positive"
+    assert algorithm_of(config).loss.clip_mode == "only-positive"
     logprobs = torch.full((2, 3), -1.0, requires_grad=True)
     advantages = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 3)
@@ -37,8 +37,8 @@ def test_a_loss_variant_is_a_function_and_a_registry_entry(monkeypatch):
 
 
 def test_a_loss_knob_is_one_field_of_the_typed_settings(monkeypatch):
-    """docs/architecture.md "How to add a loss knob": a knob is a field of ``LossParams`` (in oprl: the field,
-    its ``ALGORITHM_DEFAULTS`` entry and its ``algorithm.<name>`` config field); a rule reads it by attribute.
+    """docs/architecture.md "How to add a loss knob": a knob is a field of ``LossParams`` (in oprl: one
+    ``knob(...)`` line in ``oprl.algorithms.spec``, which makes its config field); a rule reads it by attribute.
     Here the same outside oprl: a subclass adds ``positive_floor`` and a mask registered at test time uses it."""
     from dataclasses import dataclass
 
@@ -60,8 +60,9 @@ def test_a_loss_knob_is_one_field_of_the_typed_settings(monkeypatch):
 
 
 def test_every_loss_setting_is_a_config_key_with_one_default():
-    """In oprl a loss knob lives in three lines that must agree: a ``LossParams`` field, its default in
-    ``ALGORITHM_DEFAULTS`` and the ``algorithm.<name>`` config field (None = the preset's value)."""
+    """In oprl a loss knob is one line, a ``LossParams`` field declared with ``knob(...)`` in
+    ``oprl.algorithms.spec``; its default in ``ALGORITHM_DEFAULTS`` and its ``algorithm.<name>`` config field (None
+    = the preset's value) are generated from it."""
     from oprl.algorithms import ALGORITHM_DEFAULTS
     from oprl.config.algorithm import AlgorithmConfig
 
@@ -69,7 +70,7 @@ def test_every_loss_setting_is_a_config_key_with_one_default():
         assert name in AlgorithmConfig.model_fields and AlgorithmConfig.model_fields[name].default is None, name
         assert getattr(losses.LossParams(), name) == ALGORITHM_DEFAULTS[name], name
     config = load_config(None, ["algorithm.preset=rec-oneside-nois", "algorithm.eps_high=2.0"])
-    params = losses.LossParams.of(algorithm_settings(config))
+    params = algorithm_of(config).loss
     assert (params.clip_mode, params.eps_high, params.weight) == ("one-side", 2.0, "none")
 
 

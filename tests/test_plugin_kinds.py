@@ -11,7 +11,7 @@ import torch
 
 from oprl.algorithms import REGISTRIES, LossParams, policy_loss
 from oprl.cli import main
-from oprl.config import algorithm_settings, load_config
+from oprl.config import algorithm_of, load_config
 from oprl.errors import OprlError
 from oprl.tasks import DatasetTask
 from oprl.tasks.rewards.user import canonical_spec
@@ -81,7 +81,7 @@ def test_a_clip_mode_by_file_path_validates_and_reaches_policy_loss(variants):
     spec = f"{variants}:only_positive"
     config = load_config(None, [f"algorithm.clip_mode={spec}"])
     assert config.algorithm.clip_mode == spec  # the name as given: config.yaml records it, a resume resolves it
-    grad = _grad(**{k: v for k, v in algorithm_settings(config).items() if k in ("clip_mode", "weight")})
+    grad = _grad(**{k: v for k, v in algorithm_of(config).settings().items() if k in ("clip_mode", "weight")})
     assert torch.all(grad[0] != 0) and torch.all(grad[1] == 0)  # the negative response is masked
 
 

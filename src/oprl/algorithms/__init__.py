@@ -10,8 +10,11 @@
 - ``variance``: VCPO's controls: the step size scaled by the responses' ESS, the off-policy optimal baseline's weights.
 - ``kl``: KL-to-reference estimators k1/k2/k3 (the entropy is computed with the log-probs in ``oprl.models``).
 - ``surrogate``: the consistency surrogate whose gradient is group-relative REINFORCE (docs/paper.md#derivation).
-- ``defaults``: ``ALGORITHM_DEFAULTS``, the one source of every setting's default (the functions' keywords too).
-- ``presets``: the paper's algorithms as complete settings dicts.
+- ``spec``: the algorithm as one typed value (``Algorithm``: its stages' knobs, each declared once with its
+  default, meaning, citation and range; ``Algorithm.of(preset, overrides)``, the one resolver; ``Algorithm.needs``).
+- ``defaults``: the knob tables by name generated from ``spec`` (``ALGORITHM_DEFAULTS``, ...).
+- ``presets``: the paper's algorithms as complete settings dicts, and the checks across knobs.
+- ``step``: the stages of a trainer step over an ``Algorithm`` (advantages, loss terms, step size).
 
 This package imports only torch and the standard library: no config objects, logging, I/O or ``.item()``.
 See docs/algorithms.md for formulas, knobs, metrics and the bandit that motivates the regularisers.
@@ -55,6 +58,7 @@ from oprl.algorithms.presets import (
     validate_settings,
 )
 from oprl.algorithms.red_weight import RED_WEIGHT_LEVELS, RED_WEIGHT_RULES, red_weight_advantages
+from oprl.algorithms.spec import KNOBS, Algorithm, Needs
 from oprl.algorithms.surrogate import consistency_surrogate
 from oprl.algorithms.variance import (
     ESS_LR_RULES,
@@ -74,6 +78,7 @@ __all__ = [
     "DROP_RULES",
     "ESS_LR_RULES",
     "KL_ESTIMATORS",
+    "KNOBS",
     "LOSS_AGGREGATIONS",
     "MISMATCH_BAND",
     "OBJECTIVES",
@@ -88,10 +93,12 @@ __all__ = [
     "TRAINER_KEYS",
     "WEIGHTED_BASELINES",
     "WEIGHTS",
+    "Algorithm",
     "DropRule",
     "GroupAdvantages",
     "KondoGate",
     "LossParams",
+    "Needs",
     "SettingError",
     "advantage_settings",
     "aggregate",

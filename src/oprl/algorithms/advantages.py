@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from oprl.algorithms.defaults import ALGORITHM_DEFAULTS as D
 from oprl.algorithms.red_weight import red_weight_advantages, red_weight_metrics
 from oprl.algorithms.registry import lookup
+from oprl.algorithms.spec import Advantages as A
+from oprl.algorithms.variance import off_policy_baseline_log_weights
 from oprl.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -164,91 +165,107 @@ BASELINES: dict[str, Callable] = {
     "off-policy-optimal": _off_policy_optimal_baseline,
 }
 
-WEIGHTED_BASELINES: tuple[str, ...] = ("off-policy-optimal",)
-"""Baselines that need per-response ``log_weights`` (the trainer computes them when ``baseline`` is one)."""
+WEIGHTED_BASELINES: dict[str, Callable] = {
+    "off-policy-optimal": off_policy_baseline_log_weights,  # VCPO: log u = 2·log w + log ‖∇log π(y)‖²
+}
+"""The baselines that read per-response ``log_weights``, each with how they are made from the score statistics
+``(log w (N,), ‖∇θ log π_θ(y)‖² (N,)) -> log_weights (N,)``: an algorithm whose baseline is a key here makes the
+trainer compute those statistics (``Algorithm.needs.score_statistics``), and ``step_advantages`` hands the
+baseline its weights. A new estimator that needs the score norms is one entry here and one in ``BASELINES``."""
 
 
 def group_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
     *,
-    std_normalize: bool = D["std_normalize"],
-    mean_normalize: bool = D["mean_normalize"],
-    drop: str = D["drop"],
-    keep_dropped: bool = D["keep_dropped"],
-    baseline_shift: float = D["baseline_shift"],
-    baseline: str = D["baseline"],
-    tau: float = D["tau"],
-    red_weight: str = D["red_weight"],
-    red_weight_level: str = D["red_weight_level"],
+    std_normalize: bool = A.std_normalize,
+    mean_normalize: bool = A.mean_normalize,
+    drop: str = A.drop,
+    keep_dropped: bool = A.keep_dropped,
+    baseline_shift: float = A.baseline_shift,
+    baseline: str = A.baseline,
+    tau: float = A.tau,
+    red_weight: str = A.red_weight,
+    red_weight_level: str = A.red_weight_level,
     generator: torch.Generator | None = None,
     log_weights: torch.Tensor | None = None,
     response_lengths: torch.Tensor | None = None,
 ) -> GroupAdvantages:
-    """Advantages of ``rewards`` (N,) within the groups of ``group_ids`` (N,).
+    """Advantages of ``rewards`` (N,) within the groups of ``group_ids`` (N,), in four stages.
 
-    Over the responses S of a group (the kept ones for ``drop="balance"``, all of them otherwise), with
-    δ = baseline_shift:
-      b = mean_S(r)                                 (baseline="mean")
-      b = τ·log((1/|S|) Σ_S exp(r_j/τ))             (baseline="logavgexp", OPMD)
-      b = Σ_S u_j·r_j / Σ_S u_j, u = exp(log_weights) (baseline="off-policy-optimal", VCPO: log u_j =
-                                                     log(w_j²·‖∇log π(y_j)‖²), oprl.algorithms.variance; the
-                                                     group mean where every u_j = 0)
-      A_i = (r_i − b) + δ                           (AsymRE: the baseline lowered by δ)
-      A_i = (r_i − b)/(std_S(r) + 1e-6) + δ         (std_normalize; population std; δ in normalised units)
-      A_i = (r_i − b)/mean_S(r) + δ                 (mean_normalize, MaxRL: r_i/mean − 1 with b = mean; 0
-                                                     where mean_S(r) ≤ 0: success rewards are ≥ 0)
-    A group whose rewards over S are all equal (a singleton included) gets r_i − b = 0 exactly, so its
-    advantage is δ: zero by default, and AsymRE's uniform push up, the same effect as its forward-KL term.
-    RED-Drop: positives are r_i ≥ mean of the whole group; if negatives outnumber positives, ``balance``
-    drops negatives uniformly at random (``generator``) until the counts are equal, ``probabilistic`` drops
-    each negative with probability 1 − #pos/#neg. Dropped rows get A = 0 and keep=False, or keep=True with
-    ``keep_dropped`` (they then count in the loss denominators).
-    Adaptive RED-Weight (``red_weight`` = adaptive / shift, over the batch or each group: ``red_weight_level``)
-    then reshapes the A_i of the rows not dropped, given ``response_lengths`` (N,), each response's loss tokens:
-    where Σ A_i·L_i < 0, A_i·exp(A_i/T) with T the bisection root of Σ A_i·exp(A_i/T)·L_i = 0 in [0.8, 100], or
-    A_i − Σ A_j·L_j/Σ L_j (``oprl.algorithms.red_weight``).
+    1. The rows S of each group's statistics: all of them, or the rows the ``drop`` rule keeps (``DROP_RULES``:
+       RED-Drop's ``balance`` keeps every positive, r_i ≥ the group mean, and as many negatives drawn with
+       ``generator``; ``probabilistic`` drops each negative with probability 1 − #pos/#neg and keeps S whole).
+    2. The baseline b over S (``BASELINES``) and r_i − b:
+         b = mean_S(r)                                   (baseline="mean")
+         b = τ·log((1/|S|) Σ_S exp(r_j/τ))               (baseline="logavgexp", OPMD)
+         b = Σ_S u_j·r_j / Σ_S u_j, u = exp(log_weights)  (``WEIGHTED_BASELINES``: VCPO's off-policy-optimal,
+                                                          log u_j = log(w_j²·‖∇log π(y_j)‖²); mean if all u_j = 0)
+       A group whose rewards over S are all equal (a singleton included) gets r_i − b = 0 exactly.
+    3. The scale and the shift δ = baseline_shift (AsymRE: the baseline lowered by δ, so an all-equal group
+       gets δ, AsymRE's uniform push up):
+         A_i = (r_i − b)/(std_S(r) + 1e-6) + δ           (std_normalize, GRPO; population std)
+         A_i = (r_i − b)/mean_S(r) + δ                   (mean_normalize, MaxRL; 0 where mean_S(r) ≤ 0)
+         A_i = (r_i − b) + δ                             (neither)
+       Dropped rows get A = 0 and keep=False (keep=True with ``keep_dropped``: in the loss denominators).
+    4. Adaptive RED-Weight (``red_weight``: adaptive / shift, over the batch or each group: ``red_weight_level``)
+       reshapes the A_i of the rows not dropped where Σ A_i·L_i < 0, L_i = ``response_lengths`` (``red_weight.py``).
     """
-    drop_rule = lookup(DROP_RULES, drop, "drop")
-    baseline_fn = lookup(BASELINES, baseline, "baseline")
-    if not tau > 0:
-        raise ValueError(f"tau must be > 0 (the logavgexp temperature), got {tau!r}")
-    if std_normalize and mean_normalize:
-        raise ValueError("std_normalize and mean_normalize are alternatives (GRPO's std, MaxRL's mean): choose one")
-    if red_weight != "none" and response_lengths is None:
-        raise ValueError(f"red_weight={red_weight} needs response_lengths (N,): each response's loss token count")
+    _check_options(drop, baseline, tau, std_normalize, mean_normalize, red_weight, response_lengths)
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.get_default_dtype())
-
     distinct, group = torch.unique(group_ids, return_inverse=True)  # group: (N,) dense ids 0..G-1
     num_groups = len(distinct)
-    chosen = drop_rule.select(rewards, group, num_groups, generator)  # (N,) bool
-    stats = chosen if drop_rule.recenter else torch.ones_like(chosen)  # (N,) the rows S of the statistics
-    in_stats = stats.to(rewards.dtype)
-    count = _segment_sum(in_stats, group, num_groups).clamp(min=1)  # (G,)
-
+    rule = DROP_RULES[drop]
+    chosen = rule.select(rewards, group, num_groups, generator)  # (N,) bool
+    stats = chosen if rule.recenter else torch.ones_like(chosen)  # (N,) the rows S of the statistics
+    count = _segment_sum(stats.to(rewards.dtype), group, num_groups).clamp(min=1)  # (G,)
     weights = {"log_weights": log_weights} if baseline in WEIGHTED_BASELINES else {}  # read by those alone
-    center = baseline_fn(rewards, stats, group, num_groups, count, tau, **weights)  # (G,)
-    highest = _segment_extreme(rewards, stats, group, num_groups, "amax")  # (G,)
-    lowest = _segment_extreme(rewards, stats, group, num_groups, "amin")  # (G,)
-    # Equal rewards give exactly 0, not the rounding error of (r − mean), which std division would inflate.
-    varies = (highest > lowest)[group]  # (N,)
-    centered = torch.where(varies, rewards - center[group], torch.zeros_like(rewards))  # (N,)
-    if std_normalize:
-        mean = _segment_sum(rewards * in_stats, group, num_groups) / count
-        std = (_segment_sum(in_stats * (rewards - mean[group]).square(), group, num_groups) / count).sqrt()
-        centered = centered / (std[group] + STD_EPS)
-    if mean_normalize:  # MaxRL: the group's success rate rescales the gradient (rare successes weigh more)
-        mean = (_segment_sum(rewards * in_stats, group, num_groups) / count)[group]  # (N,)
-        centered = torch.where(mean > 0, centered / mean.clamp(min=STD_EPS), torch.zeros_like(centered))
-    advantages = torch.where(chosen, centered + baseline_shift, torch.zeros_like(rewards))
+    center = BASELINES[baseline](rewards, stats, group, num_groups, count, tau, **weights)  # (G,)
+    centered = _centered(rewards, center, stats, group, num_groups)  # (N,)
+    scaled = _scaled(centered, rewards, stats, group, num_groups, count, std_normalize, mean_normalize)  # (N,)
+    advantages = torch.where(chosen, scaled + baseline_shift, torch.zeros_like(rewards))
     metrics: dict[str, torch.Tensor] = {}
     if red_weight != "none":
         assert response_lengths is not None  # checked above
         shaped = red_weight_advantages(
             advantages, response_lengths, group, rule=red_weight, level=red_weight_level, members=chosen
         )
-        advantages = shaped.advantages
-        metrics = red_weight_metrics(shaped.fired, shaped.temperature)
+        advantages, metrics = shaped.advantages, red_weight_metrics(shaped.fired, shaped.temperature)
     keep = torch.ones_like(chosen) if keep_dropped else chosen
     return GroupAdvantages(advantages=advantages, keep=keep, dropped=~chosen, baseline=center[group], metrics=metrics)
+
+
+def _check_options(drop, baseline, tau, std_normalize, mean_normalize, red_weight, response_lengths) -> None:
+    """A ``ValueError`` naming the first option ``group_advantages`` cannot run with."""
+    lookup(DROP_RULES, drop, "drop")
+    lookup(BASELINES, baseline, "baseline")
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0 (the logavgexp temperature), got {tau!r}")
+    if std_normalize and mean_normalize:
+        raise ValueError("std_normalize and mean_normalize are alternatives (GRPO's std, MaxRL's mean): choose one")
+    if red_weight != "none" and response_lengths is None:
+        raise ValueError(f"red_weight={red_weight} needs response_lengths (N,): each response's loss token count")
+
+
+def _centered(rewards, center, stats, group, num_groups) -> torch.Tensor:
+    """(N,) r_i − b of each row's group; exactly 0 in a group whose rewards over ``stats`` are all equal, not the
+    rounding error of (r − mean), which the std division would inflate."""
+    highest = _segment_extreme(rewards, stats, group, num_groups, "amax")  # (G,)
+    lowest = _segment_extreme(rewards, stats, group, num_groups, "amin")  # (G,)
+    varies = (highest > lowest)[group]  # (N,)
+    return torch.where(varies, rewards - center[group], torch.zeros_like(rewards))
+
+
+def _scaled(centered, rewards, stats, group, num_groups, count, std_normalize, mean_normalize) -> torch.Tensor:
+    """(N,) ``centered`` divided by the group's population std over ``stats`` + 1e-6 (GRPO) or by its mean reward
+    (MaxRL: the group's success rate rescales the gradient, rare successes weigh more; 0 where the mean is ≤ 0)."""
+    in_stats = stats.to(rewards.dtype)
+    mean = _segment_sum(rewards * in_stats, group, num_groups) / count  # (G,)
+    if std_normalize:
+        std = (_segment_sum(in_stats * (rewards - mean[group]).square(), group, num_groups) / count).sqrt()
+        centered = centered / (std[group] + STD_EPS)
+    if mean_normalize:
+        row_mean = mean[group]  # (N,)
+        centered = torch.where(row_mean > 0, centered / row_mean.clamp(min=STD_EPS), torch.zeros_like(centered))
+    return centered

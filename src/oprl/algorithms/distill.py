@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from oprl.algorithms.defaults import ALGORITHM_DEFAULTS as D
 from oprl.algorithms.losses import MAX_LOG_RATIO
 from oprl.algorithms.registry import lookup
+from oprl.algorithms.spec import LOGPROB_FLOOR, Distill
 from oprl.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -48,11 +48,6 @@ def _replace(group_advantages: torch.Tensor, signal: torch.Tensor) -> torch.Tens
     return signal  # (B, T)
 
 
-LOGPROB_FLOOR = -20.0
-"""f, the least teacher log-prob the advantage uses (nats): e^-20 ≈ 2e-9, below any token a sampler at
-temperature ~1 draws in practice, so only tokens the teacher gives probability 0 (or nearly) reach it, and
-d_t = f − log π_b stays a bounded penalty of ~20 nats rather than −inf."""
-
 DISTILL_MIXES: dict[str, Callable] = {
     "add": _add,  # A_group + c·d_t: reward and teacher together (the reward model's advantage plus a KL term)
     "replace": _replace,  # c·d_t alone: pure on-policy distillation (tinker-cookbook, verl opd)
@@ -65,8 +60,8 @@ def distill_advantages(
     teacher_logprobs: torch.Tensor,
     mask: torch.Tensor,
     *,
-    distill_coef: float = D["distill_coef"],
-    distill_mix: str = D["distill_mix"],
+    distill_coef: float = Distill.distill_coef,
+    distill_mix: str = Distill.distill_mix,
     logprob_floor: float = LOGPROB_FLOOR,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token advantages (B, T) from the group advantages and the teacher's log-probs.
@@ -135,8 +130,8 @@ def teacher_advantages(
     teacher_logprobs: torch.Tensor,
     mask: torch.Tensor,
     *,
-    distill_coef: float = D["distill_coef"],
-    distill_mix: str = D["distill_mix"],
+    distill_coef: float = Distill.distill_coef,
+    distill_mix: str = Distill.distill_mix,
     logprob_floor: float = LOGPROB_FLOOR,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(advantages, distill_metrics)`` of rows that carry the teacher's log-probs: with ``distill_coef`` > 0 the

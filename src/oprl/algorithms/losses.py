@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, NamedTuple
 
 from oprl.algorithms import corrections, delight
 from oprl.algorithms.aggregation import aggregate
-from oprl.algorithms.defaults import ALGORITHM_DEFAULTS as D
 from oprl.algorithms.registry import lookup
+from oprl.algorithms.spec import LossParams, knob_names
 from oprl.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -47,94 +47,12 @@ MISMATCH_BAND = (0.8, 1.25)
 trainer and the sampler, which a bf16 sampler already produces on-policy (1.25 = 1/0.8, symmetric in log ρ)."""
 
 
-@dataclass(frozen=True)
-class LossParams:
-    """Every setting of ``policy_loss``, one typed value: which rule of each kind (a registry name) and the
-    numbers the rules read. Built once from the resolved algorithm settings (``LossParams.of``) and kept by the
-    trainer; each default is ``ALGORITHM_DEFAULTS``' (``defaults.py``, with its reason and citation), so
-    ``LossParams()`` is plain group-relative REINFORCE. A new loss knob is one field here with its docstring,
-    its default in ``ALGORITHM_DEFAULTS`` and its ``algorithm.<name>`` field in ``oprl.config.algorithm``.
+PLAIN = LossParams()
+"""``policy_loss``'s default settings: plain group-relative REINFORCE (M = 1, w = 1, token mean)."""
 
-    ``policy_loss`` hands the rules (masks, weights, objectives: ``(ratio, advantages, params)``) a copy that
-    also carries the call's tensors (B, T): ``mask``, the detached current ``logprobs`` and the anchor's
-    ``anchor_logprobs``, for rules on probabilities (DPPO) or on the whole batch (M2PO, BAPO); they are None in
-    the stored settings."""
-
-    clip_mode: str = D["clip_mode"]
-    """The token mask M (``CLIP_MODES``): none, one-side, two-side, ring, mask, dppo-tv, dppo-kl, m2-mask, ..."""
-    weight: str = D["weight"]
-    """The detached per-token weight w (``WEIGHTS``): none, importance-sampling, truncated-is, clipped-is, ..."""
-    ratio_level: str = D["ratio_level"]
-    """What ρ is (``RATIO_LEVELS``): per token, each response's geometric mean (GSPO), or its product (TOPR)."""
-    objective: str = D["objective"]
-    """The per-token objective (``OBJECTIVES``): policy-gradient −M·w·A·logprobs, or OAPL's regression."""
-    regularizer: str = D["regularizer"]
-    """R on every valid token (``REGULARIZERS``): none, squared-log-ratio (OPMD), forward-kl (AsymRE)."""
-    regularizer_coef: float = D["regularizer_coef"]
-    """c of the regulariser."""
-    loss_agg: str = D["loss_agg"]
-    """How (B, T) token losses become the scalar (``oprl.algorithms.aggregation``)."""
-    normalizer: float | None = None
-    """``seq-mean-token-sum-norm``'s fixed denominator (Dr.GRPO: the response budget); None = the batch's."""
-    eps_low: float = D["eps_low"]
-    """Clip band [1 − eps_low, 1 + eps_high] (DPPO: its divergence thresholds)."""
-    eps_high: float = D["eps_high"]
-    eps_low_prime: float = D["eps_low_prime"]
-    """REC-Ring's extremes: A ≥ 0 tokens with ρ ≤ 1 − eps_low_prime and A ≤ 0 ones with ρ ≥ 1 + eps_high_prime."""
-    eps_high_prime: float = D["eps_high_prime"]
-    mask_low: float = D["mask_low"]
-    """clip_mode=mask keeps mask_low ≤ ρ ≤ mask_high."""
-    mask_high: float = D["mask_high"]
-    is_cap: float = D["is_cap"]
-    """C of truncated-is min(ρ, C) and of decoupled PPO's behaviour weight min(π_prox/π_b, C)."""
-    weight_temperature: float = D["weight_temperature"]
-    """RED-Weight's T in w = exp(A/T)."""
-    m2_threshold: float = D["m2_threshold"]
-    """M2PO's τ_M2, the bound on the batch's second moment of log ρ."""
-    tau_pos: float = D["tau_pos"]
-    """SAPO's gate temperature for A > 0."""
-    tau_neg: float = D["tau_neg"]
-    """SAPO's gate temperature for A ≤ 0."""
-    bapo_target: float = D["bapo_target"]
-    """BAPO's ρ₀, the share of the clipped update the positive tokens must reach."""
-    bapo_low_max: float = D["bapo_low_max"]
-    """BAPO's b₋: the lower bound rises from 1 − eps_low up to this."""
-    bapo_high_max: float = D["bapo_high_max"]
-    """BAPO's b₊: the upper bound rises from 1 + eps_high up to this."""
-    dual_clip: float | None = D["dual_clip"]
-    """Dual-clip PPO's c (> 1; None = off): tokens with A < 0 and ρ > c get no gradient (BAPO's code, verl)."""
-    entropy_eps: float | None = D["entropy_eps"]
-    """ASPO's code: eps_low = eps_high = this for the tokens above their response's entropy_quantile (None = off)."""
-    entropy_quantile: float = D["entropy_quantile"]
-    """The per-response quantile of token entropy at or below which a token keeps eps_low / eps_high."""
-    delight_temperature: float | None = D["delight_temperature"]
-    """DG's η (None = off): each token's policy-gradient term times σ(A·(−logprobs)/η), detached (``delight.py``)."""
-    regression_beta: float = D["regression_beta"]
-    """OAPL's β on each response's Σ_t log(π/π_b)."""
-    vespo_k_pos: float = D["vespo_k_pos"]
-    """VESPO's shape k of φ(w) = e^λ·w^k·e^(−λw) for A ≥ 0."""
-    vespo_lambda_pos: float = D["vespo_lambda_pos"]
-    """VESPO's rate λ for A ≥ 0."""
-    vespo_k_neg: float = D["vespo_k_neg"]
-    """VESPO's shape k for A < 0."""
-    vespo_lambda_neg: float = D["vespo_lambda_neg"]
-    """VESPO's rate λ for A < 0."""
-    mask: torch.Tensor | None = field(default=None, repr=False)
-    logprobs: torch.Tensor | None = field(default=None, repr=False)
-    anchor_logprobs: torch.Tensor | None = field(default=None, repr=False)
-
-    @classmethod
-    def of(cls, settings: Mapping[str, Any], **extra: Any) -> LossParams:
-        """The loss's part of resolved algorithm settings (``resolve_preset``: a preset plus overrides; other
-        keys, e.g. the advantages', are not the loss's and are left out), with ``extra`` fields on top."""
-        return cls(**({key: settings[key] for key in SETTING_FIELDS if key in settings} | extra))
-
-
-SETTING_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in fields(LossParams) if f.name not in ("normalizer", "mask", "logprobs", "anchor_logprobs")
-)
-"""The ``LossParams`` fields that are algorithm settings (``algorithm.<name>``); normalizer and the call's
-tensors are filled in by the trainer and by ``policy_loss``."""
+SETTING_FIELDS: tuple[str, ...] = knob_names(LossParams)
+"""The ``LossParams`` fields that are algorithm knobs (``algorithm.<name>``, declared in ``spec.py``); normalizer
+and the call's tensors are filled in by the trainer and by ``policy_loss``."""
 
 
 def _in_band(ratio, params):
@@ -276,7 +194,7 @@ def policy_loss(
     behavior_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    params: LossParams = LossParams(),
+    params: LossParams = PLAIN,
     *,
     proximal_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
@@ -285,13 +203,12 @@ def policy_loss(
 
     Inputs: ``logprobs`` (B, T) with grad; ``behavior_logprobs`` (B, T) recorded by the sampler;
     ``advantages`` (B,), broadcast over T, or (B, T) per token (distillation, ``distill_advantages``);
-    ``mask`` (B, T) bool or float, 0 on prompt/padding (values of every input there
-    are ignored, even ±inf or NaN: the loss does not depend on them and their gradient is 0);
-    ``proximal_logprobs`` (B, T), optional: the trainer's log-probs under the pre-update weights
-    (decoupled PPO); ``entropy`` (B, T), detached, needed only with ``entropy_eps`` (ASPO's entropy-dependent
-    band). The anchor a is π_prox if given, else π_b. With ρ = exp(clamp(logprobs − a, ±20))
-    detached (``ratio_level=sequence``: each response's geometric mean, exp(mean_t log ρ_t), on all its
-    tokens) and A broadcast over T (or given per token, A_bt):
+    ``mask`` (B, T) bool or float, 0 on prompt/padding (values of every input there are ignored, even ±inf or
+    NaN: the loss does not depend on them and their gradient is 0); ``proximal_logprobs`` (B, T), optional: the
+    trainer's log-probs under the pre-update weights (decoupled PPO); ``entropy`` (B, T), detached, needed only
+    with ``entropy_eps`` (ASPO's entropy-dependent band). With the anchor a = π_prox if given, else π_b, and
+    ρ = exp(clamp(logprobs − a, ±20)) detached (``ratio_level``: per token, or each response's geometric mean
+    or product on all its tokens; ``_TokenView``):
       ℓ_bt = −M_bt·w_bt·v_bt·A_b·logprobs_bt + R_bt,   v = min(π_prox/π_b, C) with a proximal, else 1
       M (clip_mode): none 1 | one-side (A≥0 ∧ ρ≤1+ε_h) ∨ (A≤0 ∧ ρ≥1−ε_l) | two-side 1−ε_l ≤ ρ ≤ 1+ε_h |
                      ring two-side ∨ (A≥0 ∧ ρ≤1−ε'_l) ∨ (A≤0 ∧ ρ≥1+ε'_h) | mask mask_low ≤ ρ ≤ mask_high
@@ -299,62 +216,97 @@ def policy_loss(
                      clipped-is clip(ρ, 1−ε_l, 1+ε_h) | advantage exp(A/weight_temperature)
       R (regularizer, on every valid token whatever M): none 0 | squared-log-ratio c·(logprobs − π_b)² |
                      forward-kl −c·logprobs
-    The methods after the paper (``corrections.py``, docs/algorithms.md#the-arena-methods): M dppo-tv,
-    dppo-kl, m2-mask, m2-clip, bapo; w flipped-is, tapered, soft-gate; ratio_level sequence-sum (Π_t ρ_t);
-    objective advantage-regression replaces −M·w·A·logprobs by OAPL's (β·Σ_t log(π/a) − A)² per response.
-    Two options of any mask: ``entropy_eps`` gives the tokens above their response's entropy quantile the band
-    ε_low = ε_high = entropy_eps; ``dual_clip`` c also masks the tokens with A < 0 and ρ > c (dual-clip PPO).
-    One of any weight: ``delight_temperature`` η multiplies w by DG's gate σ(A·(−logprobs)/η), detached.
-    Every setting named above is a field of ``params`` (``LossParams``: C = is_cap, T = weight_temperature,
-    c = regularizer_coef, ...). loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor; metrics:
-    detached 0-dim tensors, averaged over valid tokens (see ``_metrics``), plus what a rule reports (M2PO's
-    M̂₂, BAPO's bounds, ...).
+    The methods after the paper (``corrections.py``, docs/algorithms.md#the-arena-methods): M dppo-tv, dppo-kl,
+    m2-mask, m2-clip, bapo; w flipped-is, tapered, soft-gate, gamma; objective advantage-regression replaces
+    −M·w·A·logprobs by OAPL's (β·Σ_t log(π/a) − A)² per response. Options of any mask: ``entropy_eps`` (the band
+    of the tokens above their response's entropy quantile), ``dual_clip`` c (also masks A < 0 ∧ ρ > c); of any
+    weight: ``delight_temperature`` η (times DG's gate σ(A·(−logprobs)/η), ``_token_weights``). Every setting is a
+    field of ``params`` (``LossParams``). loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor;
+    metrics: detached 0-dim tensors over valid tokens (``_metrics``) plus what a rule reports (M2PO's M̂₂, ...).
     """
-    keep_fn = lookup(CLIP_MODES, params.clip_mode, "clip_mode")
-    weight_fn = lookup(WEIGHTS, params.weight, "weight")
-    level_fn = lookup(RATIO_LEVELS, params.ratio_level, "ratio_level")
-    regularizer_fn = lookup(REGULARIZERS, params.regularizer, "regularizer")
-    objective_fn = lookup(OBJECTIVES, params.objective, "objective")
-
-    mask = mask.to(logprobs.dtype)  # (B, T)
-    valid = mask > 0  # (B, T)
-    # Masked positions may hold anything (−inf log-probs of padding, NaN behaviour values): replaced by 0
-    # before any arithmetic, so no inf·0 = NaN reaches the sums, and `where` passes them a zero gradient.
-    logprobs = torch.where(valid, logprobs, torch.zeros_like(logprobs))  # (B, T)
-    current = logprobs.detach()
-    # Padding may hold any behaviour value; a ratio of 1 there keeps every term finite.
-    behavior_logprobs = torch.where(valid, behavior_logprobs.to(logprobs.dtype), current)  # (B, T)
-    anchor = behavior_logprobs
-    if proximal_logprobs is not None:
-        anchor = torch.where(valid, proximal_logprobs.to(logprobs.dtype), current)  # (B, T)
-    log_ratio = level_fn((current - anchor).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), mask)  # (B, T)
-    ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()  # (B, T); a sequence sum can exceed 20
-    token_advantages = advantages.detach().to(logprobs.dtype)  # (B,) per response or (B, T) per token
-    if token_advantages.dim() == 1:
-        token_advantages = token_advantages[:, None].expand_as(logprobs)  # (B, T)
-    token_advantages = torch.where(valid, token_advantages, torch.zeros_like(token_advantages))  # (B, T)
-
-    params = replace(params, mask=mask, logprobs=current, anchor_logprobs=anchor)  # the rules' view of this call
+    keep_fn, weight_fn, level_fn, regularizer_fn, objective_fn = _rules(params)
+    view = _TokenView.of(logprobs, behavior_logprobs, advantages, mask, proximal_logprobs, level_fn)
+    params = replace(params, mask=view.mask, logprobs=view.current, anchor_logprobs=view.anchor)  # the rules' view
     params, band_metrics = corrections.entropy_band(entropy, params)  # per-token ε: ASPO's code (or unchanged)
 
-    keep, keep_metrics = _with_metrics(keep_fn(ratio, token_advantages, params))  # (B, T) bool
-    keep, dual_metrics = corrections.dual_clip(keep, ratio, token_advantages, params)  # dual-clip PPO (or unchanged)
-    weights, weight_metrics = _with_metrics(weight_fn(ratio, token_advantages, params))  # (B, T)
-    if proximal_logprobs is not None:  # AReaL's behaviour weight, π_prox/π_b capped at C
-        weights = weights * (anchor - behavior_logprobs).clamp(max=math.log(params.is_cap)).exp()
-    delight_metrics: dict[str, torch.Tensor] = {}
-    if params.delight_temperature is not None:  # DG: the gate σ(A·ℓ/η) on top of any mask and weight
-        gate, delight_metrics = delight.delight_gate(current, token_advantages, mask, params.delight_temperature)
-        weights = weights * gate  # (B, T)
-    pg_tokens, objective_metrics = objective_fn(logprobs, anchor, token_advantages, mask, keep, weights, params)
-    reg_tokens = regularizer_fn(logprobs, behavior_logprobs, params.regularizer_coef)  # (B, T)
+    keep, keep_metrics = _with_metrics(keep_fn(view.ratio, view.advantages, params))  # (B, T) bool
+    keep, dual_metrics = corrections.dual_clip(keep, view.ratio, view.advantages, params)  # dual-clip PPO (or not)
+    weights, weight_metrics = _token_weights(weight_fn, view, params, proximal=proximal_logprobs is not None)
+    pg_tokens, objective_metrics = objective_fn(
+        view.logprobs, view.anchor, view.advantages, view.mask, keep, weights, params
+    )  # (B, T)
+    reg_tokens = regularizer_fn(view.logprobs, view.behavior, params.regularizer_coef)  # (B, T)
 
-    pg_loss = aggregate(pg_tokens, mask, params.loss_agg, params.normalizer)  # ()
-    reg_loss = aggregate(reg_tokens, mask, params.loss_agg, params.normalizer)  # ()
-    metrics = _metrics(ratio, keep, weights, mask, pg_loss, reg_loss)
-    rules = {**band_metrics, **keep_metrics, **dual_metrics, **weight_metrics, **delight_metrics, **objective_metrics}
-    extra = {key: value.detach() for key, value in rules.items()}
-    return pg_loss + reg_loss, metrics | extra
+    pg_loss = aggregate(pg_tokens, view.mask, params.loss_agg, params.normalizer)  # ()
+    reg_loss = aggregate(reg_tokens, view.mask, params.loss_agg, params.normalizer)  # ()
+    metrics = _metrics(view.ratio, keep, weights, view.mask, pg_loss, reg_loss)
+    rules = {**band_metrics, **keep_metrics, **dual_metrics, **weight_metrics, **objective_metrics}
+    return pg_loss + reg_loss, metrics | {key: value.detach() for key, value in rules.items()}
+
+
+def _rules(params: LossParams) -> tuple[Callable, Callable, Callable, Callable, Callable]:
+    """The functions ``params`` names: its mask, weight, ratio level, regulariser and objective (a bad name: a
+    ``ValueError`` listing the valid ones)."""
+    return (
+        lookup(CLIP_MODES, params.clip_mode, "clip_mode"),
+        lookup(WEIGHTS, params.weight, "weight"),
+        lookup(RATIO_LEVELS, params.ratio_level, "ratio_level"),
+        lookup(REGULARIZERS, params.regularizer, "regularizer"),
+        lookup(OBJECTIVES, params.objective, "objective"),
+    )
+
+
+class _TokenView(NamedTuple):
+    """A call's inputs as every rule reads them, (B, T) each, finite everywhere: masked positions may hold
+    anything (−inf log-probs of padding, NaN behaviour values), replaced before any arithmetic so no inf·0 = NaN
+    reaches the sums, and ``where`` passes them a zero gradient."""
+
+    mask: torch.Tensor
+    """The mask in the log-probs' dtype."""
+    logprobs: torch.Tensor
+    """With grad; 0 at masked positions."""
+    current: torch.Tensor
+    """``logprobs`` detached."""
+    behavior: torch.Tensor
+    """π_b; the current log-prob at masked positions (a ratio of 1 there keeps every term finite)."""
+    anchor: torch.Tensor
+    """a: π_prox where given, else π_b."""
+    ratio: torch.Tensor
+    """ρ = exp(level(clamp(current − a, ±20))), clamped again (a sequence sum can exceed 20)."""
+    advantages: torch.Tensor
+    """Detached, per token (A broadcast over T), 0 at masked positions."""
+
+    @classmethod
+    def of(cls, logprobs, behavior_logprobs, advantages, mask, proximal_logprobs, level_fn) -> _TokenView:
+        mask = mask.to(logprobs.dtype)
+        valid = mask > 0
+        logprobs = torch.where(valid, logprobs, torch.zeros_like(logprobs))
+        current = logprobs.detach()
+        behavior = torch.where(valid, behavior_logprobs.to(logprobs.dtype), current)
+        anchor = behavior
+        if proximal_logprobs is not None:
+            anchor = torch.where(valid, proximal_logprobs.to(logprobs.dtype), current)
+        log_ratio = level_fn((current - anchor).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), mask)
+        ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
+        token_advantages = advantages.detach().to(logprobs.dtype)  # (B,) per response or (B, T) per token
+        if token_advantages.dim() == 1:
+            token_advantages = token_advantages[:, None].expand_as(logprobs)
+        token_advantages = torch.where(valid, token_advantages, torch.zeros_like(token_advantages))
+        return cls(mask, logprobs, current, behavior, anchor, ratio, token_advantages)
+
+
+def _token_weights(weight_fn, view: _TokenView, params: LossParams, *, proximal: bool):
+    """``(w (B, T), metrics)``: the weight rule's w, times AReaL's behaviour weight min(π_prox/π_b, C) with a
+    proximal anchor, times DG's gate σ(A·(−logprobs)/η) with ``delight_temperature`` (on top of any mask)."""
+    weights, metrics = _with_metrics(weight_fn(view.ratio, view.advantages, params))  # (B, T)
+    if proximal:
+        weights = weights * (view.anchor - view.behavior).clamp(max=math.log(params.is_cap)).exp()
+    if params.delight_temperature is not None:
+        gate, delight_metrics = delight.delight_gate(
+            view.current, view.advantages, view.mask, params.delight_temperature
+        )
+        weights, metrics = weights * gate, metrics | delight_metrics  # (B, T)
+    return weights, metrics
 
 
 def _with_metrics(result) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -1,24 +1,27 @@
-"""Named algorithms: each preset is a complete set of keyword arguments for the two pure functions.
+"""Named algorithms: each preset is a complete set of the knobs a preset sets (``ALGORITHM_DEFAULTS``, generated
+from their one declaration in ``spec.py``), and the checks every resolved set passes.
 
-A preset fixes every setting in ``ALGORITHM_DEFAULTS`` (``defaults.py``: also the two functions' keyword
-defaults); ``ADVANTAGE_KEYS`` go to ``group_advantages``, the loss's to ``LossParams.of``. Config keys
-are ``algorithm.<setting>``, the preset is chosen with ``algorithm.preset=<name>`` (e.g. ``oprl train
+``Algorithm.of(name, overrides)`` (``spec.py``) resolves a preset through ``complete_settings`` here; the config
+key of a knob is ``algorithm.<name>``, the preset is chosen with ``algorithm.preset=<name>`` (e.g. ``oprl train
 algorithm.preset=rec-oneside-nois algorithm.eps_high=2.0``). Sources: Yao et al. 2025, "Group-Relative
 REINFORCE Is Secretly an Off-Policy Algorithm" (arXiv 2509.24203), unless an entry says otherwise.
 
-Not here: the formulas (``advantages.py``, ``losses.py``) or config parsing (``oprl.config``).
-"""
+Not here: the formulas (``advantages.py``, ``losses.py``), a knob's default or range (``spec.py``) or config
+parsing (``oprl.config``)."""
 
 import math
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from oprl.algorithms.advantages import BASELINES, DROP_RULES, WEIGHTED_BASELINES
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS
 from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS
 from oprl.algorithms.distill import DISTILL_MIXES
+from oprl.algorithms.kl import KL_ESTIMATORS
 from oprl.algorithms.losses import CLIP_MODES, OBJECTIVES, RATIO_LEVELS, REGULARIZERS, WEIGHTS
 from oprl.algorithms.red_weight import RED_WEIGHT_LEVELS, RED_WEIGHT_RULES
 from oprl.algorithms.registry import unknown_name_message
+from oprl.algorithms.spec import KNOBS, Algorithm, default, range_error
 from oprl.algorithms.variance import ESS_LR_RULES
 
 _WIDE = {"eps_low": 0.6, "eps_high": 2.0}  # ρ ∈ [0.4, 3.0]: faster on- and near-policy (finding 3)
@@ -222,9 +225,10 @@ REGISTRIES: dict[str, dict[str, Any]] = {
     "ess_lr": ESS_LR_RULES,
     "red_weight": RED_WEIGHT_RULES,
     "red_weight_level": dict.fromkeys(RED_WEIGHT_LEVELS),
+    "kl_estimator": KL_ESTIMATORS,
 }
-"""The settings whose value is a registry key: the registry is the one list of valid strings (``oprl.config``
-builds its ``Literal`` types from it)."""
+"""The registry of each knob declared with ``choices=True`` (``spec.py``): the one list of valid strings
+(``oprl.config`` builds its ``Literal`` types from it)."""
 
 RENAMED_SETTINGS: dict[str, str] = {"temperature": "weight_temperature"}
 """Setting names of earlier versions -> the current name (an old name is an error that names the new one)."""
@@ -233,16 +237,6 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {
     "weight": {"importance_sampling": "importance-sampling"},  # option strings are kebab-case
 }
 """Option strings of earlier versions -> the current string, per setting."""
-
-_POSITIVE = (
-    "tau", "weight_temperature", "is_cap", "mask_high", "tau_pos", "tau_neg", "bapo_high_max", "vespo_lambda_pos",
-    "vespo_lambda_neg", "ess_lr_base", "kondo_temperature",
-)  # fmt: skip
-_NON_NEGATIVE = (
-    "eps_low", "eps_high", "eps_low_prime", "eps_high_prime", "regularizer_coef", "mask_low", "distill_coef",
-    "m2_threshold", "bapo_low_max", "regression_beta", "vespo_k_pos", "vespo_k_neg",
-)  # fmt: skip
-_BOOLEAN = ("std_normalize", "mean_normalize", "keep_dropped", "recompute_proximal")
 
 
 class SettingError(ValueError):
@@ -261,33 +255,49 @@ def renamed_message(key: str, value: Any = None) -> str | None:
     return f"{value!r} was renamed {new!r}" if new else None
 
 
-def validate_settings(settings: dict[str, Any]) -> None:
-    """Raise ``SettingError`` naming the first unknown key, unknown choice or out-of-range number."""
+def validate_settings(settings: Mapping[str, Any], knobs: Collection[str] = ALGORITHM_DEFAULTS) -> None:
+    """Raise ``SettingError`` naming the first unknown key (not in ``knobs``: by default the knobs a preset sets),
+    unknown choice or value out of its declared range (``spec.range_error``), then the first broken rule across
+    knobs (``_check_relations``)."""
     for key, value in settings.items():
         renamed = renamed_message(key, value)
         if renamed:
             raise SettingError(key, renamed)
-        if key not in ALGORITHM_DEFAULTS:
-            raise SettingError(key, unknown_name_message("algorithm setting", key, list(ALGORITHM_DEFAULTS)))
-        if key in REGISTRIES and value not in REGISTRIES[key]:
+        if key not in knobs:
+            raise SettingError(key, unknown_name_message("algorithm setting", key, list(knobs)))
+        if KNOBS[key].choices and value not in REGISTRIES[key]:
             raise SettingError(key, unknown_name_message(key, value, list(REGISTRIES[key])))
-        if key in _POSITIVE and not value > 0:
-            raise SettingError(key, f"{key} must be > 0, got {value!r}")
-        if key in _NON_NEGATIVE and not value >= 0:
-            raise SettingError(key, f"{key} must be >= 0, got {value!r}")
-        if key in _BOOLEAN and not isinstance(value, bool):
-            raise SettingError(key, f"{key} must be true or false, got {value!r}")
-    if settings.get("distill_mix") == "replace" and settings.get("distill_coef") == 0:
+        message = range_error(key, value)
+        if message:
+            raise SettingError(key, message)
+    _check_relations(settings)
+
+
+def _check_relations(settings: Mapping[str, Any]) -> None:
+    """The rules across knobs: each knob's own range is its declaration's (``spec.py``); these relate two."""
+
+    def value(key: str) -> Any:
+        return settings.get(key, default(key))
+
+    if value("distill_mix") == "replace" and settings.get("distill_coef") == 0:
         message = "distill_mix=replace with distill_coef=0 sets every advantage to 0 (nothing trains): set it > 0"
         raise SettingError("distill_coef", message)
     if settings.get("std_normalize") and settings.get("mean_normalize"):
         message = "std_normalize and mean_normalize are alternatives (GRPO's std, MaxRL's mean): set one to false"
         raise SettingError("mean_normalize", message)
-    if not 0 <= settings.get("bapo_target", 0.0) <= 1:
-        raise SettingError("bapo_target", f"bapo_target must be in [0, 1] (a share), got {settings['bapo_target']!r}")
-    _check_turn4_options(settings)
-    _check_delight_options(settings)
-    if settings.get("red_weight", "none") != "none" and settings.get("weight") == "advantage":
+    banded = value("clip_mode") in ENTROPY_BANDS or value("weight") == "clipped-is"
+    if value("entropy_eps") is not None and not banded:
+        message = (f"entropy_eps widens the band of clip_mode={'/'.join(ENTROPY_BANDS)} or weight=clipped-is; "
+                   f"clip_mode={settings.get('clip_mode')!r} has none")  # fmt: skip
+        raise SettingError("entropy_eps", message)
+    if value("delight_temperature") is not None and value("objective") != "policy-gradient":
+        message = f"delight_temperature gates the policy-gradient term; objective={settings['objective']} has none"
+        raise SettingError("delight_temperature", message)
+    if value("kondo_rate") is not None and value("regularizer") != "none":
+        message = (f"kondo_rate skips a response's backward pass by zeroing its advantage, which leaves "
+                   f"regularizer={settings['regularizer']} acting on it: use one of them")  # fmt: skip
+        raise SettingError("kondo_rate", message)
+    if value("red_weight") != "none" and settings.get("weight") == "advantage":
         message = (f"red_weight={settings['red_weight']} reshapes the advantages that weight=advantage (RED-Weight's "
                    "fixed exp(A/T)) would weight again: use one of them")  # fmt: skip
         raise SettingError("red_weight", message)
@@ -297,61 +307,31 @@ def validate_settings(settings: dict[str, Any]) -> None:
         raise SettingError("mask_low", message)
 
 
-def _check_delight_options(settings: dict[str, Any]) -> None:
-    """delight_temperature: None or > 0, on the policy-gradient objective; kondo_rate: None or in (0, 1], on a
-    loss without a regulariser (a skipped response keeps only what A = 0 leaves); kondo_window: an integer >= 1."""
-    eta = settings.get("delight_temperature")
-    if eta is not None and not (isinstance(eta, int | float) and eta > 0):
-        raise SettingError("delight_temperature", f"delight_temperature must be > 0 (DG's eta) or unset, got {eta!r}")
-    if eta is not None and settings.get("objective", "policy-gradient") != "policy-gradient":
-        message = f"delight_temperature gates the policy-gradient term; objective={settings['objective']} has none"
-        raise SettingError("delight_temperature", message)
-    rate = settings.get("kondo_rate")
-    if rate is not None and not (isinstance(rate, int | float) and 0 < rate <= 1):
-        raise SettingError("kondo_rate", f"kondo_rate must be in (0, 1] (the share with a backward pass), got {rate!r}")
-    if rate is not None and settings.get("regularizer", "none") != "none":
-        message = (f"kondo_rate skips a response's backward pass by zeroing its advantage, which leaves "
-                   f"regularizer={settings['regularizer']} acting on it: use one of them")  # fmt: skip
-        raise SettingError("kondo_rate", message)
-    size = settings.get("kondo_window", 1)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise SettingError("kondo_window", f"kondo_window must be an integer >= 1 (responses), got {size!r}")
-
-
 ENTROPY_BANDS = ("one-side", "two-side", "ring")
 """The clip modes whose band [1 − ε_low, 1 + ε_high] ``entropy_eps`` can widen per token (and weight=clipped-is)."""
 
 
-def _check_turn4_options(settings: dict[str, Any]) -> None:
-    """dual_clip: None or > 1 (verl's assertion on clip_ratio_c); entropy_eps: None or >= 0, with a clip mode
-    that has a band; entropy_quantile in [0, 1]."""
-    cap = settings.get("dual_clip")
-    if cap is not None and not (isinstance(cap, int | float) and cap > 1):
-        raise SettingError("dual_clip", f"dual_clip must be > 1 (dual-clip PPO's c) or unset, got {cap!r}")
-    eps = settings.get("entropy_eps")
-    if eps is not None and not (isinstance(eps, int | float) and eps >= 0):
-        raise SettingError("entropy_eps", f"entropy_eps must be >= 0 or unset, got {eps!r}")
-    banded = settings.get("clip_mode", "none") in ENTROPY_BANDS or settings.get("weight") == "clipped-is"
-    if eps is not None and not banded:
-        message = (f"entropy_eps widens the band of clip_mode={'/'.join(ENTROPY_BANDS)} or weight=clipped-is; "
-                   f"clip_mode={settings.get('clip_mode')!r} has none")  # fmt: skip
-        raise SettingError("entropy_eps", message)
-    if not 0 <= settings.get("entropy_quantile", 0.8) <= 1:
-        message = f"entropy_quantile must be in [0, 1], got {settings['entropy_quantile']!r}"
-        raise SettingError("entropy_quantile", message)
+def complete_settings(preset: str | Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Every knob's value (a new dict): preset ``preset`` (a name, or complete settings already resolved), the
+    run knobs' defaults and ``overrides`` on top, validated (``validate_settings`` over every knob). The
+    resolver behind ``Algorithm.of``."""
+    if isinstance(preset, str) and preset not in PRESETS:
+        raise SettingError("preset", unknown_name_message("preset", preset, list(PRESETS)))
+    base = PRESETS[preset] if isinstance(preset, str) else preset
+    run = {name: default(name) for name, knob in KNOBS.items() if not knob.in_preset}
+    settings = {**run, **base, **overrides}
+    validate_settings(settings, KNOBS)  # the whole set: some checks relate two settings (mask_low < mask_high)
+    return settings
 
 
 def resolve_preset(name: str, **overrides: Any) -> dict[str, Any]:
-    """The complete settings of preset ``name`` with ``overrides`` applied (a new dict).
-
-    Unknown preset or setting names, and invalid values, raise ``SettingError`` (a ``ValueError``) listing the
-    valid ones. This is the one preset resolver: ``oprl.config`` calls it with the keys a user set.
-    """
-    if name not in PRESETS:
-        raise SettingError("preset", unknown_name_message("preset", name, list(PRESETS)))
-    settings = {**PRESETS[name], **overrides}
-    validate_settings(settings)  # the whole set: some checks relate two settings (mask_low < mask_high)
-    return settings
+    """Deprecated (``Algorithm.of(name, overrides)``, the one resolver): the complete settings of preset ``name``
+    with ``overrides`` applied, as the dict the integrations read (the knobs a preset sets; a run knob such as
+    ``kl_coef`` is an unknown setting here, as before). Bad names and values raise ``SettingError``."""
+    for key in overrides:
+        if key in KNOBS and not KNOBS[key].in_preset:
+            raise SettingError(key, unknown_name_message("algorithm setting", key, list(ALGORITHM_DEFAULTS)))
+    return Algorithm.of(name, overrides).settings(in_preset=True)
 
 
 def trainer_only(settings: dict[str, Any]) -> list[str]:

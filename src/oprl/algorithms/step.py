@@ -1,4 +1,4 @@
-"""The algorithm's part of one trainer step, as pure stages over tensors and a ``Method`` (``method.py``):
+"""The algorithm's part of one trainer step, as pure stages over tensors and an ``Algorithm`` (``spec.py``):
 
     step_advantages(given, method, generator, carry)           -> (GroupAdvantages, metrics, carry)  per step
     loss_terms(logprobs, entropy, advantages, given, method)   -> LossTerms                     per micro-batch
@@ -7,7 +7,7 @@
 
 The trainer (``oprl.trainer.trainer``) runs them in this order around its forwards, backward, clipping and
 optimizer step; what they need beyond the policy's log-probs (π_prox, score statistics, reference and teacher
-log-probs) it computes once per step as ``Method.needs`` asks (``oprl.trainer.inputs``). Metrics are detached
+log-probs) it computes once per step as ``Algorithm.needs`` asks (``oprl.trainer.inputs``). Metrics are detached
 0-dim tensors under their logged names; the trainer turns them into numbers.
 
 Not here: forward passes, gradients, the optimizer, micro-batch weights (the trainer's); the formulas (each in
@@ -20,14 +20,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from oprl.algorithms.advantages import GroupAdvantages, group_advantages
+from oprl.algorithms.advantages import WEIGHTED_BASELINES, GroupAdvantages, group_advantages
 from oprl.algorithms.aggregation import aggregate, aggregation_count
 from oprl.algorithms.delight import kondo_gate
 from oprl.algorithms.distill import teacher_advantages
 from oprl.algorithms.kl import kl_penalty
 from oprl.algorithms.losses import effective_sample_size, policy_loss, ratio_stats
-from oprl.algorithms.method import Method
-from oprl.algorithms.variance import baseline_gap, off_policy_baseline_log_weights, sequence_log_ratios, step_size
+from oprl.algorithms.spec import Algorithm
+from oprl.algorithms.variance import baseline_gap, sequence_log_ratios, step_size
 from oprl.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class Carry:
 
 
 class BatchInputs(NamedTuple):
-    """What the advantages stage reads of a batch of N responses, computed by the trainer (``Method.needs``)."""
+    """What the advantages stage reads of a batch of N responses, computed by the trainer (``Algorithm.needs``)."""
 
     rewards: torch.Tensor
     """(N,) float."""
@@ -101,20 +101,21 @@ class LossTerms(NamedTuple):
 
 
 def step_advantages(
-    given: BatchInputs, method: Method, *, generator: torch.Generator | None = None, carry: Carry = Carry()
+    given: BatchInputs, method: Algorithm, *, generator: torch.Generator | None = None, carry: Carry = Carry()
 ) -> tuple[GroupAdvantages, dict[str, torch.Tensor], Carry]:
     """The step's advantages of ``given.rewards`` (N,) in the groups of ``given.group_ids`` (N,), their metrics, and
     the ``carry`` for the next step.
 
-    With ``given.score_statistics``: VCPO's off-policy optimal baseline weights u_i = w_i²·‖∇ log π‖² (``variance``),
-    logged as ``vcpo/score_norm_mean`` and ``vcpo/baseline_gap``. With ``given.screen``: the Kondo gate zeroes the
+    With ``given.score_statistics``: the weights of a baseline that reads them (``WEIGHTED_BASELINES``: VCPO's
+    off-policy optimal u_i = w_i²·‖∇ log π‖², ``variance``), logged as ``vcpo/score_norm_mean`` and
+    ``vcpo/baseline_gap``. With ``given.screen``: the Kondo gate zeroes the
     advantages of the responses it does not pass (``delight.kondo_gate``; ``kondo/*``), drawing from ``generator``
     after the advantages' own draws. Adaptive RED-Weight reads ``given.lengths`` (``adv/red_weight_*``)."""
     rewards, group_ids, lengths, score_statistics, screen = given
     log_weights, metrics = None, {}
     if score_statistics is not None:
         log_ratios, score_sq_norms = score_statistics
-        log_weights = off_policy_baseline_log_weights(log_ratios, score_sq_norms)  # (N,)
+        log_weights = WEIGHTED_BASELINES[method.advantages.baseline](log_ratios, score_sq_norms)  # (N,)
         metrics["vcpo/score_norm_mean"] = score_sq_norms.sqrt().mean()
     adv = group_advantages(
         rewards,
@@ -146,7 +147,7 @@ def step_advantages(
 
 
 def loss_terms(
-    logprobs: torch.Tensor, entropy: torch.Tensor, advantages: torch.Tensor, given: TokenInputs, method: Method
+    logprobs: torch.Tensor, entropy: torch.Tensor, advantages: torch.Tensor, given: TokenInputs, method: Algorithm
 ) -> LossTerms:
     """One micro-batch's loss terms: the teacher's advantage (rows that carry ``teacher_logprobs``), the policy
     loss, the entropy bonus, the KL penalty (where ``ref_logprobs`` are given), with the behaviour diagnostics.
@@ -178,8 +179,8 @@ def loss_terms(
     )
     metrics |= {f"loss/{key}": value for key, value in policy.items()}
     metrics |= behavior_metrics(logprobs.detach(), entropy.detach(), behavior_logprobs, mask)
-    if method.entropy_coef > 0:
-        loss = loss - method.entropy_coef * aggregate(entropy, mask, params.loss_agg, params.normalizer)
+    if method.entropy.entropy_coef > 0:
+        loss = loss - method.entropy.entropy_coef * aggregate(entropy, mask, params.loss_agg, params.normalizer)
     if ref_logprobs is not None:
         reference = method.reference
         kl_tokens = kl_penalty(logprobs, ref_logprobs.to(logprobs.device), reference.kl_estimator, mask)  # (B, T)
@@ -205,7 +206,7 @@ def behavior_metrics(
     return out | {"rho/ess": ess["token"], "rho/ess_seq": ess["sequence"]}
 
 
-def loss_units(mask: torch.Tensor, method: Method) -> torch.Tensor:
+def loss_units(mask: torch.Tensor, method: Algorithm) -> torch.Tensor:
     """(B,) each row's part of the loss's denominator over ``mask`` (B, T) (``aggregation_count`` row by row: its
     tokens for token-mean, else 1 if it has any): a micro-batch's share of the sum over its mini-batch is its exact
     weight in gradient accumulation, whichever rank holds its rows."""
@@ -213,7 +214,7 @@ def loss_units(mask: torch.Tensor, method: Method) -> torch.Tensor:
     return torch.stack([aggregation_count(row[None], agg) for row in mask]) if len(mask) else torch.zeros(0)
 
 
-def step_scale(log_weights: torch.Tensor, method: Method) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def step_scale(log_weights: torch.Tensor, method: Algorithm) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(scale, metrics)`` of one optimizer update from the mini-batch's responses' ``log_weights`` (N,), every
     rank's (``LossTerms.log_weights``), asked for when ``method.needs.log_weights``: the learning rate of that
     update is lr·scale (``variance.step_size``, VCPO)."""

@@ -8,7 +8,7 @@ time counts), (2) an installed package's entry point in the kind's group (``oprl
 ``path/to/file.py:function``. A plug-in found by (2) or (3) is added to the registry under the name as given,
 in the process that resolves it, so ``policy_loss``'s own lookup finds it there; the name itself is what the
 config keeps (``config.yaml`` records it and a resume resolves it again). Each process that computes a loss
-resolves the names again (``register_choices``, called by ``algorithm_settings``): worker processes and Ray
+resolves the names again (``register_choices``, called by ``algorithm_of``): worker processes and Ray
 actors receive the config, not the parent's registries.
 
 Deliberately not here: what the functions compute (``oprl.algorithms``), their signatures (docs/algorithms.md).

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import inspect
 import re
 import reprlib
 import typing
@@ -32,9 +31,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Tag, ValidationError
 
-from oprl.algorithms.defaults import ALGORITHM_DEFAULTS
-from oprl.algorithms.presets import PRESETS, resolve_preset
+from oprl.algorithms.presets import PRESETS
 from oprl.algorithms.registry import unknown_name_message
+from oprl.algorithms.spec import KNOBS, Algorithm, default
 from oprl.config.algorithm import AlgorithmConfig
 from oprl.config.run import RunConfig, _refuse_renamed, resolve_algorithm
 from oprl.errors import OprlError
@@ -301,7 +300,7 @@ def describe_fields(
     that groups its fields (``RolloutConfig.GROUPS``) has a ``# rollout: <group>`` heading over each group.
 
     One source for every default: an algorithm setting left ``None`` shows ``preset``'s value
-    (``oprl.algorithms.resolve_preset``, the resolver a run uses), a ``default_factory`` field its built value."""
+    (``oprl.algorithms.Algorithm.of``, the resolver a run uses), a ``default_factory`` field its built value."""
     lines = []
     for heading, names in _groups(model):
         if heading:
@@ -333,36 +332,23 @@ def _field_lines(model: type[BaseModel], names: list[str], prefix: str, note: st
         elif section is not None:
             lines.extend(describe_fields(section, f"{prefix}{name}.", note, preset))
         else:
-            default = field.get_default(call_default_factory=True)
+            value = field.get_default(call_default_factory=True)
             doc = " ".join((field.description or "").split())
-            if model is AlgorithmConfig:
-                default = preset if name == "preset" else resolve_preset(preset).get(name, default)
-                reason = default_reasons().get(name)
+            if model is AlgorithmConfig and name != "preset":  # the preset's value and the knob's reason
+                value = _preset_settings(preset)[name]
+                reason = KNOBS[name].why
                 if reason:
-                    doc += f" [oprl's default {ALGORITHM_DEFAULTS[name]!r}: {reason}]"
-            lines.append(f"{prefix}{name} = {default!r}{note}: {doc}")
+                    doc += f" [oprl's default {default(name)!r}: {reason}]"
+            elif model is AlgorithmConfig:
+                value = preset
+            lines.append(f"{prefix}{name} = {value!r}{note}: {doc}")
     return lines
 
 
 @functools.cache
-def default_reasons() -> dict[str, str]:
-    """Each algorithm default's reason and source: the comment beside it in ``oprl.algorithms.defaults``, the one
-    place where a default and its reason are written (read from the module's source, for the help only)."""
-    import io
-    import tokenize
-
-    from oprl.algorithms import defaults
-
-    source = inspect.getsource(defaults)
-    reasons, key = {}, None
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.NL or token.type == tokenize.NEWLINE:
-            key = None
-        elif token.type == tokenize.STRING and key is None and token.line.lstrip().startswith(token.string):
-            key = token.string.strip("\"'")
-        elif token.type == tokenize.COMMENT and key in ALGORITHM_DEFAULTS:
-            reasons[key] = token.string.lstrip("# ").strip()
-    return reasons
+def _preset_settings(preset: str) -> dict[str, Any]:
+    """Every knob's value under ``preset`` (``Algorithm.of``), once per preset for the help's many lines."""
+    return Algorithm.of(preset).settings()
 
 
 def help_lines(selectors: Sequence[str] = ()) -> list[str]:

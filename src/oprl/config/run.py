@@ -9,14 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from oprl.algorithms import (
-    ALGORITHM_DEFAULTS,
-    SettingError,
-    renamed_message,
-    resolve_preset,
-)
+from oprl.algorithms import KNOBS, Algorithm, SettingError, renamed_message
 from oprl.config.algorithm import AlgorithmConfig
-from oprl.config.choices import register_choices
 from oprl.config.judge import JudgeConfig
 from oprl.config.sections import (
     BufferConfig,
@@ -278,7 +272,7 @@ class RunConfig(_Section):
         value = getattr(self.algorithm, key)
         if value is None:
             try:
-                value = resolve_preset(self.algorithm.preset)[key]
+                value = Algorithm.of(self.algorithm.preset).settings()[key]
             except SettingError as exc:
                 raise OprlError(_setting_line(exc)) from None
         return value
@@ -289,26 +283,18 @@ def _setting_line(exc: SettingError) -> str:
 
 
 def resolve_algorithm(config: RunConfig) -> RunConfig:
-    """Fill every unset algorithm field from the named preset through ``oprl.algorithms.resolve_preset`` (the
-    one resolver, which also validates every value); a bad preset or value -> one line naming the key."""
+    """Fill every unset algorithm field from the named preset through ``Algorithm.of`` (the one resolver, which
+    also validates every value); a bad preset or value -> one line naming the key."""
     section = config.algorithm
-    overrides = {key: getattr(section, key) for key in ALGORITHM_DEFAULTS if getattr(section, key) is not None}
+    overrides = {key: value for key in KNOBS if (value := getattr(section, key)) is not None}
     try:
-        settings = resolve_preset(section.preset, **overrides)
+        settings = Algorithm.of(section.preset, overrides).settings()
     except SettingError as exc:
         raise OprlError(_setting_line(exc)) from None
     config.algorithm = section.model_copy(update=settings)
     # The keys the user set, not those the preset filled: a resumed run applies only what was given.
     config.algorithm.__pydantic_fields_set__ = set(section.model_fields_set)
     return config
-
-
-def algorithm_settings(config: RunConfig) -> dict[str, Any]:
-    """The resolved algorithm settings as plain keyword arguments for ``oprl.algorithms``; plug-in functions
-    they name are added to the registries of this process first (``choices.register_choices``)."""
-    settings = {key: getattr(config.algorithm, key) for key in ALGORITHM_DEFAULTS}
-    register_choices(settings)
-    return settings
 
 
 RENAMED_MODES = {"train": "offline"}

@@ -1,5 +1,5 @@
-"""What an algorithm asks the trainer to compute before its update, gathered once per step as ``Method.needs`` says
-(``oprl.algorithms.method``): the rewards, group ids and loss-token counts of the rows, and where asked
+"""What an algorithm asks the trainer to compute before its update, gathered once per step as ``Algorithm.needs``
+says (``oprl.algorithms.spec``): the rewards, group ids and loss-token counts of the rows, and where asked
 
 - π_prox, every row's log-probs under the weights before the step's first update (decoupled PPO; the same
   forward screens the rows for the Kondo gate);
@@ -9,9 +9,9 @@
 - the teacher's: every row must carry them (``Experience.teacher_logprobs``, scored by the explorer's teacher).
 
 Every rank computes every row in the same order (data-parallel ranks run the same forwards; FSDP gathers parameters
-in each), in chunks of ``optim.micro_batch_size`` rows, the loss's forward without grad. ``method_of`` builds a run's
-``Method`` from its config. Not here: the policy's own log-probs (per micro-batch, ``Trainer._micro_loss``), the
-formulas (``oprl.algorithms``).
+in each), in chunks of ``optim.micro_batch_size`` rows, the loss's forward without grad; a run's ``Algorithm`` is
+``oprl.config.algorithm_of(config)``. Not here: the policy's own log-probs (per micro-batch,
+``Trainer._micro_loss``), the formulas (``oprl.algorithms``).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from oprl.algorithms.method import Method, Needs
+from oprl.algorithms.spec import Algorithm, Needs
 from oprl.algorithms.step import BatchInputs, TokenInputs, loss_units
 from oprl.algorithms.variance import sequence_log_ratios
 from oprl.errors import OprlError
@@ -31,9 +31,6 @@ from oprl.messages import Experience
 from oprl.models.batching import right_pad_values
 from oprl.models.truncation import Sampling
 from oprl.trainer import score_norms
-
-if TYPE_CHECKING:
-    from oprl.config import RunConfig
 
 
 def loss_mask_of(rows: list[Experience], width: int) -> torch.Tensor:
@@ -88,7 +85,7 @@ class Inputs:
     wrapped the model) and, where the method asks for it, the frozen initial policy's (``reference_forward``, copied
     here, before the trainer wraps the model: FSDP shards it in place)."""
 
-    def __init__(self, model, parallel, method: Method, *, pad_id: int, sampling: Sampling, chunk: int,
+    def __init__(self, model, parallel, method: Algorithm, *, pad_id: int, sampling: Sampling, chunk: int,
                  autocast: torch.dtype | None = None):  # fmt: skip
         self.model, self.parallel, self.method, self.needs = model, parallel, method, method.needs
         self.pad_id, self.sampling, self.chunk = pad_id, sampling, chunk
@@ -179,20 +176,3 @@ def reference_forward(model, parallel, needs: Needs, autocast: torch.dtype | Non
         return None
     frozen = copy.deepcopy(model).eval().requires_grad_(False)
     return parallel.wrap(frozen, trainable=False, autocast=autocast)
-
-
-def method_of(config: RunConfig) -> Method:
-    """The ``Method`` of a run's config: its resolved algorithm settings, the algorithm section's reference and
-    entropy knobs, the teacher's floor and Dr.GRPO's fixed normaliser (the response budget)."""
-    from oprl.config import algorithm_settings
-
-    algo = config.algorithm
-    return Method.of(
-        algorithm_settings(config),
-        max_response_tokens=config.rollout.max_new_tokens,
-        teacher_logprob_floor=config.teacher.logprob_floor,
-        kl_coef=algo.kl_coef,
-        kl_estimator=algo.kl_estimator,
-        log_ref_kl_every=algo.log_ref_kl_every,
-        entropy_coef=algo.entropy_coef,
-    )

@@ -42,7 +42,7 @@ from oprl.messages import Experience, TrainResult
 from oprl.models.truncation import Sampling
 from oprl.schedule import stream_seed
 from oprl.trainer.distributed import SingleProcess
-from oprl.trainer.inputs import Inputs, RowInputs, StepInputs, method_of
+from oprl.trainer.inputs import Inputs, RowInputs, StepInputs
 from oprl.trainer.lr_schedule import LrSchedule
 from oprl.trainer.staleness import mask_stale_tokens
 from oprl.trainer.step_metrics import SKIPPED, StepMetrics, advantage_metrics, batch_step_metrics, floats, step_means
@@ -258,13 +258,14 @@ def restore_schedule(directory: str | Path, trainer: Trainer) -> int:
 
 def build_trainer(config: RunConfig, model, pad_id: int, parallel: SingleProcess | None = None) -> Trainer:
     """The ``Trainer`` of ``config`` around ``model`` (one process, or one rank of ``parallel``)."""
+    from oprl.config import algorithm_of
     from oprl.models.loading import resolve_device
     from oprl.models.precision import autocast_dtype
 
     return Trainer(
         model,
         pad_id=pad_id,
-        method=method_of(config),
+        method=algorithm_of(config),
         optim=config.optim,
         sampling=Sampling.of(config.rollout),
         seed=config.seed,
