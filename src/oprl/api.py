@@ -233,7 +233,10 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
         from oprl.runtime.preflight import check_paths
 
         check_paths(config)
-    log(_start_line(config))  # within a second: the checks, the imports and the warm start take longer
+    # An evaluation's headline counts the problems it will run, so it waits for the task (the test split's size).
+    counted = config.mode == "eval" and not config.resume
+    if not counted:
+        log(_start_line(config))  # within a second: the checks, the imports and the warm start take longer
     task, checked = None, False
     if not config.resume:  # a resumed run's saved config is read by the runtime, which checks it there
         from oprl.runtime.preflight import check_lengths, check_rewards
@@ -241,6 +244,8 @@ def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
 
         with _pre_run_worker_log():
             task = build_task(config.task)
+            if counted:
+                log(_start_line(config, problems=len(list(task.problems("test"))[: config.eval.num_problems])))
             check_rewards(task)  # a reward that fails on every row: its processes are up already
             check_lengths(config, task, log)  # before torch and the runtime are imported: seconds, not minutes
             task, checked = _hand_over(task), True
@@ -288,8 +293,9 @@ def _hand_over(task: Any) -> Any:
     return None
 
 
-def _start_line(config: RunConfig) -> str:
-    """What is starting, in one line: mode, task, model, the schedule and the length (or the run resumed)."""
+def _start_line(config: RunConfig, problems: int | None = None) -> str:
+    """What is starting, in one line: mode, task, model, the schedule and the length (or the run resumed); an
+    evaluation's length is the ``problems`` it runs (the first ``eval.num_problems`` of the test split)."""
     if config.resume:
         return f"oprl: resuming run {config.run_name} (resume={str(config.resume).lower()})"
     model = "the embedded tiny model" if config.model.path == "tiny" else config.model.path
@@ -297,7 +303,8 @@ def _start_line(config: RunConfig) -> str:
     if config.mode == "eval" and config.eval.checkpoint:  # its weights are evaluated, not model.path's
         what = f"checkpoint {_newest_checkpoint(config.eval.checkpoint)} (task {config.task.name})"
     if config.mode == "eval":
-        return f"oprl: eval of {what} ({config.eval.num_problems} problems at most)"
+        count = f"up to {config.eval.num_problems}" if problems is None else str(problems)
+        return f"oprl: eval of {what} ({count} test problem{'' if problems == 1 else 's'})"
     # An offline run reads no schedule (its data's versions are the store's): it names the store instead of k and m.
     data = f"stored batches of {config.buffer.path}" if config.mode == "offline" else config.sync.describe()
     schedule = f"{config.algorithm.preset}, {data}, {config.steps} steps"

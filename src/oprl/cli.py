@@ -65,7 +65,7 @@ arguments:
 {SETTINGS}""",
     "eval": f"""usage: oprl eval [CONFIG.yaml | CHECKPOINT_DIR | RUN_DIR] [key=value ...] [--debug]
 
-Evaluate pass@1 on the task's test split (eval.num_problems problems) and write a run directory.
+Evaluate pass@1 on the task's test split (its first eval.num_problems problems) and write a run directory.
   oprl eval model.path=MODEL               a model (hub name or directory) on the default task
   oprl eval runs/RUN                       a run's newest checkpoint, with the run's own config
   oprl eval runs/RUN/checkpoints/step-N    one checkpoint (a run keeps its last checkpoint.keep of them)
