@@ -1,7 +1,7 @@
 """Smaller points where the server did not do what the SDK (0.38) says, each through the SDK as a user calls it (raw
 HTTP only where the SDK cannot send the request): compute_logprobs of a full-context sequence, a malformed
-``sampling_params``, ``seq_id`` 0, ``save_state``'s ``overwrite=False``, ``stop=[]``, the capabilities listing only
-loadable models, and ``create_custom_loss`` running client-side."""
+``sampling_params``, ``seq_id`` 0 (and the retry keys' bound), ``save_state``'s ``overwrite=False``, ``stop=[]``,
+the capabilities listing only loadable models, and ``create_custom_loss`` running client-side."""
 
 import httpx
 import numpy as np
@@ -57,6 +57,22 @@ def test_seq_id_0_is_an_id_and_a_request_without_one_is_never_another(running, s
     unnumbered = [_asample(running, sampler, sampling_params=params).json()["request_id"] for _ in range(2)]
     assert _asample(running, sampler, seq_id=0, sampling_params=params).json()["request_id"] == zero  # a retry
     assert len({zero, *unnumbered}) == 3
+
+
+def test_retry_keys_of_sample_requests_are_bounded(running, sampler, monkeypatch):
+    """``(sampling_session_id, seq_id)`` keys are remembered for retries, the newest ``MAX_SAMPLED`` (LRU): a long
+    session does not grow the server's memory by one key per sample request."""
+    from oprl.serve.tinker import futures
+
+    monkeypatch.setattr(futures, "MAX_SAMPLED", 3)
+    params = {"max_tokens": 1}
+    ids = {seq: _asample(running, sampler, seq_id=seq, sampling_params=params).json()["request_id"]
+           for seq in range(100, 104)}  # fmt: skip
+    assert len(running.server.sampled) == 3
+    assert _asample(running, sampler, seq_id=101, sampling_params=params).json()["request_id"] == ids[101]  # kept
+    assert _asample(running, sampler, seq_id=104, sampling_params=params).status_code == 200  # drops 102, not 101
+    assert _asample(running, sampler, seq_id=101, sampling_params=params).json()["request_id"] == ids[101]
+    assert _asample(running, sampler, seq_id=100, sampling_params=params).json()["request_id"] != ids[100]
 
 
 def test_save_state_keeps_an_existing_name_unless_overwrite(service, client):

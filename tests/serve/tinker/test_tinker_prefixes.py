@@ -53,9 +53,9 @@ def _rl_datums(rng):
 
 @pytest.mark.parametrize(("loss", "config"), [("importance_sampling", {}), ("dro", {"beta": 0.5}), ("ppo", {})])
 def test_shared_prompts_run_once_and_give_what_whole_datums_give(models, loss, config):
-    from oprl.serve.tinker.backend import _shared_prefixes
     from oprl.serve.tinker.losses import loss_spec
     from oprl.serve.tinker.records import ForwardBackward
+    from oprl.serve.tinker.training import checked_datum, shared_prefixes
 
     data = _rl_datums(np.random.default_rng(0))
     spec = loss_spec(loss, config)
@@ -63,8 +63,8 @@ def test_shared_prompts_run_once_and_give_what_whole_datums_give(models, loss, c
     outputs, grads = [], []
     for grouped in (True, False):
         policy = models.create_policy(f"m-{loss}-{grouped}", "owner", "tiny", {"rank": 4, "seed": 0})
-        rows = [models._checked_datum(policy, d, spec, "d") for d in data]
-        assert (_shared_prefixes(rows) is not None) is True  # the three prompts are each shared by three datums
+        rows = [checked_datum(policy, d, spec, "d") for d in data]
+        assert (shared_prefixes(rows) is not None) is True  # the three prompts are each shared by three datums
         models.group_prefixes = grouped
         try:
             outputs.append(models.forward_backward(policy, request, spec))

@@ -22,10 +22,11 @@ from fastapi import FastAPI, Request
 
 from oprl.errors import OprlError
 from oprl.serve.tinker import wire
-from oprl.serve.tinker.backend import COMPUTE_LANE, Sampler, TinkerModels
+from oprl.serve.tinker.backend import COMPUTE_LANE, TinkerModels
 from oprl.serve.tinker.errors import NotFound, UserError
 from oprl.serve.tinker.futures import BATCH_ROWS, SAMPLE_WINDOW_S, Futures, _error
 from oprl.serve.tinker.losses import LossError
+from oprl.serve.tinker.models import Sampler
 from oprl.serve.tinker.routes import sampling, service, training
 
 
@@ -58,7 +59,6 @@ class TinkerServer(Futures):
         self.session_timeout = session_timeout
         self.max_body = max_body
         self.sessions: dict[str, ClientSession] = {}
-        self.sampled: dict[tuple[str, int], str] = {}
 
     # ---- sessions ------------------------------------------------------------------------------------------
 

@@ -45,9 +45,10 @@ from fastapi.responses import JSONResponse, Response
 
 from oprl.errors import OprlError
 from oprl.serve.tinker import wire
-from oprl.serve.tinker.backend import COMPUTE_LANE, Sampler, TinkerModels
+from oprl.serve.tinker.backend import COMPUTE_LANE, TinkerModels
 from oprl.serve.tinker.errors import UserError
 from oprl.serve.tinker.losses import LossError
+from oprl.serve.tinker.models import Sampler
 
 POLL_S = 10.0
 """How long one ``retrieve_future`` waits for its result before answering try_again (the SDK's timeout is 45 s)."""
@@ -61,6 +62,11 @@ INFLIGHT_STEPS = 1
 so a ``kind="inflight"`` save moves the running sequences onto its weights at the next step."""
 MAX_RESULTS = 4096
 """Finished results kept for (re)retrieval, oldest dropped first: bounds memory over a long session."""
+MAX_SAMPLED = 4096
+"""Sample requests remembered by ``(sampling_session_id, seq_id)`` for retries (``Futures.sample_once``), least
+recently seen dropped first: bounds memory over a long session (the SDK numbers every request, so one entry per
+sample ever asked for otherwise). As many as results are kept: a retry of a dropped key would find its result
+dropped too, and is computed anew."""
 PROTO = "application/x-protobuf"
 
 
@@ -99,6 +105,8 @@ class Futures:
         self.queued: dict[str, list[tuple[dict[str, Any], Result]]] = {}  # sampler id -> requests waiting
         self.queue_lock = threading.Lock()  # the routes append, a lane takes
         self.results: OrderedDict[str, Result] = OrderedDict()
+        self.sampled: OrderedDict[tuple[str, int], str] = OrderedDict()
+        """(sampling_session_id, seq_id) -> request id, the newest ``MAX_SAMPLED`` (LRU)."""
         self.order: dict[str, Ordered] = {}
         self.threads = threads
         """torch intra-op threads of each lane (None: torch's default). Set in the lane's own thread: OpenMP's
@@ -162,6 +170,21 @@ class Futures:
             with contextlib.suppress(UserError):  # a seq_id older than the next expected: its turn has passed
                 self.submit(refused, key)
             raise
+
+    def sample_once(self, sampler: Sampler, request: dict[str, Any]) -> str:
+        """``submit_sample``, once per ``(sampler, seq_id)``: a retried request (same sampler and ``seq_id``; 0 is
+        an id like any other) gets the first one's request id while its key is among the ``MAX_SAMPLED`` most
+        recently seen; a request without a ``seq_id`` is never taken for another."""
+        if request.get("seq_id") is None:
+            return self.submit_sample(sampler, request)
+        key = (sampler.sampler_id, int(request["seq_id"]))
+        if key in self.sampled:
+            self.sampled.move_to_end(key)
+            return self.sampled[key]
+        self.sampled[key] = self.submit_sample(sampler, request)
+        while len(self.sampled) > MAX_SAMPLED:
+            self.sampled.popitem(last=False)
+        return self.sampled[key]
 
     def submit_sample(self, sampler: Sampler, request: dict[str, Any]) -> str:
         """Queue a sample request for its sampler's next batch (module docstring); returns the request id."""

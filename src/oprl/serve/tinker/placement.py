@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from oprl.errors import OprlError
-from oprl.serve.tinker.backend import COMPUTE_LANE, ModelTable, Sampler, TinkerModels
+from oprl.serve.tinker.backend import COMPUTE_LANE, ModelTable, TinkerModels
 from oprl.serve.tinker.errors import UserError, WireError
 from oprl.serve.tinker.losses import LossError, LossSpec
+from oprl.serve.tinker.models import Sampler
 from oprl.serve.tinker.records import ForwardBackward, ForwardOutput, Sampled
 
 USER_ERRORS = {"UserError": UserError, "LossError": LossError, "WireError": WireError, "OprlError": OprlError}

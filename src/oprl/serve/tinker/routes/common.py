@@ -1,9 +1,12 @@
 """What the route modules share: the ``TinkerServer`` behind a request, a request's body (size-limited JSON, or the
-raw protobuf of ``forward_backward``), and the answer of a request that computes (a future to poll)."""
+raw protobuf of ``forward_backward``), the answer of a request that computes (a future to poll), and a training
+model's numbered request (``ordered``: its model, its turn, its checks, its submission)."""
 
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
@@ -12,7 +15,10 @@ from fastapi.responses import JSONResponse
 from oprl.serve.tinker.errors import UserError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from oprl.serve.tinker.app import TinkerServer
+    from oprl.serve.tinker.models import Policy
 
 
 def server_of(request: Request) -> TinkerServer:
@@ -44,3 +50,36 @@ def as_json(data: dict[str, Any]) -> tuple[bytes, str]:
 def future(request_id: str, **extra: Any) -> JSONResponse:
     """The immediate answer of a request that computes: the id the SDK polls ``retrieve_future`` with."""
     return JSONResponse({"request_id": request_id, **extra})
+
+
+@dataclass
+class OrderedCall:
+    """A training model's numbered request: the server, the caller's model (ownership checked), its turn
+    ``key`` = (model_id, seq_id) and the JSON body (empty for ``forward_backward``'s protobuf)."""
+
+    server: TinkerServer
+    policy: Policy
+    key: tuple[str, int]
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def checks(self) -> AbstractContextManager[None]:
+        """Where a route checks the request on arrival: a refusal (a 400) still takes the request's turn
+        (``Futures.turn``), so the client's next call is answered."""
+        return self.server.turn(self.key)
+
+    def submit(self, work: Callable[[], tuple[bytes, str]]):
+        """Queue ``work`` for the request's turn; the future the SDK polls."""
+        return future(self.server.submit(work, self.key), model_id=self.policy.model_id)
+
+
+def ordered_call(request: Request, model_id: str, seq_id: Any, data: dict[str, Any] | None = None) -> OrderedCall:
+    """The numbered request ``seq_id`` of the caller's model ``model_id`` (404 when it is not the caller's)."""
+    server = server_of(request)
+    policy = server.policy(model_id, server.owner_of(request))
+    return OrderedCall(server, policy, (policy.model_id, int(seq_id)), data or {})
+
+
+async def ordered(request: Request) -> OrderedCall:
+    """A training model's numbered request with a JSON body naming ``model_id`` and ``seq_id``."""
+    data = await body_json(request)
+    return ordered_call(request, data["model_id"], data["seq_id"], data)

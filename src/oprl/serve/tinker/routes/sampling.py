@@ -1,6 +1,7 @@
 """The sampling clients' routes: create one (on a checkpoint path or a base model), describe it, and ``asample``
 (queued for the sampler's next batch, ``Futures.submit_sample``). Sampling requests are not ordered: a retried
-one is recognised by its ``(sampling_session_id, seq_id)``; one without a ``seq_id`` is never taken for another.
+one is recognised by its ``(sampling_session_id, seq_id)`` (``Futures.sample_once``, the newest ``MAX_SAMPLED``
+keys); one without a ``seq_id`` is never taken for another.
 oprl's own route ``/api/v1/oprl/sequence_versions/{sequence_id}`` answers which weights drew each token of a
 sampled sequence (the SDK's responses carry no such field)."""
 
@@ -50,14 +51,7 @@ async def asample(request: Request):
     if data.get("target_prompt_logprobs") is not None:
         raise UserError("target_prompt_logprobs: not served")
     n = int(data.get("num_samples", 1))
-    if data.get("seq_id") is None:  # nothing identifies a retry of it (the SDK always numbers its requests)
-        request_id = server.submit_sample(sampler, data)
-    else:
-        key = (sampler.sampler_id, int(data["seq_id"]))  # seq_id 0 is an id like any other
-        if key in server.sampled:  # a retried sample
-            request_id = server.sampled[key]
-        else:
-            request_id = server.sampled[key] = server.submit_sample(sampler, data)
+    request_id = server.sample_once(sampler, data)  # a retry (same seq_id) gets the first request's id
     return future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(n)])
 
 

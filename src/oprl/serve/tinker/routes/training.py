@@ -1,7 +1,7 @@
 """The training models' routes: create (fresh, or from a checkpoint), info, forward_backward, optim_step, save and
-load. Each request that computes carries the model's ``seq_id`` and runs in that order (``futures.py``); the checks
-made on arrival run inside ``server.turn(...)``, so a refused request (a 400) still takes its turn and the client's
-next call answers."""
+load. Each request that computes carries the model's ``seq_id`` and runs in that order (``futures.py``): a route
+reads it with ``common.ordered`` and makes its arrival checks inside ``call.checks()``, so a refused request (a
+400) still takes its turn and the client's next call answers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from oprl.serve.tinker import wire
 from oprl.serve.tinker.errors import UserError
 from oprl.serve.tinker.futures import PROTO
 from oprl.serve.tinker.losses import loss_spec
-from oprl.serve.tinker.routes.common import as_json, body_bytes, body_json, future, server_of
+from oprl.serve.tinker.routes.common import as_json, body_bytes, body_json, future, ordered, ordered_call, server_of
 
 router = APIRouter()
 
@@ -53,57 +53,51 @@ async def forward_backward(request: Request):
 
         raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=server.max_body)
     decoded = wire.decode_forward_backward(raw)
-    policy = server.policy(decoded.model_id, server.owner_of(request))
-    key = (policy.model_id, decoded.seq_id)
-    with server.turn(key):
+    call = ordered_call(request, decoded.model_id, decoded.seq_id)
+    with call.checks():
         spec = loss_spec(decoded.loss_fn, decoded.config, server.stable_reinforce)
         if not decoded.data:
             raise UserError("data: empty")
 
     def work():
-        return wire.encode_forward_backward_output(server.backend.forward_backward(policy, decoded, spec)), PROTO
+        return wire.encode_forward_backward_output(server.backend.forward_backward(call.policy, decoded, spec)), PROTO
 
-    return future(server.submit(work, key), model_id=policy.model_id)
+    return call.submit(work)
 
 
 @router.post("/api/v1/optim_step")
 async def optim_step(request: Request):
-    server, data = server_of(request), await body_json(request)
-    policy = server.policy(data["model_id"], server.owner_of(request))
-    key = (policy.model_id, int(data["seq_id"]))
-    with server.turn(key):
-        params = data.get("adam_params")
+    call = await ordered(request)
+    with call.checks():
+        params = call.data.get("adam_params")
         if params is None:
             raise UserError("optimizer_params: only AdamParams are served (the model's optimizer is adamw)")
 
     def work():
-        return as_json(server.backend.optim_step(policy, params))
+        return as_json(call.server.backend.optim_step(call.policy, params))
 
-    return future(server.submit(work, key), model_id=policy.model_id)
+    return call.submit(work)
 
 
 @router.post("/api/v1/save_weights")
 async def save_weights(request: Request):
-    server, data = server_of(request), await body_json(request)
-    policy = server.policy(data["model_id"], server.owner_of(request))
-    key = (policy.model_id, int(data["seq_id"]))
-
-    overwrite = bool(data.get("overwrite", False))  # the SDK's SaveWeightsRequest default
+    call = await ordered(request)
+    name = str(call.data.get("path") or "")
+    overwrite = bool(call.data.get("overwrite", False))  # the SDK's SaveWeightsRequest default
 
     def work():
-        path = server.backend.save(policy, "weights", str(data.get("path") or ""), optimizer=True, overwrite=overwrite)
+        path = call.server.backend.save(call.policy, "weights", name, optimizer=True, overwrite=overwrite)
         return as_json({"type": "save_weights", "path": path})
 
-    return future(server.submit(work, key), model_id=policy.model_id)
+    return call.submit(work)
 
 
 @router.post("/api/v1/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request):
-    server, data = server_of(request), await body_json(request)
-    policy = server.policy(data["model_id"], server.owner_of(request))
-    key = (policy.model_id, int(data["seq_id"]))
-    kind, name = data.get("kind", "snapshot"), data.get("path")
-    with server.turn(key):
+    call = await ordered(request)
+    server, policy = call.server, call.policy
+    kind, name = call.data.get("kind", "snapshot"), call.data.get("path")
+    with call.checks():
         if kind not in ("snapshot", "inflight"):
             raise UserError(f"kind: {kind!r} is not a sampling client kind (snapshot, inflight)")
         if kind == "inflight" and not server.backend.serves_inflight:
@@ -122,7 +116,7 @@ async def save_weights_for_sampler(request: Request):
         server.backend.snapshot_sampler(policy, sampler_id)
         return as_json({"type": "save_weights_for_sampler", "sampling_session_id": sampler_id})
 
-    return future(server.submit(work, key), model_id=policy.model_id)
+    return call.submit(work)
 
 
 @router.post("/api/v1/load_weights")
@@ -133,16 +127,15 @@ async def load_weights(request: Request):
     path, optimizer = str(data["path"]), bool(data.get("optimizer", False))
     if data.get("session_id") is not None:
         return _create_from_checkpoint(request, data, path, optimizer)
-    policy = server.policy(data["model_id"], server.owner_of(request))
-    key = (policy.model_id, int(data["seq_id"]))
-    with server.turn(key):
+    call = ordered_call(request, data["model_id"], data["seq_id"], data)
+    with call.checks():
         server.backend.checkpoint(path)  # a bad path is a 400 now
 
     def load():
-        server.backend.load(policy, path, optimizer)
-        return as_json({"type": "load_weights", "path": path, "model_id": policy.model_id})
+        server.backend.load(call.policy, path, optimizer)
+        return as_json({"type": "load_weights", "path": path, "model_id": call.policy.model_id})
 
-    return future(server.submit(load, key), model_id=policy.model_id)
+    return call.submit(load)
 
 
 def _create_from_checkpoint(request: Request, data: dict[str, Any], path: str, optimizer: bool):
