@@ -285,6 +285,33 @@ def test_framework_episodes_store_what_the_framework_sent_and_received(framework
     assert stored == sorted(capture.conversations(tokenizer))
 
 
+class ThinkingPolicy(ScriptedPolicy):
+    """The scripted policy as a reasoning model writes it: every reply opens with a ``<think>`` block."""
+
+    @staticmethod
+    def reply(context: str) -> str:
+        return "<think>I use the calculator.</think>\n" + ScriptedPolicy.reply(context)
+
+
+@pytest.mark.parametrize("mode", ["rollout", "rollout_async", "rollout_stream"])
+def test_pydantic_ai_with_think_replies_keeps_one_segment(mode, tokenizer):
+    """#67 item 7: pydantic-ai's chat model splits a reply's ``<think>`` block into a thinking part and echoes
+    it re-rendered (``<think>\\n...\\n</think>``): recognised as the reply returned, so the three model turns
+    are one segment, every sampled token trained once (9790d4b: 3 segments, only the answer trained). Streamed,
+    the think tags come as deltas of their own, as a token-streaming server sends them (9790d4b: ``run_stream``
+    took the think text for the final answer after one turn, reward 0)."""
+    task = agent_task(f"{EXAMPLES}/pydantic_ai_agent.py:{mode}")
+    policy = ThinkingPolicy(tokenizer)
+    episodes = task_episodes(
+        policy, tokenizer, task, task.problems("train")[:2], seed=0, max_turns=4, max_tokens=800, episode_timeout=60
+    )
+    for episode in episodes:
+        assert episode.outcome.total == 1.0 and episode.turns == 3, (episode.info, episode.turns)
+        assert episode.info["segments"] == 1 and episode.info["dropped_tokens"] == 0, episode.info
+    assert sum(sum(e.loss_mask) for e in episodes) == sum(len(ids) for ids, _ in policy.sampled.values())
+    assert check_rows(episodes, policy) == 6
+
+
 class LoopingPolicy(ScriptedPolicy):
     """Never answers: calls the calculator on the question every turn."""
 

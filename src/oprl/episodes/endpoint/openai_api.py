@@ -15,8 +15,10 @@ Deliberately not here: sessions and tokens (``oprl.episodes.endpoint.sessions``)
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
@@ -75,8 +77,8 @@ class _Request(_Strict):
     _raw: dict = PrivateAttr(default_factory=dict)
     """The body as sent (tools are rendered from it, key order kept)."""
     model: str = "policy"
-    n: int = Field(1, ge=1, le=64)
-    max_tokens: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=64, strict=True)  # strict: true is not 1
+    max_tokens: int | None = Field(None, ge=1, strict=True)
     temperature: float | None = Field(None, allow_inf_nan=False)
     top_p: float | None = Field(None, allow_inf_nan=False)
     stream: bool = False
@@ -105,12 +107,15 @@ class _Request(_Strict):
 
 
 class ChatRequest(_Request):
+    _names: dict[str, str] = PrivateAttr(default_factory=dict)
+    """Translated from the Responses API: chat path -> the Responses field it came from, so a refusal names
+    the field the agent sent (``responses_api.renamed``); {} for a chat request."""
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=20, strict=True)
     response_format: dict[str, Any] | None = None
 
     def wants_logprobs(self) -> bool:
@@ -142,12 +147,21 @@ class ChatRequest(_Request):
 class CompletionRequest(_Request):
     prompt: str | list[int]
     """Text or token ids, never empty (the engine cannot sample from an empty context)."""
-    logprobs: int | None = Field(None, ge=0, le=5)
+    logprobs: int | None = Field(None, ge=0, le=5, strict=True)
     suffix: str | None = None
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
-    def _not_empty(cls, value):
+    def _text_or_ids(cls, value):
+        """Text, or token ids that are JSON integers: ``true`` is no token id (pydantic would take it as 1, a
+        float 2.0 as 2), and a list that is not all integers is named by its first other item."""
+        if isinstance(value, list):
+            bad = next((k for k, t in enumerate(value) if type(t) is not int), None)
+            if bad is not None:
+                shown = json.dumps(value[bad], default=str)[:40]
+                raise ValueError(f"item {bad} is {shown}: a token id is an integer (or send the prompt as text)")
+        elif not isinstance(value, str):
+            raise ValueError("expected text or a list of token ids")
         if not value:
             raise ValueError("empty: send text or token ids to continue")
         return value
@@ -173,8 +187,10 @@ def _text(content, where: str) -> str:
 
 
 # -- parsing ----------------------------------------------------------------------------------------------------
-def parse(raw: bytes, model: type[_Request]) -> _Request:
-    """The request in ``raw``, checked (see the module docstring), or ``RequestRefused`` naming the culprit."""
+def parse(raw: bytes, model: type[_Request], gate: Callable[[dict], None] | None = None) -> _Request:
+    """The request in ``raw``, checked (see the module docstring), or ``RequestRefused`` naming the culprit.
+    ``gate``: called with the decoded JSON object before anything walks it (the endpoint's bound on messages
+    and token ids against the context: a flood of 100,000 messages is refused before it is validated)."""
     try:
         data = json.loads(raw)
     except RecursionError:
@@ -183,6 +199,8 @@ def parse(raw: bytes, model: type[_Request]) -> _Request:
         raise RequestRefused(400, "the request body is not JSON") from None
     if not isinstance(data, dict):
         raise RequestRefused(400, "the request body is not a JSON object")
+    if gate is not None:
+        gate(data)
     check_tree(data)
     try:
         body = model.model_validate(data)
@@ -324,9 +342,13 @@ def finish_reason(choice: Choice, chat: bool) -> Literal["stop", "length", "tool
 
 
 def logprobs_of(choice: Choice, tokenizer, chat: bool) -> dict:
-    """The behaviour log-probs of the returned tokens (recorded when they were sampled), OpenAI's shape."""
-    pieces = [tokenizer.decode([t]) for t in choice.ids]
-    values = [float(v) for v in choice.logprobs]
+    """The behaviour log-probs of the returned tokens (recorded when they were sampled), OpenAI's shape. Chat:
+    the tokens of the text returned, so special tokens (the EOS that ended the reply, a sampled ``<pad>``) are
+    left out, as they are of the content (at ``9790d4b`` the EOS ``</s>`` was the last entry); completions: every
+    sampled token, the EOS included, since a prompt that continues the session by token ids must hold it."""
+    hidden = set(tokenizer.all_special_ids) if chat else set()
+    kept = [(t, float(v)) for t, v in zip(choice.ids, choice.logprobs, strict=True) if t not in hidden]
+    pieces, values = [tokenizer.decode([t]) for t, _ in kept], [v for _, v in kept]
     if chat:
         return {
             "content": [
@@ -369,8 +391,7 @@ def stream_events(body: _Request, choices: list[Choice], tokenizer) -> list[str]
         logprobs = logprobs_of(c, tokenizer, chat) if body.wants_logprobs() else None
         if chat:
             deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-            if c.message.get("content"):
-                deltas.append({"content": c.message["content"]})
+            deltas += [{"content": piece} for piece in _pieces(c.message.get("content") or "")]
             if c.message.get("tool_calls"):
                 calls = [{"index": k} | call for k, call in enumerate(c.message["tool_calls"])]
                 deltas.append({"tool_calls": calls})
@@ -388,6 +409,13 @@ def stream_events(body: _Request, choices: list[Choice], tokenizer) -> list[str]
     if body.stream_options is not None and body.stream_options.include_usage:
         events.append(_event(common | {"choices": [], "usage": usage(choices)}))
     return [*events, "data: [DONE]\n\n"]
+
+
+def _pieces(content: str) -> list[str]:
+    """A reply's text as streamed content deltas: one, except that each ``<think>`` / ``</think>`` tag is a delta
+    of its own, as a server streaming token by token sends it (pydantic-ai's stream parser recognises a think
+    block only so; sent whole, ``run_stream`` took the think text for the agent's final answer)."""
+    return [piece for piece in re.split(r"(</?think>)", content) if piece]
 
 
 def _event(data: dict) -> str:

@@ -18,17 +18,20 @@ chat). The chat checks then apply (``oprl.episodes.endpoint.openai_api``). Delib
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from oprl.episodes.endpoint.openai_api import ChatRequest, _Request, finish_reason, parse, usage
 from oprl.episodes.endpoint.sessions import Choice, RequestRefused
 
 
-def chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
-    """The chat request a Responses body asks for, and the body (for the reply), or ``RequestRefused``."""
-    body = parse(raw, _Body)  # JSON, nesting and Unicode checks; a dict with ``input``
+def chat_request(raw: bytes, gate: Callable[[dict], None] | None = None) -> tuple[ChatRequest, dict]:
+    """The chat request a Responses body asks for, and the body (for the reply), or ``RequestRefused`` naming
+    the Responses field (``gate``: as ``openai_api.parse``'s)."""
+    body = parse(raw, _Body, gate)  # JSON, nesting and Unicode checks; a dict with ``input``
     data = body._raw
     for name in ("previous_response_id", "conversation", "prompt"):
         if data.get(name):
@@ -44,7 +47,8 @@ def chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
         raise RequestRefused(400, "tools: expected a list of function tools")
     if data.get("instructions") is not None and not isinstance(data["instructions"], str):
         raise RequestRefused(400, "instructions: expected text")
-    chat: dict[str, Any] = {"messages": _messages(data), "stream": False}
+    messages, names = _messages(data)
+    chat: dict[str, Any] = {"messages": messages, "stream": False}
     for name in ("model", "temperature", "top_p", "tool_choice"):
         if data.get(name) is not None:
             chat[name] = data[name]
@@ -52,9 +56,31 @@ def chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
         chat["max_tokens"] = data["max_output_tokens"]
     if data.get("tools"):
         chat["tools"] = [_tool(t, k) for k, t in enumerate(data["tools"])]
+        names |= {f"tools.{k}.function": f"tools.{k}" for k in range(len(data["tools"]))}
     if isinstance(chat.get("tool_choice"), dict):  # {"type": "function", "name": ...}: refused as the chat one is
         chat["tool_choice"] = {"type": "function", "function": {"name": chat["tool_choice"].get("name")}}
-    return parse(json.dumps(chat).encode(), ChatRequest), data  # type: ignore[return-value]
+    try:
+        request = parse(json.dumps(chat).encode(), ChatRequest)
+    except RequestRefused as exc:
+        raise renamed(exc, names) from None
+    assert isinstance(request, ChatRequest)
+    request._names = names  # for the refusals that come later (server.submit: max_tokens past the engine's)
+    return request, data
+
+
+def renamed(exc: RequestRefused, names: dict[str, str]) -> RequestRefused:
+    """``exc`` with the chat field its message starts with (``messages.3.content: ...``, ``max_tokens=...``)
+    named as the Responses field it was translated from (``input.2.content``, ``max_output_tokens``): the
+    agent sent no chat request. ``names``: chat path -> Responses path (``_messages``); the longest known
+    head of the path is renamed, the rest kept. Unchanged when the message names no translated field."""
+    match = re.match(r"[\w.]+", exc.message)
+    parts = match.group(0).split(".") if match and names else []
+    for k in range(len(parts), 0, -1):
+        head = ".".join(parts[:k])
+        if head in names:
+            path = ".".join([names[head], *parts[k:]])
+            return RequestRefused(exc.status, path + exc.message[len(match.group(0)) :])  # type: ignore[union-attr]
+    return exc
 
 
 def _object(data: dict, name: str, where: str = "") -> dict:
@@ -73,32 +99,44 @@ class _Body(_Request):
     input: str | list[Any]
 
 
-def _messages(data: dict) -> list[dict]:
+def _messages(data: dict) -> tuple[list[dict], dict[str, str]]:
+    """The chat messages of ``instructions`` and ``input``, and the names of their fields (``renamed``): chat
+    path -> the Responses path it came from."""
     messages: list[dict] = []
+    names = {"max_tokens": "max_output_tokens"}
+
+    def add(message: dict, origin: str, content: str = ".content") -> None:  # content "": the origin is the text
+        names.update({f"messages.{len(messages)}": origin, f"messages.{len(messages)}.content": origin + content})
+        messages.append(message)
+
     if data.get("instructions"):
-        messages.append({"role": "system", "content": str(data["instructions"])})
+        add({"role": "system", "content": str(data["instructions"])}, "instructions", "")
     items = data.get("input")
     if isinstance(items, str):
-        return [*messages, {"role": "user", "content": items}]
+        add({"role": "user", "content": items}, "input", "")
+        return messages, names
     if not isinstance(items, list) or not items:
         raise RequestRefused(400, "input: expected text or a non-empty list of items")
     for k, item in enumerate(items):
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "message":
-            messages.append({"role": item.get("role"), "content": _text(item.get("content"), f"input.{k}.content")})
+            add({"role": item.get("role"), "content": _text(item.get("content"), f"input.{k}.content")}, f"input.{k}")
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function"}
             call["function"] = {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}
             if not (messages and messages[-1]["role"] == "assistant"):  # else: the calls of that reply
-                messages.append({"role": "assistant", "content": ""})
+                add({"role": "assistant", "content": ""}, f"input.{k}")
+            at = f"messages.{len(messages) - 1}.tool_calls.{len(messages[-1].get('tool_calls', []))}"
+            names.update({at: f"input.{k}", f"{at}.function": f"input.{k}", f"{at}.id": f"input.{k}.call_id"})
             messages[-1].setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else _text(output, f"input.{k}.output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+            add({"role": "tool", "tool_call_id": item.get("call_id"), "content": text}, f"input.{k}", ".output")
+            names[f"messages.{len(messages) - 1}.tool_call_id"] = f"input.{k}.call_id"
         else:
             raise RequestRefused(400, f"input.{k}: {kind!r} items are not supported (messages and function calls)")
-    return messages
+    return messages, names
 
 
 def _text(content, where: str) -> str:

@@ -1,9 +1,12 @@
-"""The explorer's OpenAI-compatible endpoint: ``/v1/chat/completions`` and ``/v1/completions`` over HTTP on
-127.0.0.1, served by the explorer's own engine at the current policy version.
+"""The explorer's OpenAI-compatible endpoint: ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/responses``
+over HTTP on 127.0.0.1, served by the explorer's own engine at the current policy version. This module is the
+endpoint's state and its explorer side (sessions, the queue of requests, engine batches, the server's life);
+the HTTP side (routes, reading, parsing off the event loop, replies) is ``oprl.episodes.endpoint.routes``.
 
 FastAPI + uvicorn, because vLLM's own OpenAI server is built on them (installed with every vLLM extra), and
 their pydantic request models are the configuration's validation style; the server runs in a daemon thread
-of the explorer's process on a socket bound here (so a port in use is one ``OprlError`` line).
+of the explorer's process on a socket bound here (so a port in use is one ``OprlError`` line); requests are
+parsed and tokenized on executors of its own (``Endpoint.pool``: huge bodies on one thread of their own).
 
 Every agent run is a **session**: the explorer opens it, hands the agent a client whose base URL is
 ``http://127.0.0.1:PORT/s/SESSION/v1``, and closes it when the agent returns, fails or times out (later
@@ -38,7 +41,6 @@ Requests wait in ``Endpoint.pending`` until ``take`` hands them to the explorer 
 ``oprl.episodes.endpoint.sessions``.
 """
 
-import asyncio
 import concurrent.futures
 import json
 import logging
@@ -52,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oprl.episodes.endpoint import responses_api
+from oprl.episodes.endpoint import routes
 from oprl.episodes.endpoint.connections import (
     MIN_CONNECTIONS,
     RESERVED_FILES,
@@ -61,7 +63,8 @@ from oprl.episodes.endpoint.connections import (
     guarded,
     open_files,
 )
-from oprl.episodes.endpoint.openai_api import ChatRequest, CompletionRequest, _Request, parse, response, stream_events
+from oprl.episodes.endpoint.openai_api import ChatRequest, CompletionRequest, _Request
+from oprl.episodes.endpoint.routes import HEAVY_BYTES, REQUEST_TIMEOUT_S
 from oprl.episodes.endpoint.sessions import Choice, RequestRefused, Session
 from oprl.episodes.episode import Episode
 from oprl.errors import OprlError
@@ -73,9 +76,10 @@ log = logging.getLogger("oprl.explorer")
 
 MAX_REQUEST_BYTES = 4 * 2**20
 """Default ``task.max_request_bytes``."""
-REQUEST_TIMEOUT_S = 10.0
-"""A connection must deliver a whole request (headers, then body) this long after it opened or after its last
-reply, else it is closed (headers) or answered 408 (body): idle and trickling connections cannot pile up."""
+CLOSED = "the session is closed (its agent returned, failed or timed out)"
+LIGHT_WORKERS = 4
+"""Threads parsing and tokenizing requests up to ``routes.HEAVY_BYTES`` (``Endpoint.light``); larger ones have
+one thread of their own (``Endpoint.heavy``)."""
 
 
 @dataclass
@@ -163,7 +167,10 @@ class Endpoint:
         """Guards sessions and the pending list; notified when a request arrives or a session closes."""
         sock = bind(host, port)
         self.host, self.port = host, sock.getsockname()[1]
-        config = uvicorn.Config(_app(self), log_level="error", access_log=False, lifespan="off")
+        self.light = concurrent.futures.ThreadPoolExecutor(LIGHT_WORKERS, f"oprl-endpoint-{self.port}-parse")
+        self.heavy = concurrent.futures.ThreadPoolExecutor(1, f"oprl-endpoint-{self.port}-parse-heavy")
+        """Where requests are parsed, checked and tokenized, off the event loop (``pool``)."""
+        config = uvicorn.Config(routes.app(self), log_level="error", access_log=False, lifespan="off")
         config.load()  # the protocol class uvicorn picked, guarded (Server.run keeps a loaded config)
         self.episodes = 0
         """Episodes of the current batch (``expect``): what the connection limits are sized for."""
@@ -254,8 +261,31 @@ class Endpoint:
         for close in self.closers:
             close()
         self.closers.clear()
+        for pool in (self.light, self.heavy):
+            pool.shutdown(wait=False, cancel_futures=True)
 
-    # -- request handling (uvicorn's thread) -------------------------------------------------------------------
+    # -- request handling (``routes``, on the executors) -----------------------------------------------------
+    def pool(self, size: int) -> concurrent.futures.ThreadPoolExecutor:
+        """The executor for a request body of ``size`` bytes: ``heavy`` (one thread) past ``HEAVY_BYTES``, where
+        huge requests queue behind each other, else ``light``: a small request never waits for a huge one's
+        thread, and shares the interpreter with at most one of them."""
+        return self.heavy if size > HEAVY_BYTES else self.light
+
+    def bound(self, session: Session, data: dict) -> None:
+        """Refuse, before its body is validated or walked, a request whose messages (chat ``messages``, Responses
+        ``input`` items: a function call renders more tokens than an empty message) or token ids alone pass the
+        context: at least ``message_tokens`` tokens each, one per token id. The session's own rule for a
+        context past the model's applies (a 400 naming the limit, the episode truncated)."""
+        room, items = self.served.room, data.get("messages", data.get("input"))
+        prompt = data.get("prompt")
+        tokens = len(items) * self.message_tokens if isinstance(items, list) else 0
+        tokens = len(prompt) if isinstance(prompt, list) else tokens
+        if room is not None and tokens > room:
+            with self.lock:
+                if session.closed:
+                    raise RequestRefused(404, CLOSED)
+                session.bound(tokens, room)
+
     def submit(self, session: Session, body: _Request) -> PendingReply:
         """Check ``body`` against the engine, extend the session's history, queue the request."""
         limit = self.served.max_new_tokens
@@ -280,7 +310,7 @@ class Endpoint:
         tools = body.chat_tools() if isinstance(body, ChatRequest) else []
         with self.lock:
             if session.closed:
-                raise RequestRefused(404, "the session is closed (its agent returned, failed or timed out)")
+                raise RequestRefused(404, CLOSED)
             room = self.served.room
             if isinstance(body, ChatRequest):
                 context = session.chat_context(messages, tools, room)
@@ -362,117 +392,3 @@ def reply_message(choice: Choice, with_tools: bool) -> dict:
         for k, c in enumerate(calls)
     ]
     return {"role": "assistant", "content": content, "tool_calls": tool_calls}
-
-
-async def read_body(request, limit: int) -> bytes:
-    """The request body, or a 413 as soon as it passes ``limit`` bytes (declared or received): memory per
-    request is bounded by the limit, whatever the client sends."""
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise RequestRefused(413, f"the request body is {declared} bytes, past task.max_request_bytes={limit}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestRefused(413, f"the request body passes task.max_request_bytes={limit}")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _app(endpoint: "Endpoint"):  # no __future__ annotations here: FastAPI reads the handlers' types
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
-    from starlette.requests import ClientDisconnect
-
-    app = FastAPI(title="oprl explorer endpoint", docs_url=None, redoc_url=None, openapi_url=None)
-    kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
-    kinds[408] = kinds[413] = kinds[400]
-    kinds[429] = "rate_limit_error"
-
-    def error(status: int, message: str) -> JSONResponse:
-        body = {"error": {"message": message, "type": kinds.get(status, "server_error"), "code": status}}
-        return JSONResponse(body, status_code=status)
-
-    def authorized(request: Request) -> bool:
-        if request.headers.get("authorization") == f"Bearer {endpoint.token}":
-            return True
-        endpoint.counts["refused/unauthorized"] += 1
-        return False
-
-    async def handle(request: Request, session_id: str, model: type[_Request] | None):
-        """``model``: the request's format (None: the Responses API, translated to chat)."""
-        if not authorized(request):
-            return error(401, "missing or wrong API key: use the token the explorer handed the agent")
-        session = endpoint.sessions.get(session_id)
-        opened = False
-        try:
-            if session is None:
-                raise RequestRefused(404, f"no open session {session_id!r} (finished, timed out, or never opened)")
-            if session.open_requests >= endpoint.limits.per_session:  # before its body is read: nothing held
-                raise RequestRefused(
-                    429,
-                    f"this session has {session.open_requests} requests open, the most one episode may have "
-                    f"({endpoint.limits.per_session}); wait for a reply",
-                )
-            session.open_requests, opened = session.open_requests + 1, True
-            try:
-                raw = await asyncio.wait_for(read_body(request, endpoint.max_request_bytes), REQUEST_TIMEOUT_S)
-            except TimeoutError:
-                raise RequestRefused(408, f"the request body did not arrive within {REQUEST_TIMEOUT_S:g} s") from None
-            # Parsing, rendering and tokenizing leave the event loop: a 4 MB body must not stall every agent.
-            body, data = await asyncio.to_thread(
-                lambda: responses_api.chat_request(raw) if model is None else (parse(raw, model), {})
-            )
-            pending = await asyncio.to_thread(endpoint.submit, session, body)
-            choices = await asyncio.wrap_future(pending.future)
-            reply = _reply(body, data, choices, endpoint.tokenizer, responses=model is None)  # whole, before sending
-        except RequestRefused as exc:
-            endpoint.refuse(session, exc)
-            return error(exc.status, exc.message)
-        except ClientDisconnect:  # the client closed its connection mid-body: nobody to answer, nothing of ours
-            endpoint.counts["refused/disconnected"] += 1
-            return error(400, "the client disconnected before its request arrived")
-        except Exception as exc:  # a bug of ours: one line, one 500, the run goes on (an agent raising on it: lost)
-            endpoint.counts["errors"] += 1
-            log.warning("agent endpoint: 500 on %s: %s: %s", request.url.path, type(exc).__name__, str(exc)[:200])
-            return error(500, f"internal error: {type(exc).__name__} (logged by the explorer)")
-        finally:
-            if opened:
-                session.open_requests -= 1  # type: ignore[union-attr]
-        endpoint.counts["served"] += 1
-        return reply
-
-    @app.post("/s/{session_id}/v1/chat/completions")
-    async def chat(session_id: str, request: Request):
-        return await handle(request, session_id, ChatRequest)
-
-    @app.post("/s/{session_id}/v1/completions")
-    async def completions(session_id: str, request: Request):
-        return await handle(request, session_id, CompletionRequest)
-
-    @app.post("/s/{session_id}/v1/responses")
-    async def responses(session_id: str, request: Request):
-        return await handle(request, session_id, None)
-
-    @app.get("/s/{session_id}/v1/models")
-    async def models(session_id: str, request: Request):
-        if not authorized(request):
-            return error(401, "missing or wrong API key: use the token the explorer handed the agent")
-        return JSONResponse({"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "oprl"}]})
-
-    return app
-
-
-def _reply(body: _Request, data: dict, choices: list[Choice], tokenizer, *, responses: bool):
-    """The HTTP reply to a served request: one JSON object, or Server-Sent Events when it asked for a stream
-    (``responses``: in the Responses API's format, ``data`` its body)."""
-    from fastapi.responses import JSONResponse, StreamingResponse
-
-    sse = "text/event-stream"
-    if responses:
-        if data.get("stream"):
-            return StreamingResponse(iter(responses_api.stream_events(data, choices[0])), media_type=sse)
-        return JSONResponse(responses_api.response(data, choices[0]))
-    if body.stream:
-        return StreamingResponse(iter(stream_events(body, choices, tokenizer)), media_type=sse)
-    return JSONResponse(response(body, choices, tokenizer))

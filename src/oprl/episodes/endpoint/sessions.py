@@ -61,6 +61,7 @@ Deliberately not here: HTTP (``oprl.episodes.endpoint.server``), running agents 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -328,6 +329,14 @@ class Session:
         if not self._open():
             raise RequestRefused(400, "episode over: it ran out of turns or tokens (truncated; it scores 0)")
 
+    def bound(self, tokens: int, room: int) -> None:
+        """A request of at least ``tokens`` tokens, before it is parsed whole: refused as a context past ``room``
+        is (the 400 naming the limit; the current segment ends truncated, with its pending reply)."""
+        if tokens > room:
+            self.overflowed = True
+            self._end_segment()
+            raise RequestRefused(400, _overflow(tokens, room, at_least=True))
+
     def _check_size(self, chars: int, tokens: int, room: int | None) -> None:
         """Refuse, before tokenizing, ``chars`` characters of text after ``tokens`` tokens that cannot fit."""
         if room is None or not self.token_chars or tokens + chars // self.token_chars <= room:
@@ -441,13 +450,25 @@ def _content(message: dict) -> str:
     return content or ""
 
 
+THINK = re.compile(r"\s*(<think>|</think>)\s*")
+"""A reasoning model's think tags with the whitespace around them (``_thought``)."""
+
+
+def _thought(text: str) -> str:
+    """``text`` as an echo is compared: with ``<think>`` blocks, the whitespace around their tags dropped and the
+    ends stripped; without, unchanged. pydantic-ai's chat model splits a reply's ``<think>...</think>`` into a
+    thinking part and sends it back re-rendered (``"<think>\\n...\\n</think>"``, text parts joined by
+    ``"\\n\\n"``): the same reply, which must extend the segment (at ``9790d4b`` each turn was a new one)."""
+    return THINK.sub(r"\1", text).strip() if "<think>" in text else text
+
+
 def _key(message: dict) -> tuple:
     """What must stay equal for a message to be "the same" in a later request: role, text content (``None`` =
     ``""``), name, tool_call_id, and the tool calls as a set of (name, arguments) pairs (their ids may change;
     frameworks that run parallel calls concurrently echo them in the order they finished)."""
     return (
         message.get("role"),
-        _content(message),
+        _thought(_content(message)),
         message.get("name"),
         message.get("tool_call_id"),
         json.dumps(_call_set(message), default=str),
@@ -462,8 +483,8 @@ def _call_set(message: dict) -> list[str]:
 def _same_reply(returned: dict, sent: dict, stop: str = "") -> bool:
     """Whether the agent's assistant message ``sent`` is the one the endpoint returned (or, for a reply cut at
     ``stop``, that reply with ``stop`` appended)."""
-    content, echoed = returned.get("content") or "", sent.get("content") or ""
-    if sent.get("role") != "assistant" or not (echoed == content or (stop and echoed == content + stop)):
+    content, echoed = _thought(returned.get("content") or ""), _thought(sent.get("content") or "")
+    if sent.get("role") != "assistant" or not (echoed == content or (stop and echoed == _thought(content + stop))):
         return False
     return _call_set(sent) == _call_set(returned)
 
