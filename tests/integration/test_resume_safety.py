@@ -24,6 +24,8 @@ RUN = [
     "eval.num_problems=8",
     "rollout.prompts_per_step=2",
     "rollout.group_size=2",
+    "optim.lr_schedule=cosine",  # a schedule whose position the checkpoint must carry: step 2 is mid-warmup
+    "optim.warmup_steps=3",
 ]
 
 
@@ -84,6 +86,11 @@ def test_resume_continues_with_the_saved_settings(whole, tmp_path):
     assert deterministic_view(read_metrics(run_dir / "metrics.jsonl")) == deterministic_view(
         read_metrics(whole / "metrics.jsonl")
     )
+    rates = [row["optim/lr"] for row in read_metrics(run_dir / "metrics.jsonl") if "optim/lr" in row]
+    assert rates == pytest.approx([0.0, 1e-4, 2e-4, 3e-4])  # warmup to optim.lr, resumed at step 2
+    assert (run_dir / "final" / "model.safetensors").read_bytes() == (
+        whole / "final" / "model.safetensors"
+    ).read_bytes()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"step-00000{s}" for s in (1, 2, 3, 4)]
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["steps"] == 4
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4
