@@ -1,6 +1,6 @@
 """Recipes several test files share: the tiny model's multi-turn episode settings, a counting engine, a plug-in
 engine that gains partial rollouts by declaring them, a run killed with SIGKILL once its first checkpoint is on
-disk, and a package installed with entry points.
+disk, a package installed with entry points, and a batch carrying the sampler's top-K (``recorded_batch``).
 
 Imported by name (``from recipes import ...``; pytest puts tests/ on the path, as for trainer_helpers), or
 named by file path as a plug-in (``rollout.engine=tests/recipes.py:counting_engine``).
@@ -123,4 +123,43 @@ def make_batch(batch, version, groups=2, k=2):
             extra={"explorer": 1},
         )
         for i in range(groups * k)
+    ]
+
+
+def recorded_batch(k: int = 5) -> list[Experience]:
+    """Two groups of two rows of different lengths, each token with the top ``k`` of a random truncated
+    distribution (-inf past its kept set), as an engine records them."""
+    generator = torch.Generator().manual_seed(7)
+    rows = []
+    for i, length in enumerate((3, 1, 4, 2)):
+        logits = torch.randn(length, 40, generator=generator)
+        if i % 2:  # a truncating sampler kept 3 tokens: the rest of the top k is -inf
+            logits[:, 3:] = float("-inf")
+        values, ids = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+        rows.append(
+            Experience(
+                prompt_ids=[1, 2, 3],
+                response_ids=ids[:, 0].tolist(),
+                behavior_logprobs=values[:, 0].tolist(),
+                reward=float(i % 2),
+                reward_components={},
+                group_id=i // 2,
+                task_id=f"t{i // 2}",
+                policy_version=0,
+                response_text="",
+                top_k_ids=ids.tolist(),
+                top_k_logprobs=values.tolist(),
+            )
+        )
+    return rows
+
+
+def top_k_bits(rows: list[Experience]) -> list[tuple[bytes, bytes] | None]:
+    """Each row's top-K as bytes (ids int64, log-probs float32; None where not recorded): equal bytes = a
+    bit-for-bit round trip."""
+    return [
+        None
+        if e.top_k_ids is None
+        else (torch.tensor(e.top_k_ids).numpy().tobytes(), torch.tensor(e.top_k_logprobs).numpy().tobytes())
+        for e in rows
     ]

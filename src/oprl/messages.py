@@ -56,6 +56,12 @@ class Experience:
     teacher_logprobs: list[float] | None = None
     """Distillation (``oprl.teacher``): per response token, log pi_teacher of the sampled token under the sampling
     temperature (as ``behavior_logprobs``). None = no teacher scored this row."""
+    top_k_ids: list[list[int]] | None = None
+    """``rollout.record_top_k=K``: per response token, the ids of the K most likely tokens of the distribution it
+    was drawn from, most likely first (``oprl.rollout.base.top_logprobs``). None = not recorded."""
+    top_k_logprobs: list[list[float]] | None = None
+    """Their log-probs under that distribution (the one of ``behavior_logprobs``: temperature, top-k and top-p
+    applied; ``-inf`` outside the kept set), aligned with ``top_k_ids``."""
 
     @property
     def model_tokens(self) -> int:

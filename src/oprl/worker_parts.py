@@ -32,7 +32,7 @@ from oprl.messages import FlatWeights
 from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.models.truncation import Sampling
 from oprl.rollout import ENGINES, Engine, Rollout
-from oprl.rollout.base import capabilities_of
+from oprl.rollout.base import capabilities_of, check_top_k
 
 if TYPE_CHECKING:
     from oprl.config import RunConfig  # annotations only: FlatWeights travels where pydantic is absent
@@ -103,12 +103,15 @@ def load_model(config: RunConfig, path: str, dtype: str | None = None):
         )
 
 
-def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
+def make_engine(config: RunConfig, model, tokenizer, *, record_top_k: int = 0) -> LockedEngine:
     """The ``rollout.engine`` sampler over ``model``, behind the sampling lock, built with the rollouts'
     ``Sampling`` (``rollout.temperature``, ``rollout.top_k``, ``rollout.top_p``). ``prefix_reuse=`` and
     ``kv_cache_gb=`` go to engines that declare ``capabilities.prefix_reuse`` (``oprl.rollout.EngineCapabilities``),
     ``engine_process=`` to those that declare ``capabilities.engine_process``, ``lora_sync=`` and ``lora_slots=``
-    (``lora_serving``) to those that declare more than one ``capabilities.lora_sync`` mode."""
+    (``lora_serving``) to those that declare more than one ``capabilities.lora_sync`` mode. ``record_top_k`` = K
+    > 0 (the explorers': ``rollout.record_top_k``; evaluation and the trainer's engines record none): the engine
+    records each sampled position's top K, refused in one line for one that declares no
+    ``capabilities.top_logprobs``."""
     rollout = config.rollout
     engine = plugins.resolve("engine", rollout.engine, ENGINES, key="rollout.engine")
     options: dict[str, object] = {}
@@ -126,6 +129,9 @@ def make_engine(config: RunConfig, model, tokenizer) -> LockedEngine:
             )
         if len(modes) > 1:
             options |= {"lora_sync": serving[0], "lora_slots": serving[1]}
+    if record_top_k:  # the explorers' rollout.record_top_k; a plug-in engine without top log-probs never sees it
+        check_top_k(engine, record_top_k)
+        options |= {"record_top_k": record_top_k}
     sampling = Sampling.of(rollout)
     return LockedEngine(engine(model, tokenizer, sampling=sampling, max_new_tokens=rollout.max_new_tokens, **options))
 

@@ -99,6 +99,10 @@ REFUSED = {
         ["rollout.engine_process=true"],
         "rollout.engine_process=true needs rollout.engine=vllm (an engine that runs its model in a process of its",
     ),
+    "top-k-plugin-undeclared": (
+        ["rollout.record_top_k=4", f"rollout.engine={RECIPES}:OwnLoop"],
+        f"rollout.record_top_k=4: rollout.engine={RECIPES}:OwnLoop records no top log-probs",
+    ),
 }
 
 ACCEPTED = [
@@ -129,6 +133,8 @@ ACCEPTED = [
     ["sync.partial=true", f"rollout.engine={RECIPES}:SwitchingLoop"],  # declared by the plug-in
     ["rollout.top_p=0.9", f"rollout.engine={RECIPES}:OwnLoop", "mode=eval"],  # eval: no trainer to rebuild it
     ["rollout.engine=vllm", "rollout.engine_process=true"],
+    ["rollout.engine=vllm", "rollout.record_top_k=20"],
+    ["rollout.engine=hf-generate", "rollout.record_top_k=1"],
 ]
 
 

@@ -35,3 +35,18 @@ def test_ray_with_two_explorers_matches_local(local_ray, small_overrides, tmp_pa
     assert len(list(store.glob("batch-*.parquet"))) == 4
     assert (tmp_path / "runs" / "ray" / "checkpoints" / "step-000004" / "state.json").is_file()
     assert (tmp_path / "runs" / "ray" / "final" / "config.json").is_file()
+
+
+def test_top_k_crosses_a_ray_actor_bit_for_bit(local_ray):
+    """``rollout.record_top_k``'s columns through the real buffer worker as a Ray actor (the object store); the
+    threads and processes wire: tests/backends/test_top_k_wire.py."""
+    from oprl.backends.ray_backend import RayBackend
+    from oprl.buffer.buffer import ExperienceBuffer
+    from recipes import recorded_batch, top_k_bits
+
+    backend = RayBackend(address=None, num_cpus=2, workers=1)
+    actor = backend.start("buffer", ExperienceBuffer, compute=False)
+    sent = recorded_batch()
+    assert backend.get(actor.call("put", 1, sent, True)) == 4
+    taken, _ = backend.get(actor.call("take", 1))
+    assert top_k_bits(taken) == top_k_bits(sent) and [vars(e) for e in taken] == [vars(e) for e in sent]

@@ -54,8 +54,10 @@ def _engine(name, model, tokenizer, **settings):
 
 def test_the_built_in_engines_declare_this_table():
     assert {name: capabilities(name) for name in ENGINES} == {
-        "lean": EngineCapabilities(partial_kv=("keep", "recompute"), prefix_reuse=True, exact_truncation=True),
-        "hf-generate": EngineCapabilities(exact_truncation=True),
+        "lean": EngineCapabilities(
+            partial_kv=("keep", "recompute"), prefix_reuse=True, exact_truncation=True, top_logprobs=True
+        ),
+        "hf-generate": EngineCapabilities(exact_truncation=True, top_logprobs=True),
         "vllm": EngineCapabilities(
             partial_kv=("recompute",),
             prefix_reuse=True,
@@ -64,6 +66,7 @@ def test_the_built_in_engines_declare_this_table():
             engine_process=True,
             lora_sync=("adapter", "merged"),
             lora_versions=16,
+            top_logprobs=True,
         ),
     }
     assert set(engines_with(lambda c: c.exact_truncation)) == TRUNCATING_ENGINES

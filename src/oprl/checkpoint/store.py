@@ -23,11 +23,17 @@ from oprl.errors import OprlError
 from oprl.io import atomic_path
 from oprl.messages import Experience
 
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
 """2 added ``loss_mask`` (multi-turn episodes), 3 ``behavior_versions`` (partial rollouts: the policy version
-of each token), 4 ``teacher_logprobs`` (distillation: the teacher's log-prob of each token). Older files still
-load: version 1 as all-model tokens, versions 1-2 as one policy per row, versions 1-3 as unscored by a teacher."""
-OPTIONAL = ("loss_mask", "behavior_versions", "teacher_logprobs")
+of each token), 4 ``teacher_logprobs`` (distillation: the teacher's log-prob of each token), 5 ``top_k_ids`` and
+``top_k_logprobs`` (``rollout.record_top_k``: the sampler's K most likely tokens at each token; written only
+when a row of the file carries them, so a file without them is still a version-4 file). Older files still
+load: version 1 as all-model tokens, versions 1-2 as one policy per row, versions 1-3 as unscored by a
+teacher, versions 1-4 as recording no top-K."""
+TOP_K = ("top_k_ids", "top_k_logprobs")
+"""The top-K columns, absent from a file none of whose rows recorded them (``rollout.record_top_k=0``: the
+files are what they were without the option)."""
+OPTIONAL = ("loss_mask", "behavior_versions", "teacher_logprobs", *TOP_K)
 """Columns a file may lack: those added after schema version 1."""
 STORE_DIRNAME = "experiences"
 _BATCH_FILE = re.compile(r"batch-(\d+)\.parquet")
@@ -50,9 +56,14 @@ SCHEMA = pa.schema(
         pa.field("loss_mask", pa.list_(pa.int8())),
         pa.field("behavior_versions", pa.list_(pa.int64())),
         pa.field("teacher_logprobs", pa.list_(pa.float32())),
+        # int32 ids as prompt_ids; float32 log-probs as behavior_logprobs (the samplers' float32: lossless).
+        pa.field("top_k_ids", pa.list_(pa.list_(pa.int32()))),
+        pa.field("top_k_logprobs", pa.list_(pa.list_(pa.float32()))),
     ],
     metadata={"oprl_schema": SCHEMA_VERSION},
 )
+WITHOUT_TOP_K = pa.schema([f for f in SCHEMA if f.name not in TOP_K], metadata={"oprl_schema": "4"})
+"""The schema of a file no row of which recorded top-K: version 4's, byte for byte what oprl wrote before."""
 
 
 def to_table(experiences: list[Experience], batch: int | list[int]) -> pa.Table:
@@ -79,17 +90,24 @@ def to_table(experiences: list[Experience], batch: int | list[int]) -> pa.Table:
         # null for rows no teacher scored; float32 like the teacher's scores, so lossless.
         "teacher_logprobs": [e.teacher_logprobs for e in experiences],
     }
+    if not any(e.top_k_ids is not None for e in experiences):
+        return pa.Table.from_pydict(columns, schema=WITHOUT_TOP_K)
+    # null for rows that recorded none (a replayed pool may mix runs' rows).
+    columns["top_k_ids"] = [e.top_k_ids for e in experiences]
+    columns["top_k_logprobs"] = [e.top_k_logprobs for e in experiences]
     return pa.Table.from_pydict(columns, schema=SCHEMA)
 
 
 def from_table(table: pa.Table) -> list[Experience]:
     """Experiences from a table with ``SCHEMA`` (extra columns are ignored; a version-1 table has no
     ``loss_mask``: every token is the model's; versions 1-2 no ``behavior_versions``: one policy per row;
-    versions 1-3 no ``teacher_logprobs``: no teacher scored them)."""
+    versions 1-3 no ``teacher_logprobs``: no teacher scored them; no top-K columns: none recorded)."""
     rows = table.to_pydict()
     masks = rows.get("loss_mask") or [None] * table.num_rows
     versions = rows.get("behavior_versions") or [None] * table.num_rows
     teacher = rows.get("teacher_logprobs") or [None] * table.num_rows
+    top_ids = rows.get("top_k_ids") or [None] * table.num_rows
+    top_logprobs = rows.get("top_k_logprobs") or [None] * table.num_rows
     return [
         Experience(
             prompt_ids=rows["prompt_ids"][i],
@@ -107,6 +125,8 @@ def from_table(table: pa.Table) -> list[Experience]:
             loss_mask=masks[i],
             behavior_versions=versions[i],
             teacher_logprobs=teacher[i],
+            top_k_ids=top_ids[i],
+            top_k_logprobs=top_logprobs[i],
         )
         for i in range(table.num_rows)
     ]
@@ -127,7 +147,8 @@ def read_parquet(path: Path, columns: list[str] | None = None) -> list[Experienc
     unreadable or lacks oprl's columns is a one-line ``OprlError`` naming it."""
     try:
         names = pq.read_schema(path).names
-        # loss_mask (2), behavior_versions (3) and teacher_logprobs (4) may be absent: older files still load.
+        # loss_mask (2), behavior_versions (3), teacher_logprobs (4) and the top-K columns (5, written only when
+        # recorded) may be absent: older files still load.
         missing = [name for name in SCHEMA.names if name not in names and name not in OPTIONAL]
         if missing:
             raise OprlError(

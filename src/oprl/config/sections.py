@@ -17,7 +17,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from oprl import plugins
 from oprl.errors import OprlError
-from oprl.rollout import ENGINES
+from oprl.rollout import ENGINES, capabilities, engines_with
 from oprl.tasks.section import Section as _Section
 
 if TYPE_CHECKING:
@@ -158,6 +158,7 @@ class RolloutConfig(_Section):
             "engine",
             "dtype",
             "engine_process",
+            "record_top_k",
         ),
         "reward shaping": (
             "truncated_reward",
@@ -213,6 +214,15 @@ class RolloutConfig(_Section):
     death (killed, out of memory) then costs the run a restart of the worker that held it, not the run
     (docs/runtime.md#self-healing-runs); weights cross to it as bytes at each sync. Off: one process, weights
     handed over by reference."""
+    record_top_k: int = Field(0, ge=0, le=20)
+    """K: record, for every sampled token, the ids and log-probs of the K most likely tokens of the distribution
+    it was drawn from (temperature, top_k and top_p applied, renormalised over the kept set: the distribution of
+    the behaviour log-prob, not the model's raw one; a token outside the kept set is -inf), in every engine
+    (lean, hf-generate, vllm: SamplingParams(logprobs=K)); stored with each experience (top_k_ids,
+    top_k_logprobs) and handed to the trainer as (B, T, K) tensors, for losses that read the sampler's
+    distribution (DPPO's top-K divergence, score centering). 0 = off: nothing extra computed, stored or sent.
+    At most 20 (vLLM's max_logprobs, OpenAI's top_logprobs). Single-turn tasks only; docs/performance.md has
+    its cost."""
 
     # --- reward shaping: training rewards of cut or overlong replies, groups without signal ---
     truncated_reward: float | None = None
@@ -264,6 +274,17 @@ class RolloutConfig(_Section):
     GPU memory on CUDA), in GiB;
     less is used when 256 full-length sequences fit in less (the tiny model: a few MiB). More lets more
     sequences decode at once; the environment variable VLLM_CPU_KVCACHE_SPACE, if set, overrides it on CPU."""
+
+    @model_validator(mode="after")
+    def _top_k_engine(self) -> RolloutConfig:
+        """``record_top_k`` needs an engine that declares ``capabilities.top_logprobs`` (``oprl.rollout``)."""
+        if self.record_top_k and not capabilities(self.engine).top_logprobs:
+            able = ", ".join(engines_with(lambda c: c.top_logprobs))
+            raise OprlError(
+                f"rollout.record_top_k={self.record_top_k}: rollout.engine={self.engine} records no top log-probs "
+                f"(its capabilities.top_logprobs is False); use one of {able}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _shaping_fits(self) -> RolloutConfig:

@@ -18,6 +18,7 @@ import time
 from oprl.config import RunConfig
 from oprl.episodes.agents import close_task, task_episodes
 from oprl.episodes.judge import JudgedTask, JudgeSource, judged
+from oprl.errors import OprlError
 from oprl.explorer.shaping import Shaping, dynamic_batch, extra_problems, round_seed
 from oprl.explorer.switcher import Switcher
 from oprl.messages import Experience, ExploreResult, SwitchPlan, Timing, batch_metrics
@@ -128,6 +129,8 @@ class Explorer:
                 response_text=rollout.texts[i],
                 truncated=rollout.truncated[i],
                 behavior_versions=rollout.behavior_versions[i] if rollout.behavior_versions else None,
+                top_k_ids=rollout.top_k_ids[i] if rollout.top_k_ids is not None else None,
+                top_k_logprobs=rollout.top_k_logprobs[i] if rollout.top_k_logprobs is not None else None,
             )
             for i in range(len(rows))
         ]
@@ -218,7 +221,13 @@ class ExplorerWorker:
         # The sampler's precision; ``auto`` resolves on the machine this explorer runs on.
         dtype = resolve_dtype(config.rollout.dtype, resolve_device(config.model.device))
         self.model, tokenizer = load_model(config, model_path, dtype=dtype)
-        self.engine = make_engine(config, self.model, tokenizer)
+        top_k = config.rollout.record_top_k
+        if top_k and isinstance(task, EpisodicTask):
+            raise OprlError(
+                f"rollout.record_top_k={top_k}: multi-turn episodes (task.name={config.task.name}) do not record "
+                "top log-probs yet (single-turn rollouts only); set rollout.record_top_k=0"
+            )
+        self.engine = make_engine(config, self.model, tokenizer, record_top_k=top_k)
         self.explorer = Explorer(
             task,
             tokenizer,

@@ -45,6 +45,13 @@ class Rollout:
     """True where generation hit ``max_new_tokens`` before EOS."""
     behavior_versions: list[list[int]] | None = None
     """Partial rollouts (a ``switch`` given): the policy version that sampled each token; None = one policy."""
+    top_k_ids: list[list[list[int]]] | None = None
+    """``record_top_k=K > 0``: per row, per response token, the ids of the K most likely tokens of the
+    distribution that token was drawn from (``top_logprobs``), most likely first; None = not recorded."""
+    top_k_logprobs: list[list[list[float]]] | None = None
+    """Their log-probs under that distribution (the one ``behavior_logprobs`` is read from: temperature, top-k
+    and top-p applied, renormalised over the kept set, so a token outside it is ``-inf``), aligned with
+    ``top_k_ids``."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,11 @@ class EngineCapabilities:
     """The engine is built with ``engine_process=`` (``rollout.engine_process``) and can run its model in a process
     of its own; an engine whose process died raises an error whose type (or a base's) is named ``EngineDeadError``
     (vLLM's), which the driver heals as a lost worker (``oprl.backends.failure.engine_died``)."""
+
+    top_logprobs: bool = False
+    """The engine is built with ``record_top_k=`` (``rollout.record_top_k``) and ``generate`` takes
+    ``record_top_k=``: it records the K most likely tokens of each sampled position's distribution
+    (``Rollout.top_k_ids``, ``Rollout.top_k_logprobs``; ``top_logprobs`` says which distribution)."""
 
     lora_sync: tuple[str, ...] = ("adapter",)
     """The ``model.lora_sync`` modes the engine serves a LoRA policy in: ``adapter`` (what ``load_weights`` hands
@@ -153,6 +165,16 @@ def check_switch(engine: object, switch: Switch) -> None:
         )
 
 
+def check_top_k(engine: object, k: int) -> None:
+    """Refuse, in one line, recording the top ``k`` with an engine that does not declare
+    ``capabilities.top_logprobs`` (the config refuses such runs first; this guards direct calls)."""
+    if not capabilities_of(engine).top_logprobs:
+        raise OprlError(
+            f"rollout.record_top_k={k}: {type(engine).__name__} declares no top log-probs "
+            "(its capabilities.top_logprobs is False); use rollout.engine=lean, hf-generate or vllm"
+        )
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A sampler serving one policy: what ``rollout.engine`` names (lean, hf-generate, vllm). Built as
@@ -168,6 +190,7 @@ class Engine(Protocol):
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,
         switch: Switch | None = None,
+        record_top_k: int | None = None,
     ) -> Rollout:
         """One response per prompt row (token ids, no padding). The same ``seed`` and inputs give the same
         samples; ``sampling``, whole, replaces the engine's own for this call (evaluation samples with
@@ -177,7 +200,10 @@ class Engine(Protocol):
         whole call from one generator seeded ``seed`` and ignore them (``EngineCapabilities.row_seeds``).
         ``switch``: a ``Switch`` (``oprl.explorer.switcher.Switcher``) that may load newer weights between decode steps
         (partial rollouts); the rollout then records each token's version in ``behavior_versions``. Engines
-        that declare no ``capabilities.partial_kv`` refuse one (``check_switch``)."""
+        that declare no ``capabilities.partial_kv`` refuse one (``check_switch``). ``record_top_k``: K > 0 records
+        each sampled position's K most likely tokens (``Rollout.top_k_ids``/``top_k_logprobs``), 0 none, None the
+        engine's own ``record_top_k`` (``rollout.record_top_k``); passed only to engines that declare
+        ``capabilities.top_logprobs``."""
         ...
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
@@ -191,9 +217,52 @@ class Engine(Protocol):
         ...
 
 
-Sample = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]  # a string: torch is bound lazily
+Sample = Callable[..., "tuple[torch.Tensor, ...]"]  # a string: torch is bound lazily
 """``sample(model, tokenizer, prompt_ids, sampling, max_new_tokens)``: ``(tokens (B, T), behaviour log-probs
-(B, T))`` drawn from ``sampling`` (a ``Sampling``), on the CPU; anything after a row's first EOS is ignored."""
+(B, T))`` drawn from ``sampling`` (a ``Sampling``), on the CPU; anything after a row's first EOS is ignored.
+Called with ``top_k=K`` (K > 0, engines declaring ``capabilities.top_logprobs``), it also returns
+``top_logprobs`` of each position's distribution: ``(tokens, log-probs, top ids (B, T, K) int64, top log-probs
+(B, T, K) float32)``."""
+
+
+def top_logprobs(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler's top-K, the one rule every engine records: for the log-probs ``logp`` (..., V) of the
+    distribution a token is drawn from (``Sampling``'s: ``log_softmax`` of ``logits / temperature`` with the
+    tokens outside top-k/top-p's kept set at ``-inf``; the distribution ``behavior_logprobs`` is read from, NOT
+    the model's raw one), ``(ids (..., k) int64, log-probs (..., k) float32)`` of its ``k`` largest entries,
+    largest first (``torch.topk``; ties in torch's order). When the kept set holds fewer than ``k`` tokens, the
+    rest are ``-inf`` with arbitrary ids: they carry no mass. vLLM's ``SamplingParams(logprobs=k)`` under
+    ``logprobs_mode="processed_logprobs"`` is the same rule (``oprl.rollout.vllm_engine``)."""
+    values, ids = logp.float().topk(k, dim=-1)
+    return ids, values
+
+
+def sampling_logprobs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """(..., V) float32: ``log pi`` of ``sampling``'s distribution over the next token for ``logits`` (..., V):
+    ``log_softmax(logits / temperature)`` over the kept set, ``-inf`` outside it (``Sampling``). What the lean
+    engine draws from and ``top_logprobs`` reads."""
+    scores = logits.float() / sampling.temperature  # (..., V)
+    if sampling.truncates:
+        scores = scores.masked_fill(~sampling.kept(scores), float("-inf"))
+    return torch.log_softmax(scores, dim=-1)
+
+
+def sequence_top_logprobs(
+    model, token_ids: list[int], k: int, *, sampling: Sampling = PLAIN, start: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler's top-K at each position of a sequence given whole (a prompt plus a completion: what the agent
+    endpoint's ``top_logprobs`` and the Tinker server's ``topk_*`` requests ask for): ``(ids (T, k) int64,
+    log-probs (T, k) float32)`` for positions ``start .. len(token_ids) - 1`` (T of them), position i's
+    distribution being the one token i was (or would be) drawn from after ``token_ids[:i]``, under ``sampling``
+    (``sampling_logprobs``, then ``top_logprobs``). One forward of ``model`` over the row, no cache, no grad;
+    ``start = len(prompt)`` gives what an engine records for the completion."""
+    if not 1 <= start <= len(token_ids):
+        raise ValueError(f"start={start} must be in [1, {len(token_ids)}] (position 0 has no prefix)")
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([token_ids], device=device)).logits[0]  # (L, V)
+    ids, values = top_logprobs(sampling_logprobs(logits[start - 1 : -1], sampling), k)  # (T, k) each
+    return ids.cpu(), values.cpu()
 
 
 class TorchEngine:
@@ -213,8 +282,12 @@ class TorchEngine:
         *,
         sampling: Sampling = PLAIN,
         max_new_tokens: int = 16,
+        record_top_k: int = 0,
     ):
         self.sample = sample
+        self.record_top_k = record_top_k
+        """K: each call (that names none) records the K most likely tokens of every sampled position (0 = none:
+        nothing extra computed or returned; ``capabilities.top_logprobs``)."""
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling
@@ -258,13 +331,17 @@ class TorchEngine:
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,  # one generator per call (see Engine.generate)
         switch: Switch | None = None,
+        record_top_k: int | None = None,
     ) -> Rollout:
         """``switch``: a ``Switch`` that may load other weights between decode steps (partial rollouts; only
         for a class that declares them, whose ``sample`` takes one); the rollout then records each token's
-        version."""
+        version. ``record_top_k``: see ``Engine.generate`` (None = ``self.record_top_k``)."""
         if switch is not None:
             check_switch(self, switch)
         sampling = self.sampling if sampling is None else sampling
+        top_k = self.record_top_k if record_top_k is None else record_top_k
+        if top_k:
+            check_top_k(self, top_k)
         batch_size = batch_size or len(prompt_ids)
         self.check_fits(prompt_ids, batch_size)
         parts = []
@@ -273,10 +350,16 @@ class TorchEngine:
             torch.manual_seed(seed)
             for start in range(0, len(prompt_ids), batch_size):
                 chunk = prompt_ids[start : start + batch_size]
-                parts.append(self._generate_batch(chunk, sampling, switch))
-        joined = [[row for p in parts for row in (getattr(p, f) or [])] for f in Rollout.__dataclass_fields__]
-        rollout = Rollout(*joined[:4])
-        rollout.behavior_versions = joined[4] if switch is not None else None
+                parts.append(self._generate_batch(chunk, sampling, switch, top_k))
+
+        def joined(name: str) -> list:  # one field's rows over the batches, in order
+            return [row for p in parts for row in (getattr(p, name) or [])]
+
+        rollout = Rollout(joined("response_ids"), joined("behavior_logprobs"), joined("texts"), joined("truncated"))
+        if switch is not None:
+            rollout.behavior_versions = joined("behavior_versions")
+        if top_k:
+            rollout.top_k_ids, rollout.top_k_logprobs = joined("top_k_ids"), joined("top_k_logprobs")
         return rollout
 
     def check_fits(self, prompt_ids: list[list[int]], batch_size: int) -> None:
@@ -323,10 +406,12 @@ class TorchEngine:
                 "lower rollout.group_size, rollout.prompts_per_step or rollout.max_new_tokens"
             )
 
-    def _generate_batch(self, prompt_ids: list[list[int]], sampling: Sampling, switch: Switch | None) -> Rollout:
+    def _generate_batch(
+        self, prompt_ids: list[list[int]], sampling: Sampling, switch: Switch | None, top_k: int
+    ) -> Rollout:
         was_training = self.model.training
         self.model.eval()
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"top_k": top_k} if top_k else {}  # a Sample without top-K never sees the key
         if switch is not None:
             extra |= {"switch": switch, "offset": switch.start()}
         if self.prefixes is not None:  # a switch loads weights mid-call: nothing kept from before or after it
@@ -336,12 +421,12 @@ class TorchEngine:
             else:
                 extra["prefixes"] = self.prefixes
         try:
-            tokens, logprobs = self.sample(
+            tokens, logprobs, *top = self.sample(
                 self.model, self.tokenizer, prompt_ids, sampling, self.max_new_tokens, **extra
-            )  # (B, T), (B, T)
+            )  # (B, T), (B, T), and with top_k: (B, T, K), (B, T, K)
         finally:
             self.model.train(was_training)
-        rollout = cut_at_eos(tokens, logprobs, self.tokenizer)
+        rollout = cut_at_eos(tokens, logprobs, self.tokenizer, *top)
         if switch is not None:  # token t of every row was drawn at global decode step offset + t
             offset = extra["offset"]
             rollout.behavior_versions = [
@@ -371,9 +456,16 @@ def available_memory(device) -> int | None:
     return None
 
 
-def cut_at_eos(tokens: torch.Tensor, logprobs: torch.Tensor, tokenizer) -> Rollout:
-    """The ``Rollout`` of sampled ``tokens`` (B, T) and their ``logprobs`` (B, T): each row up to and including
-    its first EOS; rows without EOS ran to the limit (truncated)."""
+def cut_at_eos(
+    tokens: torch.Tensor,
+    logprobs: torch.Tensor,
+    tokenizer,
+    top_ids: torch.Tensor | None = None,
+    top_logprobs: torch.Tensor | None = None,
+) -> Rollout:
+    """The ``Rollout`` of sampled ``tokens`` (B, T) and their ``logprobs`` (B, T) (and, recording top-K, each
+    position's ``top_ids``, ``top_logprobs`` (B, T, K)): each row up to and including its first EOS; rows
+    without EOS ran to the limit (truncated)."""
     is_eos = tokens == tokenizer.eos_token_id
     has_eos = is_eos.any(dim=1)
     limit = torch.full_like(has_eos, tokens.shape[1], dtype=torch.long)
@@ -381,9 +473,14 @@ def cut_at_eos(tokens: torch.Tensor, logprobs: torch.Tensor, tokenizer) -> Rollo
     lengths = torch.where(has_eos, first_eos + 1, first_eos).tolist()
     token_rows, logprob_rows = tokens.tolist(), logprobs.tolist()  # one conversion each, then list slices
     response_ids = [row[:n] for row, n in zip(token_rows, lengths, strict=True)]
-    return Rollout(
+    rollout = Rollout(
         response_ids=response_ids,
         behavior_logprobs=[row[:n] for row, n in zip(logprob_rows, lengths, strict=True)],
         texts=tokenizer.batch_decode(response_ids, skip_special_tokens=True),
         truncated=[not bool(h) for h in has_eos],
     )
+    if top_ids is not None and top_logprobs is not None:
+        id_rows, value_rows = top_ids.tolist(), top_logprobs.float().tolist()
+        rollout.top_k_ids = [row[:n] for row, n in zip(id_rows, lengths, strict=True)]
+        rollout.top_k_logprobs = [row[:n] for row, n in zip(value_rows, lengths, strict=True)]
+    return rollout

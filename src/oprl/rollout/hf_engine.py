@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from oprl.lazy import lazy_import
 from oprl.models.batching import left_pad
 from oprl.models.truncation import Sampling
-from oprl.rollout.base import EngineCapabilities, TorchEngine
+from oprl.rollout.base import EngineCapabilities, TorchEngine, top_logprobs
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +29,10 @@ class HFGenerateEngine(TorchEngine):
     ``TorchEngine`` defaults ``sampling``, ``max_new_tokens``. One policy per call
     (``generate`` has no hook between decode steps: no partial rollouts), no caches kept between calls."""
 
-    capabilities = EngineCapabilities(exact_truncation=True)  # transformers' top-k/top-p = oprl.models.truncation
+    capabilities = EngineCapabilities(
+        exact_truncation=True,  # transformers' top-k/top-p = oprl.models.truncation
+        top_logprobs=True,  # hf_generate_sample(top_k=): top_logprobs of the processed scores sampled from
+    )
 
     def __init__(self, model, tokenizer, **settings):
         super().__init__(hf_generate_sample, model, tokenizer, **settings)
@@ -41,9 +44,12 @@ def hf_generate_sample(
     prompt_ids: list[list[int]],
     sampling: Sampling,
     max_new_tokens: int,
+    top_k: int = 0,
 ):
     """``(tokens (B, T), behaviour log-probs (B, T))`` drawn from ``sampling``'s distribution (transformers'
-    warpers: the same kept set as ``Sampling.kept``), on the CPU; anything after a row's first EOS is ignored."""
+    warpers: the same kept set as ``Sampling.kept``), on the CPU; anything after a row's first EOS is ignored.
+    ``top_k`` = K > 0: also ``(top ids (B, T, K), top log-probs (B, T, K))`` of the same scores
+    (``oprl.rollout.base.top_logprobs``)."""
     pad_id = tokenizer.pad_token_id
     inputs, attention = left_pad(prompt_ids, pad_id)  # (B, P)
     out = model.generate(
@@ -61,4 +67,6 @@ def hf_generate_sample(
     )
     tokens = out.sequences[:, inputs.shape[1] :].cpu()  # (B, T)
     scores = torch.stack(out.scores, dim=1).float().cpu()  # (B, T, V), processed = what was sampled from
-    return tokens, torch.log_softmax(scores, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    logp = torch.log_softmax(scores, dim=-1)  # (B, T, V)
+    sampled = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return (tokens, sampled, *top_logprobs(logp, top_k)) if top_k else (tokens, sampled)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from oprl.lazy import lazy_import
 from oprl.models.batching import cache_kwarg, left_pad, output_cache, positions
 from oprl.models.truncation import Sampling
-from oprl.rollout.base import EngineCapabilities, Switch, TorchEngine
+from oprl.rollout.base import EngineCapabilities, Switch, TorchEngine, sampling_logprobs, top_logprobs
 from oprl.rollout.prefixes import PrefixStore
 from oprl.rollout.prefixes import prefill as prefill_reusing
 
@@ -51,6 +51,7 @@ class LeanEngine(TorchEngine):
         prefix_reuse=True,
         row_seeds=False,  # one generator per call
         exact_truncation=True,  # sample_token: oprl.models.truncation's kept set
+        top_logprobs=True,  # lean_sample(top_k=): top_logprobs of the distribution each token is drawn from
     )
 
     def __init__(self, model, tokenizer, *, prefix_reuse: bool = False, kv_cache_gb: float = 1.0, **settings):
@@ -67,9 +68,11 @@ def lean_sample(
     switch: Switch | None = None,
     offset: int = 0,
     prefixes: PrefixStore | None = None,
+    top_k: int = 0,
 ):
     """``(tokens (B, T), behaviour log-probs (B, T))`` drawn from ``sampling``'s distribution, on the CPU; anything
-    after a row's first EOS is ignored.
+    after a row's first EOS is ignored. ``top_k`` = K > 0: also ``(top ids (B, T, K), top log-probs (B, T, K))``,
+    ``oprl.rollout.base.top_logprobs`` of the very log-probs each token was drawn from.
     ``switch`` (``oprl.rollout.base.Switch``): ``switch.before(offset + t)`` runs before the distribution of
     token t is computed (t >= 1) and says whether new weights were loaded; ``switch.kv`` what the cache does.
     ``prefixes`` (``oprl.rollout.prefixes``): resume each prompt from its longest stored prefix, count the
@@ -83,11 +86,17 @@ def lean_sample(
     batch, limit = len(prompt_ids), max_new_tokens
     tokens = torch.full((batch, limit), pad_id, dtype=torch.long, device=device)  # (B, T)
     logprobs = torch.zeros((batch, limit), dtype=torch.float32, device=device)  # (B, T)
+    if top_k:  # allocated only when recorded: K = 0 adds no tensor and no work
+        top_ids = torch.zeros((batch, limit, top_k), dtype=torch.long, device=device)  # (B, T, K)
+        top_values = torch.full((batch, limit, top_k), float("-inf"), dtype=torch.float32, device=device)
     live = torch.arange(batch, device=device)  # batch row of each cache row
     done = torch.zeros(batch, dtype=torch.bool, device=device)  # per cache row: EOS emitted
     for step in range(limit):
-        token, logprob = sample_token(logits, sampling)  # (L,), (L,)
+        logp = sampling_logprobs(logits, sampling)  # (L, V)
+        token, logprob = draw(logp)  # (L,), (L,)
         tokens[live, step], logprobs[live, step] = token, logprob
+        if top_k:
+            top_ids[live, step], top_values[live, step] = top_logprobs(logp, top_k)  # (L, K) each
         done |= token == eos_id
         if step == limit - 1 or bool(done.all()):
             break
@@ -116,6 +125,8 @@ def lean_sample(
         logits = out.logits[:, -1]
     if prefixes is not None:  # every token up to the last sampled one (never fed) is in the cache
         _save(prefixes, cache, attention, torch.arange(len(live)), live, prompt_ids, tokens, step, eos_id)
+    if top_k:
+        return tokens.cpu(), logprobs.cpu(), top_ids.cpu(), top_values.cpu()
     return tokens.cpu(), logprobs.cpu()
 
 
@@ -149,9 +160,10 @@ def sample_token(
     temperature-scaled, truncated distribution the token was drawn from (``Sampling``: the rule the trainer
     rebuilds). ``generator``: draw from it instead of torch's default one (the Tinker server gives each request
     its own, so a request's draws do not depend on what it was batched with)."""
-    scores = logits.float() / sampling.temperature  # (L, V)
-    if sampling.truncates:
-        scores = scores.masked_fill(~sampling.kept(scores), float("-inf"))
-    logp = torch.log_softmax(scores, dim=-1)  # (L, V)
+    return draw(sampling_logprobs(logits, sampling), generator)
+
+
+def draw(logp: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from ``exp(logp)`` (L, V): ``(token (L,), its log-prob (L,))``."""
     token = torch.multinomial(logp.exp(), num_samples=1, generator=generator)  # (L, 1)
     return token.squeeze(-1), logp.gather(-1, token).squeeze(-1)

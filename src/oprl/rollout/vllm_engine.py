@@ -26,7 +26,10 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
   report ``log_softmax`` of the temperature-scaled, top-k- then top-p-truncated scores it sampled from (its
   rule is ``oprl.models.truncation``'s, which the lean engine samples with and the trainer rebuilds: ties at the
   k-th score kept, then the least likely tokens whose cumulative probability is <= 1 - top_p dropped), so
-  on-policy the trainer's recomputation gives rho = 1 up to float error.
+  on-policy the trainer's recomputation gives rho = 1 up to float error. Recording the top K
+  (``rollout.record_top_k``) asks vLLM for ``SamplingParams(logprobs=K)``: under the same mode its sampler's
+  ``torch.topk`` of those very log-probs (``oprl.rollout.base.top_logprobs``' rule), returned after the sampled
+  token's entry, which stays the behaviour log-prob.
 - **Seeds per row.** Row ``i`` of a call with ``seed`` gets its own generator seeded from ``(seed, i)``; the
   explorer's ``seed`` already encodes (run seed, batch index). A row's samples therefore do not depend on the
   other rows of its batch, and the engine never touches the process's global random state.
@@ -84,6 +87,7 @@ class VLLMEngine:
         exact_truncation=True,  # logprobs_mode="processed_logprobs" over vLLM's apply_top_k_top_p
         engine_process=True,  # VLLM_ENABLE_V1_MULTIPROCESSING=1 for this engine
         lora_sync=("adapter", "merged"),  # enable_lora adapters, or the merged model reloaded
+        top_logprobs=True,  # SamplingParams(logprobs=K) under logprobs_mode="processed_logprobs"
         lora_versions=MAX_LORA_SLOTS,  # max_loras: every slot allocated at start-up
     )
 
@@ -101,8 +105,11 @@ class VLLMEngine:
         engine_process: bool = False,
         lora_sync: str = "merged",
         lora_slots: int = 1,
+        record_top_k: int = 0,
     ):
         self.model = model
+        self.record_top_k = record_top_k
+        """K: each call (that names none) records every sampled position's K most likely tokens (0 = none)."""
         rank = lora_rank(model)
         self.lora_sync = "adapter" if rank and lora_sync == "adapter" else "merged"
         """How a LoRA ``model`` is served (``model.lora_sync``): ``adapter`` = the base once, each version's adapter
@@ -149,20 +156,25 @@ class VLLMEngine:
         batch_size: int | None = None,
         row_seeds: list[int] | None = None,
         switch: Switch | None = None,
+        record_top_k: int | None = None,
     ) -> Rollout:
         """Sample one response per prompt row; the same ``seed`` and inputs give the same samples.
         ``batch_size`` is ignored: vLLM schedules its own batches, and rows are seeded independently
         (``row_seeds``: each row's seed, in place of ``row_seed(seed, row)``). ``switch`` (partial rollouts,
-        ``oprl.rollout.base.Switch``): sampled in segments, other weights loaded between two (``_segments``)."""
+        ``oprl.rollout.base.Switch``): sampled in segments, other weights loaded between two (``_segments``).
+        ``record_top_k``: K > 0 records each position's top K (None = ``self.record_top_k``)."""
         self._check_lengths(prompt_ids, self.shared.max_model_len)
         seeds = [row_seed(seed, row) for row in range(len(prompt_ids))] if row_seeds is None else list(row_seeds)
         if switch is not None:
             check_switch(self, switch)  # recompute only (capabilities); run configs are refused before they start
-        return self._segments(prompt_ids, seeds, self.sampling if sampling is None else sampling, switch)
+        top_k = self.record_top_k if record_top_k is None else record_top_k
+        sampling = self.sampling if sampling is None else sampling
+        return self._segments(prompt_ids, seeds, sampling, switch, top_k)
 
-    def _sample(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, limit: int):
+    def _sample(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, limit: int, top_k: int = 0):
         """One blocking ``LLM.generate`` of up to ``limit`` tokens per row from ``sampling``'s distribution (vLLM's
-        ``top_k`` 0 = off, as ``Sampling``'s); its completions, in row order."""
+        ``top_k`` 0 = off, as ``Sampling``'s), with each position's ``top_k`` most likely tokens when > 0; its
+        completions, in row order."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -174,7 +186,7 @@ class VLLMEngine:
                 top_k=sampling.top_k,
                 max_tokens=limit,
                 stop_token_ids=[self.tokenizer.eos_token_id],
-                logprobs=0,
+                logprobs=top_k,  # 0: the sampled token's alone; K: then the top K (FlatLogprobs, 1 + K a position)
                 flat_logprobs=True,
                 seed=row,
                 detokenize=False,
@@ -196,7 +208,9 @@ class VLLMEngine:
         self.prefill_tokens += sum(len(p) for p in prompt_ids) - cached
         return [out.outputs[0] for out in outputs]
 
-    def _segments(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, switch: Switch | None):
+    def _segments(
+        self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, switch: Switch | None, top_k: int = 0
+    ):
         """The rollout of one call. Without a ``switch``: one segment of ``max_new_tokens`` (one ``_sample``).
 
         Partial rollouts on vLLM: abort and resume. Every unfinished row is sampled up to the switcher's next
@@ -210,6 +224,8 @@ class VLLMEngine:
         offset, n = (0 if switch is None else switch.start()), len(prompt_ids)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
+        top_ids: list[list[list[int]]] = [[] for _ in range(n)]
+        top_values: list[list[list[float]]] = [[] for _ in range(n)]
         stopped = [False] * n
         live, done = list(range(n)), 0
         while live:
@@ -218,10 +234,16 @@ class VLLMEngine:
             limit = left if point is None else min(left, point - offset - done)
             contexts = [prompt_ids[r] + tokens[r] for r in live]
             segment_seeds = [seeds[r] if done == 0 else row_seed(seeds[r], done) for r in live]
-            completions = self._sample(contexts, segment_seeds, sampling, limit)
+            completions = self._sample(contexts, segment_seeds, sampling, limit, top_k)
             for r, c in zip(live, completions, strict=True):
                 tokens[r] += list(c.token_ids)
-                logprobs[r] += list(c.logprobs.logprobs)
+                if top_k:
+                    sampled, ids, values = split_top_k(c.logprobs, top_k)
+                    logprobs[r] += sampled
+                    top_ids[r] += ids
+                    top_values[r] += values
+                else:
+                    logprobs[r] += list(c.logprobs.logprobs)
                 stopped[r] = c.finish_reason != "length"
             done += limit
             live = [r for r in live if not stopped[r]] if done < self.max_new_tokens else []
@@ -233,6 +255,8 @@ class VLLMEngine:
             texts=self.tokenizer.batch_decode(tokens, skip_special_tokens=True),
             truncated=[not s for s in stopped],
         )
+        if top_k:
+            rollout.top_k_ids, rollout.top_k_logprobs = top_ids, top_values
         if switch is not None:
             switch.finish(max((len(t) for t in tokens), default=0))
             rollout.behavior_versions = [[switch.version_at(offset + t) for t in range(len(r))] for r in tokens]
@@ -246,6 +270,22 @@ class VLLMEngine:
                 f"the vLLM engine's context of {max_model_len} tokens (the model's maximum, or what "
                 "rollout.kv_cache_gb holds); shorten the prompts or lower rollout.max_new_tokens"
             )
+
+
+def split_top_k(flat, k: int) -> tuple[list[float], list[list[int]], list[list[float]]]:
+    """A completion's ``FlatLogprobs`` asked with ``logprobs=k``: ``(sampled token's log-prob per position, top-k
+    ids per position, their log-probs per position)``. vLLM's sampler puts the sampled token first, then its
+    ``torch.topk`` (``Sampler.gather_logprobs``), 1 + k entries a position, the sampled one repeated when it is
+    among the top k."""
+    starts, ends = flat.start_indices, flat.end_indices
+    ids, values = flat.token_ids, flat.logprobs
+    if any(end - start != 1 + k for start, end in zip(starts, ends, strict=True)):
+        raise OprlError(f"rollout.record_top_k={k}: vLLM returned another count of log-probs than 1 + {k} a position")
+    return (
+        [values[s] for s in starts],
+        [ids[s + 1 : s + 1 + k] for s in starts],
+        [values[s + 1 : s + 1 + k] for s in starts],
+    )
 
 
 def row_seed(seed: int, row: int) -> int:

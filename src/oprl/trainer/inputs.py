@@ -67,6 +67,44 @@ class RowInputs:
                            pad(teacher) if all(t is not None for t in teacher) else None)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class TopK:
+    """The sampler's top-K of a batch (``rollout.record_top_k``, ``Experience.top_k_ids``/``top_k_logprobs``): at
+    response token t of row b, the ids and log-probs of the K most likely tokens of the distribution that token
+    was drawn from (temperature, top-k, top-p applied; ``oprl.rollout.base.top_logprobs``), most likely first.
+    Right-padded past each row's length with id 0 and log-prob ``-inf`` (no mass, like a token outside the kept
+    set), so ``logprobs.exp()`` is the sampler's probability q of each id, 0 at padding."""
+
+    ids: torch.Tensor
+    """(B, T, K) int64."""
+    logprobs: torch.Tensor
+    """(B, T, K) float32."""
+
+
+def top_k_of(rows: list[Experience], width: int) -> TopK | None:
+    """``TopK`` of ``rows`` padded to ``width`` tokens; None when no row recorded them (``rollout.record_top_k=0``:
+    nothing is built). Rows recorded with another K, or some rows without them (a store mixing runs), are one
+    ``OprlError`` line: a loss over the sampler's top-K needs every row's."""
+    recorded = [e.top_k_ids is not None for e in rows]
+    if not any(recorded):
+        return None
+    ks = {len(p) for e in rows if e.top_k_ids is not None for p in e.top_k_ids[:1]}
+    if not all(recorded) or len(ks) > 1:
+        raise OprlError(
+            f"rollout.record_top_k: {sum(recorded)} of {len(rows)} rows carry the sampler's top-K "
+            f"(K = {sorted(ks)}); a batch needs every row's, with one K (do not mix stores of other runs)"
+        )
+    k = ks.pop() if ks else 0
+    ids = torch.zeros((len(rows), width, k), dtype=torch.long)  # (B, T, K)
+    logprobs = torch.full((len(rows), width, k), float("-inf"), dtype=torch.float32)  # (B, T, K)
+    for b, e in enumerate(rows):
+        n = len(e.top_k_ids or ())
+        if n:
+            ids[b, :n] = torch.tensor(e.top_k_ids, dtype=torch.long)
+            logprobs[b, :n] = torch.tensor(e.top_k_logprobs, dtype=torch.float32)
+    return TopK(ids, logprobs)
+
+
 @dataclass
 class StepInputs:
     """One step's inputs for every row of its batch."""
@@ -78,6 +116,9 @@ class StepInputs:
     rows: RowInputs = field(default_factory=RowInputs)
     seconds: dict[str, float] = field(default_factory=dict)
     """``perf/*`` seconds spent computing them."""
+    top_k: TopK | None = None
+    """The sampler's top-K of every row, (N, T, K) with T the batch's longest response (a micro-batch takes its
+    rows and first columns); None when the rows recorded none (``rollout.record_top_k=0``)."""
 
 
 class Inputs:
@@ -115,7 +156,7 @@ class Inputs:
         rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
         group_ids = torch.tensor([e.group_id for e in batch], dtype=torch.long)  # (N,)
         given = BatchInputs(rewards, group_ids, covered.sum(-1), statistics, screen)
-        return StepInputs(given, loss_units(covered, self.method), rows, seconds)
+        return StepInputs(given, loss_units(covered, self.method), rows, seconds, top_k_of(batch, width))
 
     def proximal_logprobs(self, rows: list[Experience]) -> list[list[float]]:
         """log π_prox of every response token of ``rows`` under the current (pre-update) weights: the loss's
