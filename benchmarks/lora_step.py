@@ -1,8 +1,8 @@
 """The whole GRPO step of a LoRA SmolLM2 run, ``model.lora_sync=merged`` against ``adapter``, side by side in one
-run: the SmolLM2 example's task and recipe (``benchmarks/grpo_step.py``: ``configs/examples/smollm2-arithmetic-vllm.yaml``,
-on-policy k=1 m=0, so a step is generate + sync + train), LoRA r=16 (alpha 32) on every linear layer, vLLM in
-float32 (the exact recipe: rho = 1 up to float rounding), a float32 trainer; the two modes alternate in each
-round (each a fresh run: its own engine, built once per run).
+run: the SmolLM2 example's task and recipe (``benchmarks/grpo_step.py``:
+``configs/examples/smollm2-arithmetic-vllm.yaml``, on-policy k=1 m=0, so a step is generate + sync + train),
+LoRA r=16 (alpha 32) on every linear layer, vLLM in float32 (the exact recipe: rho = 1 up to float rounding), a
+float32 trainer; the two modes alternate in each round (each a fresh run: its own engine, built once per run).
 
 Per step, from ``metrics.jsonl`` (``grpo_step.measure``): wall seconds between consecutive trainer steps,
 ``perf/generate_s`` (sampling the batch: under adapters, vLLM's LoRA kernels at every decode step),
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_step import measure  # noqa: E402  (the example's recipe, one run's per-step numbers)
+from grpo_step import measure  # the example's recipe, one run's per-step numbers
 
 LORA = ["model.lora.r=16", "model.lora.alpha=32", "rollout.engine=vllm", "rollout.dtype=float32"]
 LORA += ["trainer.autocast=none"]
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             this = {}
-            for mode, setting in (MODES.items() if repeat % 2 == 0 else reversed(MODES.items())):
+            for mode, setting in MODES.items() if repeat % 2 == 0 else reversed(MODES.items()):
                 start = time.perf_counter()
                 got = measure(mode, [*LORA, *setting, f"steps={args.steps}", *args.overrides], Path(tmp), repeat)
                 for key, values in got.items():
@@ -91,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             f"| {mode} | {row['step_s']:.1f} | {row['generate_s']:.1f} | {row['sync_s']:.2f} | {row['train_s']:.1f} "
             f"| {row['reply_tokens']:.1f} |"
         )
-    print("\nmerged / adapter, per round: " + "; ".join(
-        f"{key} " + ", ".join(f"{r:.2f}x" for r in values) for key, values in ratios.items()
-    ))
+    print(
+        "\nmerged / adapter, per round: "
+        + "; ".join(f"{key} " + ", ".join(f"{r:.2f}x" for r in values) for key, values in ratios.items())
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
