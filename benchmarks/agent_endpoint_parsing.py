@@ -12,9 +12,12 @@ refused with a 400 (past the context). Reported: the small request's latency alo
 alternating with this one ``--rounds`` times, each configuration in a fresh process, so the two are compared
 on the same machine under the same load.
 
-    git archive 9790d4b src | tar -x -C /tmp/before
+    git archive fc88471 src | tar -x -C /tmp/before
     flock /tmp/oprl-bench.lock nice -n 5 python benchmarks/agent_endpoint_parsing.py --before /tmp/before/src \\
-        --json benchmarks/results/agent_endpoint_parsing.json
+        --before-label fc88471 --json benchmarks/results/agent_endpoint_parsing.json
+
+Also reported: the CPU seconds of one ``json.loads`` of the flood's body, the one step of a huge request that
+holds the interpreter throughout (a small request may wait that long at each hand-off between threads).
 """
 
 from __future__ import annotations
@@ -110,6 +113,10 @@ def child(args) -> dict:
         return time.perf_counter() - start
 
     probe()  # warm
+    flood_body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": ""}] * args.messages})
+    cpu = time.thread_time()
+    json.loads(flood_body)  # the one step of a huge request that holds the interpreter throughout
+    loads_cpu = time.thread_time() - cpu
     alone = []
     for _ in range(args.probes):
         alone.append(probe())
@@ -140,6 +147,7 @@ def child(args) -> dict:
         "flood_statuses": sorted({str(a[0]) for a in answers}),
         "flood_request_s": percentiles([a[1] for a in answers]),
         "flood_wall_s": round(wall, 3),
+        "json_loads_cpu_s": round(loads_cpu, 4),
     }
 
 
@@ -150,6 +158,7 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=20)
     parser.add_argument("--every", type=float, default=0.05)
     parser.add_argument("--before", help="another source tree's src/ to time alongside this one")
+    parser.add_argument("--before-label", default="before", help="what --before is (a commit)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -157,8 +166,10 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args)))
         return
-    here = str(Path(__file__).resolve().parents[1] / "src")
-    configs = {"after": here} | ({"before": args.before} if args.before else {})
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout
+    configs = {f"after ({head.strip()})": str(root / "src")}
+    configs |= {f"before ({args.before_label})": args.before} if args.before else {}
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for _ in range(args.rounds):
         for name, src in configs.items():
@@ -173,7 +184,7 @@ def main() -> None:
         "flood": args.flood,
         "messages": args.messages,
         "cpu": "2-core AMD EPYC (avx512_bf16, no AMX), shared and loaded by other jobs",
-        "load_average_1m_at_start": os.getloadavg()[0],
+        "load_average_1m_at_end": os.getloadavg()[0],
         "runs": runs,
     }
     if args.json:

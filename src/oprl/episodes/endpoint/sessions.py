@@ -12,8 +12,9 @@ session's history; the sampled tokens are kept as sampled, never decoded and re-
   the tokens stored for it are the ones sampled. Only the new messages after it (tool results, user turns) are
   tokenized: the chat template's text for them plus the next assistant header (``episodes.observation_ids``,
   the rule the built-in multi-turn tasks use), with loss mask 0. What a framework may change in the history
-  without starting a new segment: nothing but tool-call ids and order, ``content: null`` for ``""``, and text
-  parts for a string; anything else (a message edited, dropped or inserted) starts one, counted in ``segments``.
+  without starting a new segment: nothing but tool-call ids and order, ``content: null`` for ``""``, text
+  parts for a string and the whitespace around ``<think>`` tags (``oprl.episodes.endpoint.echoes``); anything
+  else (a message edited, dropped or inserted) starts one, counted in ``segments``.
 - **Completions** (``/v1/completions``): a prompt of token ids extends the history when it starts with the
   history's tokens; a text prompt when it starts with the history's text (prompts and returned completions
   concatenated; a sampled EOS stays in the tokens though the returned text omits it). The rest is tokenized
@@ -55,20 +56,20 @@ continues it, the tokenizer's EOS (the chat template's end of turn) follows it a
 echo of the reply with the matched stop sequence appended (smolagents' CodeAgent closes its code block so)
 extends the session too: the stop sequence's tokens are then context (mask 0) before the EOS.
 
-Deliberately not here: HTTP (``oprl.episodes.endpoint.server``), running agents (``oprl.episodes.agents``).
+Deliberately not here: what counts as the same message (``oprl.episodes.endpoint.echoes``), HTTP
+(``oprl.episodes.endpoint.routes``, ``server``), running agents (``oprl.episodes.agents``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from oprl.episodes.endpoint.echoes import message_key, same_reply, template_message, text_of
 from oprl.episodes.episode import Episode, _truncate, observation_ids
 from oprl.models.chat import encode_prompt
-from oprl.tasks.bfcl.toolcall import CLOSE, OPEN
 
 
 class RequestRefused(Exception):
@@ -111,9 +112,9 @@ class Session:
     sent: list[dict] = field(default_factory=list)
     """Chat: the history as the template renders it (the model's replies as their sampled text)."""
     keys: list[tuple] = field(default_factory=list)
-    """Chat: the history as the agent sent it (``_key`` of each message), what the next request must repeat."""
+    """Chat: the history as the agent sent it (``message_key`` of each message), what the next request must repeat."""
     returned: dict[tuple, str] = field(default_factory=dict)
-    """Every reply returned in this session, ``_key`` of its message -> the text sampled: a rewritten history
+    """Every reply returned in this session, ``message_key`` of its message -> the text sampled: a rewritten history
     that echoes one renders it as the model wrote it."""
     waiting: bool = False
     """The current segment has a request in flight: it cannot be extended until its reply is recorded."""
@@ -151,16 +152,16 @@ class Session:
         """The token context of a chat request (``messages`` as the agent sent them), history extended or a
         new segment started; at most ``room`` tokens (else a 400, the episode truncated)."""
         self._check_open()
-        chars = sum(len(_content(m)) for m in messages) + len(json.dumps(tools))
+        chars = sum(len(text_of(m)) for m in messages) + len(json.dumps(tools))
         self._check_size(chars, len(messages) * self.message_tokens, room)  # the whole request, before any work
-        keys = [_key(m) for m in messages]
+        keys = [message_key(m) for m in messages]
         known = len(self.keys)
         chosen = None
         extends = self.mode == "chat" and self._open() and not self.waiting and tools == self.tools
         if extends and len(messages) > known and keys[:known] == self.keys:
-            chosen = next((c for c in self.choices if _same_reply(c.message, messages[known], c.stop)), None)
+            chosen = next((c for c in self.choices if same_reply(c.message, messages[known], c.stop)), None)
         if chosen is None:
-            rendered = [_rendered(m, self.returned) for m in messages]
+            rendered = [template_message(m, self.returned) for m in messages]
             chars = sum(len(m["content"]) for m in rendered) + len(json.dumps(tools))
             self._check_size(chars, 0, room)
             self._check_budget()
@@ -171,7 +172,7 @@ class Session:
         suffix = chosen.stop if chosen.stop and echoed == returned + chosen.stop else ""
         episode = self._continue(chosen, suffix=suffix)
         history = [*self.sent, {"role": "assistant", "content": chosen.text + suffix}]
-        new = [_rendered(m, self.returned) for m in messages[known + 1 :]]
+        new = [template_message(m, self.returned) for m in messages[known + 1 :]]
         self.keys = keys
         self._check_turns()
         if self._open():
@@ -245,7 +246,7 @@ class Session:
             return
         self.turns += 1
         for choice in choices:
-            self.returned[_key(choice.message)] = choice.text
+            self.returned[message_key(choice.message)] = choice.text
         if segment is not self.episode:  # set aside while it was sampled: its tokens belong to no stored row
             self.dropped_tokens += sum(len(c.ids) for c in choices)
             return
@@ -422,80 +423,3 @@ def stop_at(ids: list[int], tokenizer, stops: list[str]) -> tuple[int, str, str]
         else:
             high = middle - 1
     return low, tokenizer.decode(ids[:low], skip_special_tokens=True), stop
-
-
-def _rendered(message: dict, returned: dict[tuple, str] | None = None) -> dict:
-    """A request message as the chat template gets it: role and text content. An assistant message with tool
-    calls is the text the model wrote for it: the sampled text when this session returned it (``returned``),
-    else its content followed by one ``<tool_call>{json}</tool_call>`` block per call (the format replies are
-    parsed from), never an empty turn. (An echo that extends a segment is rendered from the history instead.)"""
-    content = _content(message)
-    if message.get("role") == "assistant" and message.get("tool_calls"):
-        written = (returned or {}).get(_key(message))
-        if written is None:
-            blocks = "".join(OPEN + json.dumps({"name": n, "arguments": a}) + CLOSE for n, a in _calls(message))
-            written = f"{content}\n{blocks}" if content else blocks
-        content = written
-    out = {"role": message["role"], "content": content}
-    for key in ("name", "tool_call_id"):
-        if message.get(key) is not None:
-            out[key] = message[key]
-    return out
-
-
-def _content(message: dict) -> str:
-    content = message.get("content")
-    if isinstance(content, list):  # OpenAI content parts: the text ones, joined
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""
-
-
-THINK = re.compile(r"\s*(<think>|</think>)\s*")
-"""A reasoning model's think tags with the whitespace around them (``_thought``)."""
-
-
-def _thought(text: str) -> str:
-    """``text`` as an echo is compared: with ``<think>`` blocks, the whitespace around their tags dropped and the
-    ends stripped; without, unchanged. pydantic-ai's chat model splits a reply's ``<think>...</think>`` into a
-    thinking part and sends it back re-rendered (``"<think>\\n...\\n</think>"``, text parts joined by
-    ``"\\n\\n"``): the same reply, which must extend the segment (at ``9790d4b`` each turn was a new one)."""
-    return THINK.sub(r"\1", text).strip() if "<think>" in text else text
-
-
-def _key(message: dict) -> tuple:
-    """What must stay equal for a message to be "the same" in a later request: role, text content (``None`` =
-    ``""``), name, tool_call_id, and the tool calls as a set of (name, arguments) pairs (their ids may change;
-    frameworks that run parallel calls concurrently echo them in the order they finished)."""
-    return (
-        message.get("role"),
-        _thought(_content(message)),
-        message.get("name"),
-        message.get("tool_call_id"),
-        json.dumps(_call_set(message), default=str),
-    )
-
-
-def _call_set(message: dict) -> list[str]:
-    """The message's tool calls in an order of their own (sorted JSON): compared as a multiset."""
-    return sorted(json.dumps(call, sort_keys=True, default=str) for call in _calls(message))
-
-
-def _same_reply(returned: dict, sent: dict, stop: str = "") -> bool:
-    """Whether the agent's assistant message ``sent`` is the one the endpoint returned (or, for a reply cut at
-    ``stop``, that reply with ``stop`` appended)."""
-    content, echoed = _thought(returned.get("content") or ""), _thought(sent.get("content") or "")
-    if sent.get("role") != "assistant" or not (echoed == content or (stop and echoed == _thought(content + stop))):
-        return False
-    return _call_set(sent) == _call_set(returned)
-
-
-def _calls(message: dict) -> list[tuple[Any, Any]]:
-    out = []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        try:
-            arguments = json.loads(function.get("arguments") or "{}")
-        except (TypeError, ValueError):
-            arguments = function.get("arguments")
-        out.append((function.get("name"), arguments))
-    return out
