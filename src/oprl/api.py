@@ -33,6 +33,7 @@ from typing import Any
 
 from oprl.config import RunConfig, load_config
 from oprl.errors import OprlError
+from oprl.noise import keep_noise_out
 
 ConfigSource = str | Path | RunConfig | Mapping[str, Any] | None
 """A YAML path, a ``RunConfig``, a dict of settings, or None (the defaults)."""
@@ -229,6 +230,7 @@ def resolve(
 def run(config: RunConfig, log: Callable[[str], Any] = print) -> RunResult:
     """Run a resolved config (``resolve``'s) and collect its result."""
     config = final_model_settings(config, log)
+    keep_noise_out()  # third-party notices that say nothing to a user go to workers.log (oprl.noise)
     if not config.resume:  # milliseconds: a path typo is one line before anything is printed or imported
         from oprl.runtime.preflight import check_paths
 

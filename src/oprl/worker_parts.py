@@ -31,6 +31,7 @@ from oprl.errors import OprlError
 from oprl.messages import FlatWeights
 from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.models.truncation import Sampling
+from oprl.noise import stderr_kept
 from oprl.rollout import ENGINES, Engine, Rollout
 from oprl.rollout.base import capabilities_of, check_top_k
 
@@ -133,7 +134,9 @@ def make_engine(config: RunConfig, model, tokenizer, *, record_top_k: int = 0) -
         check_top_k(engine, record_top_k)
         options |= {"record_top_k": record_top_k}
     sampling = Sampling.of(rollout)
-    return LockedEngine(engine(model, tokenizer, sampling=sampling, max_new_tokens=rollout.max_new_tokens, **options))
+    with stderr_kept():  # an engine's start prints third-party notices (oprl.noise): into workers.log
+        return LockedEngine(engine(model, tokenizer, sampling=sampling, max_new_tokens=rollout.max_new_tokens,
+                                   **options))  # fmt: skip
 
 
 def lora_serving(config: RunConfig) -> tuple[str, int] | None:
