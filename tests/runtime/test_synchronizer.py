@@ -45,3 +45,47 @@ def test_the_plan_sent_with_a_batch(tmp_path):
         free.close()
     explore = synchronizer("mode=explore", "sync.partial=true", "sync.offset=2")
     assert explore.mode == "fixed" and explore.switch_plan(5) is None
+
+
+@pytest.mark.parametrize(
+    "overrides, mode, scheduled, free_running, decided_ahead",
+    [
+        ((), "scheduled", True, False, True),
+        (("sync.mode=async",), "async", False, True, False),
+        (("mode=explore",), "fixed", False, False, True),  # explore samples every batch with version 0
+        (("mode=explore", "sync.mode=async"), "fixed", False, False, True),  # ... whatever the sync section says
+        (("mode=offline", "buffer.path=/nonexistent"), "scheduled", True, False, True),
+    ],
+)
+def test_callers_ask_the_synchronizer_which_mode_the_run_is_in(overrides, mode, scheduled, free_running, decided_ahead):
+    """The driver, checkpoints, resume and the warnings read these, never ``config.sync.mode`` (issue #69)."""
+    sync = synchronizer(*overrides)
+    assert (sync.mode, sync.scheduled, sync.free_running, sync.decided_ahead) == (
+        mode,
+        scheduled,
+        free_running,
+        decided_ahead,
+    )
+
+
+def test_a_trained_step_is_checked_against_the_schedule():
+    sync = synchronizer("sync.offset=2")
+    assert sync.check_trained(5, started=2) == {"lag/scheduled": 2.0}  # v(5) = 2: lag 5 - 1 - 2
+    with pytest.raises(RuntimeError, match=r"step 5 trained on version 3, not 2"):
+        sync.check_trained(5, started=3)
+    assert synchronizer("sync.mode=async").check_trained(5, started=3) == {}  # free-running: nothing to check
+
+
+def test_the_board_is_closed_only_where_the_synchronizer_opened_one(tmp_path):
+    from oprl.checkpoint.board import is_closed
+
+    sync = synchronizer("sync.offset=1", "sync.partial=true")
+    sync.close_board()  # no board opened (the run stopped before its workers started): nothing to do
+    sync.open_board(tmp_path / "board", 0, resolve=lambda snapshot: snapshot)
+    try:
+        sync.posts[0].future.result()  # the board is opened on the writer's thread
+        assert not is_closed(tmp_path / "board")
+        sync.close_board()  # explorers waiting for a version that will never come give up
+        assert is_closed(tmp_path / "board")
+    finally:
+        sync.close()

@@ -25,7 +25,6 @@ from oprl.config.sections import (
     TrackingConfig,
     TrainerConfig,
     WarmStartConfig,
-    check_trainer_device,
 )
 from oprl.config.sync import SyncConfig
 from oprl.config.teacher import TeacherConfig
@@ -39,6 +38,17 @@ from oprl.tasks.section import Section as _Section
 MAX_NAME_BYTES = 200
 """Longest ``run_name`` in UTF-8 bytes: file systems refuse a path component over 255 bytes, and the margin
 leaves room for names built from it (sweep suffixes, temporary names)."""
+
+
+def check_trainer_device(config: RunConfig, cuda: bool) -> None:
+    """The trainer's rules that depend on whether model.device is CUDA (``cuda``): the root config's validator
+    applies them to an explicit device, the runtime to ``auto`` once it knows the machine
+    (``oprl.trainer.ranks.check_trainer_machine``)."""
+    t, device = config.trainer, config.model.device
+    if t.dist_backend == "nccl" and not cuda:
+        raise OprlError(f"trainer.dist_backend=nccl needs CUDA tensors, model.device={device}; use gloo")
+    if cuda and t.sharding != "none" and config.backend == "ray" and config.runtime.gpus_per_trainer_rank <= 0:
+        raise OprlError("backend=ray with model.device=cuda: set runtime.gpus_per_trainer_rank (e.g. 1)")
 
 
 def _resume_value(value):

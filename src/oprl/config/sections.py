@@ -21,7 +21,6 @@ from oprl.rollout import ENGINES, capabilities, engines_with
 from oprl.tasks.section import Section as _Section
 
 if TYPE_CHECKING:
-    from oprl.config.run import RunConfig
     from oprl.config.sync import SyncConfig
 
 
@@ -400,17 +399,6 @@ class TrainerConfig(_Section):
         if self.world_size > 1 and self.sharding == "none":
             raise OprlError(f"trainer.world_size={self.world_size} needs trainer.sharding=ddp or fsdp")
         return self
-
-
-def check_trainer_device(config: RunConfig, cuda: bool) -> None:
-    """The trainer's rules that depend on whether model.device is CUDA (``cuda``): the root config's validator
-    applies them to an explicit device, the runtime to ``auto`` once it knows the machine
-    (``oprl.trainer.ranks.check_trainer_machine``)."""
-    t, device = config.trainer, config.model.device
-    if t.dist_backend == "nccl" and not cuda:
-        raise OprlError(f"trainer.dist_backend=nccl needs CUDA tensors, model.device={device}; use gloo")
-    if cuda and t.sharding != "none" and config.backend == "ray" and config.runtime.gpus_per_trainer_rank <= 0:
-        raise OprlError("backend=ray with model.device=cuda: set runtime.gpus_per_trainer_rank (e.g. 1)")
 
 
 class RuntimeConfig(_Section):

@@ -1,40 +1,38 @@
 """The driver: one event loop that wires explorers, buffer and trainer together on any backend.
 
 It only submits calls and reacts to their completion; all computing happens in the workers. Each turn it
-(1) hands the next batches whose policy version the synchronizer can provide to idle explorers (in
-overlapped scheduled mode also queues one behind each busy explorer), (2) starts trainer step t once batch t
-is in the buffer (``take`` then ``train``, queued back to back), then (3) waits for any call to finish.
-After step t: publish version t if a batch needs it, evaluate if due, checkpoint if due. Rows of
-``metrics.jsonl`` are written in step order once their evaluation is in; a checkpoint is committed only after
-its step's row is written, so a resumed run never loses or repeats a row.
+(1) hands the next batches whose policy version the synchronizer can provide to idle explorers (where a batch's
+version is decided ahead, ``Synchronizer.decided_ahead``, and runs overlap, also queues one behind each busy
+explorer), (2) starts trainer step t once batch t is in the buffer (``take`` then ``train``, queued back to
+back), then (3) waits for any call to finish. After step t: publish version t if a batch needs it, evaluate if
+due, checkpoint if due. Rows of ``metrics.jsonl`` are written in step order once their evaluation is in; a
+checkpoint is committed only after its step's row is written, so a resumed run never loses or repeats a row.
 
 With ``runtime.overlap=false`` at most one worker call is in flight: the strictly sequential baseline. The
 schedule (not timing) decides every number in scheduled mode, so both settings give the same metrics.
 
-An explorer whose process died (not one that raised: the same call would raise again) is restarted within the
-budget of ``oprl.runtime.healing``: its batches go back to ``pending`` and are generated again by the new
-process, with the weights of their version (the synchronizer's snapshots, kept while a batch needs them) and
-their own seeds, so the run's numbers do not change (docs/runtime.md#self-healing-runs). On any other worker
-failure, or past the budget, the driver stops submitting work, lets the trainer finish what it holds, writes a
-final checkpoint (unless the trainer or the buffer is the one that failed) and raises ``WorkerFailure``.
+An explorer whose process died (not one that raised: the same call would raise again) is restarted by the run's
+``Supervisor`` (``oprl.runtime.healing``: the budget, the new process, its clock): the driver puts its batches
+back to ``pending``, to be generated again by the new process with the weights of their version (the
+synchronizer's snapshots, kept while a batch needs them) and their own seeds, so the run's numbers do not change
+(docs/runtime.md#self-healing-runs). On any other worker failure, or past the budget, the driver stops
+submitting work, lets the trainer finish what it holds, writes a final checkpoint (unless the trainer or the
+buffer is the one that failed) and raises ``WorkerFailure`` with the line ``oprl.runtime.calls.blame`` made.
 
 Its state is a few small objects: ``BatchTracker`` (``oprl.runtime.batches``: which batches are pending, in
-flight, ready, which step is next), ``RowLog`` (rows waiting to be written in order), ``PerfClock`` (the
-``perf/*`` columns), ``CheckpointWriter`` (``oprl.runtime.resume``), ``Restarts`` (``oprl.runtime.healing``),
-the calls in flight and at most one ``Failure``. Each
-completion goes to the handler its kind names in ``Driver.handlers``. Workers are called through the typed
-handles of ``oprl.roles``; the trainer's ``TrainResult`` is read by attribute, so no control value travels in
-a row of metrics (``RowLog`` and ``PerfClock`` are in ``oprl.runtime.rows``).
+flight, ready, which step is next), ``RowLog`` (rows waiting to be written in order) and ``PerfClock`` (the
+``perf/*`` columns; both ``oprl.runtime.rows``), ``CheckpointWriter`` (``oprl.runtime.checkpointing``), the
+``Supervisor``, the calls in flight (``oprl.runtime.calls.Call``) and at most one ``Failure``. Each completion
+goes to the handler its kind names in ``Driver.handlers``. Workers are called through the typed handles of
+``oprl.roles``; the trainer's ``TrainResult`` is read by attribute, so no control value travels in a row of
+metrics.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,50 +40,14 @@ from oprl.backends import failure
 from oprl.backends.failure import WorkerFailure
 from oprl.checkpoint import files as ckpt
 from oprl.runtime.batches import BatchTracker
-from oprl.runtime.healing import Restart, Restarts
-from oprl.runtime.resume import CheckpointWriter, resume_hint
+from oprl.runtime.calls import Call, Failure, blame
+from oprl.runtime.checkpointing import CheckpointWriter, resume_hint
+from oprl.runtime.healing import Supervisor
 from oprl.runtime.rows import PerfClock, RowLog
 
 if TYPE_CHECKING:  # annotations only: the driver never builds one
     from oprl.messages import ExploreResult, ScoreResult, TrainResult
     from oprl.roles import BufferHandle, ExplorerHandle, TeacherHandle, TrainerHandle
-
-
-@dataclass
-class Call:
-    """A submitted call the driver waits for, with what its handler needs."""
-
-    kind: str
-    """explore, put, train, eval, weights, post (to the weights board), part (of a checkpoint), score (teacher),
-    restart (a restarted worker becoming ready)."""
-    component: str
-    """The worker, as named in error messages (``explorer 0``, ``trainer``, ``buffer``; ``synchronizer`` for
-    the weights board writes it makes in the driver's process)."""
-    doing: str
-    """What it was doing, for error messages."""
-    step: int = 0
-    """train, eval: the trainer step."""
-    batch: int = 0
-    """explore, put: the batch index."""
-    explorer: int = 0
-    """explore: which explorer."""
-    experiences: Any = None
-    """explore: the future of the batch's experiences (handed to the buffer unresolved)."""
-    stats: Any = None
-    """train: the future of the buffer's ``take`` metrics."""
-    restart: Restart | None = None
-    """restart: what is being restarted, and why."""
-
-
-@dataclass
-class Failure:
-    component: str
-    message: str
-    """One line: who failed doing what, and why."""
-    cause: BaseException
-    lost: bool = False
-    """The trainer's, the teacher's or the buffer's process died (a Ray actor, or a worker process; ``oprl.runtime.run``
-    goes on from the newest checkpoint)."""
 
 
 class Driver:
@@ -109,7 +71,7 @@ class Driver:
         health=None,
         teacher: TeacherHandle | None = None,
         log=print,
-        restarts: Restarts | None = None,
+        supervisor: Supervisor | None = None,
     ):
         self.cfg, self.run_dir, self.backend = config, Path(run_dir), backend
         self.trainer, self.explorers, self.buffer, self.sync = trainer, explorers, buffer, sync
@@ -119,7 +81,7 @@ class Driver:
         self.offline = config.mode == "offline"
         self.explore_only = config.mode == "explore"
         # Scheduling: where every batch is, and the calls in flight.
-        capacity = 2 if (config.runtime.overlap and config.sync.mode == "scheduled") else 1
+        capacity = 2 if (config.runtime.overlap and sync.decided_ahead) else 1
         self.batches = BatchTracker(pending, ready, start_step, len(explorers), capacity)
         self.calls: dict[Any, Call] = {}
         # Reacting: rows in step order, their perf columns, checkpoints, the first failure.
@@ -127,16 +89,13 @@ class Driver:
         expected = sorted(pending) if self.explore_only else list(range(first, self.steps + 1))
         self.rows = RowLog(expected, logger, progress, health)
         self.perf = PerfClock(len(explorers))
-        self.checkpoints = CheckpointWriter(config, self.run_dir, backend, logger, self.perf.started)
+        self.checkpoints = CheckpointWriter(config, self.run_dir, backend, logger, self.perf.started, sync)
         self.failure: Failure | None = None
         self.unscored: set[int] = set()
         """Batches whose put failed because the teacher died scoring them (``_teacher_lost_under``)."""
-        # Self-healing: the restart budget, and when each explorer's running call began (its work lost if it dies).
-        self.restarts = restarts or Restarts(config.runtime.max_restarts, config.runtime.restart_window_s, log)
-        """The run's, shared with ``oprl.runtime.run`` (which restarts a lost trainer)."""
-        self.busy_since = [time.perf_counter()] * len(explorers)
-        self.clock_before = [(0.0, 0.0)] * len(explorers)
-        """Each explorer's (busy, idle) seconds in its earlier processes: a restarted one's clock starts at 0."""
+        # Self-healing: the run's supervisor (shared with ``oprl.runtime.run``, which restarts a lost trainer).
+        self.supervisor = supervisor or Supervisor(config, log)
+        self.supervisor.watch(backend, explorers)
         # Weights snapshots and checkpoint parts need no reaction: the snapshot future itself is what the
         # synchronizer hands out, and CheckpointWriter.commit_ready checks its parts.
         self.handlers: dict[str, Callable[[Call, Any], None]] = {
@@ -232,7 +191,7 @@ class Driver:
             if version is None:  # held back by the lag rule
                 break
             if not batches.held(index):
-                self.busy_since[index] = time.perf_counter()
+                self.supervisor.dispatched(index)
             batches.dispatch(batch, index)
             weights = self.sync.weights_for(index, version, batch)
             switch = self.sync.switch_plan(batch)  # partial rollouts: other weights mid-batch, decided here
@@ -267,9 +226,7 @@ class Driver:
     # -- completions -------------------------------------------------------------------------------------
     def _on_explore(self, call: Call, result: ExploreResult) -> None:
         batch = call.batch
-        self.busy_since[call.explorer] = time.perf_counter()  # its next call, if one is queued, starts now
-        busy, idle = self.clock_before[call.explorer]
-        self.perf.explored(dataclasses.replace(result, busy_s=result.busy_s + busy, idle_s=result.idle_s + idle))
+        self.perf.explored(self.supervisor.explored(call.explorer, result))  # with a restarted one's earlier clock
         experiences = call.experiences if self.teacher is None else self._score(batch, call.experiences)
         put = self.buffer.put(batch, experiences, not self.explore_only)
         self._submit(put, Call("put", "buffer", f"while storing batch {batch}", batch=batch))
@@ -302,13 +259,9 @@ class Driver:
         self._take_score(step)
         row = result.metrics | self.backend.get(call.stats)
         row.update(self.perf.step_row(result, step, with_explorers=bool(self.explorers)))
-        row.update(self.restarts.columns())
-        if self.cfg.sync.mode == "scheduled" and not self.offline:
-            scheduled = self.sync.scheduled_version(step)
-            started = result.start_version  # the newest version a response started with
-            if started != scheduled:
-                raise RuntimeError(f"step {step} trained on version {started}, not {scheduled}")
-            row["lag/scheduled"] = float(self.sync.lag(step))
+        row.update(self.supervisor.columns())
+        if not self.offline:  # the newest version a response started with is the schedule's
+            row.update(self.sync.check_trained(step, result.start_version))
         self.rows.add(step, row)
         outstanding = self.batches.outstanding()
         if self.explorers and self.sync.wants(step, outstanding):  # partial: in-flight batches may switch to it
@@ -333,13 +286,11 @@ class Driver:
     def _on_eval(self, call: Call, result: dict) -> None:
         self.rows.add_eval(call.step, result)
 
-    # -- checkpoints (written by oprl.runtime.resume) ------------------------------------------------------
+    # -- checkpoints (written by oprl.runtime.checkpointing) ---------------------------------------------------
     def start_checkpoint(self, step: int) -> None:
-        outstanding = self.batches.outstanding()
-        versions = [v for v in self.sync.needed_versions(outstanding) if v != step]
-        snapshots = {v: self.sync.snapshots[v] for v in versions}
         assert self.trainer is not None, "mode=explore writes no checkpoints (its store is its state)"
-        trainer_part, buffer_part = self.checkpoints.start(step, self.trainer, self.buffer, outstanding, snapshots)
+        outstanding = self.batches.outstanding()
+        trainer_part, buffer_part = self.checkpoints.start(step, self.trainer, self.buffer, outstanding)
         self._submit(trainer_part, Call("part", "trainer", f"while checkpointing step {step}"))
         self._submit(buffer_part, Call("part", "buffer", f"while checkpointing step {step}"))
 
@@ -375,58 +326,23 @@ class Driver:
             return True
         return False
 
-    def _engine_lost(self, call: Call, exc: BaseException) -> bool:
-        """Did the vLLM engine process of the explorer of ``call`` die under it (``rollout.engine_process``), in an
-        explorer the backend can replace (``Backend.replaceable``: a process of its own)? On threads the engine
-        is the driver's process's, shared with the trainer's evaluations: the run stops instead."""
-        if call.kind != "explore" or not failure.engine_died(exc):
-            return False
-        return self.backend.replaceable(self.explorers[call.explorer].actor)
-
-    def _heals(self, call: Call, exc: BaseException) -> bool:
-        """Restart the worker of a failed call? Only an explorer whose process (or engine process) died, while the
-        run goes on and the budget allows. Not on worker processes that call the judge and die: a dead caller may
-        leave the judge's reply in its pipe, where the new process would read it as the answer to its own first
-        question (an explorer whose engine died was not in a call to the judge: it raised, with a clean pipe)."""
-        if self.failure is not None or call.kind != "explore":
-            return False
-        if self._engine_lost(call, exc):
-            return self.restarts.allows()
-        if not self.backend.lost(exc, self.explorers[call.explorer].actor):
-            return False
-        if self.backend.name == "local" and self.cfg.judge.path is not None:
-            return False
-        return self.restarts.allows()
-
     def _restart_explorer(self, call: Call, exc: BaseException) -> None:
-        """Explorer ``call.explorer`` died: forget its calls, put its batches back, start a new process."""
+        """Explorer ``call.explorer`` died: forget its calls, put its batches back, have the supervisor start a new
+        process."""
         index = call.explorer
         for future in [f for f, c in self.calls.items() if c.kind == "explore" and c.explorer == index]:
             del self.calls[future]  # the other call it held died with it
         lost = self.batches.lost(index)
         self.sync.forget(index)  # the new process holds the model's first weights: send the version along
-        self.clock_before[index] = self.perf.explorer_clock[index]
-        worked = time.perf_counter() - self.busy_since[index]
-        if self._engine_lost(call, exc):  # the explorer lives, its engine does not: a new explorer, a new engine
-            cause = "EngineDeadError: the engine process died"  # vLLM's own message points at a traceback
-            restart = self.restarts.start(f"vLLM engine of {call.component}", cause, lost, worked, "vllm-engine")
-            ready = self.backend.restart(self.explorers[index].actor, alive=True)
-        else:
-            cause = " ".join(self.backend.describe(exc).split())
-            restart = self.restarts.start(call.component, cause, lost, worked)
-            ready = self.backend.restart(self.explorers[index].actor)
-        doing = f"while restarting after {cause}"
+        clock = self.perf.explorer_clock[index]
+        ready, restart = self.supervisor.restart_explorer(index, call.component, exc, lost, clock)
+        doing = f"while restarting after {restart.cause}"
         self._submit(ready, Call("restart", call.component, doing, explorer=index, restart=restart))
 
     def _on_restart(self, call: Call, _ready: bool) -> None:
         assert call.restart is not None
         self.batches.down.discard(call.explorer)
-        scheduled = self.sync.mode == "scheduled"
-        again = ", ".join(
-            f"batch {b}" + (f" (version {self.sync.scheduled_version(b)})" if scheduled else "")
-            for b in call.restart.batches
-        )
-        self.restarts.ready(call.restart, f"generating {again or 'no batch'} again")
+        self.supervisor.explorer_ready(call.restart, self.sync)
 
     def _teacher_lost_under(self, call: Call, exc: BaseException) -> int | None:
         """The batch the teacher was scoring when its process died, if ``call`` failed only because of that death.
@@ -449,39 +365,22 @@ class Driver:
             return None
         self.unscored.add(batch)
         self.batches.unstored(batch)
-        self.checkpoints.count_again(batch, {v: self.sync.snapshots[v] for v in self.sync.needed_versions([batch])})
+        self.checkpoints.count_again(batch)
         return batch
 
     def _on_failure(self, call: Call, exc: BaseException) -> None:
-        if self._heals(call, exc):
+        if self.failure is None and call.kind == "explore" and self.supervisor.heals_explorer(call.explorer, exc):
             self._restart_explorer(call, exc)
             return
-        component, doing = call.component, call.doing
-        judge_lost = failure.is_kind(exc, "JudgeLost")
-        if judge_lost:  # the explorer is fine: the judge it called died (roles.JudgeClient)
-            component = "judge"
-        if call.kind == "train":
-            try:
-                self.backend.get(call.stats)
-            except Exception:  # ``take`` failed and the trainer only saw its error
-                component, doing = "buffer", f"while handing out batch {call.step}"
-        if (scored := self._teacher_lost_under(call, exc)) is not None:
-            component, doing = "teacher", f"while scoring batch {scored}"
-        if self.failure is None:
-            message = f"{component} failed {doing}: {self.backend.describe(exc)}"
-            explorer_lost = call.kind == "explore" and (
-                self.backend.lost(exc, self.explorers[call.explorer].actor) or self._engine_lost(call, exc)
-            )
-            if explorer_lost:
-                message += self.restarts.spent()
-            holder = {"trainer": self.trainer, "teacher": self.teacher, "buffer": self.buffer}.get(component)
-            # A sharded trainer's rank that died is a lost trainer too (its front raises ``RankLost``).
-            rank_lost = failure.is_kind(exc, "RankLost")
-            lost = judge_lost or (holder is not None and (self.backend.lost(exc, holder.actor) or rank_lost))
-            self.failure = Failure(component, " ".join(message.split()), exc, lost)
+        scored = self._teacher_lost_under(call, exc)
+        unhealed = call.kind == "explore" and self.supervisor.explorer_lost(call.explorer, exc)
+        holders = {"trainer": self.trainer, "teacher": self.teacher, "buffer": self.buffer}
+        failed = blame(call, exc, self.backend, holders, scored, self.supervisor.spent() if unhealed else "")
+        if self.failure is None:  # the failure that started it all stays the one reported
+            self.failure = failed
         for future in [f for f, c in self.calls.items() if c.kind in ("explore", "restart")]:
             del self.calls[future]  # other explorers' batches are regenerated by a resumed run
-        if component in ("trainer", "buffer"):
+        if failed.component in ("trainer", "buffer"):
             # A checkpoint whose parts were both written before the failure is whole: commit it (a trainer that
             # dies as its next step arrives restarts from it). A write that fails now adds nothing to the line.
             with contextlib.suppress(OSError):

@@ -131,7 +131,9 @@ def ess_advice(config) -> str:
     one), for its data (fresher: a smaller offset, interval or staleness; mode=offline's data never refresh, so
     fewer steps on them) and always a lower learning rate; never a setting the run already has (issue #71: an
     offline REC-OneSide-NoIS run was told to use rec-oneside-nois and a smaller sync.offset)."""
-    algorithm, sync = config.algorithm, config.sync
+    from oprl.runtime.synchronizer import Synchronizer
+
+    algorithm, sync = config.algorithm, Synchronizer.of(config, explorers=0)  # the schedule as the run reads it
     schedule = {"offset": (sync.offset, 0), "interval": (sync.interval, 1)}  # (value, its on-policy value)
     stale = [f"sync.{key}={value}" for key, (value, fresh) in schedule.items() if value > fresh]
     remedies = []
@@ -147,7 +149,7 @@ def ess_advice(config) -> str:
         )
     if config.mode == "offline":
         remedies.append("fewer steps on this fixed data (mode=offline: every step moves away from its sampler)")
-    elif sync.mode == "async":
+    elif sync.free_running:
         remedies.append(f"a smaller sync.max_staleness={sync.max_staleness}")
     elif stale:
         remedies.append("a smaller " + " or ".join(stale))

@@ -22,7 +22,13 @@ The other checks that need the machine, in the order a run makes them (each one 
   a directory whose files could not tell; the advice says how to give one), a teacher speaks the student's
   tokens (``check_teacher_tokens``);
 - ``check_rewards``: a task's user reward functions (``task.reward``) are called on the first train rows with
-  the reference as the reply; one that raises on every such row stops the run before any worker starts.
+  the reference as the reply; one that raises on every such row stops the run before any worker starts;
+- ``check_machine``, as ``oprl.runtime.run.run`` starts: the packages the config needs (vLLM, Ray), the GPUs of
+  the trainer's ranks (``oprl.trainer.ranks.check_trainer_machine``), the store a distillation reads.
+
+Settings that would do nothing are warnings, not errors: ``noop_warnings`` before the run (partial rollouts that
+cannot switch), ``outcome_warnings`` from its rows once it is over; both ask the run's synchronizer
+(``oprl.runtime.synchronizer``) which mode it runs rather than reading ``config.sync``.
 """
 
 from __future__ import annotations
@@ -108,6 +114,30 @@ def _check_teacher_files(config) -> None:
         problem = vocabulary_mismatch(teacher_vocab, student_vocab, teacher_path, student_path)
         if problem:
             raise OprlError(problem)
+
+
+def check_machine(config) -> None:
+    """What the config cannot say alone, as one-line errors: installed packages, the GPUs of this machine, the
+    store a distillation reads. Every rule between fields is a validator of the config (``oprl.config``), so it
+    was checked when the config was loaded."""
+    from oprl.teacher.loading import check_teacher_store
+    from oprl.trainer.ranks import check_trainer_machine
+
+    check_teacher_store(config)
+    if config.rollout.engine == "vllm":
+        from oprl.rollout.vllm_engine import require_vllm
+
+        require_vllm()
+    if config.teacher.path is not None and config.teacher.engine == "vllm":
+        from oprl.teacher.vllm_prefill import require_vllm as require_teacher_vllm
+
+        require_teacher_vllm()
+    check_trainer_machine(config)
+    if config.backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise OprlError("backend=ray needs Ray: pip install 'oprl[ray]'")
 
 
 def check_lengths(config, task, log=print) -> None:
@@ -259,7 +289,7 @@ def noop_warnings(config, task) -> list[str]:
 
     out = list[str]()
     sync = Synchronizer.of(config, explorers=0)  # the run's own answer: which batches switch, to what, and when
-    if not sync.partial or sync.mode != "scheduled" or config.mode != "both":
+    if not sync.partial or not sync.scheduled or config.mode != "both":
         return out
     if all(sync.switch_target(b) is None for b in range(1, config.steps + 1)):
         out.append(
@@ -280,19 +310,21 @@ def outcome_warnings(config, rows: list[dict]) -> list[str]:
     """Warnings, once a run is over, for settings its metrics show did nothing: partial rollouts in which no
     response switched weights, a free-running mode (``sync.mode=async``) that never sampled with weights older
     than the trainer's (lag 0 throughout: the run was on-policy)."""
+    from oprl.runtime.synchronizer import Synchronizer
+
     trained = [r for r in rows if "lag/max" in r]
     if config.mode != "both" or not trained:
         return []
     out = []
-    if config.sync.partial and not any(r.get("batch/switched_frac", 0.0) > 0 for r in trained):
+    sync = Synchronizer.of(config, explorers=0)
+    if sync.partial and not any(r.get("batch/switched_frac", 0.0) > 0 for r in trained):
         lengths = [r["response/length_mean"] for r in trained if "response/length_mean" in r]
         mean = f" (replies of {sum(lengths) / len(lengths):.1f} tokens on average)" if lengths else ""
         out.append(
             f"warning: sync.partial=true made no switch in {len(trained)} steps{mean}: no newer version was "
-            f"published while a batch was generated (sync.mode={config.sync.mode}, "
-            f"sync.switch_step={config.sync.switch_step})"
+            f"published while a batch was generated (sync.mode={sync.mode}, sync.switch_step={sync.switch_step})"
         )
-    if config.sync.mode == "async" and all(r["lag/max"] == 0 for r in trained):
+    if sync.free_running and all(r["lag/max"] == 0 for r in trained):
         out.append(
             f"warning: sync.mode=async never ran ahead: every batch of {len(trained)} steps was sampled with the "
             "trainer's newest weights (lag 0), so the run was on-policy; the explorers are slower than the trainer"
@@ -303,6 +335,7 @@ def outcome_warnings(config, rows: list[dict]) -> list[str]:
 __all__ = [
     "ModelLimits",
     "check_lengths",
+    "check_machine",
     "check_paths",
     "check_rewards",
     "check_teacher_tokens",

@@ -23,38 +23,29 @@ import torch
 from oprl.backends.base import make_backend
 from oprl.backends.failure import StopSignals, WorkerFailure
 from oprl.backends.local import LocalBackend
-from oprl.buffer.buffer import make_buffer
 from oprl.checkpoint import files as ckpt_files
-from oprl.checkpoint import rundir, storedir
-from oprl.checkpoint.board import BOARD_DIRNAME, close_board
+from oprl.checkpoint import rundir
 from oprl.checkpoint.store import ExperienceStore
 from oprl.config import RunConfig
-from oprl.errors import OprlError
 from oprl.evaluator.evaluator import Evaluator
-from oprl.explorer.explorer import ExplorerWorker
 from oprl.io import atomic_write_json
-from oprl.judge.judge import JudgeWorker
 from oprl.metrics import MetricsLogger, plot_run, read_metrics
 from oprl.models.loading import quiet_transformers, resolve_device
 from oprl.models.precision import precision_line
 from oprl.progress import RunProgress
-from oprl.roles import BufferHandle, EvaluatorHandle, ExplorerHandle, JudgeClient, TeacherHandle, TrainerHandle
+from oprl.roles import EvaluatorHandle
 from oprl.runtime import resume
+from oprl.runtime.checkpointing import write_final
 from oprl.runtime.driver import Driver
-from oprl.runtime.healing import Healing
+from oprl.runtime.healing import Supervisor
 from oprl.runtime.health import SignalHealth, ess_advice
-from oprl.runtime.preflight import check_lengths, noop_warnings, outcome_warnings
-from oprl.runtime.synchronizer import Synchronizer
+from oprl.runtime.preflight import check_lengths, check_machine, noop_warnings, outcome_warnings
+from oprl.runtime.workers import RunParts, model_path, start_workers, wait_ready, worker_threads
 from oprl.tasks import build_task
 from oprl.tasks.rewards.processes import LOG_NAME as REWARD_LOG
 from oprl.tasks.rewards.processes import reward_log
-from oprl.teacher.loading import check_teacher_store
-from oprl.teacher.teacher import TeacherWorker
 from oprl.trackers import start_trackers
-from oprl.trainer.ranks import ShardedTrainer, check_trainer_machine, rank_threads
-from oprl.trainer.trainer import TrainerWorker
-from oprl.trainer.warmstart import length_warning, wants_warm_start, warm_started_model
-from oprl.worker_parts import available_cores
+from oprl.trainer.warmstart import wants_warm_start
 
 
 @dataclass
@@ -65,54 +56,6 @@ class RunSummary:
     seconds: float
     config: RunConfig | None = None
     """The config the run went on with (a resumed run's saved settings, not only the keys given)."""
-
-
-def check_machine(config: RunConfig) -> None:
-    """What the config cannot say alone, as one-line errors: installed packages, the GPUs of this machine, the
-    store a distillation reads. Every rule between fields is a validator of the config (``oprl.config``), so it
-    was checked when the config was loaded."""
-    check_teacher_store(config)
-    if config.rollout.engine == "vllm":
-        from oprl.rollout.vllm_engine import require_vllm
-
-        require_vllm()
-    if config.teacher.path is not None and config.teacher.engine == "vllm":
-        from oprl.teacher.vllm_prefill import require_vllm as require_teacher_vllm
-
-        require_teacher_vllm()
-    check_trainer_machine(config)
-    if config.backend == "ray":
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise OprlError("backend=ray needs Ray: pip install 'oprl[ray]'")
-
-
-def worker_threads(config: RunConfig) -> int:
-    """torch intra-op threads per worker: configured, else the cores shared by trainer + explorers. The same
-    in every mode, so that explore + train and eval reproduce a ``both`` run's numbers bit for bit."""
-    if config.runtime.torch_threads:
-        return config.runtime.torch_threads
-    return max(1, available_cores() // (config.runtime.explorers + 1))
-
-
-def model_path(config: RunConfig, task, log=print) -> str:
-    """``model.path``, or the cached warm-started model when it gets one (``tiny``, or any with
-    ``warmstart.pretrained``; built first if needed)."""
-    if not wants_warm_start(config.model, config.warmstart):
-        return config.model.path
-    # Same thread count as the workers: more intra-op threads than free cores makes OpenMP spin-wait (measured:
-    # a warm-start step took 2.46 s with 2 threads vs 0.16 s with 1 while another process held one of 2 cores).
-    previous = torch.get_num_threads()
-    torch.set_num_threads(worker_threads(config))
-    try:
-        path = warm_started_model(config.model, config.task, config.warmstart, task, log=log, progress=config.progress)
-    finally:
-        torch.set_num_threads(previous)
-    warning = length_warning(path, config.rollout.max_new_tokens) if config.mode != "eval" else None
-    if warning:
-        log(warning)
-    return str(path)
 
 
 def make_run_dir(config: RunConfig) -> Path:
@@ -172,14 +115,14 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
                 log(line)
             if opened.config.mode == "eval":
                 return _evaluate_only(opened.config, run_dir, opened.eval_checkpoint, started, log, task)
-            healing = Healing(opened.config, log)
+            supervisor = Supervisor(opened.config, log)
             with StopSignals():  # SIGTERM and SIGINT stop the run the same way (oprl.backends.failure)
                 while True:
                     try:
-                        before = _run_workers(opened, run_dir, log, task, started, healing)
+                        before = _run_workers(opened, run_dir, log, task, started, supervisor)
                         break
                     except WorkerFailure as failure:
-                        if (how := healing.heals(failure)) is None:
+                        if (how := supervisor.heals(failure)) is None:
                             raise
                         opened.lock.release()  # held again at once, by the resume of the same run
                         # The next segment continues this run: overwrite=true (which replaced it at its start)
@@ -187,7 +130,7 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
                         healed = opened.config.model_copy(update={"resume": how, "overwrite": False})
                         opened = resume.open_run(healed, run_dir, log)
                         started = time.perf_counter()  # this segment, as a resumed run counts it
-            done = [r.record() for r in healing.restarts.done]
+            done = [r.record() for r in supervisor.restarts.done]
             return _finish(opened.config, run_dir, started, before, log, done)
     except BaseException as exc:  # a run that stopped before step 1 does not block its name (rundir)
         rundir.mark_incomplete(run_dir, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -196,70 +139,30 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
         opened.lock.release()
 
 
-def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: float, healing: Healing) -> float:
+def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: float, supervisor: Supervisor) -> float:
     """Start the workers, drive the run, write ``final/``; returns the seconds earlier segments of a resumed
-    run took (0 for a new run). ``started``: when this segment began (``time.perf_counter``); ``healing``: the
+    run took (0 for a new run). ``started``: when this segment began (``time.perf_counter``); ``supervisor``: the
     run's restarts, across the segments of a run that restarted its trainer."""
     config = opened.config
     path = model_path(config, task, log=log)
     chosen = precision_line(config.trainer.autocast, config.rollout.dtype, resolve_device(config.model.device))
     if chosen:
         log(chosen)
-    backend = make_backend(config, healing.plan)
+    backend = make_backend(config, supervisor.plan)
     actors: list = []
     parts: RunParts | None = None
     try:
-        parts = _start(opened, path, backend, actors, log, restarted=healing.trainer is not None)
-        healing.serving(opened)
-        progress = RunProgress(
-            config.steps,
-            enabled=config.progress,
-            description="explore" if config.mode == "explore" else "train",
-            interval=config.logging.interval,
-            interval_s=config.logging.interval_s,
-            start=parts.start_step,  # a resumed run's rate, and so its ETA, counts this segment's steps only
-        )
+        parts = start_workers(opened, path, backend, actors, log, restarted=supervisor.trainer is not None)
+        supervisor.serving(opened)
         before = resume.elapsed_before(opened.resumption)
-        with progress:
-            values = config.model_dump(mode="json")
-            trackers = start_trackers(config.tracking, run_dir, values, log)
-            logger = MetricsLogger(run_dir, tensorboard=config.tensorboard, trackers=trackers, warn=log, config=values)
-            health = SignalHealth(
-                config.rollout.max_new_tokens,
-                log,
-                warm_started=wants_warm_start(config.model, config.warmstart),
-                distills=(config.algorithm.distill_coef or 0.0) > 0,
-                ess_advice=ess_advice(config),
-            )
-            try:
-                driver = Driver(
-                    config=config,
-                    run_dir=run_dir,
-                    backend=backend,
-                    logger=logger,
-                    progress=progress,
-                    health=health,
-                    log=log,
-                    restarts=healing.restarts,
-                    **vars(parts),
-                )
-                # A checkpoint's total_s counts from this segment's start (start-up and warm start included),
-                # as summary.json's seconds do, not from the driver's.
-                driver.checkpoints.elapsed_before = before + driver.checkpoints.started - started
-                if parts.start_step == 0 and config.mode != "explore":
-                    driver.request_eval(0)
-                driver.run()
-            except BaseException:
-                logger.close(quiet=True)
-                raise
-            logger.close()
+        _drive(config, run_dir, backend, parts, log, supervisor, origin=started - before)
         if parts.trainer is not None:
             trainer = parts.trainer
             save = lambda d: backend.get(trainer.save_final(d))  # noqa: E731
-            resume.write_final(run_dir, save, backend.describe, step=config.steps)
+            write_final(run_dir, save, backend.describe, step=config.steps)
     finally:
-        if config.sync.partial:  # an explorer waiting for a version that will never come stops
-            close_board(run_dir / BOARD_DIRNAME)
+        if parts is not None:  # partial rollouts: an explorer waiting for a version that will never come stops
+            parts.sync.close_board()
         backend.shutdown(actors)
         if parts is not None:
             parts.sync.close()  # after the workers: a board write waiting for the trainer's weights ends now
@@ -267,109 +170,50 @@ def _run_workers(opened: resume.OpenRun, run_dir: Path, log, task, started: floa
     return before
 
 
-@dataclass
-class RunParts:
-    """The started workers and where the schedule stands: the Driver's arguments."""
-
-    trainer: TrainerHandle | None
-    """None in mode=explore."""
-    explorers: list[ExplorerHandle]
-    buffer: BufferHandle
-    sync: Synchronizer
-    start_step: int
-    """The last trained step (0, or a checkpoint's step when resuming)."""
-    pending: list[int]
-    """Batches still to generate."""
-    ready: set[int]
-    """Batches the buffer holds for later steps (restored from a checkpoint)."""
-    teacher: TeacherHandle | None = None
-    """Distillation: the teacher that scores every batch (``teacher.path``)."""
-
-
-def _start(opened: resume.OpenRun, path: str, backend, actors: list, log=print, restarted: bool = False) -> RunParts:
-    """Start the workers of ``config.mode``, restore a checkpoint when resuming (``restarted``: after the
-    trainer died, which the restart's own line reports)."""
-    config, store_dir, run_dir = opened.config, opened.store_dir, opened.run_dir
-    threads = worker_threads(config)
-    use_trainer, use_explorers = config.mode in ("both", "offline"), config.mode in ("both", "explore")
-    trainer: TrainerHandle | None = None
-    if use_trainer:
-        if config.trainer.sharding == "none":
-            actor = backend.start(
-                "trainer",
-                TrainerWorker,
-                config,
-                path,
-                backend.cpu_snapshots,
-                threads=threads,
-                gpus=config.runtime.gpus_per_trainer_rank,
-            )
-        else:  # the front only forwards calls; its rank processes compute
-            ranks = backend.rank_launcher(rank_threads(config), config.runtime.gpus_per_trainer_rank)
-            actor = backend.start("trainer", ShardedTrainer, config, path, ranks, threads=threads, compute=False)
-        actors.append(actor)
-        trainer = TrainerHandle(actor)
-    judge = None
-    if use_explorers and config.judge.path is not None:  # one judge the explorers call, placed like the teacher
-        judge = backend.start("judge", JudgeWorker, config, path, threads=threads, gpus=config.judge.gpus)
-        actors.append(judge)
-    explorers: list[ExplorerHandle] = []
-    for index in range(config.runtime.explorers if use_explorers else 0):
-        gpus = config.runtime.gpus_per_explorer
-        client = None if judge is None else JudgeClient(backend.peer(judge))
-        actor = backend.start(
-            f"explorer {index}",
-            ExplorerWorker,
-            config,
-            path,
-            index,
-            client,
-            threads=threads,
-            gpus=gpus,
-            restartable=config.runtime.max_restarts > 0,  # Ray restarts its process (docs/runtime.md#self-healing-runs)
+def _drive(config: RunConfig, run_dir: Path, backend, parts: RunParts, log, supervisor: Supervisor, origin: float):
+    """Drive the started ``parts`` to the end of the run: its progress line, its rows (``metrics.jsonl`` and the
+    trackers), its health warnings, the ``Driver``. ``origin``: the ``time.perf_counter`` reading the run's
+    seconds count from (this segment's start, less the earlier segments' seconds): a checkpoint's ``total_s``
+    counts start-up and warm start, as summary.json's seconds do, not only the driver's time."""
+    progress = RunProgress(
+        config.steps,
+        enabled=config.progress,
+        description="explore" if config.mode == "explore" else "train",
+        interval=config.logging.interval,
+        interval_s=config.logging.interval_s,
+        start=parts.start_step,  # a resumed run's rate, and so its ETA, counts this segment's steps only
+    )
+    with progress:
+        values = config.model_dump(mode="json")
+        trackers = start_trackers(config.tracking, run_dir, values, log)
+        logger = MetricsLogger(run_dir, tensorboard=config.tensorboard, trackers=trackers, warn=log, config=values)
+        health = SignalHealth(
+            config.rollout.max_new_tokens,
+            log,
+            warm_started=wants_warm_start(config.model, config.warmstart),
+            distills=(config.algorithm.distill_coef or 0.0) > 0,
+            ess_advice=ess_advice(config),
         )
-        actors.append(actor)
-        explorers.append(ExplorerHandle(actor))
-    buffer = BufferHandle(backend.start("buffer", make_buffer, config, store_dir, threads=1, compute=False))
-    actors.append(buffer.actor)
-    teacher: TeacherHandle | None = None
-    if config.teacher.path is not None:  # placed like an explorer: a thread, a process or a Ray actor
-        teacher_actor = backend.start("teacher", TeacherWorker, config, path, threads=threads, gpus=config.teacher.gpus)
-        actors.append(teacher_actor)
-        teacher = TeacherHandle(teacher_actor)
-    for actor in actors:
-        _wait_ready(backend, actor, run_dir)
-    sync = Synchronizer.of(config, len(explorers))
-    start_step, ready = 0, list[int]()
-    if opened.resumption is not None:
-        assert trainer is not None, "mode=explore resumes from its store, without a checkpoint"
-        start_step, ready = resume.restore(opened.resumption, backend, trainer, buffer, sync, log=log)
-        if not restarted:
-            where = f"{opened.resumption.path} (step {start_step} of {config.steps})"
-            log(f"resuming {run_dir.name} from checkpoint {where}")
-    if config.sync.partial and explorers:  # the synchronizer posts every version from now on (and the restored)
-        sync.open_board(run_dir / BOARD_DIRNAME, start_step, backend.get)
-    if config.mode == "explore":
-        done = set(ExperienceStore(store_dir).batches()) if store_dir else set()
-        pending = [b for b in storedir.explore_batches(config, run_dir) if b not in done]
-    else:
-        pending = [b for b in range(start_step + 1, config.steps + 1) if b not in ready] if use_explorers else []
-    if trainer is not None and explorers and sync.wants(start_step, pending):
-        sync.publish(start_step, trainer.weights())
-    return RunParts(trainer, explorers, buffer, sync, start_step, pending, set(ready), teacher)
-
-
-def _wait_ready(backend, actor, run_dir: Path | None = None) -> None:
-    try:
-        backend.wait_ready(actor)
-    except Exception as exc:  # a user mistake found while loading (OprlError) keeps its own message
-        reason = backend.describe(exc).removeprefix("OprlError: ")
-        if run_dir is not None and backend.lost(exc, actor):  # its process died (killed, a lost node): no mistake
-            last = ckpt_files.resolve_checkpoint(run_dir)
-            line = f"{actor.name} failed while starting: {reason}{resume.resume_hint(last)}"
-            failure = WorkerFailure(line, component=actor.name, lost=True, cause=reason, checkpoint=last, starting=True)
-            raise failure from exc
-        raise OprlError(f"{actor.name}: failed to start: {reason}") from exc
+        try:
+            driver = Driver(
+                config=config,
+                run_dir=run_dir,
+                backend=backend,
+                logger=logger,
+                progress=progress,
+                health=health,
+                log=log,
+                supervisor=supervisor,
+                **vars(parts),
+            )
+            driver.checkpoints.elapsed_before = driver.checkpoints.started - origin
+            if parts.start_step == 0 and config.mode != "explore":
+                driver.request_eval(0)
+            driver.run()
+        except BaseException:
+            logger.close(quiet=True)
+            raise
+        logger.close()
 
 
 def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, started: float, log, task) -> RunSummary:
@@ -382,7 +226,7 @@ def _evaluate_only(config: RunConfig, run_dir: Path, checkpoint: Path | None, st
     try:
         with progress:
             progress.update(0, status=f"{config.eval.num_problems} problems")
-            _wait_ready(backend, worker)
+            wait_ready(backend, worker)
             # A run's final/ evaluates with the random numbers of its last step, as its checkpoint would.
             step = backend.get(evaluator.load_checkpoint(str(checkpoint))) if checkpoint else _final_step(path)
             row = backend.get(evaluator.evaluate(step))
@@ -457,4 +301,4 @@ def _write_summary(
     )
 
 
-__all__ = ["RunSummary", "check_machine", "run", "worker_threads"]
+__all__ = ["RunSummary", "make_run_dir", "run", "run_label"]

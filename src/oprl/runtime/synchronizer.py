@@ -15,9 +15,10 @@ only with a batch whose version differs from what it holds.
 Fixed mode (mode=explore): every batch comes from the weights the explorers loaded (version 0).
 
 The synchronizer is the one owner of the schedule after the config (``Synchronizer.of``): it keeps
-``interval`` and ``offset`` and answers ``lag(step)``, the version of each batch and, under partial rollouts,
-each batch's ``SwitchPlan``, which the driver sends with the batch; explorers and pre-run checks ask it rather
-than reading ``config.sync``.
+``interval`` and ``offset`` and answers which mode it runs (``scheduled``, ``free_running``, ``partial``),
+``lag(step)``, the version of each batch and, under partial rollouts, each batch's ``SwitchPlan``, which the
+driver sends with the batch; the driver, the checkpoints, resume, pre-run checks and run-end warnings ask it
+rather than reading ``config.sync``.
 
 Partial rollouts (``sync.partial``, ``oprl.explorer.switcher``): a batch may also need the version that takes over
 at its switch step, so that version is published, kept and checkpointed like the one it starts from. The
@@ -40,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from oprl.checkpoint.board import board_file, open_board, post_weights
+from oprl.checkpoint.board import board_file, close_board, open_board, post_weights
 from oprl.messages import SwitchPlan
 from oprl.schedule import lag, policy_version, switch_version
 
@@ -125,6 +126,25 @@ class Synchronizer:
             max_ready=None if config.mode == "explore" else sync.effective_max_ready(config.buffer.max_ready),
         )
 
+    # -- which mode --------------------------------------------------------------------------------------
+    @property
+    def scheduled(self) -> bool:
+        """Every batch comes from the version the schedule gives it (``sync.mode=scheduled`` in a run that
+        trains): numbers are the config's and seed's alone."""
+        return self.mode == "scheduled"
+
+    @property
+    def free_running(self) -> bool:
+        """Each batch takes the newest published version (``sync.mode=async`` in a run that trains)."""
+        return self.mode == "async"
+
+    @property
+    def decided_ahead(self) -> bool:
+        """A batch's version is known before the batch starts (scheduled, fixed), so an explorer may hold one
+        queued behind the one it generates (``runtime.overlap``); free-running, a queued batch would take a
+        version older than the newest at its start."""
+        return not self.free_running
+
     # -- which version ---------------------------------------------------------------------------------
     def scheduled_version(self, batch: int) -> int:
         return policy_version(batch, self.interval, self.offset)
@@ -132,6 +152,17 @@ class Synchronizer:
     def lag(self, step: int) -> int:
         """Scheduled mode: how many versions older than the trainer's weights (t - 1) step ``step``'s batch is."""
         return lag(step, self.interval, self.offset)
+
+    def check_trained(self, step: int, started: int) -> dict[str, float]:
+        """Step ``step`` trained on a batch whose oldest response started with version ``started``: scheduled,
+        that must be the schedule's version (else ``RuntimeError``: a scheduling bug), and the row gets the
+        step's ``lag/scheduled``; nothing to check in the other modes."""
+        if not self.scheduled:
+            return {}
+        scheduled = self.scheduled_version(step)
+        if started != scheduled:
+            raise RuntimeError(f"step {step} trained on version {started}, not {scheduled}")
+        return {"lag/scheduled": float(self.lag(step))}
 
     def switch_target(self, batch: int) -> int | None:
         """Scheduled partial rollouts: the version that takes over ``batch`` at ``switch_step``, else None."""
@@ -194,6 +225,12 @@ class Synchronizer:
         self.posts.append(self.board.open(start_step))
         for version, snapshot in sorted(self.snapshots.items()):
             self.posts.append(self.board.post(version, snapshot, min(self.snapshots)))
+
+    def close_board(self) -> None:
+        """Mark the weights board closed, if this run opened one: an explorer waiting on it for a version that will
+        never come stops (``oprl.checkpoint.board.close_board``). Before the workers are stopped."""
+        if self.board is not None:
+            close_board(self.board.board)
 
     def close(self) -> None:
         """Stop the board's writer thread (``BoardWriter.close``); nothing to do without a board."""

@@ -37,7 +37,7 @@ from oprl.checkpoint.files import (
     save_schedule,
     write_json,
 )
-from oprl.config.sections import check_trainer_device
+from oprl.config.run import check_trainer_device
 from oprl.errors import OprlError
 from oprl.trainer.distributed import DataParallel, gather_weights, init_process_group, load_sharded, save_sharded
 
