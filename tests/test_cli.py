@@ -123,9 +123,9 @@ def test_sweep_dry_run_writes_nothing(tmp_path, capsys):
     """#42: ``oprl sweep --dry-run`` wrote the output directory and its sweep.yaml."""
     import yaml
 
-    from oprl.experiments import sweep
+    from oprl.experiments import sweep_spec
 
-    spec = sweep.load_spec(Path("configs/sweeps/smoke.yaml")) | {"output_dir": str(tmp_path / "out")}
+    spec = sweep_spec.load_spec(Path("configs/sweeps/smoke.yaml")) | {"output_dir": str(tmp_path / "out")}
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     assert main(["sweep", str(path), "--dry-run"]) == 0

@@ -9,7 +9,7 @@ import yaml
 
 from oprl.cli import main
 from oprl.config import load_config
-from oprl.experiments import sweep
+from oprl.experiments import sweep_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "configs" / "sweeps"
 METHODS = {  # the issue's 18 methods -> oprl's preset names
@@ -24,12 +24,12 @@ LAGS = {"lag-0": 0, "lag-1": 1, "lag-2": 2, "lag-4": 4, "lag-8": 8, "lag-16": 16
 def dry_run(name, tmp_path, capsys):
     """``oprl sweep --dry-run`` on the spec with its output under ``tmp_path``; the planned runs and the printed
     commands."""
-    spec = sweep.load_spec(SPECS / name) | {"output_dir": str(tmp_path / "out")}
+    spec = sweep_spec.load_spec(SPECS / name) | {"output_dir": str(tmp_path / "out")}
     path = tmp_path / name
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     assert main(["sweep", str(path), "--dry-run"]) == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("oprl train")]
-    return sweep.plan(spec), commands
+    return sweep_spec.plan(spec), commands
 
 
 def test_arena_plans_every_method_lag_and_seed_as_valid_configs(tmp_path, capsys):
@@ -51,7 +51,7 @@ def test_arena_plans_every_method_lag_and_seed_as_valid_configs(tmp_path, capsys
     assert {preset for preset, _, _ in seen} == set(METHODS.values())
     assert {setting for _, setting, _ in seen} == {*LAGS, "offline", "lag-0-bf16", "lag-4-bf16"}
     assert {seed for _, _, seed in seen} == {"0", "1", "2"} and len(seen) == len(runs)
-    spec = sweep.load_spec(SPECS / "arena.yaml")
+    spec = sweep_spec.load_spec(SPECS / "arena.yaml")
     grouped = {preset for presets in spec["report"]["groups"].values() for preset in presets}
     assert grouped == set(METHODS.values())
 
@@ -66,13 +66,13 @@ def test_arena_learning_rates_come_from_the_tuning_spec(tmp_path, capsys):
         assert (config.sync.interval, config.sync.offset) == (1, 0) and config.steps == 200
         rates.add(config.optim.lr)
     assert {run.labels["algorithm.preset"] for run in runs} == set(METHODS.values())
-    arena = sweep.load_spec(SPECS / "arena.yaml")["grid"]["algorithm.preset"]
+    arena = sweep_spec.load_spec(SPECS / "arena.yaml")["grid"]["algorithm.preset"]
     assert {bundle["optim.lr"] for bundle in arena.values()} <= rates
 
 
 @pytest.mark.parametrize("name", ["arena.yaml", "arena-lr.yaml"])
 def test_the_specs_share_the_run_settings(name):
-    overrides = set(sweep.load_spec(SPECS / name)["overrides"])
+    overrides = set(sweep_spec.load_spec(SPECS / name)["overrides"])
     assert {"steps=200", "rollout.prompts_per_step=16", "eval.num_problems=500", "eval.seed=0"} <= overrides
 
 

@@ -10,7 +10,7 @@ import yaml
 from conftest import SMALL
 from oprl.config import load_config
 from oprl.errors import OprlError
-from oprl.experiments import report, sweep
+from oprl.experiments import report, sweep, sweep_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "configs" / "sweeps"
 STUDIES = ["mismatch.yaml", "red-drop.yaml"]
@@ -18,8 +18,8 @@ STUDIES = ["mismatch.yaml", "red-drop.yaml"]
 
 @pytest.mark.parametrize("name", STUDIES)
 def test_every_planned_run_is_a_valid_config(name):
-    spec = sweep.load_spec(SPECS / name)
-    runs = sweep.plan(spec)
+    spec = sweep_spec.load_spec(SPECS / name)
+    runs = sweep_spec.plan(spec)
     assert len(spec["grid"]["seed"]) >= 3
     for run in runs:
         config = load_config(overrides=list(run.overrides))
@@ -29,14 +29,14 @@ def test_every_planned_run_is_a_valid_config(name):
 
 
 def test_mismatch_settings_separate_mismatch_from_staleness():
-    spec = sweep.load_spec(SPECS / "mismatch.yaml")
+    spec = sweep_spec.load_spec(SPECS / "mismatch.yaml")
     settings = spec["grid"]["setting"]
     assert settings["on-policy-bf16"] == {**settings["on-policy"], "rollout.dtype": "bfloat16"}
     assert settings["stale-bf16"] == {**settings["stale"], "rollout.dtype": "bfloat16"}
 
 
 def test_red_drop_covers_the_variants_settings_and_two_learning_rates():
-    spec = sweep.load_spec(SPECS / "red-drop.yaml")
+    spec = sweep_spec.load_spec(SPECS / "red-drop.yaml")
     presets = set(spec["grid"]["algorithm.preset"])
     assert {"red-drop", "red-drop-keep", "red-drop-probabilistic", "red-weight", "reinforce"} <= presets
     settings = spec["grid"]["setting"]
@@ -50,7 +50,7 @@ def test_red_drop_covers_the_variants_settings_and_two_learning_rates():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", STUDIES)
 def test_two_step_version_runs_and_reports(name, tmp_path):
-    spec = sweep.load_spec(SPECS / name)
+    spec = sweep_spec.load_spec(SPECS / name)
     small = [o for o in SMALL if not o.startswith("rollout.prompts_per_step")]
     spec |= {
         "output_dir": str(tmp_path / "study"),
@@ -60,7 +60,7 @@ def test_two_step_version_runs_and_reports(name, tmp_path):
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     out = sweep.run_sweep(path)
-    planned = sweep.plan(spec)
+    planned = sweep_spec.plan(spec)
     assert all((out / run.name / "summary.json").is_file() for run in planned)
     assert (report.build_report(out)).is_file()
 
@@ -70,8 +70,8 @@ def test_smollm2_studies_plan_valid_configs(name):
     """The real-model studies (issue #28): every run is a valid config of its example on SmolLM2, with the
     preset it is labelled with, the schedule its setting is named for, and explicit float32/bfloat16 choices
     (not ``auto``)."""
-    spec = sweep.load_spec(SPECS / name)
-    runs = sweep.plan(spec)
+    spec = sweep_spec.load_spec(SPECS / name)
+    runs = sweep_spec.plan(spec)
     assert len(spec["grid"]["seed"]) >= 2  # 2, not 3: what fits 90 minutes of a 2-core CPU (docs/reproduction.md)
     base = SPECS.parents[1] / spec["config"]
     for run in runs:
@@ -101,7 +101,7 @@ def test_bfcl_recipes_change_one_thing_of_the_first_example_each():
     grid's overrides pin its RL settings: 2 prompts x 8, lr 2e-6, no KL term, 20 steps, one sample a problem) with
     its own overrides and nothing else (a preset brings its own algorithm keys), on the same 80 test problems
     with the same eval seed."""
-    spec = sweep.load_spec(SPECS / "smollm2-bfcl-recipes.yaml")
+    spec = sweep_spec.load_spec(SPECS / "smollm2-bfcl-recipes.yaml")
     base = SPECS.parents[1] / spec["config"]
     first = load_config(base, list(spec["overrides"]))
     assert (first.steps, first.rollout.prompts_per_step, first.optim.lr) == (20, 2, 2e-6)
@@ -109,7 +109,7 @@ def test_bfcl_recipes_change_one_thing_of_the_first_example_each():
     example = _flat(first)
     settings = spec["grid"]["setting"]
     assert settings["example"] == {} and len(settings) >= 5
-    for run in sweep.plan(spec):
+    for run in sweep_spec.plan(spec):
         config = load_config(base, list(run.overrides))
         assert config.eval.seed == 0 and config.eval.num_problems == 80 and config.task.subsets == ["simple_python"]
         flat, setting = _flat(config), set(settings[run.labels["setting"]])
@@ -124,15 +124,15 @@ def test_the_bfcl_example_is_the_stronger_phase_and_its_spec_runs_it_on_three_se
     """configs/examples/smollm2-bfcl.yaml is the stronger RL phase: the first example with 4 prompts a step,
     lr 4e-6, the KL term and 40 steps, evaluated with 8 samples a problem on the same 80 test problems and eval
     seed. configs/sweeps/smollm2-bfcl-stronger.yaml pins those settings and runs exactly the example on 3 seeds."""
-    recipes = sweep.load_spec(SPECS / "smollm2-bfcl-recipes.yaml")
+    recipes = sweep_spec.load_spec(SPECS / "smollm2-bfcl-recipes.yaml")
     base = SPECS.parents[1] / recipes["config"]
     first = _flat(load_config(base, list(recipes["overrides"])))
     example = _flat(load_config(base, ["checkpoint.interval=0"]))
     changed = {key for key, value in example.items() if first[key] != value}
     assert changed == {"rollout.prompts_per_step", "optim.lr", "algorithm.kl_coef", "eval.samples", "eval.interval"}
     assert load_config(base).steps == 40 and example["eval.samples"] == 8 and example["eval.seed"] == 0
-    spec = sweep.load_spec(SPECS / "smollm2-bfcl-stronger.yaml")
-    runs = sweep.plan(spec)
+    spec = sweep_spec.load_spec(SPECS / "smollm2-bfcl-stronger.yaml")
+    runs = sweep_spec.plan(spec)
     assert sorted(run.labels["seed"] for run in runs) == ["0", "1", "2"]
     for run in runs:
         config = load_config(base, list(run.overrides))
@@ -142,8 +142,8 @@ def test_the_bfcl_example_is_the_stronger_phase_and_its_spec_runs_it_on_three_se
 def test_the_tiny_distillation_table_plans_valid_runs_on_three_seeds():
     """configs/sweeps/tiny-distill.yaml: 9 methods x 3 seeds; RL has no teacher, every other method distils
     from the teacher run, the offline ones from the stored samples; the report groups name grid methods."""
-    spec = sweep.load_spec(SPECS / "tiny-distill.yaml")
-    runs = sweep.plan(spec)
+    spec = sweep_spec.load_spec(SPECS / "tiny-distill.yaml")
+    runs = sweep_spec.plan(spec)
     assert len(runs) == 27 and spec["grid"]["seed"] == [0, 1, 2]
     for run in runs:
         config = load_config(overrides=list(run.overrides))
@@ -159,8 +159,8 @@ def test_the_smollm2_stale_arena_runs_its_priority_order_on_three_paired_seeds()
     """configs/sweeps/smollm2-stale-arena.yaml (issue #51): the pilot (GRPO seed 0) first, then REINFORCE, GRPO,
     the on-policy GRPO anchor, then the other methods; every method on seeds 0-2 at lag 4, exact float32, 48 steps
     evaluated every 10 on 128 problems with a fixed evaluation seed, checkpointed for resumption."""
-    spec = sweep.load_spec(SPECS / "smollm2-stale-arena.yaml")
-    runs = sweep.plan(spec)
+    spec = sweep_spec.load_spec(SPECS / "smollm2-stale-arena.yaml")
+    runs = sweep_spec.plan(spec)
     base = SPECS.parents[1] / spec["config"]
     order = [(r.labels["setting"], r.labels["algorithm.preset"], r.labels["seed"]) for r in runs]
     assert order[0] == ("lag-4", "grpo", "0") and order[1] == ("lag-4", "reinforce", "0")
@@ -196,10 +196,10 @@ def test_the_smollm2_follow_up_is_the_stale_arena_on_new_seeds_paired_seed_by_se
     metrics, the anchor on the AUC, F2 (issues #66, #73), adaptive RED-Weight on the AUC (#70)."""
     from oprl.experiments import findings
 
-    spec = sweep.load_spec(SPECS / "smollm2-f1-auc.yaml")
-    arena = sweep.load_spec(SPECS / "smollm2-stale-arena.yaml")
+    spec = sweep_spec.load_spec(SPECS / "smollm2-f1-auc.yaml")
+    arena = sweep_spec.load_spec(SPECS / "smollm2-stale-arena.yaml")
     assert (spec["config"], spec["overrides"]) == (arena["config"], arena["overrides"])
-    runs = sweep.plan(spec)
+    runs = sweep_spec.plan(spec)
     order = [(r.labels["setting"], r.labels["algorithm.preset"], r.labels["seed"]) for r in runs]
     expected = []
     for seed in range(3, 15):
@@ -208,7 +208,9 @@ def test_the_smollm2_follow_up_is_the_stale_arena_on_new_seeds_paired_seed_by_se
         expected += [("lag-4-96", "reinforce", "3"), ("lag-4-96", "reinforce", "4")] if seed == 8 else []
     assert order == expected
     twin = {
-        (r.labels["algorithm.preset"], r.labels["setting"]): r for r in sweep.plan(arena) if r.labels["seed"] == "0"
+        (r.labels["algorithm.preset"], r.labels["setting"]): r
+        for r in sweep_spec.plan(arena)
+        if r.labels["seed"] == "0"
     }
     base = SPECS.parents[1] / spec["config"]
     for run in runs:
@@ -245,7 +247,7 @@ def test_a_grid_list_is_the_union_of_its_grids_in_order(tmp_path):
             {"algorithm.preset": ["reinforce", "grpo"], "seed": [0, 1]},
         ]
     }
-    names = [r.name for r in sweep.plan(spec)]
+    names = [r.name for r in sweep_spec.plan(spec)]
     assert names == [
         "preset=grpo__seed=0",
         "preset=reinforce__seed=0",
@@ -258,7 +260,7 @@ def test_a_grid_list_is_the_union_of_its_grids_in_order(tmp_path):
         path = tmp_path / "s.yaml"
         path.write_text(yaml.safe_dump({"grid": grid}))
         with pytest.raises(OprlError, match=message):
-            sweep.load_spec(path)
+            sweep_spec.load_spec(path)
     clash = {"grid": [{"setting": {"a": {"steps": 1}}}, {"setting": {"a": {"steps": 2}}}]}
     with pytest.raises(OprlError, match="setting=a is planned twice"):
-        sweep.plan(clash)
+        sweep_spec.plan(clash)

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from oprl.errors import OprlError
-from oprl.experiments import sweep
+from oprl.experiments import sweep, sweep_spec
 
 SPEC = {
     "output_dir": "runs/demo",
@@ -29,13 +29,13 @@ def write(tmp_path, spec=SPEC):
 
 
 def test_only_selects_by_axis_and_short_name_in_the_grid_order():
-    runs = sweep.plan(SPEC)
-    chosen = sweep.select(runs, ["algorithm.preset=grpo", "setting=lag-4", "seed=0"])
+    runs = sweep_spec.plan(SPEC)
+    chosen = sweep_spec.select(runs, ["algorithm.preset=grpo", "setting=lag-4", "seed=0"])
     assert [r.name for r in chosen] == ["preset=grpo__setting=lag-4__seed=0"]  # the pilot, planned once
     # One axis twice: either list's values (the pilot comes first, as the grid lists it).
-    union = sweep.select(runs, ["preset=grpo", "preset=reinforce", "setting=lag-4", "seed=0"])
+    union = sweep_spec.select(runs, ["preset=grpo", "preset=reinforce", "setting=lag-4", "seed=0"])
     assert [r.labels["algorithm.preset"] for r in union] == ["grpo", "reinforce"]
-    both = sweep.select(runs, ["setting=lag-0", "seed=1"])
+    both = sweep_spec.select(runs, ["setting=lag-0", "seed=1"])
     assert [r.labels["algorithm.preset"] for r in both] == ["grpo", "reinforce"]
 
 
@@ -49,7 +49,7 @@ def test_only_selects_by_axis_and_short_name_in_the_grid_order():
 )
 def test_only_typos_fail_with_one_line(only, message):
     with pytest.raises(OprlError, match=message):
-        sweep.select(sweep.plan(SPEC), only)
+        sweep_spec.select(sweep_spec.plan(SPEC), only)
 
 
 def test_only_runs_into_the_sweeps_own_directory(tmp_path):
@@ -82,12 +82,12 @@ def test_set_overrides_every_run_after_the_grid_into_its_own_directory(tmp_path)
 def test_the_saved_spec_of_a_set_sweep_plans_the_same_runs(tmp_path):
     """``final_overrides`` is a spec key: the sweep.yaml written beside the runs loads and plans them again
     (``oprl report`` reads it for the labels)."""
-    spec = sweep.with_overrides(sweep.load_spec(write(tmp_path)), ["steps=60"])
+    spec = sweep_spec.with_overrides(sweep_spec.load_spec(write(tmp_path)), ["steps=60"])
     assert spec["final_overrides"] == ["steps=60"]
     saved = tmp_path / "saved.yaml"
     saved.write_text(yaml.safe_dump(spec, sort_keys=False))
-    assert sweep.plan(sweep.load_spec(saved)) == sweep.plan(spec)
-    assert all(r.overrides[-1] == "steps=60" for r in sweep.plan(spec))
+    assert sweep_spec.plan(sweep_spec.load_spec(saved)) == sweep_spec.plan(spec)
+    assert all(r.overrides[-1] == "steps=60" for r in sweep_spec.plan(spec))
 
 
 @pytest.mark.parametrize(("sets", "message"), [(["stepz=60"], "unknown key 'stepz'"), (["steps"], "key=value")])
@@ -118,10 +118,10 @@ def test_kept_runs_count_as_finished_and_replace_unfinished_leftovers(tmp_path):
     sweep.run_sweep(write(tmp_path), dry_run=True, keep=kept, only=["seed=0"], log=logged.append)
     assert "6 selected by --only, 1 already finished, 5 to run" in logged[0] and not out.exists()
     (out / name / "checkpoints").mkdir(parents=True)  # an unfinished leftover of the same run
-    assert sweep.restore_kept(sweep.plan(SPEC), out, kept) == 1
+    assert sweep.restore_kept(sweep_spec.plan(SPEC), out, kept) == 1
     assert sorted(p.name for p in (out / name).iterdir()) == sorted(sweep.KEPT_FILES)
     assert not (out / "preset=grpo__setting=lag-0__seed=0").exists()
-    assert sweep.restore_kept(sweep.plan(SPEC), out, kept) == 0  # already there: nothing copied twice
+    assert sweep.restore_kept(sweep_spec.plan(SPEC), out, kept) == 0  # already there: nothing copied twice
 
 
 def test_drop_checkpoints_deletes_a_finished_runs_checkpoints_as_it_finishes(tmp_path, monkeypatch):
@@ -131,7 +131,7 @@ def test_drop_checkpoints_deletes_a_finished_runs_checkpoints_as_it_finishes(tmp
     out, kept = tmp_path / "out", tmp_path / "kept"
     spec = {**SPEC, "grid": {"algorithm.preset": ["grpo", "reinforce", "m2po"], "seed": [0]}, "keep": str(kept)}
     path = write(tmp_path, {**spec, "drop_checkpoints": True})
-    names = [r.name for r in sweep.plan(spec)]
+    names = [r.name for r in sweep_spec.plan(spec)]
     seen_before_start = []
 
     def execute(todo, parallel, *, prepare, log_path, log, on_success=None, retries=0):
@@ -168,7 +168,7 @@ def test_drop_checkpoints_deletes_a_finished_runs_checkpoints_as_it_finishes(tmp
     sweep.run_sweep(write(tmp_path, spec), drop_checkpoints=True, log=logged.append)
     assert not (out / names[0] / "checkpoints").exists() and (out / names[2] / "checkpoints").is_dir()
     with pytest.raises(OprlError, match="'drop_checkpoints' must be true or false, not 'yes'"):
-        sweep.load_spec(write(tmp_path, {**spec, "drop_checkpoints": "yes"}))
+        sweep_spec.load_spec(write(tmp_path, {**spec, "drop_checkpoints": "yes"}))
 
 
 def test_a_report_after_only_awaits_only_the_selected_runs(tmp_path):
@@ -182,7 +182,7 @@ def test_a_report_after_only_awaits_only_the_selected_runs(tmp_path):
 
     spec = {**SPEC, "report": {"groups": {"RL": ["grpo", "reinforce"]}}}
     out = tmp_path / "out"
-    for run in sweep.select(sweep.plan(spec), ["preset=grpo"]):  # finished, as a sweep would leave them
+    for run in sweep_spec.select(sweep_spec.plan(spec), ["preset=grpo"]):  # finished, as a sweep would leave them
         (out / run.name).mkdir(parents=True)
         save_config(load_config(overrides=list(run.overrides)), out / run.name / "config.yaml")
         rows = [{"step": 0, "eval/accuracy": 0.4}, {"step": 20, "eval/accuracy": 0.5, "reward/mean": 0.5}]
@@ -201,11 +201,11 @@ def test_a_report_after_only_awaits_only_the_selected_runs(tmp_path):
 
 def test_a_bad_only_in_the_spec_is_one_line(tmp_path):
     with pytest.raises(OprlError, match="'only' must list axis=value"):
-        sweep.load_spec(write(tmp_path, {**SPEC, "only": "preset=grpo"}))
+        sweep_spec.load_spec(write(tmp_path, {**SPEC, "only": "preset=grpo"}))
 
 
 def test_report_noise_is_a_spec_key_oprl_sweep_accepts(tmp_path):
     """``report.noise: pooled`` (read by oprl report) is accepted by oprl sweep; anything else is one line."""
-    sweep.load_spec(write(tmp_path, {**SPEC, "report": {"noise": "pooled"}}))
+    sweep_spec.load_spec(write(tmp_path, {**SPEC, "report": {"noise": "pooled"}}))
     with pytest.raises(OprlError, match=r"report\.noise must be one of own, pooled, not 'pool'"):
-        sweep.load_spec(write(tmp_path, {**SPEC, "report": {"noise": "pool"}}))
+        sweep_spec.load_spec(write(tmp_path, {**SPEC, "report": {"noise": "pool"}}))

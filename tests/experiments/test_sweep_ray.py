@@ -8,7 +8,7 @@ import yaml
 
 from oprl import cli
 from oprl.errors import OprlError
-from oprl.experiments import sweep
+from oprl.experiments import sweep, sweep_spec
 
 sweep_ray = pytest.importorskip("oprl.experiments.sweep_ray")
 
@@ -60,7 +60,7 @@ class FakeCluster:
 
 
 def runs(*names):
-    return [sweep.PlannedRun(name=n, labels={"seed": "0"}, overrides=()) for n in names]
+    return [sweep_spec.PlannedRun(name=n, labels={"seed": "0"}, overrides=()) for n in names]
 
 
 def execute(cluster, todo, tmp_path, retries=1, lines=None):
@@ -165,7 +165,7 @@ def write(tmp_path, **extra):
 def test_bad_backend_options_fail_with_one_line_naming_the_key(tmp_path, capsys, key, value, message):
     path = write(tmp_path, **{key: value})
     with pytest.raises(OprlError, match=f"^sweep spec {path}: {message}"):
-        sweep.load_spec(path)
+        sweep_spec.load_spec(path)
     assert cli.main(["sweep", str(path), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and message in err

@@ -16,7 +16,7 @@ import yaml
 from conftest import SMALL
 from oprl import cli
 from oprl.errors import OprlError
-from oprl.experiments import report, sweep, sweep_local
+from oprl.experiments import report, sweep, sweep_local, sweep_spec
 from oprl.metrics import deterministic_view, read_metrics
 
 
@@ -40,7 +40,7 @@ def write_spec(tmp_path, **extra):
 
 
 def test_plan_is_the_cartesian_product(tmp_path):
-    runs = sweep.plan(sweep.load_spec(write_spec(tmp_path)))
+    runs = sweep_spec.plan(sweep_spec.load_spec(write_spec(tmp_path)))
     assert len(runs) == 4
     assert {r.labels["setting"] for r in runs} == {"on-policy", "offline"}
     offline = next(r for r in runs if r.labels == {"algorithm.preset": "grpo", "setting": "offline", "seed": "0"})
@@ -74,7 +74,7 @@ def test_smoke_sweep_resumes_and_reports(tmp_path, capsys):
     }
     assert all(0.0 <= float(r["final_accuracy"]) <= 1.0 for r in rows)
     # Runs share long-lived worker processes; each must still equal the same run started fresh.
-    first = sweep.plan(sweep.load_spec(spec))[-1]
+    first = sweep_spec.plan(sweep_spec.load_spec(spec))[-1]
     assert (
         cli.main(["train", *first.overrides, f"output_dir={tmp_path / 'fresh'}", "run_name=x", "progress=false"]) == 0
     )
@@ -122,16 +122,16 @@ def test_bad_specs_fail_with_one_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("grid: {}\n")
     with pytest.raises(OprlError, match="grid"):
-        sweep.load_spec(path)
+        sweep_spec.load_spec(path)
     path.write_text("grid: {seed: [0]}\nparalel: 2\n")
     with pytest.raises(OprlError, match="paralel"):
-        sweep.load_spec(path)
+        sweep_spec.load_spec(path)
     path.write_text("grid: {seed: [0]}\nreport: {groups: {a: []}}\n")
     with pytest.raises(OprlError, match=r"report\.groups"):
-        sweep.load_spec(path)
+        sweep_spec.load_spec(path)
     path.write_text("grid: {seed: [0]}\nreport: {panels: [eval_accuracy, kl_behaviour]}\n")
     with pytest.raises(OprlError, match=r"report\.panels.*ess"):
-        sweep.load_spec(path)
+        sweep_spec.load_spec(path)
     with pytest.raises(OprlError, match="no finished runs"):
         report.build_report(tmp_path)
 
@@ -180,7 +180,7 @@ def test_an_unfinished_run_with_a_checkpoint_continues_from_it(tmp_path, capsys)
     base["grid"] = {"algorithm.preset": ["grpo"], "seed": [0]}
     spec.write_text(yaml.safe_dump(base))
     assert sweep.main([str(spec)]) == 0
-    (run,) = sweep.plan(sweep.load_spec(spec))
+    (run,) = sweep_spec.plan(sweep_spec.load_spec(spec))
     run_dir = tmp_path / "sweep" / run.name
     whole = deterministic_view(read_metrics(run_dir / "metrics.jsonl"))
     # What a kill after step 3 leaves: the checkpoint of step 2, no summary, no final weights.
@@ -235,7 +235,7 @@ def test_the_sweep_gives_a_stale_runners_run_to_a_fresh_runner(tmp_path, monkeyp
             self.stdout.close()
 
     monkeypatch.setattr(sweep_local, "_Runner", FakeRunner)
-    run = sweep.PlannedRun(name="a", labels={"seed": "0"}, overrides=())
+    run = sweep_spec.PlannedRun(name="a", labels={"seed": "0"}, overrides=())
     failures = sweep._execute([run], {}, tmp_path, 1, log=lambda *_: None)
     assert failures == [] and len(started) == 2
 
@@ -249,7 +249,7 @@ def test_the_local_pool_tries_a_failed_run_again(tmp_path, monkeypatch, capsys):
     base["overrides"] = [o for o in base["overrides"] if not o.startswith("steps=")] + ["steps=2"]
     base["grid"] = {"algorithm.preset": ["grpo", "reinforce"], "seed": [0]}
     spec.write_text(yaml.safe_dump(base))
-    flaky, broken = (r.name for r in sweep.plan(sweep.load_spec(spec)))
+    flaky, broken = (r.name for r in sweep_spec.plan(sweep_spec.load_spec(spec)))
     monkeypatch.setenv("OPRL_SWEEP_FAULT", f"{flaky}@1,{broken}@2")
     with pytest.raises(OprlError, match=f"1 run\\(s\\) failed, see their logs in .*: {broken}$"):
         sweep.main([str(spec)])

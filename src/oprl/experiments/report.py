@@ -37,7 +37,7 @@ from oprl.experiments import declared, findings, lag_losses, sensitivity, stats,
 from oprl.experiments.arena import arena_section
 from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
 from oprl.experiments.results import _canonical, collect_results, load_run, summarize, write_table
-from oprl.experiments.sweep import plan, selected_runs, threshold_gain
+from oprl.experiments.sweep_spec import plan, selected_runs, threshold_gain
 from oprl.experiments.tiers import LAYOUT, row_label
 
 __all__ = ["LAYOUT", "build_report", "main", "row_label"]

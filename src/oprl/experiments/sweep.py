@@ -1,34 +1,10 @@
 """``oprl sweep SWEEP.yaml``: run a grid of training runs, several at a time, resumably, into one table.
 
-A sweep spec is YAML::
-
-    output_dir: runs/sweep-demo          # one sub-directory per run, plus results.csv
-    parallel: 2                          # runs at once (each gets cores // parallel torch threads)
-    config: null                         # optional base YAML for every run
-    overrides: [steps=60, eval.interval=20]   # applied to every run
-    report:                              # optional, for `oprl report`
-      groups: {"IS or not": [grpo, rec-oneside-is, rec-oneside-nois]}   # one figure + table per group
-      threshold_gain: 0.05               # "steps to threshold" = first eval at initial accuracy + this
-      panels: [eval_accuracy, kl, ess]   # the group figures' rows (curves.PANELS), instead of the default five
-      findings: {"clipping helps": [{a: grpo, b: reinforce, setting: stale}]}   # claims decided (findings.py)
-    grid:                                # the cartesian product of the axes
-      algorithm.preset: [grpo, reinforce]          # a plain axis: one key, a list of values
-      setting:                                      # a named axis: name -> overrides bundle
-        on-policy: {sync.interval: 1, sync.offset: 0}
-        stale: {sync.interval: 1, sync.offset: 10}
-      seed: [0, 1, 2]
-
-``final_overrides`` (optional, what ``--set`` adds) are applied to every run after the grid's values. The whole
-format, with the command-line options: docs/sweeps.md.
-
-``grid`` may also be a list of such mappings with the same axes: their union, in order (a run planned twice runs
-once). A long sweep lists its runs by priority this way, so that a partial sweep is already a result (e.g. a pilot
-run first, an on-policy anchor for one method only; configs/sweeps/smollm2-stale-arena.yaml).
-
-``--only axis=value,...`` runs a subset of the grid into the sweep's own directory (they are its runs; the spec's
-``only:`` list, which it replaces, and the spec saved beside the runs records it, so that ``oprl report`` awaits
-only the selected runs);
-``--set key=value`` changes every run, which then go to ``<output_dir>+key=value`` (``--out`` to choose).
+The spec's format and its plan (the grid's runs, ``--only``, ``--set``): ``oprl.experiments.sweep_spec`` and
+docs/sweeps.md. ``--only axis=value,...`` runs a subset of the grid into the sweep's own directory (they are its
+runs; the spec's ``only:`` list, which it replaces, and the spec saved beside the runs records it, so that ``oprl
+report`` awaits only the selected runs); ``--set key=value`` changes every run, which then go to
+``<output_dir>+key=value`` (``--out`` to choose).
 
 Finished runs (a ``summary.json`` in their directory) are skipped, so an interrupted sweep is resumed by
 running the same command again; an unfinished run that committed a checkpoint (``checkpoint.interval > 0``)
@@ -52,190 +28,31 @@ with the same commands, resume rule and results (``oprl.experiments.sweep_ray``;
 from __future__ import annotations
 
 import argparse
-import itertools
 import shutil
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from oprl.config.loading import read_yaml
 from oprl.errors import OprlError
-from oprl.experiments import findings, sweep_local
-from oprl.experiments.curves import PANELS
-from oprl.experiments.results import THRESHOLD_GAIN, collect_results, write_table
+from oprl.experiments import sweep_local
+from oprl.experiments.results import collect_results, write_table
 from oprl.experiments.sweep_local import terminate_raises
-from oprl.experiments.tiers import NOISES
+from oprl.experiments.sweep_spec import (
+    BACKENDS,
+    PlannedRun,
+    check_backend_options,
+    load_spec,
+    plan,
+    select,
+    threshold_gain,
+    with_overrides,
+)
 
-SPEC_KEYS = (
-    "output_dir", "parallel", "config", "overrides", "final_overrides", "grid", "report",
-    "backend", "retries", "cpus_per_run", "keep", "drop_checkpoints", "only",
-)  # fmt: skip
 KEPT_FILES = ("config.yaml", "summary.json", "metrics.jsonl")
 """What ``keep:`` copies of a finished run: all that its results row, report and curves are read from."""
-BACKENDS = ("local", "ray")
-"""Where the runs execute: the local pool of runner processes (default), or the tasks of a Ray cluster."""
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    name: str
-    labels: dict[str, str]
-    """Axis name -> value label (the columns of the results table)."""
-    overrides: tuple[str, ...]
-
-
-def load_spec(path: Path) -> dict:
-    if not path.is_file():
-        raise OprlError(f"sweep spec {path}: not found")
-    try:
-        spec = read_yaml(path.read_text()) or {}  # the config's YAML rules: `yes` is text, not a boolean
-    except yaml.YAMLError as exc:
-        raise OprlError(f"sweep spec {path}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
-    unknown = set(spec) - set(SPEC_KEYS)
-    if unknown:
-        raise OprlError(f"sweep spec {path}: unknown key(s) {sorted(unknown)}; valid: {', '.join(SPEC_KEYS)}")
-    try:
-        check_backend_options(spec.get("backend"), spec.get("retries"), spec.get("cpus_per_run"))
-    except OprlError as exc:
-        raise OprlError(f"sweep spec {path}: {exc}") from None
-    report = spec.get("report") or {}
-    groups = report.get("groups", {}) if isinstance(report, dict) else None
-    if not isinstance(groups, dict) or not all(isinstance(v, list) and v for v in groups.values()):
-        raise OprlError(f"sweep spec {path}: 'report.groups' must map a figure title to a non-empty list of presets")
-    unknown_report = set(report) - {"groups", "threshold_gain", "panels", "findings", "noise"}
-    if unknown_report:
-        raise OprlError(
-            f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: findings, groups, noise, "
-            "panels, threshold_gain"
-        )
-    if report.get("noise", "own") not in NOISES:  # oprl report reads it: each pair's own noise, or a pooled one
-        raise OprlError(f"sweep spec {path}: report.noise must be one of {', '.join(NOISES)}, not {report['noise']!r}")
-    only = spec.get("only", [])
-    if not isinstance(only, list) or not all(isinstance(item, str) for item in only):
-        raise OprlError(f"sweep spec {path}: 'only' must list axis=value[,value...] selections, as --only takes")
-    drop = spec.get("drop_checkpoints", False)
-    if not isinstance(drop, bool):
-        raise OprlError(f"sweep spec {path}: 'drop_checkpoints' must be true or false, not {drop!r}")
-    findings.parse(report.get("findings"), f"sweep spec {path}")
-    panels = report.get("panels", list(PANELS))
-    if not isinstance(panels, list) or not panels or not set(map(str, panels)) <= set(PANELS):
-        raise OprlError(
-            f"sweep spec {path}: 'report.panels' must list rows of the group figures among {', '.join(PANELS)}"
-        )
-    grids = spec.get("grid")
-    if isinstance(grids, list) and grids and all(isinstance(g, dict) and g for g in grids):
-        if any(list(g) != list(grids[0]) for g in grids):
-            raise OprlError(f"sweep spec {path}: every mapping of the 'grid' list must have the same axes in order")
-    elif not isinstance(grids, dict) or not grids:
-        raise OprlError(
-            f"sweep spec {path}: 'grid' must be a non-empty mapping of axis -> values, or a list of such mappings"
-        )
-    return spec
-
-
-def check_backend_options(backend, retries, cpus_per_run) -> None:
-    """The spec's (or command line's) ``backend``, ``retries`` and ``cpus_per_run``, each None or valid; a bad
-    one fails with one line naming its key."""
-    if backend is not None and backend not in BACKENDS:
-        raise OprlError(f"'backend' must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
-        raise OprlError(f"'retries' must be a whole number >= 0 (times a failed run is tried again), not {retries!r}")
-    number = isinstance(cpus_per_run, int | float) and not isinstance(cpus_per_run, bool)
-    if cpus_per_run is not None and not (number and cpus_per_run > 0):
-        raise OprlError(f"'cpus_per_run' must be a number > 0 (Ray CPUs each run holds), not {cpus_per_run!r}")
-
-
-def plan(spec: dict) -> list[PlannedRun]:
-    """Every combination of the grid's axes, each with its run name and full override list (``overrides``, the
-    grid's values, ``final_overrides``); for a list of grids, the union in order, each run once."""
-    grids = spec["grid"] if isinstance(spec["grid"], list) else [spec["grid"]]
-    runs: dict[str, PlannedRun] = {}
-    last = tuple(str(o) for o in spec.get("final_overrides") or [])
-    for grid in grids:
-        for run in _plan_grid(grid, tuple(str(o) for o in spec.get("overrides") or []), last):
-            if runs.setdefault(run.name, run).overrides != run.overrides:
-                raise OprlError(f"sweep grid: run {run.name} is planned twice with different settings")
-    return list(runs.values())
-
-
-def _plan_grid(grid: dict, base: tuple[str, ...], last: tuple[str, ...] = ()) -> list[PlannedRun]:
-    axes = []
-    for axis, values in grid.items():
-        if isinstance(values, dict):  # named bundles
-            options = [
-                (str(name), [f"{k}={_yaml_value(v)}" for k, v in bundle.items()]) for name, bundle in values.items()
-            ]
-        elif isinstance(values, list) and values:
-            options = [(str(v), [f"{axis}={_yaml_value(v)}"]) for v in values]
-        else:
-            raise OprlError(f"sweep grid axis {axis!r}: expected a non-empty list or a mapping of named bundles")
-        axes.append((axis, options))
-    runs = []
-    for combo in itertools.product(*(options for _, options in axes)):
-        labels = {axis: label for (axis, _), (label, _) in zip(axes, combo, strict=True)}
-        name = "__".join(f"{_short(axis)}={label}" for axis, label in labels.items())
-        overrides = base + tuple(o for _, bundle in combo for o in bundle) + last
-        runs.append(PlannedRun(name=name, labels=labels, overrides=overrides))
-    return runs
-
-
-def selected_runs(spec: dict) -> list[PlannedRun]:
-    """The runs the spec will run: its grid's, less those its ``only:`` leaves out (a sweep run with ``--only``
-    saves that selection in the spec beside its runs)."""
-    runs = plan(spec)
-    return select(runs, spec["only"]) if spec.get("only") else runs
-
-
-def select(runs: list[PlannedRun], only: list[str]) -> list[PlannedRun]:
-    """The runs whose labels match every ``axis=value[,value...]`` of ``only`` (``--only``). An axis is named as in
-    the grid (``algorithm.preset``) or by its last part (``preset``); its values are the grid's labels (a named
-    bundle's name, a plain value as written). The same axis twice: either list's values. Typos fail with one line
-    naming the axis or value and what exists."""
-    axes = list(runs[0].labels) if runs else []
-    wanted: dict[str, set[str]] = {}
-    for item in only:
-        name, sep, values = item.partition("=")
-        if not sep or not name or not values:
-            raise OprlError(
-                f"sweep --only {item!r}: expected axis=value[,value...], e.g. algorithm.preset=grpo,reinforce"
-            )
-        matches = [a for a in axes if name in (a, _short(a))]
-        if len(matches) != 1:
-            raise OprlError(f"sweep --only {item}: no axis {name!r} in the grid; axes: {', '.join(axes)}")
-        axis = matches[0]
-        known = list(dict.fromkeys(r.labels[axis] for r in runs))
-        unknown = [v for v in values.split(",") if v not in known]
-        if unknown:
-            raise OprlError(
-                f"sweep --only {item}: no {axis} {', '.join(map(repr, unknown))} in the grid; "
-                f"values: {', '.join(known)}"
-            )
-        wanted.setdefault(axis, set()).update(values.split(","))
-    return [r for r in runs if all(r.labels[axis] in values for axis, values in wanted.items())]
-
-
-def with_overrides(spec: dict, sets: list[str], config_loader=None) -> dict:
-    """The spec with ``sets`` (``--set key=value``) appended to its overrides, after every planned run's own: the
-    last word on every run. Each must be ``key=value``; the first planned run is validated as ``oprl train``
-    would (``config_loader``, default ``oprl.config.load_config``), so that a typo fails here in a second with
-    one line instead of failing every run."""
-    for item in sets:
-        key, sep, _ = item.partition("=")
-        if not sep or not key:
-            raise OprlError(f"sweep --set {item!r}: expected key=value, e.g. steps=60")
-    # After the grid's own values (``final_overrides``, see ``plan``), so that --set steps=60 also beats a grid
-    # bundle that sets steps.
-    changed = dict(spec, final_overrides=[*(spec.get("final_overrides") or []), *sets])
-    if config_loader is None:
-        from oprl.config import load_config as config_loader
-    first = plan(changed)[0]
-    try:
-        config_loader(changed.get("config"), list(first.overrides))
-    except OprlError as exc:
-        raise OprlError(f"sweep --set {' '.join(sets)}: {exc}") from None
-    return changed
 
 
 def run_sweep(
@@ -262,71 +79,123 @@ def run_sweep(
     ``keep``: the spec's ``keep:``, replaced (``restore_kept`` and ``keep_run``); ``drop_checkpoints``: true turns
     the spec's ``drop_checkpoints:`` on (``drop_checkpoints``)."""
     check_backend_options(backend, retries, cpus_per_run)
-    spec = load_spec(spec_path)
-    backend = backend or spec.get("backend") or "local"
-    if address and backend != "ray":
-        raise OprlError(f"sweep --address {address}: only with --backend ray (the spec says backend: {backend})")
-    out = Path(out_dir or spec.get("output_dir") or f"runs/sweep-{spec_path.stem}")
-    if sets:
-        spec = with_overrides(spec, sets)
-        if out_dir is None:
-            out = out.with_name(out.name + "+" + ",".join(sets).replace("/", "_"))
-    if out_dir is not None or sets:
-        spec["output_dir"] = str(out)  # the spec saved beside the runs says where they are
-    only = list(only or spec.get("only") or [])
-    if only:  # saved with the spec: the report then awaits only these runs (``selected_runs``)
-        spec["only"] = only
-    runs = plan(spec)
-    chosen = select(runs, only) if only else runs
-    if not chosen:
-        raise OprlError(f"sweep --only {' '.join(only or [])}: selects no run (each --only must match)")
-    parallel = max(1, parallel or int(spec.get("parallel") or 1))
-    retries = next(r for r in (retries, spec.get("retries"), 1) if r is not None)
-    cpus_per_run = float(cpus_per_run or spec.get("cpus_per_run") or 1)
-    kept_in = keep or spec.get("keep")
-    keep = Path(kept_in) if kept_in else None
+    sweep = _Sweep.of(load_spec(spec_path), spec_path, out_dir, sets, only, backend, address)
+    sweep.parallel = max(1, parallel or int(sweep.spec.get("parallel") or 1))
+    sweep.retries = next(r for r in (retries, sweep.spec.get("retries"), 1) if r is not None)
+    sweep.cpus_per_run = float(cpus_per_run or sweep.spec.get("cpus_per_run") or 1)
+    kept_in = keep or sweep.spec.get("keep")
+    sweep.keep = Path(kept_in) if kept_in else None
+    sweep.drop = drop_checkpoints or bool(sweep.spec.get("drop_checkpoints"))
+    todo = _todo(sweep, dry_run, log)
+    if dry_run:  # prints, writes nothing
+        for r in todo:
+            log("  oprl " + " ".join(_arguments(r, sweep.spec, sweep.out)))
+        return sweep.out
+    _save_spec(sweep)
+    on_finish = _on_finish(sweep, log)
+    if sweep.backend == "ray":
+        failures = _execute_on_ray(
+            todo, sweep.spec, sweep.out, sweep.retries, sweep.cpus_per_run, sweep.address, log, on_finish
+        )
+    else:
+        failures = _execute(todo, sweep.spec, sweep.out, sweep.parallel, log, on_finish, sweep.retries)
+    _finish(sweep, todo, failures, on_finish, log)
+    return sweep.out
+
+
+@dataclass
+class _Sweep:
+    """One ``oprl sweep`` call resolved: its spec (with ``--set`` and ``--only`` saved in it), where its runs go,
+    the whole plan and the runs chosen, and the options of the command line over the spec's."""
+
+    spec: dict
+    out: Path
+    runs: list[PlannedRun]
+    chosen: list[PlannedRun]
+    only: list[str]
+    backend: str
+    address: str | None
+    parallel: int = 1
+    retries: int = 1
+    cpus_per_run: float = 1.0
+    keep: Path | None = None
+    drop: bool = False
+
+    @classmethod
+    def of(cls, spec: dict, spec_path: Path, out_dir, sets, only, backend, address) -> _Sweep:
+        """The spec with the command line's ``--set``, ``--out`` and ``--only`` applied, and its chosen runs."""
+        backend = backend or spec.get("backend") or "local"
+        if address and backend != "ray":
+            raise OprlError(f"sweep --address {address}: only with --backend ray (the spec says backend: {backend})")
+        out = Path(out_dir or spec.get("output_dir") or f"runs/sweep-{spec_path.stem}")
+        if sets:
+            spec = with_overrides(spec, sets)
+            if out_dir is None:
+                out = out.with_name(out.name + "+" + ",".join(sets).replace("/", "_"))
+        if out_dir is not None or sets:
+            spec["output_dir"] = str(out)  # the spec saved beside the runs says where they are
+        only = list(only or spec.get("only") or [])
+        if only:  # saved with the spec: the report then awaits only these runs (``selected_runs``)
+            spec["only"] = only
+        runs = plan(spec)
+        chosen = select(runs, only) if only else runs
+        if not chosen:
+            raise OprlError(f"sweep --only {' '.join(only or [])}: selects no run (each --only must match)")
+        return cls(spec, out, runs, chosen, only, backend, address)
+
+
+def _todo(sweep: _Sweep, dry_run: bool, log) -> list[PlannedRun]:
+    """The chosen runs not finished yet (kept runs restored first, unless a dry run), with one line saying so."""
+    out, keep, chosen = sweep.out, sweep.keep, sweep.chosen
     if keep is not None and not dry_run:
         restored = restore_kept(chosen, out, keep)
         if restored:
             log(f"sweep {out}: {restored} finished run(s) restored from {keep}")
     done_in = [out] + ([keep] if keep is not None else [])  # a dry run restores nothing but counts kept runs
     todo = [r for r in chosen if not any((d / r.name / "summary.json").is_file() for d in done_in)]
-    selected = f", {len(chosen)} selected by --only" if only else ""
-    where = f"{parallel} at a time" if backend == "local" else f"on Ray, {cpus_per_run:g} CPU(s) each"
-    how, finished = f"{where}, a failed run tried again up to {retries} time(s)", len(chosen) - len(todo)
-    log(f"sweep {out}: {len(runs)} runs{selected}, {finished} already finished, {len(todo)} to run, {how}")
-    if dry_run:  # prints, writes nothing
-        for r in todo:
-            log("  oprl " + " ".join(_arguments(r, spec, out)))
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    if keep is not None:  # beside the kept runs, so that `oprl report KEEP` reads them as this sweep's
-        keep.mkdir(parents=True, exist_ok=True)
-        (keep / "sweep.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    drop = drop_checkpoints or bool(spec.get("drop_checkpoints"))
+    selected = f", {len(chosen)} selected by --only" if sweep.only else ""
+    where = f"{sweep.parallel} at a time" if sweep.backend == "local" else f"on Ray, {sweep.cpus_per_run:g} CPU(s) each"
+    how, finished = f"{where}, a failed run tried again up to {sweep.retries} time(s)", len(chosen) - len(todo)
+    log(f"sweep {out}: {len(sweep.runs)} runs{selected}, {finished} already finished, {len(todo)} to run, {how}")
+    return todo
+
+
+def _save_spec(sweep: _Sweep) -> None:
+    """The spec beside the runs, and beside the kept runs, so that ``oprl report KEEP`` reads them as this sweep's."""
+    sweep.out.mkdir(parents=True, exist_ok=True)
+    (sweep.out / "sweep.yaml").write_text(yaml.safe_dump(sweep.spec, sort_keys=False))
+    if sweep.keep is not None:
+        sweep.keep.mkdir(parents=True, exist_ok=True)
+        (sweep.keep / "sweep.yaml").write_text(yaml.safe_dump(sweep.spec, sort_keys=False))
+
+
+def _on_finish(sweep: _Sweep, log) -> Callable[[PlannedRun], None]:
+    """What follows a finished run: its light files kept (``keep``), its checkpoints dropped (``drop``)."""
+    out, keep = sweep.out, sweep.keep
 
     def on_finish(run: PlannedRun) -> None:  # after each run that succeeded, and for every finished run at the end
         if keep is not None and not (keep / run.name / "summary.json").is_file():
             keep_run(out / run.name, keep / run.name)
-        if drop:
+        if sweep.drop:
             drop_run_checkpoints(out / run.name, log)
 
-    if backend == "ray":
-        failures = _execute_on_ray(todo, spec, out, retries, cpus_per_run, address, log, on_finish)
-    else:
-        failures = _execute(todo, spec, out, parallel, log, on_finish, retries)
-    for run in chosen:  # runs finished before this sweep (or under another command); its own were handled above
+    return on_finish
+
+
+def _finish(sweep: _Sweep, todo: list[PlannedRun], failures: list[str], on_finish, log) -> None:
+    """After the runs: ``on_finish`` for runs finished before this call, the results table, and one line (an
+    error) naming the runs that failed."""
+    out = sweep.out
+    for run in sweep.chosen:  # runs finished before this sweep (or under another command); its own were handled
         if run not in todo and (out / run.name / "summary.json").is_file():
             on_finish(run)
-    table = collect_results(out, runs, threshold_gain=threshold_gain(spec))
+    table = collect_results(out, sweep.runs, threshold_gain=threshold_gain(sweep.spec))
     write_table(table, out / "results.csv")
     log(f"results: {out / 'results.csv'} ({len(table)} finished runs)")
     if failures:
         raise OprlError(
             f"sweep: {len(failures)} run(s) failed, see their logs in {out / 'logs'}: {', '.join(failures[:5])}"
         )
-    return out
 
 
 def keep_run(run_dir: Path, kept: Path) -> None:
@@ -358,11 +227,6 @@ def restore_kept(runs: list[PlannedRun], out: Path, keep: Path) -> int:
             keep_run(kept, target)
             restored += 1
     return restored
-
-
-def threshold_gain(spec: dict) -> float:
-    """The spec's ``report.threshold_gain`` (accuracy gain that counts as "reached"), else the default."""
-    return float((spec.get("report") or {}).get("threshold_gain", THRESHOLD_GAIN))
 
 
 def _execute(todo: list[PlannedRun], spec: dict, out: Path, parallel: int, log, on_success=None, retries=0):
@@ -431,15 +295,6 @@ def _arguments(run: PlannedRun, spec: dict, out: Path) -> list[str]:
     if spec.get("config"):
         command.append(str(spec["config"]))
     return command + list(run.overrides) + [f"output_dir={out}", f"run_name={run.name}", "progress=false"]
-
-
-def _yaml_value(value) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True).strip()
-    return text[:-4].strip() if text.endswith("...") else text
-
-
-def _short(axis: str) -> str:
-    return axis.split(".")[-1]
 
 
 def main(argv: list[str]) -> int:

@@ -7,20 +7,22 @@ native code), is given again, up to ``retries`` times, to a runner (a fresh one 
 the console; the resume decision (``prepare``) is made again, so the retry of a run that died after a checkpoint
 continues from it. A run still failing after its retries is reported, and the sweep goes on with the others.
 
-Split from ``oprl.experiments.sweep`` (the spec, the plan, the resume rule, the table), which prepares each run and
-calls ``execute``, to keep each module under ~500 lines (#23); ``oprl.experiments.sweep_ray`` is the Ray backend's
-counterpart, with the same retries and the same fault injection (``OPRL_SWEEP_FAULT``, ``faults``).
+``oprl.experiments.sweep`` (the resume rule, the table) prepares each run and calls ``execute``;
+``oprl.experiments.sweep_ray`` is the Ray backend's counterpart, with the same retries and the same fault injection
+(``OPRL_SWEEP_FAULT``, ``faults``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +42,12 @@ def execute(todo: list, parallel: int, *, prepare, log_path, log, on_success=Non
     ``prepare(run)`` gives a run's ``oprl`` arguments just before each attempt, ``log_path(name)`` its log (each
     attempt's output appended); a failed run is tried again up to ``retries`` times; ``on_success(run)`` after each
     run that succeeded. The names of the runs that still failed."""
-    import selectors
-
     from oprl.progress import RunProgress
 
-    injected = faults()
     threads = max(1, (os.cpu_count() or 1) // parallel)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    idle = [_Runner(env) for _ in range(min(parallel, len(todo)))]
-    busy: dict[_Runner, Any] = {}
-    failures: list[str] = []
-    queue = [(run, 1) for run in todo]  # (run, attempt)
-    retried = 0
-    selector = selectors.DefaultSelector()
+    pool = _Pool(env, [(run, 1) for run in todo], [_Runner(env) for _ in range(min(parallel, len(todo)))])
+    injected = faults()
     # SIGTERM (``kill``, a job scheduler) reaches this process alone, not its runners: turn it into an exception
     # so that the ``finally`` below stops them. Without it they ran on, orphaned, to the end of their runs.
     previous = terminate_raises()
@@ -61,53 +56,87 @@ def execute(todo: list, parallel: int, *, prepare, log_path, log, on_success=Non
         # Runs done of the total (a bar on a terminal, a line per finished run elsewhere), the last one named.
         with RunProgress(len(todo), description="sweep", unit="run", interval=1) as progress:
             done = 0
-            while queue or busy:
-                while queue and idle:
-                    (run, attempt), runner = queue.pop(0), idle.pop()
-                    argv = prepare(run)
-                    if attempt <= injected.get(run.name, 0):
-                        argv.append(FAULT_OVERRIDE)
-                    if attempt > 1:  # the log keeps every attempt's output; say where the retry's begins
-                        with open(log_path(run.name), "a") as header:
-                            when = time.strftime("%F %T")
-                            header.write(f"# oprl sweep: attempt {attempt} of {retries + 1}, {when}\n")
-                    runner.start(argv, log_path(run.name))
-                    busy[runner] = (run, attempt)
-                    selector.register(runner.stdout, selectors.EVENT_READ, runner)
-                for key, _ in selector.select(timeout=1.0):
-                    runner = key.data
-                    selector.unregister(runner.stdout)
-                    run, attempt = busy.pop(runner)
-                    rc = runner.result()
-                    if rc is None:  # the runner's oprl is older than the source on disk: a fresh one runs it
-                        runner.close()
-                        queue.insert(0, (run, attempt))
-                        idle.append(_Runner(env))
+            while pool.queue or pool.busy:
+                pool.start_waiting(prepare, injected, log_path, retries)
+                for key, _ in pool.selector.select(timeout=1.0):
+                    settled = pool.settle(key.data, retries, log_path, log)
+                    if settled is None:  # tried again, or handed to a fresh runner
                         continue
-                    idle.append(runner if runner.alive() else _Runner(env))  # a runner that died is replaced
-                    if rc != 0 and try_again(queue, run, attempt, retries, f"(exit {rc})", log_path, log):
-                        retried += 1
-                        continue
+                    (run, attempt), rc = settled
                     done += 1
                     if rc != 0:
-                        failures.append(run.name)
+                        pool.failures.append(run.name)
                         tries = f" after {attempt} attempts" if attempt > 1 else ""
                         log(f"run {run.name} failed (exit {rc}){tries}; see {log_path(run.name)}")
                     elif on_success is not None:
                         on_success(run)
-                    counts = [f", {len(failures)} failed"] if failures else []
-                    counts += [f", {retried} retried"] if retried else []
-                    status = "ok" if rc == 0 else "failed"
-                    progress.update(done, f"last: {run.name} ({status}){''.join(counts)}")
+                    progress.update(done, pool.status(run, rc))
         finished = True
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        for runner in busy:  # interrupted: each run stops as `oprl train` does on SIGTERM, then its runner exits
-            runner.close(stop=not finished)
-        for runner in idle:
+        pool.close(stop=not finished)
+    return pool.failures
+
+
+@dataclass
+class _Pool:
+    """The runner processes of one ``execute`` and its attempts: ``queue`` of ``(run, attempt)`` still to start,
+    ``idle`` runners, ``busy`` runner -> its attempt, watched by ``selector`` for the attempt's answer."""
+
+    env: dict
+    queue: list
+    idle: list[_Runner]
+    busy: dict[_Runner, Any] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    retried: int = 0
+    selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
+
+    def start_waiting(self, prepare, injected: dict[str, int], log_path, retries: int) -> None:
+        """Give queued attempts to idle runners, each prepared just before it starts (``prepare``), an injected
+        fault appended (``faults``)."""
+        while self.queue and self.idle:
+            (run, attempt), runner = self.queue.pop(0), self.idle.pop()
+            argv = prepare(run)
+            if attempt <= injected.get(run.name, 0):
+                argv.append(FAULT_OVERRIDE)
+            if attempt > 1:  # the log keeps every attempt's output; say where the retry's begins
+                with open(log_path(run.name), "a") as header:
+                    when = time.strftime("%F %T")
+                    header.write(f"# oprl sweep: attempt {attempt} of {retries + 1}, {when}\n")
+            runner.start(argv, log_path(run.name))
+            self.busy[runner] = (run, attempt)
+            self.selector.register(runner.stdout, selectors.EVENT_READ, runner)
+
+    def settle(self, runner: _Runner, retries: int, log_path, log) -> tuple[tuple, int] | None:
+        """A runner that answered: ``((run, attempt), exit code)`` when its run is done (succeeded, or failed past
+        its retries), None when the attempt goes back to the queue (a stale runner, or a retry: ``try_again``)."""
+        self.selector.unregister(runner.stdout)
+        run, attempt = self.busy.pop(runner)
+        rc = runner.result()
+        if rc is None:  # the runner's oprl is older than the source on disk: a fresh one runs it
             runner.close()
-    return failures
+            self.queue.insert(0, (run, attempt))
+            self.idle.append(_Runner(self.env))
+            return None
+        self.idle.append(runner if runner.alive() else _Runner(self.env))  # a runner that died is replaced
+        if rc != 0 and try_again(self.queue, run, attempt, retries, f"(exit {rc})", log_path, log):
+            self.retried += 1
+            return None
+        return (run, attempt), rc
+
+    def status(self, run, rc: int) -> str:
+        """The progress line's text after ``run`` finished with ``rc``."""
+        counts = [f", {len(self.failures)} failed"] if self.failures else []
+        counts += [f", {self.retried} retried"] if self.retried else []
+        return f"last: {run.name} ({'ok' if rc == 0 else 'failed'}){''.join(counts)}"
+
+    def close(self, stop: bool) -> None:
+        """End every runner: an interrupted sweep (``stop``) stops each run as ``oprl train`` does on SIGTERM."""
+        for runner in self.busy:
+            runner.close(stop=stop)
+        for runner in self.idle:
+            runner.close()
 
 
 def try_again(queue: list, run, attempt: int, retries: int, cause: str, log_path, log) -> bool:
