@@ -129,22 +129,15 @@ def teacher_advantages(
     behavior_logprobs: torch.Tensor,
     teacher_logprobs: torch.Tensor,
     mask: torch.Tensor,
-    *,
-    distill_coef: float = Distill.distill_coef,
-    distill_mix: str = Distill.distill_mix,
-    logprob_floor: float = LOGPROB_FLOOR,
+    distill: Distill,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``(advantages, distill_metrics)`` of rows that carry the teacher's log-probs: with ``distill_coef`` > 0 the
-    per-token advantages (B, T) of ``distill_advantages``; at 0 the group ``advantages`` unchanged and the teacher
-    only measured (a run with a teacher and another objective still logs how far the student is from it)."""
-    if distill_coef == 0:
-        return advantages, distill_metrics(behavior_logprobs, teacher_logprobs, mask, logprob_floor=logprob_floor)
+    """``(advantages, distill_metrics)`` of rows that carry the teacher's log-probs, under the run's ``distill``
+    settings (the keywords of ``distill_advantages`` as one value): with ``distill_coef`` > 0 the per-token
+    advantages (B, T) of ``distill_advantages``; at 0 the group ``advantages`` unchanged and the teacher only
+    measured (a run with a teacher and another objective still logs how far the student is from it)."""
+    coef, mix, floor = distill.distill_coef, distill.distill_mix, distill.logprob_floor
+    if coef == 0:
+        return advantages, distill_metrics(behavior_logprobs, teacher_logprobs, mask, logprob_floor=floor)
     return distill_advantages(
-        advantages,
-        behavior_logprobs,
-        teacher_logprobs,
-        mask,
-        distill_coef=distill_coef,
-        distill_mix=distill_mix,
-        logprob_floor=logprob_floor,
+        advantages, behavior_logprobs, teacher_logprobs, mask, distill_coef=coef, distill_mix=mix, logprob_floor=floor
     )

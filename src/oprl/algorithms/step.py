@@ -161,15 +161,8 @@ def loss_terms(
     behavior_logprobs, mask, proximal_logprobs, ref_logprobs, teacher_logprobs = given
     metrics: dict[str, torch.Tensor] = {}
     if teacher_logprobs is not None:
-        distill = method.distill
         advantages, distilled = teacher_advantages(
-            advantages,
-            behavior_logprobs,
-            teacher_logprobs.to(behavior_logprobs.device),
-            mask,
-            distill_coef=distill.distill_coef,
-            distill_mix=distill.distill_mix,
-            logprob_floor=distill.logprob_floor,
+            advantages, behavior_logprobs, teacher_logprobs.to(behavior_logprobs.device), mask, method.distill
         )  # (B,) or (B, T)
         metrics |= {f"distill/{key}": value for key, value in distilled.items()}
     params = method.loss
