@@ -1,6 +1,7 @@
 """The ``teacher`` section: a second model that scores the student's tokens (distillation, ``oprl.teacher``).
 
-Its own module so that ``sections.py`` stays under ~500 lines; exported from ``oprl.config`` like the others.
+A section with rules of its own, in its own module like ``algorithm.py``, ``sync.py`` and ``judge.py``; exported
+from ``oprl.config`` like the others.
 """
 
 from __future__ import annotations
