@@ -18,8 +18,8 @@ in a call's arguments. ``KILL_ENGINE`` is a test's fault: the engine's next call
 Every ``LLM`` build, in-process or not, runs under ``process_state_kept``: vLLM's CPU build changes the process's
 thread count, global random generators and child-process environment, which oprl's workers own.
 
-Split from ``oprl.rollout.vllm_engine`` (which builds the engine and calls these) to keep each module under ~500
-lines (#23); nothing here imports it, so the engine process unpickles ``reload_bytes``/``follow_caller`` from here.
+``oprl.rollout.vllm_engine`` builds the engine and calls these; nothing here imports it, so the engine process
+unpickles ``reload_bytes``/``follow_caller`` from here.
 """
 
 from __future__ import annotations
