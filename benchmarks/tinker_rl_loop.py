@@ -67,8 +67,12 @@ def worker_threads(args) -> int:
     return runtime.torch_threads or max(1, (os.cpu_count() or 1) // (1 + runtime.explorers))
 
 
-def start_server(args, port: int, log: Path) -> subprocess.Popen:
+def start_server(args, port: int, log: Path, source: Path | None = None) -> subprocess.Popen:
+    """``oprl serve tinker`` on ``port``; from the source tree ``source`` (its ``src/`` first on the path: the A/B
+    of ``--before``) or this one."""
     env = dict(os.environ, TINKER_TELEMETRY="0")
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     name = served_name(args)
     models = [] if name == "oprl/tiny" else ["--model", f"{name}={name}"]
     threads = [] if args.server_threads == "default" else ["--threads", str(worker_threads(args))]
@@ -169,7 +173,7 @@ def oprl_train(args) -> dict:
         f"steps={args.steps}", f"seed={args.seed}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_tokens}", "eval.interval=0", "eval.num_problems=1", "tensorboard=false",
-        "checkpoint.interval=0", "progress=false", f"output_dir={out}", "run_name=oprl",
+        "checkpoint.interval=0", "progress=false", f"output_dir={out}", "run_name=oprl", *args.oprl_set,
     ]  # fmt: skip
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out / "oprl" / "metrics.jsonl").open()]
@@ -208,6 +212,18 @@ def cpu_name() -> str:
     return platform.processor()
 
 
+def server_side(args, source: Path | None) -> dict:
+    """The Tinker loop against a server started for it (from ``source``, or this tree), stopped after."""
+    port = free_port()
+    log = Path(tempfile.mkdtemp(prefix="oprl-tinker-bench-")) / "server.log"
+    server = start_server(args, port, log, source)
+    try:
+        return tinker_loop(args, port)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -219,22 +235,53 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config", default=None, help="an oprl config for both sides (default: the default job)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="oprl setting; repeatable")
+    parser.add_argument(
+        "--oprl-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the oprl train side only (e.g. rollout.dtype=float32, the server's precision); repeatable",
+    )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        help="a source tree (e.g. `git archive REV src | tar "
+        "-x -C DIR`) whose server runs the same loop too, each round: the A/B in one run",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of [before server,] server, oprl train, "
+        "one after the other (a shared machine's load drifts alike for every side)",
+    )
     parser.add_argument("--label", default=None, help="what ran, in the JSON (default: the tree's git commit)")
-    parser.add_argument("--server-threads", choices=("job", "default"), default="job", help="the server's torch "
-                        "threads: oprl train's per worker on this job (default), or torch's default (servers "
-                        "before --threads)")  # fmt: skip
+    parser.add_argument(
+        "--server-threads",
+        choices=("job", "default"),
+        default="job",
+        help="the server's torch "
+        "threads: oprl train's per worker on this job (default), or torch's default (servers "
+        "before --threads)",
+    )
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args()  # fmt: skip
     load_before = os.getloadavg()
-    port = free_port()
-    log = Path(tempfile.mkdtemp(prefix="oprl-tinker-bench-")) / "server.log"
-    server = start_server(args, port, log)
-    try:
-        tinker = tinker_loop(args, port)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-    oprl = oprl_train(args)
+    rounds = []
+    for r in range(args.rounds):
+        one = {}
+        if args.before is not None:
+            one["tinker_server_before"] = server_side(args, args.before)
+        one["tinker_server"] = server_side(args, None)
+        one["oprl_train"] = oprl_train(args)
+        oprl_s = one["oprl_train"]["median_step_s"]
+        one["ratio_step_s"] = one["tinker_server"]["median_step_s"] / oprl_s
+        if args.before is not None:
+            one["ratio_before_step_s"] = one["tinker_server_before"]["median_step_s"] / oprl_s
+        one["load_average_1_5_15"] = os.getloadavg()
+        print(f"round {r + 1}/{args.rounds}: " + json.dumps({k: v for k, v in one.items() if k.startswith("ratio")}))
+        rounds.append(one)
     result = {
         "label": args.label or commit(),
         "model": served_name(args),
@@ -243,11 +290,14 @@ def main() -> None:
         "cores": os.cpu_count(),
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
         "server_threads": worker_threads(args) if args.server_threads == "job" else "torch default",
-        "settings": vars(args) | {"json": str(args.json) if args.json else None},
-        "tinker_server": tinker,
-        "oprl_train": oprl,
-        "ratio_step_s": tinker["median_step_s"] / oprl["median_step_s"],
-    }
+        "settings": vars(args) | {"json": str(args.json) if args.json else None,
+                                  "before": str(args.before) if args.before else None},
+        **{k: v for k, v in rounds[0].items() if k != "load_average_1_5_15"},
+    }  # fmt: skip
+    if args.rounds > 1:
+        result["rounds"] = rounds
+        for key in [k for k in rounds[0] if k.startswith("ratio")]:
+            result[f"median_{key}"] = statistics.median(r[key] for r in rounds)
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

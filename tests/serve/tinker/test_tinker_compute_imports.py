@@ -1,6 +1,6 @@
-"""The Tinker server's compute (backend, sampling, losses, a placed model's worker) runs on plain data and imports
-none of the HTTP side's packages, so a bare GPU image (torch, transformers, peft; no SDK, protobuf, fastapi or
-pydantic) drives it (``benchmarks/gpu_check.py --tinker``)."""
+"""The Tinker server's compute (backend, models, training, checkpoints, sampling, losses, a placed model's worker)
+runs on plain data and imports none of the HTTP side's packages, so a bare GPU image (torch, transformers, peft; no
+SDK, protobuf, fastapi or pydantic) drives it (``benchmarks/gpu_check.py --tinker``)."""
 
 import json
 import subprocess
@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-COMPUTE = ("backend", "sampling", "losses", "names", "records", "errors", "finite", "placement")
+COMPUTE = ("backend", "models", "training", "checkpoints", "sampling", "losses", "names", "records", "errors")
+COMPUTE += ("finite", "placement")
 HTTP_SIDE = ("pydantic", "fastapi", "starlette", "uvicorn", "tinker", "google.protobuf")
 
 

@@ -32,7 +32,8 @@ def forward_backward(
     ``.grad`` unless ``forward_only`` (``wire.encode_forward_backward_output`` makes the SDK's
     ``ForwardBackwardOutput`` of it). A call whose loss or gradient is not finite adds nothing and fails
     naming its datums (``finite.py``)."""
-    rows = [checked_datum(policy, datum, spec, f"data[{i}]") for i, datum in enumerate(request.data)]
+    vocab, limit = len(policy.tokenizer), context_of(policy.model)  # once per call: both cost more than a datum
+    rows = [checked_datum(policy, d, spec, f"data[{i}]", vocab, limit) for i, d in enumerate(request.data)]
     outputs: list[dict[str, np.ndarray]] = []
     total, weights, suspects = 0.0, 0, []
     metrics: dict[str, float] = {}
@@ -71,12 +72,16 @@ def forward_backward(
     return ForwardOutput(outputs, reported | spec.announcement())
 
 
-def checked_datum(policy: Policy, datum: Datum, spec: LossSpec, where: str) -> dict[str, Any]:
-    """The datum's tokens, targets and float inputs, each (N,), after checking lengths and token ranges."""
-    n, vocab = len(datum.tokens), len(policy.tokenizer)
+def checked_datum(
+    policy: Policy, datum: Datum, spec: LossSpec, where: str, vocab: int | None = None, limit: int | None = -1
+) -> dict[str, Any]:
+    """The datum's tokens, targets and float inputs, each (N,), after checking lengths and token ranges
+    (``vocab`` / ``limit``: the tokenizer's size and the model's context, looked up when not given)."""
+    n = len(datum.tokens)
+    vocab = len(policy.tokenizer) if vocab is None else vocab
+    limit = context_of(policy.model) if limit == -1 else limit
     if n == 0:
         raise UserError(f"{where}.model_input: empty")
-    limit = context_of(policy.model)
     if limit is not None and n > limit:
         raise UserError(f"{where}.model_input: {n} tokens exceed the model's context of {limit}")
     for name in spec.inputs:
@@ -89,8 +94,10 @@ def checked_datum(policy: Policy, datum: Datum, spec: LossSpec, where: str) -> d
         if values.reshape(-1).shape[0] != n:
             raise UserError(f"{where}.loss_fn_inputs.{name}: {values.size} values for {n} model_input tokens")
     check_tokens(datum.tokens, vocab, f"{where}.model_input")
-    targets = datum.inputs["target_tokens"].reshape(-1).astype(np.int64).tolist()
-    check_tokens(targets, vocab, f"{where}.loss_fn_inputs.target_tokens")
+    target_array = datum.inputs["target_tokens"].reshape(-1).astype(np.int64)
+    if target_array.size and not (0 <= target_array.min() and target_array.max() < vocab):  # one pass in numpy
+        check_tokens(target_array.tolist(), vocab, f"{where}.loss_fn_inputs.target_tokens")  # names the culprit
+    targets = target_array.tolist()
     floats = {k: v.reshape(-1).astype(np.float32) for k, v in datum.inputs.items() if k != "target_tokens"}
     for name, values in floats.items():
         if not np.isfinite(values).all():
@@ -126,14 +133,19 @@ def target_logprobs(policy: Policy, rows: list[dict[str, Any]], device: str, gro
         )  # (B, T)
     width = mask.shape[1]
     names = set().union(*(r["inputs"] for r in rows))
-    inputs = {
-        name: torch.tensor(
-            np.stack([np.pad(r["inputs"][name], (0, width - len(r["tokens"]))) for r in rows]),
-            device=device,
-        )
-        for name in names
-    }  # (B, T) each; a name missing from some rows is refused by _checked_datum's required list
+    inputs = {name: torch.from_numpy(_right_padded(rows, name, width)).to(device) for name in names}
     return logprobs, inputs, mask
+
+
+def _right_padded(rows: list[dict[str, Any]], name: str, width: int) -> np.ndarray:
+    """The rows' float input ``name`` as (B, width) float32, zeros after each row's end (one array filled in place:
+    a pad and a stack per row cost more than the forward on the RL batches of a small model). A name missing from
+    some rows is refused by ``checked_datum``'s required list."""
+    out = np.zeros((len(rows), width), np.float32)
+    for i, row in enumerate(rows):
+        values = row["inputs"][name]
+        out[i, : len(values)] = values
+    return out
 
 
 def optim_step(policy: Policy, params: dict[str, Any]) -> dict[str, Any]:
@@ -206,12 +218,14 @@ def _micro_batches(rows: list[dict[str, Any]], budget: float) -> list[list[dict[
     """Consecutive rows grouped so that rows × the longest row stays within ``budget`` tokens."""
     batches: list[list[dict[str, Any]]] = []
     current: list[dict[str, Any]] = []
+    longest = 0
     for row in rows:
-        width = max([len(r["tokens"]) for r in current] + [len(row["tokens"])])
+        width = max(longest, len(row["tokens"]))  # the batch's longest row if this one joins
         if current and (len(current) + 1) * width > budget:
             batches.append(current)
-            current = []
+            current, width = [], len(row["tokens"])
         current.append(row)
+        longest = width
     return [*batches, current] if current else batches
 
 
