@@ -19,7 +19,17 @@ trainer, FSDP wrapping, the lean engine; it checks this at the end). What it run
    always is; a saved sampler samples ``--groups`` prompts x ``--group-size`` (``TinkerModels.sample``: one
    engine call), ``forward_backward`` with ``--tinker-loss`` on tinker-cookbook's RL datums whose behaviour
    log-probs are the sampled ones (on-policy: max |ratio - 1| ~ 0 in float32, reported), ``optim_step`` with Adam
-   params. Each phase's seconds, tokens/s and peak GPU memory go under ``"tinker"`` in the result.
+   params. Each phase's seconds, tokens/s and peak GPU memory go under ``"tinker"`` in the result;
+5. with ``--adapter-sync`` (``--steps 0 --adapter-sync`` alone), then, in this process, one weight sync of a LoRA
+   policy both ways (``model.lora_sync``, ``adapter_sync_section``), per rank of ``--adapter-ranks``: the trainer's
+   float32 LoRA policy and the sampler's ``--dtype`` copy on the device; ``adapter``: the trainer's snapshot (its
+   adapters, to the CPU), the sampler's ``load_state_dict`` (back onto the device), the adapter directory vLLM
+   reads (``write_adapter``: device to CPU to file); ``merged``: each adapted weight as ``W + (alpha/r) B A`` on the
+   device, then the whole model to the CPU (what an engine process receives as bytes). Seconds (median of
+   ``--syncs``) and bytes of each part, and what vLLM allocates for the adapter slots at start-up (``max_loras``
+   = ``--adapter-slots`` = sync.offset + 1, at vLLM's padded rank: ``lora_slot_bytes``). The image has no vLLM, so
+   vLLM's own part (``add_lora`` into a GPU slot against ``reload_weights`` of the whole model) runs only with
+   ``--adapter-vllm``, on an image that has it (vLLM then does not count against ``GPU_IMAGE``).
 
 Trainer MFU = model FLOPs / seconds / ``--peak-tflops`` (default 790: bf16 dense matmul measured on an H200).
 Model FLOPs per step = 3 x forward (backward = 2 forwards; the head's checkpointed recomputation is not
@@ -30,6 +40,7 @@ d width, V vocabulary (causal attention: 4 d i FLOPs for a token at position i, 
 
     python3 benchmarks/gpu_check.py                     # the H200 check (< 8 min), from the repository root
     python3 benchmarks/gpu_check.py --steps 0 --tinker  # the Tinker server's step alone
+    python3 benchmarks/gpu_check.py --steps 0 --adapter-sync   # LoRA weight sync, merged vs adapter, alone
     python benchmarks/gpu_check.py --shape tiny --device cpu --groups 2 --group-size 2 --response 8   # CPU smoke
 
 oprl need not be installed: the script imports it from the ``src/`` next to it. Each finished step prints a JSON
@@ -88,11 +99,11 @@ SHAPES = {
         "rope_theta": 1e6,
         "rms_norm_eps": 1e-6,
     },
-    "tiny": {
+    "tiny": {  # head_dim 32: vLLM's CPU attention has no kernel for 16 (--adapter-vllm's CPU smoke)
         "hidden_size": 64,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        "num_attention_heads": 2,
         "num_key_value_heads": 2,
         "vocab_size": 512,
         "rope_theta": 1e6,
@@ -207,6 +218,11 @@ def parse(argv=None):
     parser.add_argument("--tinker", action="store_true", help="then the Tinker server's step (module docstring)")
     parser.add_argument("--tinker-rank", type=int, default=32, help="its LoRA rank (0: full fine-tuning)")
     parser.add_argument("--tinker-loss", choices=["ppo", "importance_sampling"], default="ppo")
+    parser.add_argument("--adapter-sync", action="store_true", help="then a LoRA weight sync both ways (docstring)")
+    parser.add_argument("--adapter-ranks", type=int, nargs="+", default=[16, 64], help="its LoRA ranks")
+    parser.add_argument("--adapter-slots", type=int, default=2, help="vLLM's max_loras (sync.offset + 1)")
+    parser.add_argument("--syncs", type=int, default=3, help="syncs per rank and mode (the median is reported)")
+    parser.add_argument("--adapter-vllm", action="store_true", help="and vLLM's part (an image with vLLM only)")
     return parser.parse_args(argv)
 
 
@@ -460,6 +476,111 @@ def tinker_section(args) -> dict:
     return out
 
 
+def adapter_sync_section(args) -> dict:
+    """One LoRA weight sync, merged vs adapter, per rank (module docstring, 5.): seconds, bytes, slot memory."""
+    device = torch.device(args.device)
+    out: dict = {"shape": args.shape, "device": str(device), "sampler_dtype": args.dtype, "ranks": {}}
+    for rank in args.adapter_ranks:
+        out["ranks"][rank] = adapter_sync_at(rank, args, device)
+        print(json.dumps({"adapter_sync_rank": rank} | out["ranks"][rank]), file=sys.stderr, flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def adapter_sync_at(rank: int, args, device: torch.device) -> dict:
+    """``adapter_sync_section``'s numbers at LoRA rank ``rank``."""
+    import statistics
+    import tempfile
+
+    from peft import LoraConfig, get_peft_model
+
+    from oprl.models.adapters import merged_weights, write_adapter
+    from oprl.rollout.vllm_shared import lora_slot_bytes, lora_slots_for
+    from oprl.worker_parts import trainable_weights
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear")
+    trainer = get_peft_model(build_model(args.shape, device, torch.float32), config)
+    sampler = get_peft_model(build_model(args.shape, device, getattr(torch, args.dtype)), config)
+    slots = lora_slots_for(rank, args.adapter_slots)
+    seconds: dict[str, list[float]] = {}
+    sizes: dict[str, int] = {}
+
+    def timed(part: str, work):
+        synchronize(device)
+        tick = time.perf_counter()
+        value = work()
+        synchronize(device)
+        seconds.setdefault(part, []).append(time.perf_counter() - tick)
+        return value
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-lora-") as root:
+        for sync in range(args.syncs):
+            with torch.no_grad():  # a stand-in for an optimizer step: every adapter tensor moves
+                for name, param in trainer.named_parameters():
+                    if "lora_" in name:
+                        param.add_(torch.randn_like(param) * 0.01)
+            snapshot = timed("adapter_snapshot", lambda: trainable_weights(trainer, to_cpu=True))
+            timed("adapter_load", lambda: sampler.load_state_dict(snapshot, strict=False))  # noqa: B023
+            directory = Path(root) / f"v{sync}"
+            sizes["adapter"] = timed("adapter_file", lambda: write_adapter(sampler, directory))  # noqa: B023
+            merged = timed("merged_merge", lambda: merged_weights(sampler))
+            host = timed("merged_to_cpu", lambda: {k: v.to("cpu") for k, v in merged.items()})  # noqa: B023
+            sizes["merged"] = sum(t.numel() * t.element_size() for t in host.values())
+            merged = host = {}  # the next sync's merge starts with the memory free
+    medians = {part: statistics.median(values) for part, values in seconds.items()}
+    adapter_s = medians["adapter_snapshot"] + medians["adapter_load"] + medians["adapter_file"]
+    merged_s = medians["merged_merge"] + medians["merged_to_cpu"]
+    result = {
+        "seconds": medians,
+        "adapter_sync_s": adapter_s,
+        "merged_sync_s": merged_s,
+        "merged_over_adapter_s": merged_s / adapter_s,
+        "adapter_mib": sizes["adapter"] / 2**20,
+        "merged_mib": sizes["merged"] / 2**20,
+        "merged_over_adapter_bytes": sizes["merged"] / sizes["adapter"],
+        "vllm_max_lora_rank": slots.rank,
+        "vllm_max_loras": slots.slots,
+        "vllm_slot_gib": lora_slot_bytes(sampler, slots, args.dtype) / 2**30,
+    }
+    if args.adapter_vllm:
+        result["vllm"] = vllm_sync(sampler, rank, args)
+    return result
+
+
+def vllm_sync(sampler, rank: int, args) -> dict:
+    """vLLM's part of a sync on this device (``--adapter-vllm``): an engine built with ``--adapter-slots`` adapter
+    slots serves ``--syncs`` versions as adapters (``SharedLLM.serve_adapter``: the base once, then ``add_lora``)
+    and, on a second engine, merged (``SharedLLM.serve``: ``reload_weights`` of the whole model); seconds each, and
+    the GPU memory the adapter engine holds."""
+    import statistics
+    from types import SimpleNamespace as Served
+
+    from oprl.rollout.vllm_shared import allocated_lora_bytes, lora_slots_for, shared_llm
+
+    device = torch.device(args.device)
+    result: dict = {}
+    for mode in ("adapter", "merged"):
+        lora = lora_slots_for(rank, args.adapter_slots) if mode == "adapter" else None
+        before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        shared = shared_llm(sampler, args.dtype, kv_cache_gb=1.0, lora=lora)
+        if device.type == "cuda":
+            result[f"{mode}_engine_gib"] = (torch.cuda.memory_allocated(device) - before) / 2**30
+        served = Served(model=sampler, key=rank * 10 + (mode == "merged"), generation=0, lora_sync=mode)
+        times = []
+        for generation in range(args.syncs + 1):  # the first loads the base (adapter) or the model: not counted
+            served.generation = generation
+            synchronize(device)
+            tick = time.perf_counter()
+            shared.serve(served)
+            synchronize(device)
+            times.append(time.perf_counter() - tick)
+        result[f"{mode}_first_s"], result[f"{mode}_sync_s"] = times[0], statistics.median(times[1:])
+        if mode == "adapter":  # what vLLM allocated for its slots, against lora_slot_bytes' count
+            result["slot_gib_allocated"] = allocated_lora_bytes(shared) / 2**30
+    return result
+
+
 def main(argv=None) -> dict:
     import torch.multiprocessing as mp
 
@@ -482,11 +603,18 @@ def main(argv=None) -> dict:
             torch.set_num_threads(args.threads)
         result["tinker"] = tinker_section(args)
         print(json.dumps({"tinker": result["tinker"]}), file=sys.stderr, flush=True)
+    if args.adapter_sync:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        result["adapter_sync"] = adapter_sync_section(args)
     # This process's imports too: the Tinker section's, and the ranks' when they were other processes.
     imports = oprl_imports()
     result["oprl_imports"] = sorted(set(result.get("oprl_imports", [])) | set(imports))
     result["pydantic_imported"] = result.get("pydantic_imported", False) or "pydantic" in sys.modules
     result["not_on_gpu_image"] = sorted(set(result.get("not_on_gpu_image", [])) | set(not_on_gpu_image(imports)))
+    if args.adapter_vllm:  # asked for: an image with vLLM, whose own dependencies (pydantic, Ray, ...) come with it
+        result["image_check"] = "skipped: --adapter-vllm imports vLLM and its dependencies"
+        result["not_on_gpu_image"] = []
     result["total_s"] = time.perf_counter() - args.started
     print(json.dumps(result, indent=1))
     if result["not_on_gpu_image"]:

@@ -163,6 +163,18 @@ def test_vllm_serves_each_synced_version_as_an_adapter_and_loads_the_base_once(t
         assert gap(trainer, prompts, rollout) > 1e-2
 
 
+def test_the_adapter_slots_vllm_allocates_are_what_lora_slot_bytes_counts(tokenizer, VLLMEngine):
+    """vLLM allocates every slot at start-up (GPU memory on CUDA): rank x (in + out) per adapted layer, plus the
+    embedding and the head, per slot; ``lora_slot_bytes`` (what benchmarks/gpu_check.py reports for a 1.5B shape)
+    counts exactly what the engine holds."""
+    from oprl.rollout.vllm_shared import allocated_lora_bytes, lora_slot_bytes
+
+    model = lora_policy(tokenizer, seed=3)
+    engine = VLLMEngine(copy.deepcopy(model), tokenizer, max_new_tokens=4, lora_sync="adapter", lora_slots=2)
+    assert (engine.shared.lora.rank, engine.shared.lora.slots) == (8, 2)
+    assert lora_slot_bytes(model, engine.shared.lora, "float32") == allocated_lora_bytes(engine.shared) > 0
+
+
 def test_vllm_lora_kernels_against_the_merged_weights_on_policy(tokenizer, VLLMEngine):
     """The rho bound: the same policy served as an adapter and merged, each recomputed by the trainer's un-merged
     peft forward: both within 1e-4 of it (measured on the tiny model: adapter 3e-6, merged 5e-7)."""
@@ -348,3 +360,77 @@ def test_an_adapter_synced_run_samples_what_the_merged_run_samples(small_overrid
             assert (mine["step"], mine["reward/mean"]) == (merged["step"], merged["reward/mean"])
             assert mine["response/length_mean"] == merged["response/length_mean"]
         assert abs(runs[name][0]["rho/behavior_max"] - 1) < 1e-5 and abs(runs[name][0]["rho/behavior_min"] - 1) < 1e-5
+
+
+LORA_VLLM = [
+    "model.lora.r=4",
+    "model.lora.alpha=8",
+    "rollout.engine=vllm",
+    "tensorboard=false",
+    "runtime.torch_threads=1",
+]
+
+
+@pytest.mark.slow
+def test_on_ray_and_with_vllm_in_its_own_process_an_adapter_synced_run_samples_what_the_merged_run_samples(
+    small_overrides, tmp_path, VLLMEngine
+):
+    """The tiny model with LoRA on vLLM, lag 1, 3 steps: adapter sync on the Ray backend (each explorer actor's
+    engine loads the base once and its adapters) and with vLLM's engine core in a process of its own
+    (``rollout.engine_process=true``: the adapter directory is read by that process, the base crosses as bytes
+    once) draws the same tokens as the merged run on threads (the same rewards and lengths at every step)."""
+    ray = pytest.importorskip("ray")
+    from oprl.cli import main
+    from oprl.metrics import read_metrics
+
+    common = [*LORA_VLLM, "steps=3", "sync.offset=1", "eval.interval=0"]
+    runs = {}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        for name, extra in {
+            "merged": ["model.lora_sync=merged"],
+            "adapter-ray": ["backend=ray"],
+            "adapter-engine-process": ["rollout.engine_process=true"],
+        }.items():
+            assert main(["train", *small_overrides, *common, *extra, f"run_name={name}"]) == 0
+            runs[name] = [r for r in read_metrics(tmp_path / "runs" / name / "metrics.jsonl") if "reward/mean" in r]
+    finally:
+        ray.shutdown()
+    for name in ("adapter-ray", "adapter-engine-process"):
+        mine = [(r["step"], r["reward/mean"], r["response/length_mean"]) for r in runs[name]]
+        assert mine == [(r["step"], r["reward/mean"], r["response/length_mean"]) for r in runs["merged"]], name
+        assert abs(runs[name][0]["rho/behavior_max"] - 1) < 1e-5 and abs(runs[name][0]["rho/behavior_min"] - 1) < 1e-5
+
+
+@pytest.mark.slow
+def test_an_adapter_synced_run_healed_or_resumed_equals_the_undisturbed_run(small_overrides, tmp_path, monkeypatch):
+    """Lag 2 (three live adapter versions) on worker processes, 6 steps, checkpoints every 2: (1) the explorer
+    process killed as batch 3 reaches it is restarted, its new engine loads the base once and the adapter of the
+    version the batch needs, and the run equals the undisturbed one (every metric but perf/*, the final model byte
+    for byte); (2) the run killed (SIGKILL) after its step-2 checkpoint and resumed equals it too."""
+    pytest.importorskip("vllm")
+    from oprl.backends.faults import VARIABLE
+    from oprl.cli import main
+    from oprl.metrics import deterministic_view, read_metrics
+    from recipes import kill_9_after
+
+    args = [*small_overrides, *LORA_VLLM, "steps=6", "sync.offset=2", "checkpoint.interval=2", "eval.interval=0"]
+    args += ["runtime.workers=processes"]
+    runs = tmp_path / "runs"
+    assert main(["train", *args, "run_name=whole"]) == 0
+    whole = deterministic_view(read_metrics(runs / "whole" / "metrics.jsonl"))
+    assert [r["step"] for r in whole] == list(range(7))
+
+    monkeypatch.setenv(VARIABLE, "explorer@step=3")
+    assert main(["train", *args, "run_name=healed"]) == 0
+    monkeypatch.delenv(VARIABLE)
+    restarts = json.loads((runs / "healed" / "summary.json").read_text())["restarts"]
+    assert len(restarts) == 1 and min(restarts[0]["batches"]) == 3, restarts
+    assert deterministic_view(read_metrics(runs / "healed" / "metrics.jsonl")) == whole
+    final = "final/model.safetensors"
+    assert (runs / "healed" / final).read_bytes() == (runs / "whole" / final).read_bytes()
+
+    kill_9_after([*args, "run_name=killed"], runs / "killed" / "checkpoints" / "step-000002" / "state.json", 900)
+    assert len(read_metrics(runs / "killed" / "metrics.jsonl")) < 7
+    assert main(["train", *args, "run_name=killed", "resume=true"]) == 0
+    assert deterministic_view(read_metrics(runs / "killed" / "metrics.jsonl")) == whole

@@ -79,10 +79,23 @@ def write_adapter(model, directory: str | Path) -> int:
     from safetensors.torch import save_file
 
     os.makedirs(directory, exist_ok=True)
-    tensors = {name: tensor.contiguous() for name, tensor in adapter_tensors(model).items()}
+    # Placement: the adapter leaves the model's device here (a GPU policy's lora_A / lora_B copied to the CPU);
+    # vLLM's LoRA manager reads the file into its CPU cache and copies it into one of its GPU slots on add_lora.
+    tensors = {name: tensor.to("cpu").contiguous() for name, tensor in adapter_tensors(model).items()}
     save_file(tensors, os.path.join(directory, "adapter_model.safetensors"))
     config = model.peft_config[model.active_adapter].to_dict()
     config["target_modules"] = sorted(config["target_modules"]) if config.get("target_modules") else None
     with open(os.path.join(directory, "adapter_config.json"), "w") as f:
         json.dump(config, f, default=str)
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def adapted_shapes(model) -> list[tuple[int, int]]:
+    """``(in_features, out_features)`` of every linear layer ``model``'s active adapter adapts (peft's LoRA layers):
+    an adapter of rank r holds ``r (in + out)`` numbers per layer."""
+    shapes = []
+    for module in base_of(model).modules():
+        if hasattr(module, "base_layer") and getattr(module, "lora_A", None):
+            layer = module.get_base_layer()
+            shapes.append((int(layer.in_features), int(layer.out_features)))
+    return shapes

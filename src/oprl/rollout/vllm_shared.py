@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from oprl.errors import OprlError
 from oprl.lazy import lazy_import
-from oprl.models.adapters import base_weights, merged_weights, write_adapter
+from oprl.models.adapters import adapted_shapes, base_of, base_weights, merged_weights, write_adapter
 from oprl.rollout import vllm_process
 from oprl.rollout.vllm_process import child_environment_kept, process_state_kept
 
@@ -260,6 +260,35 @@ def lora_slots_for(rank: int, slots: int) -> LoraSlots:
             "model.lora_sync=merged"
         )
     return LoraSlots(rank=next(r for r in LORA_RANKS if r >= rank), slots=slots)
+
+
+def lora_slot_bytes(model, lora: LoraSlots, dtype: str) -> int:
+    """What vLLM allocates for ``lora`` at start-up (GPU memory on CUDA, before any adapter is added): each of the
+    ``lora.slots`` slots (``max_loras``) holds ``lora.rank`` (the padded rank) x ``(in + out)`` numbers in ``dtype``
+    for every adapted layer (``oprl.models.adapters.adapted_shapes``), and as much again for the input embedding
+    and the output head, which vLLM wraps for LoRA whether an adapter touches them or not: ``vocab + hidden`` each
+    (checked against vLLM's own tensors: ``allocated_lora_bytes``)."""
+    config = base_of(model).config
+    width = sum(fan_in + fan_out for fan_in, fan_out in adapted_shapes(model))
+    width += 2 * (config.vocab_size + config.hidden_size)
+    return lora.slots * lora.rank * width * torch.finfo(getattr(torch, dtype)).bits // 8
+
+
+def allocated_lora_bytes(shared: SharedLLM) -> int:
+    """The bytes of the LoRA slot tensors vLLM holds (``lora_a_stacked``, ``lora_b_stacked`` of every LoRA-wrapped
+    layer), read on its worker; in-process engines only (an engine process's worker is not called with a local
+    function)."""
+    return sum(shared.llm.collective_rpc(_stacked_bytes))
+
+
+def _stacked_bytes(worker) -> int:
+    total = 0
+    for module in worker.model_runner.model.modules():
+        for name in ("lora_a_stacked", "lora_b_stacked"):
+            value = getattr(module, name, None)
+            for tensor in (value,) if torch.is_tensor(value) else (value or ()):  # one tensor or a tuple of them
+                total += tensor.numel() * tensor.element_size() if torch.is_tensor(tensor) else 0
+    return total
 
 
 def kv_cache_plan(config: dict, dtype: str, kv_cache_gb: float) -> tuple[int, int | None]:
