@@ -627,9 +627,11 @@ class Algorithm:
         if unknown:
             raise TypeError(f"Algorithm.of() got an unexpected knob {unknown[0]!r}")
         settings = complete_settings(preset, {**(overrides or {}), **knobs})
-        fixed = settings["loss_agg"] == "seq-mean-token-sum-norm" and max_response_tokens is not None
-        stages = {f.name: _stage(f.type, settings) for f in dataclasses.fields(cls)}
-        stages["loss"] = dataclasses.replace(stages["loss"], normalizer=float(max_response_tokens) if fixed else None)
+        normalizer = None
+        if max_response_tokens is not None and settings["loss_agg"] == "seq-mean-token-sum-norm":
+            normalizer = float(max_response_tokens)
+        stages = {f.name: _stage(str(f.type), settings) for f in dataclasses.fields(cls)}
+        stages["loss"] = dataclasses.replace(stages["loss"], normalizer=normalizer)
         stages["distill"] = dataclasses.replace(stages["distill"], logprob_floor=teacher_logprob_floor)
         return cls(**stages)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, Field, create_model
 
 from oprl.algorithms import KNOBS, REGISTRIES, Algorithm
-from oprl.algorithms.spec import FIELDS
+from oprl.algorithms.spec import FIELDS, default
 from oprl.config.choices import CHOICE_SETTINGS, register_choices, resolve_choice
 from oprl.tasks.section import Section as _Section
 
@@ -59,7 +59,7 @@ def _annotation(name: str) -> Any:
         return Annotated[str, AfterValidator(functools.partial(resolve_choice, name))]
     if knob.choices:
         return Literal[tuple(REGISTRIES[name])]
-    return _TYPES[FIELDS[name].type]
+    return _TYPES[str(FIELDS[name].type)]
 
 
 def _field(name: str) -> tuple[Any, Any]:
@@ -67,8 +67,8 @@ def _field(name: str) -> tuple[Any, Any]:
     meaning = " ".join(knob.meaning.split())
     if knob.in_preset:
         return kind | None, Field(None, description=meaning)
-    bounds = dict(knob.range.bounds) if knob.range else {}
-    return kind, Field(FIELDS[name].default, description=meaning, **bounds)
+    bounds: dict[str, Any] = dict(knob.range.bounds) if knob.range else {}
+    return kind, Field(default(name), description=meaning, **bounds)
 
 
 AlgorithmConfig = create_model(  # type: ignore[call-overload]
