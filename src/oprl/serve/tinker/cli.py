@@ -74,17 +74,7 @@ def build_server(
     stable_reinforce: str | None = None,
 ) -> TinkerServer:
     """The server object (``create_app(server)`` is its ASGI app); arguments as on the command line."""
-    if stable_reinforce is not None:
-        try:
-            stable_reinforce_check(stable_reinforce)
-        except LossError as exc:
-            raise OprlError(str(exc)) from None
-    if sample_window_ms < 0:
-        raise OprlError(f"--sample-window-ms: must be >= 0, got {sample_window_ms}")
-    if batch_rows < 1:
-        raise OprlError(f"--batch-rows: must be >= 1, got {batch_rows}")
-    if threads is not None and threads < 1:
-        raise OprlError(f"--threads: must be >= 1, got {threads}")
+    _check_options(stable_reinforce, sample_window_ms, batch_rows, threads)
     entries = dict(DEFAULT_MODELS)
     for item in models or []:
         name, sep, path = item.partition("=")
@@ -122,6 +112,21 @@ def build_server(
         threads=threads if workers == "threads" else None,  # placed: the workers compute, with their own
         stable_reinforce=stable_reinforce,
     )
+
+
+def _check_options(stable_reinforce: str | None, sample_window_ms: float, batch_rows: int, threads: int | None):
+    """The numeric options' ranges and the ``--stable-reinforce`` preset, each refused in one line naming it."""
+    if stable_reinforce is not None:
+        try:
+            stable_reinforce_check(stable_reinforce)
+        except LossError as exc:
+            raise OprlError(str(exc)) from None
+    if sample_window_ms < 0:
+        raise OprlError(f"--sample-window-ms: must be >= 0, got {sample_window_ms}")
+    if batch_rows < 1:
+        raise OprlError(f"--batch-rows: must be >= 1, got {batch_rows}")
+    if threads is not None and threads < 1:
+        raise OprlError(f"--threads: must be >= 1, got {threads}")
 
 
 def main(argv: list[str]) -> int:
