@@ -1,7 +1,7 @@
 """The trainer: one batch of whole groups in, one (or more) optimizer steps out, a new policy version; and
 ``TrainerWorker``, the role a backend hosts (train, weights snapshots, evaluation, its part of a checkpoint).
 
-It runs an algorithm without knowing which: a ``Method`` (``oprl.algorithms.method``) whose pure stages
+It runs an algorithm without knowing which: an ``Algorithm`` (``oprl.algorithms.spec``) whose pure stages
 (``oprl.algorithms.step``) it calls around its own forwards, backward, clipping and optimizer step, top to bottom:
 
     batch metrics -> stale mask -> inputs the method needs (trainer/inputs.py) -> advantages -> per mini-batch:
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from oprl.algorithms.method import Method
+from oprl.algorithms.spec import Algorithm
 from oprl.algorithms.step import Carry, LossTerms, loss_terms, step_advantages, step_scale
 from oprl.checkpoint.files import (
     load_carry,
@@ -73,7 +73,7 @@ class Trainer:
         model,
         *,
         pad_id: int,
-        method: Method,
+        method: Algorithm,
         optim,
         sampling: Sampling,
         seed: int = 0,
@@ -89,7 +89,7 @@ class Trainer:
         self.lr_slot = 0
         """The schedule's position: update slots run so far (``version * epochs * mini_batches`` after a step)."""
         self.method = method
-        """The algorithm: its settings by stage and what a step computes for it (``Method.needs``)."""
+        """The algorithm: its settings by stage and what a step computes for it (``Algorithm.needs``)."""
         self.sampling = sampling
         """The rollouts' ``Sampling``: every log-prob is scored under the distribution the sampler drew from,
         temperature, then its kept set rebuilt from the current logits (oprl.models.logprobs; rho = 1 on-policy)."""
