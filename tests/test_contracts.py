@@ -56,7 +56,7 @@ def test_every_registered_engine_has_the_engine_methods(name):
     assert (
         keywords(engine_type.generate)
         == keywords(Engine.generate)
-        == {"seed", "sampling", "batch_size", "row_seeds", "switch"}
+        == {"seed", "sampling", "batch_size", "row_seeds", "switch", "record_top_k"}
     )
 
 
