@@ -371,35 +371,73 @@ LORA_VLLM = [
 ]
 
 
-@pytest.mark.slow
-def test_on_ray_and_with_vllm_in_its_own_process_an_adapter_synced_run_samples_what_the_merged_run_samples(
-    small_overrides, tmp_path, VLLMEngine
-):
-    """The tiny model with LoRA on vLLM, lag 1, 3 steps: adapter sync on the Ray backend (each explorer actor's
-    engine loads the base once and its adapters) and with vLLM's engine core in a process of its own
-    (``rollout.engine_process=true``: the adapter directory is read by that process, the base crosses as bytes
-    once) draws the same tokens as the merged run on threads (the same rewards and lengths at every step)."""
-    ray = pytest.importorskip("ray")
-    from oprl.cli import main
+LAG_1 = ["steps=3", "sync.offset=1", "eval.interval=0"]
+
+
+def sampled(root, name) -> list[tuple]:
+    """``(step, mean reward, mean length, rho max, rho min)`` of each trained step of run ``name``."""
     from oprl.metrics import read_metrics
 
-    common = [*LORA_VLLM, "steps=3", "sync.offset=1", "eval.interval=0"]
-    runs = {}
+    rows = [r for r in read_metrics(root / name / "metrics.jsonl") if "reward/mean" in r]
+    keys = ("step", "reward/mean", "response/length_mean", "rho/behavior_max", "rho/behavior_min")
+    return [tuple(r[k] for k in keys) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def merged_run(tmp_path_factory, cache_dir):
+    """The tiny model with LoRA on vLLM, merged, lag 1, 3 steps, on threads: what the adapter-synced runs of the
+    other backends must sample."""
+    pytest.importorskip("vllm")
+    from conftest import SMALL
+    from oprl.cli import main
+
+    root = tmp_path_factory.mktemp("lora-runs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPRL_CACHE_DIR", str(cache_dir))
+        args = [*SMALL, *LORA_VLLM, *LAG_1, "model.lora_sync=merged", f"output_dir={root}", "run_name=merged"]
+        assert main(["train", *args]) == 0
+    return root, sampled(root, "merged")
+
+
+def assert_samples_as_merged(root, name, merged):
+    """The same tokens as the merged run (rewards and lengths at every step: the two differ by float rounding in
+    the log-probs only), on-policy at step 1 (rho within 1e-5 of 1)."""
+    mine = sampled(root, name)
+    assert [row[:3] for row in mine] == [row[:3] for row in merged]
+    assert abs(mine[0][3] - 1) < 1e-5 and abs(mine[0][4] - 1) < 1e-5
+
+
+@pytest.mark.slow
+def test_on_ray_an_adapter_synced_run_samples_what_the_merged_run_samples(merged_run):
+    """backend=ray: the explorer actor's vLLM engine loads the base once and each version's adapter."""
+    ray = pytest.importorskip("ray")
+    from conftest import SMALL
+    from oprl.cli import main
+
+    root, merged = merged_run
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        for name, extra in {
-            "merged": ["model.lora_sync=merged"],
-            "adapter-ray": ["backend=ray"],
-            "adapter-engine-process": ["rollout.engine_process=true"],
-        }.items():
-            assert main(["train", *small_overrides, *common, *extra, f"run_name={name}"]) == 0
-            runs[name] = [r for r in read_metrics(tmp_path / "runs" / name / "metrics.jsonl") if "reward/mean" in r]
+        args = [*SMALL, *LORA_VLLM, *LAG_1, "backend=ray", f"output_dir={root}", "run_name=adapter-ray"]
+        assert main(["train", *args]) == 0
     finally:
         ray.shutdown()
-    for name in ("adapter-ray", "adapter-engine-process"):
-        mine = [(r["step"], r["reward/mean"], r["response/length_mean"]) for r in runs[name]]
-        assert mine == [(r["step"], r["reward/mean"], r["response/length_mean"]) for r in runs["merged"]], name
-        assert abs(runs[name][0]["rho/behavior_max"] - 1) < 1e-5 and abs(runs[name][0]["rho/behavior_min"] - 1) < 1e-5
+    assert_samples_as_merged(root, "adapter-ray", merged)
+
+
+@pytest.mark.slow
+def test_with_vllm_in_its_own_process_an_adapter_synced_run_samples_what_the_merged_run_samples(
+    merged_run,
+):
+    """rollout.engine_process=true: vLLM's engine core in a process of its own reads each adapter directory
+    itself (add_lora through vLLM's client); the base crosses as bytes once, never the merged model."""
+    from conftest import SMALL
+    from oprl.cli import main
+
+    root, merged = merged_run
+    name = "adapter-engine-process"
+    args = [*SMALL, *LORA_VLLM, *LAG_1, "rollout.engine_process=true", f"output_dir={root}", f"run_name={name}"]
+    assert main(["train", *args]) == 0
+    assert_samples_as_merged(root, name, merged)
 
 
 @pytest.mark.slow
