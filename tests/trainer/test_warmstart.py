@@ -13,7 +13,7 @@ from oprl.models.tiny import build_model, build_tokenizer
 from oprl.runtime.workers import model_path
 from oprl.tasks import build_task
 from oprl.tasks.base import Problem
-from oprl.trainer.warmstart import _demonstrable, _examples
+from oprl.trainer.warmstart_sft import demonstrable, examples
 
 TASK = {"name": "arithmetic", "train_size": 400, "test_size": 16}
 WARM = {"max_steps": 30, "batch_size": 64, "check_interval": 10, "val_problems": 32, "target_accuracy": 0.99}
@@ -82,15 +82,15 @@ class _Demonstrated:
 
 def test_targets_are_demonstrations_and_problems_without_one_are_left_out():
     tokenizer, task = build_tokenizer(), _Demonstrated()
-    kept, skipped = _demonstrable(task, list(task.problems("train")))
+    kept, skipped = demonstrable(task, list(task.problems("train")))
     assert [p.task_id for p in kept] == ["fake/0", "fake/2"] and skipped == 1
-    _, answers, masks, limits = _examples(tokenizer, task, kept)
+    _, answers, masks, limits = examples(tokenizer, task, kept)
     assert [tokenizer.decode(a[:-1]) for a in answers] == ["=0", "=2"]  # the demonstration, not "ref"
     assert all(a[-1] == tokenizer.eos_token_id for a in answers) and masks == [[1, 1, 1], [1, 1, 1]]
     assert limits["max_turns"] == 1
     task.demonstration = lambda problem: None
     with pytest.raises(OprlError, match="no train problem has one"):
-        _demonstrable(task, list(task.problems("train")))
+        demonstrable(task, list(task.problems("train")))
 
 
 def test_holding_out_every_train_problem_is_one_line(pretrained):
@@ -121,16 +121,16 @@ def test_a_reward_named_by_file_or_by_module_keys_the_same_warm_start(tmp_path, 
 def test_a_killed_warm_start_continues_where_it_was_saved(tmp_path, monkeypatch):
     """A warm start killed after its first validation keeps that step's state (``SAVE_EVERY_S=0``: every
     check); the next run continues from it and ends with the weights of an uninterrupted warm start."""
-    from oprl.trainer import warmstart
+    from oprl.trainer import warmstart_sft
 
     config = RunConfig.model_validate({"task": TASK, "warmstart": WARM, "progress": False})
     task = build_task(config.task)
-    monkeypatch.setattr(warmstart, "SAVE_EVERY_S", 0.0)
+    monkeypatch.setattr(warmstart_sft, "SAVE_EVERY_S", 0.0)
     monkeypatch.setenv("OPRL_CACHE_DIR", str(tmp_path / "whole"))
     whole = load_file(model_path(config, task, log=lambda _: None) + "/model.safetensors")
 
     monkeypatch.setenv("OPRL_CACHE_DIR", str(tmp_path / "killed"))
-    validate, calls = warmstart._validate, []
+    validate, calls = warmstart_sft._validate, []
 
     def killed_at_the_second_check(*args, **kwargs):
         calls.append(1)
@@ -138,12 +138,12 @@ def test_a_killed_warm_start_continues_where_it_was_saved(tmp_path, monkeypatch)
             raise KeyboardInterrupt
         return validate(*args, **kwargs)
 
-    monkeypatch.setattr(warmstart, "_validate", killed_at_the_second_check)
+    monkeypatch.setattr(warmstart_sft, "_validate", killed_at_the_second_check)
     with pytest.raises(KeyboardInterrupt):
         model_path(config, task, log=lambda _: None)
     (partial,) = (tmp_path / "killed" / "models").glob(".partial-tiny-*")
     assert json.loads((partial / "warm_state.json").read_text())["step"] == 10
-    monkeypatch.setattr(warmstart, "_validate", validate)
+    monkeypatch.setattr(warmstart_sft, "_validate", validate)
     logs: list[str] = []
     resumed = model_path(config, task, log=logs.append)
     assert any("warm start: continuing from step 10" in line for line in logs), logs
