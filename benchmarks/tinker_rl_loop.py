@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import socket
 import statistics
 import subprocess
@@ -95,7 +96,18 @@ def start_server(args, port: int, log: Path, source: Path | None = None) -> subp
     raise SystemExit(f"the server did not listen within 600 s; see {log}")
 
 
-def tinker_loop(args, port: int) -> dict:
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (its threads included), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def tinker_loop(args, port: int, server_pid: int | None = None) -> dict:
     import numpy as np
     import tinker
     from tinker import types
@@ -109,10 +121,11 @@ def tinker_loop(args, port: int) -> dict:
     service = tinker.ServiceClient()
     trainer = service.create_lora_training_client(base_model=served_name(args), rank=0, seed=args.seed).result()
     tokenizer = trainer.get_tokenizer()
-    rewards, seconds, parts = [], [], {"sample": [], "forward_backward": [], "optim_step": [], "client": []}
+    rewards, seconds, cpu, parts = [], [], [], {"sample": [], "forward_backward": [], "optim_step": [], "client": []}
     cursor = 0
     for step in range(args.steps):
         start = time.perf_counter()
+        cpu_start = own_cpu_s() + (process_cpu_s(server_pid) if server_pid else 0.0)
         sampler = trainer.save_weights_and_get_sampling_client().result()
         batch = problems[cursor : cursor + args.prompts]
         cursor += args.prompts
@@ -152,6 +165,8 @@ def tinker_loop(args, port: int) -> dict:
         done = time.perf_counter()
         rewards.append(float(np.mean(step_rewards)))
         seconds.append(done - start)
+        if server_pid:
+            cpu.append(own_cpu_s() + process_cpu_s(server_pid) - cpu_start)
         parts["sample"].append(sampled - tick)
         parts["forward_backward"].append(backward - built)
         parts["optim_step"].append(done - backward)
@@ -160,28 +175,41 @@ def tinker_loop(args, port: int) -> dict:
     kept = slice(args.skip, None)
     return {
         "median_step_s": statistics.median(seconds[kept]),
+        "mean_cpu_per_step_s": statistics.mean(cpu[kept]) if cpu else None,
         "median_parts_s": {k: statistics.median(v[kept]) for k, v in parts.items()},
         "reward_first5": statistics.mean(rewards[:5]),
         "reward_last5": statistics.mean(rewards[-5:]),
     }
 
 
-def oprl_train(args) -> dict:
+def oprl_cpu_per_step(args, full_run_cpu_s: float) -> float:
+    """``oprl train``'s CPU seconds per step (all its threads), start-up cancelled out: the CPU of its run of
+    ``--steps`` steps less that of a run of ``--skip`` steps, over the ``steps - skip`` steps between (the same
+    steps the medians keep). CPU time, unlike wall time, hardly moves with the machine's load."""
+    return (full_run_cpu_s - oprl_train(args, steps=args.skip)["cpu_s"]) / (args.steps - args.skip)
+
+
+def oprl_train(args, steps: int | None = None) -> dict:
     out = Path(tempfile.mkdtemp(prefix="oprl-vs-tinker-"))
+    steps = args.steps if steps is None else steps
     command = [
         sys.executable, "-m", "oprl", "train", *([args.config] if args.config else []), *args.set,
-        f"steps={args.steps}", f"seed={args.seed}",
+        f"steps={steps}", f"seed={args.seed}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.max_tokens}", "eval.interval=0", "eval.num_problems=1", "tensorboard=false",
         "checkpoint.interval=0", "progress=false", f"output_dir={out}", "run_name=oprl", *args.oprl_set,
     ]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     rows = [json.loads(line) for line in (out / "oprl" / "metrics.jsonl").open()]
     trained = [r for r in rows if "reward/mean" in r]
-    steps = [r["perf/step_s"] for r in trained if "perf/step_s" in r][args.skip :]
+    step_s = [r["perf/step_s"] for r in trained if "perf/step_s" in r][args.skip :]
     rewards = [r["reward/mean"] for r in trained]
     return {
-        "median_step_s": statistics.median(steps) if steps else float("nan"),
+        "median_step_s": statistics.median(step_s) if step_s else float("nan"),
+        "cpu_s": cpu_s,
         "reward_first5": statistics.mean(rewards[:5]),
         "reward_last5": statistics.mean(rewards[-5:]),
     }
@@ -218,7 +246,7 @@ def server_side(args, source: Path | None) -> dict:
     log = Path(tempfile.mkdtemp(prefix="oprl-tinker-bench-")) / "server.log"
     server = start_server(args, port, log, source)
     try:
-        return tinker_loop(args, port)
+        return tinker_loop(args, port, server.pid)
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -256,6 +284,12 @@ def main() -> None:
         help="rounds of [before server,] server, oprl train, "
         "one after the other (a shared machine's load drifts alike for every side)",
     )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also CPU seconds per step (server + client processes; oprl train by a difference of two runs): "
+        "on a loaded machine wall time measures the load, CPU time the work",
+    )
     parser.add_argument("--label", default=None, help="what ran, in the JSON (default: the tree's git commit)")
     parser.add_argument(
         "--server-threads",
@@ -279,6 +313,11 @@ def main() -> None:
         one["ratio_step_s"] = one["tinker_server"]["median_step_s"] / oprl_s
         if args.before is not None:
             one["ratio_before_step_s"] = one["tinker_server_before"]["median_step_s"] / oprl_s
+        if args.cpu:
+            oprl_cpu = one["oprl_train"]["cpu_per_step_s"] = oprl_cpu_per_step(args, one["oprl_train"]["cpu_s"])
+            for side in [k for k in one if k.startswith("tinker_server")]:
+                suffix = side.removeprefix("tinker_server")
+                one[f"ratio{suffix}_cpu_per_step"] = one[side]["mean_cpu_per_step_s"] / oprl_cpu
         one["load_average_1_5_15"] = os.getloadavg()
         print(f"round {r + 1}/{args.rounds}: " + json.dumps({k: v for k, v in one.items() if k.startswith("ratio")}))
         rounds.append(one)
