@@ -46,6 +46,7 @@ from oprl.episodes.endpoint.sessions import Choice, RequestRefused, Session, sto
 from oprl.episodes.episode import Episode, EpisodeSettings, run_episodes
 from oprl.errors import OprlError
 from oprl.models.chat import encode_problem
+from oprl.rollout.base import capabilities_of
 from oprl.tasks.agent import agent_reward, problem_dict
 from oprl.tasks.base import Problem, Reward
 
@@ -114,10 +115,11 @@ def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSetti
     endpoint, s = endpoint_of(task, tokenizer), settings
     endpoint.expect(len(problems))  # connection limits sized for this batch (one line if the files cannot hold it)
     sampling = engine.sampling if s.sampling is None else s.sampling
-    endpoint.served = Served(sampling, engine.max_new_tokens, context_length(engine))
+    endpoint.served = served_by(engine, sampling)
     runs = [AgentRun(i, p, Session(i, tokenizer, s.max_turns, s.max_tokens)) for i, p in enumerate(problems)]
     for run in runs:
         run.session.token_chars, run.session.message_tokens = endpoint.token_chars, endpoint.message_tokens
+        run.session.record_top_k = endpoint.served.record_top_k
         run.session_id = endpoint.open(run.session)
         _start(task, endpoint, run, s.episode_timeout)
     calls = 0
@@ -133,6 +135,20 @@ def run_agent_episodes(engine, tokenizer, task, problems, settings: EpisodeSetti
     episodes = [_episode(endpoint, run, tokenizer) for run in runs]
     _report(endpoint, runs, calls, getattr(task.config, "max_failed_batches", 0), task.config.agent)
     return episodes
+
+
+def served_by(engine, sampling) -> Served:
+    """What ``engine`` serves the agents with: ``sampling``, its ``max_new_tokens``, its context, and its top
+    log-probs (``capabilities.top_logprobs``; ``record_top_k``: the K every row records, ``rollout.record_top_k``)."""
+    inner = getattr(engine, "engine", engine)  # a LockedEngine's sampler names the engine in a refusal
+    return Served(
+        sampling,
+        engine.max_new_tokens,
+        context_length(engine),
+        top_logprobs=capabilities_of(engine).top_logprobs,
+        record_top_k=int(getattr(engine, "record_top_k", 0) or 0),
+        engine_name=type(inner).__name__,
+    )
 
 
 def context_length(engine) -> int | None:
@@ -256,8 +272,14 @@ def _sample(engine, endpoint: Endpoint, batch: list[PendingReply], seed: int) ->
     contexts = [p.context for p, _ in rows]
     turn = batch[0].session.turns
     row_seeds = [choice_seed(seed, p.session.turns, p.session.index, c) for p, c in rows]
+    # Top log-probs: the engine records its own K for every row (rollout.record_top_k); a request asking for more
+    # (top_logprobs N) has the call record N (recording draws no random number: the samples are the same).
+    asked, own = max(p.top for p in batch), endpoint.served.record_top_k
+    extra = {"record_top_k": asked} if asked > own else {}
     try:
-        rollout = engine.generate(contexts, seed=seed + turn, sampling=endpoint.served.sampling, row_seeds=row_seeds)
+        rollout = engine.generate(
+            contexts, seed=seed + turn, sampling=endpoint.served.sampling, row_seeds=row_seeds, **extra
+        )
     except OprlError as exc:  # the engine's own checks (memory, lengths) refused the call: the requests' fault
         log.warning("agent endpoint: the engine refused %d requests: %s", len(batch), exc)
         with endpoint.lock:
@@ -282,6 +304,9 @@ def _sample(engine, endpoint: Endpoint, batch: list[PendingReply], seed: int) ->
         if cut is not None:  # the tokens before the first stop sequence, their text returned (sessions.stop_at)
             ids, logprobs, text, ended = ids[: cut[0]], logprobs[: cut[0]], cut[1], True
         choice = Choice(ids=list(ids), logprobs=list(logprobs), text=text, ended=ended, prompt_tokens=len(p.context))
+        if rollout.top_k_ids is not None and rollout.top_k_logprobs is not None:  # cut as the reply's tokens were
+            choice.top_ids = rollout.top_k_ids[row][: len(ids)]
+            choice.top_logprobs = rollout.top_k_logprobs[row][: len(ids)]
         choice.stop = cut[2] if cut is not None else ""
         choice.message = reply_message(choice, p.with_tools)
         choices[id(p)].append(choice)
@@ -302,7 +327,7 @@ def _episode(endpoint: Endpoint, run: AgentRun, tokenizer) -> Episode:
             endpoint.close(run.session_id)
         episode = run.session.finish()
     if episode is None:  # no request reached the engine: one end-of-turn token, no gradient
-        episode = Episode(prompt_ids=encode_problem(tokenizer, run.problem))
+        episode = Episode(prompt_ids=encode_problem(tokenizer, run.problem), top_k=run.session.record_top_k)
         episode.add([tokenizer.eos_token_id], None)
         if run.session.overflowed:  # its only prompt was past the model's context: truncated, not a fault
             episode.truncated, run.fault = True, ""

@@ -18,6 +18,7 @@ function of (seed, problems, weights), like a single-turn batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,12 @@ class Episode:
     behavior_versions: list[int] = field(default_factory=list)
     """Partial rollouts: the policy version of each response token (environment tokens: the last model token's);
     empty when the sampler reported none (one policy)."""
+    top_k: int = 0
+    """``rollout.record_top_k`` = K > 0 (agent episodes): every response token carries the sampler's top K in
+    ``top_k_ids`` / ``top_k_logprobs`` (``oprl.rollout.base.top_logprobs``); environment tokens id 0 and
+    ``-inf``, the trainer's padding (no mass). 0: none kept."""
+    top_k_ids: list[list[int]] = field(default_factory=list)
+    top_k_logprobs: list[list[float]] = field(default_factory=list)
 
     @property
     def outcome(self) -> Reward:
@@ -63,9 +70,22 @@ class Episode:
             raise ValueError("episode not finished: it has no reward yet")
         return self.reward
 
-    def add(self, tokens: list[int], logprobs: list[float] | None, versions: list[int] | None = None) -> None:
-        """Append tokens, from the model (with their log-probs and, under partial rollouts, versions) or from the
-        environment (``logprobs=None``)."""
+    def add(
+        self,
+        tokens: list[int],
+        logprobs: list[float] | None,
+        versions: list[int] | None = None,
+        top: tuple[list[list[int]], list[list[float]]] | None = None,
+    ) -> None:
+        """Append tokens, from the model (with their log-probs and, under partial rollouts, versions; with
+        ``top_k``, their sampler's ``top`` (ids, log-probs), K per token) or from the environment
+        (``logprobs=None``)."""
+        if self.top_k:
+            ids, values = (
+                top if top is not None else ([[0] * self.top_k] * len(tokens), [[-math.inf] * self.top_k] * len(tokens))
+            )
+            self.top_k_ids += [list(row) for row in ids]
+            self.top_k_logprobs += [list(row) for row in values]
         if versions is not None:
             self.behavior_versions += versions
         elif self.behavior_versions:
@@ -141,7 +161,7 @@ def advance(
 def _truncate(episode: Episode, max_tokens: int) -> bool:
     """Cut the episode to ``max_tokens`` response tokens; it scores 0 (components are the task's, absent = 0)."""
     del episode.response_ids[max_tokens:], episode.loss_mask[max_tokens:], episode.behavior_logprobs[max_tokens:]
-    del episode.behavior_versions[max_tokens:]
+    del episode.behavior_versions[max_tokens:], episode.top_k_ids[max_tokens:], episode.top_k_logprobs[max_tokens:]
     episode.truncated, episode.reward = True, Reward(total=0.0, components={})
     return False
 

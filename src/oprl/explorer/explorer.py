@@ -171,6 +171,8 @@ class Explorer:
                 loss_mask=e.loss_mask,
                 extra={"turns": e.turns, **e.info},
                 behavior_versions=e.behavior_versions or None,
+                top_k_ids=e.top_k_ids if e.top_k else None,  # agent episodes under rollout.record_top_k
+                top_k_logprobs=e.top_k_logprobs if e.top_k else None,
             )
             for i, e in ((i, episodes[i]) for i in kept)
         ]
@@ -222,10 +224,10 @@ class ExplorerWorker:
         dtype = resolve_dtype(config.rollout.dtype, resolve_device(config.model.device))
         self.model, tokenizer = load_model(config, model_path, dtype=dtype)
         top_k = config.rollout.record_top_k
-        if top_k and isinstance(task, EpisodicTask):
+        if top_k and isinstance(task, EpisodicTask) and config.task.name != "agent":  # agents' rows carry them
             raise OprlError(
                 f"rollout.record_top_k={top_k}: multi-turn episodes (task.name={config.task.name}) do not record "
-                "top log-probs yet (single-turn rollouts only); set rollout.record_top_k=0"
+                "top log-probs yet (single-turn rollouts and agent tasks only); set rollout.record_top_k=0"
             )
         self.engine = make_engine(config, self.model, tokenizer, record_top_k=top_k)
         self.explorer = Explorer(

@@ -19,7 +19,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
@@ -105,6 +105,14 @@ class _Request(_Strict):
         """Whether the reply carries the tokens' log-probs (chat: ``logprobs=true``; completions: any int)."""
         return False
 
+    top_field: ClassVar[str] = "top_logprobs"
+    """The request's field that asks for top log-probs (named in a refusal)."""
+
+    def top_wanted(self) -> int:
+        """N: the most likely tokens the reply lists per token (chat ``top_logprobs``, completions ``logprobs``);
+        0 = none."""
+        return 0
+
 
 class ChatRequest(_Request):
     _names: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -120,6 +128,9 @@ class ChatRequest(_Request):
 
     def wants_logprobs(self) -> bool:
         return bool(self.logprobs)
+
+    def top_wanted(self) -> int:
+        return (self.top_logprobs or 0) if self.logprobs else 0
 
     def chat_messages(self) -> list[dict]:
         """The messages as the session takes them: text content (parts joined), roles the template knows."""
@@ -147,8 +158,11 @@ class ChatRequest(_Request):
 class CompletionRequest(_Request):
     prompt: str | list[int]
     """Text or token ids, never empty (the engine cannot sample from an empty context)."""
-    logprobs: int | None = Field(None, ge=0, le=5, strict=True)
+    logprobs: int | None = Field(None, ge=0, le=20, strict=True)
+    """N: each token's log-prob and its N most likely alternatives (OpenAI allows 5, vLLM 20: the most any
+    engine records)."""
     suffix: str | None = None
+    top_field: ClassVar[str] = "logprobs"
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -168,6 +182,9 @@ class CompletionRequest(_Request):
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
+
+    def top_wanted(self) -> int:
+        return self.logprobs or 0
 
 
 def _text(content, where: str) -> str:
@@ -305,11 +322,8 @@ def check_options(body: _Request) -> None:
         raise RequestRefused(400, "modalities: only ['text'] is served")
     if isinstance(body, ChatRequest):
         _check_chat(body)
-    elif isinstance(body, CompletionRequest):
-        if body.logprobs:
-            raise RequestRefused(400, f"logprobs={body.logprobs}: top alternatives are not recorded; use logprobs=0")
-        if body.suffix:
-            raise RequestRefused(400, "suffix: not supported (the reply continues the prompt, nothing after it)")
+    elif isinstance(body, CompletionRequest) and body.suffix:
+        raise RequestRefused(400, "suffix: not supported (the reply continues the prompt, nothing after it)")
 
 
 def _check_chat(body: ChatRequest) -> None:
@@ -321,8 +335,8 @@ def _check_chat(body: ChatRequest) -> None:
             f"tool_choice={shown}: sampling is not constrained to a call here; send tool_choice='auto' "
             "(smolagents: OpenAIModel(..., tool_choice='auto')) and let the reward teach the calls",
         )
-    if body.top_logprobs:
-        raise RequestRefused(400, f"top_logprobs={body.top_logprobs}: the engine records no alternatives; use 0")
+    if body.top_logprobs and not body.logprobs:  # OpenAI's rule: alternatives come with the tokens' log-probs
+        raise RequestRefused(400, f"top_logprobs={body.top_logprobs}: needs logprobs=true")
     kind = (body.response_format or {}).get("type", "text")
     if kind != "text":
         raise RequestRefused(400, f"response_format={kind}: output is not constrained here; ask in the prompt")
@@ -341,26 +355,99 @@ def finish_reason(choice: Choice, chat: bool) -> Literal["stop", "length", "tool
     return "tool_calls" if chat and choice.message.get("tool_calls") else "stop"
 
 
-def logprobs_of(choice: Choice, tokenizer, chat: bool) -> dict:
-    """The behaviour log-probs of the returned tokens (recorded when they were sampled), OpenAI's shape. Chat:
-    the tokens of the text returned, so special tokens (the EOS that ended the reply, a sampled ``<pad>``) are
-    left out, as they are of the content (at ``9790d4b`` the EOS ``</s>`` was the last entry); completions: every
-    sampled token, the EOS included, since a prompt that continues the session by token ids must hold it."""
+def logprobs_of(choice: Choice, tokenizer, chat: bool, top: int = 0) -> dict:
+    """The behaviour log-probs of the returned tokens (recorded when they were sampled), OpenAI's shape, each with
+    its ``top`` most likely alternatives: the sampler's recorded top-K of the distribution the token was drawn
+    from (``Choice.top_ids``: temperature, top-k and top-p applied, so under a temperature other than 1 or a
+    top-p they are that processed distribution's, not the model's raw one), most likely first; an alternative
+    outside top-k/top-p's kept set (log-prob ``-inf``, no mass) is left out, so a position may list fewer.
+    Chat: the tokens of the text returned, so special tokens (the EOS that ended the reply, a sampled ``<pad>``)
+    are left out, as they are of the content (at ``9790d4b`` the EOS ``</s>`` was the last entry); each
+    ``{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}``. Completions: every
+    sampled token, the EOS included, since a prompt that continues the session by token ids must hold it;
+    ``top_logprobs`` one ``{token: logprob}`` per token (the N alternatives, plus the sampled token when it is
+    not among them, as OpenAI's legacy format has it), null when N is 0."""
     hidden = set(tokenizer.all_special_ids) if chat else set()
-    kept = [(t, float(v)) for t, v in zip(choice.ids, choice.logprobs, strict=True) if t not in hidden]
-    pieces, values = [tokenizer.decode([t]) for t, _ in kept], [v for _, v in kept]
+    kept = [t for t, token in enumerate(choice.ids) if token not in hidden]
+    alternatives = [_alternatives(choice, t, top) for t in kept] if top else [[] for _ in kept]
     if chat:
         return {
             "content": [
-                {"token": p, "logprob": v, "bytes": list(p.encode("utf-8", "replace")), "top_logprobs": []}
-                for p, v in zip(pieces, values, strict=True)
+                _entry(tokenizer, choice.ids[t], choice.logprobs[t])
+                | {"top_logprobs": [_entry(tokenizer, i, v) for i, v in alts]}
+                for t, alts in zip(kept, alternatives, strict=True)
             ]
         }
+    pieces = [_piece(tokenizer, choice.ids[t]) for t in kept]
     offsets, at = [], 0
     for p in pieces:
         offsets.append(at)
         at += len(p)
-    return {"tokens": pieces, "token_logprobs": values, "top_logprobs": None, "text_offset": offsets}
+    tops = None
+    if top:
+        tops = []
+        for t, piece, alts in zip(kept, pieces, alternatives, strict=True):
+            row = {_piece(tokenizer, i): v for i, v in alts}
+            row.setdefault(piece, float(choice.logprobs[t]))
+            tops.append(row)
+    values = [float(choice.logprobs[t]) for t in kept]
+    return {"tokens": pieces, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _alternatives(choice: Choice, t: int, top: int) -> list[tuple[int, float]]:
+    """Token ``t``'s ``top`` most likely alternatives with mass: ``[(id, log-prob)]``, most likely first."""
+    if choice.top_ids is None or choice.top_logprobs is None or len(choice.top_ids[t]) < top:
+        raise ValueError(f"top_logprobs={top}: the engine call recorded fewer alternatives")  # a bug of ours: a 500
+    pairs = zip(choice.top_ids[t][:top], choice.top_logprobs[t][:top], strict=True)
+    return [(int(i), float(v)) for i, v in pairs if v != float("-inf")]
+
+
+def _piece(tokenizer, token: int) -> str:
+    """A token's text as OpenAI shows it: the tokenizer's decoding of it alone (a piece of a multi-byte
+    character decodes to U+FFFD; its ``bytes`` are exact)."""
+    return tokenizer.decode([token])
+
+
+def _entry(tokenizer, token: int, logprob: float) -> dict:
+    """``{"token", "logprob", "bytes"}`` of one token: ``bytes`` its UTF-8 bytes (``token_bytes``)."""
+    return {"token": _piece(tokenizer, token), "logprob": float(logprob), "bytes": token_bytes(tokenizer, token)}
+
+
+def token_bytes(tokenizer, token: int) -> list[int]:
+    """The bytes a token stands for, OpenAI's ``bytes`` field: for a byte-level BPE tokenizer (GPT-2's, SmolLM2's,
+    Qwen's) its vocabulary entry mapped back through the byte alphabet, so a token holding part of a
+    multi-byte character gives its own bytes, not U+FFFD's; a byte-fallback token ``<0xHH>`` its byte; any
+    other the UTF-8 of its decoding."""
+    name = tokenizer.convert_ids_to_tokens(token)
+    if isinstance(name, str) and len(name) == 6 and name.startswith("<0x") and name.endswith(">"):
+        try:
+            return [int(name[3:5], 16)]
+        except ValueError:
+            pass
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if isinstance(name, str) and type(decoder).__name__ == "ByteLevel" and token not in tokenizer.all_special_ids:
+        alphabet = _byte_alphabet()
+        if all(c in alphabet for c in name):
+            return [alphabet[c] for c in name]
+    return list(_piece(tokenizer, token).encode("utf-8", "replace"))
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte (``transformers``' ``bytes_to_unicode``, inverted)."""
+    global _ALPHABET
+    if _ALPHABET is None:
+        keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+        chars, extra = list(keep), 0
+        for b in range(256):
+            if b not in keep:
+                keep.append(b)
+                chars.append(256 + extra)
+                extra += 1
+        _ALPHABET = {chr(c): b for b, c in zip(keep, chars, strict=True)}
+    return _ALPHABET
+
+
+_ALPHABET: dict[str, int] | None = None
 
 
 def response(body: _Request, choices: list[Choice], tokenizer) -> dict:
@@ -371,7 +458,7 @@ def response(body: _Request, choices: list[Choice], tokenizer) -> dict:
         row: dict[str, Any] = {"index": i, "finish_reason": finish_reason(c, chat), "logprobs": None}
         row |= {"message": c.message} if chat else {"text": c.text}
         if body.wants_logprobs():
-            row["logprobs"] = logprobs_of(c, tokenizer, chat)
+            row["logprobs"] = logprobs_of(c, tokenizer, chat, body.top_wanted())
         rows.append(row)
     kind = "chat.completion" if chat else "text_completion"
     return _common(body, kind) | {"choices": rows, "usage": usage(choices)}
@@ -388,7 +475,7 @@ def stream_events(body: _Request, choices: list[Choice], tokenizer) -> list[str]
     common = _common(body, "chat.completion.chunk" if chat else "text_completion")
     events = []
     for i, c in enumerate(choices):
-        logprobs = logprobs_of(c, tokenizer, chat) if body.wants_logprobs() else None
+        logprobs = logprobs_of(c, tokenizer, chat, body.top_wanted()) if body.wants_logprobs() else None
         if chat:
             deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
             deltas += [{"content": piece} for piece in _pieces(c.message.get("content") or "")]

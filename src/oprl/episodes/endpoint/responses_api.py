@@ -11,8 +11,11 @@ each output item's ``response.output_item.done`` and ``response.completed`` with
 
 Refused with a 400 naming the field: other item types (reasoning, built-in tools' calls, images), tools that are
 not functions, ``previous_response_id`` / ``conversation`` (the endpoint stores nothing: send the whole input),
-``text.format`` other than text, ``reasoning.effort`` (the model is what it is), ``top_logprobs`` > 0 (as
-chat). The chat checks then apply (``oprl.episodes.endpoint.openai_api``). Deliberately not here: sessions, HTTP.
+``text.format`` other than text, ``reasoning.effort`` (the model is what it is), ``top_logprobs`` outside
+0..20. ``include: ["message.output_text.logprobs"]`` asks for the output text's log-probs, with ``top_logprobs``
+alternatives each: translated to chat's ``logprobs=true, top_logprobs=N``, so both formats answer the same
+values (without the include, as OpenAI, none are sent and ``top_logprobs`` asks nothing of the engine). The
+chat checks then apply (``oprl.episodes.endpoint.openai_api``). Deliberately not here: sessions, HTTP.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from typing import Any
 
 from oprl.episodes.endpoint.openai_api import ChatRequest, _Request, finish_reason, parse, usage
 from oprl.episodes.endpoint.sessions import Choice, RequestRefused
+
+LOGPROBS = "message.output_text.logprobs"
+"""The ``include`` entry that asks for the output text's log-probs (with ``top_logprobs`` alternatives each)."""
 
 
 def chat_request(raw: bytes, gate: Callable[[dict], None] | None = None) -> tuple[ChatRequest, dict]:
@@ -41,8 +47,12 @@ def chat_request(raw: bytes, gate: Callable[[dict], None] | None = None) -> tupl
         raise RequestRefused(400, "text.format: output is not constrained here; ask in the prompt")
     if reasoning.get("effort"):
         raise RequestRefused(400, "reasoning.effort: not supported (the policy is what it is); omit it")
-    if data.get("top_logprobs"):  # as chat's: the engine records no alternatives
-        raise RequestRefused(400, f"top_logprobs={data['top_logprobs']}: the engine records no alternatives; use 0")
+    include = data.get("include") or []
+    if not isinstance(include, list):
+        raise RequestRefused(400, "include: expected a list")
+    top = data.get("top_logprobs")
+    if top is not None and (type(top) is not int or not 0 <= top <= 20):
+        raise RequestRefused(400, f"top_logprobs={json.dumps(top)[:40]}: expected an integer from 0 to 20")
     if data.get("tools") is not None and not isinstance(data["tools"], list):
         raise RequestRefused(400, "tools: expected a list of function tools")
     if data.get("instructions") is not None and not isinstance(data["instructions"], str):
@@ -54,6 +64,8 @@ def chat_request(raw: bytes, gate: Callable[[dict], None] | None = None) -> tupl
             chat[name] = data[name]
     if data.get("max_output_tokens") is not None:
         chat["max_tokens"] = data["max_output_tokens"]
+    if LOGPROBS in include:  # as OpenAI: log-probs (and top_logprobs' alternatives) only when included
+        chat |= {"logprobs": True, "top_logprobs": top or 0}
     if data.get("tools"):
         chat["tools"] = [_tool(t, k) for k, t in enumerate(data["tools"])]
         names |= {f"tools.{k}.function": f"tools.{k}" for k in range(len(data["tools"]))}
@@ -166,8 +178,10 @@ def _tool(tool, k: int) -> dict:
 
 
 # -- replies ----------------------------------------------------------------------------------------------------
-def response(data: dict, choice: Choice, status: str = "completed") -> dict:
-    """The ``response`` object of one sampled reply (``n`` is 1 in the Responses API)."""
+def response(data: dict, choice: Choice, logprobs: list[dict] | None = None, status: str = "completed") -> dict:
+    """The ``response`` object of one sampled reply (``n`` is 1 in the Responses API). ``logprobs``: the output
+    text's, chat's entries (``openai_api.logprobs_of``: the same values and alternatives as a chat request's),
+    when ``include`` asked for them; ``[]`` otherwise, as OpenAI sends."""
     message = choice.message
     output: list[dict] = []
     if message.get("content") or not message.get("tool_calls"):
@@ -175,7 +189,7 @@ def response(data: dict, choice: Choice, status: str = "completed") -> dict:
             "type": "output_text",
             "text": message.get("content") or "",
             "annotations": [],
-            "logprobs": [],
+            "logprobs": logprobs or [],
         }
         item = {"id": f"msg_{secrets.token_hex(6)}", "type": "message", "role": "assistant", "status": "completed"}
         output.append(item | {"content": [text]})
@@ -221,9 +235,10 @@ def response(data: dict, choice: Choice, status: str = "completed") -> dict:
     }
 
 
-def stream_events(data: dict, choice: Choice) -> list[str]:
-    """The reply as Responses Server-Sent Events (sampling is done: the text is one delta)."""
-    whole = response(data, choice)
+def stream_events(data: dict, choice: Choice, logprobs: list[dict] | None = None) -> list[str]:
+    """The reply as Responses Server-Sent Events (sampling is done: the text is one delta, carrying every
+    token's ``logprobs`` when included)."""
+    whole = response(data, choice, logprobs)
     events: list[dict] = [{"type": "response.created", "response": whole | {"status": "in_progress", "output": []}}]
     for index, item in enumerate(whole["output"]):
         events.append({"type": "response.output_item.added", "output_index": index, "item": item})
@@ -235,7 +250,7 @@ def stream_events(data: dict, choice: Choice) -> list[str]:
                     "output_index": index,
                     "content_index": 0,
                     "delta": item["content"][0]["text"],
-                    "logprobs": [],
+                    "logprobs": item["content"][0]["logprobs"],
                 }
             )
         events.append({"type": "response.output_item.done", "output_index": index, "item": item})

@@ -24,7 +24,15 @@ import contextlib
 import logging
 
 from oprl.episodes.endpoint import responses_api
-from oprl.episodes.endpoint.openai_api import ChatRequest, CompletionRequest, _Request, parse, response, stream_events
+from oprl.episodes.endpoint.openai_api import (
+    ChatRequest,
+    CompletionRequest,
+    _Request,
+    logprobs_of,
+    parse,
+    response,
+    stream_events,
+)
 from oprl.episodes.endpoint.sessions import Choice, RequestRefused, Session
 
 log = logging.getLogger("oprl.explorer")
@@ -176,10 +184,13 @@ def _reply(body: _Request, data: dict, choices: list[Choice], tokenizer, *, resp
     from fastapi.responses import JSONResponse, StreamingResponse
 
     sse = "text/event-stream"
-    if responses:
+    if responses:  # the text's log-probs as a chat request's (include: message.output_text.logprobs)
+        logprobs = (
+            logprobs_of(choices[0], tokenizer, True, body.top_wanted())["content"] if body.wants_logprobs() else None
+        )
         if data.get("stream"):
-            return StreamingResponse(iter(responses_api.stream_events(data, choices[0])), media_type=sse)
-        return JSONResponse(responses_api.response(data, choices[0]))
+            return StreamingResponse(iter(responses_api.stream_events(data, choices[0], logprobs)), media_type=sse)
+        return JSONResponse(responses_api.response(data, choices[0], logprobs))
     if body.stream:
         return StreamingResponse(iter(stream_events(body, choices, tokenizer)), media_type=sse)
     return JSONResponse(response(body, choices, tokenizer))

@@ -95,6 +95,9 @@ class PendingReply:
     max_tokens: int
     with_tools: bool = False
     stops: list[str] = field(default_factory=list)
+    top: int = 0
+    """Top log-probs asked for per token (chat ``top_logprobs``, completions ``logprobs``): the engine call
+    records at least this many (``oprl.episodes.agents``)."""
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     since: float = field(default_factory=time.monotonic)
 
@@ -108,6 +111,12 @@ class Served:
     """The distribution every reply is drawn from: the engine's (``rollout.*``) or evaluation's (``eval.*``)."""
     max_new_tokens: int
     context: int | None = None
+    top_logprobs: bool = False
+    """The engine records top log-probs (``capabilities.top_logprobs``): requests may ask for them."""
+    record_top_k: int = 0
+    """K every engine call records (``rollout.record_top_k``), stored with the rows."""
+    engine_name: str = "the engine"
+    """The engine's class, named when a request asks it for top log-probs it cannot record."""
 
     @property
     def room(self) -> int | None:
@@ -296,6 +305,13 @@ class Endpoint:
                 raise RequestRefused(
                     400, f"{name}={value}: this endpoint samples at {name}={getattr(served, name)} (the run's)"
                 )
+        top = body.top_wanted()
+        if top and not self.served.top_logprobs:
+            raise RequestRefused(
+                400,
+                f"{body.top_field}={top}: the engine ({self.served.engine_name}) records no top log-probs (its "
+                "capabilities.top_logprobs is False); use rollout.engine=lean, hf-generate or vllm, or omit it",
+            )
         max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or limit
         if max_tokens > limit:
             raise RequestRefused(
@@ -326,6 +342,7 @@ class Endpoint:
                 max_tokens,
                 with_tools=isinstance(body, ChatRequest) and body.calls_parsed,
                 stops=body.stops,
+                top=top,
             )
             self.pending.append(pending)
             self.lock.notify_all()

@@ -95,6 +95,12 @@ class Choice:
     """Tokens of the context it was sampled from (the response's ``usage``)."""
     stop: str = ""
     """The stop sequence the reply was cut at (``stop_at``; "" = none): continuing it adds EOS as context."""
+    top_ids: list[list[int]] | None = None
+    """Per sampled token, the ids of the most likely tokens of the distribution it was drawn from, most likely
+    first (``oprl.rollout.base.top_logprobs``: K = the larger of the run's ``rollout.record_top_k`` and what
+    the request asked for); None = the engine call recorded none."""
+    top_logprobs: list[list[float]] | None = None
+    """Their log-probs under that distribution (temperature, top-k, top-p applied), aligned with ``top_ids``."""
 
 
 @dataclass
@@ -146,6 +152,10 @@ class Session:
     """Fewest tokens the chat template spends on one message, whatever its content (its role marker, its end):
     m messages of c characters are at least m * message_tokens + c / token_chars tokens, so a flood of empty
     messages is refused before it is rendered too."""
+    record_top_k: int = 0
+    """``rollout.record_top_k`` = K > 0: the stored row carries each token's top K (``Episode.top_k``), the
+    sampler's for sampled tokens, none (id 0, ``-inf``) for context tokens; what an agent asks for itself
+    (``top_logprobs``) never changes the row."""
 
     # -- prompts --------------------------------------------------------------------------------------------
     def chat_context(self, messages: list[dict], tools: list[dict], room: int | None = None) -> list[int]:
@@ -279,7 +289,7 @@ class Session:
             self.dropped_tokens += sum(self.episode.loss_mask) + sum(len(c.ids) for c in self.choices)
         self.segments += 1
         self.mode, self.choices, self.waiting = mode, [], False
-        self.episode = Episode(prompt_ids=list(prompt_ids))
+        self.episode = Episode(prompt_ids=list(prompt_ids), top_k=self.record_top_k)
 
     def _end_segment(self) -> None:
         """A request refused (budget, context): the current segment ends truncated, with the reply the agent was
@@ -313,7 +323,7 @@ class Session:
         if not self._open():  # a reply recorded after its segment ended (truncated meanwhile): counted, not stored
             self.dropped_tokens += len(chosen.ids)
             return episode
-        episode.add(chosen.ids, chosen.logprobs)
+        episode.add(chosen.ids, chosen.logprobs, top=_stored_top(chosen, episode.top_k))
         if chosen.stop and end_turn and self.mode == "chat":  # cut at a stop: the template's end of turn follows
             ids = self.tokenizer(suffix, add_special_tokens=False).input_ids if suffix else []
             episode.add([*ids, self.tokenizer.eos_token_id], None)
@@ -397,6 +407,16 @@ def _longest(matches: list[Choice], key: Callable[[Choice], Any]) -> Choice | No
             f"the prompt continues {len(tied)} of the n choices alike (the same text, other tokens); send token ids",
         )
     return tied[0]
+
+
+def _stored_top(choice: Choice, k: int) -> tuple[list[list[int]], list[list[float]]] | None:
+    """The first ``k`` of a reply's recorded top log-probs (the row's ``rollout.record_top_k``), whatever more the
+    request asked the engine for; None when the row records none (k = 0)."""
+    if not k:
+        return None
+    if choice.top_ids is None or choice.top_logprobs is None:
+        raise ValueError(f"rollout.record_top_k={k}: the engine returned no top log-probs for a reply")
+    return [row[:k] for row in choice.top_ids], [row[:k] for row in choice.top_logprobs]
 
 
 def _overflow(tokens: int, room: int, at_least: bool = False) -> str:
