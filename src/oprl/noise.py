@@ -18,7 +18,7 @@ Two ways in, because the lines take two roads to the terminal:
   descriptor 2 is pointed at a scratch file beside ``workers.log`` for the block; then every line is appended
   to ``workers.log`` and all but the noise echoed to the real stderr. Anything another thread writes to stderr
   during the block reaches the console when it ends, in order; a process killed inside the block leaves the
-  scratch file (``workers.log.stderr``) with everything it wrote.
+  scratch file (``workers.log.<pid>.stderr``) with everything it wrote.
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ def stderr_kept() -> Iterator[None]:
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
-            scratch = path.with_name(path.name + ".stderr")
+            # One scratch file per process: worker processes (trainer, explorers) start engines at once, and one
+            # unlinking a shared file left the other's read a FileNotFoundError ("trainer: failed to start").
+            scratch = path.with_name(f"{path.name}.{os.getpid()}.stderr")
             _held.append((os.dup(2), scratch))
             with open(scratch, "wb") as sink:
                 os.dup2(sink.fileno(), 2)
