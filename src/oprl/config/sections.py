@@ -220,7 +220,7 @@ class RolloutConfig(_Section):
     (lean, hf-generate, vllm: SamplingParams(logprobs=K)); stored with each experience (top_k_ids,
     top_k_logprobs) and handed to the trainer as (B, T, K) tensors, for losses that read the sampler's
     distribution (DPPO's top-K divergence, score centering). 0 = off: nothing extra computed, stored or sent.
-    At most 20 (vLLM's max_logprobs, OpenAI's top_logprobs). Single-turn tasks only; docs/performance.md has
+    At most 20 (vLLM's max_logprobs, OpenAI's top_logprobs). Single-turn and agent tasks; docs/performance.md has
     its cost."""
 
     # --- reward shaping: training rewards of cut or overlong replies, groups without signal ---

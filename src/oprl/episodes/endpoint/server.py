@@ -25,12 +25,14 @@ refusal is counted in the session's ``refused`` (``episode/refused_requests_mean
   ``max_tokens`` / ``max_completion_tokens`` up to ``rollout.max_new_tokens`` (the reply is cut there, which is
   what sampling with that limit gives), ``stop`` (``oprl.episodes.endpoint.sessions.stop_at``), ``stream`` (Server-Sent
   Events, sent once sampling is done) with ``stream_options.include_usage``, ``logprobs`` (the behaviour
-  log-probs recorded at sampling), ``temperature`` / ``top_p`` / ``top_k`` (an extra field) mapped onto a
+  log-probs recorded at sampling) with ``top_logprobs`` (the sampler's recorded top-K of each token's
+  distribution: the engine call records max(N, ``rollout.record_top_k``), ``Served.top_logprobs``),
+  ``temperature`` / ``top_p`` / ``top_k`` (an extra field) mapped onto a
   ``Sampling`` (``requested_sampling``) equal to what the explorer samples with (the trainer scores under the
   rollouts' ``Sampling``; another would make the behaviour log-probs wrong);
 - refused with a 400: another temperature, top-p or top-k, more tokens than the engine samples, ``tool_choice``
-  required or a named function, ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``,
-  image / audio parts.
+  required or a named function, ``response_format`` other than text, ``logit_bias``, penalties, ``top_logprobs``
+  from an engine that records none (a 400 naming it), image / audio parts.
 
 ``/v1/responses`` (the Responses API) is translated to a chat request and back (``responses_api``). Connections
 are bounded by the process's files and a session may have ``ConnectionLimits.per_session`` requests open (a 429
