@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from oprl.algorithms import corrections, delight
+from oprl.algorithms import corrections, delight, topk_divergence
 from oprl.algorithms.aggregation import aggregate
 from oprl.algorithms.registry import lookup
 from oprl.algorithms.spec import LossParams, knob_names
@@ -96,11 +96,18 @@ CLIP_MODES: dict[str, Callable] = {
     # DPPO (arXiv 2602.04879): the harmful side of |π − μ| (binary TV) or of the binary KL ≤ eps_low/eps_high
     "dppo-tv": corrections._dppo_binary_tv,
     "dppo-kl": corrections._dppo_binary_kl,
+    # DPPO's Top-K divergence: TV / KL(μ‖π) on the sampler's top-K ∪ {y} plus the rest as one bucket (needs top-K)
+    **topk_divergence.TOP_K_MASKS,
     "m2-mask": corrections._m2_mask,  # M2PO (arXiv 2510.01161), paper: drop harmful tokens, largest (log ρ)², to M̂₂ ≤ τ
     "m2-mask-areal": corrections._m2_mask_all,  # M2PO as AReaL does it: any token, largest first, to M̂₂ < τ
     "m2-clip": corrections._m2_clip,  # M2PO, the authors' code: one-side bounds from τ_M2 over harmful tokens
     "bapo": corrections._bapo,  # BAPO (arXiv 2510.18927): one-side bounds widened until positives weigh ρ₀
 }
+
+BATCH_RULES: frozenset[str] = frozenset({"m2-mask", "m2-mask-areal", "m2-clip", "bapo"})
+"""The clip modes whose mask reads a statistic of the whole batch (M2PO's second moment, BAPO's bounds): where a
+mini-batch spans several micro-batches the trainer computes their mask once over it (``batch_keeps``;
+``Needs.batch_rule``), so the result does not depend on ``optim.micro_batch_size``."""
 
 
 def _unit_weight(ratio, advantages, params):
@@ -198,6 +205,7 @@ def policy_loss(
     *,
     proximal_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    batch_keep: BatchKeep | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The REINFORCE-family loss and its diagnostics.
 
@@ -223,13 +231,18 @@ def policy_loss(
     weight: ``delight_temperature`` η (times DG's gate σ(A·(−logprobs)/η), ``_token_weights``). Every setting is a
     field of ``params`` (``LossParams``). loss = aggregate(ℓ, mask, loss_agg, normalizer), a 0-dim tensor;
     metrics: detached 0-dim tensors over valid tokens (``_metrics``) plus what a rule reports (M2PO's M̂₂, ...).
+    ``batch_keep``: these rows' part of a batch rule's mask computed over a whole mini-batch (``batch_keeps``),
+    used as M instead of the rule's mask over these rows alone (its metrics are the mini-batch's).
     """
     keep_fn, weight_fn, level_fn, regularizer_fn, objective_fn = _rules(params)
     view = _TokenView.of(logprobs, behavior_logprobs, advantages, mask, proximal_logprobs, level_fn)
     params = replace(params, mask=view.mask, logprobs=view.current, anchor_logprobs=view.anchor)  # the rules' view
     params, band_metrics = corrections.entropy_band(entropy, params)  # per-token ε: ASPO's code (or unchanged)
 
-    keep, keep_metrics = _with_metrics(keep_fn(view.ratio, view.advantages, params))  # (B, T) bool
+    if batch_keep is None:
+        keep, keep_metrics = _with_metrics(keep_fn(view.ratio, view.advantages, params))  # (B, T) bool
+    else:  # a batch rule's mask over the whole mini-batch, at these rows
+        keep, keep_metrics = batch_keep
     keep, dual_metrics = corrections.dual_clip(keep, view.ratio, view.advantages, params)  # dual-clip PPO (or not)
     weights, weight_metrics = _token_weights(weight_fn, view, params, proximal=proximal_logprobs is not None)
     pg_tokens, objective_metrics = objective_fn(
@@ -254,6 +267,83 @@ def _rules(params: LossParams) -> tuple[Callable, Callable, Callable, Callable, 
         lookup(REGULARIZERS, params.regularizer, "regularizer"),
         lookup(OBJECTIVES, params.objective, "objective"),
     )
+
+
+def _no_grad(function):
+    """``@torch.no_grad()``, entered when ``function`` is called (``torch`` is bound lazily, so the decorator
+    cannot touch it when this module is imported)."""
+
+    @functools.wraps(function)
+    def without_grad(*args, **kwargs):
+        with torch.no_grad():
+            return function(*args, **kwargs)
+
+    return without_grad
+
+
+class RuleInputs(NamedTuple):
+    """One micro-batch's inputs of ``policy_loss``, as a batch rule reads them (``batch_keeps``), (B, T) each."""
+
+    logprobs: torch.Tensor
+    behavior_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    """(B,) or (B, T)."""
+    mask: torch.Tensor
+    proximal_logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    """Read only with ``entropy_eps``."""
+
+
+class BatchKeep(NamedTuple):
+    """A micro-batch's rows of a batch rule's mask over the whole mini-batch (``policy_loss(batch_keep=...)``)."""
+
+    keep: torch.Tensor
+    """(B, T) bool, the micro-batch's shape."""
+    metrics: dict[str, torch.Tensor]
+    """What the rule reports, over the mini-batch (the same for each of its micro-batches)."""
+
+
+@_no_grad
+def batch_keeps(parts: list[RuleInputs], params: LossParams) -> list[BatchKeep]:
+    """The mask M of ``params.clip_mode`` computed once over the rows of all ``parts`` (a mini-batch's
+    micro-batches, in its row order), cut back into each part's rows: ``BatchKeep`` (B_i, T_i) per part.
+
+    The parts are right-padded to the widest (padding is masked out, and ``policy_loss`` ignores masked values),
+    concatenated row after row and read through the same ``_TokenView``, ASPO band and rule as one
+    ``policy_loss`` call over the whole mini-batch; so every token's M is the one that call gives, ties in the
+    rule's ranking broken the same way (the order of (row, token) does not depend on the padded width), and the
+    loss and gradient accumulated over the parts with their exact shares equal that call's whatever the split."""
+    keep_fn, level_fn = lookup(CLIP_MODES, params.clip_mode, "clip_mode"), lookup(
+        RATIO_LEVELS, params.ratio_level, "ratio_level"
+    )
+    width = max(part.logprobs.shape[1] for part in parts)
+
+    def joined(values: list[torch.Tensor | None]) -> torch.Tensor | None:
+        if any(value is None for value in values):
+            return None
+        padded = [torch.nn.functional.pad(value, (0, width - value.shape[1])) for value in values]
+        return torch.cat(padded)  # (N, width)
+
+    def per_token(part: RuleInputs) -> torch.Tensor:
+        advantages = part.advantages.detach()
+        return advantages[:, None].expand_as(part.logprobs) if advantages.dim() == 1 else advantages
+
+    logprobs = joined([part.logprobs.detach() for part in parts])
+    mask = joined([part.mask.to(logprobs.dtype) for part in parts])
+    view = _TokenView.of(logprobs, joined([part.behavior_logprobs.to(logprobs.dtype) for part in parts]),
+                         joined([per_token(part) for part in parts]), mask,
+                         joined([part.proximal_logprobs for part in parts]), level_fn)  # fmt: skip
+    rule_params = replace(params, mask=view.mask, logprobs=view.current, anchor_logprobs=view.anchor)
+    entropy = joined([part.entropy for part in parts]) if params.entropy_eps is not None else None
+    rule_params, _ = corrections.entropy_band(entropy, rule_params)
+    keep, metrics = _with_metrics(keep_fn(view.ratio, view.advantages, rule_params))  # (N, width)
+    metrics = {key: value.detach() for key, value in metrics.items()}
+    out, start = [], 0
+    for part in parts:
+        rows, columns = part.logprobs.shape
+        out.append(BatchKeep(keep[start : start + rows, :columns], metrics))
+        start += rows
+    return out
 
 
 class _TokenView(NamedTuple):
@@ -322,18 +412,6 @@ def _valid_extreme(ratio: torch.Tensor, valid: torch.Tensor, largest: bool) -> t
     filled = torch.where(valid, ratio, fill)  # (B, T)
     extreme = filled.amax() if largest else filled.amin()
     return torch.where(valid.any(), extreme, torch.ones_like(extreme))
-
-
-def _no_grad(function):
-    """``@torch.no_grad()``, entered when ``function`` is called (``torch`` is bound lazily, so the decorator
-    cannot touch it when this module is imported)."""
-
-    @functools.wraps(function)
-    def without_grad(*args, **kwargs):
-        with torch.no_grad():
-            return function(*args, **kwargs)
-
-    return without_grad
 
 
 @_no_grad

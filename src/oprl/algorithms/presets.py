@@ -10,7 +10,7 @@ Not here: the formulas (``advantages.py``, ``losses.py``), a knob's default or r
 parsing (``oprl.config``)."""
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from oprl.algorithms.advantages import BASELINES, DROP_RULES, WEIGHTED_BASELINES
@@ -21,7 +21,9 @@ from oprl.algorithms.kl import KL_ESTIMATORS
 from oprl.algorithms.losses import CLIP_MODES, OBJECTIVES, RATIO_LEVELS, REGULARIZERS, WEIGHTS
 from oprl.algorithms.red_weight import RED_WEIGHT_LEVELS, RED_WEIGHT_RULES
 from oprl.algorithms.registry import unknown_name_message
+from oprl.algorithms.score_centering import CENTERED_WEIGHTS
 from oprl.algorithms.spec import KNOBS, Algorithm, default, range_error
+from oprl.algorithms.topk_divergence import TOP_K_MASKS
 from oprl.algorithms.variance import ESS_LR_RULES
 
 _WIDE = {"eps_low": 0.6, "eps_high": 2.0}  # ρ ∈ [0.4, 3.0]: faster on- and near-policy (finding 3)
@@ -151,6 +153,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # w = min(ρ, 20), A = r − mean, each response's token sum / T (the authors' run script).
     "dppo-tv": {**ALGORITHM_DEFAULTS, **_DPPO, "clip_mode": "dppo-tv", "eps_low": 0.15, "eps_high": 0.15},
     "dppo-kl": {**ALGORITHM_DEFAULTS, **_DPPO, "clip_mode": "dppo-kl", "eps_low": 0.05, "eps_high": 0.05},
+    # DPPO's Top-K divergence (the paper's Top-K approximation; oprl's reading, docs/algorithms.md#dppo-top-k): the
+    # same trust region on TV / KL over the sampler's top-K plus the rest as one bucket, same δ. Needs
+    # rollout.record_top_k > 0.
+    "dppo-tv-topk": {**ALGORITHM_DEFAULTS, **_DPPO, "clip_mode": "dppo-tv-topk", "eps_low": 0.15, "eps_high": 0.15},
+    "dppo-kl-topk": {**ALGORITHM_DEFAULTS, **_DPPO, "clip_mode": "dppo-kl-topk", "eps_low": 0.05, "eps_high": 0.05},
     # M2PO (Zheng et al. 2025, arXiv 2510.01161, Algorithm 1): the paper's mask (drop the harmful token with the
     # largest (log ρ)² while M̂₂ > 0.04) with ρ-weighted GRPO advantages and no clip.
     "m2po": {**ALGORITHM_DEFAULTS, **_STD, **_IS, "clip_mode": "m2-mask", "m2_threshold": 0.04},
@@ -200,6 +207,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # σ((χ − λ)/1), λ the 0.5-quantile of the last 1024 responses' delight (ρ = 0.5: open-instruct PR 1628's test
     # script); the skipped train with A = 0. Needs oprl's trainer (a screening forward per step).
     "dg-kondo": {**ALGORITHM_DEFAULTS, **_STD, "delight_temperature": 1.0, "kondo_rate": 0.5},
+    # Score centering (arXiv 2609.20807; NeMo RL loss_fn.score_centering): each token's gradient minus the
+    # sampler-expected score estimated on its top-K (needs rollout.record_top_k > 0). NoIS form on REINFORCE and
+    # REC-OneSide-NoIS (the paper's "no IS needed"), the TIS form on tis-token (w = min(ρ, 2)).
+    "reinforce-sc": {**ALGORITHM_DEFAULTS, "score_centering": True},
+    "rec-oneside-nois-sc": {**ALGORITHM_DEFAULTS, "clip_mode": "one-side", "score_centering": True},
+    "tis-token-sc": {**ALGORITHM_DEFAULTS, "weight": "truncated-is", "score_centering": True},
     # SAPO (Gao et al. 2025, arXiv 2511.20347; verl / Trinity-RFT sapo): the soft gate's gradient weight
     # 4σ(1 − σ)·ρ with τ+ = 1, τ− = 1.05, no mask, each response's token mean.
     "sapo": {
@@ -301,10 +314,29 @@ def _check_relations(settings: Mapping[str, Any]) -> None:
         message = (f"red_weight={settings['red_weight']} reshapes the advantages that weight=advantage (RED-Weight's "
                    "fixed exp(A/T)) would weight again: use one of them")  # fmt: skip
         raise SettingError("red_weight", message)
+    _check_top_k(settings, value)
     low, high = settings.get("mask_low", 0.0), settings.get("mask_high", math.inf)
     if not low < high:
         message = f"mask_low must be < mask_high (the band of clip_mode=mask), got {low!r} >= {high!r}"
         raise SettingError("mask_low", message)
+
+
+def _check_top_k(settings: Mapping[str, Any], value: Callable[[str], Any]) -> None:
+    """Score centering composes with no weight or truncated IS, per token, in the policy-gradient objective; the
+    Top-K masks compare with the sampler (the recorded top-K has no π_prox)."""
+    if value("score_centering"):
+        if value("weight") not in CENTERED_WEIGHTS:
+            message = (f"score_centering has a form for weight={' or '.join(CENTERED_WEIGHTS)} (NoIS, TIS), "
+                       f"not weight={value('weight')}")  # fmt: skip
+            raise SettingError("score_centering", message)
+        if value("ratio_level") != "token" or value("objective") != "policy-gradient":
+            message = (f"score_centering centres each token's policy-gradient score: needs ratio_level=token and "
+                       f"objective=policy-gradient, got {value('ratio_level')} / {value('objective')}")  # fmt: skip
+            raise SettingError("score_centering", message)
+    if value("clip_mode") in TOP_K_MASKS and value("recompute_proximal"):
+        message = (f"clip_mode={value('clip_mode')} compares the trainer with the sampler's recorded top-K, which "
+                   "has no recomputed proximal counterpart: set recompute_proximal=false")  # fmt: skip
+        raise SettingError("recompute_proximal", message)
 
 
 ENTROPY_BANDS = ("one-side", "two-side", "ring")
@@ -341,11 +373,14 @@ def trainer_only(settings: dict[str, Any]) -> list[str]:
     trainer's token entropies, which those hosts do not pass). A host that takes only oprl's loss and advantages
     (TRL, verl, the Tinker server) refuses a preset with any of them rather than drop them silently. Adaptive
     RED-Weight (``red_weight``) is one too: it needs each response's loss token count, which their advantage
-    hooks are not given; and the Kondo gate (``kondo_rate``): a screening forward and a window kept across steps."""
+    hooks are not given; and the Kondo gate (``kondo_rate``): a screening forward and a window kept across steps.
+    Score centering and the Top-K masks read the sampler's top-K, which only oprl's rows carry."""
     found = [f"ess_lr={settings['ess_lr']}"] if settings["ess_lr"] != "none" else []
     found += [f"red_weight={settings['red_weight']}"] if settings.get("red_weight", "none") != "none" else []
     found += [f"kondo_rate={settings['kondo_rate']}"] if settings.get("kondo_rate") is not None else []
     found += [f"entropy_eps={settings['entropy_eps']}"] if settings.get("entropy_eps") is not None else []
+    found += ["score_centering=True"] if settings.get("score_centering") else []
+    found += [f"clip_mode={settings['clip_mode']}"] if settings.get("clip_mode") in TOP_K_MASKS else []
     return found + ([f"baseline={settings['baseline']}"] if settings["baseline"] in WEIGHTED_BASELINES else [])
 
 

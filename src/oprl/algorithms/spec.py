@@ -430,11 +430,23 @@ class LossParams:
         range=POSITIVE,
         group=DELIGHT,
     )
+    score_centering: bool = knob(
+        False,
+        "Score centering (arXiv 2609.20807; NeMo RL's loss_fn.score_centering; presets reinforce-sc, rec-oneside-"
+        "nois-sc, tis-token-sc): add A*sum_{v in H} sg(m_v - alpha*p_v)*log p_v to each token's loss, H the "
+        "sampler's top-K (needs rollout.record_top_k > 0), m = q and alpha = rho without IS (weight=none), the "
+        "TIS form with weight=truncated-is (docs/algorithms.md#score-centering). Logged as loss/score_centering*.",
+        why="off; score centering (arXiv 2609.20807) subtracts the sampler-expected score, from the top-K",
+        group=AFTER_THE_PAPER,
+    )
     normalizer: float | None = None
     """``seq-mean-token-sum-norm``'s fixed denominator (Dr.GRPO: the response budget); None = the batch's."""
     mask: torch.Tensor | None = field(default=None, repr=False)
     logprobs: torch.Tensor | None = field(default=None, repr=False)
     anchor_logprobs: torch.Tensor | None = field(default=None, repr=False)
+    top_k: Any = field(default=None, repr=False)
+    """The micro-batch's ``top_k.TopKTokens`` (detached) where the step needs them (``Needs.top_k``), for the
+    masks on the sampler's top-K (DPPO's Top-K divergence); None otherwise."""
 
     @classmethod
     def of(cls, settings: Mapping[str, Any], **extra: Any) -> LossParams:
@@ -586,6 +598,9 @@ class Needs:
     """The loss differentiates the token entropies (an entropy bonus)."""
     log_weights: bool = False
     """The step-size rule reads the mini-batch's responses' log importance weights, gathered over ranks."""
+    top_k: bool = False
+    """The loss reads the sampler's top-K ids and log-probs and the policy's log-probs of those ids, from the loss's
+    own forward (score centering, DPPO's Top-K divergence: ``rollout.record_top_k > 0``)."""
 
     def reference(self, step: int) -> bool:
         """Whether step ``step`` (1-based, the version the update produces) computes the reference log-probs."""
@@ -649,6 +664,7 @@ class Algorithm:
     def needs(self) -> Needs:
         """What a step must compute for this algorithm, derived from its settings and the registries."""
         from oprl.algorithms.advantages import WEIGHTED_BASELINES  # imports this module (its defaults)
+        from oprl.algorithms.topk_divergence import TOP_K_MASKS
 
         reference = self.reference
         return Needs(
@@ -659,6 +675,7 @@ class Algorithm:
             reference_every=1 if reference.kl_coef > 0 else reference.log_ref_kl_every,
             entropy_grad=self.entropy.entropy_coef > 0,
             log_weights=self.step_size.ess_lr != "none",
+            top_k=self.loss.score_centering or self.loss.clip_mode in TOP_K_MASKS,
         )
 
 

@@ -26,7 +26,9 @@ from oprl.algorithms.delight import kondo_gate
 from oprl.algorithms.distill import teacher_advantages
 from oprl.algorithms.kl import kl_penalty
 from oprl.algorithms.losses import effective_sample_size, policy_loss, ratio_stats
+from oprl.algorithms.score_centering import score_centering_tokens
 from oprl.algorithms.spec import Algorithm
+from oprl.algorithms.top_k import TopKTokens
 from oprl.algorithms.variance import baseline_gap, sequence_log_ratios, step_size
 from oprl.lazy import lazy_import
 
@@ -87,6 +89,9 @@ class TokenInputs(NamedTuple):
     """The reference policy's (``needs.reference``)."""
     teacher_logprobs: torch.Tensor | None = None
     """The teacher's, where every row carries them."""
+    top_k: TopKTokens | None = None
+    """(B, T, K) the sampler's top-K and the policy's log-probs of those ids from this forward, with grad
+    (``needs.top_k``: score centering, DPPO's Top-K masks)."""
 
 
 class LossTerms(NamedTuple):
@@ -156,9 +161,11 @@ def loss_terms(
     the group advantages; ``given``: the sampler's log-probs, the loss's token mask and the optional (B, T) inputs.
       A     = teacher_advantages(A, π_b, π_T)                      (distill.py; A unchanged at distill_coef 0)
       loss  = policy_loss(logprobs, π_b, A, mask, method.loss, proximal_logprobs)
+              + aggregate(score_centering_tokens(top_k, A))         (score_centering; top_k.py's inputs)
               − entropy_coef·aggregate(entropy) + kl_coef·aggregate(k(logprobs, ref_logprobs))
-    both aggregates in the loss's aggregation, so micro-batch shares weight them like the policy term."""
-    behavior_logprobs, mask, proximal_logprobs, ref_logprobs, teacher_logprobs = given
+    every aggregate in the loss's aggregation, so micro-batch shares weight them like the policy term. With
+    ``given.top_k`` the loss's masks see it too (``LossParams.top_k``: DPPO's Top-K divergence)."""
+    behavior_logprobs, mask, proximal_logprobs, ref_logprobs, teacher_logprobs, top_k = given
     metrics: dict[str, torch.Tensor] = {}
     if teacher_logprobs is not None:
         advantages, distilled = teacher_advantages(
@@ -166,11 +173,21 @@ def loss_terms(
         )  # (B,) or (B, T)
         metrics |= {f"distill/{key}": value for key, value in distilled.items()}
     params = method.loss
+    if top_k is not None:  # the masks on the sampler's top-K read it (numbers only)
+        params = dataclasses.replace(params, top_k=top_k.detached())
     band = entropy.detach() if params.entropy_eps is not None else None  # ASPO's entropy-dependent band
     loss, policy = policy_loss(
         logprobs, behavior_logprobs, advantages, mask, params, proximal_logprobs=proximal_logprobs, entropy=band
     )
     metrics |= {f"loss/{key}": value for key, value in policy.items()}
+    if params.score_centering:
+        if top_k is None:
+            raise ValueError("score_centering reads the sampler's top-K: the rows carry none (rollout.record_top_k=0)")
+        centering, centered = score_centering_tokens(top_k, advantages, mask, weight=params.weight,
+                                                     is_cap=params.is_cap)  # fmt: skip
+        centering = aggregate(centering, mask, params.loss_agg, params.normalizer)
+        loss = loss + centering
+        metrics |= {"loss/score_centering": centering.detach()} | {f"loss/{k}": v for k, v in centered.items()}
     metrics |= behavior_metrics(logprobs.detach(), entropy.detach(), behavior_logprobs, mask)
     if method.entropy.entropy_coef > 0:
         loss = loss - method.entropy.entropy_coef * aggregate(entropy, mask, params.loss_agg, params.normalizer)

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from oprl.algorithms import KNOBS, Algorithm, SettingError, renamed_message
+from oprl.algorithms.topk_divergence import TOP_K_MASKS
 from oprl.config.algorithm import AlgorithmConfig
 from oprl.config.judge import JudgeConfig
 from oprl.config.sections import (
@@ -186,6 +187,21 @@ class RunConfig(_Section):
                 "model with the student's tokenizer)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _top_k_recorded(self) -> RunConfig:
+        """A loss over the sampler's top-K (``Algorithm.needs.top_k``) needs a sampler that records it; mode=offline
+        reads a store that may have (the trainer checks its rows)."""
+        if self.mode != "both" or self.rollout.record_top_k:
+            return self
+        clip_mode = self._setting("clip_mode")
+        if self._setting("score_centering"):
+            culprit = "algorithm.score_centering=true"
+        elif clip_mode in TOP_K_MASKS:
+            culprit = f"algorithm.clip_mode={clip_mode}"
+        else:
+            return self
+        raise OprlError(f"{culprit} reads the sampler's top-K per token but rollout.record_top_k=0: set it > 0, e.g. 4")
 
     @model_validator(mode="after")
     def _ranks_fit(self) -> RunConfig:

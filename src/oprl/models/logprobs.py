@@ -55,13 +55,17 @@ def response_logprobs(
     entropy_grad: bool = False,
     chunk_bytes: int = LOGIT_CHUNK_BYTES,
     keep_chosen: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    extra_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
     """log pi(target_t | prefix) under ``sampling``'s distribution, for the ``T`` response positions: logits over
     its temperature and, when it truncates, renormalised over its kept set, which holds the target too unless
     ``keep_chosen`` is False (then a target outside it scores -inf; module docstring).
 
     Returns ``(logprobs (B, T), entropy (B, T) or None)``; padded response positions (where the response part
-    of ``attention_mask`` is 0) hold 0. Entropy (of the temperature-scaled distribution) is computed only when
+    of ``attention_mask`` is 0) hold 0. With ``extra_ids`` (B, T, K) int64 (the sampler's top-K ids,
+    ``rollout.record_top_k``) a third tensor follows: ``extra (B, T, K)``, log pi of each of those ids at each
+    position, gathered from the same log-softmax as the target's (no second forward; -inf for an id outside the
+    kept set, 0 at padded positions). Entropy (of the temperature-scaled distribution) is computed only when
     ``with_entropy``, and carries gradient only when ``entropy_grad`` (an entropy bonus); as a pure metric it
     is computed without building a graph.
 
@@ -76,8 +80,9 @@ def response_logprobs(
     features, head = response_features(model, input_ids, attention_mask, targets.shape[1])  # (B, T, ·)
     features = features[mask]  # (N, H) or (N, V), valid tokens only
     chosen = targets.to(features.device)[mask.to(features.device)]  # (N,)
+    extra = None if extra_ids is None else extra_ids.to(features.device)[mask.to(features.device)]  # (N, K)
     return _chunked_logprobs(
-        head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen
+        head, features, chosen, mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen, extra
     )
 
 
@@ -126,11 +131,12 @@ def packed_response_logprobs(
     """``response_logprobs`` of rows given as token lists, each row's prompt and response packed (``pack``) and
     run whole: no key/value cache, so every layer's forward can be recomputed in backward (activation
     checkpointing), at the cost of running each group's prompt once per row. Returns ``(logprobs (B, T),
-    entropy (B, T) or None, mask (B, T))``, equal to ``grouped_response_logprobs`` up to float rounding."""
+    entropy (B, T) or None, mask (B, T))``, equal to ``grouped_response_logprobs`` up to float rounding, and
+    with ``extra_ids`` (B, T, K) the log-probs of those ids, ``(B, T, K)``, as a fourth (``response_logprobs``)."""
     device = next(model.parameters()).device
     input_ids, attention_mask, targets, mask = (t.to(device) for t in pack(prompt_ids, response_ids, pad_id))
-    logprobs, entropy = response_logprobs(model, input_ids, attention_mask, targets, **kwargs)
-    return logprobs, entropy, mask
+    logprobs, entropy, *extra = response_logprobs(model, input_ids, attention_mask, targets, **kwargs)
+    return (logprobs, entropy, mask, *extra)
 
 
 def grouped_response_logprobs(
@@ -144,7 +150,8 @@ def grouped_response_logprobs(
     entropy_grad: bool = False,
     chunk_bytes: int = LOGIT_CHUNK_BYTES,
     keep_chosen: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    extra_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
     """``response_logprobs`` for rows given as token lists, running each distinct prompt through the model once.
 
     A GRPO batch holds every prompt K times (its group); recomputing the prompt for each response costs K
@@ -153,8 +160,9 @@ def grouped_response_logprobs(
     sums over its group), and only the response tokens run per row. Positions and masks are those of
     ``pack``, so the numbers equal ``response_logprobs(*pack(...))`` up to float rounding (tested).
 
-    Returns ``(logprobs (B, T), entropy (B, T) or None, mask (B, T))``. Models without a plain linear head
-    (see ``response_logprobs``) fall back to it.
+    Returns ``(logprobs (B, T), entropy (B, T) or None, mask (B, T))`` and, with ``extra_ids`` (B, T, K), the
+    log-probs of those ids from the same log-softmax, ``(B, T, K)``, as a fourth (``response_logprobs``). Models
+    without a plain linear head (see ``response_logprobs``) fall back to it.
     """
     head = _plain_head(model)
     if head is None:
@@ -168,6 +176,7 @@ def grouped_response_logprobs(
             entropy_grad=entropy_grad,
             chunk_bytes=chunk_bytes,
             keep_chosen=keep_chosen,
+            extra_ids=extra_ids,
         )
     decoder, device = _decoder(model), head.weight.device
     prefill = prefill_shared_prompts(decoder, prompt_ids, pad_id, device)
@@ -186,10 +195,11 @@ def grouped_response_logprobs(
             **{cache_kwarg(decoder): prefill.cache},
         ).last_hidden_state  # (B, T-1, H): token t predicts token t+1
         hidden = torch.cat([hidden, rest], dim=1)  # (B, T, H)
-    logprobs, entropy = _chunked_logprobs(
-        head, hidden[mask], targets[mask], mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen
+    extra = None if extra_ids is None else extra_ids.to(device)[mask]  # (N, K)
+    logprobs, entropy, *rest = _chunked_logprobs(
+        head, hidden[mask], targets[mask], mask, sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen, extra
     )
-    return logprobs, entropy, mask
+    return (logprobs, entropy, mask, *rest)
 
 
 def prefix_shared_logprobs(
@@ -254,17 +264,21 @@ def prefix_shared_logprobs(
 
 
 def _chunked_logprobs(
-    head, features, chosen, mask, sampling: Sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen=True
-):
+    head, features, chosen, mask, sampling: Sampling, with_entropy, entropy_grad, chunk_bytes, keep_chosen=True,
+    extra=None,
+):  # fmt: skip
     """Log-probs (and entropies) of ``chosen`` (N,) from ``features`` (N, H) in bounded chunks, placed at
-    ``mask`` in ``(B, T)`` tensors, under ``sampling``'s distribution."""
+    ``mask`` in ``(B, T)`` tensors, under ``sampling``'s distribution; with ``extra`` (N, K) ids, their log-probs
+    too, placed in a third, ``(B, T, K)``."""
     vocab = head.out_features if isinstance(head, torch.nn.Linear) else features.shape[-1]
     # Truncation works on copies of the chunk's logits (sorted values, int64 order, cumulative sums): ~4x.
     copies = 4 if sampling.truncates else 1
     rows = max(1, chunk_bytes // (4 * vocab * copies))
-    logprob_chunks, entropy_chunks = [], []
+    logprob_chunks, entropy_chunks, extra_chunks = [], [], []
     for start in range(0, features.shape[0], rows):
         args = (features[start : start + rows], chosen[start : start + rows])
+        if extra is not None:  # the extra ids ride along in the same call: one log-softmax for all of them
+            args = (args[0], torch.cat([args[1][:, None], extra[start : start + rows]], dim=1))  # (n, 1 + K)
         if torch.is_grad_enabled():
             # Keep only the chunk's inputs for backward; its (rows, V) logits are recomputed there.
             # preserve_rng_state=False: the chunk draws no random numbers, and saving/restoring the global RNG
@@ -282,11 +296,16 @@ def _chunked_logprobs(
             )
         else:
             logprob, entropy = _token_logprobs(head, *args, sampling, with_entropy, entropy_grad, keep_chosen)
+        if extra is not None:
+            logprob, extra_logprob = logprob[:, 0], logprob[:, 1:]
+            extra_chunks.append(extra_logprob)
         logprob_chunks.append(logprob)
         entropy_chunks.append(entropy)
     logprobs = _scatter(torch.cat(logprob_chunks), mask)
     entropy = _scatter(torch.cat(entropy_chunks), mask) if with_entropy else None
-    return logprobs, entropy
+    if extra is None:
+        return logprobs, entropy
+    return logprobs, entropy, _scatter(torch.cat(extra_chunks).reshape(-1, extra.shape[1]), mask)
 
 
 def _token_logprobs(
@@ -294,16 +313,22 @@ def _token_logprobs(
 ):
     """(log-prob of ``chosen`` (n,), entropy (n,) or an empty tensor) for one chunk of ``n`` tokens, under the
     distribution ``sampling`` samples from; truncated, both are over the kept set plus ``chosen`` (without it
-    when not ``keep_chosen``: a dropped ``chosen`` scores -inf; module docstring)."""
+    when not ``keep_chosen``: a dropped ``chosen`` scores -inf; module docstring). ``chosen`` (n, 1 + K): the
+    sampled token then K more ids (``extra_ids``), whose log-probs (n, 1 + K) are gathered from the same
+    log-softmax; only the sampled one (column 0) joins the kept set."""
     scaled = head(features).float() / sampling.temperature  # (n, V)
     finite = scaled
+    sampled = chosen if chosen.dim() == 1 else chosen[:, 0]  # (n,)
     if sampling.truncates:
         kept = sampling.kept(scaled)  # (n, V), no gradient
-        dropped = ~(kept.scatter(-1, chosen[:, None], True) if keep_chosen else kept)
+        dropped = ~(kept.scatter(-1, sampled[:, None], True) if keep_chosen else kept)
         finite = scaled.masked_fill(dropped, 0.0)  # for p * s below: 0 * -inf would be nan
         scaled = scaled.masked_fill(dropped, float("-inf"))  # probability 0, no gradient
     normaliser = torch.logsumexp(scaled, dim=-1)  # (n,)
-    logprob = scaled.gather(-1, chosen[:, None]).squeeze(-1) - normaliser
+    if chosen.dim() == 1:
+        logprob = scaled.gather(-1, chosen[:, None]).squeeze(-1) - normaliser  # (n,)
+    else:
+        logprob = scaled.gather(-1, chosen) - normaliser[:, None]  # (n, 1 + K)
     entropy = scaled.new_empty(0)
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -312,9 +337,10 @@ def _token_logprobs(
 
 
 def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Place per-valid-token ``values`` (N,) into a zero ``(B, T)`` tensor at ``mask``."""
-    out = values.new_zeros(mask.shape)
-    return out.masked_scatter(mask.to(values.device), values)
+    """Place per-valid-token ``values`` (N,) or (N, K) into a zero ``(B, T)`` or ``(B, T, K)`` tensor at ``mask``."""
+    out = values.new_zeros(mask.shape + values.shape[1:])
+    where = mask.to(values.device)
+    return out.masked_scatter(where.reshape(where.shape + (1,) * (values.dim() - 1)).expand_as(out), values)
 
 
 def _plain_head(model):

@@ -25,10 +25,11 @@ import torch
 
 from oprl.algorithms.spec import Algorithm, Needs
 from oprl.algorithms.step import BatchInputs, TokenInputs, loss_units
+from oprl.algorithms.top_k import TopKTokens
 from oprl.algorithms.variance import sequence_log_ratios
 from oprl.errors import OprlError
 from oprl.messages import Experience
-from oprl.models.batching import right_pad_values
+from oprl.models.batching import right_pad, right_pad_values
 from oprl.models.truncation import Sampling
 from oprl.trainer import score_norms
 
@@ -47,11 +48,25 @@ class RowInputs:
     reference: list[list[float]] | None = None
     picked: list[int] | None = None
     """The rows of the lists a micro-batch holds (None: all of them, in order)."""
+    top_k: TopK | None = None
+    """The step's sampler top-K (N, T, K), where the method reads it (``needs.top_k``)."""
 
-    def padded(self, rows: list[Experience], mask: torch.Tensor) -> TokenInputs:
+    def forward_keywords(self, rows: list[Experience]) -> dict[str, Any]:
+        """The policy forward's extra keywords for the micro-batch ``rows``: ``extra_ids`` (B, T, K), the sampler's
+        top-K ids at its rows and tokens, where the method reads them (``oprl.models.logprobs``); else none."""
+        if self.top_k is None:
+            return {}
+        width = max(len(e.response_ids) for e in rows)
+        return {"extra_ids": self._mine_top_k(self.top_k.ids)[:, :width]}
+
+    def _mine_top_k(self, values: torch.Tensor) -> torch.Tensor:
+        return values if self.picked is None else values[self.picked]
+
+    def padded(self, rows: list[Experience], mask: torch.Tensor, extra: torch.Tensor | None = None) -> TokenInputs:
         """``loss_terms``' (B, T) inputs for ``rows`` whose forward gave the valid-token ``mask`` (B, T): the loss's
         tokens (multi-turn episodes: environment tokens are context only, every term sees model tokens only), the
-        behaviour log-probs, π_prox, the reference's and, when every row carries them, the teacher's log-probs."""
+        behaviour log-probs, π_prox, the reference's and, when every row carries them, the teacher's log-probs;
+        with ``extra`` (B, T, K), the forward's log-probs of ``forward_keywords``' ids, the top-K view."""
         width, device = mask.shape[1], mask.device
 
         def pad(values):  # (B, width) on the mask's device
@@ -63,8 +78,14 @@ class RowInputs:
         if any(e.loss_mask is not None for e in rows):
             mask = mask & loss_mask_of(rows, width).to(device)
         teacher = [e.teacher_logprobs for e in rows]
+        top_k = None
+        if extra is not None and self.top_k is not None:
+            ids = self._mine_top_k(self.top_k.ids)[:, :width].to(device)  # (B, T, K)
+            targets = right_pad([e.response_ids for e in rows], -1)[0][:, :width].to(device)  # (B, T); -1: padding
+            sampled = ids == targets[..., None]  # (B, T, K)
+            top_k = TopKTokens(self._mine_top_k(self.top_k.logprobs)[:, :width].to(device), extra, sampled)
         return TokenInputs(pad([e.behavior_logprobs for e in rows]), mask, mine(self.proximal), mine(self.reference),
-                           pad(teacher) if all(t is not None for t in teacher) else None)  # fmt: skip
+                           pad(teacher) if all(t is not None for t in teacher) else None, top_k)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -156,7 +177,15 @@ class Inputs:
         rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
         group_ids = torch.tensor([e.group_id for e in batch], dtype=torch.long)  # (N,)
         given = BatchInputs(rewards, group_ids, covered.sum(-1), statistics, screen)
-        return StepInputs(given, loss_units(covered, self.method), rows, seconds, top_k_of(batch, width))
+        top_k = top_k_of(batch, width)
+        if self.needs.top_k:
+            if top_k is None:
+                raise OprlError(
+                    "the algorithm reads the sampler's top-K (score_centering or a *-topk clip_mode) but the batch's "
+                    "rows carry none: sample with rollout.record_top_k > 0 (an offline store must have recorded them)"
+                )
+            rows.top_k = top_k
+        return StepInputs(given, loss_units(covered, self.method), rows, seconds, top_k)
 
     def proximal_logprobs(self, rows: list[Experience]) -> list[list[float]]:
         """log π_prox of every response token of ``rows`` under the current (pre-update) weights: the loss's

@@ -188,11 +188,12 @@ class Trainer:
     ) -> LossTerms:
         """``LossTerms`` of one micro-batch: the policy's log-probs and entropies (each distinct prompt runs once,
         shared by its group: ``grouped_response_logprobs``), then the method's loss terms."""
-        logprobs, entropy, mask = self.policy(
+        given = given or RowInputs()
+        logprobs, entropy, mask, *extra = self.policy(
             [e.prompt_ids for e in rows], [e.response_ids for e in rows], self.pad_id, sampling=self.sampling,
-            with_entropy=True, entropy_grad=self.method.needs.entropy_grad,
-        )  # (B, T), (B, T), (B, T)  # fmt: skip
-        tensors = (given or RowInputs()).padded(rows, mask)  # the loss's tokens and its other (B, T) inputs
+            with_entropy=True, entropy_grad=self.method.needs.entropy_grad, **given.forward_keywords(rows),
+        )  # (B, T) x3, and the log-probs (B, T, K) of the sampler's top-K ids where the method reads them  # fmt: skip
+        tensors = given.padded(rows, mask, *extra)  # the loss's tokens and its other (B, T) inputs
         return loss_terms(logprobs, entropy, advantages.to(mask.device), tensors, self.method)
 
     def _schedule_lr(self) -> None:
