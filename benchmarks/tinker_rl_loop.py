@@ -125,7 +125,7 @@ def tinker_loop(args, port: int, server_pid: int | None = None) -> dict:
     cursor = 0
     for step in range(args.steps):
         start = time.perf_counter()
-        cpu_start = own_cpu_s() + (process_cpu_s(server_pid) if server_pid else 0.0)
+        cpu_start = (own_cpu_s(), process_cpu_s(server_pid) if server_pid else 0.0)
         sampler = trainer.save_weights_and_get_sampling_client().result()
         batch = problems[cursor : cursor + args.prompts]
         cursor += args.prompts
@@ -166,7 +166,7 @@ def tinker_loop(args, port: int, server_pid: int | None = None) -> dict:
         rewards.append(float(np.mean(step_rewards)))
         seconds.append(done - start)
         if server_pid:
-            cpu.append(own_cpu_s() + process_cpu_s(server_pid) - cpu_start)
+            cpu.append((own_cpu_s() - cpu_start[0], process_cpu_s(server_pid) - cpu_start[1]))
         parts["sample"].append(sampled - tick)
         parts["forward_backward"].append(backward - built)
         parts["optim_step"].append(done - backward)
@@ -175,7 +175,8 @@ def tinker_loop(args, port: int, server_pid: int | None = None) -> dict:
     kept = slice(args.skip, None)
     return {
         "median_step_s": statistics.median(seconds[kept]),
-        "mean_cpu_per_step_s": statistics.mean(cpu[kept]) if cpu else None,
+        "mean_cpu_per_step_s": statistics.mean(c + s for c, s in cpu[kept]) if cpu else None,
+        "mean_cpu_client_server_s": [statistics.mean(c[i] for c in cpu[kept]) for i in (0, 1)] if cpu else None,
         "median_parts_s": {k: statistics.median(v[kept]) for k, v in parts.items()},
         "reward_first5": statistics.mean(rewards[:5]),
         "reward_last5": statistics.mean(rewards[-5:]),
@@ -278,6 +279,13 @@ def main() -> None:
         "-x -C DIR`) whose server runs the same loop too, each round: the A/B in one run",
     )
     parser.add_argument(
+        "--source",
+        type=Path,
+        default=None,
+        help="the source tree of the server under test (default: this one; a snapshot keeps others' uncommitted "
+        "edits of a shared tree out)",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -307,7 +315,7 @@ def main() -> None:
         one = {}
         if args.before is not None:
             one["tinker_server_before"] = server_side(args, args.before)
-        one["tinker_server"] = server_side(args, None)
+        one["tinker_server"] = server_side(args, args.source)
         one["oprl_train"] = oprl_train(args)
         oprl_s = one["oprl_train"]["median_step_s"]
         one["ratio_step_s"] = one["tinker_server"]["median_step_s"] / oprl_s
@@ -321,6 +329,9 @@ def main() -> None:
         one["load_average_1_5_15"] = os.getloadavg()
         print(f"round {r + 1}/{args.rounds}: " + json.dumps({k: v for k, v in one.items() if k.startswith("ratio")}))
         rounds.append(one)
+        if args.json:  # each round as it ends: a later round's failure keeps the earlier ones
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"label": args.label or commit(), "rounds": rounds}, indent=2) + "\n")
     result = {
         "label": args.label or commit(),
         "model": served_name(args),
@@ -330,7 +341,8 @@ def main() -> None:
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
         "server_threads": worker_threads(args) if args.server_threads == "job" else "torch default",
         "settings": vars(args) | {"json": str(args.json) if args.json else None,
-                                  "before": str(args.before) if args.before else None},
+                                  "before": str(args.before) if args.before else None,
+                                  "source": str(args.source) if args.source else None},
         **{k: v for k, v in rounds[0].items() if k != "load_average_1_5_15"},
     }  # fmt: skip
     if args.rounds > 1:
