@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from oprl.algorithms.spec import default
 from oprl.algorithms.top_k import TopKTokens, head_masses
 from oprl.lazy import lazy_import
 
@@ -54,7 +55,12 @@ def weight_band(weight: str, is_cap: float) -> tuple[float, float] | None:
 
 
 def score_centering_tokens(
-    top_k: TopKTokens, advantages: torch.Tensor, mask: torch.Tensor, *, weight: str = "none", is_cap: float = 2.0
+    top_k: TopKTokens,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    weight: str = default("weight"),
+    is_cap: float = default("is_cap"),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(c (B, T), metrics)``: each valid token's centering term c_t (module docstring), with grad through
     ``top_k.current`` only, 0 at masked positions; ``advantages`` (B,) or (B, T), detached here; ``mask`` (B, T).
