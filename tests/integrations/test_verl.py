@@ -28,8 +28,10 @@ def batch(seed=0):
 def test_every_preset_is_in_verls_registries():
     names = register_verl()
     # vcpo's step rule, aspo-entropy's token entropies, red-weight's response lengths and the Kondo gate's screening
-    # forward live in oprl's trainer
-    trainer_only = ("vcpo", "aspo-entropy", "red-weight-adaptive", "red-weight-shift", "dg-kondo")
+    # forward live in oprl's trainer; score centering and the Top-K masks read the sampler's top-K, which only
+    # oprl's rows carry
+    trainer_only = ("vcpo", "aspo-entropy", "red-weight-adaptive", "red-weight-shift", "dg-kondo",
+                    "dppo-tv-topk", "dppo-kl-topk", "reinforce-sc", "rec-oneside-nois-sc", "tis-token-sc")  # fmt: skip
     assert names == ["oprl-" + p for p in PRESETS if p not in trainer_only]
     with pytest.raises(ValueError, match="ess_lr=sqrt, baseline=off-policy-optimal"):
         register_verl(["vcpo"])

@@ -67,6 +67,8 @@ def test_the_advantage_settings_are_group_advantages_keywords():
         ("vcpo", {}, {"score_statistics": True, "log_weights": True}),
         ("distill", {}, {"teacher": True}),
         ("dg-kondo", {}, {"screen": True}),
+        ("reinforce-sc", {}, {"top_k": True}),
+        ("dppo-tv-topk", {}, {"top_k": True}),
         ("grpo", {"kl_coef": 0.1}, {"reference_every": 1}),
         ("grpo", {"log_ref_kl_every": 3}, {"reference_every": 3}),
         ("grpo", {"entropy_coef": 0.01}, {"entropy_grad": True}),
