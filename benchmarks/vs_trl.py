@@ -74,7 +74,7 @@ def task_config(smollm2: bool):
 def warm_model_path(threads: int) -> str:
     """The cached warm-started tiny model (built on first use) and its tokenizer, in one HF directory."""
     from oprl.config import load_config
-    from oprl.runtime.workers import model_path
+    from oprl.runtime.launch import model_path
     from oprl.tasks import build_task
 
     config = load_config(None, [f"runtime.torch_threads={threads}", "progress=false"])

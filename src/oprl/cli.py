@@ -321,7 +321,7 @@ def _teacher_score(args: list[str]) -> int:
 
     import torch
 
-    from oprl.runtime.workers import model_path, worker_threads
+    from oprl.runtime.launch import model_path, worker_threads
     from oprl.tasks import build_task
     from oprl.teacher.score import score_store
 

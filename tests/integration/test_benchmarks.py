@@ -57,7 +57,7 @@ def test_vs_trl_oprl_side_runs_and_reports(tmp_path, monkeypatch):
     vs_trl = load("vs_trl")
     monkeypatch.setenv("OPRL_CACHE_DIR", str(tmp_path / "cache"))
     from oprl.config import load_config
-    from oprl.runtime.workers import model_path
+    from oprl.runtime.launch import model_path
     from oprl.tasks import build_task
 
     config = load_config(None, [*SMALL, "runtime.torch_threads=1"])

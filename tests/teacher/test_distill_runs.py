@@ -16,7 +16,7 @@ from oprl.cli import main
 from oprl.config import load_config
 from oprl.metrics import deterministic_view, read_metrics
 from oprl.rollout import Sampling
-from oprl.runtime.workers import model_path
+from oprl.runtime.launch import model_path
 from oprl.tasks import build_task
 from oprl.teacher import Teacher
 from oprl.teacher.loading import load_teacher

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from oprl.config import RunConfig
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.runtime.workers import model_path
+from oprl.runtime.launch import model_path
 from oprl.tasks import build_task
 from oprl.tasks.base import Problem
 from oprl.trainer.warmstart_sft import demonstrable, examples

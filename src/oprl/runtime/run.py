@@ -39,8 +39,8 @@ from oprl.runtime.checkpointing import write_final
 from oprl.runtime.driver import Driver
 from oprl.runtime.healing import Supervisor
 from oprl.runtime.health import SignalHealth, ess_advice
+from oprl.runtime.launch import RunParts, model_path, start_workers, wait_ready, worker_threads
 from oprl.runtime.preflight import check_lengths, check_machine, noop_warnings, outcome_warnings
-from oprl.runtime.workers import RunParts, model_path, start_workers, wait_ready, worker_threads
 from oprl.tasks import build_task
 from oprl.tasks.rewards.processes import LOG_NAME as REWARD_LOG
 from oprl.tasks.rewards.processes import reward_log

@@ -1,7 +1,7 @@
-"""Starting a run's workers: the model they load (``model_path``: the warm start when it gets one), their
-threads, each role placed on the backend (trainer, judge, explorers, buffer, teacher), the newest checkpoint
-restored into them and the first version published: ``start_workers`` returns the ``RunParts`` a ``Driver`` is
-built from. A worker that fails while starting is one line: a user mistake found while loading
+"""Launching a run: starting its workers with the model they load (``model_path``: the warm start when it gets
+one) and their threads, each role placed on the backend (trainer, judge, explorers, buffer, teacher), the newest
+checkpoint restored into them and the first version published: ``start_workers`` returns the ``RunParts`` a
+``Driver`` is built from. A worker that fails while starting is one line: a user mistake found while loading
 (``OprlError``) keeps its own message, a process that died is a ``WorkerFailure`` the run may heal
 (``oprl.runtime.healing``).
 """
