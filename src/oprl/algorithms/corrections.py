@@ -9,10 +9,13 @@ are detached 0-dim tensors that say what the rule masked or re-weighted and why.
 ``params`` the ``LossParams`` of the call, which also carries the call's ``mask``, the current log-probs
 ``logprobs`` (detached) and the anchor's ``anchor_logprobs`` (B, T).
 
-Batch-level rules (M2PO's second moment, BAPO's adaptive bounds) see the rows of one ``policy_loss`` call:
-one micro-batch. They equal the paper's batch statistic when ``optim.micro_batch_size`` holds the mini-batch
-(the default 256 rows holds the embedded task's 128); with smaller micro-batches each is computed per
-micro-batch (the same approximation verl makes per GPU).
+Batch-level rules (M2PO's second moment, BAPO's adaptive bounds; ``losses.BATCH_RULES``) compute their
+statistic over the rows they are given: one ``policy_loss`` call's, or, when the trainer's mini-batch spans
+several micro-batches, the whole mini-batch at once (``losses.batch_keeps``: the rule runs on the micro-batches'
+tensors concatenated in the mini-batch's row order, and each micro-batch's loss takes its rows of that mask). So
+the mask, the loss and the gradient do not depend on ``optim.micro_batch_size`` (Trinity-RFT sorts all of a
+mini-batch's tokens together, as the paper's Algorithm 1). With data parallelism the statistic spans one rank's
+share of the mini-batch (docs/algorithms.md#batch-rules-scope).
 
 Not here: the loss assembly, aggregation and the common metrics (``losses.py``), advantages (OAPL's V̂* is
 ``baseline=logavgexp`` in ``advantages.py``).

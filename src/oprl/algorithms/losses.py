@@ -313,8 +313,11 @@ def batch_keeps(parts: list[RuleInputs], params: LossParams) -> list[BatchKeep]:
     ``policy_loss`` call over the whole mini-batch; so every token's M is the one that call gives, ties in the
     rule's ranking broken the same way (the order of (row, token) does not depend on the padded width), and the
     loss and gradient accumulated over the parts with their exact shares equal that call's whatever the split."""
-    keep_fn, level_fn = lookup(CLIP_MODES, params.clip_mode, "clip_mode"), lookup(
-        RATIO_LEVELS, params.ratio_level, "ratio_level"
+    if not parts:  # a data-parallel rank without rows of this mini-batch
+        return []
+    keep_fn, level_fn = (
+        lookup(CLIP_MODES, params.clip_mode, "clip_mode"),
+        lookup(RATIO_LEVELS, params.ratio_level, "ratio_level"),
     )
     width = max(part.logprobs.shape[1] for part in parts)
 

@@ -601,6 +601,9 @@ class Needs:
     top_k: bool = False
     """The loss reads the sampler's top-K ids and log-probs and the policy's log-probs of those ids, from the loss's
     own forward (score centering, DPPO's Top-K divergence: ``rollout.record_top_k > 0``)."""
+    batch_rule: bool = False
+    """The loss's mask reads a statistic of the whole batch (``losses.BATCH_RULES``: M2PO, BAPO): where a mini-batch
+    spans several micro-batches, the trainer computes it once over them (``step.batch_rule_keeps``)."""
 
     def reference(self, step: int) -> bool:
         """Whether step ``step`` (1-based, the version the update produces) computes the reference log-probs."""
@@ -664,6 +667,7 @@ class Algorithm:
     def needs(self) -> Needs:
         """What a step must compute for this algorithm, derived from its settings and the registries."""
         from oprl.algorithms.advantages import WEIGHTED_BASELINES  # imports this module (its defaults)
+        from oprl.algorithms.losses import BATCH_RULES
         from oprl.algorithms.topk_divergence import TOP_K_MASKS
 
         reference = self.reference
@@ -676,6 +680,7 @@ class Algorithm:
             entropy_grad=self.entropy.entropy_coef > 0,
             log_weights=self.step_size.ess_lr != "none",
             top_k=self.loss.score_centering or self.loss.clip_mode in TOP_K_MASKS,
+            batch_rule=self.loss.clip_mode in BATCH_RULES,
         )
 
 

@@ -25,7 +25,7 @@ from oprl.algorithms.aggregation import aggregate, aggregation_count
 from oprl.algorithms.delight import kondo_gate
 from oprl.algorithms.distill import teacher_advantages
 from oprl.algorithms.kl import kl_penalty
-from oprl.algorithms.losses import effective_sample_size, policy_loss, ratio_stats
+from oprl.algorithms.losses import BatchKeep, RuleInputs, batch_keeps, effective_sample_size, policy_loss, ratio_stats
 from oprl.algorithms.score_centering import score_centering_tokens
 from oprl.algorithms.spec import Algorithm
 from oprl.algorithms.top_k import TopKTokens
@@ -152,7 +152,13 @@ def step_advantages(
 
 
 def loss_terms(
-    logprobs: torch.Tensor, entropy: torch.Tensor, advantages: torch.Tensor, given: TokenInputs, method: Algorithm
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+    advantages: torch.Tensor,
+    given: TokenInputs,
+    method: Algorithm,
+    *,
+    batch_keep: BatchKeep | None = None,
 ) -> LossTerms:
     """One micro-batch's loss terms: the teacher's advantage (rows that carry ``teacher_logprobs``), the policy
     loss, the entropy bonus, the KL penalty (where ``ref_logprobs`` are given), with the behaviour diagnostics.
@@ -164,21 +170,16 @@ def loss_terms(
               + aggregate(score_centering_tokens(top_k, A))         (score_centering; top_k.py's inputs)
               − entropy_coef·aggregate(entropy) + kl_coef·aggregate(k(logprobs, ref_logprobs))
     every aggregate in the loss's aggregation, so micro-batch shares weight them like the policy term. With
-    ``given.top_k`` the loss's masks see it too (``LossParams.top_k``: DPPO's Top-K divergence)."""
-    behavior_logprobs, mask, proximal_logprobs, ref_logprobs, teacher_logprobs, top_k = given
-    metrics: dict[str, torch.Tensor] = {}
-    if teacher_logprobs is not None:
-        advantages, distilled = teacher_advantages(
-            advantages, behavior_logprobs, teacher_logprobs.to(behavior_logprobs.device), mask, method.distill
-        )  # (B,) or (B, T)
-        metrics |= {f"distill/{key}": value for key, value in distilled.items()}
+    ``given.top_k`` the loss's masks see it too (``LossParams.top_k``: DPPO's Top-K divergence). ``batch_keep``:
+    this micro-batch's rows of a batch rule's mask over its whole mini-batch (``batch_rule_keeps``)."""
+    behavior_logprobs, mask, proximal_logprobs, ref_logprobs, _, top_k = given
+    advantages, metrics = _token_advantages(advantages, given, method)  # (B,) or (B, T)
     params = method.loss
     if top_k is not None:  # the masks on the sampler's top-K read it (numbers only)
         params = dataclasses.replace(params, top_k=top_k.detached())
     band = entropy.detach() if params.entropy_eps is not None else None  # ASPO's entropy-dependent band
-    loss, policy = policy_loss(
-        logprobs, behavior_logprobs, advantages, mask, params, proximal_logprobs=proximal_logprobs, entropy=band
-    )
+    loss, policy = policy_loss(logprobs, behavior_logprobs, advantages, mask, params,
+                               proximal_logprobs=proximal_logprobs, entropy=band, batch_keep=batch_keep)  # fmt: skip
     metrics |= {f"loss/{key}": value for key, value in policy.items()}
     if params.score_centering:
         if top_k is None:
@@ -201,6 +202,37 @@ def loss_terms(
     metrics["loss/total"] = loss.detach()
     log_weights = sequence_log_ratios(logprobs, behavior_logprobs, mask)[mask.any(dim=-1)]  # (b,)
     return LossTerms(loss, metrics, log_weights)
+
+
+def _token_advantages(
+    advantages: torch.Tensor, given: TokenInputs, method: Algorithm
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss's advantages: ``advantages`` (B,), plus the teacher's term where ``given`` carries its log-probs
+    (``teacher_advantages``: (B, T)), and the ``distill/*`` metrics."""
+    if given.teacher_logprobs is None:
+        return advantages, {}
+    behavior = given.behavior_logprobs
+    advantages, distilled = teacher_advantages(
+        advantages, behavior, given.teacher_logprobs.to(behavior.device), given.mask, method.distill
+    )
+    return advantages, {f"distill/{key}": value for key, value in distilled.items()}
+
+
+def batch_rule_keeps(
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenInputs]], method: Algorithm
+) -> list[BatchKeep]:
+    """The mask of a batch rule (``method.needs.batch_rule``: M2PO, BAPO) over a whole mini-batch, one
+    ``BatchKeep`` per micro-batch for ``loss_terms(batch_keep=...)``: ``micro_batches`` are each micro-batch's
+    ``(logprobs (B, T), entropy (B, T), advantages (B,), given)`` as ``loss_terms`` receives them (the trainer's
+    forward without grad: the weights do not change between the micro-batches of an update), in the mini-batch's
+    row order. The statistic (M2PO's cut on (log ρ)², its clip bounds, BAPO's bounds) is then the mini-batch's
+    whatever ``optim.micro_batch_size`` is (``losses.batch_keeps``)."""
+    parts = []
+    for logprobs, entropy, advantages, given in micro_batches:
+        advantages, _ = _token_advantages(advantages, given, method)
+        parts.append(RuleInputs(logprobs, given.behavior_logprobs, advantages, given.mask, given.proximal_logprobs,
+                                entropy))  # fmt: skip
+    return batch_keeps(parts, method.loss)
 
 
 def behavior_metrics(

@@ -28,8 +28,17 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from oprl.algorithms.losses import BatchKeep
 from oprl.algorithms.spec import Algorithm
-from oprl.algorithms.step import Carry, LossTerms, loss_terms, step_advantages, step_scale
+from oprl.algorithms.step import (
+    Carry,
+    LossTerms,
+    TokenInputs,
+    batch_rule_keeps,
+    loss_terms,
+    step_advantages,
+    step_scale,
+)
 from oprl.checkpoint.files import (
     load_carry,
     load_schedule,
@@ -146,12 +155,17 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         rows = [batch[i] for i in picked]
         update, log_weights = StepMetrics(), []
-        for micro in self._micro_batches(rows, inputs.units[picked], inputs.batch.lengths[picked]):
+        micros = self._micro_batches(rows, inputs.units[picked], inputs.batch.lengths[picked])
+        masks: list[BatchKeep | None] = [None] * len(micros)  # the loss's own mask over each micro-batch's rows
+        if self.method.needs.batch_rule and len(micros) > 1:  # a statistic of the whole mini-batch
+            masks = update.timed("perf/train_batch_rule_s", self._batch_rule, batch, picked, micros, advantages,
+                                 inputs)  # fmt: skip
+        for micro, batch_keep in zip(micros, masks, strict=True):
             chosen = [picked[i] for i in micro.rows]
             given = replace(inputs.rows, picked=chosen)  # the step's per-row inputs at this micro-batch's rows
             with self.parallel.gradient_sync(micro.last):
                 terms = update.timed("perf/train_forward_s", self._micro_loss,
-                                     [batch[i] for i in chosen], advantages[chosen], given)  # fmt: skip
+                                     [batch[i] for i in chosen], advantages[chosen], given, batch_keep)  # fmt: skip
                 # grad_scale undoes the data-parallel average over ranks (1 on one process).
                 update.timed("perf/train_backward_s", (terms.loss * (micro.share * self.parallel.grad_scale)).backward)
             if micro.real:
@@ -183,18 +197,50 @@ class Trainer:
             for index, chunk in enumerate(chunks)
         ]  # fmt: skip
 
-    def _micro_loss(
-        self, rows: list[Experience], advantages: torch.Tensor, given: RowInputs | None = None
-    ) -> LossTerms:
-        """``LossTerms`` of one micro-batch: the policy's log-probs and entropies (each distinct prompt runs once,
-        shared by its group: ``grouped_response_logprobs``), then the method's loss terms."""
-        given = given or RowInputs()
+    @torch.no_grad()
+    def _batch_rule(
+        self, batch: list[Experience], picked: list[int], micros: list[Micro], advantages: torch.Tensor,
+        inputs: StepInputs,
+    ) -> list[BatchKeep | None]:  # fmt: skip
+        """Each micro-batch's part of the loss's mask where that mask is a statistic of the whole batch
+        (``needs.batch_rule``) and this rank's part of the mini-batch spans several micro-batches (else ``_update``
+        runs nothing extra and the loss computes its mask over its own rows): one forward without grad per
+        micro-batch, the same as its own forward in the update (the weights do not change within an update), then
+        the mask over all of them (``batch_rule_keeps``); None for a weight-0 stand-in. With data parallelism the
+        statistic spans this rank's rows of the mini-batch (docs/algorithms.md#batch-rules-scope)."""
+        forwards = []
+        for micro in micros:  # every rank runs as many forwards (FSDP gathers parameters in each)
+            chosen = [picked[i] for i in micro.rows]
+            given = replace(inputs.rows, picked=chosen)
+            logprobs, entropy, tensors = self._micro_forward([batch[i] for i in chosen], given)
+            if micro.real:
+                forwards.append((logprobs, entropy, advantages[chosen].to(logprobs.device), tensors))
+        masks = iter(batch_rule_keeps(forwards, self.method))
+        return [next(masks) if micro.real else None for micro in micros]
+
+    def _micro_forward(
+        self, rows: list[Experience], given: RowInputs
+    ) -> tuple[torch.Tensor, torch.Tensor, TokenInputs]:
+        """The policy's log-probs and entropies of one micro-batch (each distinct prompt runs once, shared by its
+        group: ``grouped_response_logprobs``), (B, T) each, and the loss's (B, T) inputs (``TokenInputs``)."""
         logprobs, entropy, mask, *extra = self.policy(
             [e.prompt_ids for e in rows], [e.response_ids for e in rows], self.pad_id, sampling=self.sampling,
             with_entropy=True, entropy_grad=self.method.needs.entropy_grad, **given.forward_keywords(rows),
         )  # (B, T) x3, and the log-probs (B, T, K) of the sampler's top-K ids where the method reads them  # fmt: skip
-        tensors = given.padded(rows, mask, *extra)  # the loss's tokens and its other (B, T) inputs
-        return loss_terms(logprobs, entropy, advantages.to(mask.device), tensors, self.method)
+        return logprobs, entropy, given.padded(rows, mask, *extra)  # the loss's tokens and its other (B, T) inputs
+
+    def _micro_loss(
+        self,
+        rows: list[Experience],
+        advantages: torch.Tensor,
+        given: RowInputs | None = None,
+        batch_keep: BatchKeep | None = None,
+    ) -> LossTerms:
+        """``LossTerms`` of one micro-batch: its forward (``_micro_forward``), then the method's loss terms, with
+        ``batch_keep`` its part of a batch rule's mask over the mini-batch (``_batch_rule``) where there is one."""
+        logprobs, entropy, tensors = self._micro_forward(rows, given or RowInputs())
+        return loss_terms(logprobs, entropy, advantages.to(logprobs.device), tensors, self.method,
+                          batch_keep=batch_keep)  # fmt: skip
 
     def _schedule_lr(self) -> None:
         """Every parameter group at ``optim.lr`` times the schedule's factor at slot ``lr_slot``."""
