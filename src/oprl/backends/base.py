@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from oprl.backends import faults
@@ -76,6 +77,23 @@ class RankLauncher(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Placement:
+    """How ``Backend.start`` places a worker: one value for every backend, each reading what applies to it."""
+
+    threads: int | None = None
+    """torch intra-op threads of the worker (None: torch's default)."""
+    compute: bool = True
+    """False for a worker that only moves data (the buffer): Ray reserves it no CPU, the local backend keeps it
+    a thread of the driver's process even with ``runtime.workers=processes``."""
+    gpus: float = 0.0
+    """GPUs it requests where the backend places by resources (Ray sets its CUDA_VISIBLE_DEVICES); local
+    workers see every GPU of the machine and ignore it."""
+    restartable: bool = False
+    """The driver may ``restart`` it after it died, which Ray must know when it creates the actor (local worker
+    processes can always be restarted)."""
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str
@@ -92,10 +110,12 @@ class Backend(Protocol):
         gpus: float = 0.0,
         restartable: bool = False,
     ) -> Actor:
-        """Build ``factory(*args)`` in a worker of its own (with ``threads`` torch intra-op threads; ``compute``
-        false for a worker that only moves data: the buffer; ``gpus`` the GPUs it requests where the backend
-        places by resources: Ray; local workers see every GPU; ``restartable``: the driver may ``restart`` it
-        after it died, which Ray must know when it creates the actor)."""
+        """Build ``factory(*args)`` in a worker of its own, placed as the keywords say (``Placement``'s fields).
+        Written once here: a backend subclasses ``Backend`` and implements ``host``."""
+        return self.host(name, factory, args, Placement(threads, compute, gpus, restartable))
+
+    def host(self, name: str, factory, args: tuple, place: Placement) -> Actor:
+        """``start``'s work: ``factory(*args)`` built in a worker placed as ``place`` says."""
         ...
 
     def lost(self, exc: BaseException, actor: Any) -> bool:

@@ -24,6 +24,7 @@ import weakref
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 
 from oprl.backends.actor import QueuedActor, release
+from oprl.backends.base import Backend, Placement
 from oprl.backends.faults import FaultPlan
 
 
@@ -82,7 +83,7 @@ class ThreadPeer:
         return self.actor.call(method, *args).result()
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, workers: str = "threads", plan: FaultPlan | None = None):
@@ -93,23 +94,13 @@ class LocalBackend:
         # Threads share memory, so snapshots stay on the model's device; processes receive CPU copies.
         self.cpu_snapshots = workers == "processes"
 
-    def start(
-        self,
-        name: str,
-        factory,
-        *args,
-        threads: int | None = None,
-        compute: bool = True,
-        gpus: float = 0.0,
-        restartable: bool = False,
-    ):
-        """``gpus`` is Ray's resource request; local workers see every GPU of the machine and ignore it. Every
-        worker process can be restarted (``restart``), so ``restartable`` changes nothing here."""
-        if compute and self.workers == "processes":
+    def host(self, name: str, factory, args: tuple, place: Placement):
+        """Every worker process can be restarted (``restart``), so ``place.restartable`` changes nothing here."""
+        if place.compute and self.workers == "processes":
             from oprl.backends.processes import ProcessActor
 
-            return ProcessActor(name, factory, args, threads, self.faults)
-        return LocalActor(name, factory, args, threads)
+            return ProcessActor(name, factory, args, place.threads, self.faults)
+        return LocalActor(name, factory, args, place.threads)
 
     def lost(self, exc: BaseException, actor) -> bool:
         """Did ``exc`` come from ``actor``'s process dying (killed, out of memory), rather than from a worker that

@@ -28,6 +28,7 @@ import ray
 from oprl.backends import faults
 from oprl.backends import faults as faults_module  # where a parameter is named ``faults``
 from oprl.backends.actor import free_port
+from oprl.backends.base import Backend, Placement
 from oprl.errors import OprlError
 
 
@@ -103,7 +104,7 @@ class RayPeer:
         return ray.get(self.handle.doomed_call.remote(doomed, method, *args))
 
 
-class RayBackend:
+class RayBackend(Backend):
     name = "ray"
     cpu_snapshots = True  # weights go through the object store, which holds CPU tensors
 
@@ -135,24 +136,16 @@ class RayBackend:
         # Logical CPUs per compute worker: all of them fit at once on a small local instance.
         self.cpus_per_worker = min(1.0, cpus / max(workers, 1))
 
-    def start(
-        self,
-        name: str,
-        factory,
-        *args,
-        threads: int | None = None,
-        compute: bool = True,
-        gpus: float = 0.0,
-        restartable: bool = False,
-    ) -> RayActor:
-        """``gpus``: GPUs the actor requests (Ray sets its CUDA_VISIBLE_DEVICES; an explorer's vLLM engine
-        then runs on them). ``restartable``: Ray restarts the actor when its process dies (``max_restarts``,
-        unbounded here: the driver's ``runtime.max_restarts`` decides when a run stops instead); its calls are
-        not retried (``max_task_retries=0``), the driver resubmits a lost batch with the weights it needs."""
-        options = {"num_cpus": self.cpus_per_worker if compute else 0} | ({"num_gpus": gpus} if gpus else {})
-        if restartable and self.restarts:
+    def host(self, name: str, factory, args: tuple, place: Placement) -> RayActor:
+        """``place.gpus``: GPUs the actor requests (an explorer's vLLM engine then runs on them).
+        ``place.restartable``: Ray restarts the actor when its process dies (``max_restarts``, unbounded here: the
+        driver's ``runtime.max_restarts`` decides when a run stops instead); its calls are not retried
+        (``max_task_retries=0``), the driver resubmits a lost batch with the weights it needs."""
+        options = {"num_cpus": self.cpus_per_worker if place.compute else 0}
+        options |= {"num_gpus": place.gpus} if place.gpus else {}
+        if place.restartable and self.restarts:
             options |= {"max_restarts": -1, "max_task_retries": 0}
-        handle = _Host.options(**options).remote(factory, args, threads)
+        handle = _Host.options(**options).remote(factory, args, place.threads)
         return RayActor(name, handle, self.faults)
 
     def lost(self, exc: BaseException, actor: RayActor) -> bool:
