@@ -444,8 +444,8 @@ def test_with_vllm_in_its_own_process_an_adapter_synced_run_samples_what_the_mer
 def test_an_adapter_synced_run_healed_or_resumed_equals_the_undisturbed_run(small_overrides, tmp_path, monkeypatch):
     """Lag 2 (three live adapter versions) on worker processes, 6 steps, checkpoints every 2: (1) the explorer
     process killed as batch 3 reaches it is restarted, its new engine loads the base once and the adapter of the
-    version the batch needs, and the run equals the undisturbed one (every metric but perf/*, the final model byte
-    for byte); (2) the run killed (SIGKILL) after its step-2 checkpoint and resumed equals it too."""
+    version the batch needs, and the run equals the undisturbed one (every metric but perf/*, the final adapter
+    byte for byte); (2) the run killed (SIGKILL) after its step-2 checkpoint and resumed equals it too."""
     pytest.importorskip("vllm")
     from oprl.backends.faults import VARIABLE
     from oprl.cli import main
@@ -465,7 +465,7 @@ def test_an_adapter_synced_run_healed_or_resumed_equals_the_undisturbed_run(smal
     restarts = json.loads((runs / "healed" / "summary.json").read_text())["restarts"]
     assert len(restarts) == 1 and min(restarts[0]["batches"]) == 3, restarts
     assert deterministic_view(read_metrics(runs / "healed" / "metrics.jsonl")) == whole
-    final = "final/model.safetensors"
+    final = "final/adapter_model.safetensors"  # a LoRA run's final model is its adapter (peft's format)
     assert (runs / "healed" / final).read_bytes() == (runs / "whole" / final).read_bytes()
 
     kill_9_after([*args, "run_name=killed"], runs / "killed" / "checkpoints" / "step-000002" / "state.json", 900)
