@@ -5,6 +5,7 @@ It runs an algorithm without knowing which: an ``Algorithm`` (``oprl.algorithms.
 (``oprl.algorithms.step``) it calls around its own forwards, backward, clipping and optimizer step, top to bottom:
 
     batch metrics -> stale mask -> inputs the method needs (trainer/inputs.py) -> advantages -> per mini-batch:
+        [a mask from a statistic of the whole mini-batch: its no-grad forwards -> the mask (``_batch_rule``)]
         per micro-batch: log-probs -> loss terms -> backward;  clip -> step size -> guard -> optimizer step
     -> metrics (trainer/step_metrics.py)
 
