@@ -103,7 +103,12 @@ class SingleProcess:
         activation_checkpointing: bool = False,
         autocast: torch.dtype | None = None,
     ) -> torch.nn.Module:
-        return PolicyForward(model, activation_checkpointing, autocast)
+        """``model`` in a ``PolicyForward`` (the one forward every rank runs), then placed by ``distribute``."""
+        return self.distribute(PolicyForward(model, activation_checkpointing, autocast), model, trainable)
+
+    def distribute(self, forward: torch.nn.Module, model: torch.nn.Module, trainable: bool) -> torch.nn.Module:
+        """``forward`` as this parallelism runs it (one process: as it is)."""
+        return forward
 
     def share(self, rows: list, rank: int | None = None) -> list[int]:
         """Indices of ``rows`` (a mini-batch) that ``rank`` trains on."""
@@ -147,14 +152,9 @@ class DataParallel(SingleProcess):
         self.grad_scale = float(self.world_size)
         self.wrapped: Any = None  # the trainable module after wrap: an FSDPModule or a DistributedDataParallel
 
-    def wrap(
-        self,
-        model: torch.nn.Module,
-        trainable: bool = True,
-        activation_checkpointing: bool = False,
-        autocast: torch.dtype | None = None,
-    ) -> torch.nn.Module:
-        forward: torch.nn.Module = PolicyForward(model, activation_checkpointing, autocast)
+    def distribute(self, forward: torch.nn.Module, model: torch.nn.Module, trainable: bool) -> torch.nn.Module:
+        """FSDP: ``model``'s decoder layers and ``forward`` sharded; DDP: ``forward`` replicated, its gradients
+        reduced when ``trainable``."""
         if self.sharding == "fsdp":
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
