@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import json
-import random
 from collections import Counter
 from collections.abc import Sequence
 from typing import Literal
@@ -31,7 +30,15 @@ from pydantic import Field, field_validator
 from oprl.errors import OprlError
 from oprl.tasks.base import Problem, Reward, Step
 from oprl.tasks.bfcl.apis import APIS, execute, functions_of
-from oprl.tasks.bfcl.single_turn import PLAIN_PROMPT, data_file, read_lines, tool_schema, with_system
+from oprl.tasks.bfcl.single_turn import (
+    PLAIN_PROMPT,
+    answered_rows,
+    data_file,
+    read_lines,
+    split_rows,
+    tool_schema,
+    with_system,
+)
 from oprl.tasks.bfcl.toolcall import CLOSE, OPEN, parse_calls
 from oprl.tasks.section import ToolTaskSection, task_section
 
@@ -147,23 +154,15 @@ class BfclMultiTurnTask:
         for cls, file in DOCS.items():
             for doc in read_lines(data_file(f"multi_turn_func_doc/{file}")):
                 self.docs[doc["name"]] = doc | {"class": cls}
-        rows = []
-        for subset in c.subsets:
-            truth = {
-                r["id"]: r["ground_truth"] for r in read_lines(data_file(f"possible_answer/BFCL_v4_{subset}.json"))
-            }
-            for row in read_lines(data_file(f"BFCL_v4_{subset}.json")):
-                if set(row["involved_classes"]) <= set(DOCS) and row["id"] in truth:
-                    rows.append(row | {"ground_truth": truth[row["id"]]})
-        order = list(range(len(rows)))
-        random.Random(c.seed).shuffle(order)
-        cut = max(1, round(c.test_fraction * len(rows)))
-        if cut >= len(rows):
-            raise OprlError(f"task.test_fraction: {c.test_fraction} leaves no training problem out of {len(rows)}")
-        chosen = {
-            "test": [rows[i] for i in order[:cut]][: c.test_size],
-            "train": [rows[i] for i in order[cut:]][: c.train_size],
-        }
+        rows = [
+            row | {"ground_truth": truth}
+            for subset in c.subsets
+            for row, truth in answered_rows(subset)
+            if set(row["involved_classes"]) <= set(DOCS)
+        ]
+        chosen = split_rows(
+            rows, seed=c.seed, test_fraction=c.test_fraction, train_size=c.train_size, test_size=c.test_size
+        )
         self._rows: dict[str, dict] = {}
         self._splits = {split: [self._problem(row) for row in chosen[split]] for split in ("train", "test")}
 

@@ -91,6 +91,13 @@ def with_system(system: str, messages: list[dict]) -> tuple[dict, ...]:
     return ({"role": "system", "content": system}, *messages)
 
 
+def answered_rows(subset: str) -> list[tuple[dict, list]]:
+    """The rows of BFCL subset ``subset``, each with its ground truth (``possible_answer/``); a row with none is
+    left out."""
+    truth = {r["id"]: r["ground_truth"] for r in read_lines(data_file(f"possible_answer/BFCL_v4_{subset}.json"))}
+    return [(row, truth[row["id"]]) for row in read_lines(data_file(f"BFCL_v4_{subset}.json")) if row["id"] in truth]
+
+
 def split_rows(rows: list, *, seed: int, test_fraction: float, train_size, test_size) -> dict[str, list]:
     """Shuffle ``rows`` with ``seed``; the first ``test_fraction`` are the test split (then cut to the sizes)."""
     order = list(range(len(rows)))
@@ -155,12 +162,7 @@ class BfclTask:
     def __init__(self, config: BfclTaskConfig | None = None, **fields) -> None:
         self.config = c = task_section(BfclTaskConfig, config, fields)
         self.name = c.name
-        rows = []
-        for subset in c.subsets:
-            truth = {
-                r["id"]: r["ground_truth"] for r in read_lines(data_file(f"possible_answer/BFCL_v4_{subset}.json"))
-            }
-            rows += [(row, truth[row["id"]]) for row in read_lines(data_file(f"BFCL_v4_{subset}.json"))]
+        rows = [answered for subset in c.subsets for answered in answered_rows(subset)]
         split = split_rows(
             rows, seed=c.seed, test_fraction=c.test_fraction, train_size=c.train_size, test_size=c.test_size
         )
