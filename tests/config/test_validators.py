@@ -97,7 +97,8 @@ REFUSED = {
     ),
     "engine-process-lean": (
         ["rollout.engine_process=true"],
-        "rollout.engine_process=true needs rollout.engine=vllm (an engine that runs its model in a process of its",
+        "rollout.engine_process=true: rollout.engine=lean samples in the worker's process (it runs no model in a "
+        "process of its own); use one of vllm, or unset it",
     ),
     "top-k-plugin-undeclared": (
         ["rollout.record_top_k=4", f"rollout.engine={RECIPES}:OwnLoop"],

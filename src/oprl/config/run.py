@@ -26,6 +26,7 @@ from oprl.config.sections import (
     TrackingConfig,
     TrainerConfig,
     WarmStartConfig,
+    require_capability,
 )
 from oprl.config.sync import SyncConfig
 from oprl.config.teacher import TeacherConfig
@@ -230,25 +231,17 @@ class RunConfig(_Section):
         rollout = self.rollout
         if self.mode == "eval" or not Sampling.of(rollout).truncates:
             return self
-        if not capabilities(rollout.engine).exact_truncation:
-            key = "rollout.top_k" if rollout.top_k > 0 else "rollout.top_p"
-            value = rollout.top_k if rollout.top_k > 0 else rollout.top_p
-            engines = ", ".join(sorted(engines_with(lambda c: c.exact_truncation)))
-            raise OprlError(
-                f"{key}={value}: rollout.engine={rollout.engine} samples by its own truncation rule, which the "
-                f"trainer cannot rebuild (rho != 1 on-policy); use one of {engines}, or unset it"
-            )
+        setting = f"rollout.top_k={rollout.top_k}" if rollout.top_k > 0 else f"rollout.top_p={rollout.top_p}"
+        why = "samples by its own truncation rule, which the trainer cannot rebuild (rho != 1 on-policy)"
+        require_capability(rollout.engine, lambda c: c.exact_truncation, setting, why)
         return self
 
     @model_validator(mode="after")
     def _engine_process_fits(self) -> RunConfig:
         """``rollout.engine_process`` needs an engine that declares it (``oprl.rollout.capabilities``)."""
-        if self.rollout.engine_process and not capabilities(self.rollout.engine).engine_process:
-            engines = " or ".join(engines_with(lambda c: c.engine_process))
-            raise OprlError(
-                f"rollout.engine_process=true needs rollout.engine={engines} (an engine that runs its model in a "
-                f"process of its own); {self.rollout.engine} samples in the worker's process"
-            )
+        if self.rollout.engine_process:
+            why = "samples in the worker's process (it runs no model in a process of its own)"
+            require_capability(self.rollout.engine, lambda c: c.engine_process, "rollout.engine_process=true", why)
         return self
 
     @model_validator(mode="after")

@@ -11,13 +11,14 @@ with the line the user sees: pydantic passes an exception that is not a ``ValueE
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, TypeAlias
 
 from pydantic import AfterValidator, Field, model_validator
 
 from oprl import plugins
 from oprl.errors import OprlError
-from oprl.rollout import ENGINES, capabilities, engines_with
+from oprl.rollout import ENGINES, EngineCapabilities, capabilities, engines_with
 from oprl.tasks.section import Section as _Section
 
 if TYPE_CHECKING:
@@ -140,6 +141,15 @@ if TYPE_CHECKING:  # the type checker sees a string; at run time a registry's ke
     EngineName: TypeAlias = str
 else:
     EngineName = Annotated[str, AfterValidator(check_engine)]  # oprl.rollout's registry or a plug-in
+
+
+def require_capability(engine: str, declares: Callable[[EngineCapabilities], bool], setting: str, why: str) -> None:
+    """Refuse ``setting`` when rollout.engine=``engine``'s capabilities (``oprl.rollout.capabilities``, read
+    without building it) fail ``declares``: one line, ``<setting>: rollout.engine=<engine> <why>; use one of
+    <the built-in engines that declare it>, or unset it``."""
+    if not declares(capabilities(engine)):
+        able = ", ".join(engines_with(declares))
+        raise OprlError(f"{setting}: rollout.engine={engine} {why}; use one of {able}, or unset it")
 
 
 class RolloutConfig(_Section):
@@ -277,12 +287,9 @@ class RolloutConfig(_Section):
     @model_validator(mode="after")
     def _top_k_engine(self) -> RolloutConfig:
         """``record_top_k`` needs an engine that declares ``capabilities.top_logprobs`` (``oprl.rollout``)."""
-        if self.record_top_k and not capabilities(self.engine).top_logprobs:
-            able = ", ".join(engines_with(lambda c: c.top_logprobs))
-            raise OprlError(
-                f"rollout.record_top_k={self.record_top_k}: rollout.engine={self.engine} records no top log-probs "
-                f"(its capabilities.top_logprobs is False); use one of {able}"
-            )
+        if self.record_top_k:
+            why = "records no top log-probs (its capabilities.top_logprobs is False)"
+            require_capability(self.engine, lambda c: c.top_logprobs, f"rollout.record_top_k={self.record_top_k}", why)
         return self
 
     @model_validator(mode="after")
