@@ -15,8 +15,8 @@ from arena_reference import reference_loss
 
 from oprl.algorithms import resolve_preset
 from oprl.algorithms.aggregation import aggregation_count
+from oprl.algorithms.algorithm import Algorithm
 from oprl.algorithms.losses import BATCH_RULES, RuleInputs, batch_keeps, policy_loss
-from oprl.algorithms.spec import Algorithm
 
 RULES = {"m2po": "m2-mask", "m2po-areal": "m2-mask-areal", "m2po-clip": "m2-clip", "bapo": "bapo"}
 CUTS = {  # rows of an 8-row mini-batch: micro_batch_size = 8, 4, 2, and an uneven cut

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from oprl.algorithms import corrections, topk_divergence
+from oprl.algorithms.algorithm import Algorithm
 from oprl.algorithms.losses import policy_loss
-from oprl.algorithms.spec import Algorithm, LossParams
+from oprl.algorithms.spec import LossParams
 from oprl.algorithms.top_k import TopKTokens
 
 

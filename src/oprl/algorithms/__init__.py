@@ -29,6 +29,7 @@ from oprl.algorithms.advantages import (
     group_advantages,
 )
 from oprl.algorithms.aggregation import LOSS_AGGREGATIONS, aggregate, aggregation_count
+from oprl.algorithms.algorithm import Algorithm, Needs
 from oprl.algorithms.defaults import ADVANTAGE_KEYS, ALGORITHM_DEFAULTS, DISTILL_KEYS, TRAINER_KEYS
 from oprl.algorithms.delight import KondoGate, delight_gate, kondo_gate, kondo_price, response_delight
 from oprl.algorithms.distill import DISTILL_MIXES, distill_advantages, distill_metrics
@@ -58,7 +59,7 @@ from oprl.algorithms.presets import (
     validate_settings,
 )
 from oprl.algorithms.red_weight import RED_WEIGHT_LEVELS, RED_WEIGHT_RULES, red_weight_advantages
-from oprl.algorithms.spec import KNOBS, Algorithm, Needs
+from oprl.algorithms.spec import KNOBS
 from oprl.algorithms.surrogate import consistency_surrogate
 from oprl.algorithms.variance import (
     ESS_LR_RULES,

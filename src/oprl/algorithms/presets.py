@@ -22,7 +22,7 @@ from oprl.algorithms.losses import CLIP_MODES, OBJECTIVES, RATIO_LEVELS, REGULAR
 from oprl.algorithms.red_weight import RED_WEIGHT_LEVELS, RED_WEIGHT_RULES
 from oprl.algorithms.registry import unknown_name_message
 from oprl.algorithms.score_centering import CENTERED_WEIGHTS
-from oprl.algorithms.spec import KNOBS, Algorithm, default, range_error
+from oprl.algorithms.spec import KNOBS, default, range_error
 from oprl.algorithms.topk_divergence import TOP_K_MASKS
 from oprl.algorithms.variance import ESS_LR_RULES
 
@@ -363,7 +363,8 @@ def resolve_preset(name: str, **overrides: Any) -> dict[str, Any]:
     for key in overrides:
         if key in KNOBS and not KNOBS[key].in_preset:
             raise SettingError(key, unknown_name_message("algorithm setting", key, list(ALGORITHM_DEFAULTS)))
-    return Algorithm.of(name, overrides).settings(in_preset=True)
+    settings = complete_settings(name, overrides)
+    return {key: settings[key] for key, knob in KNOBS.items() if knob.in_preset}  # Algorithm.settings' order
 
 
 def trainer_only(settings: dict[str, Any]) -> list[str]:

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from oprl.algorithms.advantages import WEIGHTED_BASELINES, GroupAdvantages, group_advantages
 from oprl.algorithms.aggregation import aggregate, aggregation_count
+from oprl.algorithms.algorithm import Algorithm
 from oprl.algorithms.delight import kondo_gate
 from oprl.algorithms.distill import teacher_advantages
 from oprl.algorithms.kl import kl_penalty
 from oprl.algorithms.losses import BatchKeep, RuleInputs, batch_keeps, effective_sample_size, policy_loss, ratio_stats
 from oprl.algorithms.score_centering import score_centering_tokens
-from oprl.algorithms.spec import Algorithm
 from oprl.algorithms.top_k import TopKTokens
 from oprl.algorithms.variance import baseline_gap, sequence_log_ratios, step_size
 from oprl.lazy import lazy_import

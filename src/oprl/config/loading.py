@@ -31,9 +31,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Tag, ValidationError
 
+from oprl.algorithms.algorithm import Algorithm
 from oprl.algorithms.presets import PRESETS
 from oprl.algorithms.registry import unknown_name_message
-from oprl.algorithms.spec import KNOBS, Algorithm, default
+from oprl.algorithms.spec import KNOBS, default
 from oprl.config.algorithm import AlgorithmConfig
 from oprl.config.run import RunConfig, _refuse_renamed, resolve_algorithm
 from oprl.errors import OprlError

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from oprl.algorithms.spec import Algorithm, Needs
+from oprl.algorithms.algorithm import Algorithm, Needs
 from oprl.algorithms.step import BatchInputs, TokenInputs, loss_units
 from oprl.algorithms.top_k import TopKTokens
 from oprl.algorithms.variance import sequence_log_ratios

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from oprl.algorithms.algorithm import Algorithm
 from oprl.algorithms.losses import BatchKeep
-from oprl.algorithms.spec import Algorithm
 from oprl.algorithms.step import (
     Carry,
     LossTerms,
