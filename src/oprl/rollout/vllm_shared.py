@@ -96,9 +96,10 @@ LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 """The ``max_lora_rank`` values vLLM accepts (its ``MaxLoRARanks``, 1 left out); an adapter of rank r is served in
 the smallest that holds it (vLLM pads the rest)."""
 MAX_LORA_SLOTS = 16
-"""Most adapter versions one engine holds (``max_loras``). vLLM allocates every slot when it starts, ``rank x
-(in + out)`` floats per adapted layer and slot: 78 MB per slot for SmolLM2 at rank 64, GPU memory on CUDA; more
-live versions than this (``sync.offset + 1``, ``sync.max_staleness + 1``) is refused before a run starts."""
+"""Most adapter versions one engine holds (``max_loras``). vLLM allocates every slot when it starts
+(``lora_slot_bytes``: ``rank x (in + out)`` numbers per adapted layer, and for the embedding and the head, per
+slot: 99 MiB per slot for SmolLM2 at rank 64 in float32, GPU memory on CUDA); more live versions than this
+(``sync.offset + 1``, ``sync.max_staleness + 1``) is refused at config load (``EngineCapabilities.lora_versions``)."""
 
 
 @dataclass
