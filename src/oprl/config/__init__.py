@@ -7,10 +7,10 @@
 the one list of what the package exports.
 """
 
-from oprl.config.algorithm import AlgorithmConfig, algorithm_of
+from oprl.config.algorithm import AlgorithmConfig
 from oprl.config.judge import JudgeConfig
 from oprl.config.loading import describe_fields, help_lines, load_config, read_saved, save_config
-from oprl.config.run import RunConfig, resolve_algorithm
+from oprl.config.run import RunConfig, algorithm_of, resolve_algorithm
 from oprl.config.sections import (
     BufferConfig,
     CheckpointConfig,

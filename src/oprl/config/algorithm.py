@@ -1,5 +1,7 @@
 """The ``algorithm`` section of the run config: a named preset plus per-knob overrides, generated from the knobs'
-one declaration (``oprl.algorithms.spec``), and ``algorithm_of``, the ``Algorithm`` of a run's config.
+one declaration (``oprl.algorithms.spec``). The ``Algorithm`` of a whole run's config is
+``oprl.config.run.algorithm_of`` (it reads the rollout and teacher sections too, so it lives beside ``RunConfig``:
+no import back to ``run``, not even a type-only one).
 
 Every field but ``preset`` is a knob of ``spec.py``: its default, help text (``oprl config --help``), range and help
 group are read from there, so this module declares none of them. A knob a preset sets is ``<type> | None`` here
@@ -15,13 +17,10 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, create_model
 
-from oprl.algorithms import KNOBS, REGISTRIES, Algorithm
+from oprl.algorithms import KNOBS, REGISTRIES
 from oprl.algorithms.spec import FIELDS, default
-from oprl.config.choices import CHOICE_SETTINGS, register_choices, resolve_choice
+from oprl.config.choices import CHOICE_SETTINGS, resolve_choice
 from oprl.tasks.section import Section as _Section
-
-if TYPE_CHECKING:
-    from oprl.config.run import RunConfig
 
 _TYPES: dict[str, Any] = {"bool": bool, "int": int, "float": float, "str": str, "float | None": float | None}
 """The config type of each type a knob is declared with (the annotations of ``spec.py`` are strings)."""
@@ -80,18 +79,3 @@ AlgorithmConfig = create_model(  # type: ignore[call-overload]
 )
 """The ``algorithm`` section: ``preset`` and one field per knob of ``oprl.algorithms.spec``, in their declaration
 order (``config.yaml``'s; the help prints them by ``GROUPS``)."""
-
-
-def algorithm_of(config: RunConfig) -> Algorithm:
-    """The ``Algorithm`` of a resolved run config (``Algorithm.of``: its preset and every knob as the section holds
-    it), with the teacher's floor and Dr.GRPO's fixed normaliser (the response budget); plug-in functions its
-    choices name are added to the registries of this process first (``choices.register_choices``)."""
-    section = config.algorithm
-    knobs = {name: value for name in KNOBS if (value := getattr(section, name)) is not None}
-    register_choices(knobs)
-    return Algorithm.of(
-        section.preset,
-        knobs,
-        max_response_tokens=config.rollout.max_new_tokens,
-        teacher_logprob_floor=config.teacher.logprob_floor,
-    )

@@ -12,6 +12,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from oprl.algorithms import KNOBS, Algorithm, SettingError, renamed_message
 from oprl.algorithms.topk_divergence import TOP_K_MASKS
 from oprl.config.algorithm import AlgorithmConfig
+from oprl.config.choices import register_choices
 from oprl.config.judge import JudgeConfig
 from oprl.config.sections import (
     BufferConfig,
@@ -299,6 +300,21 @@ class RunConfig(_Section):
 
 def _setting_line(exc: SettingError) -> str:
     return f"config: algorithm.{exc.key}: {exc}"
+
+
+def algorithm_of(config: RunConfig) -> Algorithm:
+    """The ``Algorithm`` of a resolved run config (``Algorithm.of``: its preset and every knob as the section holds
+    it), with the teacher's floor and Dr.GRPO's fixed normaliser (the response budget); plug-in functions its
+    choices name are added to the registries of this process first (``choices.register_choices``)."""
+    section = config.algorithm
+    knobs = {name: value for name in KNOBS if (value := getattr(section, name)) is not None}
+    register_choices(knobs)
+    return Algorithm.of(
+        section.preset,
+        knobs,
+        max_response_tokens=config.rollout.max_new_tokens,
+        teacher_logprob_floor=config.teacher.logprob_floor,
+    )
 
 
 def resolve_algorithm(config: RunConfig) -> RunConfig:
