@@ -49,6 +49,11 @@ class Sequence:
     versions: list[int] = field(default_factory=list)
     """Per token, the optimizer-step version of the weights it was drawn under (in-flight samplers: they change
     during a sequence; otherwise all the snapshot's)."""
+    top_ids: list[list[int]] | None = None
+    """``topk_sample_logprobs`` = K > 0: per token, the ids of the K most likely tokens of the distribution it was
+    drawn from (``oprl.rollout.base.top_logprobs``), most likely first; None when not asked."""
+    top_logprobs: list[list[float]] | None = None
+    """Their log-probs under that distribution (``-inf`` for tokens outside top-k/top-p's kept set)."""
 
 
 @dataclass
@@ -58,3 +63,23 @@ class Sampled:
 
     sequences: list[Sequence]
     prompt_logprobs: list[float] | None = None
+    topk_prompt: tuple[np.ndarray, np.ndarray] | None = None
+    """``topk_prompt_logprobs`` = K > 0: ``(ids (P, K) int64, log-probs (P, K) float32)``, row t the top-K of
+    the distribution prompt token t would be drawn from (the request's sampling); row 0, and the rows before
+    ``prompt_logprobs_last_n``, hold no entry (``-inf``)."""
+    target: Target | None = None
+    """``target_prompt_logprobs``: the log-prob of each id it names, in its layout."""
+
+
+@dataclass
+class Target:
+    """``target_prompt_logprobs``: the ids a request names (``ids`` (cells,) int64, -1 = none, at ``rows``
+    (cells,): row i scores prompt position i + 1) in the request's layout (``shape`` [P - 1, K]; ``crow``/
+    ``col`` its CSR indices when sent sparse), and, once scored, ``logprobs`` (cells,) float32 (0.0 at -1)."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+    shape: list[int]
+    crow: list[int] | None = None
+    col: list[int] | None = None
+    logprobs: np.ndarray | None = None

@@ -9,6 +9,15 @@ distribution's, not the model's: ``forward_backward`` scores π(y) at temperatur
 ρ = π(y) / μ(y), the exact importance weight of a token drawn from μ (ρ = 1 on-policy only at the defaults,
 tested). Prompt log-probs are always the model's own (temperature 1, untruncated), whatever the parameters.
 
+Top-K fields (the sampler's one rule, ``oprl.rollout.base.top_logprobs``, on ``sampling_logprobs``: the
+*processed* distribution, as the agent endpoint's ``top_logprobs``): ``topk_sample_logprobs`` = K gives, per
+sampled token, the K most likely tokens of μ, the distribution it was drawn from (computed from the very
+log-probs the token is drawn from, so asking changes no draw); ``topk_prompt_logprobs`` = K gives, per prompt
+position t ≥ 1, the K most likely of μ_t, the distribution token t would be drawn from under the request's
+``SamplingParams``; ``target_prompt_logprobs`` gives log μ_t of the ids it names. At the default parameters μ is
+π, and these agree with ``prompt_logprobs``; otherwise ``prompt_logprobs`` stays log π (docs/tinker.md).
+Entries at ``-inf`` (outside top-k/top-p's kept set) go on the wire as the SDK's empty sentinel.
+
 Batching: ``sample_batch`` runs several requests on the same weights as one engine call (the server gathers the
 requests of one sampling client that arrive together, ``app.py``): every distinct prompt is prefilled once, and
 each decode step is one model call for every row of every request. Each request draws from **its own generator**
@@ -28,13 +37,18 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from oprl.models.batching import cache_kwarg, output_cache, prefill_shared_prompts
 from oprl.models.truncation import PLAIN, Sampling
-from oprl.rollout.lean_engine import COMPACT_FRACTION, sample_token
+from oprl.rollout.base import sampling_logprobs, top_logprobs
+from oprl.rollout.lean_engine import COMPACT_FRACTION, draw
 from oprl.serve.tinker.errors import UserError, check_tokens, context_of
-from oprl.serve.tinker.records import Sampled, Sequence
+from oprl.serve.tinker.records import Sampled, Sequence, Target
+
+MAX_TOP_K = 20
+"""Largest ``topk_sample_logprobs`` / ``topk_prompt_logprobs`` served (Tinker's bound on a top-k width)."""
 
 SERVED = PLAIN
 """The distribution ``forward_backward`` scores under (temperature 1, nothing truncated), the prompt log-probs'
@@ -76,6 +90,9 @@ class Planned:
     seed: int | None
     sampling: Sampling
     request: dict[str, Any]
+    topk_sample: int = 0
+    topk_prompt: int = 0
+    target: Target | None = None
 
 
 def plan(tokenizer, model, request: dict[str, Any]) -> Planned:
@@ -106,10 +123,70 @@ def plan(tokenizer, model, request: dict[str, Any]) -> Planned:
         last = int(request["prompt_logprobs_last_n"])
         if not 1 <= last <= len(prompt) - 1:
             raise UserError(f"prompt_logprobs_last_n: must be between 1 and {len(prompt) - 1}, got {last}")
+    topk_sample, topk_prompt = check_top_k(request)
+    target = _target(request.get("target_prompt_logprobs"), len(prompt), len(tokenizer))
     stop_tokens, stop_strings = _stops(params.get("stop"), tokenizer)
     seed = params.get("seed")
     seed = None if seed is None else int(seed)
-    return Planned(prompt, n, max_tokens, stop_tokens, stop_strings, seed, sampling, request)
+    return Planned(
+        prompt, n, max_tokens, stop_tokens, stop_strings, seed, sampling, request, topk_sample, topk_prompt, target
+    )
+
+
+def check_top_k(request: dict[str, Any]) -> tuple[int, int]:
+    """``(topk_sample_logprobs, topk_prompt_logprobs)``, each an integer in [0, ``MAX_TOP_K``] (0 = none), or a
+    ``UserError`` naming the field; ``prompt_alt_tokens_k`` is refused (not served)."""
+    ks = []
+    for name in ("topk_sample_logprobs", "topk_prompt_logprobs"):
+        value = request.get(name) or 0
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_K:
+            raise UserError(f"{name}: an integer between 0 (none) and {MAX_TOP_K}, got {value!r}")
+        ks.append(value)
+    if request.get("prompt_alt_tokens_k"):
+        raise UserError("prompt_alt_tokens_k: not served (top-K and target log-probs are; docs/tinker.md)")
+    return ks[0], ks[1]
+
+
+def _target(tensor: Any, prompt_length: int, vocab: int) -> Target | None:
+    """``target_prompt_logprobs`` (the SDK's JSON ``TensorData``: int64, shape [P - 1, K], dense or CSR) as a
+    ``Target``, or a ``UserError`` naming the field."""
+    if tensor is None:
+        return None
+    name = "target_prompt_logprobs"
+    if not isinstance(tensor, dict):
+        raise UserError(f"{name}: a TensorData object, got a {type(tensor).__name__}")
+    if tensor.get("dtype") != "int64":
+        raise UserError(f"{name}: an int64 tensor of token ids, got dtype {tensor.get('dtype')!r}")
+    shape = list(tensor.get("shape") or [])
+    if len(shape) != 2 or shape[0] != prompt_length - 1 or shape[1] < 1:
+        raise UserError(f"{name}: shape must be [len(prompt) - 1, K] = [{prompt_length - 1}, K >= 1], got {shape}")
+    try:
+        ids = np.asarray(tensor.get("data") or [], dtype=np.int64).reshape(-1)
+        crow, col = tensor.get("sparse_crow_indices"), tensor.get("sparse_col_indices")
+        if (crow is None) != (col is None):
+            raise UserError(f"{name}: sparse_crow_indices and sparse_col_indices go together")
+        if crow is None:
+            if ids.size != shape[0] * shape[1]:
+                raise UserError(f"{name}: shape {shape} does not hold its {ids.size} values")
+            rows = np.repeat(np.arange(shape[0]), shape[1])
+        else:
+            crow_a, col_a = np.asarray(crow, dtype=np.int64), np.asarray(col, dtype=np.int64)
+            valid = (
+                crow_a.size == shape[0] + 1 and crow_a[0] == 0 and (np.diff(crow_a) >= 0).all()
+                and crow_a[-1] == ids.size == col_a.size and ((col_a >= 0) & (col_a < shape[1])).all()
+            )  # fmt: skip
+            if not valid:
+                raise UserError(f"{name}: its CSR indices do not describe {ids.size} values of shape {shape}")
+            rows = np.repeat(np.arange(shape[0]), np.diff(crow_a))
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{name}: {exc}") from None
+    if ids.size and not ((ids >= -1) & (ids < vocab)).all():
+        bad = int(ids[(ids < -1) | (ids >= vocab)][0])
+        raise UserError(f"{name}: token ids must be -1 (none) or in [0, {vocab}), got {bad}")
+    if not (ids >= 0).any():
+        raise UserError(f"{name}: names no token id (every cell is -1)")
+    csr = (None, None) if crow is None else (list(map(int, crow)), list(map(int, col)))
+    return Target(ids, rows, shape, *csr)
 
 
 @torch.inference_mode()  # cheaper than no_grad (no version counters); nothing sampled here is trained through
@@ -162,9 +239,7 @@ class SampleBatch:
         """Once done: each request's ``Sampled`` (prompt log-probs under ``model``'s weights now) or refusal."""
         if self.decoding is not None:
             for (i, p), rows in zip(self.planned, self.decoding.sequences(), strict=True):
-                scored = p.request.get("prompt_logprobs")
-                prompt_logprobs = _prompt_logprobs(model, p.prompt, p.request, self.device) if scored else None
-                self.results[i] = Sampled(rows, prompt_logprobs)
+                self.results[i] = _prompt_side(model, p, rows, self.device)
         return self.results  # type: ignore[return-value]  # every slot filled above
 
 
@@ -211,6 +286,8 @@ class Decoding:
         self.tokens: list[list[int]] = [[] for _ in self.owner]
         self.logprobs: list[list[float]] = [[] for _ in self.owner]
         self.versions: list[list[int]] = [[] for _ in self.owner]
+        self.top_ids: list[list[list[int]]] = [[] for _ in self.owner]  # per row, per token: topk_sample ids
+        self.top_logprobs: list[list[list[float]]] = [[] for _ in self.owner]
         self.done, self.stopped = [False] * len(self.owner), [False] * len(self.owner)
         self.finished = [False] * len(plans)
         self.step = 0
@@ -244,14 +321,19 @@ class Decoding:
                 continue
             rows = self.members[k]
             index = torch.tensor([where[r] for r in rows], device=logits.device)
-            token, logprob = sample_token(logits[index], p.sampling, self.generators[k])  # (n,), (n,): log μ(y)
+            logp = sampling_logprobs(logits[index], p.sampling)  # (n, V): log μ, what the token is drawn from
+            token, logprob = draw(logp, self.generators[k])  # (n,), (n,): log μ(y)
+            top = [t.tolist() for t in top_logprobs(logp, p.topk_sample)] if p.topk_sample else None
             self.fed[index] = token
-            for row, t, lp in zip(rows, token.tolist(), logprob.tolist(), strict=True):
+            for j, (row, t, lp) in enumerate(zip(rows, token.tolist(), logprob.tolist(), strict=True)):
                 if self.done[row]:
                     continue
                 self.tokens[row].append(t)
                 self.logprobs[row].append(lp)
                 self.versions[row].append(version)
+                if top is not None:
+                    self.top_ids[row].append(top[0][j])
+                    self.top_logprobs[row].append(top[1][j])
                 text = self.tokenizer.decode(self.tokens[row]) if p.stop_strings else ""
                 if t in p.stop_tokens or any(s in text for s in p.stop_strings):
                     self.done[row] = self.stopped[row] = True
@@ -282,18 +364,41 @@ class Decoding:
 
     def sequences(self) -> list[list[Sequence]]:
         """Per request, its rows' sequences (tokens, log μ, stopped, the version of each token)."""
-        rows = zip(self.tokens, self.logprobs, self.stopped, self.versions, strict=True)
-        sequences = [Sequence(t, lp, s, v) for t, lp, s, v in rows]
+        asked = [self.plans[k].topk_sample > 0 for k in self.owner]
+        tops = zip(self.top_ids, self.top_logprobs, asked, strict=True)
+        rows = zip(self.tokens, self.logprobs, self.stopped, self.versions, tops, strict=True)
+        sequences = [Sequence(t, lp, s, v, *((ti, tl) if a else (None, None))) for t, lp, s, v, (ti, tl, a) in rows]
         return [[sequences[r] for r in rows] for rows in self.members]
 
 
-def _prompt_logprobs(model, prompt: list[int], request: dict[str, Any], device) -> list[float]:
-    """log π(prompt_t | prompt_<t) for t ≥ 1 (NaN at 0, and before the last ``prompt_logprobs_last_n``)."""
-    ids = torch.tensor([prompt], device=device)
-    logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()  # (P-1, V)
-    values = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
-    out = [math.nan, *values]
-    last = request.get("prompt_logprobs_last_n")
-    if last is not None:  # its range was checked by plan()
-        out[: len(prompt) - int(last)] = [math.nan] * (len(prompt) - int(last))
+def _prompt_side(model, p: Planned, sequences: list[Sequence], device) -> Sampled:
+    """A request's ``Sampled``: its sequences and, as asked, the prompt's log-probs, top-K and target log-probs,
+    all from one forward of the prompt under ``model``'s weights now (none when nothing is asked)."""
+    scored = p.request.get("prompt_logprobs")
+    if not (scored or p.topk_prompt or p.target is not None):
+        return Sampled(sequences)
+    ids = torch.tensor([p.prompt], device=device)
+    logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()  # (P-1, V): row i predicts token i+1
+    last = p.request.get("prompt_logprobs_last_n") if scored else None  # range checked by plan(); needs scored
+    skipped = len(p.prompt) - int(last) if last is not None else 1  # positions 0 .. skipped-1 carry nothing
+    out = Sampled(sequences)
+    if scored:
+        values = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()  # log π
+        out.prompt_logprobs = [*[math.nan] * skipped, *values[skipped - 1 :]]
+    if p.topk_prompt or p.target is not None:
+        logp = sampling_logprobs(logits, p.sampling)  # (P-1, V): log μ_t, the request's distribution
+        if p.topk_prompt:
+            top_ids, top_values = top_logprobs(logp, p.topk_prompt)  # (P-1, K) each
+            all_ids = np.zeros((len(p.prompt), p.topk_prompt), dtype=np.int64)
+            all_values = np.full((len(p.prompt), p.topk_prompt), -math.inf, dtype=np.float32)
+            all_ids[skipped:], all_values[skipped:] = top_ids[skipped - 1 :].cpu(), top_values[skipped - 1 :].cpu()
+            out.topk_prompt = (all_ids, all_values)
+        if p.target is not None:
+            t = p.target
+            named = t.ids >= 0
+            values = np.zeros(t.ids.shape, dtype=np.float32)
+            rows, cols = torch.as_tensor(t.rows[named]), torch.as_tensor(t.ids[named])
+            values[named] = logp[rows.to(logp.device), cols.to(logp.device)].cpu().numpy()
+            t.logprobs = values
+            out.target = t
     return out

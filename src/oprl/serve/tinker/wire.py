@@ -19,7 +19,7 @@ import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
 from oprl.serve.tinker.errors import WireError  # raised here; app.py and futures.py name it wire.WireError
-from oprl.serve.tinker.records import Datum, ForwardBackward, ForwardOutput, Sampled
+from oprl.serve.tinker.records import Datum, ForwardBackward, ForwardOutput, Sampled, Target
 
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
@@ -81,16 +81,56 @@ def encode_forward_backward_output(result: ForwardOutput) -> bytes:
     return message.SerializeToString()
 
 
+MASK_LOGPROB = -99999.0
+"""The SDK's empty top-K entry (``tinker.types.topk_logprobs.MASK_LOGPROB``, with token id 0): a row of them
+reads as None, trailing ones are dropped."""
+
+
 def encode_sample_response(sampled: Sampled) -> bytes:
     """``SampleResponse``: tokens as int32, log-probs as float32; prompt log-probs with NaN where there is none
-    (position 0, or before ``prompt_logprobs_last_n``), which the SDK reads as None."""
+    (position 0, or before ``prompt_logprobs_last_n``), which the SDK reads as None; top-K as ``TopkLogprobs``
+    (length, k) matrices, each ``-inf`` entry (no mass: outside the kept set, or no row) as the SDK's empty
+    sentinel; ``target_prompt_logprobs`` as a float32 ``Tensor`` in the request's layout (dense or CSR)."""
     message = pb.SampleResponse()
     for s in sampled.sequences:
-        message.sequences.add(
+        sequence = message.sequences.add(
             stop_reason=pb.STOP_REASON_STOP if s.stopped else pb.STOP_REASON_LENGTH,
             tokens=np.asarray(s.tokens, dtype=np.int32).tobytes(),
             logprobs=np.asarray(s.logprobs, dtype=np.float32).tobytes(),
         )
+        if s.top_ids is not None and s.top_logprobs is not None:
+            _topk(sequence.topk_sampled_logprobs, s.top_ids, s.top_logprobs)
     if sampled.prompt_logprobs is not None:
         message.prompt_logprobs = np.asarray(sampled.prompt_logprobs, dtype=np.float32).tobytes()
+    if sampled.topk_prompt is not None:
+        _topk(message.topk_prompt_logprobs, *sampled.topk_prompt)
+    if sampled.target is not None:
+        _target(message.target_prompt_logprobs, sampled.target)
     return message.SerializeToString()
+
+
+def _topk(message, ids, logprobs) -> None:
+    """Fill a ``TopkLogprobs``: (length, k) int32 ids and float32 log-probs, ``-inf`` entries as the sentinel."""
+    values = np.asarray(logprobs, dtype=np.float32)
+    tokens = np.asarray(ids, dtype=np.int32)
+    k = values.shape[1] if values.ndim == 2 else 0
+    values, tokens = values.reshape(-1, k), tokens.reshape(-1, k)
+    empty = np.isneginf(values)
+    values, tokens = np.where(empty, np.float32(MASK_LOGPROB), values), np.where(empty, 0, tokens)
+    message.length, message.k = values.shape[0], k
+    message.token_ids = np.ascontiguousarray(tokens, dtype=np.int32).tobytes()
+    message.logprobs = np.ascontiguousarray(values, dtype=np.float32).tobytes()
+
+
+def _target(message, target: Target) -> None:
+    """Fill a float32 ``Tensor`` with a ``Target``'s log-probs, in the layout its request came in."""
+    assert target.logprobs is not None  # scored by sampling._prompt_side before it is answered
+    message.dtype = pb.DTYPE_FLOAT32
+    message.shape.extend(target.shape)
+    values = np.ascontiguousarray(target.logprobs, dtype=np.float32).tobytes()
+    if target.crow is None:
+        message.dense = values
+    else:
+        message.sparse_csr.values = values
+        message.sparse_csr.crow_indices = np.asarray(target.crow, dtype=np.int64).tobytes()
+        message.sparse_csr.col_indices = np.asarray(target.col, dtype=np.int64).tobytes()

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 
 from oprl.serve.tinker.errors import NotFound, UserError
 from oprl.serve.tinker.routes.common import body_json, future, server_of
-from oprl.serve.tinker.sampling import check_sampling_params
+from oprl.serve.tinker.sampling import check_sampling_params, check_top_k
 
 router = APIRouter()
 
@@ -45,11 +45,7 @@ async def asample(request: Request):
         raise UserError("sampling_session_id: required (create a sampling client first)")
     sampler = server.sampler(data["sampling_session_id"], server.owner_of(request))
     check_sampling_params(data.get("sampling_params") or {})
-    for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
-        if data.get(name):
-            raise UserError(f"{name}: not served (only the sampled tokens' and the prompt's own log-probs)")
-    if data.get("target_prompt_logprobs") is not None:
-        raise UserError("target_prompt_logprobs: not served")
+    check_top_k(data)  # the rest (target_prompt_logprobs against the prompt) is checked with the prompt, plan()
     n = int(data.get("num_samples", 1))
     request_id = server.sample_once(sampler, data)  # a retry (same seq_id) gets the first request's id
     return future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(n)])
