@@ -22,6 +22,7 @@ NOT_PACKAGES = {"integration", "data"}
 WHOLE_PACKAGE = {
     "test_architecture_links.py": "docs/architecture.md's links into the source, the life of one step in three files",
     "test_contracts.py": "every role's worker satisfies its Protocol, every handle its role",
+    "test_doc_snippets.py": "every snippet of README.md and docs/*.md runs or resolves as its marker says",
     "test_howto.py": "the how-to pages of docs/architecture.md, run as written",
     "test_import_graph.py": "benchmarks/import_graph.py: no import circles",
     "test_layering.py": "which folder may import which (the layers, roles as peers)",

@@ -149,7 +149,7 @@ def mismatch_pairs(
         base = setting.removesuffix(BF16)
         if setting.endswith(BF16) and (preset, base) in values:
             float32 = values[(preset, base)]
-            noise = stats.Noise(*stats.pooled_sd([list(float32.values()), list(bf16.values())]))
+            noise = stats.PooledSigma(*stats.pooled_sd([list(float32.values()), list(bf16.values())]))
             change = stats.difference(bf16, float32, noise, ("bfloat16", "float32"))
             pairs[preset][base] = (statistics.mean(float32.values()), statistics.mean(bf16.values()), change)
     return dict(pairs)

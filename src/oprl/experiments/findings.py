@@ -186,7 +186,7 @@ def _test(c: Contrast, a, b, table, level: float, noise: str) -> stats.Differenc
     if c.a[1] == c.b[1]:  # one setting: its methods' residual σ̂ (the pairing takes the seed out)
         sigma = stats.residual_noise(table[c.a[1]])
     else:  # two settings: the two cells' own pooled sample SD
-        sigma = stats.Noise(*stats.pooled_sd([list(a.values()), list(b.values())]))
+        sigma = stats.PooledSigma(*stats.pooled_sd([list(a.values()), list(b.values())]))
     return stats.difference(a, b, sigma, alpha=level, tails=1, threshold=-c.margin)
 
 

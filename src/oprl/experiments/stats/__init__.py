@@ -32,7 +32,7 @@ from oprl.experiments.stats.difference import (
     paired,
     welch,
 )
-from oprl.experiments.stats.pooled import Noise, difference, pooled_sd, residual_noise, spread_test
+from oprl.experiments.stats.pooled import PooledSigma, difference, pooled_sd, residual_noise, spread_test
 
 __all__ = [
     "ALPHA",
@@ -43,7 +43,7 @@ __all__ = [
     "Cell",
     "Comparison",
     "Difference",
-    "Noise",
+    "PooledSigma",
     "compare",
     "contrast",
     "describe",

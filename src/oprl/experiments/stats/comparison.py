@@ -28,7 +28,7 @@ import numpy as np
 from scipy import stats as distributions
 
 from oprl.experiments.stats.difference import ALPHA, Difference, _own
-from oprl.experiments.stats.pooled import Noise, _pooled, residual_noise
+from oprl.experiments.stats.pooled import PooledSigma, _pooled, residual_noise
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -100,7 +100,7 @@ class Comparison:
     """Groups of methods equal at every unit (identical runs, as far as these numbers tell)."""
     units: int = 0
     """Units (seeds) per method, the most any method has."""
-    noise: Noise | None = None
+    noise: PooledSigma | None = None
     """The pooled σ̂ where the report declared one; None: each pair's own noise."""
     fragile: dict[str, list[Hashable]] = field(default_factory=dict)
     """Methods whose place (tier or below) changes when one seed is left out (or, pooled, one other method): the
@@ -156,7 +156,7 @@ def compare(
     return comparison
 
 
-def _pair(values, a: str, b: str, noise: Noise | None, strata) -> Difference:
+def _pair(values, a: str, b: str, noise: PooledSigma | None, strata) -> Difference:
     """a − b's estimate: its own noise, or the pooled σ̂ where one is declared."""
     return _own(values[a], values[b], (a, b)) if noise is None else _pooled(values[a], values[b], noise, (a, b), strata)
 

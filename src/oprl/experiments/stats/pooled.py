@@ -53,14 +53,14 @@ def pooled_sd(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
 
 
 @dataclass(frozen=True)
-class Noise:
+class PooledSigma:
     """A pooled σ̂ of one run and its degrees of freedom (the declared choice ``report.noise: pooled``)."""
 
     sd: float
     df: int
 
 
-def residual_noise(values: Mapping[str, Mapping[Any, float]], strata: Mapping[Any, Any] | None = None) -> Noise:
+def residual_noise(values: Mapping[str, Mapping[Any, float]], strata: Mapping[Any, Any] | None = None) -> PooledSigma:
     """σ̂² = SS_E / df_E of the additive model y_{m,u} = μ + α_m + β_u + ε (method m, unit u) fitted within each
     stratum (a lag) over the units every method has there (or, when more degrees of freedom remain that way, over
     the methods that have every unit: ``_block``), SS_E and df_E = (k − 1)(b − 1) summed over strata:
@@ -79,7 +79,7 @@ def residual_noise(values: Mapping[str, Mapping[Any, float]], strata: Mapping[An
         residual = y - y.mean(axis=1, keepdims=True) - y.mean(axis=0, keepdims=True) + y.mean()
         squares += float((residual**2).sum())
         df += _df(y)
-    return Noise(math.sqrt(squares / df), df) if df else Noise(math.nan, 0)
+    return PooledSigma(math.sqrt(squares / df), df) if df else PooledSigma(math.nan, 0)
 
 
 def _df(block: np.ndarray) -> int:
@@ -115,7 +115,7 @@ def _by_stratum(values: Mapping[str, Mapping[Any, float]], strata: Mapping[Any, 
 def difference(
     a: Mapping[Any, float],
     b: Mapping[Any, float],
-    noise: Noise,
+    noise: PooledSigma,
     names: tuple[str, str] = ("a", "b"),
     strata: Mapping[Any, Any] | None = None,
     alpha: float = ALPHA,
@@ -131,7 +131,7 @@ def difference(
     return _pooled(a, b, noise, names, strata).test(alpha, tails, threshold)
 
 
-def _pooled(a, b, noise: Noise, names: tuple[str, str], strata) -> Difference:
+def _pooled(a, b, noise: PooledSigma, names: tuple[str, str], strata) -> Difference:
     shared: dict[Hashable, list[float]] = {}
     for unit in _shared(a, b):
         shared.setdefault(strata[unit] if strata is not None else None, []).append(a[unit] - b[unit])
