@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from oprl.backends.base import make_backend
 from oprl.backends.failure import engine_died
 from oprl.backends.faults import ENGINE, SWITCH, VARIABLE, FaultPlan
 from oprl.backends.local import LocalBackend
+from oprl.backends.make import make_backend
 from oprl.backends.processes import RemoteError
 from oprl.config import load_config
 from oprl.errors import OprlError

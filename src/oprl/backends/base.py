@@ -5,7 +5,7 @@ the driver only ever submits calls and reacts to their completion, so a backend 
 shutdown, one more for a worker that calls another itself (``peer``: the explorers ask the judge), and two
 for a worker whose process died (``lost`` tells a death from a raised error, ``restart`` brings it back).
 ``LocalBackend`` (threads, or processes with ``runtime.workers=processes``) and ``RayBackend`` (Ray actors)
-implement it; ``make_backend`` picks one from ``backend``. A call returns futures at once; futures
+implement it; ``oprl.backends.make.make_backend`` picks one from ``backend``. A call returns futures at once; futures
 passed as arguments are resolved inside the receiving worker, so data moves between workers without passing
 through the driver.
 
@@ -19,10 +19,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
-
-from oprl.backends import faults
-from oprl.config import RunConfig
-from oprl.errors import OprlError
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -170,32 +166,3 @@ class Backend(Protocol):
     def shutdown(self, actors: Any) -> None:
         """Stop ``actors`` (and whatever the backend started itself)."""
         ...
-
-
-def make_backend(config: RunConfig, plan: faults.FaultPlan | None = None) -> Backend:
-    """The backend ``config.backend`` names (Ray is imported only when chosen); ``plan``: the run's
-    ``OPRL_FAULT`` faults, kept across the backends of a run that restarts its trainer (each fires once)."""
-    plan = plan if plan is not None else faults.FaultPlan.from_environment()
-    engines = [f.worker.replace(" ", ":") for f in plan.faults if f.kind == faults.ENGINE]
-    if engines and not config.rollout.engine_process:
-        raise OprlError(
-            f"{faults.VARIABLE}: {engines[0]} kills a vLLM engine's own process: it needs rollout.engine=vllm "
-            "rollout.engine_process=true"
-        )
-    if config.backend == "ray":
-        from oprl.backends.ray_backend import RayBackend
-
-        # The teacher and the judge are workers too.
-        workers = config.runtime.explorers + 1 + (config.teacher.path is not None) + (config.judge.path is not None)
-        return RayBackend(
-            address=config.runtime.ray_address,
-            num_cpus=config.runtime.ray_num_cpus,
-            workers=workers,
-            restarts=config.runtime.max_restarts > 0,
-            plan=plan,
-        )
-    from oprl.backends.local import LocalBackend
-
-    if config.runtime.workers == "threads" and plan:
-        raise OprlError(f"{faults.VARIABLE} kills worker processes: it needs runtime.workers=processes or backend=ray")
-    return LocalBackend(config.runtime.workers, plan)

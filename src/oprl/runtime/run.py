@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from oprl.backends.base import make_backend
 from oprl.backends.failure import StopSignals, WorkerFailure
 from oprl.backends.local import LocalBackend
+from oprl.backends.make import make_backend
 from oprl.checkpoint import files as ckpt_files
 from oprl.checkpoint import rundir
 from oprl.checkpoint.store import ExperienceStore
