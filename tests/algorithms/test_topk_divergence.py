@@ -84,7 +84,7 @@ def test_divergence_and_mask_equal_the_reference(kind):
 @pytest.mark.parametrize("kind", ["tv", "kl"])
 def test_with_the_sampled_token_alone_it_is_the_binary_rule(kind):
     """K = 1 and H = {y}: the partition is {y, rest}, DPPO's binary divergence, so the masks coincide."""
-    view, ids, sampled_ids, y_current, y_behavior, mask = _case(k=1, seed=5)
+    _view, ids, _sampled_ids, y_current, y_behavior, mask = _case(k=1, seed=5)
     single = TopKTokens(y_behavior[..., None], y_current[..., None], torch.ones_like(ids, dtype=torch.bool))
     advantages = torch.tensor([1.0, -1.0, 0.0])[:, None].expand_as(y_current)
     for eps in (0.01, 0.05, 0.2):
@@ -99,7 +99,7 @@ def test_with_the_sampled_token_alone_it_is_the_binary_rule(kind):
 @pytest.mark.parametrize("kind", ["tv", "kl"])
 def test_never_below_the_binary_divergence(kind):
     for seed in range(5):
-        view, ids, sampled_ids, y_current, y_behavior, mask = _case(seed=seed, k=4)
+        view, _ids, _sampled_ids, y_current, y_behavior, mask = _case(seed=seed, k=4)
         pi, mu = topk_divergence.partition(view, y_current, y_behavior, mask)
         ones = torch.ones_like(y_current, dtype=torch.bool)[..., None]
         binary_view = TopKTokens(y_behavior[..., None], y_current[..., None], ones)
@@ -109,12 +109,12 @@ def test_never_below_the_binary_divergence(kind):
 
 
 def test_the_presets_train_through_the_policy_loss_and_refuse_without_top_k():
-    view, ids, sampled_ids, y_current, y_behavior, mask = _case()
+    view, _ids, _sampled_ids, y_current, y_behavior, mask = _case()
     logprobs = y_current.clone().requires_grad_(True)
     advantages = torch.tensor([1.0, -1.0, 0.5])
     for preset in ("dppo-tv-topk", "dppo-kl-topk"):
         params = replace(Algorithm.of(preset).loss, top_k=view)
         loss, metrics = policy_loss(logprobs, y_behavior, advantages, mask, params)
         assert torch.isfinite(loss) and "dppo_divergence_mean" in metrics
-        with pytest.raises(ValueError, match="rollout.record_top_k=0"):
+        with pytest.raises(ValueError, match=r"rollout\.record_top_k=0"):
             policy_loss(logprobs, y_behavior, advantages, mask, Algorithm.of(preset).loss)

@@ -2,6 +2,8 @@
 store and the checkpoint's unconsumed batch, and changing no number of the run (its metrics equal the run
 without it); without it, the store's files hold no top-K column."""
 
+import itertools
+
 import pyarrow.parquet as pq
 
 from oprl.checkpoint.store import read_parquet
@@ -34,6 +36,6 @@ def test_a_run_recording_top_k_in_worker_processes_equals_the_run_without(small_
         assert [e.response_ids for e in rows] == [e.response_ids for e in without]
         for e in rows:
             assert [len(p) for p in e.top_k_ids] == [3] * len(e.response_ids) == [len(p) for p in e.top_k_logprobs]
-            assert all(a >= b for p in e.top_k_logprobs for a, b in zip(p, p[1:], strict=False))  # most likely first
+            assert all(a >= b for p in e.top_k_logprobs for a, b in itertools.pairwise(p))  # most likely first
     ready = read_parquet(runs / "on" / "checkpoints" / "step-000002" / "buffer" / "ready-000003.parquet")
     assert top_k_bits(ready) == top_k_bits(read_parquet(runs / "on" / "experiences" / "batch-000003.parquet"))

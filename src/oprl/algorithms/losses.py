@@ -322,9 +322,10 @@ def batch_keeps(parts: list[RuleInputs], params: LossParams) -> list[BatchKeep]:
     width = max(part.logprobs.shape[1] for part in parts)
 
     def joined(values: list[torch.Tensor | None]) -> torch.Tensor | None:
-        if any(value is None for value in values):
+        present = [value for value in values if value is not None]
+        if len(present) < len(values):
             return None
-        padded = [torch.nn.functional.pad(value, (0, width - value.shape[1])) for value in values]
+        padded = [torch.nn.functional.pad(value, (0, width - value.shape[1])) for value in present]
         return torch.cat(padded)  # (N, width)
 
     def per_token(part: RuleInputs) -> torch.Tensor:
@@ -332,6 +333,7 @@ def batch_keeps(parts: list[RuleInputs], params: LossParams) -> list[BatchKeep]:
         return advantages[:, None].expand_as(part.logprobs) if advantages.dim() == 1 else advantages
 
     logprobs = joined([part.logprobs.detach() for part in parts])
+    assert logprobs is not None  # every part has log-probs
     mask = joined([part.mask.to(logprobs.dtype) for part in parts])
     view = _TokenView.of(logprobs, joined([part.behavior_logprobs.to(logprobs.dtype) for part in parts]),
                          joined([per_token(part) for part in parts]), mask,

@@ -40,15 +40,37 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from oprl.errors import OprlError
 from oprl.experiments import stats
 from oprl.experiments.tiers import METRICS, points, values_by_setting
 
-if TYPE_CHECKING:  # declared imports this module
-    from oprl.experiments.declared import Status
+
+class _Declaration(Protocol):
+    """What a finding's rows read of a contrast's declaration (``declared.Declared``)."""
+
+    @property
+    def commit(self) -> str | None: ...
+    @property
+    def at(self) -> datetime | None: ...
+
+
+class StatusView(Protocol):
+    """What a finding's rows read of its declaration against its runs (``declared.Status``, which this module
+    does not import: ``declared`` imports this one)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def declared(self) -> _Declaration: ...
+    @property
+    def runs(self) -> int: ...
+    @property
+    def before(self) -> int: ...
+
 
 CONTRAST_KEYS = ("a", "b", "setting", "margin", "metric")
 
@@ -244,7 +266,7 @@ def _df(df: float) -> str:
 
 
 def lines(
-    decided: dict[str, list[Decided]], status: Mapping[str, Status] | None = None, alpha: float = stats.ALPHA,
+    decided: dict[str, list[Decided]], status: Mapping[str, StatusView] | None = None, alpha: float = stats.ALPHA,
     noise: str = "own",
 ) -> list[str]:  # fmt: skip
     """The report's findings section: one table row per contrast, one line per finding with its verdict, its
@@ -285,7 +307,7 @@ def lines(
     return [*out, ""]
 
 
-def _when(status: Status) -> str:
+def _when(status: StatusView) -> str:
     d = status.declared
     return f", commit {d.commit[:7]} {d.at:%Y-%m-%d %H:%M} UTC" if d.commit and d.at else ""
 
@@ -327,7 +349,7 @@ def plot(decided: dict[str, list[Decided]], out: Path) -> Path | None:
     return out
 
 
-def _declared_columns(found: Status | None) -> dict:
+def _declared_columns(found: StatusView | None) -> dict:
     if found is None:
         return {"declaration": "", "declared_commit": "", "declared_at": "", "runs": "", "runs_before": ""}
     at = found.declared.at.isoformat() if found.declared.at else ""
@@ -335,7 +357,7 @@ def _declared_columns(found: Status | None) -> dict:
             "runs": found.runs, "runs_before": found.before}  # fmt: skip
 
 
-def rows(decided: dict[str, list[Decided]], status: Mapping[str, Status] | None = None) -> list[dict]:
+def rows(decided: dict[str, list[Decided]], status: Mapping[str, StatusView] | None = None) -> list[dict]:
     """``findings.csv``: one row per contrast, accuracy units; the finding's verdict, robustness and declaration
     on each of its rows."""
     out = []

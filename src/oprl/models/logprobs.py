@@ -166,7 +166,7 @@ def grouped_response_logprobs(
     """
     head = _plain_head(model)
     if head is None:
-        return packed_response_logprobs(
+        return packed_response_logprobs(  # type: ignore[return-value]  # (logprobs, entropy or None, mask[, extra])
             model,
             prompt_ids,
             response_ids,

@@ -45,7 +45,7 @@ from oprl.models.truncation import PLAIN, Sampling
 from oprl.rollout.base import sampling_logprobs, top_logprobs
 from oprl.rollout.lean_engine import COMPACT_FRACTION, draw
 from oprl.serve.tinker.errors import UserError, check_tokens, context_of
-from oprl.serve.tinker.records import Sampled, Sequence, Target
+from oprl.serve.tinker.records import Sampled, Sequence, Target, target_of
 
 MAX_TOP_K = 20
 """Largest ``topk_sample_logprobs`` / ``topk_prompt_logprobs`` served (Tinker's bound on a top-k width)."""
@@ -124,7 +124,7 @@ def plan(tokenizer, model, request: dict[str, Any]) -> Planned:
         if not 1 <= last <= len(prompt) - 1:
             raise UserError(f"prompt_logprobs_last_n: must be between 1 and {len(prompt) - 1}, got {last}")
     topk_sample, topk_prompt = check_top_k(request)
-    target = _target(request.get("target_prompt_logprobs"), len(prompt), len(tokenizer))
+    target = target_of(request.get("target_prompt_logprobs"), len(prompt), len(tokenizer))
     stop_tokens, stop_strings = _stops(params.get("stop"), tokenizer)
     seed = params.get("seed")
     seed = None if seed is None else int(seed)
@@ -145,48 +145,6 @@ def check_top_k(request: dict[str, Any]) -> tuple[int, int]:
     if request.get("prompt_alt_tokens_k"):
         raise UserError("prompt_alt_tokens_k: not served (top-K and target log-probs are; docs/tinker.md)")
     return ks[0], ks[1]
-
-
-def _target(tensor: Any, prompt_length: int, vocab: int) -> Target | None:
-    """``target_prompt_logprobs`` (the SDK's JSON ``TensorData``: int64, shape [P - 1, K], dense or CSR) as a
-    ``Target``, or a ``UserError`` naming the field."""
-    if tensor is None:
-        return None
-    name = "target_prompt_logprobs"
-    if not isinstance(tensor, dict):
-        raise UserError(f"{name}: a TensorData object, got a {type(tensor).__name__}")
-    if tensor.get("dtype") != "int64":
-        raise UserError(f"{name}: an int64 tensor of token ids, got dtype {tensor.get('dtype')!r}")
-    shape = list(tensor.get("shape") or [])
-    if len(shape) != 2 or shape[0] != prompt_length - 1 or shape[1] < 1:
-        raise UserError(f"{name}: shape must be [len(prompt) - 1, K] = [{prompt_length - 1}, K >= 1], got {shape}")
-    try:
-        ids = np.asarray(tensor.get("data") or [], dtype=np.int64).reshape(-1)
-        crow, col = tensor.get("sparse_crow_indices"), tensor.get("sparse_col_indices")
-        if (crow is None) != (col is None):
-            raise UserError(f"{name}: sparse_crow_indices and sparse_col_indices go together")
-        if crow is None:
-            if ids.size != shape[0] * shape[1]:
-                raise UserError(f"{name}: shape {shape} does not hold its {ids.size} values")
-            rows = np.repeat(np.arange(shape[0]), shape[1])
-        else:
-            crow_a, col_a = np.asarray(crow, dtype=np.int64), np.asarray(col, dtype=np.int64)
-            valid = (
-                crow_a.size == shape[0] + 1 and crow_a[0] == 0 and (np.diff(crow_a) >= 0).all()
-                and crow_a[-1] == ids.size == col_a.size and ((col_a >= 0) & (col_a < shape[1])).all()
-            )  # fmt: skip
-            if not valid:
-                raise UserError(f"{name}: its CSR indices do not describe {ids.size} values of shape {shape}")
-            rows = np.repeat(np.arange(shape[0]), np.diff(crow_a))
-    except (TypeError, ValueError) as exc:
-        raise UserError(f"{name}: {exc}") from None
-    if ids.size and not ((ids >= -1) & (ids < vocab)).all():
-        bad = int(ids[(ids < -1) | (ids >= vocab)][0])
-        raise UserError(f"{name}: token ids must be -1 (none) or in [0, {vocab}), got {bad}")
-    if not (ids >= 0).any():
-        raise UserError(f"{name}: names no token id (every cell is -1)")
-    csr = (None, None) if crow is None else (list(map(int, crow)), list(map(int, col)))
-    return Target(ids, rows, shape, *csr)
 
 
 @torch.inference_mode()  # cheaper than no_grad (no version counters); nothing sampled here is trained through
@@ -396,9 +354,9 @@ def _prompt_side(model, p: Planned, sequences: list[Sequence], device) -> Sample
         if p.target is not None:
             t = p.target
             named = t.ids >= 0
-            values = np.zeros(t.ids.shape, dtype=np.float32)
+            scored = np.zeros(t.ids.shape, dtype=np.float32)
             rows, cols = torch.as_tensor(t.rows[named]), torch.as_tensor(t.ids[named])
-            values[named] = logp[rows.to(logp.device), cols.to(logp.device)].cpu().numpy()
-            t.logprobs = values
+            scored[named] = logp[rows.to(logp.device), cols.to(logp.device)].cpu().numpy()
+            t.logprobs = scored
             out.target = t
     return out

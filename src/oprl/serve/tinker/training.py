@@ -95,7 +95,7 @@ def checked_datum(
             raise UserError(f"{where}.loss_fn_inputs.{name}: {values.size} values for {n} model_input tokens")
     check_tokens(datum.tokens, vocab, f"{where}.model_input")
     target_array = datum.inputs["target_tokens"].reshape(-1).astype(np.int64)
-    if target_array.size and not (0 <= target_array.min() and target_array.max() < vocab):  # one pass in numpy
+    if target_array.size and not (target_array.min() >= 0 and target_array.max() < vocab):  # one pass in numpy
         check_tokens(target_array.tolist(), vocab, f"{where}.loss_fn_inputs.target_tokens")  # names the culprit
     targets = target_array.tolist()
     floats = {k: v.reshape(-1).astype(np.float32) for k, v in datum.inputs.items() if k != "target_tokens"}

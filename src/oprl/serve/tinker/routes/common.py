@@ -17,8 +17,8 @@ from oprl.serve.tinker.errors import UserError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from oprl.serve.tinker.app import TinkerServer
     from oprl.serve.tinker.models import Policy
+    from oprl.serve.tinker.server import TinkerServer
 
 
 def server_of(request: Request) -> TinkerServer:
