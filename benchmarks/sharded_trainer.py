@@ -86,7 +86,7 @@ def start(config, path: str, sharding: str, world: int):
     """The trainer of one configuration, ready to train: (call, peak RSS per rank in GiB, stop)."""
     if sharding == "none":
         from oprl.backends.processes import ProcessActor
-        from oprl.trainer.trainer import TrainerWorker
+        from oprl.trainer.role import TrainerWorker
 
         actor = ProcessActor("trainer", TrainerWorker, (config, path), config.runtime.torch_threads)
         actor.ready.result()

@@ -18,7 +18,7 @@ from oprl.models.tiny import build_model, build_tokenizer
 from oprl.rollout import ENGINES, Engine, VLLMEngine
 from oprl.teacher import TeacherWorker
 from oprl.trainer.ranks import ShardedTrainer
-from oprl.trainer.trainer import TrainerWorker
+from oprl.trainer.role import TrainerWorker
 
 
 def members(protocol) -> set[str]:

@@ -19,7 +19,7 @@ from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.tiny import build_model, build_tokenizer
 from oprl.trainer.ranks import SHARDS, ShardedTrainer, check_trainer_machine, rank_threads
-from oprl.trainer.trainer import TrainerWorker
+from oprl.trainer.role import TrainerWorker
 from trainer_helpers import make_batch
 
 TOL = 1e-5

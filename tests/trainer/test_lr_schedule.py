@@ -10,7 +10,7 @@ from oprl.checkpoint.files import load_trainer_state, save_schedule, save_traine
 from oprl.config import OptimConfig
 from oprl.errors import OprlError
 from oprl.trainer.lr_schedule import LrSchedule, warmup_slots
-from oprl.trainer.trainer import restore_schedule
+from oprl.trainer.role import restore_schedule
 from trainer_helpers import make_batch, make_trainer
 
 TRANSFORMERS_NAME = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}

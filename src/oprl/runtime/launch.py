@@ -29,7 +29,7 @@ from oprl.runtime.checkpointing import resume_hint
 from oprl.runtime.synchronizer import Synchronizer
 from oprl.teacher.teacher import TeacherWorker
 from oprl.trainer.ranks import ShardedTrainer, rank_threads
-from oprl.trainer.trainer import TrainerWorker
+from oprl.trainer.role import TrainerWorker
 from oprl.trainer.warmstart import length_warning, wants_warm_start, warm_started_model
 from oprl.worker_parts import available_cores
 

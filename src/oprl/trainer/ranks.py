@@ -94,7 +94,7 @@ class TrainerRank:
         import torch.distributed as dist
 
         from oprl.models.loading import empty_model, resolve_device
-        from oprl.trainer.trainer import build_trainer
+        from oprl.trainer.role import build_trainer
         from oprl.worker_parts import load_model
 
         config, t = self.config, self.config.trainer
@@ -186,7 +186,7 @@ class TrainerRank:
         return self.trainer.version
 
     def restore(self, directory: str) -> int:
-        from oprl.trainer.trainer import restore_schedule
+        from oprl.trainer.role import restore_schedule
 
         root = Path(directory)
         if not (root / SHARDS).is_dir():
@@ -280,7 +280,7 @@ class ShardedTrainer:
         return self.version
 
     def train(self, step: int, batch: list) -> TrainResult:
-        from oprl.trainer.trainer import train_result
+        from oprl.trainer.role import train_result
 
         with self.clock.work():
             metrics = self._all(TrainerRank.train, f"while training step {step}", step, batch)[0]
