@@ -164,8 +164,14 @@ class Inputs:
             )
         width = max(len(e.response_ids) for e in batch)
         covered = loss_mask_of(batch, width)  # (N, T): the tokens the loss covers
+        top_k = top_k_of(batch, width)  # before any forward: a method that needs them and has none stops at once
+        if self.needs.top_k and top_k is None:
+            raise OprlError(
+                "the algorithm reads the sampler's top-K (score_centering or a *-topk clip_mode) but the batch's "
+                "rows carry none: sample with rollout.record_top_k > 0 (an offline store must have recorded them)"
+            )
         current = self.proximal_logprobs(batch) if self.needs.proximal or self.needs.screen else None  # one forward
-        rows = RowInputs(current if self.needs.proximal else None)
+        rows = RowInputs(current if self.needs.proximal else None, top_k=top_k if self.needs.top_k else None)
         if self.needs.reference(step):
             rows.reference = self._logprobs(self.reference, batch)
         statistics, seconds = None, {}
@@ -177,14 +183,6 @@ class Inputs:
         rewards = torch.tensor([e.reward for e in batch], dtype=torch.float32)  # (N,)
         group_ids = torch.tensor([e.group_id for e in batch], dtype=torch.long)  # (N,)
         given = BatchInputs(rewards, group_ids, covered.sum(-1), statistics, screen)
-        top_k = top_k_of(batch, width)
-        if self.needs.top_k:
-            if top_k is None:
-                raise OprlError(
-                    "the algorithm reads the sampler's top-K (score_centering or a *-topk clip_mode) but the batch's "
-                    "rows carry none: sample with rollout.record_top_k > 0 (an offline store must have recorded them)"
-                )
-            rows.top_k = top_k
         return StepInputs(given, loss_units(covered, self.method), rows, seconds, top_k)
 
     def proximal_logprobs(self, rows: list[Experience]) -> list[list[float]]:
