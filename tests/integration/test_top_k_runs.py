@@ -37,5 +37,12 @@ def test_a_run_recording_top_k_in_worker_processes_equals_the_run_without(small_
         for e in rows:
             assert [len(p) for p in e.top_k_ids] == [3] * len(e.response_ids) == [len(p) for p in e.top_k_logprobs]
             assert all(a >= b for p in e.top_k_logprobs for a, b in itertools.pairwise(p))  # most likely first
-    ready = read_parquet(runs / "on" / "checkpoints" / "step-000002" / "buffer" / "ready-000003.parquet")
-    assert top_k_bits(ready) == top_k_bits(read_parquet(runs / "on" / "experiences" / "batch-000003.parquet"))
+    # Which batches the step-2 checkpoint holds unconsumed depends on how far the explorer got (batch 3 is usually
+    # there, not always under load); each one it holds carries its top-K bit for bit. The buffer checkpoint's
+    # round trip itself is tests/backends/test_top_k_wire.py's.
+    buffer = runs / "on" / "checkpoints" / "step-000002" / "buffer"
+    assert buffer.is_dir()
+    for ready in sorted(buffer.glob("ready-*.parquet")):
+        batch = int(ready.stem.split("-")[1])
+        stored = read_parquet(runs / "on" / "experiences" / f"batch-{batch:06d}.parquet")
+        assert top_k_bits(read_parquet(ready)) == top_k_bits(stored)
