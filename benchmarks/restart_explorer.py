@@ -35,6 +35,9 @@ from pathlib import Path
 
 import yaml
 
+# benchmarks/ is the script's directory, so on sys.path
+from _common import cpu
+
 from oprl.metrics import deterministic_view, read_metrics
 
 SMALL = [  # the test suite's small recipe (tests/conftest.py), with its warm start
@@ -104,25 +107,6 @@ def train(root: Path, name: str, settings: list[str], fault: str | None, env: di
         "restarts": summary["restarts"],
         "step_s": steps,
         "reward_s": reward_s,
-    }
-
-
-def cpu() -> dict:
-    """The CPU's model name and whether it has the bfloat16 instructions (avx512_bf16) and AMX."""
-    flags, name = set(), "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and name == "unknown":
-                name = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags |= set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {
-        "model": name,
-        "cores": os.cpu_count(),
-        "avx512_bf16": "avx512_bf16" in flags,
-        "amx": any(f.startswith("amx") for f in flags),
     }
 
 

