@@ -120,7 +120,7 @@ def make_engine(config: RunConfig, model, tokenizer, *, record_top_k: int = 0) -
         options |= {"kv_cache_gb": rollout.kv_cache_gb, "prefix_reuse": rollout.prefix_reuse}
     if capabilities_of(engine).engine_process:
         options |= {"engine_process": rollout.engine_process}
-    serving = lora_serving(config)
+    serving = lora_serving(config, cuda=next(model.parameters()).device.type == "cuda")  # where the engine samples
     if serving is not None:
         modes = capabilities_of(engine).lora_sync
         if serving[0] not in modes:
@@ -139,10 +139,11 @@ def make_engine(config: RunConfig, model, tokenizer, *, record_top_k: int = 0) -
                                    **options))  # fmt: skip
 
 
-def lora_serving(config: RunConfig) -> tuple[str, int] | None:
-    """``(model.lora_sync, live policy versions)`` of a LoRA run, None for a full fine-tune
+def lora_serving(config: RunConfig, cuda: bool | None = None) -> tuple[str, int] | None:
+    """``(model.lora_sync, live policy versions)`` of a LoRA run on ``rollout.engine``, its unset mode resolved for a
+    CUDA (``cuda``; None: model.device's) or CPU sampler; None for a full fine-tune
     (``oprl.config.sections.ModelConfig.lora_serving``: the rule the config check refuses by)."""
-    return config.model.lora_serving(config.sync)
+    return config.model.lora_serving(config.sync, config.rollout.engine, cuda)
 
 
 def trainable_weights(model, *, to_cpu: bool) -> FlatWeights:

@@ -5,7 +5,9 @@ version it records; the on-policy rho bound of its LoRA kernels against the merg
 The vLLM tests build one small LoRA engine per shape (cached per process, as in a run) on the tiny Llama with 2
 heads of 32 dimensions (vLLM's CPU attention has no kernel for 16)."""
 
+import contextlib
 import copy
+import io
 import json
 from pathlib import Path
 
@@ -283,6 +285,7 @@ def test_a_batch_in_flight_across_two_syncs_samples_each_token_under_its_own_ada
 
 # -- configuration ---------------------------------------------------------------------------------------------
 def test_lora_serving_follows_the_lag_and_defaults_to_adapters():
+    """On lean (and hf-generate, and vllm on CUDA: tests/config/test_lora_sync_default.py has the whole table)."""
     assert lora_serving(load_config(None, [])) is None
     assert lora_serving(load_config(None, ["model.lora.r=4"])) == ("adapter", 1)
     assert lora_serving(load_config(None, ["model.lora.r=4", "sync.offset=2"])) == ("adapter", 3)
@@ -295,12 +298,18 @@ def test_lora_serving_follows_the_lag_and_defaults_to_adapters():
     [
         (["model.lora_sync=adapter"], r"model\.lora_sync=adapter needs a LoRA policy: set model\.lora\.r > 0"),
         (
-            ["model.lora.r=4", "rollout.engine=vllm", "sync.offset=16"],
+            ["model.lora.r=4", "rollout.engine=vllm", "sync.offset=16", "model.lora_sync=adapter"],
             r"model\.lora_sync=adapter: sync\.offset=16 keeps 17 policy versions live .* rollout\.engine=vllm holds "
             r"at most 16 adapters; lower sync\.offset or use model\.lora_sync=merged",
         ),
         (
-            ["model.lora.r=4", "rollout.engine=vllm", "sync.mode=async", "sync.max_staleness=16"],
+            [
+                "model.lora.r=4",
+                "rollout.engine=vllm",
+                "sync.mode=async",
+                "sync.max_staleness=16",
+                "model.lora_sync=adapter",
+            ],
             r"model\.lora_sync=adapter: sync\.max_staleness=16 keeps 17 policy versions live .* at most 16 adapters; "
             r"lower sync\.max_staleness",
         ),
@@ -319,8 +328,9 @@ def test_what_the_sampler_cannot_serve_is_refused_at_config_load_in_one_line(ove
 
 def test_the_live_versions_an_engine_can_hold_pass_and_merged_or_unbounded_engines_are_not_limited():
     for overrides in (
-        ["model.lora.r=4", "rollout.engine=vllm", "sync.offset=15"],  # 16 live: vLLM's most
+        ["model.lora.r=4", "rollout.engine=vllm", "sync.offset=15", "model.lora_sync=adapter"],  # 16: vLLM's most
         ["model.lora.r=4", "rollout.engine=vllm", "sync.offset=16", "model.lora_sync=merged"],  # one model at a time
+        ["model.lora.r=4", "rollout.engine=vllm", "sync.offset=16"],  # unset on a CPU: merged
         ["model.lora.r=4", "sync.offset=16"],  # lean: peft holds the one model it samples
     ):
         load_config(None, overrides)
@@ -350,8 +360,8 @@ def test_an_adapter_synced_run_samples_what_the_merged_run_samples(small_overrid
     runs = {}
     for name, extra in {
         "merged": ["model.lora_sync=merged"],
-        "adapter": [],
-        "adapter-processes": ["runtime.workers=processes"],
+        "adapter": ["model.lora_sync=adapter"],  # given: unset, vllm on a CPU is merged
+        "adapter-processes": ["model.lora_sync=adapter", "runtime.workers=processes"],
     }.items():
         assert main(["train", *small_overrides, *common, *extra, f"run_name={name}"]) == 0
         runs[name] = [r for r in read_metrics(tmp_path / "runs" / name / "metrics.jsonl") if "reward/mean" in r]
@@ -370,6 +380,8 @@ LORA_VLLM = [
     "runtime.torch_threads=1",
 ]
 
+ADAPTER = ["model.lora_sync=adapter"]  # given: unset, vllm on a CPU serves the policy merged
+
 
 LAG_1 = ["steps=3", "sync.offset=1", "eval.interval=0"]
 
@@ -385,17 +397,21 @@ def sampled(root, name) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def merged_run(tmp_path_factory, cache_dir):
-    """The tiny model with LoRA on vLLM, merged, lag 1, 3 steps, on threads: what the adapter-synced runs of the
-    other backends must sample."""
+    """The tiny model with LoRA on vLLM, lag 1, 3 steps, on threads, model.lora_sync unset: merged on this CPU, which
+    the run's output says in one line; what the adapter-synced runs of the other backends must sample."""
     pytest.importorskip("vllm")
     from conftest import SMALL
     from oprl.cli import main
 
     root = tmp_path_factory.mktemp("lora-runs")
-    with pytest.MonkeyPatch.context() as patch:
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
         patch.setenv("OPRL_CACHE_DIR", str(cache_dir))
-        args = [*SMALL, *LORA_VLLM, *LAG_1, "model.lora_sync=merged", f"output_dir={root}", "run_name=merged"]
+        args = [*SMALL, *LORA_VLLM, *LAG_1, f"output_dir={root}", "run_name=merged"]
         assert main(["train", *args]) == 0
+    notice = load_config(None, args).model.lora_sync_notice("vllm")
+    assert notice is not None and notice.startswith("model.lora_sync: merged (rollout.engine=vllm on CPU: ")
+    assert printed.getvalue().splitlines().count(notice) == 1
     return root, sampled(root, "merged")
 
 
@@ -415,9 +431,20 @@ def test_on_ray_an_adapter_synced_run_samples_what_the_merged_run_samples(merged
     from oprl.cli import main
 
     root, merged = merged_run
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Frugal: a 0.1 GB vLLM KV cache (1.0 by default; these replies need kilobytes), and a small object store (a
+    # LoRA r=4 version of the tiny model is kilobytes). Ray's memory monitor off for this test's own cluster only: it
+    # kills workers when the whole machine passes 95% memory, which on a shared machine other processes decide, not
+    # this run (two kills seen at 96-99%).
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=128 * 2**20,
+        _system_config={"memory_monitor_refresh_ms": 0},
+    )
     try:
-        args = [*SMALL, *LORA_VLLM, *LAG_1, "backend=ray", f"output_dir={root}", "run_name=adapter-ray"]
+        args = [*SMALL, *LORA_VLLM, *ADAPTER, *LAG_1, "backend=ray", "rollout.kv_cache_gb=0.1"]
+        args += [f"output_dir={root}", "run_name=adapter-ray"]
         assert main(["train", *args]) == 0
     finally:
         ray.shutdown()
@@ -435,7 +462,8 @@ def test_with_vllm_in_its_own_process_an_adapter_synced_run_samples_what_the_mer
 
     root, merged = merged_run
     name = "adapter-engine-process"
-    args = [*SMALL, *LORA_VLLM, *LAG_1, "rollout.engine_process=true", f"output_dir={root}", f"run_name={name}"]
+    args = [*SMALL, *LORA_VLLM, *ADAPTER, *LAG_1, "rollout.engine_process=true", f"output_dir={root}"]
+    args.append(f"run_name={name}")
     assert main(["train", *args]) == 0
     assert_samples_as_merged(root, name, merged)
 
@@ -452,7 +480,8 @@ def test_an_adapter_synced_run_healed_or_resumed_equals_the_undisturbed_run(smal
     from oprl.metrics import deterministic_view, read_metrics
     from recipes import kill_9_after
 
-    args = [*small_overrides, *LORA_VLLM, "steps=6", "sync.offset=2", "checkpoint.interval=2", "eval.interval=0"]
+    args = [*small_overrides, *LORA_VLLM, *ADAPTER, "steps=6", "sync.offset=2", "checkpoint.interval=2"]
+    args.append("eval.interval=0")
     args += ["runtime.workers=processes"]
     runs = tmp_path / "runs"
     assert main(["train", *args, "run_name=whole"]) == 0

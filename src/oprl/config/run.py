@@ -248,10 +248,12 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _lora_versions_fit(self) -> RunConfig:
         """An adapter-synced LoRA run keeps no more policy versions live than its engine holds adapters
-        (``ModelConfig.check_lora_serving``, ``EngineCapabilities.lora_versions``)."""
+        (``ModelConfig.check_lora_serving``, ``EngineCapabilities.lora_versions``): adapter as given or as resolved
+        for the engine and device (an unset model.lora_sync on vllm on a CPU is merged, which holds one model)."""
         if self.model.lora.r and self.model.lora_sync != "merged":
             held = capabilities(self.rollout.engine).lora_versions
-            self.model.check_lora_serving(self.sync, self.rollout.engine, held)
+            if held:  # an engine without a bound never needs the device (model.device=auto would import torch)
+                self.model.check_lora_serving(self.sync, self.rollout.engine, held)
         return self
 
     @model_validator(mode="after")

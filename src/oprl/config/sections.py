@@ -55,12 +55,15 @@ class ModelConfig(_Section):
     """Where the policy lives: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (cuda when available, else cpu)."""
     lora: LoraConfig = LoraConfig()
     lora_sync: Literal["adapter", "merged"] | None = None
-    """How a LoRA policy's versions reach the sampler (docs/runtime.md#lora-weight-sync). ``adapter`` (the
-    default when model.lora.r > 0): only the adapters cross, the base loads once; vllm serves each live version
-    as a LoRA adapter of its own (``enable_lora``), lean and hf-generate apply it through peft. ``merged`` (vllm
-    only): the whole model with each adapter folded in, ``W + (alpha/r) B A``, reloaded at every sync
-    (docs/performance.md section 13 has both costs). ``adapter`` without LoRA is refused; None = adapter under
-    LoRA, the full weights otherwise."""
+    """How a LoRA policy's versions reach the sampler (docs/runtime.md#lora-weight-sync). ``adapter``: only the
+    adapters cross, the base loads once; vllm serves each live version as a LoRA adapter of its own
+    (``enable_lora``), lean and hf-generate apply it through peft. ``merged`` (vllm only): the whole model with
+    each adapter folded in, ``W + (alpha/r) B A``, reloaded at every sync (docs/performance.md section 13 has both
+    costs). None (the default) under LoRA: ``merged`` for rollout.engine=vllm on a CPU device, whose LoRA kernels
+    sample 3.2x slower than merged weights (SmolLM2 r=16, a whole step: 131.9 s merged against 248.7 s adapter,
+    learning identical over 8 paired seeds; benchmarks/results/lora_step.json), announced in the run's log;
+    ``adapter`` everywhere else (lean, hf-generate; vllm on CUDA). A value given always wins; ``adapter`` without
+    LoRA is refused."""
     hidden_size: int = Field(128, gt=0)
     """Embedded tiny model only: width of the residual stream."""
     num_layers: int = Field(2, gt=0)
@@ -77,21 +80,58 @@ class ModelConfig(_Section):
             )
         return self
 
-    def lora_serving(self, sync: SyncConfig) -> tuple[str, int] | None:
-        """``(lora_sync, live policy versions)`` of a LoRA policy (None for a full fine-tune): the mode (adapter
-        unless set) and how many versions a sampler may need at once, the newest plus every one a batch in flight
-        can still be sampled under: ``sync.max_staleness + 1`` in async mode, ``sync.offset + 1`` scheduled (a
-        partial rollout switches to a newer version, never back)."""
+    def on_cuda(self) -> bool:
+        """Whether the policy (and so each sampler's model) lives on a CUDA device: ``model.device`` cuda or
+        cuda:N, or ``auto`` on a machine where torch sees CUDA (``oprl.models.loading.resolve_device``'s rule;
+        torch is imported only for ``auto``)."""
+        if self.device == "auto":
+            from oprl.models.loading import resolve_device
+
+            return resolve_device("auto").type == "cuda"
+        return self.device.startswith("cuda")
+
+    def lora_sync_for(self, engine: str, cuda: bool | None = None) -> str | None:
+        """``model.lora_sync`` as ``rollout.engine=engine`` serves this policy on a CUDA (``cuda``; None: ``on_cuda``)
+        or CPU device; None for a full fine-tune. A value given wins; unset, the engine's default
+        (``EngineCapabilities``): ``lora_sync_cpu`` on a CPU when it declares one (vllm: ``merged``), else the first
+        of its ``lora_sync`` modes (``adapter`` for every built-in engine)."""
         if self.lora.r == 0:
             return None
-        versions = sync.max_staleness + 1 if sync.mode == "async" else sync.offset + 1
-        return self.lora_sync or "adapter", versions
+        if self.lora_sync is not None:
+            return self.lora_sync
+        declared = capabilities(engine)
+        if declared.lora_sync_cpu and not (self.on_cuda() if cuda is None else cuda):
+            return declared.lora_sync_cpu
+        return declared.lora_sync[0]
 
-    def check_lora_serving(self, sync: SyncConfig, engine: str, held: int) -> None:
-        """Refuse, in one line before the run starts, an adapter-synced LoRA run whose live versions
-        (``lora_serving``) exceed the ``held`` adapters ``rollout.engine=engine`` holds at once
-        (``EngineCapabilities.lora_versions``; 0 = no bound)."""
-        serving = self.lora_serving(sync)
+    def lora_sync_notice(self, engine: str, cuda: bool | None = None) -> str | None:
+        """The run's one log line when an unset ``model.lora_sync`` resolves to the engine's CPU default
+        (``lora_sync_for``) rather than its first mode, with the engine's reason and how to override; else None."""
+        declared = capabilities(engine)
+        chosen = self.lora_sync_for(engine, cuda)
+        if self.lora_sync is not None or chosen is None or chosen == declared.lora_sync[0]:
+            return None
+        return (
+            f"model.lora_sync: {chosen} (rollout.engine={engine} on CPU: {declared.lora_sync_cpu_why}); "
+            f"set model.lora_sync={declared.lora_sync[0]} to override"
+        )
+
+    def lora_serving(self, sync: SyncConfig, engine: str, cuda: bool | None = None) -> tuple[str, int] | None:
+        """``(lora_sync, live policy versions)`` of a LoRA policy (None for a full fine-tune): the mode
+        ``lora_sync_for(engine, cuda)`` resolves and how many versions a sampler may need at once, the newest plus
+        every one a batch in flight can still be sampled under: ``sync.max_staleness + 1`` in async mode,
+        ``sync.offset + 1`` scheduled (a partial rollout switches to a newer version, never back)."""
+        mode = self.lora_sync_for(engine, cuda)
+        if mode is None:
+            return None
+        versions = sync.max_staleness + 1 if sync.mode == "async" else sync.offset + 1
+        return mode, versions
+
+    def check_lora_serving(self, sync: SyncConfig, engine: str, held: int, cuda: bool | None = None) -> None:
+        """Refuse, in one line before the run starts, a LoRA run served as adapters (``lora_serving``: given, or
+        resolved so) whose live versions exceed the ``held`` adapters ``rollout.engine=engine`` holds at once
+        (``EngineCapabilities.lora_versions``; 0 = no bound). A run resolved to ``merged`` holds one model."""
+        serving = self.lora_serving(sync, engine, cuda)
         if serving is None or serving[0] != "adapter" or not held or serving[1] <= held:
             return
         lag = f"sync.max_staleness={sync.max_staleness}" if sync.mode == "async" else f"sync.offset={sync.offset}"

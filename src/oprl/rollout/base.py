@@ -88,7 +88,14 @@ class EngineCapabilities:
     """The ``model.lora_sync`` modes the engine serves a LoRA policy in: ``adapter`` (what ``load_weights`` hands
     every engine under LoRA: the adapters alone, applied at each forward, as the torch engines do through peft) and
     ``merged`` (the base with each adapter folded in). An engine declaring both is built with ``lora_sync=`` and
-    ``lora_slots=`` (the policy versions it holds at once: ``oprl.worker_parts.lora_serving``)."""
+    ``lora_slots=`` (the policy versions it holds at once: ``oprl.worker_parts.lora_serving``). Unset
+    (``model.lora_sync=None``), a LoRA policy is served in the first of them, or in ``lora_sync_cpu`` on a CPU."""
+    lora_sync_cpu: str = ""
+    """The ``lora_sync`` mode an unset ``model.lora_sync`` resolves to when the sampler's model is on a CPU device
+    ("" = the first of ``lora_sync``, as on CUDA), and why, in ``lora_sync_cpu_why``: the run logs both once
+    (``oprl.config.sections.ModelConfig.lora_sync_notice``). vLLM: ``merged`` (its CPU LoRA kernels)."""
+    lora_sync_cpu_why: str = ""
+    """Why ``lora_sync_cpu`` is the CPU default, with the measurement's file (the run's log line quotes it)."""
     lora_versions: int = 0
     """Most LoRA policy versions the engine holds at once under ``model.lora_sync=adapter`` (vLLM: its
     ``max_loras``, allocated at start-up); 0 = no bound. An adapter-synced run whose lag keeps more live is refused

@@ -17,11 +17,13 @@ flag, decoded texts) and the same weights: the engine serves whatever the ``mode
   safely (a fused AdamW step does not bump their version counters: measured), hence the explicit generation
   token. The prefix cache is cleared before every call, so no key/value from older weights (or an earlier call)
   is reused. (How: ``oprl.rollout.vllm_shared``.)
-- **LoRA: adapters or merged** (``model.lora_sync``). ``adapter``: vLLM is built with ``enable_lora`` (its CPU
-  punica kernels on CPU), loads the frozen base once and each synced version's adapter as a LoRA adapter of its
-  own, holding ``lora_slots`` versions; each call samples under its engine's newest adapter, so a batch (or a
-  partial rollout's segment) is sampled wholly under the version it records. ``merged``: the whole model, each
-  adapted layer as ``W + (alpha/r) B A``, reloaded at every sync.
+- **LoRA: adapters or merged** (``model.lora_sync``; unset: ``merged`` on a CPU, where vLLM's LoRA kernels sample
+  3.2x slower than merged weights over a SmolLM2 step, ``adapter`` on CUDA: ``capabilities.lora_sync_cpu``).
+  ``adapter``: vLLM is built with ``enable_lora`` (its CPU punica kernels on CPU), loads the frozen base once and
+  each synced version's adapter as a LoRA adapter of its own, holding ``lora_slots`` versions; each call samples
+  under its engine's newest adapter, so a batch (or a partial rollout's segment) is sampled wholly under the
+  version it records. ``merged``: the whole model, each adapted layer as ``W + (alpha/r) B A``, reloaded at every
+  sync.
 - **Behaviour log-probs under the sampling distribution.** ``logprobs_mode="processed_logprobs"`` makes vLLM
   report ``log_softmax`` of the temperature-scaled, top-k- then top-p-truncated scores it sampled from (its
   rule is ``oprl.models.truncation``'s, which the lean engine samples with and the trainer rebuilds: ties at the
@@ -87,6 +89,10 @@ class VLLMEngine:
         exact_truncation=True,  # logprobs_mode="processed_logprobs" over vLLM's apply_top_k_top_p
         engine_process=True,  # VLLM_ENABLE_V1_MULTIPROCESSING=1 for this engine
         lora_sync=("adapter", "merged"),  # enable_lora adapters, or the merged model reloaded
+        # Unset model.lora_sync on a CPU: merged. SmolLM2 LoRA r=16, whole steps both ways: merged 131.9 s/step,
+        # adapter 248.7 s (sampling 53.6 s against 168.9 s, with merged's reload), learning identical (n = 8).
+        lora_sync_cpu="merged",
+        lora_sync_cpu_why="its LoRA kernels sample 3.2x slower than merged weights, benchmarks/results/lora_step.json",
         top_logprobs=True,  # SamplingParams(logprobs=K) under logprobs_mode="processed_logprobs"
         lora_versions=MAX_LORA_SLOTS,  # max_loras: every slot allocated at start-up
     )

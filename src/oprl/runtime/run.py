@@ -113,6 +113,8 @@ def run(config: RunConfig, log=print, task=None, checked: bool = False) -> RunSu
                 check_lengths(opened.config, task, log)
             for line in noop_warnings(opened.config, task):
                 log(line)
+            if chosen := opened.config.model.lora_sync_notice(opened.config.rollout.engine):  # an unset default
+                log(chosen)
             if opened.config.mode == "eval":
                 return _evaluate_only(opened.config, run_dir, opened.eval_checkpoint, started, log, task)
             supervisor = Supervisor(opened.config, log)
