@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from oprl.algorithms import corrections, delight, topk_divergence
 from oprl.algorithms.aggregation import aggregate
@@ -303,8 +303,20 @@ class BatchKeep(NamedTuple):
     """What the rule reports, over the mini-batch (the same for each of its micro-batches)."""
 
 
+def alone(payload: Any) -> list[Any]:
+    """``batch_keeps``' default gather: one process holds the whole mini-batch, so "every rank's payload" is its
+    own."""
+    return [payload]
+
+
 @_no_grad
-def batch_keeps(parts: list[RuleInputs], params: LossParams) -> list[BatchKeep]:
+def batch_keeps(
+    parts: list[RuleInputs],
+    params: LossParams,
+    *,
+    positions: Sequence[int] | None = None,
+    gather: Callable[[Any], list[Any]] = alone,
+) -> list[BatchKeep]:
     """The mask M of ``params.clip_mode`` computed once over the rows of all ``parts`` (a mini-batch's
     micro-batches, in its row order), cut back into each part's rows: ``BatchKeep`` (B_i, T_i) per part.
 
@@ -312,18 +324,24 @@ def batch_keeps(parts: list[RuleInputs], params: LossParams) -> list[BatchKeep]:
     concatenated row after row and read through the same ``_TokenView``, ASPO band and rule as one
     ``policy_loss`` call over the whole mini-batch; so every token's M is the one that call gives, ties in the
     rule's ranking broken the same way (the order of (row, token) does not depend on the padded width), and the
-    loss and gradient accumulated over the parts with their exact shares equal that call's whatever the split."""
-    if not parts:  # a data-parallel rank without rows of this mini-batch
-        return []
+    loss and gradient accumulated over the parts with their exact shares equal that call's whatever the split.
+
+    Data parallelism: the parts are this rank's rows of the mini-batch; ``positions`` (n,) says where each of
+    them (the parts' rows in order) sits in the mini-batch (default 0..n-1), and ``gather(payload)`` returns every
+    rank's payload in rank order (``torch.distributed.all_gather_object``, injected by the runtime: this module
+    stays pure tensor math; the default ``alone`` is one process). The rule then runs on every rank over all
+    ranks' rows put back in the mini-batch's order (``_gathered``), so M, the bounds and the rule's metrics are
+    the one-process ones whatever the ranks and micro-batches, and each rank keeps its own rows. Every rank
+    calls ``gather`` exactly once, a rank without rows of this mini-batch too (``parts`` empty: it sends none
+    and gets ``[]``)."""
     keep_fn, level_fn = (
         lookup(CLIP_MODES, params.clip_mode, "clip_mode"),
         lookup(RATIO_LEVELS, params.ratio_level, "ratio_level"),
     )
-    width = max(part.logprobs.shape[1] for part in parts)
 
-    def joined(values: list[torch.Tensor | None]) -> torch.Tensor | None:
+    def joined(values: list[torch.Tensor | None], width: int) -> torch.Tensor | None:
         present = [value for value in values if value is not None]
-        if len(present) < len(values):
+        if len(present) < len(values) or not present:
             return None
         padded = [torch.nn.functional.pad(value, (0, width - value.shape[1])) for value in present]
         return torch.cat(padded)  # (N, width)
@@ -332,23 +350,63 @@ def batch_keeps(parts: list[RuleInputs], params: LossParams) -> list[BatchKeep]:
         advantages = part.advantages.detach()
         return advantages[:, None].expand_as(part.logprobs) if advantages.dim() == 1 else advantages
 
-    logprobs = joined([part.logprobs.detach() for part in parts])
-    assert logprobs is not None  # every part has log-probs
-    mask = joined([part.mask.to(logprobs.dtype) for part in parts])
-    view = _TokenView.of(logprobs, joined([part.behavior_logprobs.to(logprobs.dtype) for part in parts]),
-                         joined([per_token(part) for part in parts]), mask,
-                         joined([part.proximal_logprobs for part in parts]), level_fn)  # fmt: skip
+    inputs: dict[str, torch.Tensor] = {}
+    if parts:
+        width = max(part.logprobs.shape[1] for part in parts)
+        dtype = parts[0].logprobs.dtype
+        fields = {
+            "logprobs": [part.logprobs.detach() for part in parts],
+            "behavior": [part.behavior_logprobs.to(dtype) for part in parts],
+            "advantages": [per_token(part) for part in parts],
+            "mask": [part.mask.to(dtype) for part in parts],
+            "proximal": [part.proximal_logprobs for part in parts],
+            "entropy": [part.entropy for part in parts] if params.entropy_eps is not None else [None],
+        }
+        inputs = {name: value for name, values in fields.items() if (value := joined(values, width)) is not None}
+    mine = list(range(sum(part.logprobs.shape[0] for part in parts))) if positions is None else list(positions)
+    if gather is not alone:  # every rank's rows of the mini-batch, in its row order
+        inputs, own = _gathered(gather, mine, inputs)
+    else:
+        own = None
+    if not parts:  # a data-parallel rank without rows of this mini-batch (it joined the gather above)
+        return []
+    view = _TokenView.of(inputs["logprobs"], inputs["behavior"], inputs["advantages"], inputs["mask"],
+                         inputs.get("proximal"), level_fn)  # fmt: skip
     rule_params = replace(params, mask=view.mask, logprobs=view.current, anchor_logprobs=view.anchor)
-    entropy = joined([part.entropy for part in parts]) if params.entropy_eps is not None else None
-    rule_params, _ = corrections.entropy_band(entropy, rule_params)
+    rule_params, _ = corrections.entropy_band(inputs.get("entropy"), rule_params)
     keep, metrics = _with_metrics(keep_fn(view.ratio, view.advantages, rule_params))  # (N, width)
     metrics = {key: value.detach() for key, value in metrics.items()}
+    if own is not None:
+        keep = keep[own]  # (n, width): this rank's rows, in its parts' order
     out, start = [], 0
     for part in parts:
         rows, columns = part.logprobs.shape
         out.append(BatchKeep(keep[start : start + rows, :columns], metrics))
         start += rows
     return out
+
+
+def _gathered(
+    gather: Callable[[Any], list[Any]], positions: list[int], inputs: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``(inputs of the whole mini-batch, own)``: every rank's ``(positions, inputs)`` through ``gather`` (on the
+    CPU: the payload is pickled), rows padded to the widest rank's and sorted by their position in the mini-batch,
+    so the tensors are the ones one process would join (N, W); ``own`` (n,): this rank's rows among them."""
+    device = next(iter(inputs.values())).device if inputs else torch.device("cpu")
+    everyone = gather((positions, {name: value.cpu() for name, value in inputs.items()}))
+    held = [(rank_positions, tensors) for rank_positions, tensors in everyone if rank_positions]
+    if not held:  # no rank holds a row (the trainer never asks then)
+        return {}, torch.zeros(0, dtype=torch.long)
+    every_position = torch.tensor([p for rank_positions, _ in held for p in rank_positions])  # (N,) rank order
+    order = every_position.argsort()  # positions are distinct: the mini-batch's row order
+    width = max(tensors["logprobs"].shape[1] for _, tensors in held)
+    whole = {
+        name: torch.cat([torch.nn.functional.pad(tensors[name], (0, width - tensors[name].shape[1]))
+                         for _, tensors in held])[order].to(device)  # fmt: skip
+        for name in held[0][1]  # the same names on every rank: which inputs exist is the method's
+    }
+    own = torch.searchsorted(every_position[order], torch.tensor(positions, dtype=torch.long)).to(device)
+    return whole, own
 
 
 class _TokenView(NamedTuple):

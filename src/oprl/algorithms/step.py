@@ -17,8 +17,9 @@ its module: advantages, losses, distill, kl, variance).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from oprl.algorithms.advantages import WEIGHTED_BASELINES, GroupAdvantages, group_advantages
 from oprl.algorithms.aggregation import aggregate, aggregation_count
@@ -26,7 +27,7 @@ from oprl.algorithms.algorithm import Algorithm
 from oprl.algorithms.delight import kondo_gate
 from oprl.algorithms.distill import teacher_advantages
 from oprl.algorithms.kl import kl_penalty
-from oprl.algorithms.losses import BatchKeep, RuleInputs, batch_keeps, effective_sample_size, policy_loss, ratio_stats
+from oprl.algorithms.losses import BatchKeep, RuleInputs, alone, batch_keeps, effective_sample_size, policy_loss, ratio_stats
 from oprl.algorithms.score_centering import score_centering_tokens
 from oprl.algorithms.top_k import TopKTokens
 from oprl.algorithms.variance import baseline_gap, sequence_log_ratios, step_size
@@ -219,20 +220,26 @@ def _token_advantages(
 
 
 def batch_rule_keeps(
-    micro_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenInputs]], method: Algorithm
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, TokenInputs]],
+    method: Algorithm,
+    *,
+    positions: Sequence[int] | None = None,
+    gather: Callable[[Any], list[Any]] = alone,
 ) -> list[BatchKeep]:
     """The mask of a batch rule (``method.needs.batch_rule``: M2PO, BAPO) over a whole mini-batch, one
     ``BatchKeep`` per micro-batch for ``loss_terms(batch_keep=...)``: ``micro_batches`` are each micro-batch's
     ``(logprobs (B, T), entropy (B, T), advantages (B,), given)`` as ``loss_terms`` receives them (the trainer's
     forward without grad: the weights do not change between the micro-batches of an update), in the mini-batch's
     row order. The statistic (M2PO's cut on (log ρ)², its clip bounds, BAPO's bounds) is then the mini-batch's
-    whatever ``optim.micro_batch_size`` is (``losses.batch_keeps``)."""
+    whatever ``optim.micro_batch_size`` is (``losses.batch_keeps``). Under data parallelism the micro-batches are
+    this rank's, ``positions`` their rows' places in the mini-batch and ``gather`` the runtime's all-gather: the
+    statistic is then the whole mini-batch's over every rank (``losses.batch_keeps``)."""
     parts = []
     for logprobs, entropy, advantages, given in micro_batches:
         advantages, _ = _token_advantages(advantages, given, method)
         parts.append(RuleInputs(logprobs, given.behavior_logprobs, advantages, given.mask, given.proximal_logprobs,
                                 entropy))  # fmt: skip
-    return batch_keeps(parts, method.loss)
+    return batch_keeps(parts, method.loss, positions=positions, gather=gather)
 
 
 def behavior_metrics(

@@ -11,7 +11,9 @@ every run used before; the same numbers), ``DataParallel`` on rank ``r`` of ``N`
 - each micro-batch loss is weighted by (its count / the mini-batch's global count) * ``grad_scale``, where
   ``grad_scale = N`` undoes the average FSDP's reduce-scatter / DDP's all-reduce take over ranks: the summed
   gradient is exactly the single-process gradient (normalising per rank, or dividing by N again, is not);
-- clipping uses the global gradient norm; metrics are summed (weighted by global shares) or min/max-reduced.
+- clipping uses the global gradient norm; metrics are summed (weighted by global shares) or min/max-reduced;
+- a loss whose mask is a statistic of the whole mini-batch (M2PO, BAPO) sees every rank's rows of it through
+  ``gather_objects`` (``losses.batch_keeps``), so the mask is the single-process one too.
 
 Sharding: ``fsdp`` applies ``fully_shard`` to each decoder layer and to the root (``PolicyForward``, which
 holds embeddings, final norm and head, tied or not); with ``model.dtype=bfloat16`` the sharded parameters
@@ -42,6 +44,7 @@ from typing import Any
 
 import torch
 
+from oprl.algorithms.losses import alone
 from oprl.errors import OprlError
 from oprl.models.logprobs import grouped_response_logprobs, packed_response_logprobs
 
@@ -137,6 +140,10 @@ class SingleProcess:
         """Every rank's ``values``, concatenated in rank order (this rank's own on one process)."""
         return list(values)
 
+    gather_objects = staticmethod(alone)
+    """``gather_objects(value)``: every rank's ``value`` in rank order (``[value]`` here). The batch rules' gather
+    (``losses.batch_keeps``), which skips the exchange when it is this very function."""
+
     def reduce_metrics(self, sums: dict, extremes: dict) -> tuple[dict, dict]:
         return sums, extremes
 
@@ -212,6 +219,13 @@ class DataParallel(SingleProcess):
         everyone: list = [None] * self.world_size
         dist.all_gather_object(everyone, list(values))
         return [value for rank_values in everyone for value in rank_values]
+
+    def gather_objects(self, value: Any) -> list[Any]:  # type: ignore[override]
+        import torch.distributed as dist
+
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, value)
+        return everyone
 
     def reduce_metrics(self, sums: dict, extremes: dict) -> tuple[dict, dict]:
         """Sum the share-weighted metrics and min/max the extremes over ranks; ``perf/`` seconds stay this

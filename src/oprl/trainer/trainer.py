@@ -148,7 +148,7 @@ class Trainer:
         update, log_weights = StepMetrics(), []
         micros = self._micro_batches(rows, inputs.units[picked], inputs.batch.lengths[picked])
         masks: list[BatchKeep | None] = [None] * len(micros)  # the loss's own mask over each micro-batch's rows
-        if self.method.needs.batch_rule and len(micros) > 1:  # a statistic of the whole mini-batch
+        if self.method.needs.batch_rule and (len(micros) > 1 or self.parallel.world_size > 1):  # whole mini-batch
             masks = update.timed("perf/train_batch_rule_s", self._batch_rule, batch, picked, micros, advantages,
                                  inputs)  # fmt: skip
         for micro, batch_keep in zip(micros, masks, strict=True):
@@ -197,8 +197,9 @@ class Trainer:
         (``needs.batch_rule``) and this rank's part of the mini-batch spans several micro-batches (else ``_update``
         runs nothing extra and the loss computes its mask over its own rows): one forward without grad per
         micro-batch, the same as its own forward in the update (the weights do not change within an update), then
-        the mask over all of them (``batch_rule_keeps``); None for a weight-0 stand-in. With data parallelism the
-        statistic spans this rank's rows of the mini-batch (docs/algorithms.md#batch-rules-scope)."""
+        the mask over all of them (``batch_rule_keeps``); None for a weight-0 stand-in. With data parallelism every
+        rank's rows join it (``parallel.gather_objects``), so the statistic is the whole mini-batch's, as on one
+        process (docs/algorithms.md#batch-rules-scope)."""
         forwards = []
         for micro in micros:  # every rank runs as many forwards (FSDP gathers parameters in each)
             chosen = [picked[i] for i in micro.rows]
@@ -206,7 +207,8 @@ class Trainer:
             logprobs, entropy, tensors = self._micro_forward([batch[i] for i in chosen], given)
             if micro.real:
                 forwards.append((logprobs, entropy, advantages[chosen].to(logprobs.device), tensors))
-        masks = iter(batch_rule_keeps(forwards, self.method))
+        positions = [i for micro in micros if micro.real for i in micro.rows]  # this rank's rows in the mini-batch
+        masks = iter(batch_rule_keeps(forwards, self.method, positions=positions, gather=self.parallel.gather_objects))
         return [next(masks) if micro.real else None for micro in micros]
 
     def _micro_forward(
