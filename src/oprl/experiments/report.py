@@ -19,6 +19,14 @@ sweep's own (its setting names).
 A directory with a ``results.csv`` and no run directories (a committed sweep: docs/reproduction/arena) gets the
 same report from the CSV, less what needs the runs' curves (training-curve figures, groups). ``--plan DELTA``
 prints the seeds per cell that would resolve a difference DELTA, with this sweep's noise as the pilot's.
+``report.collapse`` adds, for the cells it names, the runs whose final accuracy fell below their start with an
+exact interval and what the ESS warning said of them (``oprl.experiments.report_collapse``).
+
+``--pool DIR`` adds another sweep's finished runs of the cells this sweep plans as more seeds of them (a sweep whose
+spec declares the two one population: the same recipe on other seeds); the report says which runs joined and every
+setting in which they differ from this sweep's runs of the same cell, and refuses a seed both sweeps ran. ``--spec``
+reads the findings and grid from a spec other than the ``sweep.yaml`` beside the runs (a kept copy older than its
+tracked spec), ``--out`` writes the report elsewhere (kept run directories that another process commits to).
 """
 
 from __future__ import annotations
@@ -27,17 +35,18 @@ import argparse
 import csv
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from oprl.errors import OprlError
-from oprl.experiments import declared, findings, lag_losses, sensitivity, stats, tiers
+from oprl.experiments import declared, findings, lag_losses, report_collapse, sensitivity, stats, tiers
 from oprl.experiments.arena import arena_section
-from oprl.experiments.curves import PANELS, _setting_rank, plot_all, plot_grid
+from oprl.experiments.curves import PANELS, _setting_rank, flat_settings, plot_all, plot_grid
 from oprl.experiments.results import _canonical, collect_results, load_run, summarize, write_table
-from oprl.experiments.sweep_spec import plan, selected_runs, threshold_gain
+from oprl.experiments.sweep_spec import load_spec, plan, selected_runs, threshold_gain
 from oprl.experiments.tiers import LAYOUT, row_label
 
 __all__ = ["LAYOUT", "build_report", "main", "row_label"]
@@ -64,25 +73,39 @@ NUMBERS = ("final_accuracy", "initial_accuracy", "best_accuracy", "accuracy_auc"
 """The summary columns of a results.csv (``results.summarize``) read back as numbers."""
 
 
-def build_report(sweep_dir: Path, out_dir: Path | None = None) -> Path:
+def build_report(
+    sweep_dir: Path, out_dir: Path | None = None, spec_path: Path | None = None, pools: Sequence[Path] = ()
+) -> Path:
     """The report of ``sweep_dir`` (its runs, or its results.csv), written with its tables and figures to
-    ``out_dir`` (default: the sweep directory itself): the stages below, in the order the report reads."""
+    ``out_dir`` (default: the sweep directory itself): the stages below, in the order the report reads.
+    ``spec_path``: the spec to read instead of ``sweep_dir/sweep.yaml``; ``pools``: other sweeps' run directories
+    whose runs of this sweep's cells join them (module docstring)."""
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir) if out_dir is not None else sweep_dir
-    spec = _spec(sweep_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = load_spec(Path(spec_path)) if spec_path is not None else _spec(sweep_dir)
     report = spec.get("report") or {}
+    where = f"sweep spec {spec_path or sweep_dir / 'sweep.yaml'}"
+    wanted = report_collapse.parse(report.get("collapse"), where)
     noise = report.get("noise", "own")
     if noise not in tiers.NOISES:
         raise OprlError(f"sweep spec {sweep_dir / 'sweep.yaml'}: report.noise must be one of {', '.join(tiers.NOISES)}"
                         f", not {noise!r}")  # fmt: skip
     gain = threshold_gain(spec)
-    read = _read(sweep_dir, out_dir, spec, gain)
+    read = _read(sweep_dir, out_dir, spec, gain, [Path(p) for p in pools])
     analyses = [tiers.analyse(read.summaries, metric, noise) for metric in tiers.METRICS]
     write_table(tiers.pair_rows(analyses), out_dir / "stats.csv")
     lines = [f"# Sweep report: {sweep_dir.name}", "", read.source, "", *sensitivity.design_lines(analyses)]
-    lines += [f"Regenerate: `oprl report {sweep_dir}`. Every pairwise difference (two-sided, Holm over the pairs "
+    # What the report says depends on the spec and the pooled runs, not on where it is written (--out).
+    command = " ".join([f"oprl report {sweep_dir}", *([f"--spec {spec_path}"] if spec_path else []),
+                        *(f"--pool {p}" for p in pools)])  # fmt: skip
+    lines += [f"Regenerate: `{command}`. Every pairwise difference (two-sided, Holm over the pairs "
               "of a comparison): `stats.csv`.", ""]  # fmt: skip
     lines += _cell_sections(read.summaries, gain)
+    if wanted and not read.from_csv:  # a run's collapse and warning read its curves: they need the runs
+        found = report_collapse.cells(read.sources, wanted, where)
+        write_table(report_collapse.rows(found), out_dir / "collapse.csv")
+        lines += report_collapse.lines(found)
     lines += _separation_sections(analyses, read.summaries, out_dir)
     lines += _findings_section(report, spec, read, sweep_dir, out_dir, noise)
     if not read.from_csv:  # the groups' figures are training curves: they need the runs
@@ -109,11 +132,26 @@ class _Read:
     runs: list | None = None
     """The sweep's planned runs (None: not planned by ``oprl sweep``, or read from a results.csv)."""
     figures: list[Path] = field(default_factory=list)
+    pooled: dict[str, list[str]] = field(default_factory=dict)
+    """``{pooled sweep directory: its run names that joined}`` (``--pool``); empty for a sweep alone."""
+
+    @property
+    def sources(self) -> list[tuple]:
+        """``(record, source)``: each run and the pooled directory it came from ("" for the sweep's own)."""
+        pooled = {name: where for where, names in self.pooled.items() for name in names}
+        return [(r, pooled.get(str(r.run_dir), "")) for r in self.records]
 
 
-def _read(sweep_dir: Path, out_dir: Path, spec: dict, gain: float) -> _Read:
-    """The sweep's finished runs (writing their results.csv and figures to ``out_dir``), else its results.csv."""
-    run_dirs = [d for d in sorted(sweep_dir.iterdir()) if (d / "summary.json").is_file()] if sweep_dir.is_dir() else []
+def _finished(sweep_dir: Path) -> list[Path]:
+    return [d for d in sorted(sweep_dir.iterdir()) if (d / "summary.json").is_file()] if sweep_dir.is_dir() else []
+
+
+def _read(sweep_dir: Path, out_dir: Path, spec: dict, gain: float, pools: Sequence[Path] = ()) -> _Read:
+    """The sweep's finished runs (writing their results.csv and figures to ``out_dir``), else its results.csv;
+    with ``pools``, their runs of this sweep's cells too (``_pooled``)."""
+    run_dirs = _finished(sweep_dir)
+    if pools and not run_dirs:
+        raise OprlError(f"report --pool: {sweep_dir} has no finished runs (directories with summary.json) to pool with")
     if not run_dirs:
         if not (sweep_dir / "results.csv").is_file():
             raise OprlError(f"report: no finished runs (directories with summary.json) and no results.csv in "
@@ -126,11 +164,78 @@ def _read(sweep_dir: Path, out_dir: Path, spec: dict, gain: float) -> _Read:
     runs = plan(spec) if spec.get("grid") else None
     planned = {r.name: r.labels for r in runs or []}
     records = [load_run(d, planned.get(d.name)) for d in run_dirs]
-    write_table(collect_results(sweep_dir, runs, threshold_gain=gain), out_dir / "results.csv")
+    table = collect_results(sweep_dir, runs, threshold_gain=gain)
+    source = f"{len(records)} finished runs."
+    pooled: dict[str, list[str]] = {}
+    if pools:
+        joined, table, source = _pooled(sweep_dir, records, runs, table, pools, gain)
+        pooled = {str(where): [str(r.run_dir) for r in found] for where, found in joined.items()}
+        records = records + [r for found in joined.values() for r in found]
+    write_table(table, out_dir / "results.csv")
     figures = plot_all(records, out_dir / "figures")
     summaries = [(r.labels, summarize(r, gain)) for r in records]
     names = _run_names(summaries, [r.run_dir.name for r in records])
-    return _Read(summaries, names, f"{len(records)} finished runs.", False, records, runs, figures)
+    return _Read(summaries, names, source, False, records, runs, figures, pooled)
+
+
+def _pooled(sweep_dir: Path, records: list, runs, table: list[dict], pools: Sequence[Path], gain: float):
+    """``--pool``: each pooled directory's finished runs whose cell (method, setting) this sweep plans (or has,
+    when it was not planned by ``oprl sweep``), labelled by that directory's own ``sweep.yaml``; returns them by
+    directory, the results table with a ``source`` column, and the report's line on what was pooled and in which
+    settings (besides the seed) the pooled runs differ from this sweep's runs of the same cell. A (cell, seed)
+    that two directories both ran is refused: the same seed twice is one population's draw counted twice."""
+
+    def cell(labels: dict) -> tuple[str, str]:
+        return row_label({_canonical(k): v for k, v in labels.items()}), labels["setting"]
+
+    own = {cell(r.labels): r for r in records}
+    ours = {cell(r.labels) for r in runs or []} | set(own)
+    seen = {(cell(r.labels), r.labels["seed"]): sweep_dir for r in records}
+    table = [{**row, "source": str(sweep_dir)} for row in table]
+    joined: dict[Path, list] = {}
+    words: list[str] = []
+    differing: dict[str, tuple] = {}  # key -> (pooled value, this sweep's), the first pair that differs
+    for where in pools:
+        run_dirs = _finished(where)
+        if not run_dirs:
+            raise OprlError(f"report --pool {where}: no finished runs (directories with summary.json)")
+        their = _spec(where)
+        planned = plan(their) if their.get("grid") else None
+        labels = {r.name: r.labels for r in planned or []}
+        found = [r for r in (load_run(d, labels.get(d.name)) for d in run_dirs) if cell(r.labels) in ours]
+        for r in found:
+            key = (cell(r.labels), r.labels["seed"])
+            if key in seen:
+                raise OprlError(f"report --pool {where}: {key[0][0]}@{key[0][1]} seed {key[1]} is also in "
+                                f"{seen[key]}; pooled sweeps must not share a seed of a cell")  # fmt: skip
+            seen[key] = where
+            if cell(r.labels) in own:  # what differs from this sweep's run of the cell, seed aside
+                mine, theirs = flat_settings(own[cell(r.labels)].config), flat_settings(r.config)
+                for k in sorted(set(mine) | set(theirs)):
+                    if mine.get(k) != theirs.get(k):
+                        differing.setdefault(k, (theirs.get(k), mine.get(k)))
+        joined[where] = found
+        rows = [row for row in collect_results(where, planned, threshold_gain=gain)
+                if row["run"] in {r.run_dir.name for r in found}]  # fmt: skip
+        table += [{**row, "source": str(where)} for row in rows]
+        seeds = sorted({r.labels["seed"] for r in found}, key=_seed_rank)
+        words.append(f"{len(found)} runs of {where} (seeds {', '.join(seeds) or 'none'})")
+    differ = "; ".join(f"{k} ({_show(a)} pooled, {_show(b)} here)" for k, (a, b) in differing.items())
+    source = (f"{len(records) + sum(map(len, joined.values()))} finished runs, pooled (`--pool`): {len(records)} of "
+              f"this sweep and {' and '.join(words)}, of the cells this sweep plans, as more seeds of the same "
+              "cells (one population: the same recipe on other seeds, as the pooled sweep's spec must declare). "
+              + (f"Settings in which the pooled runs differ from this sweep's runs of the same cell, seed aside: "
+                 f"{differ}." if differ else "The pooled runs' settings equal this sweep's, seed aside."))  # fmt: skip
+    return joined, table, source
+
+
+def _seed_rank(seed: str) -> tuple[int, int, str]:
+    """Seeds numerically (2 before 10), other labels after them."""
+    return (0, int(seed), seed) if seed.isdigit() else (1, 0, seed)
+
+
+def _show(value) -> str:
+    return "unset" if value is None else str(value)
 
 
 def _cell_sections(summaries, gain: float) -> list[str]:
@@ -181,7 +286,7 @@ def _findings_section(report: dict, spec: dict, read: _Read, sweep_dir: Path, ou
         return []
     _check_cells(claims, read.summaries, plan(spec) if spec.get("grid") else [], sweep_dir)
     decided = findings.decide(claims, read.summaries, noise=noise)
-    status = _declarations(sweep_dir, spec, decided, read.names)
+    status = _declarations(sweep_dir, spec, decided, read.names, list(read.pooled))
     write_table(findings.rows(decided, status), out_dir / "findings.csv")
     lines = findings.lines(decided, status, noise=noise)
     forest = findings.plot(decided, out_dir / "figures" / "findings.png")
@@ -229,12 +334,17 @@ def _run_names(summaries, names: list[str | None]) -> dict[tuple[str, str, str],
             for (labels, numbers), name in zip(summaries, names, strict=True)}  # fmt: skip
 
 
-def _declarations(sweep_dir: Path, spec: dict, decided, names) -> dict[str, declared.Status]:
-    """Each finding's declaration against its runs (``oprl.experiments.declared``)."""
+def _declarations(
+    sweep_dir: Path, spec: dict, decided, names, read_pools: Sequence[str] = ()
+) -> dict[str, declared.Status]:
+    """Each finding's declaration against its runs (``oprl.experiments.declared``), pooled runs included."""
     source, why = declared.source_spec(sweep_dir, spec)
     contrasts = [d.contrast for rows in decided.values() for d in rows]
     when = declared.declarations(source, contrasts, why)
     dates, started = declared.run_dates(sweep_dir), declared.recorded_starts(sweep_dir)
+    for where in read_pools:  # a pooled run is dated from its own directory's commits and rows
+        dates = {**declared.run_dates(Path(where)), **dates}
+        started = {**declared.recorded_starts(Path(where)), **started}
     out = {}
     for name, rows in decided.items():
         cells = dict.fromkeys((m, s, seed) for d in rows for (m, s), seed in d.seeds)  # a run in two contrasts: once
@@ -345,6 +455,19 @@ def main(argv: list[str]) -> int:
         "the tiers of methods the seeds cannot separate; the smallest difference the design can detect.",
     )
     parser.add_argument("sweep_dir", type=Path, help="a sweep's output directory (run directories or results.csv)")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="write the report, tables and figures to DIR "
+                        "(default: SWEEP_DIR itself)")  # fmt: skip
+    parser.add_argument("--spec", type=Path, metavar="FILE", help="read the findings and the grid's labels from FILE "
+                        "instead of SWEEP_DIR/sweep.yaml (a kept copy older than its tracked spec)")  # fmt: skip
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="add DIR's finished runs of the cells this sweep plans as more seeds of them (a sweep declared one "
+        "population with this one; repeatable); the report names them and every setting in which they differ",
+    )
     parser.add_argument(
         "--plan",
         type=float,
@@ -355,19 +478,16 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.plan is not None and not 0 < args.plan < 1:
         raise OprlError(f"report --plan {args.plan:g}: a difference of accuracy in (0, 1), e.g. 0.01 for 1 point")
-    print(build_report(args.sweep_dir))
-    if (_spec(args.sweep_dir).get("report") or {}).get("findings"):  # the verdicts in words, as the report has them
-        verdicts = {row["finding"]: row for row in _csv_rows(Path(args.sweep_dir) / "findings.csv")}
+    out = args.out if args.out is not None else args.sweep_dir
+    spec = load_spec(args.spec) if args.spec is not None else _spec(args.sweep_dir)
+    print(build_report(args.sweep_dir, out, args.spec, args.pool))
+    if (spec.get("report") or {}).get("findings"):  # the verdicts in words, as the report has them
+        verdicts = {row["finding"]: row for row in _csv_rows(Path(out) / "findings.csv")}
         print("\n".join(f"{name}: {row['finding_verdict']} ({row['finding_robustness']}; {row['declaration']})"
                         for name, row in verdicts.items()))  # fmt: skip
     if args.plan is not None:
-        summaries = _summaries(args.sweep_dir)
-        noise = (_spec(args.sweep_dir).get("report") or {}).get("noise", "own")
+        summaries = summaries_from_csv(Path(out) / "results.csv", spec)
+        noise = (spec.get("report") or {}).get("noise", "own")
         analyses = [tiers.analyse(summaries, m, noise) for m in tiers.METRICS]
         print("\n".join(sensitivity.plan_lines(analyses, args.plan)))
     return 0
-
-
-def _summaries(sweep_dir: Path) -> list:
-    """The report's ``(labels, numbers)`` pairs again, from the results.csv it has just written or read."""
-    return summaries_from_csv(Path(sweep_dir) / "results.csv", _spec(Path(sweep_dir)))

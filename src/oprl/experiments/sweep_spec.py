@@ -11,6 +11,7 @@ A sweep spec is YAML::
       threshold_gain: 0.05               # "steps to threshold" = first eval at initial accuracy + this
       panels: [eval_accuracy, kl, ess]   # the group figures' rows (curves.PANELS), instead of the default five
       findings: {"clipping helps": [{a: grpo, b: reinforce, setting: stale}]}   # claims decided (findings.py)
+      collapse: [reinforce]              # runs ending below their start, k of n (report_collapse.py)
     grid:                                # the cartesian product of the axes
       algorithm.preset: [grpo, reinforce]          # a plain axis: one key, a list of values
       setting:                                      # a named axis: name -> overrides bundle
@@ -40,7 +41,7 @@ import yaml
 
 from oprl.config.loading import read_yaml
 from oprl.errors import OprlError
-from oprl.experiments import findings
+from oprl.experiments import findings, report_collapse
 from oprl.experiments.curves import PANELS
 from oprl.experiments.results import THRESHOLD_GAIN
 from oprl.experiments.tiers import NOISES
@@ -79,12 +80,13 @@ def load_spec(path: Path) -> dict:
     groups = report.get("groups", {}) if isinstance(report, dict) else None
     if not isinstance(groups, dict) or not all(isinstance(v, list) and v for v in groups.values()):
         raise OprlError(f"sweep spec {path}: 'report.groups' must map a figure title to a non-empty list of presets")
-    unknown_report = set(report) - {"groups", "threshold_gain", "panels", "findings", "noise"}
+    unknown_report = set(report) - {"groups", "threshold_gain", "panels", "findings", "noise", "collapse"}
     if unknown_report:
         raise OprlError(
-            f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: findings, groups, noise, "
-            "panels, threshold_gain"
+            f"sweep spec {path}: unknown report key(s) {sorted(unknown_report)}; valid: collapse, findings, groups, "
+            "noise, panels, threshold_gain"
         )
+    report_collapse.parse(report.get("collapse"), f"sweep spec {path}")
     if report.get("noise", "own") not in NOISES:  # oprl report reads it: each pair's own noise, or a pooled one
         raise OprlError(f"sweep spec {path}: report.noise must be one of {', '.join(NOISES)}, not {report['noise']!r}")
     only = spec.get("only", [])

@@ -12,6 +12,7 @@ with its formulas in its docstring:
 - ``comparison``: many methods at once: Holm over a family, the tier of the best (Hsu's MCB), leave-one-out
   robustness.
 - ``design``: what a design can detect: power, the minimum detectable difference, the seeds a difference needs.
+- ``proportion``: a fraction of runs (k of n collapsed) with its exact Clopper–Pearson interval.
 
 Every name is importable from here (``stats.contrast``, ``from oprl.experiments.stats import compare``).
 
@@ -33,6 +34,7 @@ from oprl.experiments.stats.difference import (
     welch,
 )
 from oprl.experiments.stats.pooled import PooledSigma, difference, pooled_sd, residual_noise, spread_test
+from oprl.experiments.stats.proportion import Proportion, proportion
 
 __all__ = [
     "ALPHA",
@@ -44,6 +46,7 @@ __all__ = [
     "Comparison",
     "Difference",
     "PooledSigma",
+    "Proportion",
     "compare",
     "contrast",
     "describe",
@@ -57,6 +60,7 @@ __all__ = [
     "paired",
     "pooled_sd",
     "power",
+    "proportion",
     "residual_noise",
     "seeds_needed",
     "spread_test",
