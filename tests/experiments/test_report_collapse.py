@@ -221,6 +221,13 @@ def test_spec_replaces_a_stale_copy_and_a_named_cell_no_run_has_is_a_typo(sweeps
     newer.write_text(yaml.safe_dump(spec, sort_keys=False))
     text = report.build_report(here, tmp_path / "out", spec_path=newer).read_text()
     assert "| grpo @ lag-4 | 0 of 2 |" in text and "| reinforce @ lag-4-long | 1 of 1 |" in text
+    committed = tmp_path / "committed"  # a results.csv alone (a committed sweep): no rows to replay the warning on
+    committed.mkdir()
+    (committed / "results.csv").write_text((tmp_path / "out" / "results.csv").read_text())
+    (committed / "sweep.yaml").write_text(newer.read_text())
+    text = report.build_report(committed).read_text()
+    assert "Collapses (`report.collapse`): not reported from a results.csv" in text
+    assert not (committed / "collapse.csv").exists()
     spec["report"]["collapse"] = "yes"
     newer.write_text(yaml.safe_dump(spec, sort_keys=False))
     with pytest.raises(OprlError, match=r"'report\.collapse' must be true"):

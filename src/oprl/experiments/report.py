@@ -102,7 +102,10 @@ def build_report(
     lines += [f"Regenerate: `{command}`. Every pairwise difference (two-sided, Holm over the pairs "
               "of a comparison): `stats.csv`.", ""]  # fmt: skip
     lines += _cell_sections(read.summaries, gain)
-    if wanted and not read.from_csv:  # a run's collapse and warning read its curves: they need the runs
+    if wanted and read.from_csv:  # the warning is replayed on a run's rows: a results.csv has none
+        lines += ["Collapses (`report.collapse`): not reported from a results.csv (the ESS warning is replayed on "
+                  "each run's `metrics.jsonl`).", ""]  # fmt: skip
+    elif wanted:
         found = report_collapse.cells(read.sources, wanted, where)
         write_table(report_collapse.rows(found), out_dir / "collapse.csv")
         lines += report_collapse.lines(found)
@@ -223,7 +226,7 @@ def _pooled(sweep_dir: Path, records: list, runs, table: list[dict], pools: Sequ
     differ = "; ".join(f"{k} ({_show(a)} pooled, {_show(b)} here)" for k, (a, b) in differing.items())
     source = (f"{len(records) + sum(map(len, joined.values()))} finished runs, pooled (`--pool`): {len(records)} of "
               f"this sweep and {' and '.join(words)}, of the cells this sweep plans, as more seeds of the same "
-              "cells (one population: the same recipe on other seeds, as the pooled sweep's spec must declare). "
+              "cells (one population: the same recipe on other seeds, as the sweeps' specs must declare). "
               + (f"Settings in which the pooled runs differ from this sweep's runs of the same cell, seed aside: "
                  f"{differ}." if differ else "The pooled runs' settings equal this sweep's, seed aside."))  # fmt: skip
     return joined, table, source

@@ -220,7 +220,7 @@ def rows(found: dict[tuple[str, str], list[RunCollapse]]) -> list[dict]:
             out.append({"preset": method, "setting": setting, "seed": r.seed, "run": r.run, "source": r.source,
                         "initial_accuracy": r.evals[0][1], "final_accuracy": r.evals[-1][1],
                         "final_step": r.evals[-1][0], "collapsed": r.collapsed,
-                        "first_eval_below_start": _step(r.first_below).replace("—", ""),
+                        "first_eval_below_start": "" if r.first_below is None else r.first_below,
                         "ess_warning_step": "" if r.warned_at is None else r.warned_at,
                         "lowest_ess_5step": r.lowest_ess,
                         "warned_before_collapse": r.warned_before if r.collapsed else "",
