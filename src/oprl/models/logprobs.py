@@ -24,6 +24,8 @@ logsumexp(logits)`` computed chunk by chunk.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -211,6 +213,7 @@ def prefix_shared_logprobs(
     *,
     sampling: Sampling = PLAIN,
     chunk_bytes: int = LOGIT_CHUNK_BYTES,
+    prefix_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """log pi(targets[b][t] | inputs[b][:t+1]) at **every** position t of every row, each row's first
     ``shared[b]`` input tokens run through the backbone once for all the rows that start with them.
@@ -223,6 +226,11 @@ def prefix_shared_logprobs(
     causal computation as running the row whole, so the numbers equal ``response_logprobs`` on the row laid out
     whole up to float rounding (tested in tests/serve/tinker). ``1 <= shared[b] <= len(inputs[b])``.
 
+    ``prefix_grad=False`` (the caller's loss has no gradient at the prefix positions: advantage 0 there): the
+    prefix positions' log-probs are computed without autograd, once per distinct (prefix, targets) rather than
+    once per row, and only the rest's positions are projected to the vocabulary under autograd (the gradient
+    still reaches the prefix's pass through the cache the rest attends to). Same values up to float rounding.
+
     Returns ``(logprobs (B, T), mask (B, T))`` with T the longest row, or None for a model without a plain linear
     head (``response_logprobs`` handles those)."""
     head = _plain_head(model)
@@ -230,6 +238,8 @@ def prefix_shared_logprobs(
         return None
     decoder, device = _decoder(model), head.weight.device
     prefill = prefill_shared_prompts(decoder, [row[:n] for row, n in zip(inputs, shared, strict=True)], pad_id, device)
+    if not prefix_grad:
+        return _detached_prefix_logprobs(head, decoder, prefill, inputs, targets, shared, pad_id, sampling, chunk_bytes)
     width = prefill.attention.shape[1]  # P: prefixes are left-padded, a row's prefix is its last shared[b] columns
     prefix_hidden = prefill.output.last_hidden_state[prefill.rows]  # (B, P, H)
     rests, rest_mask = (
@@ -260,6 +270,56 @@ def prefix_shared_logprobs(
     )  # (N, H): every row's positions in order, which is the order of mask's True entries
     chosen, mask = (t.to(device) for t in right_pad(targets, 0))  # (B, T)
     logprobs, _ = _chunked_logprobs(head, features, chosen[mask], mask, sampling, False, False, chunk_bytes)
+    return logprobs, mask
+
+
+def _detached_prefix_logprobs(
+    head, decoder, prefill, inputs, targets, shared, pad_id, sampling: Sampling, chunk_bytes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prefix_shared_logprobs`` for a loss with no gradient at the prefix positions: ``(logprobs (B, T), mask
+    (B, T))``. The prefix positions (t < shared[b]) are scored from the distinct prefixes' hidden states without
+    autograd, each distinct (prefix, its targets) once (a GRPO group's K rows share both); the rest's positions
+    (t >= shared[b]) in one boolean gather of the rest pass's (B, S, H) states, under autograd. Neither path
+    gathers (B, P, H) prefix states to the rows nor slices per row, which is what the backward of the general
+    path pays for (one autograd node per row and part)."""
+    device = head.weight.device
+    width = prefill.attention.shape[1]
+    hidden = prefill.output.last_hidden_state  # (U, P, H), U distinct prefixes
+    # Distinct (prefix, prefix targets): row b's prefix positions are columns width - n .. width - 1 of its prefix.
+    keys = [(int(u), tuple(row[:n])) for u, row, n in zip(prefill.rows.tolist(), targets, shared, strict=True)]
+    distinct = list(dict.fromkeys(keys))
+    with torch.no_grad():
+        features = torch.cat([hidden[u, width - len(t) :] for u, t in distinct])  # (sum of n over distinct, H)
+        chosen = torch.tensor([x for _, t in distinct for x in t], device=device)
+        every = torch.ones(1, chosen.shape[0], dtype=torch.bool, device=device)  # (1, N): the values as they are
+        values = _chunked_logprobs(head, features, chosen, every, sampling, False, False, chunk_bytes)[0][0]
+    offsets = dict(zip(distinct, itertools.accumulate((len(t) for _, t in distinct), initial=0), strict=False))
+    longest = max(len(row) for row in targets)
+    column = torch.arange(longest)[None]  # (1, T)
+    # (B, T): where each row's prefix position t finds its value (clamped past the prefix, masked out below)
+    index = (torch.tensor([offsets[key] for key in keys])[:, None] + column).clamp(max=values.shape[0] - 1)
+    lengths, cut = torch.tensor([len(row) for row in targets]), torch.tensor(shared)
+    prefix_mask, mask = (column < cut[:, None]).to(device), (column < lengths[:, None]).to(device)
+    logprobs = torch.where(prefix_mask, values[index.to(device)], torch.zeros((), device=device))  # (B, T)
+    rest_mask = mask & ~prefix_mask
+    if bool(rest_mask.any()):
+        rest_tokens = [row[n:] or [pad_id] for row, n in zip(inputs, shared, strict=True)]
+        rests, valid = (t.to(device) for t in right_pad(rest_tokens, pad_id))
+        valid &= (lengths > cut).to(device)[:, None]
+        attention = torch.cat([prefill.attention, valid.long()], dim=1)  # (B, P + S)
+        steps = prefill.next_position[:, None] + torch.arange(rests.shape[1], device=device)[None]  # (B, S)
+        rest_hidden = decoder(
+            input_ids=rests,
+            attention_mask=attention,
+            position_ids=steps,
+            use_cache=True,
+            **{cache_kwarg(decoder): prefill.cache},
+        ).last_hidden_state  # (B, S, H)
+        chosen = torch.tensor([x for row, n in zip(targets, shared, strict=True) for x in row[n:]], device=device)
+        rest_values, _ = _chunked_logprobs(
+            head, rest_hidden[valid], chosen, rest_mask, sampling, False, False, chunk_bytes
+        )
+        logprobs = logprobs + rest_values  # valid and rest_mask list the same positions, row-major
     return logprobs, mask
 
 

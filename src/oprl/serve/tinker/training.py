@@ -5,6 +5,7 @@ gradient). Plain data in and out (``records.py``); they run on the server's comp
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from typing import Any
@@ -43,7 +44,7 @@ def forward_backward(
     try:
         for micro in _micro_batches(rows, budget):
             with torch.set_grad_enabled(gradient is not None):
-                logprobs, inputs, mask = target_logprobs(policy, micro, device, group_prefixes)
+                logprobs, inputs, mask = target_logprobs(policy, micro, device, group_prefixes, spec.name == "dro")
                 loss, elementwise, values = compute_loss(spec, logprobs, inputs, mask)
                 loss_value = float(loss.detach())
                 if gradient is not None and not math.isfinite(loss_value):
@@ -105,7 +106,9 @@ def checked_datum(
     return {"tokens": datum.tokens, "targets": targets, "inputs": floats}
 
 
-def target_logprobs(policy: Policy, rows: list[dict[str, Any]], device: str, group_prefixes: bool = True):
+def target_logprobs(
+    policy: Policy, rows: list[dict[str, Any]], device: str, group_prefixes: bool = True, everywhere: bool = True
+):
     """``(log π(y_t | x_≤t) (B, T), inputs (B, T) each, mask (B, T))`` for rows of tokens x and targets y.
 
     When datums share a prefix that carries no loss (an RL batch: every reply of a prompt starts with that
@@ -114,27 +117,67 @@ def target_logprobs(policy: Policy, rows: list[dict[str, Any]], device: str, gro
     ``response_logprobs`` scores the last T columns' targets from the positions before them; laying a datum
     out as prompt ``[x_0]`` and response ``[x_1 .. x_{N-1}, pad]`` puts position t's hidden state in front of
     target t, whatever the targets are. Both use the memory-bounded chunked log-softmax, under ``SERVED``,
-    the distribution the sampler draws from."""
-    pad = policy.tokenizer.pad_token_id
-    shared = shared_prefixes(rows) if group_prefixes else None
-    scored = None
-    if shared is not None:
-        tokens, targets = [r["tokens"] for r in rows], [r["targets"] for r in rows]
-        scored = prefix_shared_logprobs(policy.model, tokens, targets, shared, pad, sampling=SERVED)
-    if scored is not None:
-        logprobs, mask = scored
+    the distribution the sampler draws from.
+
+    ``everywhere=False`` says the loss has no gradient where a datum's loss inputs (``LOSS_INPUTS``) are all 0
+    (every loss but dro, whose penalty reaches every position): then a datum with no such position at all (a
+    group whose replies scored alike: A = 0 everywhere) runs forward only, and the shared prefixes' own
+    log-probs are computed without autograd, once per distinct prefix (``prefix_grad=False``). The values are
+    the same up to float rounding; only autograd work that would give a zero gradient is left out."""
+    if everywhere or not torch.is_grad_enabled():
+        grad = everywhere and torch.is_grad_enabled()
+        logprobs, mask = _scored(policy, rows, device, group_prefixes, prefix_grad=grad)
     else:
-        prompts = [r["tokens"][:1] for r in rows]
-        responses = [[*r["tokens"][1:], pad] for r in rows]
-        input_ids, attention, _, mask = (t.to(device) for t in pack(prompts, responses, pad))
-        targets_t, _ = right_pad([r["targets"] for r in rows], 0)
-        logprobs, _ = response_logprobs(
-            policy.model, input_ids, attention, targets_t.to(device), sampling=SERVED
-        )  # (B, T)
+        firsts = loss_starts(rows)
+        free = [i for i, (row, first) in enumerate(zip(rows, firsts, strict=True)) if first == len(row["tokens"])]
+        carrying = [i for i, (row, first) in enumerate(zip(rows, firsts, strict=True)) if first < len(row["tokens"])]
+        parts = []
+        if carrying:
+            # A shared prefix is at least one token: one whose loss starts at position 0 needs its gradient there.
+            grad = any(firsts[i] == 0 for i in carrying)
+            parts.append(_scored(policy, [rows[i] for i in carrying], device, group_prefixes, prefix_grad=grad))
+        if free:
+            with torch.no_grad():
+                parts.append(_scored(policy, [rows[i] for i in free], device, group_prefixes, prefix_grad=False))
+        if len(parts) == 1:
+            logprobs, mask = parts[0]
+        else:
+            width = max(part[1].shape[1] for part in parts)
+            order = torch.argsort(torch.tensor(carrying + free, device=device))  # back to the rows' order
+            logprobs = torch.cat([_widened(lp, width) for lp, _ in parts])[order]
+            mask = torch.cat([_widened(m, width) for _, m in parts])[order]
     width = mask.shape[1]
     names = set().union(*(r["inputs"] for r in rows))
     inputs = {name: torch.from_numpy(_right_padded(rows, name, width)).to(device) for name in names}
     return logprobs, inputs, mask
+
+
+def _scored(
+    policy: Policy, rows: list[dict[str, Any]], device: str, group_prefixes: bool, prefix_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logprobs (B, T), mask (B, T))`` of ``target_logprobs``: shared prefixes once where rows have them."""
+    pad = policy.tokenizer.pad_token_id
+    shared = None
+    if group_prefixes:
+        shared = shared_prefixes(rows) if torch.is_grad_enabled() else common_prefixes(rows)
+    if shared is not None:
+        tokens, targets = [r["tokens"] for r in rows], [r["targets"] for r in rows]
+        scored = prefix_shared_logprobs(
+            policy.model, tokens, targets, shared, pad, sampling=SERVED, prefix_grad=prefix_grad
+        )
+        if scored is not None:
+            return scored
+    prompts = [r["tokens"][:1] for r in rows]
+    responses = [[*r["tokens"][1:], pad] for r in rows]
+    input_ids, attention, _, mask = (t.to(device) for t in pack(prompts, responses, pad))
+    targets_t, _ = right_pad([r["targets"] for r in rows], 0)
+    logprobs, _ = response_logprobs(policy.model, input_ids, attention, targets_t.to(device), sampling=SERVED)
+    return logprobs, mask
+
+
+def _widened(values: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, T) -> (B, width), zeros (False) appended."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
 def _right_padded(rows: list[dict[str, Any]], name: str, width: int) -> np.ndarray:
@@ -187,19 +230,38 @@ LOSS_INPUTS = ("advantages", "weights", "mask")
 """The loss inputs that say whether a position carries loss (every built-in loss and preset is 0 where they are)."""
 
 
+def loss_starts(rows: list[dict[str, Any]]) -> list[int]:
+    """Per datum, its first position whose advantage, weight or mask is non-zero (its length when none is)."""
+    firsts = []
+    for row in rows:
+        carrying = [np.flatnonzero(row["inputs"][name]) for name in LOSS_INPUTS if name in row["inputs"]]
+        firsts.append(min((int(c[0]) for c in carrying if c.size), default=len(row["tokens"])))
+    return firsts
+
+
 def shared_prefixes(rows: list[dict[str, Any]]) -> list[int] | None:
     """Per datum, how many of its first input tokens to run as a shared prefix: its start before the first
     position whose advantage, weight or mask is non-zero (the prompt of an RL datum; at least 1), or None when
     no two datums start with the same such prefix (nothing to share: the datums run whole). Only where to cut;
     the log-probs and gradients are those of the whole datum either way (a prefix position's loss, e.g. dro's
     penalty, reaches the shared pass through each datum's gathered copy of its hidden state)."""
-    lengths = []
-    for row in rows:
-        carrying = [np.flatnonzero(row["inputs"][name]) for name in LOSS_INPUTS if name in row["inputs"]]
-        first = min((int(c[0]) for c in carrying if c.size), default=len(row["tokens"]))
-        lengths.append(max(1, first))
+    lengths = [max(1, first) for first in loss_starts(rows)]
     starts = Counter(tuple(row["tokens"][:n]) for row, n in zip(rows, lengths, strict=True))
     return lengths if any(count > 1 and len(start) > 1 for start, count in starts.items()) else None
+
+
+def common_prefixes(rows: list[dict[str, Any]]) -> list[int] | None:
+    """For a forward without gradient (nothing is loss-free or not): per datum, the longest start it shares with
+    another datum (at least 1, at most its length), or None when no two datums share two tokens. The longest
+    common prefix of a row with any other is the longer of those with its neighbours in sorted order."""
+    tokens = [row["tokens"] for row in rows]
+    order = sorted(range(len(rows)), key=lambda i: tokens[i])
+    lengths = [1] * len(rows)
+    for a, b in itertools.pairwise(order):
+        x, y = tokens[a], tokens[b]
+        n = next((k for k, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), min(len(x), len(y)))
+        lengths[a], lengths[b] = max(lengths[a], n), max(lengths[b], n)
+    return lengths if max(lengths) > 1 else None
 
 
 def _datum_outputs(logprobs: torch.Tensor, elementwise: torch.Tensor | None, mask: torch.Tensor):
