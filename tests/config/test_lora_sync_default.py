@@ -92,3 +92,22 @@ def test_the_option_help_states_the_default_and_its_measurement():
 
     text = "\n".join(help_lines(["model.lora_sync"]))
     assert "merged" in text and "on a CPU" in text and "benchmarks/results/lora_step.json" in text
+
+
+def test_a_plug_in_engine_declares_its_own_cpu_default(tmp_path):
+    """The rule reads ``EngineCapabilities``, not engine names: a plug-in that declares ``lora_sync_cpu`` gets it
+    on a CPU (its line without a reason when it gives none), one that serves merged only defaults to merged."""
+    (tmp_path / "engines.py").write_text(
+        "from oprl.rollout import EngineCapabilities, LeanEngine\n\n"
+        "class CpuMerged(LeanEngine):\n"
+        "    capabilities = EngineCapabilities(lora_sync=('adapter', 'merged'), lora_sync_cpu='merged')\n\n"
+        "class MergedOnly(LeanEngine):\n"
+        "    capabilities = EngineCapabilities(lora_sync=('merged',))\n"
+    )
+    cpu_merged, merged_only = (f"{tmp_path / 'engines.py'}:{name}" for name in ("CpuMerged", "MergedOnly"))
+    model = ModelConfig(device="cpu", lora=LoraConfig(r=4))
+    assert model.lora_sync_for(cpu_merged) == "merged" and model.lora_sync_for(cpu_merged, cuda=True) == "adapter"
+    assert model.lora_sync_notice(cpu_merged) == (
+        f"model.lora_sync: merged (rollout.engine={cpu_merged} on CPU); set model.lora_sync=adapter to override"
+    )
+    assert model.lora_sync_for(merged_only) == "merged" and model.lora_sync_notice(merged_only) is None

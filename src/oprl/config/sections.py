@@ -111,8 +111,9 @@ class ModelConfig(_Section):
         chosen = self.lora_sync_for(engine, cuda)
         if self.lora_sync is not None or chosen is None or chosen == declared.lora_sync[0]:
             return None
+        why = f": {declared.lora_sync_cpu_why}" if declared.lora_sync_cpu_why else ""  # a plug-in may give none
         return (
-            f"model.lora_sync: {chosen} (rollout.engine={engine} on CPU: {declared.lora_sync_cpu_why}); "
+            f"model.lora_sync: {chosen} (rollout.engine={engine} on CPU{why}); "
             f"set model.lora_sync={declared.lora_sync[0]} to override"
         )
 
@@ -353,7 +354,7 @@ class OptimConfig(_Section):
     """AdamW learning rate: the peak of ``lr_schedule`` (the rate itself under ``constant``). 3e-4 suits the embedded
     tiny model; the paper used 1e-6 for 1.5B models."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """The rate over the run (transformers' formulas, TRL's ``lr_scheduler_type``; ``oprl.trainer.lr_schedule``):
+    """The rate over the run (transformers' formulas, TRL's ``lr_scheduler_type``; ``oprl.algorithms.lr_schedule``):
     ``constant``; ``linear`` decay to 0 at the last step; ``cosine`` half a cosine down to 0 at the last step; each
     after the warmup, if any. It moves at every optimizer update (``epochs * mini_batches`` per step) over
     ``steps`` steps; a resume that adds steps stretches what is left of it. Logged as ``optim/lr``."""
