@@ -183,6 +183,7 @@ def test_a_pooled_report_adds_the_other_sweeps_seeds_to_this_sweeps_cells(sweeps
     assert "| reinforce @ lag-4 | 2 of 4 | 0.50 | [0.068, 0.932] | 2 of 2 | 2 of 2 |" in text
     assert "| grpo @ lag-4 | 0 of 4 | 0.00 | [0.000, 0.602] | 0 of 0 | 0 of 4 |" in text
     assert "warned before collapse: 2 of 2 collapsing runs, 2 of 2 surviving runs" in text
+    assert "These 3 cells together: warned before collapse: 3 of 3 collapsing runs, 2 of 6 surviving runs." in text
     assert "| 0 (pooled) | 0.400 / 0.200 / 0.200 | yes | 10 | step 5 | 0.50 | yes |" in text
     # The longer setting's runs are shown to their last evaluation.
     assert "| reinforce @ lag-4-long | 1 of 1 | 1.00 | [0.025, 1.000] |" in text

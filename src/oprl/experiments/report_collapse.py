@@ -186,6 +186,10 @@ def lines(found: dict[tuple[str, str], list[RunCollapse]]) -> list[str]:
         out.append(f"| {method} @ {setting} | {share.k} of {share.n} | {share.fraction:.2f} | "
                    f"[{share.low:.3f}, {share.high:.3f}] | {a} of {b} | {c} of {d} |")  # fmt: skip
     out.append("")
+    if len(found) > 1:  # the warning's question across methods: a clipped method's runs are survivors too
+        _, a, b, c, d = counts([r for runs in found.values() for r in runs])
+        out += [f"These {len(found)} cells together: warned before collapse: {a} of {b} collapsing runs, {c} of {d} "
+                "surviving runs.", ""]  # fmt: skip
     for (method, setting), runs in found.items():
         share, a, b, c, d = counts(runs)
         steps = sorted({s for r in runs for s, _ in r.evals})
