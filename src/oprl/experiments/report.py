@@ -89,8 +89,7 @@ def build_report(
     wanted = report_collapse.parse(report.get("collapse"), where)
     noise = report.get("noise", "own")
     if noise not in tiers.NOISES:
-        raise OprlError(f"sweep spec {sweep_dir / 'sweep.yaml'}: report.noise must be one of {', '.join(tiers.NOISES)}"
-                        f", not {noise!r}")  # fmt: skip
+        raise OprlError(f"{where}: report.noise must be one of {', '.join(tiers.NOISES)}, not {noise!r}")
     gain = threshold_gain(spec)
     read = _read(sweep_dir, out_dir, spec, gain, [Path(p) for p in pools])
     analyses = [tiers.analyse(read.summaries, metric, noise) for metric in tiers.METRICS]
