@@ -22,7 +22,8 @@ ALLOWED = {
     # ``oprl sweep --set`` checks the first run's settings as ``oprl train`` would, before any run starts;
     # algorithms: the bandit study (experiments/bandit.py) runs the real loss functions on a toy problem.
     "experiments": {"experiments", "algorithms", "config", "errors", "metrics", "io", "progress"},
-    # oprl's losses inside other trainers (TRL): the pure math only, never oprl's runtime.
+    # oprl's losses and learning-rate schedule inside other trainers (TRL, verl): the pure math only, never oprl's
+    # runtime.
     "integrations": {"integrations", "algorithms"},
     # What travels between roles, and the schedule math: leaves above torch.
     "messages": {"messages"},
@@ -115,14 +116,6 @@ ALLOWED = {
     "plugins": {"plugins", "errors"},
 }
 
-ALSO: dict[str, set[str]] = {
-    # The TRL and verl integrations give their trainers oprl's learning-rate schedule (#71): the same formulas,
-    # from a stdlib-only module (``oprl/trainer/__init__.py`` imports nothing), not the trainer itself. Its home by
-    # meaning (beside the pure math) is open; until then this one module, never the rest of ``trainer``.
-    "integrations": {"oprl.trainer.lr_schedule"},
-}
-"""Single modules a layer may import outside its ``ALLOWED`` packages, each with why."""
-
 ROLES = {"buffer", "evaluator", "explorer", "judge", "teacher", "trainer"}
 """The role folders: each is a worker a backend hosts; they talk through the driver (oprl.runtime), never
 through each other's modules."""
@@ -163,7 +156,7 @@ def test_layer_imports_only_what_it_may(layer):
     assert paths, f"no source files for layer {layer}"
     for path in paths:
         for name in imports_of(path):
-            if name.startswith("oprl.") and name not in ALSO.get(layer, set()):
+            if name.startswith("oprl."):
                 assert name.split(".")[1] in ALLOWED[layer], f"{path.relative_to(SRC)} imports {name}"
 
 

@@ -133,8 +133,8 @@ def test_a_preset_that_needs_oprls_trainer_is_refused(tmp_path):
     [("cosine", {"warmup_ratio": 0.25}), ("linear", {"warmup_steps": 2}), ("constant", {"warmup_steps": 3})],
 )
 def test_grpo_schedule_gives_oprls_rates_in_trl(tmp_path, kind, warmup):
+    from oprl.algorithms.lr_schedule import LrSchedule
     from oprl.config import OptimConfig
-    from oprl.trainer.lr_schedule import LrSchedule
 
     steps = 10
     trainer = make_trainer(tmp_path, "rec-oneside-nois", steps=steps, schedule=grpo_schedule(kind, **warmup))

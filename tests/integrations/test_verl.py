@@ -109,9 +109,9 @@ def test_verl_schedule_gives_oprls_rates_in_verls_fsdp_actor(kind, warmup):
     from verl.workers.config.optimizer import FSDPOptimizerConfig
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
+    from oprl.algorithms.lr_schedule import LrSchedule
     from oprl.config import OptimConfig
     from oprl.integrations.verl import VERL_OPTIM, verl_schedule
-    from oprl.trainer.lr_schedule import LrSchedule
 
     steps = 10
     overrides = verl_schedule(kind, total_steps=steps, **warmup)

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
+from oprl.algorithms.lr_schedule import LrSchedule, warmup_slots
 from oprl.checkpoint.files import load_trainer_state, save_schedule, save_trainer_state
 from oprl.config import OptimConfig
 from oprl.errors import OprlError
-from oprl.trainer.lr_schedule import LrSchedule, warmup_slots
 from oprl.trainer.role import restore_schedule
 from trainer_helpers import make_batch, make_trainer
 

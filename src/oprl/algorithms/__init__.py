@@ -15,6 +15,8 @@
 - ``defaults``: the knob tables by name generated from ``spec`` (``ALGORITHM_DEFAULTS``, ...).
 - ``presets``: the paper's algorithms as complete settings dicts, and the checks across knobs.
 - ``step``: the stages of a trainer step over an ``Algorithm`` (advantages, loss terms, step size).
+- ``lr_schedule``: the learning rate of every optimizer update (transformers' constant / linear / cosine, with
+  warmup), the one schedule of the trainer and of the TRL and verl integrations.
 
 This package imports only torch and the standard library: no config objects, logging, I/O or ``.item()``.
 See docs/algorithms.md for formulas, knobs, metrics and the bandit that motivates the regularisers.

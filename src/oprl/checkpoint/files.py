@@ -208,7 +208,7 @@ def load_carry(directory: str | Path, of: Callable[[dict[str, torch.Tensor]], T]
 
 def save_schedule(directory: str | Path, slot: int, schedule) -> None:
     """The learning-rate schedule's position as ``schedule.json``: the update slot reached and the schedule
-    (``oprl.trainer.lr_schedule.LrSchedule``: kind, warmup and total slots) it followed."""
+    (``oprl.algorithms.lr_schedule.LrSchedule``: kind, warmup and total slots) it followed."""
     write_json(Path(directory) / "schedule.json",
                {"slot": slot, "kind": schedule.kind, "warmup": schedule.warmup, "total": schedule.total})  # fmt: skip
 

@@ -44,7 +44,7 @@ from oprl.algorithms import (
     resolve_preset,
     trainer_only,
 )
-from oprl.trainer.lr_schedule import KINDS, warmup_slots
+from oprl.algorithms.lr_schedule import KINDS, warmup_slots
 
 TRL_SCHEDULER = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 """oprl's ``optim.lr_schedule`` as transformers' ``lr_scheduler_type``. TRL's ``constant`` ignores the warmup, so
@@ -55,7 +55,7 @@ def grpo_schedule(
     lr_schedule: str = "constant", warmup_steps: int | None = None, warmup_ratio: float | None = None
 ) -> dict[str, Any]:
     """``GRPOConfig`` keyword arguments whose learning rate follows oprl's schedule ``lr_schedule`` (``constant``,
-    ``linear``, ``cosine``; ``oprl.trainer.lr_schedule``, the same formulas) with ``warmup_steps`` optimizer steps
+    ``linear``, ``cosine``; ``oprl.algorithms.lr_schedule``, the same formulas) with ``warmup_steps`` optimizer steps
     or ``warmup_ratio`` of them (not both). transformers 5 takes a ratio as ``warmup_steps`` below 1 (rounded up
     to whole steps, as oprl); older releases have ``warmup_ratio``."""
     if lr_schedule not in KINDS:

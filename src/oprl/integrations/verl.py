@@ -46,7 +46,7 @@ from oprl.algorithms import (
     resolve_preset,
     trainer_only,
 )
-from oprl.trainer.lr_schedule import KINDS, warmup_slots
+from oprl.algorithms.lr_schedule import KINDS, warmup_slots
 
 PREFIX = "oprl-"
 VERL_OPTIM = "actor_rollout_ref.actor.optim."
@@ -60,7 +60,7 @@ def verl_schedule(
     total_steps: int | None = None,
 ) -> list[str]:
     """verl overrides (``key=value``) whose actor learning rate follows oprl's schedule ``lr_schedule``
-    (``oprl.trainer.lr_schedule``) with ``warmup_steps`` trainer steps or ``warmup_ratio`` of the run (not both).
+    (``oprl.algorithms.lr_schedule``) with ``warmup_steps`` trainer steps or ``warmup_ratio`` of the run (not both).
     verl rounds a ratio down; with ``total_steps`` (verl's ``trainer.total_training_steps``) the warmup is given
     in steps, rounded up as oprl and TRL do. ``linear`` is refused: verl's FSDP actor has constant and cosine."""
     if lr_schedule not in KINDS:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from oprl.algorithms.lr_schedule import LrSchedule
 from oprl.algorithms.step import Carry
 from oprl.checkpoint.files import (
     load_carry,
@@ -23,7 +24,6 @@ from oprl.checkpoint.files import (
 from oprl.messages import Experience, TrainResult
 from oprl.models.truncation import Sampling
 from oprl.trainer.distributed import SingleProcess
-from oprl.trainer.lr_schedule import LrSchedule
 from oprl.trainer.trainer import Trainer
 from oprl.worker_parts import Clock, load_model, make_engine, trainable_weights
 

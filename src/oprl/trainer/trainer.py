@@ -30,6 +30,7 @@ import torch
 
 from oprl.algorithms.algorithm import Algorithm
 from oprl.algorithms.losses import BatchKeep
+from oprl.algorithms.lr_schedule import LrSchedule
 from oprl.algorithms.step import (
     Carry,
     LossTerms,
@@ -44,7 +45,6 @@ from oprl.models.truncation import Sampling
 from oprl.schedule import stream_seed
 from oprl.trainer.distributed import SingleProcess
 from oprl.trainer.inputs import Inputs, RowInputs, StepInputs
-from oprl.trainer.lr_schedule import LrSchedule
 from oprl.trainer.staleness import mask_stale_tokens
 from oprl.trainer.step_metrics import SKIPPED, StepMetrics, advantage_metrics, batch_step_metrics, floats, step_means
 
@@ -85,7 +85,7 @@ class Trainer:
     ):
         self.model, self.pad_id, self.optim, self.seed = model, pad_id, optim, seed
         self.schedule = schedule or LrSchedule()
-        """The learning rate of every update slot (``oprl.trainer.lr_schedule``; constant by default)."""
+        """The learning rate of every update slot (``oprl.algorithms.lr_schedule``; constant by default)."""
         self.lr_slot = 0
         """The schedule's position: update slots run so far (``version * epochs * mini_batches`` after a step)."""
         self.method = method

@@ -14,7 +14,9 @@ in the run and ``W`` warmup slots (``warmup_steps * U``, or ``ceil(warmup_ratio 
                 max(0, (T - t) / max(1, T - W))             linear  (to 0 at t = T)
                 max(0, (1 + cos(pi (t - W) / max(1, T - W))) / 2)   cosine (half a cycle, to 0 at t = T)
 
-Deliberately not here: the step-size rules (``algorithm.ess_lr``: ``oprl.algorithms.step.step_scale``) multiply the
+It is pure arithmetic on numbers (stdlib only), so it sits with the algorithms' math, where the trainer and the
+TRL / verl integrations (``grpo_schedule``, ``verl_schedule``) both may import it. Deliberately not here: the
+step-size rules (``algorithm.ess_lr``: ``oprl.algorithms.step.step_scale``) multiply the
 scheduled rate for one update; the warm start keeps its own constant rate.
 """
 
