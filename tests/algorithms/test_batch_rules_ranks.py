@@ -132,10 +132,12 @@ def two_ranks(tmp_path_factory):
     root = tmp_path_factory.mktemp("ranks")
     here = Path(__file__).resolve()
     environment = dict(os.environ, OMP_NUM_THREADS="1")
+    commands = [
+        [sys.executable, str(here), str(rank), "2", str(root / "init"), str(root / f"{rank}.pt")] for rank in (0, 1)
+    ]
     processes = [
-        subprocess.Popen([sys.executable, str(here), str(rank), "2", str(root / "init"), str(root / f"{rank}.pt")],
-                         cwd=here.parent, env=environment, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        for rank in range(2)
+        subprocess.Popen(command, cwd=here.parent, env=environment, stderr=subprocess.PIPE, text=True)
+        for command in commands
     ]
     for process in processes:
         _, error = process.communicate(timeout=300)

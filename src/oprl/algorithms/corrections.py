@@ -14,8 +14,8 @@ statistic over the rows they are given: one ``policy_loss`` call's, or, when the
 several micro-batches, the whole mini-batch at once (``losses.batch_keeps``: the rule runs on the micro-batches'
 tensors concatenated in the mini-batch's row order, and each micro-batch's loss takes its rows of that mask). So
 the mask, the loss and the gradient do not depend on ``optim.micro_batch_size`` (Trinity-RFT sorts all of a
-mini-batch's tokens together, as the paper's Algorithm 1). With data parallelism the statistic spans one rank's
-share of the mini-batch (docs/algorithms.md#batch-rules-scope).
+mini-batch's tokens together, as the paper's Algorithm 1). With data parallelism ``batch_keeps`` gathers every
+rank's rows first, so the statistic is the whole mini-batch's there too (docs/algorithms.md#batch-rules-scope).
 
 Not here: the loss assembly, aggregation and the common metrics (``losses.py``), advantages (OAPL's V̂* is
 ``baseline=logavgexp`` in ``advantages.py``).

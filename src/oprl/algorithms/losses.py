@@ -106,8 +106,9 @@ CLIP_MODES: dict[str, Callable] = {
 
 BATCH_RULES: frozenset[str] = frozenset({"m2-mask", "m2-mask-areal", "m2-clip", "bapo"})
 """The clip modes whose mask reads a statistic of the whole batch (M2PO's second moment, BAPO's bounds): where a
-mini-batch spans several micro-batches the trainer computes their mask once over it (``batch_keeps``;
-``Needs.batch_rule``), so the result does not depend on ``optim.micro_batch_size``."""
+mini-batch spans several micro-batches or data-parallel ranks the trainer computes their mask once over it
+(``batch_keeps``; ``Needs.batch_rule``), so the result depends on neither ``optim.micro_batch_size`` nor
+``trainer.world_size``."""
 
 
 def _unit_weight(ratio, advantages, params):
@@ -400,11 +401,12 @@ def _gathered(
     every_position = torch.tensor([p for rank_positions, _ in held for p in rank_positions])  # (N,) rank order
     order = every_position.argsort()  # positions are distinct: the mini-batch's row order
     width = max(tensors["logprobs"].shape[1] for _, tensors in held)
-    whole = {
-        name: torch.cat([torch.nn.functional.pad(tensors[name], (0, width - tensors[name].shape[1]))
-                         for _, tensors in held])[order].to(device)  # fmt: skip
-        for name in held[0][1]  # the same names on every rank: which inputs exist is the method's
-    }
+
+    def padded(name: str) -> torch.Tensor:
+        return torch.cat([torch.nn.functional.pad(t[name], (0, width - t[name].shape[1])) for _, t in held])
+
+    # The same names on every rank: which inputs exist is the method's.
+    whole = {name: padded(name)[order].to(device) for name in held[0][1]}
     own = torch.searchsorted(every_position[order], torch.tensor(positions, dtype=torch.long)).to(device)
     return whole, own
 

@@ -27,7 +27,15 @@ from oprl.algorithms.algorithm import Algorithm
 from oprl.algorithms.delight import kondo_gate
 from oprl.algorithms.distill import teacher_advantages
 from oprl.algorithms.kl import kl_penalty
-from oprl.algorithms.losses import BatchKeep, RuleInputs, alone, batch_keeps, effective_sample_size, policy_loss, ratio_stats
+from oprl.algorithms.losses import (
+    BatchKeep,
+    RuleInputs,
+    alone,
+    batch_keeps,
+    effective_sample_size,
+    policy_loss,
+    ratio_stats,
+)
 from oprl.algorithms.score_centering import score_centering_tokens
 from oprl.algorithms.top_k import TopKTokens
 from oprl.algorithms.variance import baseline_gap, sequence_log_ratios, step_size
