@@ -89,7 +89,8 @@ def test_placed_models_compute_what_in_process_models_do(running, service, tmp_p
             if client.model_id not in homes:
                 break
             __import__("time").sleep(0.05)
-        assert list(homes) == [next(h for h in homes if h.startswith("path:"))]
+        # The checkpoint's worker is its LoRA base and shape's (checkpoints.host_key): one for every such checkpoint.
+        assert list(homes) == [next(h for h in homes if h.startswith("lora:"))]
     finally:
         placed.stop()
         server.backend.shutdown()

@@ -146,3 +146,22 @@ def test_a_forward_shares_the_datums_common_starts(models):
     out = models.forward_backward(policy, ForwardBackward("m", 1, "importance_sampling", {}, True, data), spec)
     for got, want in zip(out.outputs, logprobs, strict=True):
         np.testing.assert_allclose(got["logprobs"], want, atol=1e-5)
+
+
+def test_a_call_whose_every_datum_is_loss_free_adds_a_zero_gradient(models):
+    """Every reply of every group scored alike (tinker-cookbook's recipe on an untrained model): the whole call runs
+    forward only; it answers the log-probs, a zero loss, and leaves the gradient as it was (none here)."""
+    from oprl.serve.tinker.losses import loss_spec
+    from oprl.serve.tinker.records import ForwardBackward
+
+    data = _rl_datums(np.random.default_rng(3))[:-1]
+    for datum in data:
+        datum.inputs["advantages"][:] = 0.0
+    spec = loss_spec("importance_sampling", {})
+    policy = models.create_policy("all-free", "owner", "tiny", {"rank": 0, "seed": 0})
+    _, logprobs, _ = _reference(policy, data, spec)
+    out = models.forward_backward(policy, ForwardBackward("m", 1, "importance_sampling", {}, False, data), spec)
+    assert out.metrics["loss:sum"] == 0.0
+    for got, want in zip(out.outputs, logprobs, strict=True):
+        np.testing.assert_allclose(got["logprobs"], want, atol=1e-5)
+    assert all(p.grad is None for p in policy.trainable().values())

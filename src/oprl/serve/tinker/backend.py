@@ -25,7 +25,7 @@ under newly published weights with its cache kept; each token records its weight
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,6 +41,9 @@ from oprl.serve.tinker.sampling import SampleBatch, sample_batch
 
 COMPUTE_LANE = "compute"
 """The lane every request runs in when the models live in the server's process (``TinkerModels.home_of``)."""
+HOSTED_ADAPTERS = 64
+"""Checkpoint weights kept in memory for the hosts (``TinkerModels._path_host``), least recently sampled dropped
+first (read again from disk when its sampler comes back)."""
 SNAPSHOTS_PER_MODEL = 16
 """Weight snapshots kept per training model (oldest dropped first): bounds memory, and a sampler of a dropped one
 gets an error naming its session."""
@@ -57,7 +60,10 @@ class TinkerModels:
         self.policies: dict[str, Policy] = {}
         self.samplers: dict[str, Sampler] = {}
         self.frozen: dict[str, tuple[Any, Any]] = {}  # base name -> (model, tokenizer), for base-model sampling
-        self.hosts: dict[str, Policy] = {}  # model_path -> a policy built to sample from a file
+        self.hosts: dict[str, Policy] = {}  # checkpoints.host_key -> a policy built to sample from files
+        self.path_keys: dict[str, str] = {}  # model_path -> its host's key
+        self.hosted: dict[str, str] = {}  # host key -> the model_path whose weights the host holds now
+        self.adapters: OrderedDict[str, dict[str, Any]] = OrderedDict()  # model_path -> its weights, read once
         self.sample_batches: deque[int] = deque(maxlen=1024)  # requests per engine call, newest last (tests, logs)
 
     # ---- training models ----------------------------------------------------------------------------------
@@ -191,14 +197,7 @@ class TinkerModels:
                 )
             return self._swapped(policy, sampler.snapshot)
         if sampler.model_path is not None:
-            host = self.hosts.get(sampler.model_path)
-            if host is None:
-                directory, meta = self.checkpoint(sampler.model_path, "model_path")
-                name = f"sampler:{sampler.sampler_id}"
-                host = self.create_policy(name, sampler.owner, meta["base_model"], meta["lora"])
-                del self.policies[host.model_id]  # a host is no training model
-                copy_into(host, load_weights(directory / "weights.safetensors"))
-                self.hosts[sampler.model_path] = host
+            host = self._path_host(sampler)
             return host.model, host.tokenizer, lambda: None
         if sampler.base_model not in self.frozen:
             base = self.table.directory(sampler.base_model)
@@ -206,6 +205,34 @@ class TinkerModels:
             self.frozen[sampler.base_model] = (model.eval().requires_grad_(False), tokenizer)
         model, tokenizer = self.frozen[sampler.base_model]
         return model, tokenizer, lambda: None
+
+    def _path_host(self, sampler: Sampler) -> Policy:
+        """The module that samples for a checkpoint sampler, holding that checkpoint's weights now. LoRA
+        checkpoints of one base and adapter shape share one host (``checkpoints.host_key``): the base is loaded
+        once, and each checkpoint's adapter tensors (read once, ``HOSTED_ADAPTERS`` kept) are copied in when
+        its sampler's call comes after another's, so a new LoRA sampler costs its adapter, not a model."""
+        path = cast(str, sampler.model_path)
+        if path not in self.path_keys:
+            _, meta = self.checkpoint(path, "model_path")
+            self.path_keys[path] = checkpoints.host_key(path, meta)
+        key = self.path_keys[path]
+        host = self.hosts.get(key)
+        if host is None:
+            _, meta = self.checkpoint(path, "model_path")
+            host = self.create_policy(f"sampler:{sampler.sampler_id}", sampler.owner, meta["base_model"], meta["lora"])
+            del self.policies[host.model_id]  # a host is no training model
+            self.hosts[key] = host
+        if self.hosted.get(key) != path:
+            weights = self.adapters.pop(path, None)
+            if weights is None:
+                directory, _ = self.checkpoint(path, "model_path")
+                weights = load_weights(directory / "weights.safetensors")
+            self.adapters[path] = weights  # most recently used last
+            while len(self.adapters) > HOSTED_ADAPTERS:
+                self.adapters.popitem(last=False)
+            copy_into(host, weights)
+            self.hosted[key] = path
+        return host
 
     def _swapped(self, policy: Policy, snapshot: Snapshot):
         """The policy's module with ``snapshot``'s weights in it, and how to put the live weights back (nothing to

@@ -5,6 +5,7 @@ weights (safetensors) and its AdamW state under ``state_dir/<model_id>/<kind>/<n
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,14 @@ def load(state_dir: Path, policy: Policy, path: str, optimizer: bool) -> None:
     policy.version += 1  # the live weights changed: snapshots of before are other weights
     policy.optimizer.zero_grad(set_to_none=True)
     policy.announced.clear()
+
+
+def host_key(path: str, meta: dict[str, Any]) -> str:
+    """Which module samples for the checkpoint at ``path``: a LoRA checkpoint (rank > 0) shares one host module
+    with every checkpoint of the same base and adapter shape (rank, the ``train_*`` modules; not the seed, which
+    only initialised it), its adapter tensors switched in per call; a full fine-tuning checkpoint is a whole
+    model, hosted by itself."""
+    if meta["lora"]["rank"] == 0:
+        return f"path:{path}"
+    shape = {key: value for key, value in meta["lora"].items() if key != "seed"}
+    return f"lora:{json.dumps([meta['base_model'], shape], sort_keys=True)}"

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from oprl.errors import OprlError
+from oprl.serve.tinker import checkpoints
 from oprl.serve.tinker.backend import COMPUTE_LANE, ModelTable, TinkerModels
 from oprl.serve.tinker.errors import UserError, WireError
 from oprl.serve.tinker.losses import LossError, LossSpec
@@ -258,12 +259,12 @@ class PlacedModels(TinkerModels):
     """An in-flight batch keeps its decoding (KV cache, generators) between lane turns; a worker would have to hold
     it across calls, which ``ModelHost`` does not: ``kind="inflight"`` is refused with ``--workers``."""
 
-    # ---- sampling-only models: one worker per checkpoint file or base model --------------------------------
+    # ---- sampling-only models: one worker per base model, LoRA base and shape, or full checkpoint -----------
 
     def path_sampler(self, sampler_id: str, owner: str, path: str) -> Sampler:
         _, meta = self.checkpoint(path, "model_path")
-        return self._shared(f"path:{path}", meta["base_model"], Sampler(sampler_id, owner, meta["base_model"],
-                            model_path=path), "path_sampler", sampler_id, owner, path)  # fmt: skip
+        return self._shared(checkpoints.host_key(path, meta), meta["base_model"], Sampler(sampler_id, owner,
+                            meta["base_model"], model_path=path), "path_sampler", sampler_id, owner, path)  # fmt: skip
 
     def base_sampler(self, sampler_id: str, owner: str, base_model: str) -> Sampler:
         self.table.directory(base_model)  # an unknown name fails now, not at the first sample

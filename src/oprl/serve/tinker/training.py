@@ -50,7 +50,7 @@ def forward_backward(
                 if gradient is not None and not math.isfinite(loss_value):
                     rows_here = suspect_rows(logprobs, inputs, mask, elementwise, ratio=False)
                     raise refusal("loss", [len(outputs) + i for i in rows_here], loss_value)
-                if gradient is not None:
+                if gradient is not None and loss.requires_grad:  # else every datum ran forward only: gradient 0
                     loss.backward()
             suspects += [len(outputs) + i for i in suspect_rows(logprobs, inputs, mask, elementwise, ratio=True)]
             total += loss_value
