@@ -17,13 +17,16 @@ STAMP := $(VENV)/.oprl-installed
 
 .PHONY: demo test test-slow lint setup clean
 
+# --no-compile: pip byte-compiles every module it installs (transformers alone ships thousands), which was most
+# of the install's CPU time; Python compiles the few hundred a run imports on first use instead (#71:
+# benchmarks/results/fresh_demo.json).
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --no-compile --upgrade pip
 	# --no-deps: only torch itself from TORCH_INDEX; its dependencies (filelock, sympy, ...) come with oprl's from
 	# the ordinary index, so a TORCH_INDEX that mirrors torch alone is enough.
-	$(BIN)/python -m pip install -q --no-deps "$(TORCH)" --index-url $(TORCH_INDEX)
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q --no-compile --no-deps "$(TORCH)" --index-url $(TORCH_INDEX)
+	$(BIN)/python -m pip install -q --no-compile -e .
 	touch $@
 
 $(STAMP): $(DEMO_STAMP)

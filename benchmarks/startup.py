@@ -12,6 +12,17 @@ the machine's speed hits both; the ratio is taken pair by pair, then its median:
     python benchmarks/startup.py --before /path/to/old/checkout/src [--runs 7] [--out benchmarks/results/startup.json]
     python benchmarks/startup.py --once first_step [--src DIR]     # one measurement (for /usr/bin/time & co)
 
+And ``make demo`` on a fresh clone (#71), each commit once (minutes each): ``--fresh-demo REV [REV ...]`` clones
+this repository at each REV into a temporary directory and runs ``make demo`` there with an empty pip cache
+(``PIP_NO_CACHE_DIR=1``) and an empty model cache (``OPRL_CACHE_DIR``): the install (the stamp), then the job,
+timed to its first training step and to its end; what was installed (packages, MB) and the job's eval accuracy.
+``--public-pip`` sets this machine's pip configuration aside (``PIP_CONFIG_FILE=/dev/null``, no ``PIP_*``
+variable but the cache's), so everything but torch comes from PyPI as on an ordinary machine; ``--torch-index``
+is the Makefile's TORCH_INDEX (a local directory in PEP 503 layout where download.pytorch.org is out of reach):
+
+    python benchmarks/startup.py --fresh-demo 70678ca HEAD --public-pip --torch-index file:///tmp/torchidx \
+        --out benchmarks/results/fresh_demo.json
+
 The warm start is built first if needed (not timed), in the default cache, for both trees: its recipe key
 is the same. Timings only mean something side by side on one machine: quote the ratios.
 """
@@ -27,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -103,6 +115,68 @@ def compare(after: Path, before: Path | None, runs: int) -> dict:
     return results
 
 
+def fresh_demo(rev: str, public_pip: bool, torch_index: str | None) -> dict:
+    """``make demo`` in a fresh clone at ``rev`` (module docstring): seconds of the install and of the job (to its
+    first training step, to its end), with the load average beside each."""
+    root = Path(__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "rev-parse", "--short", rev], cwd=root, capture_output=True, text=True, check=True)
+    with tempfile.TemporaryDirectory(prefix="oprl-fresh-") as work:
+        clone = Path(work) / "clone"
+        subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
+        subprocess.run(["git", "checkout", "-q", commit.stdout.strip()], cwd=clone, check=True)
+        env = {k: v for k, v in os.environ.items() if not (public_pip and k.startswith("PIP_"))}
+        env |= {"PIP_NO_CACHE_DIR": "1", "OPRL_CACHE_DIR": str(Path(work) / "cache")}
+        env |= {"PIP_CONFIG_FILE": os.devnull} if public_pip else {}
+        env = {k: v for k, v in env.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+        settings = [f"TORCH_INDEX={torch_index}"] if torch_index else []
+        load_install = os.getloadavg()
+        start = time.perf_counter()
+        subprocess.run(["make", "-s", ".venv/.oprl-demo-installed", *settings], cwd=clone, env=env, check=True)
+        install = time.perf_counter() - start
+        site = next((clone / ".venv" / "lib").glob("python3*/site-packages"))
+        listed = subprocess.run([str(clone / ".venv/bin/python"), "-m", "pip", "list", "--format=json"],
+                                capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+        size = sum(f.stat().st_size for f in site.rglob("*") if f.is_file() and not f.is_symlink())
+        load_run = os.getloadavg()
+        job = _timed_demo(clone, env, settings)
+        summary = json.loads(next((clone / "runs").glob("*/summary.json")).read_text())
+        return {
+            "commit": commit.stdout.strip(),
+            "install_s": install,
+            "load_at_install": load_install,
+            "packages": len(json.loads(listed)),
+            "site_packages_mb": size / 1e6,
+            "load_at_run": load_run,
+            **job,
+            "load_after": os.getloadavg(),
+            "total_s": install + job["run_s"],
+            "eval_accuracy": [summary["eval_accuracy_before"], summary["eval_accuracy_after"]],
+        }
+
+
+def _timed_demo(clone: Path, env: dict, settings: list[str]) -> dict:
+    """``make demo`` with its install in place: seconds to the first training step's row and to the end, and
+    whether the warm start trained or came committed (its log line)."""
+    start = time.perf_counter()
+    process = subprocess.Popen(["make", "-s", "demo", *settings], cwd=clone, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(line.rstrip() for line in process.stdout or ()))
+    reader.start()
+    first = None
+    while process.poll() is None:  # the first step's row in metrics.jsonl, polled as first_step does
+        if first is None and any(
+            json.loads(row).get("step") == 1 for m in (clone / "runs").glob("*/metrics.jsonl") for row in _rows(m)
+        ):
+            first = time.perf_counter() - start
+        time.sleep(0.05)
+    reader.join()
+    if process.wait() != 0:
+        raise RuntimeError("make demo failed:\n" + "\n".join(lines[-20:]))
+    warm = [line for line in lines if "warm start" in line or "warm-starting" in line]
+    return {"first_step_s": first, "run_s": time.perf_counter() - start, "warm_start_lines": warm[:1] + warm[-1:]}
+
+
 def _line(name: str, entry: dict) -> str:
     text = f"{name:>10}: after {entry['after_median_s']:.2f}s (goal <= {entry['goal_s']}s)"
     if "before_median_s" in entry:
@@ -117,7 +191,25 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--once", choices=FIGURES, help="measure this figure once for --src and print it")
     parser.add_argument("--src", type=Path, default=HERE, help="with --once: the tree to measure")
+    parser.add_argument("--fresh-demo", nargs="+", metavar="REV", help="`make demo` in a fresh clone at each REV")
+    parser.add_argument("--public-pip", action="store_true", help="with --fresh-demo: no pip configuration of ours")
+    parser.add_argument("--torch-index", help="with --fresh-demo: the Makefile's TORCH_INDEX")
     args = parser.parse_args()
+    if args.fresh_demo:
+        runs = []
+        for rev in args.fresh_demo:
+            runs.append(fresh_demo(rev, args.public_pip, args.torch_index))
+            print(json.dumps(runs[-1]), flush=True)
+        record = {
+            "command": "python " + " ".join(sys.argv),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {_cpu()}",
+            "public_pip": args.public_pip,
+            "torch_index": args.torch_index,
+            "runs": runs,
+        }
+        if args.out:
+            args.out.write_text(json.dumps(record, indent=2) + "\n")
+        return 0
     if args.once:  # one measurement, for an outside timer of whole processes
         print(f"{args.once}: {FIGURES[args.once](args.src):.3f}s")
         return 0
@@ -135,6 +227,12 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=2) + "\n")
     return 0
+
+
+def _cpu() -> str:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    name = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")), "?")
+    return name + (" avx512_bf16" if "avx512_bf16" in flags else "") + (" AMX" if "amx_tile" in flags else "")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,16 @@ recipe (model, task, warm-start settings: ``recipe``), written atomically, so la
 at once. A plug-in task is keyed by the file of its class (an entry point and a file path naming the same class
 share one warm start); an agent task (``task.name=agent``) by the task of its problems alone: its warm start
 trains on and validates with those problems' demonstrations, never through the user's agent, so the agent file
-and the endpoint's settings do not enter the key. The checks around it: ``positions_needed`` (what its sampling
+and the endpoint's settings do not enter the key.
+
+The default recipe's result is committed (``SHIPPED``: 1.4 MB, the weights the default job's warm start builds
+on a 2-core AMD EPYC, bit-identical over repeated builds there): a cache without it gets a copy instead of a
+warm start (100-360 s there, most of a fresh machine's first ``make demo``), and every machine starts RL from
+the same weights (the warm start's own steps depend on the CPU's float rounding). It is used only when its
+recorded recipe equals the run's, so any changed model, task or warm-start setting trains its own;
+``OPRL_SHIPPED_WARM_START=0`` trains the default one too (what benchmarks of the warm start need), and
+``python -m oprl.trainer.warmstart --ship`` rebuilds the committed copy (tests/test_demo_imports.py fails
+when the default recipe no longer matches it). The checks around it: ``positions_needed`` (what its sampling
 needs of the model's context, for preflight) and ``length_warning`` (RL's reply budget against the replies it
 taught).
 """
@@ -23,7 +32,9 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -35,6 +46,9 @@ from oprl.trainer.warmstart_sft import demonstrable, examples, train
 RECIPE_VERSION = 1
 _AGENT_ONLY = {"agent", "host", "port", "batch_wait_s"}
 """Fields of ``task.name=agent`` that concern the agent and its endpoint, not the problems."""
+SHIPPED = Path(__file__).resolve().parents[1] / "models" / "tiny_default"
+"""The committed warm start of the default recipe: a Hugging Face model directory with its ``oprl_recipe.json``
+(the recipe, the build's result, and ``shipped``: where and how it was built)."""
 
 
 def recipe(model_cfg, task_cfg, warm_cfg, task=None) -> dict:
@@ -83,14 +97,29 @@ def _target(model_cfg, task_cfg, warm_cfg, task) -> tuple[dict, Path]:
     learned = warm_task(task_cfg, task)[1]
     if getattr(learned, "data_fingerprint", None):  # tasks reading user files: their content, not just the path
         spec["data"] = learned.data_fingerprint
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    return spec, cache_dir() / "models" / f"{'tiny' if model_cfg.path == 'tiny' else 'warm'}-{key}"
+    return spec, cache_dir() / "models" / f"{'tiny' if model_cfg.path == 'tiny' else 'warm'}-{_key(spec)}"
+
+
+def shipped_for(spec: dict) -> Path | None:
+    """``SHIPPED`` when its recorded recipe is ``spec`` (compared as the cache key's JSON) and shipping is not
+    turned off (``OPRL_SHIPPED_WARM_START=0``), else None."""
+    record = SHIPPED / "oprl_recipe.json"
+    if os.environ.get("OPRL_SHIPPED_WARM_START", "1") == "0" or not record.is_file():
+        return None
+    saved = json.loads(record.read_text())
+    recipe_only = {k: v for k, v in saved.items() if k not in ("result", "shipped")}
+    return SHIPPED if _key(recipe_only) == _key(spec) else None
+
+
+def _key(spec: dict) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cached_warm_start(model_cfg, task_cfg, warm_cfg, task) -> Path | None:
-    """The cached warm-started model of this recipe, None when it is still to be built."""
-    target = _target(model_cfg, task_cfg, warm_cfg, task)[1]
-    return target if (target / "oprl_recipe.json").is_file() else None
+    """The cached (or committed, ``SHIPPED``) warm-started model of this recipe, None when it is still to be
+    built."""
+    spec, target = _target(model_cfg, task_cfg, warm_cfg, task)
+    return target if (target / "oprl_recipe.json").is_file() else shipped_for(spec)
 
 
 def wants_warm_start(model_cfg, warm_cfg) -> bool:
@@ -103,6 +132,10 @@ def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print, progre
     partial state a killed build left)."""
     spec, target = _target(model_cfg, task_cfg, warm_cfg, task)
     if (target / "oprl_recipe.json").is_file():
+        return target
+    shipped = shipped_for(spec)
+    if shipped is not None:
+        _install_shipped(shipped, target, log)
         return target
     task = warm_task(task_cfg, task)[1] or task
     what = "the embedded tiny model" if model_cfg.path == "tiny" else model_cfg.path
@@ -124,6 +157,77 @@ def warm_started_model(model_cfg, task_cfg, warm_cfg, task, *, log=print, progre
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _install_shipped(shipped: Path, target: Path, log) -> None:
+    """Copy the committed warm start into the cache (atomically, like a build), so that everything after reads
+    it where a built one would be."""
+    result = json.loads((shipped / "oprl_recipe.json").read_text())["result"]
+    log(
+        f"warm start: the committed one of this recipe ({result['steps']} steps, validation pass@1 "
+        f"{result['val_accuracy']:.3f}; OPRL_SHIPPED_WARM_START=0 trains it here instead), cached at {target}"
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        shutil.copytree(shipped, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        try:
+            commit_dir(staging, target, replace=False)
+        except OSError:
+            if not (target / "oprl_recipe.json").is_file():  # lost a race to an identical copy: fine
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def ship(dest: Path = SHIPPED, log=print) -> Path:
+    """Build the default recipe's warm start from scratch (as ``oprl train`` does: the default config, one
+    torch thread per worker) in a fresh cache, and write it to ``dest`` with a ``shipped`` record (torch
+    version, CPU, threads) for ``shipped_for``."""
+    import platform
+
+    import torch
+
+    from oprl.config import load_config
+    from oprl.tasks import build_task
+    from oprl.worker_parts import available_cores
+
+    config = load_config()
+    task = build_task(config.task)
+    # runtime.launch.worker_threads: the torch threads `oprl train` gives its warm start (1 on 2 cores)
+    threads = config.runtime.torch_threads or max(1, available_cores() // (config.runtime.explorers + 1))
+    previous, environ = torch.get_num_threads(), dict(os.environ)
+    with tempfile.TemporaryDirectory(prefix="oprl-ship-") as cache:
+        os.environ.update(OPRL_CACHE_DIR=cache, OPRL_SHIPPED_WARM_START="0")
+        torch.set_num_threads(threads)
+        try:
+            built = warm_started_model(config.model, config.task, config.warmstart, task, log=log, progress=False)
+        finally:
+            torch.set_num_threads(previous)
+            os.environ.clear()
+            os.environ.update(environ)
+        record = json.loads((built / "oprl_recipe.json").read_text())
+        record["shipped"] = {
+            "command": "python -m oprl.trainer.warmstart --ship",
+            "torch": torch.__version__,
+            "machine": f"{platform.machine()}, {available_cores()} cores, {_cpu_name()}",
+            "torch_threads": threads,
+        }
+        (built / "oprl_recipe.json").write_text(json.dumps(record, indent=2) + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(built, dest)
+    log(f"wrote {dest} ({sum(f.stat().st_size for f in dest.iterdir()) / 1e6:.2f} MB)")
+    return dest
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def positions_needed(tokenizer, task_cfg, task) -> dict:
@@ -157,3 +261,9 @@ def length_warning(model_dir: str | Path, max_new_tokens: int) -> str | None:
         f"generating up to {result.get('max_new_tokens')}): RL replies will be cut; raise rollout.max_new_tokens "
         f"to >= {needed}"
     )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--ship"]:
+        sys.exit("usage: python -m oprl.trainer.warmstart --ship   (rebuilds src/oprl/models/tiny_default)")
+    ship()

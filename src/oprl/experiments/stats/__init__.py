@@ -19,6 +19,15 @@ Every name is importable from here (``stats.contrast``, ``from oprl.experiments.
 Not here: reading runs (``results``), laying the numbers out (``report``, ``tiers``, ``findings``).
 """
 
+import importlib.util
+
+from oprl.errors import OprlError
+
+# scipy is an extra (the default job never needs it, and it is 35 MB of a fresh install): whatever imports these
+# statistics (oprl sweep, report, the findings) stops here with one line instead of a traceback.
+if importlib.util.find_spec("scipy") is None:
+    raise OprlError("oprl sweep / report need scipy for their statistics: pip install 'oprl[stats]'")
+
 from oprl.experiments.stats.comparison import Comparison, compare, flips, holm, identical_groups, with_the_best
 from oprl.experiments.stats.design import POWER, design_df, design_se, mde, power, seeds_needed
 from oprl.experiments.stats.difference import (

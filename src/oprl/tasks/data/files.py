@@ -76,9 +76,19 @@ def _jsonl_rows(path: Path) -> Iterator[Row]:
             yield Row(number, record if isinstance(record, dict) else None)
 
 
+def _datasets(key: str):
+    """The ``datasets`` module, an extra (the default job never reads a hub dataset): one line naming it when
+    missing."""
+    try:
+        import datasets
+    except ImportError:
+        raise OprlError(f"{key}: reading a Hugging Face dataset needs datasets: pip install 'oprl[data]'") from None
+    return datasets
+
+
 def hub_rows(hub_id: str, config_name: str | None, split: str, *, key: str) -> list[Row]:
     """Rows of ``split`` of a hub dataset through ``datasets`` (needs the network or a local HF cache)."""
-    import datasets
+    datasets = _datasets(key)
 
     try:
         dataset = datasets.load_dataset(hub_id, config_name, split=split)
@@ -94,7 +104,7 @@ def hub_rows(hub_id: str, config_name: str | None, split: str, *, key: str) -> l
 def datasets_rows(name: str, config_name: str | None, split: str, *, key: str) -> list[Row] | None:
     """Rows of ``split`` of a ``datasets`` dataset: a directory written by ``save_to_disk``, a directory of
     data files, or a hub name; None when the dataset has no such split."""
-    import datasets
+    datasets = _datasets(key)
 
     try:
         if Path(name).is_dir() and any((Path(name) / f).is_file() for f in ("dataset_dict.json", "state.json")):
