@@ -235,3 +235,36 @@ def test_spec_replaces_a_stale_copy_and_a_named_cell_no_run_has_is_a_typo(sweeps
         sweep_spec.load_spec(newer)
     with pytest.raises(OprlError, match="no finished runs"):
         report.build_report(here, tmp_path / "out", pools=[tmp_path / "missing"])
+
+
+def test_a_committed_results_csv_pools_its_rows_as_the_run_directories_would(sweeps, tmp_path):
+    """A pooled directory holding only a results.csv (a committed sweep, e.g. arena v2's comparators) lends its rows
+    of this sweep's cells: every contrast and table equals the pooled run directories', less the curves; a seed
+    both hold is refused as for run directories."""
+    here, earlier = sweeps
+    full = report.build_report(here, tmp_path / "dirs", pools=[earlier]).read_text()
+    report.build_report(earlier, tmp_path / "earlier-report")
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    (committed / "results.csv").write_text((tmp_path / "earlier-report" / "results.csv").read_text())
+    (committed / "sweep.yaml").write_text((earlier / "sweep.yaml").read_text())
+    text = report.build_report(here, tmp_path / "rows", pools=[committed]).read_text()
+    assert f"5 of this sweep and 4 rows of {committed / 'results.csv'} (grpo@lag-4, reinforce@lag-4; no curves)" in text
+    assert "| F2 | grpo above reinforce @ lag-4 | 4 |" in text
+    assert "rec-oneside-nois" not in text.split("## Findings")[0]  # a cell this sweep does not plan stays out
+    findings_of = [(p / "findings.csv").read_text() for p in (tmp_path / "dirs", tmp_path / "rows")]
+    assert findings_of[0] == findings_of[1]  # the same verdicts, intervals and seeds from rows as from the runs
+    assert (tmp_path / "rows" / "results.csv").read_text().count(str(committed)) == 4
+    assert "| F2 |" in full
+    with pytest.raises(OprlError, match=r"seed 3 is also in .*must not share a seed"):
+        report.build_report(here, tmp_path / "twice", pools=[_rows_of(here, tmp_path)])
+
+
+def _rows_of(sweep, tmp_path):
+    """``sweep``'s results.csv and spec alone in a directory of their own."""
+    report.build_report(sweep, tmp_path / "sweep-report")
+    rows = tmp_path / "sweep-rows"
+    rows.mkdir()
+    (rows / "results.csv").write_text((tmp_path / "sweep-report" / "results.csv").read_text())
+    (rows / "sweep.yaml").write_text((sweep / "sweep.yaml").read_text())
+    return rows

@@ -24,7 +24,10 @@ exact interval and what the ESS warning said of them (``oprl.experiments.report_
 
 ``--pool DIR`` adds another sweep's finished runs of the cells this sweep plans as more seeds of them (a sweep whose
 spec declares the two one population: the same recipe on other seeds); the report says which runs joined and every
-setting in which they differ from this sweep's runs of the same cell, and refuses a seed both sweeps ran. ``--spec``
+setting in which they differ from this sweep's runs of the same cell, and refuses a seed both sweeps ran. A pooled
+directory holding only a ``results.csv`` (a committed sweep whose runs are gone) lends its rows of this sweep's cells
+to every table and contrast (not to the curves), dated by that file's commits: how arena v2's comparators join the
+methods built after it (configs/sweeps/arena2-methods.yaml). ``--spec``
 reads the findings and grid from a spec other than the ``sweep.yaml`` beside the runs (a kept copy older than its
 tracked spec), ``--out`` writes the report elsewhere (kept run directories that another process commits to).
 """
@@ -169,14 +172,17 @@ def _read(sweep_dir: Path, out_dir: Path, spec: dict, gain: float, pools: Sequen
     table = collect_results(sweep_dir, runs, threshold_gain=gain)
     source = f"{len(records)} finished runs."
     pooled: dict[str, list[str]] = {}
+    rows: list[tuple[dict, dict, str]] = []  # pooled results.csv rows: (labels, numbers, run name)
     if pools:
-        joined, table, source = _pooled(sweep_dir, records, runs, table, pools, gain)
+        joined, table, source, rows = _pooled(sweep_dir, records, runs, table, pools, gain)
         pooled = {str(where): [str(r.run_dir) for r in found] for where, found in joined.items()}
+        for where in pools:  # a pooled results.csv's rows: dated from its own directory too (_declarations)
+            pooled.setdefault(str(where), [])
         records = records + [r for found in joined.values() for r in found]
     write_table(table, out_dir / "results.csv")
     figures = plot_all(records, out_dir / "figures")
-    summaries = [(r.labels, summarize(r, gain)) for r in records]
-    names = _run_names(summaries, [r.run_dir.name for r in records])
+    summaries = [(r.labels, summarize(r, gain)) for r in records] + [(labels, numbers) for labels, numbers, _ in rows]
+    names = _run_names(summaries, [r.run_dir.name for r in records] + [name for *_, name in rows])
     return _Read(summaries, names, source, False, records, runs, figures, pooled)
 
 
@@ -185,7 +191,11 @@ def _pooled(sweep_dir: Path, records: list, runs, table: list[dict], pools: Sequ
     when it was not planned by ``oprl sweep``), labelled by that directory's own ``sweep.yaml``; returns them by
     directory, the results table with a ``source`` column, and the report's line on what was pooled and in which
     settings (besides the seed) the pooled runs differ from this sweep's runs of the same cell. A (cell, seed)
-    that two directories both ran is refused: the same seed twice is one population's draw counted twice."""
+    that two directories both ran is refused: the same seed twice is one population's draw counted twice.
+
+    A pooled directory with no run directories but a ``results.csv`` (a committed sweep: docs/reproduction/arena2)
+    lends its rows of this sweep's cells instead, returned as ``(labels, numbers, run name)``: they join every
+    table and contrast, not the curves, and are dated by that file's commits (``declared.run_dates``)."""
 
     def cell(labels: dict) -> tuple[str, str]:
         return row_label({_canonical(k): v for k, v in labels.items()}), labels["setting"]
@@ -197,11 +207,31 @@ def _pooled(sweep_dir: Path, records: list, runs, table: list[dict], pools: Sequ
     joined: dict[Path, list] = {}
     words: list[str] = []
     differing: dict[str, tuple] = {}  # key -> (pooled value, this sweep's), the first pair that differs
+    lent_rows: list[tuple[dict, dict, str]] = []
     for where in pools:
         run_dirs = _finished(where)
-        if not run_dirs:
-            raise OprlError(f"report --pool {where}: no finished runs (directories with summary.json)")
         their = _spec(where)
+        if not run_dirs and (where / "results.csv").is_file():
+            csv_rows = _csv_rows(where / "results.csv")
+            lent = [(labels, numbers, row.get("run") or "")
+                    for (labels, numbers), row in zip(summaries_from_csv(where / "results.csv", their), csv_rows,
+                                                      strict=True)
+                    if cell(labels) in ours]  # fmt: skip
+            for labels, _, _ in lent:
+                key = (cell(labels), labels["seed"])
+                if key in seen:
+                    raise OprlError(f"report --pool {where}: {key[0][0]}@{key[0][1]} seed {key[1]} is also in "
+                                    f"{seen[key]}; pooled sweeps must not share a seed of a cell")  # fmt: skip
+                seen[key] = where
+            names = {name for *_, name in lent}
+            table += [{**row, "source": str(where)} for row in csv_rows if row.get("run") in names]
+            lent_rows += lent
+            cells_lent = sorted({f"{m}@{s}" for (m, s) in (cell(labels) for labels, _, _ in lent)})
+            words.append(f"{len(lent)} rows of {where / 'results.csv'} ({', '.join(cells_lent) or 'none'}; no curves)")
+            continue
+        if not run_dirs:
+            raise OprlError(f"report --pool {where}: no finished runs (directories with summary.json) and no "
+                            "results.csv")  # fmt: skip
         planned = plan(their) if their.get("grid") else None
         labels = {r.name: r.labels for r in planned or []}
         found = [r for r in (load_run(d, labels.get(d.name)) for d in run_dirs) if cell(r.labels) in ours]
@@ -223,12 +253,13 @@ def _pooled(sweep_dir: Path, records: list, runs, table: list[dict], pools: Sequ
         seeds = sorted({r.labels["seed"] for r in found}, key=_seed_rank)
         words.append(f"{len(found)} runs of {where} (seeds {', '.join(seeds) or 'none'})")
     differ = "; ".join(f"{k} ({_show(a)} pooled, {_show(b)} here)" for k, (a, b) in differing.items())
-    source = (f"{len(records) + sum(map(len, joined.values()))} finished runs, pooled (`--pool`): {len(records)} of "
+    source = (f"{len(records) + sum(map(len, joined.values())) + len(lent_rows)} finished runs, pooled (`--pool`): "
+              f"{len(records)} of "
               f"this sweep and {' and '.join(words)}, of the cells this sweep plans, as more seeds of the same "
               "cells (one population: the same recipe on other seeds, as the sweeps' specs must declare). "
               + (f"Settings in which the pooled runs differ from this sweep's runs of the same cell, seed aside: "
                  f"{differ}." if differ else "The pooled runs' settings equal this sweep's, seed aside."))  # fmt: skip
-    return joined, table, source
+    return joined, table, source, lent_rows
 
 
 def _seed_rank(seed: str) -> tuple[int, int, str]:
