@@ -116,6 +116,7 @@ def tinker_loop(args, port: int, server_pid: int | None = None) -> dict:
     from oprl.tasks import build_task
 
     os.environ.update(TINKER_BASE_URL=f"http://127.0.0.1:{port}", TINKER_API_KEY="tml-local", TINKER_TELEMETRY="0")
+    requests = count_requests()
     task = build_task(job_config(args).task)
     problems = list(task.problems("train"))
     service = tinker.ServiceClient()
@@ -123,7 +124,9 @@ def tinker_loop(args, port: int, server_pid: int | None = None) -> dict:
     tokenizer = trainer.get_tokenizer()
     rewards, seconds, cpu, parts = [], [], [], {"sample": [], "forward_backward": [], "optim_step": [], "client": []}
     cursor = 0
+    per_step: list[dict[str, int]] = []
     for step in range(args.steps):
+        seen = dict(requests)
         start = time.perf_counter()
         cpu_start = (own_cpu_s(), process_cpu_s(server_pid) if server_pid else 0.0)
         sampler = trainer.save_weights_and_get_sampling_client().result()
@@ -171,6 +174,7 @@ def tinker_loop(args, port: int, server_pid: int | None = None) -> dict:
         parts["forward_backward"].append(backward - built)
         parts["optim_step"].append(done - backward)
         parts["client"].append((tick - start) + (built - sampled))
+        per_step.append({route: n - seen.get(route, 0) for route, n in requests.items() if n > seen.get(route, 0)})
         print(f"tinker step {step + 1}/{args.steps}: reward {rewards[-1]:.3f}, {seconds[-1]:.2f} s", flush=True)
     kept = slice(args.skip, None)
     return {
@@ -180,7 +184,32 @@ def tinker_loop(args, port: int, server_pid: int | None = None) -> dict:
         "median_parts_s": {k: statistics.median(v[kept]) for k, v in parts.items()},
         "reward_first5": statistics.mean(rewards[:5]),
         "reward_last5": statistics.mean(rewards[-5:]),
+        "http_requests_per_step": per_step[-1] if per_step else {},
     }
+
+
+REQUESTS: dict[str, int] = {}
+
+
+def count_requests() -> dict[str, int]:
+    """HTTP requests the SDK sends from now on, by route (``/api/v1/asample``: n), counted at httpx's ``send``
+    (the SDK's one way out): the round trips a step costs, its polls of futures included."""
+    import httpx
+
+    counts = REQUESTS  # one count for the process: the patch is applied once, each loop reads differences
+
+    def counted(send):
+        def wrapper(self, request, *args, **kwargs):
+            counts[request.url.path] = counts.get(request.url.path, 0) + 1
+            return send(self, request, *args, **kwargs)
+
+        return wrapper
+
+    for cls in (httpx.Client, httpx.AsyncClient):
+        if not getattr(cls.send, "_oprl_counted", False):
+            cls.send = counted(cls.send)
+            cls.send._oprl_counted = True
+    return counts
 
 
 def oprl_cpu_per_step(args, full_run_cpu_s: float) -> float:

@@ -6,6 +6,15 @@ datums with their 16 prompts run once against every datum run whole. The job's s
 preset; the warm-started tiny model, full fine-tuning), without HTTP: the server's backend is called directly.
 
     python benchmarks/tinker_server_parts.py --threads 1 --json benchmarks/results/tinker_server_parts.json
+
+``--lora-samplers NAME=DIR ...`` measures instead what a new LoRA sampling client of a checkpoint
+(``save_weights_for_sampler`` + ``create_sampling_client(model_path=)``) costs before its first sample: a host module
+of its own (what the server did before #72: the base loaded, adapters added, the checkpoint copied in) against the
+checkpoint's adapter tensors switched into the one host its base and adapter shape share (``_path_host``), seconds
+(interleaved, medians) and bytes held per sampler:
+
+    python benchmarks/tinker_server_parts.py --lora-samplers tiny=tiny smollm2=$SMOLLM2_DIR --rank 16 \
+        --json benchmarks/results/tinker_lora_samplers.json
 """
 
 from __future__ import annotations
@@ -26,7 +35,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=6, help="interleaved repeats (the first is left out)")
     parser.add_argument("--label", default=None, help="what ran, in the JSON (default: the tree's git commit)")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--lora-samplers",
+        nargs="+",
+        default=None,
+        metavar="NAME=DIR",
+        help="measure a new LoRA checkpoint sampler's cost instead ('tiny' = the embedded model)",
+    )
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank of --lora-samplers")
+    args = parser.parse_args()  # fmt: skip
+    if args.lora_samplers:
+        lora_samplers(args)
+        return
 
     import numpy as np
     import torch
@@ -99,15 +119,81 @@ def main() -> None:
         ),
         "unknown",
     )
-    result = {
-        "label": args.label or commit.stdout.strip(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "datums": len(data),
-        "runs": runs,
-    }
+    result = {"label": args.label or commit.stdout.strip(), "cpu": cpu, "cores": os.cpu_count(), "datums": len(data),
+              "runs": runs}  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def machine(args) -> dict:
+    """What ran where: the tree's commit (or ``--label``), the CPU's name, its cores."""
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False)
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if "model name" in line]  # fmt: skip
+    return {"label": args.label or commit.stdout.strip(), "cpu": names[0] if names else "unknown",
+            "cores": os.cpu_count()}  # fmt: skip
+
+
+def own_host(models, path: str):
+    """Before #72: a checkpoint sampler's module of its own (the base loaded, adapters added, the file copied in)."""
+    from oprl.checkpoint.files import load_weights
+    from oprl.serve.tinker.models import copy_into
+
+    folder, meta = models.checkpoint(path, "model_path")
+    host = models.create_policy(f"own:{path}", "owner", meta["base_model"], meta["lora"])
+    del models.policies[host.model_id]
+    copy_into(host, load_weights(folder / "weights.safetensors"))
+    return host
+
+
+def shared_host(models, name: str, path: str):
+    """After: the host its base and adapter shape share, with this checkpoint's adapters switched in."""
+    from oprl.serve.tinker.models import Sampler
+
+    return models._path_host(Sampler(f"s:{path}", "owner", name, model_path=path))
+
+
+def lora_samplers(args) -> None:
+    """Per model: seconds and bytes of a new LoRA checkpoint sampler, a host of its own vs the shared host."""
+    import torch
+
+    from oprl.serve.tinker.backend import ModelTable, TinkerModels, tiny_directory
+
+    torch.set_num_threads(args.threads[0])
+    out = []
+    for entry in args.lora_samplers:
+        name, directory = entry.split("=", 1)
+        directory = tiny_directory([]) if directory == "tiny" else directory
+        models = TinkerModels(ModelTable({name: directory}, [], "cpu"), Path(tempfile.mkdtemp()))
+        policy = models.create_policy("p", "owner", name, {"rank": args.rank, "seed": 0})
+        paths = []
+        for version in range(args.repeats + 1):  # one checkpoint per version, every one different
+            with torch.no_grad():
+                for tensor in policy.trainable().values():
+                    tensor.add_(0.01)
+            policy.version += 1
+            paths.append(models.save(policy, "sampler_weights", f"v{version}", optimizer=False))
+
+        shared_host(models, name, paths[0])  # the shared host exists once: what every later sampler finds
+        seconds: dict[str, list[float]] = {"own host": [], "shared host": []}
+        held = {}
+        for path in paths[1:]:
+            start = time.perf_counter()
+            host = own_host(models, path)
+            seconds["own host"].append(time.perf_counter() - start)
+            tensors = [*host.model.parameters(), *host.model.buffers()]  # a tied head counted once
+            held["own host"] = sum(t.numel() * t.element_size() for t in tensors)
+            del host
+            start = time.perf_counter()
+            shared_host(models, name, path)
+            seconds["shared host"].append(time.perf_counter() - start)
+            held["shared host"] = sum(t.numel() * t.element_size() for t in models.adapters[path].values())
+        medians = {key: statistics.median(values) for key, values in seconds.items()}
+        out.append({"model": name, "rank": args.rank, "samplers": len(paths) - 1, "median_s": medians,
+                    "bytes_per_sampler": held, "load_average_1_5_15": os.getloadavg()})  # fmt: skip
+        print(json.dumps(out[-1], indent=2), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({**machine(args), "threads": args.threads[0], "runs": out}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
