@@ -43,6 +43,12 @@ def main() -> None:
         help="measure a new LoRA checkpoint sampler's cost instead ('tiny' = the embedded model)",
     )
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank of --lora-samplers")
+    parser.add_argument(
+        "--rewards",
+        action="store_true",
+        help="GRPO advantages of the task's rewards (the loop's; "
+        "a group whose replies score alike is loss-free) instead of ±1 alternating",
+    )
     args = parser.parse_args()  # fmt: skip
     if args.lora_samplers:
         lora_samplers(args)
@@ -67,18 +73,27 @@ def main() -> None:
         {"prompt": {"chunks": [{"tokens": p}]}, "num_samples": 8, "sampling_params": {"max_tokens": 8, "seed": i}}
         for i, p in enumerate(prompts)
     ]
-    data = []  # the loop's datums: prompt + reply, advantage ±1 on the reply's positions
-    for prompt, sampled in zip(prompts, models.sample(sampler, requests), strict=True):
-        for k, sequence in enumerate(sampled.sequences):
+    data = []  # the loop's datums: prompt + reply, the reply's advantage on its positions
+    task = build_task(load_config(None, ["seed=0"]).task)
+    for problem, prompt, sampled in zip(problems, prompts, models.sample(sampler, requests), strict=True):
+        if args.rewards:  # GRPO's advantages of the task's rewards, as tinker_rl_loop.py: alike replies give A = 0
+            replies = [policy.tokenizer.decode(s.tokens, skip_special_tokens=True) for s in sampled.sequences]
+            scores = np.array([r.total for r in task.score([problem] * len(replies), replies)])
+            std = scores.std()
+            advantages = ((scores - scores.mean()) / (std + 1e-6) if std > 0 else np.zeros_like(scores)).tolist()
+        else:  # ±1 alternating: every datum carries loss
+            advantages = [1.0 if k % 2 else -1.0 for k in range(len(sampled.sequences))]
+        for sequence, advantage in zip(sampled.sequences, advantages, strict=True):
             reply = sequence.tokens
             full, pad = prompt + reply, len(prompt) - 1
             logprobs = sequence.logprobs
             inputs = {
                 "target_tokens": np.array(full[1:], np.int64),
                 "logprobs": np.array([0.0] * pad + logprobs, np.float32),
-                "advantages": np.array([0.0] * pad + [1.0 if k % 2 else -1.0] * len(reply), np.float32),
+                "advantages": np.array([0.0] * pad + [advantage] * len(reply), np.float32),
             }
             data.append(Datum(full[:-1], inputs))
+    loss_free = sum(not d.inputs["advantages"].any() for d in data)
     request = ForwardBackward("p", 1, "importance_sampling", {"preset": "grpo"}, False, data)
     spec = loss_spec("importance_sampling", {"preset": "grpo"})
 
@@ -86,8 +101,8 @@ def main() -> None:
         for r in requests:
             models.sample(sampler, [r])
 
-    def backward(shared: bool):
-        models.group_prefixes = shared
+    def backward(shared: bool, skip: bool = True):
+        models.group_prefixes, models.skip_zero_gradient = shared, skip
         models.forward_backward(policy, request, spec)
         policy.optimizer.zero_grad(set_to_none=True)
 
@@ -95,20 +110,25 @@ def main() -> None:
         "sample: one batched call": lambda: models.sample(sampler, requests),
         "sample: one call per request": one_at_a_time,
         "forward_backward: shared prompts once": lambda: backward(True),
-        "forward_backward: every datum whole": lambda: backward(False),
+        "forward_backward: shared prompts once, every position under autograd": lambda: backward(True, False),
+        "forward_backward: every datum whole": lambda: backward(False, False),
     }
     runs = []
     for threads in args.threads:
         torch.set_num_threads(threads)
         seconds: dict[str, list[float]] = {name: [] for name in paths}
+        cpu: dict[str, list[float]] = {name: [] for name in paths}  # this thread's CPU: the load hardly moves it
         load_before = os.getloadavg()
         for _ in range(args.repeats):
             for name, run in paths.items():
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.thread_time()
                 run()
                 seconds[name].append(time.perf_counter() - start)
+                cpu[name].append(time.thread_time() - start_cpu)
         medians = {name: statistics.median(values[1:]) for name, values in seconds.items()}
-        runs.append({"threads": threads, "load_average_1_5_15": [load_before, os.getloadavg()], "median_s": medians})
+        cpu_medians = {name: statistics.median(values[1:]) for name, values in cpu.items()}
+        runs.append({"threads": threads, "load_average_1_5_15": [load_before, os.getloadavg()], "median_s": medians,
+                     "median_thread_cpu_s": cpu_medians})  # fmt: skip
         print(json.dumps(runs[-1], indent=2), flush=True)
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False)
     cpu = next(
@@ -120,6 +140,7 @@ def main() -> None:
         "unknown",
     )
     result = {"label": args.label or commit.stdout.strip(), "cpu": cpu, "cores": os.cpu_count(), "datums": len(data),
+              "loss_free_datums": loss_free, "advantages": "rewards" if args.rewards else "alternating",
               "runs": runs}  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -82,9 +82,15 @@ class TinkerModels:
     """Run the loss-free prefix that several datums share once (``prefix_shared_logprobs``); off, every datum
     runs whole (the tests compare both)."""
 
+    skip_zero_gradient = True
+    """Leave out autograd work whose gradient is 0 (loss-free datums, the shared prompts' own positions); off,
+    every position runs under autograd (the benchmark compares both)."""
+
     def forward_backward(self, policy: Policy, request: ForwardBackward, spec: LossSpec) -> ForwardOutput:
         """``training.forward_backward`` on this server's device."""
-        return training.forward_backward(policy, request, spec, self.device, self.group_prefixes)
+        return training.forward_backward(
+            policy, request, spec, self.device, self.group_prefixes, self.skip_zero_gradient
+        )
 
     def optim_step(self, policy: Policy, params: dict[str, Any]) -> dict[str, Any]:
         return training.optim_step(policy, params)

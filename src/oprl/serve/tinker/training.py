@@ -27,12 +27,18 @@ MICRO_BATCH_TOKENS = 8192
 
 
 def forward_backward(
-    policy: Policy, request: ForwardBackward, spec: LossSpec, device: str, group_prefixes: bool = True
+    policy: Policy,
+    request: ForwardBackward,
+    spec: LossSpec,
+    device: str,
+    group_prefixes: bool = True,
+    skip_zero_gradient: bool = True,
 ) -> ForwardOutput:
     """Per-datum target log-probs (and elementwise loss) and the metrics, the loss's gradient added to
     ``.grad`` unless ``forward_only`` (``wire.encode_forward_backward_output`` makes the SDK's
     ``ForwardBackwardOutput`` of it). A call whose loss or gradient is not finite adds nothing and fails
-    naming its datums (``finite.py``)."""
+    naming its datums (``finite.py``). ``skip_zero_gradient``: leave out the autograd work whose gradient is 0
+    (``target_logprobs``' ``everywhere``; off, every position runs under autograd, as before #68's change)."""
     vocab, limit = len(policy.tokenizer), context_of(policy.model)  # once per call: both cost more than a datum
     rows = [checked_datum(policy, d, spec, f"data[{i}]", vocab, limit) for i, d in enumerate(request.data)]
     outputs: list[dict[str, np.ndarray]] = []
@@ -41,10 +47,11 @@ def forward_backward(
     gradient = None if request.forward_only else CallGradient(list(policy.trainable().values()))
     # A preset's rules may look at the whole call's tokens (M2PO, BAPO): one micro-batch then.
     budget = math.inf if spec.preset is not None else MICRO_BATCH_TOKENS
+    everywhere = spec.name == "dro" or not skip_zero_gradient  # dro's penalty reaches every position
     try:
         for micro in _micro_batches(rows, budget):
             with torch.set_grad_enabled(gradient is not None):
-                logprobs, inputs, mask = target_logprobs(policy, micro, device, group_prefixes, spec.name == "dro")
+                logprobs, inputs, mask = target_logprobs(policy, micro, device, group_prefixes, everywhere)
                 loss, elementwise, values = compute_loss(spec, logprobs, inputs, mask)
                 loss_value = float(loss.detach())
                 if gradient is not None and not math.isfinite(loss_value):
