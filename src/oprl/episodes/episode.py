@@ -5,7 +5,11 @@ One episode is stored like a single-turn response, so every schedule, buffer and
 conversation: model turns and environment turns in order. ``loss_mask`` marks each response token 1 when the
 model sampled it and 0 when the environment wrote it; behaviour log-probs are the sampler's for model tokens
 and 0 elsewhere. The trainer multiplies its token mask by ``loss_mask``, so tool outputs and user turns are
-context, never trained on (docs/tasks.md).
+context, never trained on (docs/tasks.md). With ``rollout.record_top_k`` = K > 0 (an engine that records its
+top-K: ``engine.record_top_k``) every model token also carries the sampler's K most likely tokens of the
+distribution it was drawn from, and every environment token K entries of id 0 at ``-inf`` (no mass: the
+trainer's padding), so a method that reads them (score centering, DPPO's Top-K divergence) trains on episodes
+as on single-turn rows.
 
 Environment turns are rendered by the chat template: the text the template adds to the conversation for the
 observation messages (plus the next assistant header), tokenized on its own. A model turn ends at EOS (kept:
@@ -57,9 +61,9 @@ class Episode:
     """Partial rollouts: the policy version of each response token (environment tokens: the last model token's);
     empty when the sampler reported none (one policy)."""
     top_k: int = 0
-    """``rollout.record_top_k`` = K > 0 (agent episodes): every response token carries the sampler's top K in
-    ``top_k_ids`` / ``top_k_logprobs`` (``oprl.rollout.base.top_logprobs``); environment tokens id 0 and
-    ``-inf``, the trainer's padding (no mass). 0: none kept."""
+    """``rollout.record_top_k`` = K > 0 (built-in multi-turn tasks and agent episodes): every response token
+    carries the sampler's top K in ``top_k_ids`` / ``top_k_logprobs`` (``oprl.rollout.base.top_logprobs``);
+    environment tokens id 0 and ``-inf``, the trainer's padding (no mass). 0: none kept."""
     top_k_ids: list[list[int]] = field(default_factory=list)
     top_k_logprobs: list[list[float]] = field(default_factory=list)
 
@@ -79,7 +83,10 @@ class Episode:
     ) -> None:
         """Append tokens, from the model (with their log-probs and, under partial rollouts, versions; with
         ``top_k``, their sampler's ``top`` (ids, log-probs), K per token) or from the environment
-        (``logprobs=None``)."""
+        (``logprobs=None``). A model turn of an episode that keeps the top-K must bring them (a ``ValueError``
+        otherwise: the environment's padding would pass for the sampler's distribution)."""
+        if self.top_k and logprobs is not None and top is None:
+            raise ValueError(f"rollout.record_top_k={self.top_k}: the engine returned no top log-probs for a turn")
         if self.top_k:
             ids, values = (
                 top if top is not None else ([[0] * self.top_k] * len(tokens), [[-math.inf] * self.top_k] * len(tokens))
@@ -116,10 +123,12 @@ def observation_ids(tokenizer, messages: list[dict], observation, tools=()) -> l
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
-def start(tokenizer, environment, problem) -> Episode:
-    """A new episode of ``problem``: the environment's first messages rendered as the prompt."""
+def start(tokenizer, environment, problem, top_k: int = 0) -> Episode:
+    """A new episode of ``problem``: the environment's first messages rendered as the prompt; ``top_k`` K > 0: its
+    tokens keep the sampler's top K (``Episode.top_k``)."""
     messages = list(environment.reset(problem))
-    return Episode(prompt_ids=encode_problem(tokenizer, replace(problem, messages=tuple(messages))), messages=messages)
+    prompt_ids = encode_problem(tokenizer, replace(problem, messages=tuple(messages)))
+    return Episode(prompt_ids=prompt_ids, messages=messages, top_k=top_k)
 
 
 def advance(
@@ -135,12 +144,14 @@ def advance(
     max_tokens: int,
     max_turns: int,
     versions: list[int] | None = None,
+    top: tuple[list[list[int]], list[list[float]]] | None = None,
 ) -> bool:
     """Add one model turn and the environment's answer to ``episode``; returns whether the episode goes on.
 
-    ``ended``: the turn stopped at EOS (else it hit the per-turn token limit: truncated).
+    ``ended``: the turn stopped at EOS (else it hit the per-turn token limit: truncated). ``top``: the turn's
+    sampler top-K (ids, log-probs), K per reply token, where the episode keeps them (``Episode.top_k``).
     """
-    episode.add(reply_ids, logprobs, versions)
+    episode.add(reply_ids, logprobs, versions, top=top)
     episode.turns += 1
     episode.messages.append({"role": "assistant", "content": reply_text})
     if not ended or len(episode.response_ids) >= max_tokens:
@@ -200,10 +211,13 @@ def run_episodes(
     is for them).
     ``switch`` (partial rollouts) goes to every turn's call: its decode steps add up over the turns, so a
     switch falls inside a turn or between two.
+    An engine that records its top-K (``engine.record_top_k`` = K > 0, the explorers' ``rollout.record_top_k``)
+    gives every model turn its K alternatives per token and the episodes keep them (``Episode.top_k``).
     """
     partial = {} if switch is None else {"switch": switch}
+    top_k = int(getattr(engine, "record_top_k", 0) or 0)
     environments = [task.environment(p) for p in problems]
-    episodes = [start(tokenizer, env, p) for env, p in zip(environments, problems, strict=True)]
+    episodes = [start(tokenizer, env, p, top_k) for env, p in zip(environments, problems, strict=True)]
     running = list(range(len(problems)))
     for turn in range(max_turns):
         if not running:
@@ -211,6 +225,11 @@ def run_episodes(
         contexts = [episodes[i].prompt_ids + episodes[i].response_ids for i in running]
         rollout = engine.generate(contexts, seed=seed + turn, sampling=sampling, **partial)
         versions = rollout.behavior_versions or [None] * len(running)
+        tops = (
+            list(zip(rollout.top_k_ids, rollout.top_k_logprobs, strict=True))
+            if top_k and rollout.top_k_ids is not None and rollout.top_k_logprobs is not None
+            else [None] * len(running)
+        )
         still = []
         for row, i in enumerate(running):
             if advance(
@@ -225,6 +244,7 @@ def run_episodes(
                 max_tokens=max_tokens,
                 max_turns=max_turns,
                 versions=versions[row],
+                top=tops[row],
             ):
                 still.append(i)
         running = still

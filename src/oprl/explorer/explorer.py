@@ -18,7 +18,6 @@ import time
 from oprl.config import RunConfig
 from oprl.episodes.agents import close_task, task_episodes
 from oprl.episodes.judge import JudgedTask, JudgeSource, judged
-from oprl.errors import OprlError
 from oprl.explorer.shaping import Shaping, dynamic_batch, extra_problems, round_seed
 from oprl.explorer.switcher import Switcher
 from oprl.messages import Experience, ExploreResult, SwitchPlan, Timing, batch_metrics
@@ -171,7 +170,7 @@ class Explorer:
                 loss_mask=e.loss_mask,
                 extra={"turns": e.turns, **e.info},
                 behavior_versions=e.behavior_versions or None,
-                top_k_ids=e.top_k_ids if e.top_k else None,  # agent episodes under rollout.record_top_k
+                top_k_ids=e.top_k_ids if e.top_k else None,  # episodes under rollout.record_top_k
                 top_k_logprobs=e.top_k_logprobs if e.top_k else None,
             )
             for i, e in ((i, episodes[i]) for i in kept)
@@ -223,13 +222,8 @@ class ExplorerWorker:
         # The sampler's precision; ``auto`` resolves on the machine this explorer runs on.
         dtype = resolve_dtype(config.rollout.dtype, resolve_device(config.model.device))
         self.model, tokenizer = load_model(config, model_path, dtype=dtype)
-        top_k = config.rollout.record_top_k
-        if top_k and isinstance(task, EpisodicTask) and config.task.name != "agent":  # agents' rows carry them
-            raise OprlError(
-                f"rollout.record_top_k={top_k}: multi-turn episodes (task.name={config.task.name}) do not record "
-                "top log-probs yet (single-turn rollouts and agent tasks only); set rollout.record_top_k=0"
-            )
-        self.engine = make_engine(config, self.model, tokenizer, record_top_k=top_k)
+        # Every row carries the top-K: single-turn rollouts, built-in multi-turn episodes and agent episodes alike.
+        self.engine = make_engine(config, self.model, tokenizer, record_top_k=config.rollout.record_top_k)
         self.explorer = Explorer(
             task,
             tokenizer,
