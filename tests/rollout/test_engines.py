@@ -9,19 +9,8 @@ import torch
 from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import pack, response_logprobs
 from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import ENGINES, HFGenerateEngine, LeanEngine, Sampling
+from oprl.rollout import HFGenerateEngine, LeanEngine, Sampling
 from oprl.rollout.lean_engine import sample_token
-
-
-@pytest.fixture(params=sorted(ENGINES))
-def Engine(request):
-    return ENGINES[request.param]
-
-
-@pytest.fixture(scope="module")
-def policy():
-    tokenizer = build_tokenizer()
-    return build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3), tokenizer
 
 
 def _prompts(tokenizer, texts):

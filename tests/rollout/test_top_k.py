@@ -13,24 +13,12 @@ import torch
 
 from oprl.errors import OprlError
 from oprl.models.chat import encode_prompt
-from oprl.models.tiny import build_model, build_tokenizer
-from oprl.rollout import ENGINES, EngineCapabilities, LeanEngine, Sampling, TorchEngine
+from oprl.rollout import EngineCapabilities, LeanEngine, Sampling, TorchEngine
 from oprl.rollout.base import sequence_top_logprobs, top_logprobs
 from oprl.rollout.lean_engine import lean_sample
 
 TOLERANCE = 1e-5
 """Largest |recorded - reference| log-prob allowed; measured at most 4.8e-7 on every engine (module docstring)."""
-
-
-@pytest.fixture(params=sorted(ENGINES))
-def Engine(request):
-    return ENGINES[request.param]
-
-
-@pytest.fixture(scope="module")
-def policy():
-    tokenizer = build_tokenizer()
-    return build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3), tokenizer
 
 
 def _prompts(tokenizer):
