@@ -182,7 +182,7 @@ def _read(sweep_dir: Path, out_dir: Path, spec: dict, gain: float, pools: Sequen
     write_table(table, out_dir / "results.csv")
     figures = plot_all(records, out_dir / "figures")
     summaries = [(r.labels, summarize(r, gain)) for r in records] + [(labels, numbers) for labels, numbers, _ in rows]
-    names = _run_names(summaries, [r.run_dir.name for r in records] + [name for *_, name in rows])
+    names = _run_names(summaries, [*(r.run_dir.name for r in records), *(name for *_, name in rows)])
     return _Read(summaries, names, source, False, records, runs, figures, pooled)
 
 
@@ -213,20 +213,20 @@ def _pooled(sweep_dir: Path, records: list, runs, table: list[dict], pools: Sequ
         their = _spec(where)
         if not run_dirs and (where / "results.csv").is_file():
             csv_rows = _csv_rows(where / "results.csv")
-            lent = [(labels, numbers, row.get("run") or "")
-                    for (labels, numbers), row in zip(summaries_from_csv(where / "results.csv", their), csv_rows,
-                                                      strict=True)
-                    if cell(labels) in ours]  # fmt: skip
-            for labels, _, _ in lent:
-                key = (cell(labels), labels["seed"])
+            lent = [(tags, numbers, row.get("run") or "")
+                    for (tags, numbers), row in zip(summaries_from_csv(where / "results.csv", their), csv_rows,
+                                                    strict=True)
+                    if cell(tags) in ours]  # fmt: skip
+            for tags, _, _ in lent:
+                key = (cell(tags), tags["seed"])
                 if key in seen:
                     raise OprlError(f"report --pool {where}: {key[0][0]}@{key[0][1]} seed {key[1]} is also in "
                                     f"{seen[key]}; pooled sweeps must not share a seed of a cell")  # fmt: skip
                 seen[key] = where
-            names = {name for *_, name in lent}
-            table += [{**row, "source": str(where)} for row in csv_rows if row.get("run") in names]
+            lent_names = {name for *_, name in lent}
+            table += [{**row, "source": str(where)} for row in csv_rows if row.get("run") in lent_names]
             lent_rows += lent
-            cells_lent = sorted({f"{m}@{s}" for (m, s) in (cell(labels) for labels, _, _ in lent)})
+            cells_lent = sorted({f"{m}@{s}" for (m, s) in (cell(tags) for tags, _, _ in lent)})
             words.append(f"{len(lent)} rows of {where / 'results.csv'} ({', '.join(cells_lent) or 'none'}; no curves)")
             continue
         if not run_dirs:
