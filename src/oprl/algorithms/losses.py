@@ -355,7 +355,7 @@ def batch_keeps(
     if parts:
         width = max(part.logprobs.shape[1] for part in parts)
         dtype = parts[0].logprobs.dtype
-        fields = {
+        fields: dict[str, list[torch.Tensor | None]] = {
             "logprobs": [part.logprobs.detach() for part in parts],
             "behavior": [part.behavior_logprobs.to(dtype) for part in parts],
             "advantages": [per_token(part) for part in parts],

@@ -220,7 +220,7 @@ class DataParallel(SingleProcess):
         dist.all_gather_object(everyone, list(values))
         return [value for rank_values in everyone for value in rank_values]
 
-    def gather_objects(self, value: Any) -> list[Any]:  # type: ignore[override]
+    def gather_objects(self, value: Any) -> list[Any]:
         import torch.distributed as dist
 
         everyone: list = [None] * self.world_size
