@@ -67,6 +67,18 @@ def write_json(path: Path | None, report: dict) -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
 
 
+def job_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments plus the two every job benchmark takes, ``--json PATH`` (the report file) and extra
+    ``key=value`` config overrides; where the script counts ``--steps``, at least 2 (its first step carries the
+    engines' warm-up and is not counted)."""
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("overrides", nargs="*", help="extra key=value config overrides")
+    args = parser.parse_args(argv)
+    if getattr(args, "steps", 2) < 2:
+        parser.error("--steps: at least 2 (the first step is not counted)")
+    return args
+
+
 def run_job(config: Path | None, overrides: list[str], out: Path, name: str) -> list[dict]:
     """Run the job ``config`` (a YAML file, or None for the default job) + ``overrides`` in this process, as
     ``out/name``, and return its ``metrics.jsonl`` rows."""

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 # benchmarks/ is the script's directory, so on sys.path
-from _common import commit, load_average, machine, run_job, write_json
+from _common import commit, job_args, load_average, machine, run_job, write_json
 
 from oprl.models.precision import BF16_CPU_FLAGS, cpu_flags
 
@@ -79,11 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     parser.add_argument("--trainers", nargs="+", default=["float32"], choices=list(TRAINERS))
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("overrides", nargs="*", help="extra key=value config overrides")
-    args = parser.parse_args(argv)
-    if args.steps < 2:
-        parser.error("--steps: at least 2 (the first step is not counted)")
+    args = job_args(parser, argv)
     load_before, head = load_average(), commit()  # HEAD as the run starts: the code it measures
     settings = {
         (engine if len(args.trainers) == 1 else f"{engine} {trainer}"): [*ENGINES[engine], *TRAINERS[trainer]]

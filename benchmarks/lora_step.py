@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import commit, load_average, machine, write_json
+from _common import commit, job_args, load_average, machine, write_json
 from grpo_step import measure  # the example's recipe, one run's per-step numbers
 
 LORA = ["model.lora.r=16", "model.lora.alpha=32", "rollout.engine=vllm", "rollout.dtype=float32"]
@@ -38,11 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("overrides", nargs="*", help="extra key=value config overrides")
-    args = parser.parse_args(argv)
-    if args.steps < 2:
-        parser.error("--steps: at least 2 (the first step is not counted)")
+    args = job_args(parser, argv)
     load_before, head = load_average(), commit()  # HEAD as the run starts: the code it measures
     samples: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
     rounds: list[dict[str, dict[str, float]]] = []

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 # benchmarks/ is the script's directory, so on sys.path
-from _common import commit, load_average, machine, run_job, write_json
+from _common import commit, job_args, load_average, machine, run_job, write_json
 
 JOB = [
     "model.lora.r=8",
@@ -73,9 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5, 6, 7])
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("overrides", nargs="*", help="extra key=value config overrides")
-    args = parser.parse_args(argv)
+    args = job_args(parser, argv)
     load_before, head = load_average(), commit()  # HEAD as the run starts: the code it measures
     job = [*JOB, f"steps={args.steps}", f"eval.interval={args.steps}", *args.overrides]
     runs: dict[str, dict[int, dict[str, float]]] = {mode: {} for mode in MODES}

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 # benchmarks/ is the script's directory, so on sys.path
-from _common import commit, cpu, load_average, run_job, write_json
+from _common import commit, cpu, job_args, load_average, run_job, write_json
 
 from oprl.models.precision import cpu_flags
 from oprl.trainer.inputs import Inputs
@@ -54,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("overrides", nargs="*", help="extra key=value config overrides")
-    args = parser.parse_args(argv)
+    args = job_args(parser, argv)
     load_before, head = load_average(), commit()  # HEAD as the run starts: the code it measures
     with tempfile.TemporaryDirectory() as tmp:
         trainer, rows = capture([f"runtime.torch_threads={args.threads}", *args.overrides], Path(tmp))
