@@ -7,6 +7,9 @@ preset; the warm-started tiny model, full fine-tuning), without HTTP: the server
 
     python benchmarks/tinker_server_parts.py --threads 1 --json benchmarks/results/tinker_server_parts.json
 
+``--model NAME=DIR --prompts --group --max-tokens`` change the job (SmolLM2's directory for the recipe's shape),
+``--paths forward_backward`` times only those paths.
+
 ``--lora-samplers NAME=DIR ...`` measures instead what a new LoRA sampling client of a checkpoint
 (``save_weights_for_sampler`` + ``create_sampling_client(model_path=)``) costs before its first sample: a host module
 of its own (what the server did before #72: the base loaded, adapters added, the checkpoint copied in) against the
@@ -43,6 +46,11 @@ def main() -> None:
         help="measure a new LoRA checkpoint sampler's cost instead ('tiny' = the embedded model)",
     )
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank of --lora-samplers")
+    parser.add_argument("--model", default="tiny=tiny", metavar="NAME=DIR", help="the model ('tiny': embedded)")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--group", type=int, default=8, help="replies per prompt")
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--paths", nargs="+", default=["sample", "forward_backward"], help="which paths (prefixes)")
     parser.add_argument(
         "--rewards",
         action="store_true",
@@ -64,13 +72,19 @@ def main() -> None:
     from oprl.serve.tinker.records import Datum, ForwardBackward
     from oprl.tasks import build_task
 
-    models = TinkerModels(ModelTable({"tiny": tiny_directory([])}, [], "cpu"), Path(tempfile.mkdtemp()))
-    policy = models.create_policy("p", "owner", "tiny", {"rank": 0, "seed": 0})
+    name, directory = args.model.split("=", 1)
+    directory = tiny_directory([]) if directory == "tiny" else directory
+    models = TinkerModels(ModelTable({name: directory}, [], "cpu"), Path(tempfile.mkdtemp()))
+    policy = models.create_policy("p", "owner", name, {"rank": 0, "seed": 0})
     sampler = models.snapshot_sampler(policy, "s")
-    problems = list(build_task(load_config(None, ["seed=0"]).task).problems("train"))[:16]
+    problems = list(build_task(load_config(None, ["seed=0"]).task).problems("train"))[: args.prompts]
     prompts = [encode_problem(policy.tokenizer, p) for p in problems]
     requests = [
-        {"prompt": {"chunks": [{"tokens": p}]}, "num_samples": 8, "sampling_params": {"max_tokens": 8, "seed": i}}
+        {
+            "prompt": {"chunks": [{"tokens": p}]},
+            "num_samples": args.group,
+            "sampling_params": {"max_tokens": args.max_tokens, "seed": i},
+        }
         for i, p in enumerate(prompts)
     ]
     data = []  # the loop's datums: prompt + reply, the reply's advantage on its positions
@@ -121,12 +135,14 @@ def main() -> None:
         load_before = os.getloadavg()
         for _ in range(args.repeats):
             for name, run in paths.items():
+                if not name.startswith(tuple(args.paths)):
+                    continue
                 start, start_cpu = time.perf_counter(), time.thread_time()
                 run()
                 seconds[name].append(time.perf_counter() - start)
                 cpu[name].append(time.thread_time() - start_cpu)
-        medians = {name: statistics.median(values[1:]) for name, values in seconds.items()}
-        cpu_medians = {name: statistics.median(values[1:]) for name, values in cpu.items()}
+        medians = {name: statistics.median(values[1:]) for name, values in seconds.items() if values[1:]}
+        cpu_medians = {name: statistics.median(values[1:]) for name, values in cpu.items() if values[1:]}
         runs.append({"threads": threads, "load_average_1_5_15": [load_before, os.getloadavg()], "median_s": medians,
                      "median_thread_cpu_s": cpu_medians})  # fmt: skip
         print(json.dumps(runs[-1], indent=2), flush=True)
