@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,7 +124,7 @@ def seed_runs(
         with tempfile.TemporaryDirectory() as tmp:
             results.append(run_once(seed, Path(tmp)))
         print(json.dumps(results[-1]), flush=True)
-    report = {"command": command} if command else {}
+    report: dict[str, Any] = {"command": command} if command else {}
     report |= {
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}",
         "cpu": cpu(),
