@@ -1,12 +1,12 @@
 """M2PO and BAPO on two data-parallel trainer ranks (gloo, CPU; #70): the mask's statistic spans every rank's rows of
-the mini-batch (``Trainer._batch_rule`` gathers them through ``DataParallel.gather_objects``), so two ranks train
-the one-process trainer's steps: its losses, clip fractions, rule metrics (M̂₂, BAPO's bounds), gradient norms
-and weights within 1e-5 (``tests/integration/test_distributed.py``'s tolerance: float32 forwards of other
-micro-batch compositions differ in the last bits). The check can fail: the same ranks with each rank's own
+the mini-batch (``Trainer._batch_rule`` gathers them through ``DataParallel.gather_objects``), so two ranks (DDP, and
+FSDP for m2po) train the one-process trainer's steps: its losses, clip fractions, rule metrics (M̂₂, BAPO's bounds),
+gradient norms and weights within 1e-5 (``tests/integration/test_distributed.py``'s tolerance: float32 forwards of
+other micro-batch compositions differ in the last bits). The check can fail: the same ranks with each rank's own
 statistic (the scope before; run once on a copy of the tree whose ``Trainer._batch_rule`` passes no gather) moved
 m2po's first-step ``loss/total`` from −0.43172 to −0.49595 and bapo's ``loss/bapo_positive_share`` from 0.42335 to
-0.41429 (its bounds and loss stayed: the preset's target holds at the start bounds in each half as in the whole).
-The per-rank scope moving every rule's gradient is shown on the rule alone, in float64
+0.41429 (its bounds and loss stayed: the preset's target holds at the start bounds in each half as in the whole). The
+per-rank scope moving every rule's gradient is shown on the rule alone, in float64
 (``tests/algorithms/test_batch_rules_ranks.py``)."""
 
 import copy
@@ -39,10 +39,10 @@ def tiny_path(tmp_path_factory):
     return str(directory)
 
 
-def _config(path, preset, world_size):
+def _config(path, preset, world_size, sharding="ddp"):
     overrides = [
         f"model.path={path}",
-        f"trainer.sharding={'ddp' if world_size > 1 else 'none'}",
+        f"trainer.sharding={sharding if world_size > 1 else 'none'}",
         f"trainer.world_size={world_size}",
         f"algorithm.preset={preset}",
         "rollout.prompts_per_step=3",
@@ -82,10 +82,10 @@ def _train(worker, batches):
 
 
 @pytest.mark.slow  # two spawned ranks and one in-process trainer per preset: ~30-60 s on a loaded 2-core machine
-@pytest.mark.parametrize("preset", list(RULES))
-def test_two_ranks_train_the_one_process_steps(tiny_path, batches, preset):
+@pytest.mark.parametrize(("preset", "sharding"), [("m2po", "ddp"), ("bapo", "ddp"), ("m2po", "fsdp")])
+def test_two_ranks_train_the_one_process_steps(tiny_path, batches, preset, sharding):
     reference_metrics, reference_weights = _train(TrainerWorker(_config(tiny_path, preset, 1), tiny_path), batches)
-    trainer = ShardedTrainer(_config(tiny_path, preset, 2), tiny_path)
+    trainer = ShardedTrainer(_config(tiny_path, preset, 2, sharding), tiny_path)
     try:
         metrics, weights = _train(trainer, batches)
     finally:
