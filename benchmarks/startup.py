@@ -18,7 +18,8 @@ this repository at each REV into a temporary directory and runs ``make demo`` th
 timed to its first training step and to its end; what was installed (packages, MB) and the job's eval accuracy.
 ``--public-pip`` sets this machine's pip configuration aside (``PIP_CONFIG_FILE=/dev/null``, no ``PIP_*``
 variable but the cache's), so everything but torch comes from PyPI as on an ordinary machine; ``--torch-index``
-is the Makefile's TORCH_INDEX (a local directory in PEP 503 layout where download.pytorch.org is out of reach):
+is the Makefile's TORCH_INDEX (where download.pytorch.org is out of reach: a local PEP 503 directory,
+``torch/index.html`` linking the wheel beside it):
 
     python benchmarks/startup.py --fresh-demo 70678ca HEAD --public-pip --torch-index file:///tmp/torchidx \
         --out benchmarks/results/fresh_demo.json
