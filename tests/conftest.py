@@ -83,3 +83,36 @@ def service(running):
     client = tinker.ServiceClient(base_url=running.url, api_key="tml-test-key")
     yield client
     client.close("success").result()  # its heartbeats stop before the server does (else they print for minutes)
+
+
+# The rollout engine tests' shared fixtures (tests/rollout/test_engines.py, test_top_k.py). Here rather than in a
+# tests/rollout/conftest.py: a second conftest.py would shadow this one under the module name `conftest`, which the
+# whole-run tests import SMALL from (`from conftest import SMALL`).
+#
+# The policy has 2 heads of 32 dimensions (vLLM's CPU attention has no kernel for 16). It is built once per module,
+# not per session, so that a module that changes its weights cannot reach another's; the vLLM engines need no more
+# than this to stay one per test session: ``oprl.rollout.vllm_shared`` keeps one ``LLM`` per process for a model
+# configuration (and dtype, KV-cache size, LoRA slots), and every module's policy has the same configuration.
+
+
+def _engine_names():
+    from oprl.rollout import ENGINES
+
+    return sorted(ENGINES)
+
+
+@pytest.fixture(params=_engine_names())
+def Engine(request):
+    """Each registered engine class in turn (lean, hf-generate, vllm): a test taking it runs on every engine."""
+    from oprl.rollout import ENGINES
+
+    return ENGINES[request.param]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    """``(model, tokenizer)``: the tiny Llama (hidden 64, 2 layers, 2 heads, seed 3) and its tokenizer."""
+    from oprl.models.tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    return build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3), tokenizer
