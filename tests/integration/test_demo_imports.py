@@ -87,8 +87,9 @@ sys.exit(rc)
             "from oprl.cli import main; sys.exit(main(['train', 'task.name=dataset', 'task.hf_name='+sys.argv[1]]))",
             "pip install 'oprl[data]'",
         ),
+        ("datasets", "from oprl.cli import main; sys.exit(main(['train', 'task.name=gsm8k']))", "pip install 'oprl[data]'"),
     ],
-    ids=["report", "sweep", "hf-dataset-dir"],
+    ids=["report", "sweep", "hf-dataset-dir", "gsm8k-hub"],
 )
 def test_what_needs_an_extra_names_it_in_one_line(extra, code, hint, tmp_path):
     """Before: scipy and datasets were base dependencies. Without them, the commands that need them stop with
@@ -100,6 +101,7 @@ def test_what_needs_an_extra_names_it_in_one_line(extra, code, hint, tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and hint in lines[0], out.stderr
+    assert out.stdout.strip() == "", out.stdout  # before the run's headline (#71 item 6): nothing printed first
 
 
 def test_pyproject_keeps_the_extras_out_of_the_demo_and_in_the_test_stack():

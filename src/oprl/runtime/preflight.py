@@ -17,7 +17,8 @@ The other checks that need the machine, in the order a run makes them (each one 
   exist (a local typo names the nearest run directories, never reaches the hub: ``oprl.models.loading``), a
   local model directory's files hold a chat template, a local teacher's ``tokenizer.json`` has the local
   student's vocabulary, ``run_name`` holds no run (unless ``overwrite``) and mode=offline's ``buffer.path`` is
-  a directory (``_check_outputs``);
+  a directory (``_check_outputs``), and a task that reads a Hugging Face dataset has the ``data`` extra
+  (``_check_extras``);
 - in ``check_lengths``, from the tokenizers it reads anyway: the student has a chat template (a hub model, or
   a directory whose files could not tell; the advice says how to give one), a teacher speaks the student's
   tokens (``check_teacher_tokens``);
@@ -69,6 +70,7 @@ def check_paths(config, outputs: bool = True) -> None:
         if key == "model.path" and not extra and lacks_chat_template(location):  # the judge reads plain text
             raise OprlError(no_chat_template(key, path, location))
     _check_teacher_files(config)
+    _check_extras(config)
     if outputs:  # a command that opens no new run (oprl teacher-score scores a run's own store) skips them
         _check_outputs(config)
 
@@ -90,6 +92,27 @@ def _check_outputs(config) -> None:
             f"buffer.path: {config.buffer.path} is not a directory; mode=offline reads the experience store of an "
             "explore or both run (its run directory, or the store's own directory)"
         )
+
+
+def _check_extras(config) -> None:
+    """A task that will read through Hugging Face ``datasets`` (an extra since #71: the default job never does)
+    while it is not installed: the same line ``oprl.tasks.data.files`` would print, before the headline rather
+    than after it. Reads the task's settings only: ``task.hf_name`` (task.name=dataset), or source=hub, or
+    source=auto with no file set (gsm8k, math)."""
+    from importlib.util import find_spec
+
+    task = config.task
+    if getattr(task, "hf_name", None):
+        key = "task.hf_name"
+    elif getattr(task, "source", None) == "hub" or (
+        getattr(task, "source", None) == "auto"
+        and not any(getattr(task, name, None) for name in ("path", "train_file", "test_file"))
+    ):
+        key = "task.hub_id"
+    else:
+        return
+    if find_spec("datasets") is None:
+        raise OprlError(f"{key}: reading a Hugging Face dataset needs datasets: pip install 'oprl[data]'")
 
 
 def _check_teacher_files(config) -> None:
