@@ -87,7 +87,11 @@ sys.exit(rc)
             "from oprl.cli import main; sys.exit(main(['train', 'task.name=dataset', 'task.hf_name='+sys.argv[1]]))",
             "pip install 'oprl[data]'",
         ),
-        ("datasets", "from oprl.cli import main; sys.exit(main(['train', 'task.name=gsm8k']))", "pip install 'oprl[data]'"),
+        (
+            "datasets",
+            "from oprl.cli import main; sys.exit(main(['train', 'task.name=gsm8k']))",
+            "pip install 'oprl[data]'",
+        ),
     ],
     ids=["report", "sweep", "hf-dataset-dir", "gsm8k-hub"],
 )
