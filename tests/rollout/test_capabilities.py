@@ -18,7 +18,7 @@ from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.explorer.switcher import KV_SETTINGS, Switcher
 from oprl.models.chat import encode_prompt
-from oprl.models.tiny import build_model, build_tokenizer
+from oprl.models.tiny import build_model
 from oprl.rollout import (
     ENGINES,
     NO_CAPABILITIES,
@@ -34,12 +34,6 @@ from recipes import install_package
 
 RECIPES = Path(__file__).parents[1] / "recipes.py"
 SWITCH, LIMIT = 3, 8
-
-
-@pytest.fixture(scope="module")
-def policy():
-    tokenizer = build_tokenizer()
-    return build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3), tokenizer
 
 
 def _prompts(tokenizer, texts=("1+2=", "35+47-9=", "7=", "123*4-56+7=")):

@@ -13,19 +13,12 @@ from oprl.config import load_config
 from oprl.errors import OprlError
 from oprl.models.chat import encode_prompt
 from oprl.models.logprobs import grouped_response_logprobs
-from oprl.models.tiny import build_model, build_tokenizer
 from oprl.models.truncation import Sampling, kept_tokens
 from oprl.rollout import ENGINES, LeanEngine, engines_with
 
 RECIPES = Path(__file__).parents[1] / "recipes.py"
 SETTINGS = [(1.0, 0, 0.9), (1.0, 20, 1.0), (1.0, 20, 0.9), (0.7, 5, 0.8)]
 """(temperature, top_k, top_p): the issue's two settings, both at once, and a colder, tighter one."""
-
-
-@pytest.fixture(scope="module")
-def policy():
-    tokenizer = build_tokenizer()
-    return build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=3), tokenizer
 
 
 def _prompts(tokenizer):
