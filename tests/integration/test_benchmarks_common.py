@@ -106,3 +106,22 @@ def test_cli_job_runs_oprl_in_a_fresh_process_with_a_fresh_cache(common, tmp_pat
     assert wall > 0 and (tmp_path / "runs" / "fresh" / "summary.json").is_file()
     warm = common.warm_start(tmp_path / "cache")
     assert warm["steps"] > 0 and 0.0 <= warm["val_accuracy"] <= 1.0
+
+
+def test_lora_sync_learning_compares_behaviour_logprobs_over_each_common_prefix(common):
+    """The adapter-vs-merged log-prob gap is read only where both runs sampled the same token in the same context:
+    each response's common prefix of token ids; past the first differing token the contexts differ."""
+    gap = importlib.import_module("lora_sync_learning").logprob_gap
+    merged = [([1, 2, 3], [-0.1, -0.2, -0.3]), ([4, 5], [-1.0, -2.0])]
+    adapter = [([1, 2, 9], [-0.1, -0.25, -7.0]), ([4, 5], [-1.001, -2.0])]  # row 0 parts at its 3rd token
+    got = gap(merged, adapter)
+    assert got["max_abs"] == pytest.approx(0.05) and got["tokens"] == 4  # the -0.3 / -7.0 pair is not compared
+    assert (got["same_responses"], got["responses"]) == (1, 2)
+    assert gap(merged, merged) == {"max_abs": 0.0, "tokens": 5, "same_responses": 2, "responses": 2}
+
+
+def test_lora_sync_learning_refuses_a_missing_config_in_one_line(common, tmp_path, capsys):
+    module = importlib.import_module("lora_sync_learning")
+    with pytest.raises(SystemExit) as done:
+        module.main(["--config", str(tmp_path / "nope.yaml")])
+    assert done.value.code == 2 and "--config: no file" in capsys.readouterr().err
