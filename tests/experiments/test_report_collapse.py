@@ -252,6 +252,9 @@ def test_a_committed_results_csv_pools_its_rows_as_the_run_directories_would(swe
     assert f"5 of this sweep and 4 rows of {committed / 'results.csv'} (grpo@lag-4, reinforce@lag-4; no curves)" in text
     assert "| F2 | grpo above reinforce @ lag-4 | 4 |" in text
     assert "rec-oneside-nois" not in text.split("## Findings")[0]  # a cell this sweep does not plan stays out
+    # The collapse counts replay each run's metrics: the lent rows have none, and the report says they are left out.
+    assert "| reinforce @ lag-4 | 1 of 2 |" in text and "Collapses leave out the 4 pooled rows of a results.csv" in text
+    assert "Collapses leave out" not in full
     findings_of = [(p / "findings.csv").read_text() for p in (tmp_path / "dirs", tmp_path / "rows")]
     assert findings_of[0] == findings_of[1]  # the same verdicts, intervals and seeds from rows as from the runs
     assert (tmp_path / "rows" / "results.csv").read_text().count(str(committed)) == 4

@@ -111,6 +111,9 @@ def build_report(
         found = report_collapse.cells(read.sources, wanted, where)
         write_table(report_collapse.rows(found), out_dir / "collapse.csv")
         lines += report_collapse.lines(found)
+        if lent := len(read.summaries) - len(read.records):  # --pool of a results.csv: rows without metrics
+            lines += [f"Collapses leave out the {lent} pooled rows of a results.csv (the ESS warning is replayed on "
+                      "each run's `metrics.jsonl`; a results.csv has none).", ""]  # fmt: skip
     lines += _separation_sections(analyses, read.summaries, out_dir)
     lines += _findings_section(report, spec, read, sweep_dir, out_dir, noise)
     if not read.from_csv:  # the groups' figures are training curves: they need the runs
@@ -250,7 +253,7 @@ def _pooled(sweep_dir: Path, records: list, runs, table: list[dict], pools: Sequ
         rows = [row for row in collect_results(where, planned, threshold_gain=gain)
                 if row["run"] in {r.run_dir.name for r in found}]  # fmt: skip
         table += [{**row, "source": str(where)} for row in rows]
-        seeds = sorted({r.labels["seed"] for r in found}, key=_seed_rank)
+        seeds = sorted({r.labels["seed"] for r in found}, key=report_collapse.seed_rank)
         words.append(f"{len(found)} runs of {where} (seeds {', '.join(seeds) or 'none'})")
     differ = "; ".join(f"{k} ({_show(a)} pooled, {_show(b)} here)" for k, (a, b) in differing.items())
     source = (f"{len(records) + sum(map(len, joined.values())) + len(lent_rows)} finished runs, pooled (`--pool`): "
@@ -260,11 +263,6 @@ def _pooled(sweep_dir: Path, records: list, runs, table: list[dict], pools: Sequ
               + (f"Settings in which the pooled runs differ from this sweep's runs of the same cell, seed aside: "
                  f"{differ}." if differ else "The pooled runs' settings equal this sweep's, seed aside."))  # fmt: skip
     return joined, table, source, lent_rows
-
-
-def _seed_rank(seed: str) -> tuple[int, int, str]:
-    """Seeds numerically (2 before 10), other labels after them."""
-    return (0, int(seed), seed) if seed.isdigit() else (1, 0, seed)
 
 
 def _show(value) -> str:

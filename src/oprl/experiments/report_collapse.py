@@ -139,11 +139,12 @@ def cells(
             named = f"{method}@{setting}" if setting else method
             raise OprlError(f"{where}: report.collapse names {named}, which no finished run with evaluations is")
     ordered = sorted(out, key=lambda c: (c[0], _setting_rank(c[1])))
-    return {c: sorted(out[c], key=lambda r: (_seed_rank(r.seed), r.source)) for c in ordered}
+    return {c: sorted(out[c], key=lambda r: (seed_rank(r.seed), r.source)) for c in ordered}
 
 
-def _seed_rank(seed: str) -> tuple[int, int | str]:
-    return (0, int(seed)) if seed.isdigit() else (1, seed)
+def seed_rank(seed: str) -> tuple[int, int, str]:
+    """Seeds numerically (2 before 10), other labels after them."""
+    return (0, int(seed), seed) if seed.isdigit() else (1, 0, seed)
 
 
 def counts(runs: Sequence[RunCollapse]) -> tuple[stats.Proportion, int, int, int, int]:
@@ -208,7 +209,9 @@ def lines(found: dict[tuple[str, str], list[RunCollapse]]) -> list[str]:
             seed = r.seed + (" (pooled)" if r.source else "")  # which directory: the report's first line, the CSV
             ess = "—" if math.isnan(r.lowest_ess) else f"{r.lowest_ess:.2f}"
             warned = "step " + str(r.warned_at) if r.warned_at is not None else "none"
-            before = ("yes" if r.warned_before else "no") if r.collapsed else ("false alarm" if r.warned_at else "—")
+            before = {(True, True): "yes", (True, False): "no", (False, True): "false alarm"}.get(
+                (r.collapsed, r.warned_before), "—"
+            )
             out.append(f"| {seed} | {series} | {'yes' if r.collapsed else 'no'} | {_step(r.first_below)} | {warned} | "
                        f"{ess} | {before} |")  # fmt: skip
         out.append("")
