@@ -187,15 +187,7 @@ def grouped_response_logprobs(
     # The last prompt position predicts response token 0.
     hidden = prefill.output.last_hidden_state[:, -1][prefill.rows][:, None]  # (B, 1, H)
     if width > 1:
-        attention = torch.cat([prefill.attention, mask[:, :-1].long()], dim=1)  # (B, P + T - 1)
-        steps = prefill.next_position[:, None] + torch.arange(width - 1, device=device)[None]  # (B, T-1)
-        rest = decoder(
-            input_ids=targets[:, :-1],
-            attention_mask=attention,
-            position_ids=steps,
-            use_cache=True,
-            **{cache_kwarg(decoder): prefill.cache},
-        ).last_hidden_state  # (B, T-1, H): token t predicts token t+1
+        rest = _after_prefill(decoder, prefill, targets[:, :-1], mask[:, :-1])  # (B, T-1, H): t predicts t+1
         hidden = torch.cat([hidden, rest], dim=1)  # (B, T, H)
     extra = None if extra_ids is None else extra_ids.to(device)[mask]  # (N, K)
     logprobs, entropy, *rest = _chunked_logprobs(
@@ -248,15 +240,7 @@ def prefix_shared_logprobs(
     rest_mask &= torch.tensor([len(row) > n for row, n in zip(inputs, shared, strict=True)], device=device)[:, None]
     rest_hidden = None
     if bool(rest_mask.any()):
-        attention = torch.cat([prefill.attention, rest_mask.long()], dim=1)  # (B, P + S)
-        steps = prefill.next_position[:, None] + torch.arange(rests.shape[1], device=device)[None]  # (B, S)
-        rest_hidden = decoder(
-            input_ids=rests,
-            attention_mask=attention,
-            position_ids=steps,
-            use_cache=True,
-            **{cache_kwarg(decoder): prefill.cache},
-        ).last_hidden_state  # (B, S, H)
+        rest_hidden = _after_prefill(decoder, prefill, rests, rest_mask)  # (B, S, H)
     features = torch.cat(
         [
             part
@@ -306,21 +290,28 @@ def _detached_prefix_logprobs(
         rest_tokens = [row[n:] or [pad_id] for row, n in zip(inputs, shared, strict=True)]
         rests, valid = (t.to(device) for t in right_pad(rest_tokens, pad_id))
         valid &= (lengths > cut).to(device)[:, None]
-        attention = torch.cat([prefill.attention, valid.long()], dim=1)  # (B, P + S)
-        steps = prefill.next_position[:, None] + torch.arange(rests.shape[1], device=device)[None]  # (B, S)
-        rest_hidden = decoder(
-            input_ids=rests,
-            attention_mask=attention,
-            position_ids=steps,
-            use_cache=True,
-            **{cache_kwarg(decoder): prefill.cache},
-        ).last_hidden_state  # (B, S, H)
+        rest_hidden = _after_prefill(decoder, prefill, rests, valid)  # (B, S, H)
         chosen = torch.tensor([x for row, n in zip(targets, shared, strict=True) for x in row[n:]], device=device)
         rest_values, _ = _chunked_logprobs(
             head, rest_hidden[valid], chosen, rest_mask, sampling, False, False, chunk_bytes
         )
         logprobs = logprobs + rest_values  # valid and rest_mask list the same positions, row-major
     return logprobs, mask
+
+
+def _after_prefill(decoder, prefill, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states (B, S, H) of ``ids`` (B, S) run on after ``prefill``'s shared prompts:
+    attention over the prefix's (B, P) mask then ``valid`` (B, S), positions ``next_position[b] + s``, reading and
+    extending the prefill's KV cache (each row's own prefix through ``prefill.rows``)."""
+    attention = torch.cat([prefill.attention, valid.long()], dim=1)  # (B, P + S)
+    steps = prefill.next_position[:, None] + torch.arange(ids.shape[1], device=ids.device)[None]  # (B, S)
+    return decoder(
+        input_ids=ids,
+        attention_mask=attention,
+        position_ids=steps,
+        use_cache=True,
+        **{cache_kwarg(decoder): prefill.cache},
+    ).last_hidden_state
 
 
 def _chunked_logprobs(
