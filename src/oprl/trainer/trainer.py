@@ -194,7 +194,7 @@ class Trainer:
         inputs: StepInputs,
     ) -> list[BatchKeep | None]:  # fmt: skip
         """Each micro-batch's part of the loss's mask where that mask is a statistic of the whole batch
-        (``needs.batch_rule``) and this rank's part of the mini-batch spans several micro-batches (else ``_update``
+        (``needs.batch_rule``) and the mini-batch spans several micro-batches or data-parallel ranks (else ``_update``
         runs nothing extra and the loss computes its mask over its own rows): one forward without grad per
         micro-batch, the same as its own forward in the update (the weights do not change within an update), then
         the mask over all of them (``batch_rule_keeps``); None for a weight-0 stand-in. With data parallelism every

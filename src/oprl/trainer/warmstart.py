@@ -21,7 +21,7 @@ warm start (100-360 s there, most of a fresh machine's first ``make demo``), and
 the same weights (the warm start's own steps depend on the CPU's float rounding). It is used only when its
 recorded recipe equals the run's, so any changed model, task or warm-start setting trains its own;
 ``OPRL_SHIPPED_WARM_START=0`` trains the default one too (what benchmarks of the warm start need), and
-``python -m oprl.trainer.warmstart --ship`` rebuilds the committed copy (tests/test_demo_imports.py fails
+``python -m oprl.trainer.warmstart --ship`` rebuilds the committed copy (tests/integration/test_demo_imports.py fails
 when the default recipe no longer matches it). The checks around it: ``positions_needed`` (what its sampling
 needs of the model's context, for preflight) and ``length_warning`` (RL's reply budget against the replies it
 taught).
