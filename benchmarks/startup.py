@@ -43,6 +43,9 @@ import threading
 import time
 from pathlib import Path
 
+# benchmarks/ is the script's directory, so on sys.path
+from _common import cpu
+
 HERE = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -231,9 +234,9 @@ def main() -> int:
 
 
 def _cpu() -> str:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    name = next((line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")), "?")
-    return name + (" avx512_bf16" if "avx512_bf16" in flags else "") + (" AMX" if "amx_tile" in flags else "")
+    """``"AMD EPYC ... avx512_bf16"``: ``_common.cpu``'s facts in the record's words."""
+    facts = cpu()
+    return facts["model"] + (" avx512_bf16" if facts["avx512_bf16"] else "") + (" AMX" if facts["amx"] else "")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ USERS = [
     "trainer_precision",
     "top_k_cost",
     "engines",
+    "startup",
 ]
 """The scripts that import ``_common``."""
 
