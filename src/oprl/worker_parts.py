@@ -47,6 +47,15 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def worker_threads(config: RunConfig) -> int:
+    """torch intra-op threads per worker: configured, else the cores shared by trainer + explorers. The same
+    in every mode, so that explore + train and eval reproduce a ``both`` run's numbers bit for bit (and the
+    committed warm start, ``oprl.trainer.warmstart.ship``, is built with what ``oprl train`` gives it)."""
+    if config.runtime.torch_threads:
+        return config.runtime.torch_threads
+    return max(1, available_cores() // (config.runtime.explorers + 1))
+
+
 class Clock:
     """Busy and idle seconds of one worker since it started."""
 

@@ -31,15 +31,7 @@ from oprl.teacher.teacher import TeacherWorker
 from oprl.trainer.ranks import ShardedTrainer, rank_threads
 from oprl.trainer.role import TrainerWorker
 from oprl.trainer.warmstart import length_warning, wants_warm_start, warm_started_model
-from oprl.worker_parts import available_cores
-
-
-def worker_threads(config: RunConfig) -> int:
-    """torch intra-op threads per worker: configured, else the cores shared by trainer + explorers. The same
-    in every mode, so that explore + train and eval reproduce a ``both`` run's numbers bit for bit."""
-    if config.runtime.torch_threads:
-        return config.runtime.torch_threads
-    return max(1, available_cores() // (config.runtime.explorers + 1))
+from oprl.worker_parts import worker_threads  # run.py and cli.py import it from here too
 
 
 def model_path(config: RunConfig, task, log=print) -> str:

@@ -190,12 +190,11 @@ def ship(dest: Path = SHIPPED, log=print) -> Path:
 
     from oprl.config import load_config
     from oprl.tasks import build_task
-    from oprl.worker_parts import available_cores
+    from oprl.worker_parts import available_cores, worker_threads
 
     config = load_config()
     task = build_task(config.task)
-    # runtime.launch.worker_threads: the torch threads `oprl train` gives its warm start (1 on 2 cores)
-    threads = config.runtime.torch_threads or max(1, available_cores() // (config.runtime.explorers + 1))
+    threads = worker_threads(config)  # the torch threads `oprl train` gives its warm start (1 on 2 cores)
     previous, environ = torch.get_num_threads(), dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="oprl-ship-") as cache:
         os.environ.update(OPRL_CACHE_DIR=cache, OPRL_SHIPPED_WARM_START="0")
