@@ -40,13 +40,15 @@ CELLS = ["threads:lean", "threads:vllm", "threads:vllm-process", "processes:lean
 MB = 2**20
 
 
-def policy(path: str, rank: int):
-    """``(model, tokenizer)``: SmolLM2 (or ``path``) with LoRA adapters of rank ``rank`` on every linear layer
-    (alpha = 2r; 0 = full fine-tuning), loaded as every oprl worker loads it (seeded)."""
+def policy(path: str, rank: int, targets: str | list[str] = "all-linear"):
+    """``(model, tokenizer)``: SmolLM2 (or ``path``) with LoRA adapters of rank ``rank`` on ``targets`` (peft's
+    ``target_modules``: ``all-linear`` or module names such as ``q_proj``; alpha = 2r; 0 = full fine-tuning),
+    loaded as every oprl worker loads it (seeded). The adapter's share of the weights, and so the merged / adapter
+    byte ratio, is set by ``targets``: at rank r a d_in x d_out layer carries r (d_in + d_out) adapter weights."""
     from oprl.models.loading import load_pretrained, quiet_transformers
 
     quiet_transformers()
-    lora = SimpleNamespace(r=rank, alpha=2.0 * rank, dropout=0.0, target_modules="all-linear") if rank else None
+    lora = SimpleNamespace(r=rank, alpha=2.0 * rank, dropout=0.0, target_modules=targets) if rank else None
     return load_pretrained(path, lora=lora, seed=0)
 
 
@@ -54,11 +56,13 @@ class Sampler:
     """The explorer's side of one cell: a policy per mode and its engine; ``sync`` loads a snapshot and makes the
     engine take it up, ``sample`` times one call and checks it against the policy."""
 
-    def __init__(self, path: str, rank: int, engine: str, modes: list[str], prompts: int, tokens: int):
+    def __init__(
+        self, path: str, rank: int, engine: str, modes: list[str], prompts: int, tokens: int, targets: str | list[str]
+    ):
         from oprl.models.chat import encode_prompt
         from oprl.rollout import ENGINES
 
-        model, self.tokenizer = policy(path, rank)
+        model, self.tokenizer = policy(path, rank, targets)
         model = model.requires_grad_(False)  # the sampler's copy, as explorers hold it
         self.engines = {}
         for mode in modes:  # every mode serves the one model: each sync loads the same snapshot into it
@@ -134,17 +138,22 @@ def perturb(model, generator: torch.Generator) -> None:
                 param.add_(torch.randn(param.shape, generator=generator) * 1e-3)
 
 
+def targets(args) -> str | list[str]:
+    """``--targets`` as peft takes it: the string ``all-linear`` alone, else the list of module names."""
+    return "all-linear" if args.targets == ["all-linear"] else list(args.targets)
+
+
 def run_rank(args, rank: int, rows: list[dict]) -> None:
     """Every cell at ``rank``: the same trainer, its syncs sent to each cell's sampler in turn."""
     from oprl.worker_parts import trainable_weights
 
-    trainer, _ = policy(args.model, rank)
+    trainer, _ = policy(args.model, rank, targets(args))
     cells = []
     for cell in args.cells:
         backend, engine = cell.split(":")
         modes = ["full"] if rank == 0 else (["adapter"] if engine == "lean" else ["merged", "adapter"])
         start = time.perf_counter()
-        settings = (args.model, rank, engine, modes, args.prompts, args.tokens)
+        settings = (args.model, rank, engine, modes, args.prompts, args.tokens, targets(args))
         sampler = Remote(*settings, threads=args.threads) if backend == "processes" else Sampler(*settings)
         print(f"  rank {rank} {cell}: built in {time.perf_counter() - start:.1f} s", flush=True)
         cells += [(backend, engine, mode, sampler) for mode in modes]
@@ -162,6 +171,7 @@ def run_rank(args, rank: int, rows: list[dict]) -> None:
             measured[(backend, engine, mode)].append(result | sampler.sample(mode, index))
     for (backend, engine, mode), results in measured.items():
         row = {"rank": rank, "backend": backend, "sampler": engine, "mode": mode, "syncs": len(results)}
+        row["targets"] = " ".join(args.targets)
         for key in ("sync_s", "snapshot_s", "load_s", "engine_s", "sample_s"):
             row[key] = statistics.median(r[key] for r in results)
         row |= {"wire_bytes": results[-1]["wire_bytes"], "engine_bytes": results[-1]["engine_bytes"]}
@@ -180,7 +190,8 @@ def table(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        tuning = f"LoRA r={r['rank']}" if r["rank"] else "full"
+        # rows from before --targets existed were all-linear
+        tuning = f"LoRA r={r['rank']} {r.get('targets', 'all-linear')}" if r["rank"] else "full"
         lines.append(
             f"| {r['backend']} | {r['sampler']} | {tuning} | {r['mode']} | {r['sync_s']:.3f} | {r['engine_s']:.3f} | "
             f"{r['wire_bytes'] / MB:.1f} | {r['engine_bytes'] / MB:.1f} | {r['sample_s']:.2f} | {r['gap']:.1e} |"
@@ -191,8 +202,8 @@ def table(rows: list[dict]) -> str:
 def ratios(rows: list[dict]) -> str:
     """merged / adapter per (backend, sampler, rank): how much faster, how many fewer bytes into the engine."""
     lines = [
-        "| backend | sampler | LoRA r | sync s merged / adapter | engine bytes merged / adapter |",
-        "|---|---|---|---|---|",
+        "| backend | sampler | LoRA r | targets | sync s merged / adapter | engine bytes merged / adapter |",
+        "|---|---|---|---|---|---|",
     ]
     index = {(r["backend"], r["sampler"], r["rank"], r["mode"]): r for r in rows}
     for (backend, sampler, rank, mode), merged in index.items():
@@ -200,7 +211,8 @@ def ratios(rows: list[dict]) -> str:
         if mode == "merged" and adapter is not None:
             speed = merged["sync_s"] / adapter["sync_s"]
             size = merged["engine_bytes"] / max(adapter["engine_bytes"], 1)
-            lines.append(f"| {backend} | {sampler} | {rank} | {speed:.1f}x | {size:.1f}x |")
+            named = merged.get("targets", "all-linear")
+            lines.append(f"| {backend} | {sampler} | {rank} | {named} | {speed:.1f}x | {size:.1f}x |")
     return "\n".join(lines)
 
 
@@ -230,12 +242,21 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--targets",
+        nargs="+",
+        default=["all-linear"],
+        help="LoRA target modules (peft target_modules): all-linear, or names such as q_proj k_proj v_proj o_proj",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
-    print(f"CPU: {model_name}, {os.cpu_count()} cores; load {os.getloadavg()}; torch {torch.__version__}", flush=True)
+    if "all-linear" in args.targets and len(args.targets) > 1:
+        parser.error("--targets: all-linear stands alone (or name modules such as q_proj k_proj)")
+    load_before = os.getloadavg()
+    print(f"CPU: {model_name}, {os.cpu_count()} cores; load {load_before}; torch {torch.__version__}", flush=True)
     rows: list[dict] = []
     backends = sorted({cell.split(":")[0] for cell in args.cells}, reverse=True)
     if len(args.ranks) == 1 and len(backends) == 1:
@@ -244,10 +265,12 @@ def main() -> None:
         for rank in args.ranks:
             for backend in backends:
                 rows += one_rank(rank, [cell for cell in args.cells if cell.startswith(backend + ":")])
-    print(f"load after: {os.getloadavg()}\n")
+    load_after = os.getloadavg()
+    print(f"load after: {load_after}\n")
     print(table(rows) + "\n\n" + ratios(rows))
     if args.json:
         meta = {"cpu": model_name, "cores": os.cpu_count(), "python": platform.python_version(), "args": vars(args)}
+        meta |= {"load_before": load_before, "load_after": load_after}
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str) + "\n")
 
 
