@@ -165,3 +165,35 @@ def test_the_committed_weights_score_as_their_record_says():
         torch.set_num_threads(previous)
     assert record["result"]["val_accuracy"] >= config.warmstart.target_accuracy
     assert abs(accuracy - record["result"]["val_accuracy"]) <= 0.05, (accuracy, record["result"])
+
+
+def test_ship_builds_in_a_fresh_cache_with_the_runs_threads_and_records_them(tmp_path, monkeypatch):
+    """``ship`` without its minutes of training (``warm_started_model`` stubbed): the build sees a fresh cache with
+    shipping off and ``oprl train``'s warm-start threads (``worker_parts.worker_threads``); the copy at ``dest``
+    carries the ``shipped`` record; the environment and torch's threads are restored after."""
+    import torch
+
+    from oprl.worker_parts import worker_threads
+
+    seen = {}
+
+    def build(model_cfg, task_cfg, warm_cfg, task, *, log, progress):
+        seen.update(cache=os.environ["OPRL_CACHE_DIR"], shipping=os.environ["OPRL_SHIPPED_WARM_START"],
+                    threads=torch.get_num_threads())  # fmt: skip
+        built = Path(seen["cache"]) / "models" / "tiny-x"
+        built.mkdir(parents=True)
+        (built / "oprl_recipe.json").write_text(json.dumps({"result": {"steps": 1}}))
+        return built
+
+    monkeypatch.setattr(warmstart, "warm_started_model", build)
+    monkeypatch.setenv("OPRL_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.delenv("OPRL_SHIPPED_WARM_START", raising=False)
+    before = torch.get_num_threads()
+    dest = warmstart.ship(tmp_path / "shipped", log=lambda *_: None)
+    record = json.loads((dest / "oprl_recipe.json").read_text())
+    assert seen["shipping"] == "0" and seen["cache"] != str(tmp_path / "mine")
+    assert seen["threads"] == worker_threads(load_config()) == record["shipped"]["torch_threads"]
+    assert record["result"] == {"steps": 1}
+    assert record["shipped"]["command"] == "python -m oprl.trainer.warmstart --ship"
+    assert os.environ["OPRL_CACHE_DIR"] == str(tmp_path / "mine") and "OPRL_SHIPPED_WARM_START" not in os.environ
+    assert torch.get_num_threads() == before
