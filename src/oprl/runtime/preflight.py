@@ -112,7 +112,9 @@ def _check_extras(config) -> None:
     else:
         return
     if find_spec("datasets") is None:
-        raise OprlError(f"{key}: reading a Hugging Face dataset needs datasets: pip install 'oprl[data]'")
+        from oprl.tasks.data.files import NEEDS_DATASETS
+
+        raise OprlError(f"{key}: {NEEDS_DATASETS}")
 
 
 def _check_teacher_files(config) -> None:

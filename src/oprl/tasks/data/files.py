@@ -76,13 +76,18 @@ def _jsonl_rows(path: Path) -> Iterator[Row]:
             yield Row(number, record if isinstance(record, dict) else None)
 
 
+NEEDS_DATASETS = "reading a Hugging Face dataset needs datasets: pip install 'oprl[data]'"
+"""The line a task that reads through ``datasets`` gives without the extra (here, and before the headline:
+``oprl.runtime.preflight``)."""
+
+
 def _datasets(key: str):
     """The ``datasets`` module, an extra (the default job never reads a hub dataset): one line naming it when
     missing."""
     try:
         import datasets
     except ImportError:
-        raise OprlError(f"{key}: reading a Hugging Face dataset needs datasets: pip install 'oprl[data]'") from None
+        raise OprlError(f"{key}: {NEEDS_DATASETS}") from None
     return datasets
 
 
