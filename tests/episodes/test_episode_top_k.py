@@ -118,6 +118,15 @@ def test_a_model_turn_without_top_k_is_refused():
         episode.add([7], [-0.5])
 
 
+def test_a_model_turn_with_top_k_for_fewer_tokens_is_refused():
+    """Top-K rows one short of the turn's tokens would shift every later token's distribution: refused."""
+    episode = Episode(prompt_ids=[1], top_k=K)
+    top = ([[1] * K], [[-0.1] * K])  # one row for two tokens
+    with pytest.raises(ValueError, match="top log-probs for 1 / 1 of a turn's 2 tokens"):
+        episode.add([7, 8], [-0.5, -0.6], top=top)
+    assert episode.top_k_ids == [] and episode.response_ids == []  # nothing half-added
+
+
 @pytest.mark.parametrize(("preset", "key"), [("reinforce-sc", "loss/score_centering"),
                                              ("dppo-tv-topk", "loss/dppo_divergence_mean")])  # fmt: skip
 def test_the_explorers_rows_keep_the_top_k_through_the_store_and_a_top_k_method_trains_on_them(

@@ -91,6 +91,11 @@ class Episode:
             ids, values = (
                 top if top is not None else ([[0] * self.top_k] * len(tokens), [[-math.inf] * self.top_k] * len(tokens))
             )
+            if len(ids) != len(tokens) or len(values) != len(tokens):  # else every later token's top-K is shifted
+                raise ValueError(
+                    f"rollout.record_top_k={self.top_k}: the engine returned top log-probs for {len(ids)} / "
+                    f"{len(values)} of a turn's {len(tokens)} tokens"
+                )
             self.top_k_ids += [list(row) for row in ids]
             self.top_k_logprobs += [list(row) for row in values]
         if versions is not None:
