@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import socket
 import statistics
@@ -39,6 +38,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+# benchmarks/ is the script's directory, so on sys.path
+from _common import cpu
 
 
 def free_port() -> int:
@@ -260,16 +262,6 @@ def cpu_flags() -> list[str]:
     return sorted({f for f in flags.split(":", 1)[1].split() if f in ("avx512_bf16", "amx_bf16", "amx_tile")})
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def server_side(args, source: Path | None) -> dict:
     """The Tinker loop against a server started for it (from ``source``, or this tree), stopped after."""
     port = free_port()
@@ -364,7 +356,7 @@ def main() -> None:
     result = {
         "label": args.label or commit(),
         "model": served_name(args),
-        "cpu": cpu_name(),
+        "cpu": cpu()["model"],
         "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
