@@ -181,11 +181,15 @@ def smollm2_directory() -> str:
     return ModelTable(DEFAULT_MODELS, [], "cpu").directory("smollm2-135m-instruct")
 
 
-def start_server(model_dir: str, threads: int, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(args, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = dict(os.environ, TINKER_TELEMETRY="0")
     command = [sys.executable, "-m", "oprl", "serve", "tinker", "--port", str(port), "--model",
-               f"{model_dir}={model_dir}", "--threads", str(threads)]  # fmt: skip
+               f"{args.model_dir}={args.model_dir}", "--threads", str(args.threads)]  # fmt: skip
+    if args.overlap:
+        command.append("--overlap")
+    if args.stable_reinforce:
+        command += ["--stable-reinforce", args.stable_reinforce]
     proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -201,9 +205,13 @@ def start_server(model_dir: str, threads: int, log: Path) -> tuple[subprocess.Po
 
 
 def train(args, base_url: str) -> None:
-    from tinker_cookbook.rl.train import Config, main
+    from tinker_cookbook.rl.train import AsyncConfig, Config, main
 
     register_renderer()
+    # Async (sampling up to --async-off-policy steps ahead of training) takes its loss from AsyncConfig; the
+    # synchronous loop from Config.loss_fn.
+    off_policy = {} if not args.async_off_policy else {"async_config": AsyncConfig(
+        max_steps_off_policy=args.async_off_policy, groups_per_batch=args.groups, loss_fn=args.loss)}  # fmt: skip
     config = Config(
         learning_rate=args.lr,
         dataset_builder=dataset_builder(args),
@@ -217,7 +225,8 @@ def train(args, base_url: str) -> None:
         base_url=base_url,
         eval_every=args.eval_every,
         save_every=0,
-        loss_fn="importance_sampling",
+        **({"loss_fn": args.loss} if not args.async_off_policy else {}),
+        **off_policy,
         max_steps=args.steps,
         num_groups_to_log=0,
         rollout_json_export=False,
@@ -241,6 +250,15 @@ def curve(log_path: Path) -> dict:
             evals.append({"step": row["step"], "accuracy": row["test/env/all/correct"],
                           "format": row.get("test/env/all/format"), "stopped": row.get("test/env/all/stopped"),
                           "reward": row.get("test/env/all/reward/total")})  # fmt: skip
+    # Minutes of training when each step ends (the cookbook's per-step ``time/total``, evaluations included,
+    # summed): an evaluation at step s sees the weights of the steps before it.
+    elapsed = 0.0
+    ends = {}
+    for s in steps:
+        elapsed += s["seconds"] or 0.0
+        s["minutes"] = ends[s["step"]] = round(elapsed / 60, 3)
+    for e in evals:
+        e["minutes"] = ends.get(e["step"] - 1, 0.0)
     return {"steps": steps, "evals": evals}
 
 
@@ -250,17 +268,20 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (ax, ax_min) = plt.subplots(1, 2, figsize=(11, 4))
     steps = result["curve"]["steps"]
+    evals = result["curve"]["evals"]
     ax.plot([s["step"] for s in steps], [s["correct"] for s in steps], ".", alpha=0.5, label="batch accuracy")
     ax.plot([s["step"] for s in steps], [s["stopped"] for s in steps], ":", label="batch: stopped (not cut)")
-    evals = result["curve"]["evals"]
     ax.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-", label="test accuracy")
     ax.set_xlabel("step (one forward_backward + optim_step through the server)")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("SmolLM2-135M-Instruct, tinker-cookbook RL loop through oprl serve tinker (2 CPU cores)")
-    ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
+    ax_min.plot([e.get("minutes", 0.0) for e in evals], [e["accuracy"] for e in evals], "o-", color="C2")
+    ax_min.set_xlabel("minutes of training (the cookbook's step times, evaluations included)")
+    ax_min.set_ylabel("test accuracy")
+    ax_min.set_ylim(-0.02, 1.02)
+    fig.suptitle("SmolLM2-135M-Instruct, tinker-cookbook RL loop through oprl serve tinker (2 CPU cores)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -283,6 +304,14 @@ def main_cli() -> None:
         default=1,
         help="the server's torch threads (1: on a loaded machine an OpenMP region waits for its slowest thread)",
     )
+    parser.add_argument("--loss", default="importance_sampling", help="the cookbook's loss_fn (stable_reinforce, "
+                        "the cookbook's async default, needs the server's --stable-reinforce PRESET)")  # fmt: skip
+    parser.add_argument("--async-off-policy", type=int, default=0, metavar="N", help="the cookbook's async loop: "
+                        "sampling runs up to N steps ahead of training (0: the synchronous loop)")  # fmt: skip
+    parser.add_argument("--overlap", action="store_true", help="start the server with --overlap (sampling on its "
+                        "own thread while training runs: what makes the async loop faster on 2 cores)")  # fmt: skip
+    parser.add_argument("--stable-reinforce", default=None, metavar="PRESET", help="start the server with "
+                        "--stable-reinforce PRESET (the oprl preset that serves the cookbook's stable_reinforce)")  # fmt: skip
     parser.add_argument("--config", default=CONFIG, help="the oprl config whose task is trained on")
     parser.add_argument("--base-url", default=None, help="a running server (default: start one)")
     parser.add_argument("--model-dir", default=None, help="the served model's directory (default: SmolLM2's)")
@@ -305,7 +334,7 @@ def main_cli() -> None:
     start = time.monotonic()
     load_before = os.getloadavg()
     if args.base_url is None:
-        server, args.base_url = start_server(args.model_dir, args.threads, Path(tempfile.mkdtemp()) / "server.log")
+        server, args.base_url = start_server(args, Path(tempfile.mkdtemp()) / "server.log")
     try:
         train(args, args.base_url)
     finally:

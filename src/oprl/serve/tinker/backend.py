@@ -1,7 +1,8 @@
 """The server's models and samplers by id, the one object the lanes call (``TinkerModels``; ``placement.PlacedModels``
 is the same interface over workers), and which weights a sampling session draws from. Everything here runs on the
 server's one compute thread (``futures.py``), in the order the requests of a model were numbered, so no lock is
-needed and no two computations share the CPU. What it delegates, one meaning per module: what a training model
+needed and no two computations share the CPU (with ``overlap``, the samplers of saved weights on a second thread,
+below). What it delegates, one meaning per module: what a training model
 is and how one is built (``models.py``), ``forward_backward`` / ``optim_step`` (``training.py``), checkpoints
 on disk (``checkpoints.py``), decoding (``sampling.py``), names -> model directories (``names.py``, whose
 ``DEFAULT_MODELS``, ``ModelTable`` and ``tiny_directory`` this module re-exports).
@@ -17,6 +18,15 @@ back after. Sampling and ``forward_backward`` compute log-probs in float32 from 
 cached decoding vs. one packed forward), so on-policy ρ = 1 up to float rounding at the default sampling
 parameters (with a temperature or truncation, ρ = π / μ: ``sampling.py``).
 
+Overlap (``overlap=True``, ``oprl serve tinker --overlap``): samplers of saved weights (a snapshot, a checkpoint, the
+base) run on a second lane (``SAMPLE_LANE``), so one model's sampling computes while its training does, as ``oprl
+train``'s explorer and trainer do on two cores (an async recipe, sampling one step ahead, then costs about
+max(sample, train) a step instead of their sum). A snapshot's sampler then draws from the model's *replica*, a
+copy of the module made on the compute lane at the model's first snapshot, into which each snapshot's tensors are
+copied when its sampler's batch comes after another's: the live module is never touched from the sampling lane.
+The replica holds the same tensors the swap would, so what a request gets is the same either way (tested).
+In-flight samplers stay on the compute lane: they read the live weights between training steps by design.
+
 In-flight samplers (``kind="inflight"``) read the model's published in-flight weights (``Policy.inflight``, which
 each in-flight save replaces) at every decode step: ``begin_sample`` / ``sample_step`` decode a batch a few steps
 per call, the lane running the model's other requests in between (``futures.py``), so a running sequence goes on
@@ -25,9 +35,12 @@ under newly published weights with its cache kept; each token records its weight
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any, cast
+
+import torch
 
 from oprl.checkpoint.files import load_weights
 from oprl.models.loading import load_pretrained, quiet_transformers
@@ -41,19 +54,38 @@ from oprl.serve.tinker.sampling import SampleBatch, sample_batch
 
 COMPUTE_LANE = "compute"
 """The lane every request runs in when the models live in the server's process (``TinkerModels.home_of``)."""
+SAMPLE_LANE = "sample"
+"""With ``overlap``, the lane of the samplers of saved weights (snapshots, checkpoints, the base)."""
 HOSTED_ADAPTERS = 64
 """Checkpoint weights kept in memory for the hosts (``TinkerModels._path_host``), least recently sampled dropped
 first (read again from disk when its sampler comes back)."""
 SNAPSHOTS_PER_MODEL = 16
-"""Weight snapshots kept per training model (oldest dropped first): bounds memory, and a sampler of a dropped one
-gets an error naming its session."""
+"""Weight snapshots kept per training model at most (oldest dropped first); a sampler of a dropped one gets an error
+naming its session."""
+SNAPSHOT_GB = 2.0
+"""...and within this many GB of snapshot tensors per model (``--snapshot-gb``), the newest ``MIN_SNAPSHOTS`` always:
+a full fine-tuning snapshot is the whole model (SmolLM2-135M: 0.54 GB), and tinker-cookbook takes a new sampling
+client every step without closing the last (16 of them took 8.6 GB of a 24 GB machine, and the run into swap)."""
+MIN_SNAPSHOTS = 2
+"""Snapshots kept whatever their size: the newest and the one before, which an async recipe one step off-policy
+still samples from."""
 
 
 class TinkerModels:
-    """The server's models and samplers; every method runs on the compute thread."""
+    """The server's models and samplers; every method runs on the compute thread (with ``overlap``, ``sample`` of
+    saved weights on the sampling lane)."""
 
-    def __init__(self, table: ModelTable, state_dir: Path, device: str = "cpu"):
+    def __init__(
+        self,
+        table: ModelTable,
+        state_dir: Path,
+        device: str = "cpu",
+        overlap: bool = False,
+        snapshot_gb: float = SNAPSHOT_GB,
+    ):
         quiet_transformers()
+        self.overlap = overlap
+        self.snapshot_bytes = int(snapshot_gb * 1e9)
         self.table = table
         self.state_dir = Path(state_dir)
         self.device = device
@@ -65,6 +97,7 @@ class TinkerModels:
         self.hosted: dict[str, str] = {}  # host key -> the model_path whose weights the host holds now
         self.adapters: OrderedDict[str, dict[str, Any]] = OrderedDict()  # model_path -> its weights, read once
         self.sample_batches: deque[int] = deque(maxlen=1024)  # requests per engine call, newest last (tests, logs)
+        self.replicas: dict[str, Replica] = {}  # policy id -> the copy its snapshots sample on (``overlap``)
 
     # ---- training models ----------------------------------------------------------------------------------
 
@@ -119,8 +152,12 @@ class TinkerModels:
     def snapshot_sampler(self, policy: Policy, sampler_id: str) -> Sampler:
         """A sampling session on the live weights as they are now (save_weights_and_get_sampling_client)."""
         policy.snapshots[sampler_id] = policy.snapshot()
-        while len(policy.snapshots) > SNAPSHOTS_PER_MODEL:
+        sizes = [snapshot.nbytes() for snapshot in policy.snapshots.values()]
+        while len(sizes) > MIN_SNAPSHOTS and (len(sizes) > SNAPSHOTS_PER_MODEL or sum(sizes) > self.snapshot_bytes):
             policy.snapshots.popitem(last=False)
+            sizes.pop(0)
+        if self.overlap and policy.model_id not in self.replicas:  # here, on the compute lane: no step runs now
+            self.replicas[policy.model_id] = Replica.of(policy)
         sampler = Sampler(sampler_id, policy.owner, policy.base_model, policy.model_id, policy.snapshots[sampler_id])
         self.samplers[sampler_id] = sampler
         return sampler
@@ -199,8 +236,12 @@ class TinkerModels:
             if sampler.snapshot is None or sampler.sampler_id not in policy.snapshots:
                 raise UserError(
                     f"sampling_session_id: snapshot {sampler.sampler_id} was dropped (a model keeps its newest "
-                    f"{SNAPSHOTS_PER_MODEL}); create a new sampling client"
+                    f"{SNAPSHOTS_PER_MODEL} within the server's --snapshot-gb, at least {MIN_SNAPSHOTS}); create a "
+                    "new sampling client"
                 )
+            replica = self.replicas.get(policy.model_id) if self.overlap else None
+            if replica is not None:
+                return replica.holding(sampler.snapshot), policy.tokenizer, lambda: None
             return self._swapped(policy, sampler.snapshot)
         if sampler.model_path is not None:
             host = self._path_host(sampler)
@@ -225,8 +266,9 @@ class TinkerModels:
         host = self.hosts.get(key)
         if host is None:
             _, meta = self.checkpoint(path, "model_path")
-            host = self.create_policy(f"sampler:{sampler.sampler_id}", sampler.owner, meta["base_model"], meta["lora"])
-            del self.policies[host.model_id]  # a host is no training model
+            directory = self.table.directory(meta["base_model"])  # a host is no training model: not registered
+            host = build_policy(f"sampler:{sampler.sampler_id}", sampler.owner, meta["base_model"], directory,
+                                meta["lora"], self.device)  # fmt: skip
             self.hosts[key] = host
         if self.hosted.get(key) != path:
             weights = self.adapters.pop(path, None)
@@ -254,6 +296,7 @@ class TinkerModels:
         with them (none here: the one lane serves the other sessions too)."""
         for key in [k for k, p in self.policies.items() if p.owner == owner_session]:
             del self.policies[key]
+            self.replicas.pop(key, None)
         for key in [k for k, s in self.samplers.items() if s.owner == owner_session]:
             del self.samplers[key]
         return []
@@ -262,9 +305,44 @@ class TinkerModels:
 
     def home_of(self, ident: str) -> str:
         """Which lane of the server runs the requests of a model or sampler id: here, every model lives in this
-        process, so one lane (one compute thread: on a CPU no two jobs share the cores, and nothing here is
-        thread-safe)."""
+        process, so one lane (one compute thread: on a CPU no two jobs share the cores), or with ``overlap`` a
+        second one for the samplers of saved weights, which touch no training model's module (module docstring)."""
+        sampler = self.samplers.get(ident) if self.overlap else None
+        if sampler is not None and not sampler.inflight:
+            return SAMPLE_LANE
         return COMPUTE_LANE
 
     def shutdown(self) -> None:
         """Nothing to stop: the models are this process's memory."""
+
+
+class Replica:
+    """A training model's second module for its snapshots' samplers (``overlap``): made on the compute lane at
+    the model's first snapshot, then used on the sampling lane only; ``holding`` copies a snapshot's tensors in
+    when it holds another's."""
+
+    def __init__(self, model: Any, params: dict[str, Any]):
+        self.model = model
+        self.params = params  # the names of the policy's trainable tensors -> the replica's
+        self.held: Snapshot | None = None
+
+    @classmethod
+    def of(cls, policy: Policy) -> Replica:
+        names = set(policy.trainable())
+        model = copy.deepcopy(policy.model)
+        params = {}
+        for name, param in model.named_parameters():
+            param.grad = None  # the live module's accumulated gradient, copied with it
+            param.requires_grad_(False)
+            if name in names:
+                params[name] = param
+        return cls(model, params)
+
+    def holding(self, snapshot: Snapshot) -> Any:
+        """The replica's module with ``snapshot``'s tensors in it."""
+        if self.held is not snapshot:
+            with torch.no_grad():
+                for name, value in snapshot.weights.items():
+                    self.params[name].copy_(value)
+            self.held = snapshot
+        return self.model

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from oprl.errors import OprlError
 from oprl.serve.tinker.app import TinkerServer, create_app, is_loopback
-from oprl.serve.tinker.backend import DEFAULT_MODELS, ModelTable, TinkerModels
+from oprl.serve.tinker.backend import DEFAULT_MODELS, SNAPSHOT_GB, ModelTable, TinkerModels
 from oprl.serve.tinker.futures import BATCH_ROWS, SAMPLE_WINDOW_S
 from oprl.serve.tinker.losses import LossError, stable_reinforce_check
 
@@ -51,6 +51,12 @@ def parser() -> argparse.ArgumentParser:
                    "for (default 1 with model.device=cuda, else 0)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the compute thread, or of "
                    "each model worker with --workers (default: torch's, the machine's cores)")  # fmt: skip
+    p.add_argument("--snapshot-gb", type=float, default=SNAPSHOT_GB, help="GB of weight snapshots (sampling "
+                   "clients of saved weights) kept per model, the newest 2 always (default %(default)g; a full "
+                   "fine-tuning snapshot is the whole model)")  # fmt: skip
+    p.add_argument("--overlap", action="store_true", help="sample from saved weights on a second thread (with "
+                   "--threads torch threads too) while the compute thread trains: an async recipe's step then costs "
+                   "about max(sampling, training), not their sum (docs/tinker.md#overlap)")  # fmt: skip
     p.add_argument("--stable-reinforce", default=None, metavar="PRESET", help="serve tinker-cookbook's default "
                    "RL loss, stable_reinforce (Tinker publishes no objective for it), as this oprl preset, e.g. "
                    "rec-oneside-nois; announced at start and in each result's metrics (default: a 400)")  # fmt: skip
@@ -72,9 +78,13 @@ def build_server(
     gpus_per_model: float | None = None,
     threads: int | None = None,
     stable_reinforce: str | None = None,
+    overlap: bool = False,
+    snapshot_gb: float = SNAPSHOT_GB,
 ) -> TinkerServer:
     """The server object (``create_app(server)`` is its ASGI app); arguments as on the command line."""
     _check_options(stable_reinforce, sample_window_ms, batch_rows, threads)
+    if snapshot_gb < 0:
+        raise OprlError(f"--snapshot-gb: must be >= 0, got {snapshot_gb}")
     entries = dict(DEFAULT_MODELS)
     for item in models or []:
         name, sep, path = item.partition("=")
@@ -91,8 +101,10 @@ def build_server(
     resolved = str(resolve_device(device))
     directory = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="oprl-tinker-"))
     table = ModelTable(entries, settings, resolved)
+    if overlap and workers != "threads":
+        raise OprlError("--overlap: only with --workers threads (a placed model's worker runs its requests in order)")
     if workers == "threads":
-        backend = TinkerModels(table, directory, resolved)
+        backend = TinkerModels(table, directory, resolved, overlap=overlap, snapshot_gb=snapshot_gb)
     else:
         from oprl.serve.tinker.placement import PlacedModels, make_placement
 
@@ -149,6 +161,8 @@ def main(argv: list[str]) -> int:
         gpus_per_model=args.gpus_per_model,
         threads=args.threads,
         stable_reinforce=args.stable_reinforce,
+        overlap=args.overlap,
+        snapshot_gb=args.snapshot_gb,
     )
     import uvicorn
 

@@ -43,6 +43,9 @@ class Snapshot:
     weights: dict[str, torch.Tensor]
     version: int
 
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.weights.values())
+
 
 @dataclass
 class Policy:
