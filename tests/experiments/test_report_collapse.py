@@ -6,6 +6,8 @@ joining this sweep's cells (and a shared seed refused), a longer setting's curve
 import json
 import math
 import random
+import re
+import shutil
 
 import pytest
 import yaml
@@ -271,3 +273,13 @@ def _rows_of(sweep, tmp_path):
     (rows / "results.csv").write_text((tmp_path / "sweep-report" / "results.csv").read_text())
     (rows / "sweep.yaml").write_text((sweep / "sweep.yaml").read_text())
     return rows
+
+
+@pytest.mark.parametrize("text", ["grid: [unclosed", "- just\n- a list\n"])
+def test_a_pooled_sweeps_malformed_spec_is_one_line_naming_its_file(sweeps, tmp_path, text):
+    here, earlier = sweeps
+    broken = tmp_path / "broken"
+    shutil.copytree(earlier, broken)
+    (broken / "sweep.yaml").write_text(text)
+    with pytest.raises(OprlError, match=rf"^sweep spec {re.escape(str(broken / 'sweep.yaml'))}: (malformed|expected)"):
+        report.main([str(here), "--pool", str(broken), "--out", str(tmp_path / "out")])

@@ -427,9 +427,18 @@ def summaries_from_csv(path: Path, spec: dict) -> list[tuple[dict[str, str], dic
 
 
 def _spec(sweep_dir: Path) -> dict:
-    """The sweep spec saved in the sweep directory (empty if the runs were not made by ``oprl sweep``)."""
+    """The sweep spec saved in the sweep directory (empty if the runs were not made by ``oprl sweep``); a malformed
+    one is the user's error naming the file (it is read for the report only: its keys are not checked here)."""
     spec_path = sweep_dir / "sweep.yaml"
-    return (yaml.safe_load(spec_path.read_text()) if spec_path.is_file() else None) or {}
+    if not spec_path.is_file():
+        return {}
+    try:
+        spec = yaml.safe_load(spec_path.read_text())
+    except yaml.YAMLError as exc:
+        raise OprlError(f"sweep spec {spec_path}: malformed YAML ({getattr(exc, 'problem', exc)})") from None
+    if spec is not None and not isinstance(spec, dict):
+        raise OprlError(f"sweep spec {spec_path}: expected a mapping of keys, got {type(spec).__name__}")
+    return spec or {}
 
 
 def _row_rank(label: str) -> list[tuple[int, float | str]]:
