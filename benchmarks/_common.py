@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from oprl.machine import cpu
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,26 +39,6 @@ def machine(threads: int | None = None) -> str:
     """``"x86_64, 2 cores"`` (``", N threads"`` added when given): the results files' ``machine`` field."""
     text = f"{platform.machine()}, {os.cpu_count()} cores"
     return text if threads is None else f"{text}, {threads} threads"
-
-
-def cpu() -> dict:
-    """The CPU's model name and whether it has the bfloat16 instructions (avx512_bf16) and AMX: a CPU run's float
-    kernels, and with them a warm start's step count and accuracy, depend on these."""
-    flags, name = set(), "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and name == "unknown":
-                name = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags |= set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {
-        "model": name,
-        "cores": os.cpu_count(),
-        "avx512_bf16": "avx512_bf16" in flags,
-        "amx": any(f.startswith("amx") for f in flags),
-    }
 
 
 def write_json(path: Path | None, report: dict) -> None:

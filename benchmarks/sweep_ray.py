@@ -23,7 +23,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -31,14 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def cpu_name() -> str:
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Model name")]
-    return names[0] if names else "unknown"
+from oprl.machine import cpu_name
 
 
 def sweep(spec: str, out: Path, extra: list[str]) -> float:

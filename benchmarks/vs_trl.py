@@ -43,6 +43,8 @@ import sys
 import time
 from pathlib import Path
 
+from oprl.machine import cpu_name
+
 PROMPTS, GROUP, MAX_NEW, LR = 16, 8, 8, 3e-4
 EXAMPLE = Path(__file__).resolve().parent.parent / "configs" / "examples" / "smollm2-arithmetic-vllm.yaml"
 SMOLLM2 = {"prompts": 4, "group": 8, "max_new": 48, "lr": 3e-5, "eval_problems": 1}
@@ -128,15 +130,6 @@ def start_evaluations(path: str, model_name: str) -> dict[str, float]:
     model = AutoModelForCausalLM.from_pretrained(path)
     task = build_task(task_config(model_name == "smollm2"))
     return evaluations(model, AutoTokenizer.from_pretrained(path), task, job(model_name))
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``lscpu``'s "Model name"), for the results file."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return platform.processor()
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
 
 
 def population_std(tensor, dim=None, keepdim=False):

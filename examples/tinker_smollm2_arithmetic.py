@@ -311,7 +311,7 @@ def main_cli() -> None:
     parser.add_argument("--overlap", action="store_true", help="start the server with --overlap (sampling on its "
                         "own thread while training runs: what makes the async loop faster on 2 cores)")  # fmt: skip
     parser.add_argument("--stable-reinforce", default=None, metavar="PRESET", help="start the server with "
-                        "--stable-reinforce PRESET (the oprl preset that serves the cookbook's stable_reinforce)")  # fmt: skip
+                        "--stable-reinforce PRESET (the oprl preset for the stable_reinforce loss)")  # fmt: skip
     parser.add_argument("--config", default=CONFIG, help="the oprl config whose task is trained on")
     parser.add_argument("--base-url", default=None, help="a running server (default: start one)")
     parser.add_argument("--model-dir", default=None, help="the served model's directory (default: SmolLM2's)")

@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 from oprl.io import commit_dir
+from oprl.machine import cpu_name
 from oprl.models.loading import cache_dir
 from oprl.tasks.rewards.user import canonical_spec
 from oprl.trainer.warmstart_sft import demonstrable, examples, train
@@ -209,7 +210,7 @@ def ship(dest: Path = SHIPPED, log=print) -> Path:
         record["shipped"] = {
             "command": "python -m oprl.trainer.warmstart --ship",
             "torch": torch.__version__,
-            "machine": f"{platform.machine()}, {available_cores()} cores, {_cpu_name()}",
+            "machine": f"{platform.machine()}, {available_cores()} cores, {cpu_name()}",
             "torch_threads": threads,
         }
         (built / "oprl_recipe.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -217,16 +218,6 @@ def ship(dest: Path = SHIPPED, log=print) -> Path:
         shutil.copytree(built, dest)
     log(f"wrote {dest} ({sum(f.stat().st_size for f in dest.iterdir()) / 1e6:.2f} MB)")
     return dest
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def positions_needed(tokenizer, task_cfg, task) -> dict:

@@ -266,8 +266,8 @@ class TinkerModels:
         host = self.hosts.get(key)
         if host is None:
             _, meta = self.checkpoint(path, "model_path")
-            directory = self.table.directory(meta["base_model"])  # a host is no training model: not registered
-            host = build_policy(f"sampler:{sampler.sampler_id}", sampler.owner, meta["base_model"], directory,
+            base = self.table.directory(meta["base_model"])  # a host is no training model: not registered
+            host = build_policy(f"sampler:{sampler.sampler_id}", sampler.owner, meta["base_model"], base,
                                 meta["lora"], self.device)  # fmt: skip
             self.hosts[key] = host
         if self.hosted.get(key) != path:
