@@ -5,6 +5,7 @@ docs/tinker.md's; here, what it is made of."""
 
 import asyncio
 import importlib.util
+import json
 from importlib import metadata
 from pathlib import Path
 
@@ -68,3 +69,19 @@ def test_the_environment_scores_as_the_oprl_task_and_a_cut_reply_as_truncated(re
     assert wrong.reward == pytest.approx(-0.1) and wrong.metrics["correct"] == 0.0
     cut = step(f"So the answer is {answer}", stop=False)  # right, but never stopped: the truncated reward
     assert cut.reward == -0.1 and cut.metrics == {"correct": 1.0, "format": 1.0, "stopped": 0.0}
+
+
+def test_the_curve_puts_each_evaluation_at_the_minutes_of_training_before_it(recipe, tmp_path):
+    """The learning curve's time axis: an evaluation at step s sees the weights of steps 0..s-1, so it sits at the
+    minutes those steps took (the cookbook's ``time/total``, its own evaluations included)."""
+    rows = [
+        {"step": 0, "test/env/all/correct": 0.1},
+        {"step": 0, "env/all/reward/total": -0.1, "env/all/correct": 0.0, "time/total": 60.0},
+        {"step": 1, "env/all/reward/total": 0.2, "env/all/correct": 0.3, "time/total": 30.0},
+        {"step": 2, "test/env/all/correct": 0.5},
+        {"step": 2, "env/all/reward/total": 0.5, "env/all/correct": 0.6, "time/total": 90.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(f"{json.dumps(r)}\n" for r in rows))
+    curve = recipe.curve(tmp_path)
+    assert [s["minutes"] for s in curve["steps"]] == [1.0, 1.5, 3.0]
+    assert [(e["step"], e["accuracy"], e["minutes"]) for e in curve["evals"]] == [(0, 0.1, 0.0), (2, 0.5, 1.5)]
