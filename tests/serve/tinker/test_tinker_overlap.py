@@ -95,31 +95,3 @@ def test_inflight_samplers_stay_on_the_compute_lane(pair):
 def test_overlap_refuses_placed_workers_in_one_line(tmp_path):
     with pytest.raises(OprlError, match=r"^--overlap: only with --workers threads"):
         build_server(models=[], state_dir=tmp_path, workers="processes", overlap=True)
-
-
-def test_snapshots_are_kept_within_their_memory_budget_and_the_newest_two_always(tmp_path):
-    """A full fine-tuning snapshot is the whole model: with ``snapshot_gb=0`` only the newest two stay (an async
-    recipe one step off-policy samples from both); an older sampler's call fails naming its session and the
-    option, and the server goes on."""
-    up = serve(tmp_path, snapshot_gb=0.0)
-    service = tinker.ServiceClient(base_url=up.url, api_key="tml-test-key")
-    try:
-        client = service.create_lora_training_client(base_model=TINY, rank=0, seed=2).result()
-        tokens = client.get_tokenizer().encode("1+2=3")
-        prompt = types.ModelInput.from_ints(tokens[:3])
-        samplers = []
-        for _ in range(4):
-            samplers.append(client.save_weights_and_get_sampling_client().result())
-            client.forward_backward([datum(tokens, weights=[1.0] * (len(tokens) - 1))], "cross_entropy")
-            client.optim_step(types.AdamParams(learning_rate=0.01)).result()
-        params = types.SamplingParams(max_tokens=2, seed=0, stop=[])
-        for old in samplers[:2]:
-            with pytest.raises(tinker.RequestFailedError, match=r"was dropped .*--snapshot-gb, at least 2"):
-                old.sample(prompt, 1, params).result()
-        for kept in samplers[2:]:
-            assert len(kept.sample(prompt, 1, params).result().sequences[0].tokens) == 2
-        (policy,) = up.server.backend.policies.values()
-        assert len(policy.snapshots) == 2
-    finally:
-        service.close("success").result()
-        up.stop()

@@ -82,9 +82,11 @@ class TinkerModels:
         device: str = "cpu",
         overlap: bool = False,
         snapshot_gb: float = SNAPSHOT_GB,
+        micro_batch_tokens: int = training.MICRO_BATCH_TOKENS,
     ):
         quiet_transformers()
         self.overlap = overlap
+        self.micro_batch_tokens = micro_batch_tokens
         self.snapshot_bytes = int(snapshot_gb * 1e9)
         self.table = table
         self.state_dir = Path(state_dir)
@@ -122,7 +124,7 @@ class TinkerModels:
     def forward_backward(self, policy: Policy, request: ForwardBackward, spec: LossSpec) -> ForwardOutput:
         """``training.forward_backward`` on this server's device."""
         return training.forward_backward(
-            policy, request, spec, self.device, self.group_prefixes, self.skip_zero_gradient
+            policy, request, spec, self.device, self.group_prefixes, self.skip_zero_gradient, self.micro_batch_tokens
         )
 
     def optim_step(self, policy: Policy, params: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from oprl.serve.tinker.app import TinkerServer, create_app, is_loopback
 from oprl.serve.tinker.backend import DEFAULT_MODELS, SNAPSHOT_GB, ModelTable, TinkerModels
 from oprl.serve.tinker.futures import BATCH_ROWS, SAMPLE_WINDOW_S
 from oprl.serve.tinker.losses import LossError, stable_reinforce_check
+from oprl.serve.tinker.training import MICRO_BATCH_TOKENS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
                    "for (default 1 with model.device=cuda, else 0)")  # fmt: skip
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads of the compute thread, or of "
                    "each model worker with --workers (default: torch's, the machine's cores)")  # fmt: skip
+    p.add_argument("--micro-batch-tokens", type=int, default=MICRO_BATCH_TOKENS, help="padded tokens per "
+                   "forward_backward micro-batch: bounds the activations' memory; the loss and gradient are the "
+                   "same (default %(default)d)")  # fmt: skip
     p.add_argument("--snapshot-gb", type=float, default=SNAPSHOT_GB, help="GB of weight snapshots (sampling "
                    "clients of saved weights) kept per model, the newest 2 always (default %(default)g; a full "
                    "fine-tuning snapshot is the whole model)")  # fmt: skip
@@ -80,11 +84,14 @@ def build_server(
     stable_reinforce: str | None = None,
     overlap: bool = False,
     snapshot_gb: float = SNAPSHOT_GB,
+    micro_batch_tokens: int = MICRO_BATCH_TOKENS,
 ) -> TinkerServer:
     """The server object (``create_app(server)`` is its ASGI app); arguments as on the command line."""
     _check_options(stable_reinforce, sample_window_ms, batch_rows, threads)
     if snapshot_gb < 0:
         raise OprlError(f"--snapshot-gb: must be >= 0, got {snapshot_gb}")
+    if micro_batch_tokens < 1:
+        raise OprlError(f"--micro-batch-tokens: must be >= 1, got {micro_batch_tokens}")
     entries = dict(DEFAULT_MODELS)
     for item in models or []:
         name, sep, path = item.partition("=")
@@ -104,7 +111,9 @@ def build_server(
     if overlap and workers != "threads":
         raise OprlError("--overlap: only with --workers threads (a placed model's worker runs its requests in order)")
     if workers == "threads":
-        backend = TinkerModels(table, directory, resolved, overlap=overlap, snapshot_gb=snapshot_gb)
+        backend = TinkerModels(
+            table, directory, resolved, overlap=overlap, snapshot_gb=snapshot_gb, micro_batch_tokens=micro_batch_tokens
+        )
     else:
         from oprl.serve.tinker.placement import PlacedModels, make_placement
 
@@ -163,6 +172,7 @@ def main(argv: list[str]) -> int:
         stable_reinforce=args.stable_reinforce,
         overlap=args.overlap,
         snapshot_gb=args.snapshot_gb,
+        micro_batch_tokens=args.micro_batch_tokens,
     )
     import uvicorn
 

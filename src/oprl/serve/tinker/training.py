@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from oprl.algorithms.losses import BATCH_RULES
 from oprl.models.batching import right_pad
 from oprl.models.logprobs import pack, prefix_shared_logprobs, response_logprobs
 from oprl.serve.tinker.errors import UserError, check_tokens, context_of
@@ -22,8 +23,12 @@ from oprl.serve.tinker.models import Policy
 from oprl.serve.tinker.records import Datum, ForwardBackward, ForwardOutput
 from oprl.serve.tinker.sampling import SERVED
 
-MICRO_BATCH_TOKENS = 8192
-"""Tokens per forward/backward micro-batch of a built-in loss (the losses are sums: micro-batches add up)."""
+MICRO_BATCH_TOKENS = 2048
+"""Padded tokens (rows × the longest row) per forward/backward micro-batch (``--micro-batch-tokens``): the losses
+are sums, so micro-batches add up to the call's loss and gradient; what bounds is the activations' memory, about
+2 MB a token for SmolLM2-135M in float32 (its 49,152-wide head and 30 layers): 8192 tokens took the server past
+15 GB on the SmolLM2 recipe. A preset with a batch rule (M2PO, BAPO: ``losses.BATCH_RULES``) reads the whole
+call's tokens, so it runs as one micro-batch."""
 
 
 def forward_backward(
@@ -33,6 +38,7 @@ def forward_backward(
     device: str,
     group_prefixes: bool = True,
     skip_zero_gradient: bool = True,
+    micro_batch_tokens: int = MICRO_BATCH_TOKENS,
 ) -> ForwardOutput:
     """Per-datum target log-probs (and elementwise loss) and the metrics, the loss's gradient added to
     ``.grad`` unless ``forward_only`` (``wire.encode_forward_backward_output`` makes the SDK's
@@ -45,8 +51,9 @@ def forward_backward(
     total, weights, suspects = 0.0, 0, []
     metrics: dict[str, float] = {}
     gradient = None if request.forward_only else CallGradient(list(policy.trainable().values()))
-    # A preset's rules may look at the whole call's tokens (M2PO, BAPO): one micro-batch then.
-    budget = math.inf if spec.preset is not None else MICRO_BATCH_TOKENS
+    # A batch rule (M2PO, BAPO) reads the whole call's tokens: one micro-batch then.
+    whole = spec.preset is not None and spec.preset["clip_mode"] in BATCH_RULES
+    budget = math.inf if whole else micro_batch_tokens
     everywhere = spec.name == "dro" or not skip_zero_gradient  # dro's penalty reaches every position
     try:
         for micro in _micro_batches(rows, budget):
