@@ -3,6 +3,9 @@
 the gradient (the losses are sums), except for a preset with a batch rule (M2PO, BAPO), which reads the whole call
 and runs as one micro-batch. Through the SDK, on servers of the random tiny model."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from tinker_server import TINY, datum, serve
@@ -21,9 +24,11 @@ def test_snapshots_are_kept_within_their_memory_budget_and_the_newest_two_always
         client = service.create_lora_training_client(base_model=TINY, rank=0, seed=2).result()
         tokens = client.get_tokenizer().encode("1+2=3")
         prompt = types.ModelInput.from_ints(tokens[:3])
-        samplers = []
+        samplers, made = [], []
         for _ in range(4):
             samplers.append(client.save_weights_and_get_sampling_client().result())
+            (policy,) = up.server.backend.policies.values()
+            made.append(weakref.ref(next(reversed(policy.snapshots.values()))))
             client.forward_backward([datum(tokens, weights=[1.0] * (len(tokens) - 1))], "cross_entropy")
             client.optim_step(types.AdamParams(learning_rate=0.01)).result()
         params = types.SamplingParams(max_tokens=2, seed=0, stop=[])
@@ -34,6 +39,9 @@ def test_snapshots_are_kept_within_their_memory_budget_and_the_newest_two_always
             assert len(kept.sample(prompt, 1, params).result().sequences[0].tokens) == 2
         (policy,) = up.server.backend.policies.values()
         assert len(policy.snapshots) == 2
+        # The dropped snapshots' tensors are freed though their samplers stay open (the cookbook closes none).
+        gc.collect()
+        assert [ref() is None for ref in made] == [True, True, False, False]
     finally:
         service.close("success").result()
         up.stop()

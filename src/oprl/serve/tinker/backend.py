@@ -160,7 +160,7 @@ class TinkerModels:
             sizes.pop(0)
         if self.overlap and policy.model_id not in self.replicas:  # here, on the compute lane: no step runs now
             self.replicas[policy.model_id] = Replica.of(policy)
-        sampler = Sampler(sampler_id, policy.owner, policy.base_model, policy.model_id, policy.snapshots[sampler_id])
+        sampler = Sampler(sampler_id, policy.owner, policy.base_model, policy.model_id)
         self.samplers[sampler_id] = sampler
         return sampler
 
@@ -194,8 +194,7 @@ class TinkerModels:
         """For each request, ``num_samples`` continuations of its prompt from the sampler's weights (and the
         prompt's log-probs when asked), or the ``UserError`` refusing it; the
         requests run as one engine call (``sampling.sample_batch``), on weights swapped in once."""
-        model, tokenizer, restore = self._weights_for(sampler)
-        version = sampler.snapshot.version if sampler.snapshot is not None else 0
+        model, tokenizer, restore, version = self._weights_for(sampler)
         try:
             outcomes = sample_batch(model, tokenizer, requests, self.device, version)
         finally:
@@ -230,12 +229,16 @@ class TinkerModels:
         return policy
 
     def _weights_for(self, sampler: Sampler):
-        """``(module, tokenizer, restore)``: a module holding the sampler's weights for one call."""
+        """``(module, tokenizer, restore, version)``: a module holding the sampler's weights for one call. A
+        snapshot is looked up in its model's kept ones, never held by its sampler: the cookbook opens a sampler a
+        step and closes none, so samplers holding their snapshots kept every version alive (0.54 GB a step for
+        SmolLM2's full fine-tuning, the recipe OOM-killed past 15 GB)."""
         if sampler.policy_id is not None:
             policy = self.policies.get(sampler.policy_id)
             if policy is None:
                 raise UserError(f"sampling_session_id: the model {sampler.policy_id} of this sampler was closed")
-            if sampler.snapshot is None or sampler.sampler_id not in policy.snapshots:
+            snapshot = policy.snapshots.get(sampler.sampler_id)  # one read: the compute lane may drop it (overlap)
+            if snapshot is None:
                 raise UserError(
                     f"sampling_session_id: snapshot {sampler.sampler_id} was dropped (a model keeps its newest "
                     f"{SNAPSHOTS_PER_MODEL} within the server's --snapshot-gb, at least {MIN_SNAPSHOTS}); create a "
@@ -243,17 +246,17 @@ class TinkerModels:
                 )
             replica = self.replicas.get(policy.model_id) if self.overlap else None
             if replica is not None:
-                return replica.holding(sampler.snapshot), policy.tokenizer, lambda: None
-            return self._swapped(policy, sampler.snapshot)
+                return replica.holding(snapshot), policy.tokenizer, lambda: None, snapshot.version
+            return (*self._swapped(policy, snapshot), snapshot.version)
         if sampler.model_path is not None:
             host = self._path_host(sampler)
-            return host.model, host.tokenizer, lambda: None
+            return host.model, host.tokenizer, lambda: None, 0
         if sampler.base_model not in self.frozen:
             base = self.table.directory(sampler.base_model)
             model, tokenizer = load_pretrained(base, dtype="float32", device=self.device)
             self.frozen[sampler.base_model] = (model.eval().requires_grad_(False), tokenizer)
         model, tokenizer = self.frozen[sampler.base_model]
-        return model, tokenizer, lambda: None
+        return model, tokenizer, lambda: None, 0
 
     def _path_host(self, sampler: Sampler) -> Policy:
         """The module that samples for a checkpoint sampler, holding that checkpoint's weights now. LoRA

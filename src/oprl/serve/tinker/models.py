@@ -82,7 +82,8 @@ class Sampler:
     owner: str
     base_model: str
     policy_id: str | None = None
-    snapshot: Snapshot | None = None
+    """A snapshot sampler's model (its snapshot is ``Policy.snapshots[sampler_id]`` while kept: a sampler never
+    holds one, else a sampler nobody closes keeps its weights alive)."""
     model_path: str | None = None
     inflight: bool = False
     """Samples from its model's published in-flight weights as they are at each decode step (``Policy.inflight``)."""
