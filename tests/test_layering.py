@@ -75,6 +75,7 @@ ALLOWED = {
         "episodes",
         "errors",
         "io",
+        "machine",
         "messages",
         "models",
         "progress",
@@ -112,6 +113,8 @@ ALLOWED = {
     "io": {"io", "errors"},
     # Third-party console notices kept in workers.log (stdlib only).
     "noise": {"noise"},
+    # What the CPU is (stdlib only), for the files that record where a number was measured.
+    "machine": {"machine"},
     # A configured name -> a class: built-in registry, entry point, import path (tasks, engines, rewards).
     "plugins": {"plugins", "errors"},
 }
