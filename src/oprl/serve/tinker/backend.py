@@ -65,7 +65,7 @@ naming its session."""
 SNAPSHOT_GB = 2.0
 """...and within this many GB of snapshot tensors per model (``--snapshot-gb``), the newest ``MIN_SNAPSHOTS`` always:
 a full fine-tuning snapshot is the whole model (SmolLM2-135M: 0.54 GB), and tinker-cookbook takes a new sampling
-client every step without closing the last (16 of them took 8.6 GB of a 24 GB machine, and the run into swap)."""
+client every step and closes none (16 of them took 8.6 GB of a 24 GB machine, and the run into memory thrash)."""
 MIN_SNAPSHOTS = 2
 """Snapshots kept whatever their size: the newest and the one before, which an async recipe one step off-policy
 still samples from."""
