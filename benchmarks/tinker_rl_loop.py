@@ -42,6 +42,8 @@ from pathlib import Path
 # benchmarks/ is the script's directory, so on sys.path
 from _common import cpu
 
+from oprl.machine import cpu_flags
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -253,13 +255,9 @@ def commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def cpu_flags() -> list[str]:
+def bf16_flags() -> list[str]:
     """The bf16 / AMX flags of the CPU (what decides whether bf16 matmuls are native)."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-    return sorted({f for f in flags.split(":", 1)[1].split() if f in ("avx512_bf16", "amx_bf16", "amx_tile")})
+    return sorted(cpu_flags() & {"avx512_bf16", "amx_bf16", "amx_tile"})
 
 
 def server_side(args, source: Path | None) -> dict:
@@ -357,7 +355,7 @@ def main() -> None:
         "label": args.label or commit(),
         "model": served_name(args),
         "cpu": cpu()["model"],
-        "cpu_flags": cpu_flags(),
+        "cpu_flags": bf16_flags(),
         "cores": os.cpu_count(),
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
         "server_threads": worker_threads(args) if args.server_threads == "job" else "torch default",

@@ -210,8 +210,10 @@ def train(args, base_url: str) -> None:
     register_renderer()
     # Async (sampling up to --async-off-policy steps ahead of training) takes its loss from AsyncConfig; the
     # synchronous loop from Config.loss_fn.
-    off_policy = {} if not args.async_off_policy else {"async_config": AsyncConfig(
-        max_steps_off_policy=args.async_off_policy, groups_per_batch=args.groups, loss_fn=args.loss)}  # fmt: skip
+    loop: dict = {"loss_fn": args.loss}
+    if args.async_off_policy:
+        off_policy = {"max_steps_off_policy": args.async_off_policy, "groups_per_batch": args.groups}
+        loop = {"async_config": AsyncConfig(**off_policy, loss_fn=args.loss)}
     config = Config(
         learning_rate=args.lr,
         dataset_builder=dataset_builder(args),
@@ -225,8 +227,7 @@ def train(args, base_url: str) -> None:
         base_url=base_url,
         eval_every=args.eval_every,
         save_every=0,
-        **({"loss_fn": args.loss} if not args.async_off_policy else {}),
-        **off_policy,
+        **loop,
         max_steps=args.steps,
         num_groups_to_log=0,
         rollout_json_export=False,

@@ -11,6 +11,22 @@ from pathlib import Path
 def cpu() -> dict:
     """``{"model": name, "cores": os.cpu_count(), "avx512_bf16": bool, "amx": bool}`` from /proc/cpuinfo
     (``"unknown"`` and no flags where it cannot be read)."""
+    name, flags = _cpuinfo()
+    return {
+        "model": name,
+        "cores": os.cpu_count(),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx": any(f.startswith("amx") for f in flags),
+    }
+
+
+def cpu_flags() -> set[str]:
+    """Every flag /proc/cpuinfo lists (empty where it cannot be read)."""
+    return _cpuinfo()[1]
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    """The first processor's model name and the union of the processors' flags, in one read of /proc/cpuinfo."""
     flags: set[str] = set()
     name = "unknown"
     try:
@@ -21,12 +37,7 @@ def cpu() -> dict:
                 flags |= set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return {
-        "model": name,
-        "cores": os.cpu_count(),
-        "avx512_bf16": "avx512_bf16" in flags,
-        "amx": any(f.startswith("amx") for f in flags),
-    }
+    return name, flags
 
 
 def cpu_name() -> str:

@@ -96,3 +96,18 @@ def test_micro_batches_change_neither_the_loss_nor_the_step(tmp_path, loss_fn, c
     for a, b in zip(small[1], whole[1], strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
     np.testing.assert_allclose(small[2], whole[2], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("snapshot_gb", -1.0, "--snapshot-gb: must be >= 0"),
+        ("micro_batch_tokens", 0, "--micro-batch-tokens: must be >= 1"),
+    ],
+)
+def test_a_bad_memory_bound_is_one_line_naming_its_option(tmp_path, option, value, message):
+    from oprl.errors import OprlError
+    from oprl.serve.tinker import build_server
+
+    with pytest.raises(OprlError, match=f"^{message}"):
+        build_server(models=[], state_dir=tmp_path, **{option: value})

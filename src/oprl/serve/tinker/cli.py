@@ -87,11 +87,7 @@ def build_server(
     micro_batch_tokens: int = MICRO_BATCH_TOKENS,
 ) -> TinkerServer:
     """The server object (``create_app(server)`` is its ASGI app); arguments as on the command line."""
-    _check_options(stable_reinforce, sample_window_ms, batch_rows, threads)
-    if snapshot_gb < 0:
-        raise OprlError(f"--snapshot-gb: must be >= 0, got {snapshot_gb}")
-    if micro_batch_tokens < 1:
-        raise OprlError(f"--micro-batch-tokens: must be >= 1, got {micro_batch_tokens}")
+    _check_options(stable_reinforce, sample_window_ms, batch_rows, threads, snapshot_gb, micro_batch_tokens)
     entries = dict(DEFAULT_MODELS)
     for item in models or []:
         name, sep, path = item.partition("=")
@@ -135,7 +131,14 @@ def build_server(
     )
 
 
-def _check_options(stable_reinforce: str | None, sample_window_ms: float, batch_rows: int, threads: int | None):
+def _check_options(
+    stable_reinforce: str | None,
+    sample_window_ms: float,
+    batch_rows: int,
+    threads: int | None,
+    snapshot_gb: float,
+    micro_batch_tokens: int,
+):
     """The numeric options' ranges and the ``--stable-reinforce`` preset, each refused in one line naming it."""
     if stable_reinforce is not None:
         try:
@@ -148,6 +151,10 @@ def _check_options(stable_reinforce: str | None, sample_window_ms: float, batch_
         raise OprlError(f"--batch-rows: must be >= 1, got {batch_rows}")
     if threads is not None and threads < 1:
         raise OprlError(f"--threads: must be >= 1, got {threads}")
+    if snapshot_gb < 0:
+        raise OprlError(f"--snapshot-gb: must be >= 0, got {snapshot_gb}")
+    if micro_batch_tokens < 1:
+        raise OprlError(f"--micro-batch-tokens: must be >= 1, got {micro_batch_tokens}")
 
 
 def main(argv: list[str]) -> int:
