@@ -40,14 +40,12 @@ from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any, cast
 
-import torch
-
 from oprl.checkpoint.files import load_weights
 from oprl.models.loading import load_pretrained, quiet_transformers
 from oprl.serve.tinker import checkpoints, training
 from oprl.serve.tinker.errors import UserError
 from oprl.serve.tinker.losses import LossSpec
-from oprl.serve.tinker.models import Policy, Sampler, Snapshot, build_policy, copy_into, policy_info
+from oprl.serve.tinker.models import Policy, Sampler, Snapshot, build_policy, copy_into, copy_params, policy_info
 from oprl.serve.tinker.names import DEFAULT_MODELS, ModelTable, tiny_directory  # noqa: F401  (this module's API too)
 from oprl.serve.tinker.records import ForwardBackward, ForwardOutput, Sampled
 from oprl.serve.tinker.sampling import SampleBatch, sample_batch
@@ -346,8 +344,6 @@ class Replica:
     def holding(self, snapshot: Snapshot) -> Any:
         """The replica's module with ``snapshot``'s tensors in it."""
         if self.held is not snapshot:
-            with torch.no_grad():
-                for name, value in snapshot.weights.items():
-                    self.params[name].copy_(value)
+            copy_params(self.params, snapshot.weights)
             self.held = snapshot
         return self.model

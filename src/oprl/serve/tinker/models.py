@@ -148,7 +148,11 @@ def _add_adapters(model, rank: int, lora: dict[str, Any]):
 
 
 def copy_into(policy: Policy, weights: dict[str, torch.Tensor]) -> None:
-    params = policy.trainable()
+    copy_params(policy.trainable(), weights)
+
+
+def copy_params(params: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> None:
+    """``weights`` copied into the tensors ``params`` names (the same names, else the client's error)."""
     if set(weights) != set(params):
         raise UserError("path: the checkpoint's tensors do not match this model's trainable parameters")
     with torch.no_grad():
