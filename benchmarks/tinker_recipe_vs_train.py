@@ -69,7 +69,8 @@ def train_side(args, work: Path, env: dict[str, str]) -> dict:
     rows = [json.loads(line) for line in (work / "train" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "perf/step_s" in r]
     ends = {r["step"]: r["perf/elapsed_s"] / 60 for r in steps}
-    evals = [{"step": r["step"], "accuracy": r["eval/accuracy"], "minutes": round(ends.get(r["step"], 0.0), 3)}
+    # An evaluation logged at step s scores the weights of steps 0..s-1 (step 0's: the start), as the recipe's do.
+    evals = [{"step": r["step"], "accuracy": r["eval/accuracy"], "minutes": round(ends.get(r["step"] - 1, 0.0), 3)}
              for r in rows if "eval/accuracy" in r]  # fmt: skip
     return {"command": " ".join(command[1:]), "wall_s": wall,
             "step_s_median": statistics.median(r["perf/step_s"] for r in steps),
